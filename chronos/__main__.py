@@ -1,0 +1,5 @@
+import sys
+
+from chronos.cli import main
+
+sys.exit(main())

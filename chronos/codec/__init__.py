@@ -1,0 +1,115 @@
+"""Chronos header codec: parse/validate chronos Kafka headers and (de)serialize header lists.
+
+Two implementations share one interface (see ``chronos.codec.types``):
+
+* ``chronos.codec._native`` -- Cython, built from ``native/_native.pyx``;
+* ``chronos.codec._python`` -- pure Python reference.
+
+The environment variable ``CHRONOS_IMPL`` selects one at import time:
+``native`` (fail with ImportError if it cannot be loaded), ``python``, or
+unset/empty (native if available, else python).  ``IMPL`` tells which one is in use.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+from typing import Callable, Iterable
+
+from chronos.codec.types import (
+    ACTION_CANCEL,
+    ACTION_REPLACE,
+    CHRONOS_HEADERS,
+    HEADER_ACTION,
+    HEADER_CRON,
+    HEADER_DEADLINE,
+    HEADER_ID,
+    HEADER_ORDERING_KEY,
+    HEADER_TIMEZONE,
+    HEADER_TOPIC,
+    MAX_DEADLINE_MS,
+    MAX_DEADLINE_US,
+    MAX_ID_LENGTH,
+    MAX_ORDERING_KEY_LENGTH,
+    MAX_TOPIC_LENGTH,
+    MIN_DEADLINE_US,
+    REASON_CODES,
+    Codec,
+    Parsed,
+)
+
+__all__ = [
+    "IMPL",
+    "implementation",
+    "parse_headers",
+    "parse_deadline",
+    "encode_headers",
+    "decode_headers",
+    "Parsed",
+    "Codec",
+    "HEADER_ID",
+    "HEADER_DEADLINE",
+    "HEADER_TOPIC",
+    "HEADER_ORDERING_KEY",
+    "HEADER_ACTION",
+    "HEADER_CRON",
+    "HEADER_TIMEZONE",
+    "CHRONOS_HEADERS",
+    "ACTION_CANCEL",
+    "ACTION_REPLACE",
+    "MAX_ID_LENGTH",
+    "MAX_TOPIC_LENGTH",
+    "MAX_ORDERING_KEY_LENGTH",
+    "MAX_DEADLINE_MS",
+    "MIN_DEADLINE_US",
+    "MAX_DEADLINE_US",
+    "REASON_CODES",
+]
+
+ENV_VAR = "CHRONOS_IMPL"
+_MODULES = {"native": "chronos.codec._native", "python": "chronos.codec._python"}
+
+
+def implementation(name: str) -> ModuleType:
+    """Return the codec module ``"native"`` or ``"python"`` (both share one interface)."""
+    if name not in _MODULES:
+        raise ValueError(f"unknown codec implementation {name!r}: expected 'native' or 'python'")
+    if name == "native":
+        try:
+            return importlib.import_module(_MODULES["native"])
+        except ImportError as exc:
+            raise ImportError(
+                f"CHRONOS_IMPL=native but the native codec could not be loaded: {exc} "
+                "(build it with `pip install -e . --no-build-isolation` or "
+                "`python setup.py build_ext --inplace`)"
+            ) from exc
+    return importlib.import_module(_MODULES[name])
+
+
+def _select(choice: str | None) -> ModuleType:
+    """Pick the implementation for a ``CHRONOS_IMPL`` value (None/"" = auto)."""
+    name = (choice or "").strip().lower()
+    if name in _MODULES:
+        return implementation(name)
+    if name:
+        raise ValueError(
+            f"invalid {ENV_VAR}={choice!r}: expected 'native', 'python' or unset/empty (auto)"
+        )
+    try:
+        return implementation("native")
+    except ImportError:
+        return implementation("python")
+
+
+_impl = _select(os.environ.get(ENV_VAR))
+
+# (annotations are not evaluated at runtime: `from __future__ import annotations`)
+IMPL: str = _impl.IMPL
+parse_headers: Callable[[Iterable[tuple[str, bytes | None]] | None], Parsed] = _impl.parse_headers
+parse_deadline: Callable[[bytes], int | None] = _impl.parse_deadline
+encode_headers: Callable[[Iterable[tuple[str, bytes | None]] | None], bytes] = _impl.encode_headers
+decode_headers: Callable[
+    [bytes | bytearray | memoryview | None], list[tuple[str, bytes | None]]
+] = _impl.decode_headers
+
+del _impl

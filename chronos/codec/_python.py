@@ -1,0 +1,324 @@
+"""Pure-Python implementation of the Chronos header codec.
+
+Reference implementation: ``chronos.codec._native`` (Cython) must return exactly
+the same results (including error detail texts) for every input.  Both share
+``chronos.codec.types``.
+"""
+from __future__ import annotations
+
+import re
+import struct
+
+from chronos.codec.types import (
+    ACTION_CANCEL,
+    ACTION_REPLACE,
+    CHRONOS_HEADERS,
+    ERR_BAD_ACTION,
+    ERR_BAD_CRON,
+    ERR_BAD_DEADLINE,
+    ERR_BAD_ID,
+    ERR_BAD_ORDERING_KEY,
+    ERR_BAD_TIMEZONE,
+    ERR_BAD_TOPIC,
+    ERR_DATA_TYPE,
+    ERR_DEADLINE_TYPE,
+    ERR_DUPLICATE,
+    ERR_EMPTY_DEADLINE,
+    ERR_EMPTY_ID,
+    ERR_ID_TOO_LONG,
+    ERR_KEY_TYPE,
+    ERR_KEY_UTF8,
+    ERR_MISSING_DEADLINE,
+    ERR_MISSING_ID,
+    ERR_TOO_LARGE,
+    ERR_TRUNCATED,
+    ERR_VALUE_LENGTH,
+    ERR_VALUE_TYPE,
+    MAX_DEADLINE_MS,
+    MAX_DEADLINE_US,
+    MAX_ID_LENGTH,
+    MAX_ORDERING_KEY_LENGTH,
+    MAX_TOPIC_LENGTH,
+    MIN_DEADLINE_US,
+    Parsed,
+)
+
+__all__ = ["IMPL", "Parsed", "parse_headers", "parse_deadline", "encode_headers", "decode_headers"]
+
+IMPL = "python"
+
+_SLOT = {name: i for i, name in enumerate(CHRONOS_HEADERS)}
+_ID, _DEADLINE, _ACTION, _TOPIC, _ORDERING_KEY, _CRON, _TIMEZONE = range(7)
+_ABSENT = object()
+_tuple_new = tuple.__new__  # Parsed(...) goes through a Python-level __new__; this does not
+
+# Bytes patterns: [0-9] is ASCII-only.  fullmatch() rejects anything trailing.
+_ISO = re.compile(
+    rb"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt ]([0-9]{2}):([0-9]{2})"
+    rb"(?::([0-9]{2})(?:[.,]([0-9]{1,9}))?)?"
+    rb"(?:[Zz]|([+-])([0-9]{2})(?::?([0-9]{2}))?)?"
+)
+_TOPIC_RE = re.compile(rb"[A-Za-z0-9._-]{1,%d}" % MAX_TOPIC_LENGTH)
+
+_U32 = struct.Struct(">I")
+_I32 = struct.Struct(">i")
+_NULL_VALUE = _I32.pack(-1)
+
+_DAYS_IN_MONTH = (0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+def _days_from_civil(y: int, m: int, d: int) -> int:
+    """Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant), y >= 1."""
+    if m <= 2:
+        y -= 1
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (m - 3 if m > 2 else m + 9) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+def parse_deadline(value: bytes) -> int | None:
+    """Parse a chronosDeadline value into microseconds since the Unix epoch (UTC).
+
+    Accepts epoch milliseconds (1-15 ASCII digits, at most ``MAX_DEADLINE_MS``)
+    or strict ISO-8601; returns ``None`` for anything else.
+    """
+    if not isinstance(value, bytes):
+        raise TypeError(ERR_DEADLINE_TYPE % type(value).__name__)
+    if len(value) <= 15 and value.isdigit():  # bytes.isdigit(): ASCII digits, non-empty
+        ms = int(value)
+        return ms * 1000 if ms <= MAX_DEADLINE_MS else None
+    m = _ISO.fullmatch(value)
+    if m is None:
+        return None
+    ys, mos, ds, hs, mis, ss, frac, sign, ohs, oms = m.groups()
+    year = int(ys)
+    month = int(mos)
+    day = int(ds)
+    hour = int(hs)
+    minute = int(mis)
+    second = int(ss) if ss is not None else 0
+    if year < 1 or month < 1 or month > 12 or day < 1 or hour > 23 or minute > 59 or second > 59:
+        return None
+    if day > _DAYS_IN_MONTH[month]:
+        if not (
+            month == 2 and day == 29 and year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+        ):
+            return None
+    micros = int((frac + b"00000")[:6]) if frac is not None else 0
+    offset = 0
+    if sign is not None:
+        oh = int(ohs)
+        om = int(oms) if oms is not None else 0
+        if oh > 23 or om > 59:
+            return None
+        offset = oh * 3600 + om * 60
+        if sign == b"-":
+            offset = -offset
+    seconds = _days_from_civil(year, month, day) * 86400 + hour * 3600 + minute * 60 + second
+    result = (seconds - offset) * 1000000 + micros
+    if result < MIN_DEADLINE_US or result > MAX_DEADLINE_US:
+        return None
+    return result
+
+
+def _text(value: object) -> str | None:
+    """Non-empty strict UTF-8 text without NUL of a header value, else None."""
+    if not value:  # None or b""
+        return None
+    if b"\x00" in value:  # type: ignore[operator]
+        return None  # PostgreSQL text cannot hold NUL
+    try:
+        return value.decode("utf-8")  # type: ignore[union-attr]
+    except UnicodeDecodeError:
+        return None
+
+
+def parse_headers(headers: list[tuple[str, bytes | None]] | None) -> Parsed:
+    """Split Kafka headers into the validated chronos fields and the others."""
+    values = [_ABSENT] * 7
+    others: list = []
+    duplicate = None
+    if headers is not None:
+        slot_of = _SLOT.get
+        append = others.append
+        for item in headers:
+            key, value = item
+            slot = slot_of(key) if isinstance(key, str) else None
+            if slot is None:
+                append(item if type(item) is tuple else (key, value))
+                continue
+            if value is not None and not isinstance(value, bytes):
+                raise TypeError(ERR_VALUE_TYPE % (key, type(value).__name__))
+            if values[slot] is _ABSENT:
+                values[slot] = value
+            elif duplicate is None:
+                duplicate = CHRONOS_HEADERS[slot]
+
+    # chronosMessageId
+    message_id = None
+    raw = values[_ID]
+    if raw is _ABSENT:
+        id_error = ERR_MISSING_ID
+    elif not raw:
+        id_error = ERR_EMPTY_ID
+    else:
+        text = _text(raw)
+        if text is None:
+            id_error = ERR_BAD_ID
+        else:
+            if len(text) > MAX_ID_LENGTH:
+                id_error = ERR_ID_TOO_LONG % len(text)
+            else:
+                id_error = None
+                message_id = text
+
+    # chronosAction
+    action = None
+    action_error = None
+    raw = values[_ACTION]
+    if raw is not _ABSENT:
+        if raw == b"cancel":
+            action = ACTION_CANCEL
+        elif raw == b"replace":
+            action = ACTION_REPLACE
+        else:
+            action_error = ERR_BAD_ACTION
+
+    # chronosDeadline (optional for cancels and cron schedules)
+    deadline_us = None
+    deadline_error = None
+    raw = values[_DEADLINE]
+    if raw is _ABSENT:
+        if action is not ACTION_CANCEL and values[_CRON] is _ABSENT:
+            deadline_error = ERR_MISSING_DEADLINE
+    elif not raw:
+        deadline_error = ERR_EMPTY_DEADLINE
+    else:
+        deadline_us = parse_deadline(raw)
+        if deadline_us is None:
+            deadline_error = ERR_BAD_DEADLINE
+
+    # chronosTopic
+    topic = None
+    topic_error = None
+    raw = values[_TOPIC]
+    if raw is not _ABSENT:
+        if raw and raw != b"." and raw != b".." and _TOPIC_RE.fullmatch(raw) is not None:
+            topic = raw.decode("ascii")
+        else:
+            topic_error = ERR_BAD_TOPIC
+
+    # chronosOrderingKey
+    ordering_key = None
+    ordering_key_error = None
+    raw = values[_ORDERING_KEY]
+    if raw is not _ABSENT:
+        ordering_key = _text(raw)
+        if ordering_key is None or len(ordering_key) > MAX_ORDERING_KEY_LENGTH:
+            ordering_key = None
+            ordering_key_error = ERR_BAD_ORDERING_KEY
+
+    # chronosCron / chronosTimeZone
+    cron = None
+    timezone = None
+    cron_error = None
+    raw = values[_TIMEZONE]
+    if raw is not _ABSENT:
+        timezone = _text(raw)
+        if timezone is None:
+            cron_error = ERR_BAD_TIMEZONE
+    raw = values[_CRON]
+    if raw is not _ABSENT:
+        cron = _text(raw)
+        if cron is None:
+            cron_error = ERR_BAD_CRON
+
+    if duplicate is not None:
+        error = ERR_DUPLICATE % duplicate
+    else:
+        error = (
+            id_error
+            or action_error
+            or deadline_error
+            or topic_error
+            or ordering_key_error
+            or cron_error
+        )
+    return _tuple_new(
+        Parsed,
+        (error, message_id, deadline_us, topic, ordering_key, action, cron, timezone, others),
+    )
+
+
+def encode_headers(headers: list[tuple[str, bytes | None]] | None) -> bytes:
+    """Serialize headers: per header u32 key length, key UTF-8, i32 value length (-1 = None), value."""
+    if headers is None:
+        return b""
+    parts: list[bytes] = []
+    append = parts.append
+    u32 = _U32.pack
+    i32 = _I32.pack
+    for key, value in headers:
+        if not isinstance(key, str):
+            raise TypeError(ERR_KEY_TYPE % type(key).__name__)
+        kb = key.encode("utf-8")
+        if len(kb) > 0xFFFFFFFF:
+            raise ValueError(ERR_TOO_LARGE % ("key", len(kb)))
+        append(u32(len(kb)))
+        append(kb)
+        if value is None:
+            append(_NULL_VALUE)
+        elif isinstance(value, bytes):
+            if len(value) > 0x7FFFFFFF:
+                raise ValueError(ERR_TOO_LARGE % ("value", len(value)))
+            append(i32(len(value)))
+            append(value)
+        else:
+            raise TypeError(ERR_VALUE_TYPE % (key, type(value).__name__))
+    return b"".join(parts)
+
+
+def decode_headers(data: bytes | None) -> list[tuple[str, bytes | None]]:
+    """Inverse of :func:`encode_headers`; raises ValueError on corrupt data."""
+    if data is None:
+        return []
+    if not isinstance(data, bytes):
+        if isinstance(data, (bytearray, memoryview)):
+            data = bytes(data)
+        else:
+            raise TypeError(ERR_DATA_TYPE % type(data).__name__)
+    out: list[tuple[str, bytes | None]] = []
+    append = out.append
+    u32 = _U32.unpack_from
+    i32 = _I32.unpack_from
+    n = len(data)
+    pos = 0
+    while pos < n:
+        if n - pos < 4:
+            raise ValueError(ERR_TRUNCATED % pos)
+        klen = u32(data, pos)[0]
+        pos += 4
+        if klen > n - pos:
+            raise ValueError(ERR_TRUNCATED % pos)
+        try:
+            key = data[pos : pos + klen].decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(ERR_KEY_UTF8 % pos) from None
+        pos += klen
+        if n - pos < 4:
+            raise ValueError(ERR_TRUNCATED % pos)
+        vlen = i32(data, pos)[0]
+        if vlen == -1:
+            pos += 4
+            append((key, None))
+            continue
+        if vlen < 0:
+            raise ValueError(ERR_VALUE_LENGTH % (vlen, pos))
+        pos += 4
+        if vlen > n - pos:
+            raise ValueError(ERR_TRUNCATED % pos)
+        append((key, data[pos : pos + vlen]))
+        pos += vlen
+    return out

@@ -1,0 +1,153 @@
+"""Shared types, constants and error texts of the Chronos header codec.
+
+This module is the single source of truth for both codec implementations
+(``chronos.codec._python`` and the Cython ``chronos.codec._native``): they import
+``Parsed``, the header names, the limits and every error/detail text from here,
+so that both produce identical results, including the human-readable detail.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+__all__ = [
+    "Parsed",
+    "Codec",
+    "HEADER_ID",
+    "HEADER_DEADLINE",
+    "HEADER_TOPIC",
+    "HEADER_ORDERING_KEY",
+    "HEADER_ACTION",
+    "HEADER_CRON",
+    "HEADER_TIMEZONE",
+    "CHRONOS_HEADERS",
+    "ACTION_CANCEL",
+    "ACTION_REPLACE",
+    "MAX_ID_LENGTH",
+    "MAX_TOPIC_LENGTH",
+    "MAX_ORDERING_KEY_LENGTH",
+    "MAX_DEADLINE_MS",
+    "MIN_DEADLINE_US",
+    "MAX_DEADLINE_US",
+    "REASON_CODES",
+]
+
+
+class Parsed(NamedTuple):
+    """Result of :func:`parse_headers`.
+
+    ``error`` is ``None`` when the chronos headers are valid, otherwise
+    ``"<reason_code>: <short human detail>"``.  On error the other fields may be
+    partial (a field is only filled when its own header was valid); callers only
+    trust them when ``error is None``.  ``headers`` always holds every
+    non-chronos header, in original order, duplicates and ``None`` values kept.
+    """
+
+    error: str | None
+    message_id: str | None
+    deadline_us: int | None
+    topic: str | None
+    ordering_key: str | None
+    action: str | None
+    cron: str | None
+    timezone: str | None
+    headers: list[tuple[str, bytes | None]]
+
+
+HEADER_ID = "chronosMessageId"
+HEADER_DEADLINE = "chronosDeadline"
+HEADER_TOPIC = "chronosTopic"
+HEADER_ORDERING_KEY = "chronosOrderingKey"
+HEADER_ACTION = "chronosAction"
+HEADER_CRON = "chronosCron"
+HEADER_TIMEZONE = "chronosTimeZone"
+
+#: The only keys treated as chronos headers (matched exactly, case-sensitive).
+#: The index of a key in this tuple is the slot number used by both codecs.
+CHRONOS_HEADERS = (
+    HEADER_ID,
+    HEADER_DEADLINE,
+    HEADER_ACTION,
+    HEADER_TOPIC,
+    HEADER_ORDERING_KEY,
+    HEADER_CRON,
+    HEADER_TIMEZONE,
+)
+
+ACTION_CANCEL = "cancel"
+ACTION_REPLACE = "replace"
+
+MAX_ID_LENGTH = 128
+MAX_TOPIC_LENGTH = 249
+MAX_ORDERING_KEY_LENGTH = 256
+#: 9999-12-31T23:59:59.999Z in epoch milliseconds (largest integer deadline).
+MAX_DEADLINE_MS = 253402300799999
+#: 0001-01-01T00:00:00Z in epoch microseconds (smallest ISO deadline).
+MIN_DEADLINE_US = -62135596800000000
+#: 9999-12-31T23:59:59.999999Z in epoch microseconds (largest ISO deadline).
+MAX_DEADLINE_US = 253402300799999999
+
+#: Reason codes, in the priority order used when several errors apply.
+REASON_CODES = (
+    "duplicate_header",
+    "missing_id",
+    "empty_id",
+    "bad_id",
+    "id_too_long",
+    "bad_action",
+    "missing_deadline",
+    "bad_deadline",
+    "bad_topic",
+    "bad_ordering_key",
+    "bad_cron",
+)
+
+# --- error texts (shared verbatim by both implementations) -------------------
+# ``%s``/``%d`` placeholders are filled with ``%`` formatting in both codecs.
+ERR_DUPLICATE = "duplicate_header: %s appears more than once"
+ERR_MISSING_ID = "missing_id: no chronosMessageId header"
+ERR_EMPTY_ID = "empty_id: chronosMessageId is empty or null"
+ERR_BAD_ID = "bad_id: chronosMessageId is not valid UTF-8 or contains NUL"
+ERR_ID_TOO_LONG = "id_too_long: chronosMessageId has %d characters (max 128)"
+ERR_BAD_ACTION = "bad_action: chronosAction must be 'cancel' or 'replace'"
+ERR_MISSING_DEADLINE = "missing_deadline: no chronosDeadline header"
+ERR_EMPTY_DEADLINE = "bad_deadline: chronosDeadline is empty or null"
+ERR_BAD_DEADLINE = (
+    "bad_deadline: chronosDeadline is neither epoch milliseconds nor an "
+    "ISO-8601 timestamp within 0001-01-01..9999-12-31 UTC"
+)
+ERR_BAD_TOPIC = (
+    "bad_topic: chronosTopic must be 1-249 characters of [A-Za-z0-9._-] "
+    "and not '.' or '..'"
+)
+ERR_BAD_ORDERING_KEY = (
+    "bad_ordering_key: chronosOrderingKey must be non-empty UTF-8 of at most "
+    "256 characters"
+)
+ERR_BAD_CRON = "bad_cron: chronosCron must be non-empty UTF-8"
+ERR_BAD_TIMEZONE = "bad_cron: chronosTimeZone must be non-empty UTF-8"
+
+# Type errors (programming errors, raised identically by both codecs).
+ERR_VALUE_TYPE = "value of header %s must be bytes or None, not %s"
+ERR_KEY_TYPE = "header key must be str, not %s"
+ERR_DEADLINE_TYPE = "deadline must be bytes, not %s"
+ERR_DATA_TYPE = "encoded headers must be bytes, bytearray, memoryview or None, not %s"
+
+# Storage decoding errors (ValueError).
+ERR_TRUNCATED = "corrupt header data: truncated at offset %d"
+ERR_KEY_UTF8 = "corrupt header data: key at offset %d is not valid UTF-8"
+ERR_VALUE_LENGTH = "corrupt header data: invalid value length %d at offset %d"
+ERR_TOO_LARGE = "header %s too large to encode (%d bytes)"
+
+
+class Codec(Protocol):
+    """The interface both codec modules implement (for type checking)."""
+
+    IMPL: str
+
+    def parse_headers(self, headers: list[tuple[str, bytes | None]] | None) -> Parsed: ...
+
+    def parse_deadline(self, value: bytes) -> int | None: ...
+
+    def encode_headers(self, headers: list[tuple[str, bytes | None]] | None) -> bytes: ...
+
+    def decode_headers(self, data: bytes | None) -> list[tuple[str, bytes | None]]: ...

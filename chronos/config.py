@@ -1,0 +1,337 @@
+"""Settings: every one is a `CHRONOS_*` environment variable and a matching CLI flag.
+
+Values are validated once, at start, so a bad value stops a process with a one-line message
+and exit code 2 instead of failing later in the hot path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+import orjson
+
+from chronos.errors import ConfigError
+
+TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+# librdkafka properties whose values are secrets: never logged, redacted from messages.
+SECRET_KAFKA_KEYS = ("sasl.password", "ssl.key.password", "ssl.keystore.password",
+                     "ssl.key.pem", "sasl.oauthbearer.client.secret", "sasl.oauthbearer.config")
+
+
+def _positive_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
+    if value <= 0:
+        raise ConfigError(f"{name} must be greater than 0, got {value}")
+    return value
+
+
+def _non_negative_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
+    if value < 0:
+        raise ConfigError(f"{name} must be 0 or more, got {value}")
+    return value
+
+
+def _optional_non_negative_int(name: str, raw: str) -> int | None:
+    if raw.strip().lower() in ("", "none", "off"):
+        return None
+    return _non_negative_int(name, raw)
+
+
+def _port(name: str, raw: str) -> int:
+    value = _non_negative_int(name, raw)
+    if value > 65535:
+        raise ConfigError(f"{name} must be a TCP port (0-65535), got {value}")
+    return value
+
+
+def _topic(name: str, raw: str) -> str:
+    if not TOPIC_RE.match(raw) or raw in (".", ".."):
+        raise ConfigError(f"{name} is not a valid Kafka topic name: {raw!r}")
+    return raw
+
+
+def _optional_str(name: str, raw: str) -> str | None:
+    return raw or None
+
+
+def _str(name: str, raw: str) -> str:
+    if not raw:
+        raise ConfigError(f"{name} must not be empty")
+    return raw
+
+
+def _database_url(name: str, raw: str) -> str | None:
+    if not raw:
+        return None
+    parts = urlsplit(raw)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise ConfigError(f"{name} must be a postgresql:// URL, got {redact_url(raw)!r}")
+    return raw
+
+
+def _choice(*choices: str) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        value = raw.lower()
+        if value not in choices:
+            raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+        return value
+    return parse
+
+
+def _regex(name: str, raw: str) -> str | None:
+    if not raw:
+        return None
+    try:
+        re.compile(raw)
+    except re.error as exc:
+        raise ConfigError(f"{name} is not a valid regular expression: {exc}") from None
+    return raw
+
+
+def parse_kafka_properties(name: str, raw: str) -> dict[str, str]:
+    """`k=v,k=v` pairs of librdkafka properties (values may not contain commas; use the file)."""
+    props: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{name} must be a list of key=value pairs, got {item.split('=')[0]!r}")
+        props[key.strip()] = value.strip()
+    return props
+
+
+def read_properties_file(name: str, raw: str) -> dict[str, str]:
+    """A Java-style properties file (`key=value` lines, `#` comments) of librdkafka settings."""
+    if not raw:
+        return {}
+    path = Path(raw)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read {raw}: {exc.strerror}") from None
+    props: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith(("#", "!")):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise ConfigError(f"{name}: {raw} line {number} is not key=value")
+        props[key.strip()] = value.strip()
+    return props
+
+
+@dataclass(frozen=True)
+class Option:
+    attr: str
+    help: str
+    parse: Callable[[str, str], Any]
+    default: str
+
+    @property
+    def env(self) -> str:
+        return "CHRONOS_" + self.attr.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.attr.replace("_", "-")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("database_url", "PostgreSQL URL (libpq; TLS via sslmode=, sslrootcert=, ... or PGSSL* variables); "
+           "default: the embedded PostgreSQL of `chronos up`", _database_url, ""),
+    Option("kafka_bootstrap_servers", "Kafka bootstrap servers; default: the embedded broker of `chronos up`",
+           _optional_str, ""),
+    Option("input_topic", "topic Chronos consumes delayed messages from", _topic, "chronos.input"),
+    Option("output_topic", "topic Chronos publishes messages to at their deadline", _topic, "chronos.output"),
+    Option("dlq_topic", "dead-letter topic for invalid messages", _topic, "chronos.dlq"),
+    Option("timing_advance_ms", "publish up to this early to make up for publish latency", _non_negative_int, "50"),
+    Option("hold_time_ms", "how long a firer may hold a claimed message before a peer takes it over",
+           _positive_int, "5000"),
+    Option("poll_interval_ms", "firer poll interval when nothing is due", _positive_int, "100"),
+    Option("failure_detection_interval_ms", "detector scan interval", _positive_int, "500"),
+    Option("lookahead_ms", "firer claims rows this far ahead and publishes each from memory at its deadline",
+           _non_negative_int, "300"),
+    Option("batch_size", "consumer batch (messages per poll) and firer claim limit", _positive_int, "2000"),
+    Option("consumer_group", "Kafka consumer group of the consumers", _str, "chronos"),
+    Option("kafka_properties", "extra librdkafka properties as key=value,key=value (TLS, SASL, ...)",
+           parse_kafka_properties, ""),
+    Option("kafka_properties_file", "file of extra librdkafka properties (key=value lines); "
+           "the place for secrets", read_properties_file, ""),
+    Option("allowed_topics", "regular expression of destination topics a message may name in chronosTopic "
+           "(default: only the output topic)", _regex, ""),
+    Option("max_lateness_ms", "dead-letter messages whose deadline is further in the past (default: no limit)",
+           _optional_non_negative_int, ""),
+    Option("log_level", "log level", _choice("debug", "info", "warning", "error"), "info"),
+    Option("log_format", "log format", _choice("text", "json"), "text"),
+    Option("metrics_port", "Prometheus metrics port (0: off)", _port, "0"),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str | None = None
+    kafka_bootstrap_servers: str | None = None
+    input_topic: str = "chronos.input"
+    output_topic: str = "chronos.output"
+    dlq_topic: str = "chronos.dlq"
+    timing_advance_ms: int = 50
+    hold_time_ms: int = 5000
+    poll_interval_ms: int = 100
+    failure_detection_interval_ms: int = 500
+    lookahead_ms: int = 300
+    batch_size: int = 2000
+    consumer_group: str = "chronos"
+    kafka_properties: dict[str, str] = field(default_factory=dict)
+    kafka_properties_file: dict[str, str] = field(default_factory=dict)
+    allowed_topics: str | None = None
+    max_lateness_ms: int | None = None
+    log_level: str = "info"
+    log_format: str = "text"
+    metrics_port: int = 0
+
+    def validate(self) -> "Settings":
+        if self.lookahead_ms * 2 >= self.hold_time_ms:
+            raise ConfigError(
+                f"CHRONOS_LOOKAHEAD_MS ({self.lookahead_ms}) must be less than half of "
+                f"CHRONOS_HOLD_TIME_MS ({self.hold_time_ms}) so claimed rows are fired long before a peer "
+                f"may take them over")
+        return self
+
+    @property
+    def kafka_config(self) -> dict[str, str]:
+        """Extra librdkafka properties: the file first, then the inline list overrides it."""
+        return {**self.kafka_properties_file, **self.kafka_properties}
+
+    @property
+    def allowed_topics_re(self) -> re.Pattern[str]:
+        return re.compile(self.allowed_topics) if self.allowed_topics else re.compile(re.escape(self.output_topic))
+
+    def secrets(self) -> list[str]:
+        """Every secret value this process knows, for the log redaction filter."""
+        found = [v for k, v in self.kafka_config.items() if k in SECRET_KAFKA_KEYS and v]
+        if self.database_url:
+            password = urlsplit(self.database_url).password
+            if password:
+                found.append(password)
+        return found
+
+    def require_services(self) -> "Settings":
+        if not self.database_url:
+            raise ConfigError("CHRONOS_DATABASE_URL is not set (and no ready file was found): "
+                              "start the stack with `chronos up`, or set --database-url")
+        if not self.kafka_bootstrap_servers:
+            raise ConfigError("CHRONOS_KAFKA_BOOTSTRAP_SERVERS is not set (and no ready file was found): "
+                              "start the stack with `chronos up`, or set --kafka-bootstrap-servers")
+        return self
+
+
+def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+    """Add one flag per setting; the default comes from the environment (shown in --help)."""
+    group = parser.add_argument_group("settings (each also read from its environment variable)")
+    for opt in OPTIONS:
+        if only is not None and opt.attr not in only:
+            continue
+        shown = "" if opt.attr in ("database_url",) else f" (default: {opt.default or 'unset'})"
+        group.add_argument(opt.flag, dest=opt.attr, default=None, metavar=opt.env,
+                           help=f"{opt.help} [env {opt.env}]{shown}")
+    parser.add_argument("--ready-file", default=None,
+                        help="read database URL, bootstrap servers and topics from the JSON file "
+                             "`chronos up --ready-file` wrote [env CHRONOS_READY_FILE]")
+
+
+READY_KEYS = {"database_url": "database_url", "bootstrap_servers": "kafka_bootstrap_servers",
+              "input_topic": "input_topic", "output_topic": "output_topic", "dlq_topic": "dlq_topic",
+              "kafka_properties": "kafka_properties"}
+
+
+def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None, *,
+         default_ready_file: bool = True) -> Settings:
+    """Build Settings from flags, then environment variables, then a ready file, then defaults.
+
+    Without services configured, the ready file of a `chronos up` in this directory
+    (`.chronos/ready.json`) is used if present, unless `default_ready_file` is False.
+    """
+    environ = os.environ if environ is None else environ
+    raw: dict[str, str] = {}
+    for opt in OPTIONS:
+        value = getattr(args, opt.attr, None) if args is not None else None
+        if value is None:
+            value = environ.get(opt.env)
+        if value is not None:
+            raw[opt.attr] = value
+    ready_path = (getattr(args, "ready_file", None) if args is not None else None) or environ.get("CHRONOS_READY_FILE")
+    if default_ready_file and not ready_path and not (raw.get("database_url") or
+                                                      raw.get("kafka_bootstrap_servers")):
+        default = Path(environ.get("CHRONOS_DATA_DIR", ".chronos")) / "ready.json"
+        ready_path = str(default) if default.is_file() else None
+    if ready_path:
+        ready = read_ready_file(ready_path)
+        for key, attr in READY_KEYS.items():
+            value = ready.get(key)
+            if attr not in raw and value:
+                raw[attr] = ",".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else str(value)
+    values: dict[str, Any] = {}
+    for opt in OPTIONS:
+        text = raw.get(opt.attr, opt.default)
+        parsed = opt.parse(opt.env, text)
+        values[opt.attr] = parsed
+    return Settings(**values).validate()
+
+
+def read_ready_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        data = orjson.loads(Path(path).read_bytes())
+    except FileNotFoundError:
+        raise ConfigError(f"ready file {path} does not exist (is `chronos up --ready-file {path}` running?)") from None
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise ConfigError(f"ready file {path} cannot be read: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"ready file {path} does not hold a JSON object")
+    return data
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password replaced by ***, for logs and error messages."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable url>"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = (parts.username or "")
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[-1]}"))
+
+
+def to_environ(settings: Settings) -> dict[str, str]:
+    """The settings as CHRONOS_* variables, for child processes (supervisord programs)."""
+    env: dict[str, str] = {}
+    for opt in OPTIONS:
+        value = getattr(settings, opt.attr)
+        if value is None or opt.attr == "kafka_properties_file":
+            continue
+        if isinstance(value, dict):
+            if not value:
+                continue
+            value = ",".join(f"{k}={v}" for k, v in value.items())
+        env[opt.env] = str(value)
+    return env
+
+
+def replace(settings: Settings, **changes: Any) -> Settings:
+    return dataclasses.replace(settings, **changes).validate()

@@ -1,0 +1,222 @@
+"""`chronos consumer`: input topic → store (or straight to the output when already late).
+
+Per poll: parse every message's headers, dead-letter the invalid ones, publish the late ones,
+write the rest in one COPY batch. Offsets are committed only after the batch is durable in
+PostgreSQL and every publish is acknowledged, so a crash at any point loses nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaError, Message, TopicPartition
+
+from chronos import codec
+from chronos.config import Settings
+from chronos.errors import StoreRejected, StoreUnavailable
+from chronos.intake import Decision, Rules, Verdict, decide
+from chronos.kafka import OutageLog, make_consumer, make_producer, produce
+from chronos.logs import Throttle
+from chronos.runtime import Lifecycle
+from chronos.store import Backoff, Row, Store
+
+log = logging.getLogger("chronos.consumer")
+
+ERROR_HEADER = "chronosError"
+SOURCE_HEADER = "chronosSource"
+
+
+@dataclass
+class Batch:
+    """The outcome of sorting one poll's messages; built by `sort_batch`, a pure function."""
+
+    rows: dict[str, Row] = field(default_factory=dict)
+    sources: dict[str, Message] = field(default_factory=dict)
+    late: list[tuple[Message, codec.Parsed]] = field(default_factory=list)
+    dead: list[tuple[Message, str]] = field(default_factory=list)
+    duplicates: int = 0
+
+
+def sort_batch(messages: list[Message], now_us: int, rules: Rules) -> Batch:
+    batch = Batch()
+    for msg in messages:
+        parsed = codec.parse_headers(msg.headers())
+        decision: Decision = decide(parsed, now_us, rules)
+        if decision.verdict is Verdict.INVALID:
+            batch.dead.append((msg, decision.reason or "invalid"))
+        elif decision.verdict is Verdict.LATE:
+            batch.late.append((msg, parsed))
+        elif decision.verdict is Verdict.ENQUEUE:
+            if parsed.message_id in batch.rows:
+                batch.duplicates += 1
+                continue
+            topic = parsed.topic if parsed.topic != rules.output_topic else None
+            batch.rows[parsed.message_id] = Row(parsed.message_id, parsed.deadline_us, topic, msg.key(),
+                                                msg.value(), codec.encode_headers(parsed.headers),
+                                                parsed.ordering_key)
+            batch.sources[parsed.message_id] = msg
+        else:
+            batch.dead.append((msg, f"bad_action: chronosAction {parsed.action!r} is not supported"))
+    return batch
+
+
+def commit_offsets(messages: list[Message]) -> list[TopicPartition]:
+    """The next offset to read for every partition in the batch."""
+    top: dict[tuple[str, int], int] = {}
+    for msg in messages:
+        tp = (msg.topic(), msg.partition())
+        if msg.offset() + 1 > top.get(tp, -1):
+            top[tp] = msg.offset() + 1
+    return [TopicPartition(t, p, o) for (t, p), o in top.items()]
+
+
+class ConsumerProcess:
+    def __init__(self, settings: Settings, node_id: uuid.UUID, life: Lifecycle):
+        self.settings, self.node_id, self.life = settings, node_id, life
+        self.rules = Rules(timing_advance_us=settings.timing_advance_ms * 1000,
+                           output_topic=settings.output_topic,
+                           allowed_topics=settings.allowed_topics_re,
+                           max_lateness_us=None if settings.max_lateness_ms is None
+                           else settings.max_lateness_ms * 1000)
+        self.store = Store(settings.database_url, node_id=node_id)
+        self.db_backoff = Backoff()
+        self.throttle = Throttle(log)
+        self.producer, self.producer_outage = make_producer(settings, "consumer producer")
+        self.consumer, self.consumer_outage = make_consumer(settings, "consumer")
+        self.stats = {"consumed": 0, "enqueued": 0, "late": 0, "dead": 0, "duplicates": 0}
+
+    def run(self) -> None:
+        self.consumer.subscribe([self.settings.input_topic])
+        log.info("consuming %s (group %s), batch %d", self.settings.input_topic, self.settings.consumer_group,
+                 self.settings.batch_size)
+        try:
+            while self.life.running:
+                messages = self.consumer.consume(num_messages=self.settings.batch_size, timeout=0.05)
+                if not messages:
+                    continue
+                real = []
+                for msg in messages:
+                    err = msg.error()
+                    if err is None:
+                        real.append(msg)
+                    elif err.code() != KafkaError._PARTITION_EOF:
+                        self.throttle.warning("consume", "consume error: %s", err.str())
+                if not real:
+                    continue
+                self.consumer_outage.ok()
+                if not self.handle(real):
+                    break  # stopping before the batch was durable: do not commit; it is read again
+                self.commit(real)
+        finally:
+            self.close()
+
+    def handle(self, messages: list[Message]) -> bool:
+        """Make one batch durable and acknowledged; False if stopped before it was."""
+        batch = sort_batch(messages, time.time_ns() // 1000, self.rules)
+        rows = list(batch.rows.values())
+        while True:
+            try:
+                try:
+                    inserted = self.store.insert(rows)
+                except StoreRejected as exc:
+                    inserted = self.insert_one_by_one(batch, exc)
+                waiting = self.store.waiting_ids(p.message_id for _, p in batch.late)
+                break
+            except StoreUnavailable as exc:
+                if not self.wait_for_store(exc):
+                    return False
+        self.db_recovered()
+        late = [(m, p) for m, p in batch.late if p.message_id not in waiting]
+        if not self.publish(late, batch.dead):
+            return False
+        s = self.stats
+        s["consumed"] += len(messages)
+        s["enqueued"] += inserted
+        s["late"] += len(late)
+        s["dead"] += len(batch.dead)
+        s["duplicates"] += batch.duplicates + (len(batch.rows) - inserted) + (len(batch.late) - len(late))
+        if batch.dead:
+            reasons = sorted({r.split(":", 1)[0] for _, r in batch.dead})
+            self.throttle.warning("dead", "%d invalid messages sent to %s (%s)", len(batch.dead),
+                                  self.settings.dlq_topic, ", ".join(reasons))
+        return True
+
+    def insert_one_by_one(self, batch: Batch, exc: StoreRejected) -> int:
+        """PostgreSQL refused the batch: find the rows it refuses and dead-letter only those."""
+        log.warning("postgres refused a batch of %d rows (%s); inserting them one by one", len(batch.rows), exc)
+        inserted = 0
+        for message_id, row in list(batch.rows.items()):
+            try:
+                inserted += self.store.insert([row])
+            except StoreRejected as row_exc:
+                del batch.rows[message_id]
+                batch.dead.append((batch.sources[message_id], f"store_rejected: {row_exc}"))
+        return inserted
+
+    def publish(self, late: list[tuple[Message, codec.Parsed]], dead: list[tuple[Message, str]]) -> bool:
+        """Publish late and dead-lettered messages and wait for every acknowledgement, retrying failures."""
+        outbox = []
+        for msg, parsed in late:
+            outbox.append((parsed.topic or self.settings.output_topic, msg.key(), msg.value(), parsed.headers))
+        for msg, reason in dead:
+            headers = list(msg.headers() or [])
+            headers.append((ERROR_HEADER, reason.encode()))
+            headers.append((SOURCE_HEADER, f"{msg.topic()}/{msg.partition()}/{msg.offset()}".encode()))
+            outbox.append((self.settings.dlq_topic, msg.key(), msg.value(), headers))
+        backoff = Backoff(first=0.5, cap=10.0)
+        while outbox:
+            failed: list = []
+
+            def delivered(err, _msg, item=None):
+                if err is not None:
+                    failed.append((item, err))
+
+            for item in outbox:
+                produce(self.producer, item[0], item[2], item[1], item[3],
+                        lambda err, m, item=item: delivered(err, m, item))
+            while self.producer.flush(1.0) > 0:
+                if not self.life.running and self.life.hard_stop:
+                    return False
+            if not failed:
+                self.producer_outage.ok()
+                return True
+            self.throttle.warning("publish", "%d publishes failed (%s); retrying", len(failed), failed[0][1].str())
+            if any(err.fatal() for _, err in failed):
+                self.producer, self.producer_outage = make_producer(self.settings, "consumer producer")
+            outbox = [item for item, _ in failed]
+            if not self.life.sleep(backoff.failed()):
+                return False
+        return True
+
+    def commit(self, messages: list[Message]) -> None:
+        try:
+            self.consumer.commit(offsets=commit_offsets(messages), asynchronous=False)
+        except Exception as exc:  # noqa: BLE001 - a failed commit only means a re-read; the store is idempotent
+            self.throttle.warning("commit", "offset commit failed (%s); the batch may be read again", exc)
+
+    def wait_for_store(self, exc: StoreUnavailable) -> bool:
+        delay = self.db_backoff.failed()
+        self.throttle.warning("db", "postgres unavailable (%s); retrying in %.1fs", exc, delay)
+        return self.life.sleep(delay)
+
+    def db_recovered(self) -> None:
+        lasted = self.db_backoff.succeeded()
+        if lasted is not None:
+            log.warning("postgres reachable again after %.1fs", lasted)
+
+    def close(self) -> None:
+        log.info("stopping: consumed %(consumed)d, enqueued %(enqueued)d, late %(late)d, dead-lettered %(dead)d, "
+                 "duplicates %(duplicates)d", self.stats)
+        try:
+            self.consumer.close()
+        except Exception as exc:  # noqa: BLE001 - closing is best effort; offsets are already committed
+            log.warning("closing the Kafka consumer: %s", exc)
+        self.producer.flush(5.0)
+        self.store.close()
+
+
+def run(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> None:
+    ConsumerProcess(settings, node_id, life).run()

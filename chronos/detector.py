@@ -1,0 +1,69 @@
+"""`chronos detector`: hands back rows a firer claimed and did not fire within the hold time.
+
+Every failure-detection interval it reads the rows readied longer ago than the hold time,
+then resets exactly those whose readied_at/readied_by are still what it read, so a row a
+firer deleted or a peer re-claimed in between is left alone. Two detectors at once are safe.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import uuid
+
+from chronos.config import Settings
+from chronos.errors import StoreUnavailable
+from chronos.logs import Throttle
+from chronos.runtime import Lifecycle
+from chronos.store import Backoff, Store
+
+log = logging.getLogger("chronos.detector")
+
+
+def suspected_nodes(reset_by: list[uuid.UUID]) -> list[tuple[uuid.UUID, int]]:
+    """(node, rows reset) per suspected node, most rows first."""
+    return collections.Counter(reset_by).most_common()
+
+
+class DetectorProcess:
+    def __init__(self, settings: Settings, node_id: uuid.UUID, life: Lifecycle):
+        self.settings, self.life = settings, life
+        self.store = Store(settings.database_url, node_id=node_id)
+        self.backoff = Backoff()
+        self.throttle = Throttle(log)
+        self.total_reset = 0
+
+    def run(self) -> None:
+        interval = self.settings.failure_detection_interval_ms / 1000.0
+        log.info("watching for rows held longer than %d ms, every %d ms", self.settings.hold_time_ms,
+                 self.settings.failure_detection_interval_ms)
+        try:
+            while self.life.running:
+                try:
+                    self.scan()
+                    lasted = self.backoff.succeeded()
+                    if lasted is not None:
+                        log.warning("postgres reachable again after %.1fs", lasted)
+                    delay = interval
+                except StoreUnavailable as exc:
+                    delay = self.backoff.failed()
+                    self.throttle.warning("db", "postgres unavailable (%s); retrying in %.1fs", exc, delay)
+                self.life.sleep(delay)
+        finally:
+            log.info("stopping: reset %d rows in all", self.total_reset)
+            self.store.close()
+
+    def scan(self) -> int:
+        stale = self.store.find_stale(self.settings.hold_time_ms)
+        if not stale:
+            return 0
+        reset_by = self.store.reset_stale(stale)
+        for node, count in suspected_nodes(reset_by):
+            log.warning("suspected failure of %s: %d rows held past %d ms handed back", node, count,
+                        self.settings.hold_time_ms)
+        self.total_reset += len(reset_by)
+        return len(reset_by)
+
+
+def run(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> None:
+    DetectorProcess(settings, node_id, life).run()

@@ -1,0 +1,36 @@
+"""The project's exception tree and the process exit codes that go with it."""
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_CONFIG = 2        # bad configuration value or flag
+EXIT_UNAVAILABLE = 3   # a service (PostgreSQL, Kafka) cannot be reached at start
+EXIT_SCHEMA = 4        # database not migrated (or migrated by a newer version)
+EXIT_EMBEDDED = 5      # an embedded service (PostgreSQL, broker, supervisord) failed to start
+
+
+class ChronosError(Exception):
+    """Base class; `exit_code` is what the CLI exits with."""
+
+    exit_code = EXIT_FAILURE
+
+
+class ConfigError(ChronosError):
+    exit_code = EXIT_CONFIG
+
+
+class UnavailableError(ChronosError):
+    exit_code = EXIT_UNAVAILABLE
+
+
+class SchemaError(ChronosError):
+    exit_code = EXIT_SCHEMA
+
+
+class StoreUnavailable(ChronosError):
+    """PostgreSQL could not be reached or the connection broke mid-operation."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+
+class StoreRejected(ChronosError):
+    """PostgreSQL refused the data itself (not the connection): retrying the same data cannot help."""

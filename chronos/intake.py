@@ -1,0 +1,51 @@
+"""What the consumer does with one input message: a pure decision, `now` passed in."""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+from chronos.codec import Parsed
+
+
+class Verdict(enum.Enum):
+    INVALID = "invalid"      # dead-letter topic, with a reason
+    LATE = "late"            # publish at once (unless the id is waiting)
+    ENQUEUE = "enqueue"      # store until the deadline
+    CANCEL = "cancel"        # delete the waiting message with this id
+    REPLACE = "replace"      # replace the waiting message with this id (or enqueue it)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    verdict: Verdict
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    timing_advance_us: int
+    output_topic: str
+    allowed_topics: re.Pattern[str]
+    max_lateness_us: int | None = None
+
+
+def decide(parsed: Parsed, now_us: int, rules: Rules) -> Decision:
+    if parsed.error is not None:
+        return Decision(Verdict.INVALID, parsed.error)
+    if parsed.topic is not None and parsed.topic != rules.output_topic \
+            and not rules.allowed_topics.fullmatch(parsed.topic):
+        return Decision(Verdict.INVALID, f"topic_not_allowed: {parsed.topic!r} does not match CHRONOS_ALLOWED_TOPICS")
+    if parsed.action == "cancel":
+        return Decision(Verdict.CANCEL)
+    deadline = parsed.deadline_us
+    assert deadline is not None
+    if rules.max_lateness_us is not None and now_us - deadline > rules.max_lateness_us:
+        return Decision(Verdict.INVALID, f"too_late: deadline is {(now_us - deadline) // 1000} ms in the past, "
+                                         f"more than CHRONOS_MAX_LATENESS_MS")
+    if parsed.action == "replace":
+        return Decision(Verdict.REPLACE)
+    if deadline <= now_us + rules.timing_advance_us:
+        return Decision(Verdict.LATE)
+    return Decision(Verdict.ENQUEUE)

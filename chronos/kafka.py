@@ -1,0 +1,114 @@
+"""Kafka adapters: client configuration, outage logging, and a producer that survives fatal errors."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+from confluent_kafka import KafkaError, Producer
+from confluent_kafka import Consumer as KafkaConsumer
+
+from chronos.config import SECRET_KAFKA_KEYS, Settings
+
+log = logging.getLogger("chronos.kafka")
+
+# Settings tuned for Chronos, overridable by CHRONOS_KAFKA_PROPERTIES (the user's word wins).
+PRODUCER_DEFAULTS = {
+    "acks": "all",
+    "enable.idempotence": "true",
+    # Same partition for the same key as the Java client, so keyed consumers see no difference.
+    "partitioner": "murmur2_random",
+    "linger.ms": "5",
+    "compression.type": "none",
+    "queue.buffering.max.messages": "500000",
+}
+CONSUMER_DEFAULTS = {
+    "enable.auto.commit": "false",
+    "auto.offset.reset": "earliest",
+    "enable.partition.eof": "false",
+}
+# Consumer-only and producer-only keys are dropped from the other client's configuration so
+# librdkafka does not warn about them on every start.
+CONSUMER_ONLY = ("session.timeout.ms", "heartbeat.interval.ms", "fetch.wait.max.ms", "fetch.min.bytes",
+                  "auto.offset.reset", "max.poll.interval.ms", "group.id", "enable.auto.commit",
+                  "partition.assignment.strategy", "fetch.max.bytes", "max.partition.fetch.bytes",
+                  "enable.partition.eof", "isolation.level", "queued.min.messages", "group.instance.id")
+PRODUCER_ONLY = ("acks", "enable.idempotence", "linger.ms", "batch.size", "compression.type", "partitioner",
+                  "queue.buffering.max.messages", "queue.buffering.max.kbytes", "message.timeout.ms",
+                  "delivery.timeout.ms", "batch.num.messages", "retries", "retry.backoff.ms")
+
+
+class OutageLog:
+    """librdkafka reports a down broker every few ms: log it once per outage, and the recovery."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.down_since: float | None = None
+
+    def error(self, err: KafkaError) -> None:
+        if err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE):
+            if self.down_since is None:
+                self.down_since = time.monotonic()
+                log.warning("kafka unavailable for %s (%s); librdkafka keeps retrying", self.what, err.str())
+        elif err.fatal():
+            log.error("kafka fatal error in %s: %s", self.what, err.str())
+        else:
+            log.warning("kafka error in %s: %s", self.what, err.str())
+
+    def ok(self) -> None:
+        if self.down_since is not None:
+            log.warning("kafka reachable again for %s after %.1fs", self.what, time.monotonic() - self.down_since)
+            self.down_since = None
+
+
+def base_config(settings: Settings) -> dict[str, Any]:
+    conf: dict[str, Any] = {"bootstrap.servers": settings.kafka_bootstrap_servers}
+    conf.update(settings.kafka_config)
+    return conf
+
+
+def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    conf = {**PRODUCER_DEFAULTS, **overrides}
+    conf.update({k: v for k, v in base_config(settings).items() if k not in CONSUMER_ONLY})
+    return conf
+
+
+def consumer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    conf = {**CONSUMER_DEFAULTS, "group.id": settings.consumer_group, **overrides}
+    conf.update({k: v for k, v in base_config(settings).items() if k not in PRODUCER_ONLY})
+    return conf
+
+
+def describe(conf: dict[str, Any]) -> str:
+    """The configuration for a log line, secrets replaced."""
+    return ", ".join(f"{k}={'***' if k in SECRET_KAFKA_KEYS else v}" for k, v in sorted(conf.items()))
+
+
+def make_producer(settings: Settings, what: str, **overrides: Any) -> tuple[Producer, OutageLog]:
+    outage = OutageLog(what)
+    conf = producer_config(settings, **overrides)
+    conf["error_cb"] = outage.error
+    return Producer(conf), outage
+
+
+def make_consumer(settings: Settings, what: str, **overrides: Any) -> tuple[KafkaConsumer, OutageLog]:
+    outage = OutageLog(what)
+    conf = consumer_config(settings, **overrides)
+    conf["error_cb"] = outage.error
+    return KafkaConsumer(conf), outage
+
+
+def produce(producer: Producer, topic: str, value: bytes | None, key: bytes | None,
+            headers: list | None, on_delivery: Callable) -> None:
+    """Produce, waiting for queue space instead of failing when the local queue is full."""
+    while True:
+        try:
+            producer.produce(topic, value, key, headers=headers or None, on_delivery=on_delivery)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
+def is_fatal(err: KafkaError | None) -> bool:
+    return err is not None and err.fatal()

@@ -1,0 +1,64 @@
+-- All SQL the processes run, one statement per `-- name: x` block.
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) FROM chronos_schema_version;
+
+-- name: create_staging
+CREATE TEMP TABLE IF NOT EXISTS chronos_staging (
+    id text, deadline_us bigint, topic text, key bytea, value bytea, headers bytea, ordering_key text
+) ON COMMIT DELETE ROWS;
+
+-- name: copy_staging
+COPY chronos_staging (id, deadline_us, topic, key, value, headers, ordering_key) FROM STDIN (FORMAT BINARY);
+
+-- name: insert_from_staging
+INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key)
+SELECT id, timestamptz 'epoch' + deadline_us * interval '1 microsecond', topic, key, value, headers, ordering_key
+FROM chronos_staging
+ON CONFLICT (id) DO NOTHING;
+
+-- name: waiting_ids
+SELECT id FROM chronos_messages WHERE id = ANY(%(ids)s);
+
+-- name: claim
+WITH due AS (
+    SELECT id FROM chronos_messages
+    WHERE readied_at IS NULL
+      AND deadline <= clock_timestamp() + %(lookahead_ms)s * interval '1 millisecond'
+    ORDER BY deadline
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE chronos_messages AS m
+SET readied_at = now(), readied_by = %(node)s
+FROM due
+WHERE m.id = due.id
+RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers,
+          m.readied_at;
+
+-- name: delete_fired
+DELETE FROM chronos_messages AS m
+USING unnest(%(ids)s::text[], %(readied_at)s::timestamptz[]) AS f(id, readied_at)
+WHERE m.id = f.id AND m.readied_at = f.readied_at AND m.readied_by = %(node)s;
+
+-- name: release
+UPDATE chronos_messages AS m
+SET readied_at = NULL, readied_by = NULL
+FROM unnest(%(ids)s::text[], %(readied_at)s::timestamptz[]) AS f(id, readied_at)
+WHERE m.id = f.id AND m.readied_at = f.readied_at AND m.readied_by = %(node)s;
+
+-- name: find_stale
+SELECT id, readied_at, readied_by FROM chronos_messages
+WHERE readied_at IS NOT NULL AND readied_at < now() - %(hold_ms)s * interval '1 millisecond'
+ORDER BY readied_at
+LIMIT %(limit)s;
+
+-- name: reset_stale
+UPDATE chronos_messages AS m
+SET readied_at = NULL, readied_by = NULL
+FROM unnest(%(ids)s::text[], %(readied_at)s::timestamptz[], %(readied_by)s::uuid[]) AS s(id, readied_at, readied_by)
+WHERE m.id = s.id AND m.readied_at = s.readied_at AND m.readied_by = s.readied_by
+RETURNING s.readied_by;
+
+-- name: db_clock
+SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;

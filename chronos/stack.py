@@ -1,0 +1,329 @@
+"""`chronos up`: the whole stack in the foreground on one machine.
+
+PostgreSQL (embedded under the data directory unless a URL is given), a Kafka-compatible
+broker (embedded unless bootstrap servers are given), topics, migrations, then supervisord
+running the consumer, firer and detector programs of the project's supervisord.conf.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import xmlrpc.client
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import orjson
+
+from chronos import config, store
+from chronos.config import Settings, redact_url
+from chronos.embedded import EmbeddedBroker, EmbeddedError, EmbeddedPostgres, create_topics
+from chronos.errors import EXIT_EMBEDDED, ChronosError, UnavailableError
+
+log = logging.getLogger("chronos.up")
+
+ROLES = ("consumer", "firer", "detector")
+
+# Client settings for the embedded broker only (see BROKER.md): fast group joins, short fetch waits.
+EMBEDDED_KAFKA_PROFILE = {
+    "session.timeout.ms": "2000",
+    "heartbeat.interval.ms": "500",
+    "fetch.wait.max.ms": "25",
+}
+
+
+class StackError(ChronosError):
+    exit_code = EXIT_EMBEDDED
+
+
+def supervisord_conf() -> Path:
+    """The project's supervisord.conf: beside the source tree, or shipped in the package."""
+    beside = Path(__file__).resolve().parent.parent / "supervisord.conf"
+    if beside.is_file():
+        return beside
+    return Path(str(resources.files("chronos") / "supervisord.conf"))
+
+
+def check_kafka(bootstrap: str, kafka_config: dict, timeout: float = 10.0) -> None:
+    from confluent_kafka.admin import AdminClient
+    admin = AdminClient({"bootstrap.servers": bootstrap, **kafka_config})
+    try:
+        admin.list_topics(timeout=timeout)
+    except Exception as exc:  # noqa: BLE001 - any failure here means "cannot reach Kafka"
+        raise UnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from None
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    data_dir: Path
+    counts: dict[str, int]
+    partitions: int = 4
+    pg_port: int | None = None
+    kafka_port: int | None = None
+    ready_file: Path | None = None
+    postgres: EmbeddedPostgres | None = None
+    broker: EmbeddedBroker | None = None
+    supervisord: subprocess.Popen | None = None
+    run_dir: Path = field(init=False)
+    log_dir: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.run_dir = self.data_dir / "run"
+        self.log_dir = self.data_dir / "logs"
+
+    # -- start -----------------------------------------------------------------------------
+
+    def start(self, life_check) -> None:
+        for d in (self.data_dir, self.run_dir, self.log_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        s = self.settings
+        if s.database_url:
+            print(f"using PostgreSQL at {redact_url(s.database_url)}", flush=True)
+            store.wait_for_database(s.database_url, timeout=10)
+        else:
+            self.postgres = EmbeddedPostgres(self.data_dir / "pgdata", port=self.pg_port,
+                                             log_path=self.log_dir / "postgres.log")
+            self.postgres.start()
+            s = config.replace(s, database_url=self.postgres.url)
+            print(f"started embedded PostgreSQL on port {self.postgres.port} (data in {self.data_dir / 'pgdata'})",
+                  flush=True)
+        life_check()
+        kafka_extra = dict(s.kafka_properties)
+        if s.kafka_bootstrap_servers:
+            check_kafka(s.kafka_bootstrap_servers, s.kafka_config)
+        else:
+            self.broker = EmbeddedBroker(port=self.kafka_port, log_path=self.log_dir / "broker.log")
+            self.broker.start()
+            kafka_extra = {**EMBEDDED_KAFKA_PROFILE, **kafka_extra}
+            s = config.replace(s, kafka_bootstrap_servers=self.broker.bootstrap_servers)
+            print(f"started embedded Kafka-compatible broker on {self.broker.bootstrap_servers} "
+                  f"(memory only)", flush=True)
+        s = config.replace(s, kafka_properties=kafka_extra)
+        self.settings = s
+        life_check()
+        create_topics(s.kafka_bootstrap_servers, {t: self.partitions for t in
+                                                  (s.input_topic, s.output_topic, s.dlq_topic)},
+                      client_config=_admin_config(s.kafka_config))
+        applied = store.migrate(s.database_url)
+        print(f"schema at version {store.LATEST_VERSION}"
+              + (f" (applied {', '.join(map(str, applied))})" if applied else ""), flush=True)
+        life_check()
+        self.start_supervisord()
+        self.wait_programs_running(life_check)
+
+    def environ(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(config.to_environ(self.settings))
+        env.update({
+            "CHRONOS_BIN": f"{sys.executable} -m chronos",
+            "CHRONOS_RUN_DIR": str(self.run_dir),
+            "CHRONOS_LOG_DIR": str(self.log_dir),
+            "CHRONOS_CONSUMERS": str(max(1, self.counts["consumer"])),
+            "CHRONOS_FIRERS": str(max(1, self.counts["firer"])),
+            "CHRONOS_DETECTORS": str(max(1, self.counts["detector"])),
+        })
+        env.pop("CHRONOS_READY_FILE", None)
+        return env
+
+    def start_supervisord(self) -> None:
+        sock = self.run_dir / "supervisor.sock"
+        if sock.exists():
+            sock.unlink()
+        self.supervisord = subprocess.Popen(
+            [sys.executable, "-m", "supervisor.supervisord", "-c", str(supervisord_conf()), "-n"],
+            env=self.environ(), stdout=subprocess.DEVNULL, stderr=open(self.log_dir / "supervisord.err", "ab"),
+            start_new_session=True)
+
+    def rpc(self) -> xmlrpc.client.ServerProxy:
+        from supervisor.xmlrpc import SupervisorTransport
+        transport = SupervisorTransport(None, None, f"unix://{self.run_dir / 'supervisor.sock'}")
+        return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
+
+    def program_states(self) -> list[dict]:
+        return self.rpc().supervisor.getAllProcessInfo()
+
+    def wait_programs_running(self, life_check, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            life_check()
+            if self.supervisord is not None and self.supervisord.poll() is not None:
+                err = (self.log_dir / "supervisord.err").read_text(errors="replace").strip().splitlines()[-3:]
+                raise StackError(f"supervisord exited with code {self.supervisord.returncode}: {' '.join(err)}")
+            try:
+                infos = self.program_states()
+            except (OSError, xmlrpc.client.Fault):
+                infos = None
+            if infos is not None:
+                for group, count in self.counts.items():
+                    if count == 0:
+                        self.rpc().supervisor.stopProcessGroup(group)
+                self.check_failed(infos)
+                wanted = [i for i in infos if self.counts.get(i["group"], 1) > 0]
+                if wanted and all(i["statename"] == "RUNNING" for i in wanted):
+                    return
+            if time.monotonic() > deadline:
+                raise StackError("the programs did not all reach RUNNING within "
+                                 f"{timeout:.0f}s; see {self.log_dir}")
+            time.sleep(0.2)
+
+    def check_failed(self, infos: list[dict]) -> None:
+        for info in infos:
+            if info["statename"] == "FATAL" or (info["statename"] == "EXITED" and info["exitstatus"] != 0):
+                tail = _tail(Path(info["stdout_logfile"]), 3)
+                raise StackError(f"program {info['name']} failed ({info['statename']}, exit "
+                                 f"{info['exitstatus']}): {tail}")
+
+    # -- ready -----------------------------------------------------------------------------
+
+    def ready_info(self) -> dict:
+        s = self.settings
+        info = {"bootstrap_servers": s.kafka_bootstrap_servers, "database_url": s.database_url,
+                "input_topic": s.input_topic, "output_topic": s.output_topic, "dlq_topic": s.dlq_topic,
+                "data_dir": str(self.data_dir), "log_dir": str(self.log_dir),
+                "supervisor_socket": str(self.run_dir / "supervisor.sock"),
+                "supervisord_pid": self.supervisord.pid if self.supervisord else None,
+                "postgres_pid": self.postgres.pid if self.postgres else None,
+                "broker_pid": self.broker.pid if self.broker else None,
+                "kafka_properties": s.kafka_properties, "pid": os.getpid()}
+        return info
+
+    def announce(self) -> None:
+        info = self.ready_info()
+        print(f"ready bootstrap_servers={info['bootstrap_servers']} "
+              f"database_url={redact_url(info['database_url'])} input_topic={info['input_topic']} "
+              f"output_topic={info['output_topic']} dlq_topic={info['dlq_topic']}", flush=True)
+        if self.ready_file is not None:
+            self.ready_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.ready_file.with_suffix(self.ready_file.suffix + ".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(orjson.dumps(info, option=orjson.OPT_INDENT_2))
+            os.replace(tmp, self.ready_file)
+
+    # -- run and stop ----------------------------------------------------------------------
+
+    def watch(self, stopping: threading.Event) -> None:
+        """Until asked to stop: fail loudly if a program or an embedded service dies for good."""
+        while not stopping.wait(1.0):
+            if self.supervisord is not None and self.supervisord.poll() is not None:
+                raise StackError(f"supervisord exited unexpectedly (code {self.supervisord.returncode})")
+            if self.postgres is not None and not self.postgres.running:
+                raise StackError("the embedded PostgreSQL stopped unexpectedly; see "
+                                 f"{self.log_dir / 'postgres.log'}")
+            if self.broker is not None and not self.broker.running:
+                raise StackError("the embedded broker stopped unexpectedly; see "
+                                 f"{self.log_dir / 'broker.log'}")
+            try:
+                infos = self.program_states()
+            except (OSError, xmlrpc.client.Fault) as exc:
+                log.warning("cannot ask supervisord for program states: %s", exc)
+                continue
+            for info in infos:
+                if info["statename"] == "FATAL":
+                    tail = _tail(Path(info["stdout_logfile"]), 3)
+                    raise StackError(f"program {info['name']} keeps failing (FATAL): {tail}")
+
+    def stop(self) -> None:
+        if self.ready_file is not None and self.ready_file.exists():
+            self.ready_file.unlink()
+        if self.supervisord is not None and self.supervisord.poll() is None:
+            print("stopping programs ...", flush=True)
+            self.supervisord.send_signal(signal.SIGTERM)
+            try:
+                self.supervisord.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.supervisord.pid, signal.SIGKILL)
+                self.supervisord.wait()
+        if self.broker is not None:
+            print("stopping the embedded broker ...", flush=True)
+            self.broker.stop()
+        if self.postgres is not None:
+            print("stopping the embedded PostgreSQL ...", flush=True)
+            self.postgres.stop()
+
+
+def _admin_config(kafka_config: dict) -> dict:
+    """The client properties an admin client accepts (TLS, SASL, ...), without consumer/producer ones."""
+    from chronos.kafka import CONSUMER_ONLY, PRODUCER_ONLY
+    return {k: v for k, v in kafka_config.items() if k not in CONSUMER_ONLY and k not in PRODUCER_ONLY}
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return f"(no log at {path})"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", default=os.environ.get("CHRONOS_DATA_DIR", ".chronos"),
+                        help="where the embedded PostgreSQL keeps its data, and logs go [env CHRONOS_DATA_DIR] "
+                             "(default: .chronos)")
+    parser.add_argument("--bootstrap-servers", dest="kafka_bootstrap_servers_alias", default=None,
+                        help="same as --kafka-bootstrap-servers")
+    for role in ROLES:
+        parser.add_argument(f"--{role}s", type=int, default=1, dest=f"n_{role}",
+                            help=f"number of {role} processes (default 1)")
+    parser.add_argument("--partitions", type=int, default=4, help="partitions of topics created (default 4)")
+    parser.add_argument("--pg-port", type=int, default=None, help="port of the embedded PostgreSQL (default: free)")
+    parser.add_argument("--kafka-port", type=int, default=None, help="port of the embedded broker (default: free)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.kafka_bootstrap_servers_alias and not args.kafka_bootstrap_servers:
+        args.kafka_bootstrap_servers = args.kafka_bootstrap_servers_alias
+    data_dir = Path(args.data_dir).resolve()
+    ready_file = Path(args.ready_file).resolve() if args.ready_file else data_dir / "ready.json"
+    args.ready_file = None  # `up` writes the ready file; it does not read one
+    settings = config.load(args, default_ready_file=False)
+    counts = {role: getattr(args, f"n_{role}") for role in ROLES}
+    for role, n in counts.items():
+        if n < 0 or n > 64:
+            raise config.ConfigError(f"--{role}s must be between 0 and 64, got {n}")
+    if args.partitions < 1:
+        raise config.ConfigError(f"--partitions must be at least 1, got {args.partitions}")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    stack = Stack(settings, data_dir, counts, partitions=args.partitions,
+                  pg_port=args.pg_port, kafka_port=args.kafka_port, ready_file=ready_file)
+    stopping = threading.Event()
+
+    def on_signal(signum, _frame):
+        print(f"received {signal.Signals(signum).name}: stopping", flush=True)
+        stopping.set()
+
+    def life_check():
+        if stopping.is_set():
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    code = 0
+    try:
+        stack.start(life_check)
+        stack.announce()
+        stack.watch(stopping)
+    except KeyboardInterrupt:
+        pass
+    except EmbeddedError as exc:
+        print(f"chronos up: {exc}", file=sys.stderr, flush=True)
+        code = EXIT_EMBEDDED
+    except ChronosError as exc:
+        print(f"chronos up: {exc}", file=sys.stderr, flush=True)
+        code = exc.exit_code
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stack.stop()
+    if code == 0:
+        print("stopped", flush=True)
+    return code
+
+

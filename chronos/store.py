@@ -1,0 +1,291 @@
+"""The PostgreSQL store: every SQL path the processes use, and the migrations.
+
+SQL lives in `chronos/sql/`: `queries.sql` holds named statements, `NNNN_*.sql` the versioned
+schema. Driver errors are translated here into `StoreUnavailable` (connection trouble: retry)
+so the processes never see psycopg's exception tree.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from importlib import resources
+from typing import Any, Iterable, Sequence
+
+import psycopg
+
+from chronos.config import redact_url
+from chronos.errors import SchemaError, StoreRejected, StoreUnavailable, UnavailableError  # noqa: F401
+
+log = logging.getLogger("chronos.store")
+
+_SQL_DIR = resources.files("chronos.sql")
+_NAME_RE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+# Postgres advisory lock key that serialises concurrent `chronos migrate` runs.
+_MIGRATE_LOCK = 0x6368726F6E6F73
+
+
+def _load_queries() -> dict[str, str]:
+    text = (_SQL_DIR / "queries.sql").read_text()
+    parts = _NAME_RE.split(text)
+    return {name: body.strip().rstrip(";") for name, body in zip(parts[1::2], parts[2::2])}
+
+
+QUERIES = _load_queries()
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """(version, name, sql) of every migration file, in order."""
+    found = []
+    for entry in _SQL_DIR.iterdir():
+        match = re.match(r"^(\d{4})_(\w+)\.sql$", entry.name)
+        if match:
+            found.append((int(match.group(1)), match.group(2), entry.read_text()))
+    return sorted(found)
+
+
+LATEST_VERSION = migrations()[-1][0]
+
+
+@dataclass(slots=True)
+class Row:
+    """A message to store (consumer side)."""
+
+    id: str
+    deadline_us: int
+    topic: str | None
+    key: bytes | None
+    value: bytes | None
+    headers: bytes
+    ordering_key: str | None = None
+
+
+@dataclass(slots=True)
+class Claimed:
+    """A row this firer claimed: published from memory at its deadline, then deleted."""
+
+    id: str
+    deadline_us: int
+    topic: str | None
+    key: bytes | None
+    value: bytes | None
+    headers: bytes | None
+    readied_at: datetime
+
+
+@dataclass(slots=True)
+class Stale:
+    id: str
+    readied_at: datetime
+    readied_by: uuid.UUID
+
+
+def connect(url: str, *, autocommit: bool = True, connect_timeout: int = 5) -> psycopg.Connection:
+    try:
+        return psycopg.connect(url, autocommit=autocommit, connect_timeout=connect_timeout,
+                               application_name="chronos")
+    except psycopg.Error as exc:
+        raise StoreUnavailable(f"cannot connect to PostgreSQL at {redact_url(url)}: {_short(exc)}") from None
+
+
+def _short(exc: BaseException) -> str:
+    """The first line of a driver error, without anything that might echo a password."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text
+
+
+def migrate(url: str) -> list[int]:
+    """Apply every migration not yet applied; safe to run concurrently and repeatedly."""
+    applied: list[int] = []
+    with connect(url, autocommit=False) as conn:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
+            conn.execute("CREATE TABLE IF NOT EXISTS chronos_schema_version ("
+                         "version integer PRIMARY KEY, name text NOT NULL, "
+                         "applied_at timestamptz NOT NULL DEFAULT now())")
+            current = conn.execute(QUERIES["schema_version"]).fetchone()[0]
+            if current > LATEST_VERSION:
+                raise SchemaError(f"database schema is at version {current}, newer than this chronos "
+                                  f"({LATEST_VERSION}): upgrade chronos")
+            for version, name, text in migrations():
+                if version <= current:
+                    continue
+                conn.execute(text)
+                conn.execute("INSERT INTO chronos_schema_version (version, name) VALUES (%s, %s)",
+                             (version, name))
+                applied.append(version)
+    return applied
+
+
+def check_schema(conn: psycopg.Connection) -> None:
+    try:
+        exists = conn.execute("SELECT to_regclass('chronos_schema_version') IS NOT NULL").fetchone()[0]
+        current = conn.execute(QUERIES["schema_version"]).fetchone()[0] if exists else 0
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailable(_short(exc)) from None
+    if current < LATEST_VERSION:
+        raise SchemaError(f"database schema is at version {current}, this chronos needs {LATEST_VERSION}: "
+                          f"run `chronos migrate` first")
+    if current > LATEST_VERSION:
+        raise SchemaError(f"database schema is at version {current}, newer than this chronos "
+                          f"({LATEST_VERSION}): upgrade chronos")
+
+
+class Store:
+    """One connection, reopened with backoff when it breaks. Not thread-safe: one per process loop."""
+
+    def __init__(self, url: str, *, node_id: uuid.UUID | None = None):
+        self.url = url
+        self.node_id = node_id
+        self.conn: psycopg.Connection | None = None
+        self._staging_ready = False
+
+    # -- connection management -------------------------------------------------------------
+
+    def open(self, *, check: bool = True) -> None:
+        self.close()
+        self.conn = connect(self.url)
+        self._staging_ready = False
+        if check:
+            check_schema(self.conn)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except psycopg.Error as exc:
+                log.debug("closing a broken connection: %s", _short(exc))
+            self.conn = None
+
+    def _c(self) -> psycopg.Connection:
+        if self.conn is None or self.conn.closed:
+            self.open()
+        assert self.conn is not None
+        return self.conn
+
+    def _run(self, fn, *args: Any) -> Any:
+        """Run fn(conn, ...) and translate connection failures into StoreUnavailable."""
+        try:
+            return fn(self._c(), *args)
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            self.close()
+            raise StoreUnavailable(_short(exc)) from None
+        except psycopg.Error as exc:
+            raise StoreRejected(_short(exc)) from None
+
+    # -- consumer --------------------------------------------------------------------------
+
+    def insert(self, rows: Sequence[Row]) -> int:
+        """COPY rows into the session's staging table, then insert the new ids; returns how many."""
+        if not rows:
+            return 0
+
+        def run(conn: psycopg.Connection) -> int:
+            if not self._staging_ready:
+                conn.execute(QUERIES["create_staging"])
+                self._staging_ready = True
+            with conn.transaction():
+                with conn.cursor() as cur:
+                    with cur.copy(QUERIES["copy_staging"]) as copy:
+                        copy.set_types(["text", "int8", "text", "bytea", "bytea", "bytea", "text"])
+                        for r in rows:
+                            copy.write_row((r.id, r.deadline_us, r.topic, r.key, r.value, r.headers,
+                                            r.ordering_key))
+                    cur.execute(QUERIES["insert_from_staging"])
+                    return cur.rowcount
+        return self._run(run)
+
+    def waiting_ids(self, ids: Iterable[str]) -> set[str]:
+        ids = list(ids)
+        if not ids:
+            return set()
+        return self._run(lambda c: {r[0] for r in c.execute(QUERIES["waiting_ids"], {"ids": ids})})
+
+    # -- firer -----------------------------------------------------------------------------
+
+    def claim(self, limit: int, lookahead_ms: int) -> list[Claimed]:
+        params = {"node": self.node_id, "limit": limit, "lookahead_ms": lookahead_ms}
+
+        def run(conn: psycopg.Connection) -> list[Claimed]:
+            cur = conn.execute(QUERIES["claim"], params, prepare=True)
+            return [Claimed(*r) for r in cur.fetchall()]
+        return self._run(run)
+
+    def delete_fired(self, done: Sequence[Claimed]) -> int:
+        """Delete exactly these rows if this node still owns them as claimed; returns how many."""
+        if not done:
+            return 0
+        params = {"ids": [r.id for r in done], "readied_at": [r.readied_at for r in done], "node": self.node_id}
+        return self._run(lambda c: c.execute(QUERIES["delete_fired"], params, prepare=True).rowcount)
+
+    def release(self, rows: Sequence[Claimed]) -> int:
+        """Hand claimed rows back (unpublished, or their publish failed) so any firer takes them."""
+        if not rows:
+            return 0
+        params = {"ids": [r.id for r in rows], "readied_at": [r.readied_at for r in rows], "node": self.node_id}
+        return self._run(lambda c: c.execute(QUERIES["release"], params).rowcount)
+
+    def db_clock_us(self) -> int:
+        return self._run(lambda c: c.execute(QUERIES["db_clock"]).fetchone()[0])
+
+    # -- detector --------------------------------------------------------------------------
+
+    def find_stale(self, hold_ms: int, limit: int = 10000) -> list[Stale]:
+        return self._run(lambda c: [Stale(*r) for r in
+                                    c.execute(QUERIES["find_stale"], {"hold_ms": hold_ms, "limit": limit})])
+
+    def reset_stale(self, seen: Sequence[Stale]) -> list[uuid.UUID]:
+        """Reset the rows whose readied_at/readied_by are still what the detector saw."""
+        if not seen:
+            return []
+        params = {"ids": [s.id for s in seen], "readied_at": [s.readied_at for s in seen],
+                  "readied_by": [s.readied_by for s in seen]}
+        return self._run(lambda c: [r[0] for r in c.execute(QUERIES["reset_stale"], params)])
+
+
+class Backoff:
+    """Exponential backoff with a cap, for reconnecting to PostgreSQL or Kafka."""
+
+    def __init__(self, first: float = 0.1, cap: float = 5.0):
+        self.first, self.cap = first, cap
+        self.delay = first
+        self.down_since: float | None = None
+
+    def failed(self) -> float:
+        """Record a failure; returns how long to wait before the next try."""
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+            self.delay = self.first
+        else:
+            self.delay = min(self.delay * 2, self.cap)
+        return self.delay
+
+    def succeeded(self) -> float | None:
+        """Record a success; returns how long the outage lasted, or None if there was none."""
+        if self.down_since is None:
+            return None
+        lasted = time.monotonic() - self.down_since
+        self.down_since = None
+        self.delay = self.first
+        return lasted
+
+
+def wait_for_database(url: str, timeout: float) -> None:
+    """Block until PostgreSQL answers, or raise UnavailableError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last = ""
+    while True:
+        try:
+            connect(url, connect_timeout=max(1, int(min(5, timeout)))).close()
+            return
+        except StoreUnavailable as exc:
+            last = str(exc)
+        if time.monotonic() >= deadline:
+            raise UnavailableError(last)
+        time.sleep(0.5)
+
+

@@ -1,0 +1,633 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Native (Cython) implementation of the Chronos header codec.
+
+Must return exactly what the pure-Python reference ``chronos.codec._python``
+returns for every input (same ``Parsed``, same error/detail texts, same
+exception types and messages).  All shared texts and constants come from
+``chronos.codec.types``; the byte-level work (key matching, deadline parsing,
+topic validation, storage encoding) happens in typed C loops.
+"""
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_Check, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.object cimport PyObject, PyTypeObject
+from cpython.ref cimport Py_DECREF
+from cpython.tuple cimport PyTuple_CheckExact, PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from cpython.unicode cimport (
+    PyUnicode_AsUTF8AndSize,
+    PyUnicode_Check,
+    PyUnicode_DATA,
+    PyUnicode_DecodeASCII,
+    PyUnicode_GET_LENGTH,
+)
+from libc.stdint cimport int32_t, int64_t, uint32_t
+from libc.string cimport memchr, memcmp, memcpy
+
+from chronos.codec import types as _types
+from chronos.codec.types import (
+    ERR_BAD_ACTION,
+    ERR_BAD_CRON,
+    ERR_BAD_DEADLINE,
+    ERR_BAD_ID,
+    ERR_BAD_ORDERING_KEY,
+    ERR_BAD_TIMEZONE,
+    ERR_BAD_TOPIC,
+    ERR_DATA_TYPE,
+    ERR_DEADLINE_TYPE,
+    ERR_DUPLICATE,
+    ERR_EMPTY_DEADLINE,
+    ERR_EMPTY_ID,
+    ERR_ID_TOO_LONG,
+    ERR_KEY_TYPE,
+    ERR_KEY_UTF8,
+    ERR_MISSING_DEADLINE,
+    ERR_MISSING_ID,
+    ERR_TOO_LARGE,
+    ERR_TRUNCATED,
+    ERR_VALUE_LENGTH,
+    ERR_VALUE_TYPE,
+    Parsed,
+)
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_COMPACT_ASCII(object o)
+    # Raw variant (NULL on error, no automatic raise) so the hot paths need no try/except.
+    PyObject* _decode_utf8_raw "PyUnicode_DecodeUTF8" (const char* s, Py_ssize_t size, const char* errors)
+    int PyErr_ExceptionMatches(object exc)
+    void PyErr_Clear()
+
+__all__ = ["IMPL", "Parsed", "parse_headers", "parse_deadline", "encode_headers", "decode_headers"]
+
+IMPL = "native"
+
+# Slots (must match the order of types.CHRONOS_HEADERS, checked below).
+cdef enum:
+    S_ID = 0
+    S_DEADLINE = 1
+    S_ACTION = 2
+    S_TOPIC = 3
+    S_ORDERING_KEY = 4
+    S_CRON = 5
+    S_TIMEZONE = 6
+
+if _types.CHRONOS_HEADERS != (
+    "chronosMessageId", "chronosDeadline", "chronosAction", "chronosTopic",
+    "chronosOrderingKey", "chronosCron", "chronosTimeZone",
+):
+    raise ImportError("chronos.codec.types.CHRONOS_HEADERS changed; rebuild the native codec")
+
+# Limits are compiled in; verified against types.py at import time.
+cdef int64_t C_MAX_DEADLINE_MS = 253402300799999
+cdef int64_t C_MIN_DEADLINE_US = -62135596800000000
+cdef int64_t C_MAX_DEADLINE_US = 253402300799999999
+cdef Py_ssize_t C_MAX_ID_LENGTH = 128
+cdef Py_ssize_t C_MAX_TOPIC_LENGTH = 249
+cdef Py_ssize_t C_MAX_ORDERING_KEY_LENGTH = 256
+if (
+    _types.MAX_DEADLINE_MS != C_MAX_DEADLINE_MS
+    or _types.MIN_DEADLINE_US != C_MIN_DEADLINE_US
+    or _types.MAX_DEADLINE_US != C_MAX_DEADLINE_US
+    or _types.MAX_ID_LENGTH != C_MAX_ID_LENGTH
+    or _types.MAX_TOPIC_LENGTH != C_MAX_TOPIC_LENGTH
+    or _types.MAX_ORDERING_KEY_LENGTH != C_MAX_ORDERING_KEY_LENGTH
+):
+    raise ImportError("chronos.codec.types limits changed; rebuild the native codec")
+
+cdef tuple HEADER_NAMES = _types.CHRONOS_HEADERS
+cdef dict SLOT_OF = {name: i for i, name in enumerate(_types.CHRONOS_HEADERS)}
+cdef object ACTION_CANCEL = _types.ACTION_CANCEL
+cdef object ACTION_REPLACE = _types.ACTION_REPLACE
+cdef type PARSED = Parsed
+# tuple's tp_new slot, called as tuple.__new__(Parsed, items) without the
+# Python-level wrapper (Parsed's own __new__ is a slow Python function).
+cdef PyTypeObject* TUPLE_TYPE = <PyTypeObject*>tuple
+if not issubclass(Parsed, tuple) or Parsed.__new__ is tuple.__new__:
+    raise ImportError("chronos.codec.types.Parsed must be a NamedTuple")
+
+
+cdef inline object _make_parsed(tuple items):
+    cdef tuple args = (items,)
+    return TUPLE_TYPE.tp_new(PARSED, <PyObject*>args, NULL)
+
+# Topic characters [A-Za-z0-9._-].
+cdef unsigned char TOPIC_OK[256]
+cdef int _c
+for _c in range(256):
+    TOPIC_OK[_c] = (
+        (48 <= _c <= 57) or (65 <= _c <= 90) or (97 <= _c <= 122) or _c == 46 or _c == 95 or _c == 45
+    )
+
+cdef int64_t POW10[7]
+POW10[:] = [1, 10, 100, 1000, 10000, 100000, 1000000]
+
+cdef unsigned char DAYS_IN_MONTH[16]
+DAYS_IN_MONTH[:] = [0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31, 0, 0, 0]
+
+
+# --------------------------------------------------------------------------
+# Deadline parsing (pure C)
+# --------------------------------------------------------------------------
+
+cdef inline int _d2(const unsigned char* p) noexcept nogil:
+    """Two ASCII digits -> 0..99, or -1."""
+    cdef unsigned int a = <unsigned int>p[0] - 48u
+    cdef unsigned int b = <unsigned int>p[1] - 48u
+    if a > 9u or b > 9u:
+        return -1
+    return <int>(a * 10u + b)
+
+
+cdef inline int64_t _days_from_civil(int64_t y, int64_t m, int64_t d) noexcept nogil:
+    """Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant); y >= 1."""
+    cdef int64_t era, yoe, doy, doe
+    if m <= 2:
+        y -= 1
+    era = y // 400  # y >= 0 here, so C division == floor division
+    yoe = y - era * 400
+    doy = (153 * (m - 3 if m > 2 else m + 9) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+cdef bint _parse_deadline_c(const unsigned char* s, Py_ssize_t n, int64_t* out) noexcept nogil:
+    """Parse epoch-ms digits or strict ISO-8601 into epoch microseconds; False if invalid."""
+    cdef Py_ssize_t i, pos, k
+    cdef int64_t v, us, off, total
+    cdef int year, month, day, hour, minute, second, oh, om, hi, lo, dim
+    cdef unsigned char c
+
+    if n <= 0:
+        return False
+    # 1. epoch milliseconds: 1..15 ASCII digits
+    if n <= 15:
+        v = 0
+        for i in range(n):
+            c = s[i]
+            if c < 48 or c > 57:
+                break
+            v = v * 10 + (c - 48)
+        else:
+            if v > C_MAX_DEADLINE_MS:
+                return False
+            out[0] = v * 1000
+            return True
+    # 2. ISO-8601: YYYY-MM-DD[Tt ]HH:MM[:SS[(.|,)F{1,9}]][Z|z|(+|-)HH[[:]MM]]
+    if n < 16:
+        return False
+    hi = _d2(s)
+    lo = _d2(s + 2)
+    if hi < 0 or lo < 0:
+        return False
+    year = hi * 100 + lo
+    if s[4] != c'-' or s[7] != c'-' or s[13] != c':':
+        return False
+    c = s[10]
+    if c != c'T' and c != c't' and c != c' ':
+        return False
+    month = _d2(s + 5)
+    day = _d2(s + 8)
+    hour = _d2(s + 11)
+    minute = _d2(s + 14)
+    if year < 1 or month < 1 or month > 12 or day < 1 or hour < 0 or hour > 23 or minute < 0 or minute > 59:
+        return False
+    dim = DAYS_IN_MONTH[month]
+    if month == 2 and year % 4 == 0 and (year % 100 != 0 or year % 400 == 0):
+        dim = 29
+    if day > dim:
+        return False
+
+    pos = 16
+    second = 0
+    us = 0
+    if pos < n and s[pos] == c':':
+        if n - pos < 3:
+            return False
+        second = _d2(s + pos + 1)
+        if second < 0 or second > 59:
+            return False
+        pos += 3
+        if pos < n and (s[pos] == c'.' or s[pos] == c','):
+            pos += 1
+            k = 0
+            while k < 9 and pos + k < n:
+                c = s[pos + k]
+                if c < 48 or c > 57:
+                    break
+                if k < 6:
+                    us = us * 10 + (c - 48)
+                k += 1
+            if k == 0:
+                return False
+            if k < 6:
+                us *= POW10[6 - k]
+            pos += k
+
+    off = 0
+    if pos < n:
+        c = s[pos]
+        if c == c'Z' or c == c'z':
+            if pos + 1 != n:
+                return False
+        elif c == c'+' or c == c'-':
+            k = n - pos - 1
+            if k == 2:
+                oh = _d2(s + pos + 1)
+                om = 0
+            elif k == 4:
+                oh = _d2(s + pos + 1)
+                om = _d2(s + pos + 3)
+            elif k == 5 and s[pos + 3] == c':':
+                oh = _d2(s + pos + 1)
+                om = _d2(s + pos + 4)
+            else:
+                return False
+            if oh < 0 or om < 0 or oh > 23 or om > 59:
+                return False
+            off = oh * 3600 + om * 60
+            if c == c'-':
+                off = -off
+        else:
+            return False
+
+    total = (
+        _days_from_civil(year, month, day) * 86400 + hour * 3600 + minute * 60 + second - off
+    ) * 1000000 + us
+    if total < C_MIN_DEADLINE_US or total > C_MAX_DEADLINE_US:
+        return False
+    out[0] = total
+    return True
+
+
+def parse_deadline(value):
+    """Parse a chronosDeadline value (bytes) into epoch microseconds (UTC), or None."""
+    cdef int64_t us
+    if not PyBytes_Check(value):
+        raise TypeError(ERR_DEADLINE_TYPE % type(value).__name__)
+    if _parse_deadline_c(<const unsigned char*>PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value), &us):
+        return us
+    return None
+
+
+# --------------------------------------------------------------------------
+# Header parsing
+# --------------------------------------------------------------------------
+
+cdef int _slot(object key) except -2:
+    """Chronos slot of a header key, or -1 for any other key."""
+    cdef Py_ssize_t n
+    cdef const char* p
+    if not PyUnicode_Check(key):
+        return -1
+    if not PyUnicode_IS_COMPACT_ASCII(key):
+        # Non-ASCII (can never match) or a legacy string: exact dict semantics.
+        return SLOT_OF.get(key, -1)
+    n = PyUnicode_GET_LENGTH(key)
+    if n < 11 or n > 18:
+        return -1
+    p = <const char*>PyUnicode_DATA(key)
+    if memcmp(p, b"chronos", 7) != 0:
+        return -1
+    p += 7
+    n -= 7
+    if n == 9:
+        if memcmp(p, b"MessageId", 9) == 0:
+            return S_ID
+    elif n == 8:
+        if memcmp(p, b"Deadline", 8) == 0:
+            return S_DEADLINE
+        if memcmp(p, b"TimeZone", 8) == 0:
+            return S_TIMEZONE
+    elif n == 6:
+        if memcmp(p, b"Action", 6) == 0:
+            return S_ACTION
+    elif n == 5:
+        if memcmp(p, b"Topic", 5) == 0:
+            return S_TOPIC
+    elif n == 11:
+        if memcmp(p, b"OrderingKey", 11) == 0:
+            return S_ORDERING_KEY
+    elif n == 4:
+        if memcmp(p, b"Cron", 4) == 0:
+            return S_CRON
+    return -1
+
+
+cdef int _propagate() except -1:
+    """Propagate the exception already set in the interpreter."""
+    return -1
+
+
+cdef object _utf8_or_none(const char* s, Py_ssize_t n):
+    """Strict UTF-8 text of s[:n] (same codec as bytes.decode), or None if invalid.
+
+    Any exception other than UnicodeDecodeError (e.g. MemoryError) propagates.
+    """
+    cdef PyObject* res = _decode_utf8_raw(s, n, NULL)
+    if res is NULL:
+        if PyErr_ExceptionMatches(UnicodeDecodeError):
+            PyErr_Clear()
+            return None
+        _propagate()
+    obj = <object>res  # takes a second reference ...
+    Py_DECREF(obj)  # ... so drop the one returned by PyUnicode_DecodeUTF8
+    return obj
+
+
+cdef inline object _utf8(object value):
+    """Strict UTF-8 text without NUL (PostgreSQL text cannot hold it), or None."""
+    cdef const char* s = PyBytes_AS_STRING(value)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(value)
+    if memchr(s, 0, n) != NULL:
+        return None
+    return _utf8_or_none(s, n)
+
+
+cdef inline bint _empty(object value):
+    return value is None or PyBytes_GET_SIZE(value) == 0
+
+
+def parse_headers(headers):
+    """Split Kafka headers into the validated chronos fields and the others."""
+    cdef list seq
+    cdef list others = []
+    cdef Py_ssize_t i, n
+    cdef int slot, present = 0, duplicate = -1
+    cdef object item, key, value, text
+    cdef object v_id = None, v_deadline = None, v_action = None, v_topic = None
+    cdef object v_okey = None, v_cron = None, v_tz = None
+    cdef object error, id_error = None, action_error = None, deadline_error = None
+    cdef object topic_error = None, okey_error = None, cron_error = None
+    cdef object message_id = None, deadline_us = None, topic = None, ordering_key = None
+    cdef object action = None, cron = None, timezone = None
+    cdef const unsigned char* p
+    cdef int64_t us
+
+    if headers is not None:
+        seq = <list>headers if type(headers) is list else list(headers)
+        i = 0
+        while i < PyList_GET_SIZE(seq):
+            item = <object>PyList_GET_ITEM(seq, i)
+            i += 1
+            if PyTuple_CheckExact(item) and PyTuple_GET_SIZE(item) == 2:
+                key = <object>PyTuple_GET_ITEM(item, 0)
+                value = <object>PyTuple_GET_ITEM(item, 1)
+            else:
+                key, value = item
+                item = (key, value)
+            slot = _slot(key)
+            if slot < 0:
+                others.append(item)
+                continue
+            if value is not None and not PyBytes_Check(value):
+                raise TypeError(ERR_VALUE_TYPE % (key, type(value).__name__))
+            if present & (1 << slot):
+                if duplicate < 0:
+                    duplicate = slot
+                continue
+            present |= 1 << slot
+            if slot == S_ID:
+                v_id = value
+            elif slot == S_DEADLINE:
+                v_deadline = value
+            elif slot == S_ACTION:
+                v_action = value
+            elif slot == S_TOPIC:
+                v_topic = value
+            elif slot == S_ORDERING_KEY:
+                v_okey = value
+            elif slot == S_CRON:
+                v_cron = value
+            else:
+                v_tz = value
+
+    # chronosMessageId
+    if not present & (1 << S_ID):
+        id_error = ERR_MISSING_ID
+    elif _empty(v_id):
+        id_error = ERR_EMPTY_ID
+    else:
+        text = _utf8(v_id)
+        if text is None:
+            id_error = ERR_BAD_ID
+        elif PyUnicode_GET_LENGTH(text) > C_MAX_ID_LENGTH:
+            id_error = ERR_ID_TOO_LONG % PyUnicode_GET_LENGTH(text)
+        else:
+            message_id = text
+
+    # chronosAction
+    if present & (1 << S_ACTION):
+        if v_action is not None:
+            n = PyBytes_GET_SIZE(v_action)
+            p = <const unsigned char*>PyBytes_AS_STRING(v_action)
+            if n == 6 and memcmp(p, b"cancel", 6) == 0:
+                action = ACTION_CANCEL
+            elif n == 7 and memcmp(p, b"replace", 7) == 0:
+                action = ACTION_REPLACE
+        if action is None:
+            action_error = ERR_BAD_ACTION
+
+    # chronosDeadline (optional for cancels and cron schedules)
+    if not present & (1 << S_DEADLINE):
+        if action is not ACTION_CANCEL and not present & (1 << S_CRON):
+            deadline_error = ERR_MISSING_DEADLINE
+    elif _empty(v_deadline):
+        deadline_error = ERR_EMPTY_DEADLINE
+    elif _parse_deadline_c(
+        <const unsigned char*>PyBytes_AS_STRING(v_deadline), PyBytes_GET_SIZE(v_deadline), &us
+    ):
+        deadline_us = us
+    else:
+        deadline_error = ERR_BAD_DEADLINE
+
+    # chronosTopic
+    if present & (1 << S_TOPIC):
+        topic_error = ERR_BAD_TOPIC
+        if v_topic is not None:
+            n = PyBytes_GET_SIZE(v_topic)
+            p = <const unsigned char*>PyBytes_AS_STRING(v_topic)
+            if 0 < n <= C_MAX_TOPIC_LENGTH and not (p[0] == c'.' and (n == 1 or (n == 2 and p[1] == c'.'))):
+                i = 0
+                while i < n and TOPIC_OK[p[i]]:
+                    i += 1
+                if i == n:
+                    topic = PyUnicode_DecodeASCII(<const char*>p, n, NULL)
+                    topic_error = None
+
+    # chronosOrderingKey
+    if present & (1 << S_ORDERING_KEY):
+        if not _empty(v_okey):
+            ordering_key = _utf8(v_okey)
+            if ordering_key is not None and PyUnicode_GET_LENGTH(ordering_key) > C_MAX_ORDERING_KEY_LENGTH:
+                ordering_key = None
+        if ordering_key is None:
+            okey_error = ERR_BAD_ORDERING_KEY
+
+    # chronosCron / chronosTimeZone (cron reported first)
+    if present & (1 << S_TIMEZONE):
+        if not _empty(v_tz):
+            timezone = _utf8(v_tz)
+        if timezone is None:
+            cron_error = ERR_BAD_TIMEZONE
+    if present & (1 << S_CRON):
+        if not _empty(v_cron):
+            cron = _utf8(v_cron)
+        if cron is None:
+            cron_error = ERR_BAD_CRON
+
+    if duplicate >= 0:
+        error = ERR_DUPLICATE % HEADER_NAMES[duplicate]
+    elif id_error is not None:
+        error = id_error
+    elif action_error is not None:
+        error = action_error
+    elif deadline_error is not None:
+        error = deadline_error
+    elif topic_error is not None:
+        error = topic_error
+    elif okey_error is not None:
+        error = okey_error
+    else:
+        error = cron_error
+    return _make_parsed(
+        (error, message_id, deadline_us, topic, ordering_key, action, cron, timezone, others)
+    )
+
+
+# --------------------------------------------------------------------------
+# Storage encoding
+# --------------------------------------------------------------------------
+
+cdef inline void _put_u32(unsigned char* w, uint32_t v) noexcept nogil:
+    w[0] = <unsigned char>(v >> 24)
+    w[1] = <unsigned char>(v >> 16)
+    w[2] = <unsigned char>(v >> 8)
+    w[3] = <unsigned char>v
+
+
+cdef inline uint32_t _get_u32(const unsigned char* r) noexcept nogil:
+    return (<uint32_t>r[0] << 24) | (<uint32_t>r[1] << 16) | (<uint32_t>r[2] << 8) | <uint32_t>r[3]
+
+
+def encode_headers(headers):
+    """Serialize headers: per header u32 key length, key UTF-8, i32 value length (-1 = None), value."""
+    cdef list seq
+    cdef list norm = None
+    cdef Py_ssize_t i, n, klen, vlen, total = 0, pos = 0
+    cdef const char* kp
+    cdef object item, key, value
+    cdef bytes out
+    cdef unsigned char* w
+
+    if headers is None:
+        return b""
+    seq = <list>headers if type(headers) is list else list(headers)
+    n = PyList_GET_SIZE(seq)
+    # Pass 1: validate (in order, like the Python codec) and compute the size.
+    for i in range(n):
+        item = <object>PyList_GET_ITEM(seq, i)
+        if PyTuple_CheckExact(item) and PyTuple_GET_SIZE(item) == 2:
+            key = <object>PyTuple_GET_ITEM(item, 0)
+            value = <object>PyTuple_GET_ITEM(item, 1)
+        else:
+            key, value = item
+            if norm is None:
+                norm = seq[:i]  # snapshot: pass 2 must only see exact 2-tuples we own
+            item = (key, value)
+        if norm is not None:
+            norm.append(item)
+        if not PyUnicode_Check(key):
+            raise TypeError(ERR_KEY_TYPE % type(key).__name__)
+        PyUnicode_AsUTF8AndSize(key, &klen)
+        if klen > 0xFFFFFFFF:
+            raise ValueError(ERR_TOO_LARGE % ("key", klen))
+        if value is None:
+            vlen = 0
+        elif PyBytes_Check(value):
+            vlen = PyBytes_GET_SIZE(value)
+            if vlen > 0x7FFFFFFF:
+                raise ValueError(ERR_TOO_LARGE % ("value", vlen))
+        else:
+            raise TypeError(ERR_VALUE_TYPE % (key, type(value).__name__))
+        total += 8 + klen + vlen
+    if norm is not None:
+        seq = norm
+        n = PyList_GET_SIZE(seq)
+    if total == 0:
+        return b""
+
+    # Pass 2: copy (no Python code runs between the passes).
+    out = PyBytes_FromStringAndSize(NULL, total)
+    w = <unsigned char*>PyBytes_AS_STRING(out)
+    if PyList_GET_SIZE(seq) != n:
+        raise RuntimeError("header list changed while encoding")
+    for i in range(n):
+        item = <object>PyList_GET_ITEM(seq, i)
+        # Re-checked (cheap) rather than trusted, so a list mutated from another
+        # thread can only cause a RuntimeError, never memory corruption.
+        if not (PyTuple_CheckExact(item) and PyTuple_GET_SIZE(item) == 2):
+            raise RuntimeError("header list changed while encoding")
+        key = <object>PyTuple_GET_ITEM(item, 0)
+        value = <object>PyTuple_GET_ITEM(item, 1)
+        if not PyUnicode_Check(key) or not (value is None or PyBytes_Check(value)):
+            raise RuntimeError("header list changed while encoding")
+        kp = PyUnicode_AsUTF8AndSize(key, &klen)
+        vlen = -1 if value is None else PyBytes_GET_SIZE(value)
+        if pos + 8 + klen + (vlen if vlen > 0 else 0) > total:
+            raise RuntimeError("header list changed while encoding")
+        _put_u32(w + pos, <uint32_t>klen)
+        pos += 4
+        memcpy(w + pos, kp, klen)
+        pos += klen
+        _put_u32(w + pos, <uint32_t><int32_t>vlen)
+        pos += 4
+        if vlen > 0:
+            memcpy(w + pos, PyBytes_AS_STRING(value), vlen)
+            pos += vlen
+    if pos != total:
+        raise RuntimeError("header list changed while encoding")
+    return out
+
+
+def decode_headers(data):
+    """Inverse of encode_headers; raises ValueError on corrupt data."""
+    cdef const unsigned char* r
+    cdef Py_ssize_t n, pos = 0, klen
+    cdef int32_t vlen
+    cdef list out = []
+    cdef object key, value
+
+    if data is None:
+        return out
+    if not PyBytes_Check(data):
+        if isinstance(data, (bytearray, memoryview)):
+            data = bytes(data)
+        else:
+            raise TypeError(ERR_DATA_TYPE % type(data).__name__)
+    r = <const unsigned char*>PyBytes_AS_STRING(data)
+    n = PyBytes_GET_SIZE(data)
+    while pos < n:
+        if n - pos < 4:
+            raise ValueError(ERR_TRUNCATED % pos)
+        klen = <Py_ssize_t>_get_u32(r + pos)
+        pos += 4
+        if klen > n - pos:
+            raise ValueError(ERR_TRUNCATED % pos)
+        key = _utf8_or_none(<const char*>(r + pos), klen)
+        if key is None:
+            raise ValueError(ERR_KEY_UTF8 % pos)
+        pos += klen
+        if n - pos < 4:
+            raise ValueError(ERR_TRUNCATED % pos)
+        vlen = <int32_t>_get_u32(r + pos)
+        if vlen == -1:
+            pos += 4
+            out.append((key, None))
+            continue
+        if vlen < 0:
+            raise ValueError(ERR_VALUE_LENGTH % (vlen, pos))
+        pos += 4
+        if vlen > n - pos:
+            raise ValueError(ERR_TRUNCATED % pos)
+        value = PyBytes_FromStringAndSize(<const char*>(r + pos), vlen)
+        pos += vlen
+        out.append((key, value))
+    return out

@@ -1,0 +1,162 @@
+"""Shared fixtures: a real PostgreSQL and a real Kafka-protocol broker, started by the tests.
+
+One embedded PostgreSQL (fsync off) and one embedded broker per test session; each test gets a
+fresh database cloned from a migrated template, and fresh topic names.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import psycopg
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Client settings for the embedded broker (see BROKER.md); never production defaults.
+EMBEDDED_KAFKA = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500", "fetch.wait.max.ms": "10"}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The native codec must really be loaded unless the run asked for the pure-Python one."""
+    import chronos.codec as codec
+    wanted = os.environ.get("CHRONOS_IMPL", "")
+    if wanted != "python" and codec.IMPL != "native":
+        raise pytest.UsageError(f"the native codec was expected but {codec.IMPL!r} is loaded: "
+                                "build it with `pip install -e .`")
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory):
+    from chronos.embedded import EmbeddedPostgres
+    from chronos.store import migrate
+    base = tmp_path_factory.mktemp("pg")
+    server = EmbeddedPostgres(base / "data", fast=True, log_path=base / "postgres.log")
+    server.start()
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE chronos_template")
+    migrate(server.url.rsplit("/", 1)[0] + "/chronos_template")
+    yield server
+    server.stop()
+
+
+def _db_url(server_url: str, name: str) -> str:
+    return server_url.rsplit("/", 1)[0] + "/" + name
+
+
+@pytest.fixture
+def database_url(pg_server) -> Iterator[str]:
+    """A fresh, migrated database for one test."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE chronos_template")
+    yield _db_url(pg_server.url, name)
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def empty_database_url(pg_server) -> Iterator[str]:
+    """A fresh database with no schema at all."""
+    name = f"e_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    yield _db_url(pg_server.url, name)
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory):
+    from chronos.embedded import EmbeddedBroker
+    base = tmp_path_factory.mktemp("broker")
+    b = EmbeddedBroker(log_path=base / "broker.log")
+    b.start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def topics(broker) -> dict[str, str]:
+    """Fresh input, output and dead-letter topics (4 partitions each)."""
+    from chronos.embedded import create_topics
+    suffix = uuid.uuid4().hex[:8]
+    names = {"input": f"in-{suffix}", "output": f"out-{suffix}", "dlq": f"dlq-{suffix}"}
+    create_topics(broker.bootstrap_servers, {n: 4 for n in names.values()})
+    return names
+
+
+@pytest.fixture
+def chronos_env(database_url, broker, topics) -> dict[str, str]:
+    """Environment for chronos processes against this test's database and topics."""
+    props = ",".join(f"{k}={v}" for k, v in EMBEDDED_KAFKA.items())
+    return {
+        "CHRONOS_DATABASE_URL": database_url,
+        "CHRONOS_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+        "CHRONOS_INPUT_TOPIC": topics["input"],
+        "CHRONOS_OUTPUT_TOPIC": topics["output"],
+        "CHRONOS_DLQ_TOPIC": topics["dlq"],
+        "CHRONOS_CONSUMER_GROUP": f"chronos-{uuid.uuid4().hex[:8]}",
+        "CHRONOS_KAFKA_PROPERTIES": props,
+        "CHRONOS_HOLD_TIME_MS": "3000",
+        "CHRONOS_FAILURE_DETECTION_INTERVAL_MS": "300",
+        "CHRONOS_LOG_LEVEL": "info",
+    }
+
+
+class Processes:
+    """Chronos processes started as real OS processes; every one is killed at teardown."""
+
+    def __init__(self, base_env: dict[str, str], log_dir: Path):
+        self.base_env = base_env
+        self.log_dir = log_dir
+        self.procs: list[tuple[str, subprocess.Popen, Path]] = []
+
+    def start(self, role: str, **extra_env: str) -> subprocess.Popen:
+        env = {**os.environ, **self.base_env, **extra_env}
+        log_path = self.log_dir / f"{role}-{len(self.procs)}.log"
+        proc = subprocess.Popen([sys.executable, "-m", "chronos", role], env=env,
+                                stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
+        self.procs.append((role, proc, log_path))
+        return proc
+
+    def log_of(self, proc: subprocess.Popen) -> str:
+        for _, p, path in self.procs:
+            if p is proc:
+                return path.read_text(errors="replace")
+        raise KeyError(proc)
+
+    def wait_for_log(self, proc: subprocess.Popen, text: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            content = self.log_of(proc)
+            if text in content:
+                return content
+            if proc.poll() is not None:
+                raise AssertionError(f"process exited ({proc.returncode}) before logging {text!r}:\n{content}")
+            time.sleep(0.05)
+        raise AssertionError(f"{text!r} not logged within {timeout}s:\n{self.log_of(proc)}")
+
+    def stop_all(self) -> None:
+        for _, proc, _ in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for _, proc, _ in self.procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def processes(chronos_env, tmp_path) -> Iterator[Processes]:
+    procs = Processes(chronos_env, tmp_path)
+    yield procs
+    procs.stop_all()

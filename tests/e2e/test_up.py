@@ -1,0 +1,192 @@
+"""`chronos up` as a subprocess in a temporary directory, driven like a user would."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import xmlrpc.client
+from pathlib import Path
+
+import orjson
+import pytest
+
+from helpers import Collector
+
+CHRONOS = [sys.executable, "-m", "chronos"]
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("CHRONOS_")}
+
+
+class Up:
+    def __init__(self, workdir: Path, *extra: str):
+        self.workdir = workdir
+        self.ready = workdir / "ready.json"
+        self.out = workdir / f"up-{time.monotonic_ns()}.out"
+        self.proc = subprocess.Popen(CHRONOS + ["up", "--ready-file", str(self.ready), *extra], cwd=workdir,
+                                     env=_clean_env(), stdout=open(self.out, "wb"), stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 60) -> dict:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.ready.exists():
+                return orjson.loads(self.ready.read_bytes())
+            if self.proc.poll() is not None:
+                raise AssertionError(f"chronos up exited {self.proc.returncode}:\n{self.output()}")
+            time.sleep(0.1)
+        raise AssertionError(f"not ready within {timeout}s:\n{self.output()}")
+
+    def output(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    def program_pids(self, info: dict) -> list[int]:
+        from supervisor.xmlrpc import SupervisorTransport
+        transport = SupervisorTransport(None, None, f"unix://{info['supervisor_socket']}")
+        rpc = xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
+        return [p["pid"] for p in rpc.supervisor.getAllProcessInfo() if p["pid"]]
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return True
+
+
+def send(info_file: Path, *args: str) -> str:
+    out = subprocess.run(CHRONOS + ["send", "--ready-file", str(info_file), *args], env=_clean_env(),
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_up_send_receive_and_clean_stop(tmp_path):
+    up = Up(tmp_path)
+    try:
+        info = up.wait_ready()
+        assert "\nready bootstrap_servers=" in "\n" + up.output()
+        assert {"bootstrap_servers", "database_url", "input_topic", "output_topic", "dlq_topic"} <= set(info)
+        pids = [info["supervisord_pid"], info["postgres_pid"], info["broker_pid"], *up.program_pids(info)]
+        assert len(pids) == 6
+        collect = Collector(info["bootstrap_servers"], [info["output_topic"]])
+        sent_at = time.time()
+        message_id = send(up.ready, "--delay", "2s", "--key", "K", "--value", "V", "--header", "h=1")
+        assert len(message_id) == 36
+        (m,) = collect.until(lambda ms: len(ms) >= 1, timeout=30)
+        collect.close()
+        assert (m.key, m.value) == (b"K", b"V")
+        assert m.header_dict["h"] == b"1"
+        assert m.at >= sent_at + 2 - 0.05
+        assert up.stop() == 0
+        assert "stopped" in up.output()
+        assert all(_gone(pid) for pid in pids), up.output()
+        assert not up.ready.exists()
+    finally:
+        up.kill()
+
+
+def test_restart_keeps_waiting_messages(tmp_path):
+    up = Up(tmp_path)
+    try:
+        up.wait_ready()
+        send(up.ready, "--delay", "12s", "--value", "survives", "--id", "keep-me")
+        time.sleep(0.2)
+        _wait_stored(tmp_path, "keep-me")
+        assert up.stop() == 0
+        up2 = Up(tmp_path)
+        try:
+            info = up2.wait_ready()
+            collect = Collector(info["bootstrap_servers"], [info["output_topic"]])
+            (m,) = collect.until(lambda ms: len(ms) >= 1, timeout=30)
+            collect.close()
+            assert m.value == b"survives"
+            assert up2.stop() == 0
+        finally:
+            up2.kill()
+    finally:
+        up.kill()
+
+
+def _wait_stored(workdir: Path, message_id: str, timeout: float = 20) -> None:
+    import psycopg
+    info = orjson.loads((workdir / "ready.json").read_bytes())
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with psycopg.connect(info["database_url"]) as conn:
+            if conn.execute("SELECT 1 FROM chronos_messages WHERE id = %s", (message_id,)).fetchone():
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"{message_id} not stored")
+
+
+@pytest.fixture
+def busy_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    yield s.getsockname()[1]
+    s.close()
+
+
+@pytest.mark.parametrize("flag", ["--pg-port", "--kafka-port"])
+def test_occupied_port_is_a_clear_error(tmp_path, busy_port, flag):
+    up = Up(tmp_path, flag, str(busy_port))
+    try:
+        assert up.proc.wait(60) == 5
+        assert f"port {busy_port} is already in use" in up.output()
+        assert not up.ready.exists()
+    finally:
+        up.kill()
+
+
+def test_unreachable_database_url_is_a_clear_error(tmp_path, busy_port):
+    # a listening socket that never speaks the protocol, then a closed port
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    up = Up(tmp_path, "--database-url", f"postgresql://app:topsecret@127.0.0.1:{port}/db")
+    try:
+        assert up.proc.wait(60) == 3
+        out = up.output()
+        assert "cannot connect to PostgreSQL" in out
+        assert "topsecret" not in out
+    finally:
+        up.kill()
+
+
+def test_bad_configuration_value_is_a_clear_error(tmp_path):
+    up = Up(tmp_path, "--hold-time-ms", "soon")
+    try:
+        assert up.proc.wait(30) == 2
+        assert "CHRONOS_HOLD_TIME_MS must be a whole number" in up.output()
+    finally:
+        up.kill()
+
+
+def test_broken_data_directory_is_a_clear_error(tmp_path):
+    pgdata = tmp_path / ".chronos" / "pgdata"
+    pgdata.mkdir(parents=True)
+    (pgdata / "junk").write_text("not a database")
+    up = Up(tmp_path)
+    try:
+        assert up.proc.wait(60) == 5
+        assert "pgdata" in up.output()
+    finally:
+        up.kill()

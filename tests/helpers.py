@@ -1,0 +1,80 @@
+"""Kafka helpers for tests: produce messages with Chronos headers, collect what comes out."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, Producer
+
+EMBEDDED_KAFKA = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500", "fetch.wait.max.ms": "10"}
+
+
+def iso(epoch_s: float) -> str:
+    t = time.gmtime(epoch_s)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int(round(epoch_s * 1000)) % 1000:03d}Z"
+
+
+def chronos_headers(message_id: str, deadline_s: float, extra: list | None = None) -> list:
+    return [("chronosMessageId", message_id.encode()), ("chronosDeadline", iso(deadline_s).encode())] + \
+        list(extra or [])
+
+
+def producer(bootstrap: str) -> Producer:
+    return Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"})
+
+
+def send(p: Producer, topic: str, key, value, headers) -> None:
+    p.produce(topic, value, key, headers=headers)
+    p.poll(0)
+
+
+@dataclass
+class Received:
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: list
+    at: float  # local time it was read
+
+    @property
+    def header_dict(self) -> dict:
+        return dict(self.headers)
+
+
+class Collector:
+    """Reads topics from the beginning with a fresh group; `until` polls until a predicate holds."""
+
+    def __init__(self, bootstrap: str, topics: list[str]):
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-{uuid.uuid4().hex[:8]}",
+                                  "auto.offset.reset": "earliest", "enable.auto.commit": "false",
+                                  **EMBEDDED_KAFKA})
+        self.consumer.subscribe(topics)
+        self.messages: list[Received] = []
+
+    def poll_for(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self._poll_once()
+
+    def _poll_once(self) -> None:
+        for msg in self.consumer.consume(num_messages=1000, timeout=0.05):
+            if msg.error():
+                continue
+            self.messages.append(Received(msg.topic(), msg.key(), msg.value(), msg.headers() or [],
+                                          time.time()))
+
+    def until(self, predicate, timeout: float = 30.0) -> list[Received]:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            self._poll_once()
+            if predicate(self.messages):
+                return self.messages
+        raise AssertionError(f"condition not met within {timeout}s; got {len(self.messages)} messages")
+
+    def on(self, topic: str) -> list[Received]:
+        return [m for m in self.messages if m.topic == topic]
+
+    def close(self) -> None:
+        self.consumer.close()

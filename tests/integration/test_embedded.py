@@ -1,0 +1,324 @@
+"""Integration tests of chronos.embedded: real PostgreSQL and broker processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from chronos import embedded
+from chronos.embedded import (EmbeddedBroker, EmbeddedError, EmbeddedPostgres, create_topics,
+                              free_port, port_in_use)
+
+
+def _gone(pid: int, timeout: float = 5.0) -> bool:
+    """True once `pid` no longer exists (or is only a zombie someone else must reap)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state in ("Z", "X"):
+                return True
+        except (OSError, IndexError):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _group_gone(pgid: int) -> bool:
+    return not embedded._group_alive(pgid)
+
+
+@pytest.fixture
+def listener():
+    """A port occupied by a listening socket."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    yield s.getsockname()[1]
+    s.close()
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def test_free_port_and_port_in_use(listener):
+    port = free_port()
+    assert 0 < port < 65536
+    assert not port_in_use(port)
+    assert port_in_use(listener)
+
+
+# -- PostgreSQL ----------------------------------------------------------------------------------
+
+
+def test_postgres_restart_keeps_data_and_survives_kill(tmp_path):
+    data = tmp_path / "pg" / "data"
+    pg = EmbeddedPostgres(data, fast=True)
+    assert pg.url == f"postgresql://postgres@127.0.0.1:{pg.port}/postgres"
+    assert not pg.running and pg.pid is None
+
+    t0 = time.monotonic()
+    pg.start()
+    print(f"\npostgres first start (initdb, fast): {time.monotonic() - t0:.2f}s")
+    assert pg.running
+    pid = pg.pid
+    with psycopg.connect(pg.url, autocommit=True) as conn:
+        assert conn.execute("select 1").fetchone() == (1,)
+        assert conn.execute("show fsync").fetchone() == ("off",)
+        assert conn.execute("show listen_addresses").fetchone() == ("127.0.0.1",)
+        assert conn.execute("show max_connections").fetchone() == ("200",)
+        conn.execute("create table kept (x int)")
+        conn.execute("insert into kept values (42)")
+    assert (tmp_path / "pg" / "postgres.log").exists()
+    pg.stop()
+    assert not pg.running
+    assert _gone(pid) and _group_gone(pid)
+    assert not (data / "postmaster.pid").exists()
+
+    # restart on the same data directory: data kept
+    t0 = time.monotonic()
+    pg.start()
+    print(f"postgres restart: {time.monotonic() - t0:.2f}s")
+    with psycopg.connect(pg.url) as conn:
+        assert conn.execute("select x from kept").fetchall() == [(42,)]
+
+    # SIGKILL (crash) leaves a stale postmaster.pid: the next start must not mind
+    pid = pg.pid
+    conn = psycopg.connect(pg.url)  # a backend (own session) that kill() must take down too
+    children = embedded._descendants(pid)
+    assert children
+    pg.kill()
+    conn.close()
+    assert not pg.running
+    assert _gone(pid) and _group_gone(pid)
+    assert all(_gone(c, timeout=0.5) for c in children)
+    assert (data / "postmaster.pid").exists()
+    t0 = time.monotonic()
+    pg.start()
+    print(f"postgres start after kill: {time.monotonic() - t0:.2f}s")
+    with psycopg.connect(pg.url) as conn:
+        assert conn.execute("select x from kept").fetchall() == [(42,)]
+    pid = pg.pid
+    pg.kill()
+
+    # stale postmaster.pid whose pid now belongs to an unrelated live process
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        pid_file = data / "postmaster.pid"
+        lines = pid_file.read_text().splitlines()
+        lines[0] = str(sleeper.pid)
+        pid_file.write_text("\n".join(lines) + "\n")
+        with pg:
+            with psycopg.connect(pg.url) as conn:
+                assert conn.execute("select count(*) from kept").fetchone() == (1,)
+            pid = pg.pid
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert _gone(pid)
+    pg.stop()  # idempotent
+
+
+def test_postgres_second_server_on_same_data_dir_is_refused(tmp_path):
+    data = tmp_path / "data"
+    with EmbeddedPostgres(data, fast=True) as pg:
+        other = EmbeddedPostgres(data, fast=True)
+        t0 = time.monotonic()
+        with pytest.raises(EmbeddedError, match="in use by a running PostgreSQL"):
+            other.start()
+        assert time.monotonic() - t0 < 5
+        assert not other.running
+        with psycopg.connect(pg.url) as conn:  # the first one is unharmed
+            conn.execute("select 1")
+
+
+def test_postgres_durable_mode(tmp_path):
+    pg = EmbeddedPostgres(tmp_path / "data", log_path=tmp_path / "logs" / "pg.log")
+    t0 = time.monotonic()
+    with pg:
+        print(f"\npostgres first start (initdb, durable): {time.monotonic() - t0:.2f}s")
+        with psycopg.connect(pg.url) as conn:
+            assert conn.execute("show fsync").fetchone() == ("on",)
+            assert conn.execute("show synchronous_commit").fetchone() == ("on",)
+            assert conn.execute("show full_page_writes").fetchone() == ("on",)
+    assert (tmp_path / "logs" / "pg.log").stat().st_size > 0
+
+
+def test_postgres_port_in_use(tmp_path, listener):
+    pg = EmbeddedPostgres(tmp_path / "data", port=listener, fast=True)
+    t0 = time.monotonic()
+    with pytest.raises(EmbeddedError, match=f"^port {listener} is already in use"):
+        pg.start()
+    assert time.monotonic() - t0 < 1
+    assert not pg.running
+
+
+def test_postgres_port_in_use_detected_from_log(tmp_path, listener, monkeypatch):
+    # the port gets taken between our check and the server's bind
+    monkeypatch.setattr(embedded, "port_in_use", lambda port: False)
+    pg = EmbeddedPostgres(tmp_path / "data", port=listener, fast=True)
+    t0 = time.monotonic()
+    with pytest.raises(EmbeddedError, match=f"^port {listener} is already in use") as ei:
+        pg.start()
+    assert "Address already in use" in str(ei.value)
+    assert time.monotonic() - t0 < 10  # includes initdb
+    assert not pg.running
+
+
+def test_postgres_broken_data_dir(tmp_path):
+    not_pg = tmp_path / "not_pg"
+    not_pg.mkdir()
+    (not_pg / "some_file").write_text("hello")
+    with pytest.raises(EmbeddedError, match="not empty but has no PG_VERSION"):
+        EmbeddedPostgres(not_pg, fast=True).start()
+    assert (not_pg / "some_file").read_text() == "hello"  # left alone
+
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "PG_VERSION").write_text("\x00garbage\n")
+    with pytest.raises(EmbeddedError, match="PG_VERSION contains"):
+        EmbeddedPostgres(corrupt, fast=True).start()
+
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "PG_VERSION").write_text("9.6\n")
+    with pytest.raises(EmbeddedError, match="created by PostgreSQL 9.6"):
+        EmbeddedPostgres(old, fast=True).start()
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    with pytest.raises(EmbeddedError, match="not a directory"):
+        EmbeddedPostgres(a_file, fast=True).start()
+
+
+def test_postgres_exit_during_startup_reports_log(tmp_path):
+    data = tmp_path / "data"
+    with EmbeddedPostgres(data, fast=True):
+        pass
+    # a setting the server rejects at startup
+    (data / "postgresql.auto.conf").write_text("shared_buffers = 'lots'\n")
+    pg = EmbeddedPostgres(data, fast=True)
+    t0 = time.monotonic()
+    with pytest.raises(EmbeddedError, match="exited during startup") as ei:
+        pg.start()
+    assert "shared_buffers" in str(ei.value)
+    assert "\n" not in str(ei.value)
+    assert time.monotonic() - t0 < 5
+    assert not pg.running
+
+
+# -- broker --------------------------------------------------------------------------------------
+
+
+def test_broker_topics_produce_consume(tmp_path):
+    from confluent_kafka import Consumer, Producer
+
+    log_path = tmp_path / "broker.log"
+    broker = EmbeddedBroker(log_path=log_path)
+    assert broker.bootstrap_servers == f"127.0.0.1:{broker.port}"
+    t0 = time.monotonic()
+    broker.start()
+    print(f"\nbroker start: {time.monotonic() - t0:.3f}s")
+    pid = broker.pid
+    try:
+        topic = f"t-{uuid.uuid4().hex[:8]}"
+        create_topics(broker.bootstrap_servers, {topic: 4}, {"retention.ms": 3600000})
+        create_topics(broker.bootstrap_servers, {topic: 4})  # already there: fine
+
+        producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+        headers = [("h1", b"v1"), ("h2", b"\x00\xff"), ("h1", b"again")]
+        producer.produce(topic, key=b"k", value=b"hello", headers=headers, partition=2)
+        assert producer.flush(10) == 0
+
+        consumer = Consumer({
+            "bootstrap.servers": broker.bootstrap_servers,
+            "group.id": f"g-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 2000,
+            "heartbeat.interval.ms": 500,
+            "fetch.wait.max.ms": 10,
+        })
+        try:
+            md = consumer.list_topics(timeout=5)
+            assert len(md.topics[topic].partitions) == 4
+            consumer.subscribe([topic])
+            msg = None
+            deadline = time.monotonic() + 20
+            while msg is None and time.monotonic() < deadline:
+                m = consumer.poll(0.2)
+                if m is not None:
+                    assert m.error() is None, m.error()
+                    msg = m
+            assert msg is not None, "no message consumed"
+            assert (msg.key(), msg.value(), msg.partition()) == (b"k", b"hello", 2)
+            assert msg.headers() == headers
+        finally:
+            consumer.close()
+
+        broker.pause()
+        assert Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+        broker.resume()
+    finally:
+        t0 = time.monotonic()
+        broker.stop()
+        print(f"broker stop: {time.monotonic() - t0:.3f}s")
+    assert not broker.running and broker.pid is None
+    assert _gone(pid)
+    assert log_path.exists()
+
+
+def test_broker_stop_while_paused_and_kill():
+    with EmbeddedBroker() as broker:
+        pid = broker.pid
+        broker.pause()
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < 5
+    assert _gone(pid)
+
+    broker.start()  # restartable
+    pid = broker.pid
+    broker.kill()
+    assert not broker.running
+    assert _gone(pid)
+
+
+def test_broker_port_in_use(listener):
+    broker = EmbeddedBroker(listener)
+    t0 = time.monotonic()
+    with pytest.raises(EmbeddedError, match=f"^port {listener} is already in use"):
+        broker.start()
+    assert time.monotonic() - t0 < 1
+    assert not broker.running
+
+
+def test_broker_port_in_use_detected_from_log(listener, monkeypatch):
+    monkeypatch.setattr(embedded, "port_in_use", lambda port: False)
+    broker = EmbeddedBroker(listener)
+    t0 = time.monotonic()
+    with pytest.raises(EmbeddedError, match=f"^port {listener} is already in use"):
+        broker.start()
+    assert time.monotonic() - t0 < 5
+    assert not broker.running
+
+
+def test_auto_port_retries_when_taken(tmp_path, monkeypatch):
+    """With port=None a port taken before start is replaced by a free one."""
+    broker = EmbeddedBroker()
+    taken = broker.port
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", taken))
+        s.listen()
+        with broker:
+            assert broker.port != taken
+            create_topics(broker.bootstrap_servers, {"x": 1})

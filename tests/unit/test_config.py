@@ -1,0 +1,96 @@
+"""Settings: environment, flags, ready file, validation, redaction."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import orjson
+import pytest
+
+from chronos import config, logs
+from chronos.errors import ConfigError
+
+
+def load(env=None, argv=None):
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    return config.load(parser.parse_args(argv or []), environ=env or {})
+
+
+def test_defaults_are_the_chronos_reference_values():
+    s = load()
+    assert (s.input_topic, s.output_topic, s.dlq_topic) == ("chronos.input", "chronos.output", "chronos.dlq")
+    assert (s.timing_advance_ms, s.hold_time_ms, s.poll_interval_ms, s.failure_detection_interval_ms) == \
+        (50, 5000, 100, 500)
+    assert s.max_lateness_ms is None
+
+
+def test_flag_wins_over_environment():
+    s = load({"CHRONOS_HOLD_TIME_MS": "9000"}, ["--hold-time-ms", "7000"])
+    assert s.hold_time_ms == 7000
+    assert load({"CHRONOS_HOLD_TIME_MS": "9000"}).hold_time_ms == 9000
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"CHRONOS_HOLD_TIME_MS": "abc"}, "CHRONOS_HOLD_TIME_MS must be a whole number"),
+    ({"CHRONOS_HOLD_TIME_MS": "0"}, "greater than 0"),
+    ({"CHRONOS_TIMING_ADVANCE_MS": "-1"}, "0 or more"),
+    ({"CHRONOS_OUTPUT_TOPIC": "bad topic!"}, "not a valid Kafka topic"),
+    ({"CHRONOS_DATABASE_URL": "mysql://x"}, "postgresql://"),
+    ({"CHRONOS_LOG_FORMAT": "xml"}, "one of text, json"),
+    ({"CHRONOS_METRICS_PORT": "70000"}, "TCP port"),
+    ({"CHRONOS_KAFKA_PROPERTIES": "novalue"}, "key=value"),
+    ({"CHRONOS_ALLOWED_TOPICS": "(unclosed"}, "regular expression"),
+    ({"CHRONOS_LOOKAHEAD_MS": "3000"}, "less than half"),
+    ({"CHRONOS_KAFKA_PROPERTIES_FILE": "/nonexistent/x.properties"}, "cannot read"),
+])
+def test_bad_values_give_a_clear_error(env, message):
+    with pytest.raises(ConfigError, match=message):
+        load(env)
+
+
+def test_kafka_properties_from_file_and_inline(tmp_path):
+    f = tmp_path / "kafka.properties"
+    f.write_text("# TLS\nsecurity.protocol=SASL_SSL\nsasl.password=s3cret=x\nssl.ca.location=/ca.pem\n")
+    s = load({"CHRONOS_KAFKA_PROPERTIES_FILE": str(f), "CHRONOS_KAFKA_PROPERTIES": "ssl.ca.location=/other.pem"})
+    assert s.kafka_config == {"security.protocol": "SASL_SSL", "sasl.password": "s3cret=x",
+                              "ssl.ca.location": "/other.pem"}
+    assert "s3cret=x" in s.secrets()
+
+
+def test_ready_file_fills_in_services(tmp_path):
+    ready = tmp_path / "ready.json"
+    ready.write_bytes(orjson.dumps({"bootstrap_servers": "127.0.0.1:1", "database_url": "postgresql://h/db",
+                                    "input_topic": "in", "output_topic": "out", "dlq_topic": "dlq"}))
+    s = load(argv=["--ready-file", str(ready)])
+    assert (s.kafka_bootstrap_servers, s.database_url, s.input_topic) == ("127.0.0.1:1", "postgresql://h/db", "in")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load(argv=["--ready-file", str(tmp_path / "missing.json")])
+
+
+def test_missing_services_are_named():
+    with pytest.raises(ConfigError, match="CHRONOS_DATABASE_URL is not set"):
+        load().require_services()
+
+
+def test_redact_url_hides_the_password():
+    assert config.redact_url("postgresql://app:p%40ss@db:5432/x?sslmode=require") == \
+        "postgresql://app:***@db:5432/x?sslmode=require"
+    assert config.redact_url("postgresql://db/x") == "postgresql://db/x"
+
+
+def test_log_filter_redacts_secrets(capsys):
+    logs.setup("test", "0" * 32, "info", "text", ["hunter2"])
+    logging.getLogger("chronos.x").warning("cannot connect to postgresql://u:hunter2@h/db: %s", "hunter2 bad")
+    err = capsys.readouterr().err
+    assert "hunter2" not in err and "***" in err
+
+
+def test_json_logs_parse(capsys):
+    logs.setup("firer", "abcd" * 8, "info", "json", [])
+    logging.getLogger("chronos.firer").info("fired %d", 5)
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    entry = orjson.loads(line)
+    assert entry["role"] == "firer" and entry["node"] == "abcd" * 8 and entry["msg"] == "fired 5"
+    assert entry["level"] == "info"

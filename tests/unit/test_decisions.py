@@ -1,0 +1,150 @@
+"""Pure decisions with `now` passed in: intake verdicts, consumer batch sorting, publish timing."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import pytest
+
+from chronos import codec
+from chronos.consumer import commit_offsets, sort_batch
+from chronos.detector import suspected_nodes
+from chronos.firer import PublishTiming
+from chronos.intake import Rules, Verdict, decide
+from chronos.cli import parse_duration
+from chronos.config import ConfigError
+
+NOW = 1_800_000_000_000_000
+RULES = Rules(timing_advance_us=50_000, output_topic="out", allowed_topics=re.compile("out|billing\\..*"))
+
+
+def parsed(deadline_us=NOW + 10_000_000, **kw):
+    base = dict(error=None, message_id="m", deadline_us=deadline_us, topic=None, ordering_key=None,
+                action=None, cron=None, timezone=None, headers=[])
+    base.update(kw)
+    return codec.Parsed(**base)
+
+
+@pytest.mark.parametrize("deadline,verdict", [
+    (NOW + 10_000_000, Verdict.ENQUEUE),
+    (NOW + 50_001, Verdict.ENQUEUE),
+    (NOW + 50_000, Verdict.LATE),       # within the timing advance
+    (NOW, Verdict.LATE),
+    (NOW - 3_600_000_000, Verdict.LATE),  # no lateness limit by default
+])
+def test_late_or_enqueue(deadline, verdict):
+    assert decide(parsed(deadline), NOW, RULES).verdict is verdict
+
+
+def test_invalid_keeps_the_reason():
+    d = decide(parsed(error="bad_deadline: x"), NOW, RULES)
+    assert d.verdict is Verdict.INVALID and d.reason == "bad_deadline: x"
+
+
+def test_destination_topic_must_be_allowed():
+    assert decide(parsed(topic="billing.eu"), NOW, RULES).verdict is Verdict.ENQUEUE
+    d = decide(parsed(topic="payments"), NOW, RULES)
+    assert d.verdict is Verdict.INVALID and d.reason.startswith("topic_not_allowed")
+
+
+def test_max_lateness():
+    rules = Rules(50_000, "out", re.compile("out"), max_lateness_us=1_000_000)
+    assert decide(parsed(NOW - 900_000), NOW, rules).verdict is Verdict.LATE
+    d = decide(parsed(NOW - 1_100_000), NOW, rules)
+    assert d.verdict is Verdict.INVALID and d.reason.startswith("too_late")
+
+
+class FakeMessage:
+    """Stands in for confluent_kafka.Message in a pure unit test."""
+
+    def __init__(self, headers, key=b"k", value=b"v", offset=0, partition=0, topic="in"):
+        self._h, self._k, self._v, self._o, self._p, self._t = headers, key, value, offset, partition, topic
+
+    def headers(self): return self._h
+    def key(self): return self._k
+    def value(self): return self._v
+    def offset(self): return self._o
+    def partition(self): return self._p
+    def topic(self): return self._t
+
+
+def hdrs(mid, deadline_ms, *extra):
+    return [("chronosMessageId", mid.encode()), ("chronosDeadline", str(deadline_ms).encode()), *extra]
+
+
+def test_sort_batch_splits_invalid_late_and_enqueue():
+    now_ms = NOW // 1000
+    msgs = [FakeMessage(hdrs("a", now_ms + 60_000, ("x", b"1"), ("x", None))),
+            FakeMessage(hdrs("b", now_ms - 10)),
+            FakeMessage([("chronosDeadline", b"123")]),
+            FakeMessage(hdrs("a", now_ms + 90_000)),      # same id in the batch: first wins
+            FakeMessage(hdrs("c", now_ms + 60_000), key=None, value=None)]
+    batch = sort_batch(msgs, NOW, RULES)
+    assert list(batch.rows) == ["a", "c"]
+    assert batch.rows["a"].deadline_us == (now_ms + 60_000) * 1000
+    assert codec.decode_headers(batch.rows["a"].headers) == [("x", b"1"), ("x", None)]
+    assert (batch.rows["c"].key, batch.rows["c"].value) == (None, None)
+    assert [p.message_id for _, p in batch.late] == ["b"]
+    assert [r.split(":")[0] for _, r in batch.dead] == ["missing_id"]
+    assert batch.duplicates == 1
+
+
+def test_commit_offsets_take_the_next_offset_per_partition():
+    msgs = [FakeMessage([], offset=5, partition=0), FakeMessage([], offset=9, partition=0),
+            FakeMessage([], offset=2, partition=1)]
+    got = {(tp.partition, tp.offset) for tp in commit_offsets(msgs)}
+    assert got == {(0, 10), (1, 3)}
+
+
+def test_publish_timing_never_advances_more_than_the_timing_advance():
+    t = PublishTiming(timing_advance_ms=50)
+    for _ in range(200):
+        t.observe_ack(0.5)
+    assert t.advance == pytest.approx(0.05)
+    t2 = PublishTiming(timing_advance_ms=50)
+    for _ in range(200):
+        t2.observe_ack(0.004)
+    assert t2.advance == pytest.approx(0.004, rel=0.05)
+
+
+def test_publish_timing_follows_the_database_clock():
+    t = PublishTiming(timing_advance_ms=50)
+    t.observe_clock(db_us=1_000_002_000_000, before=1_000_000.0, after=1_000_000.002)
+    assert t.offset_us == pytest.approx(1_999_000, abs=2)
+    assert t.local_deadline(1_000_010_000_000) == pytest.approx(1_000_008.001, abs=1e-5)
+
+
+def test_suspected_nodes_counts_per_node():
+    a, b = uuid.uuid4(), uuid.uuid4()
+    assert suspected_nodes([a, b, a]) == [(a, 2), (b, 1)]
+
+
+@pytest.mark.parametrize("text,seconds", [("5s", 5), ("250ms", 0.25), ("2m", 120), ("1.5h", 5400), ("3", 3)])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text).total_seconds() == seconds
+
+
+def test_parse_duration_rejects_garbage():
+    with pytest.raises(ConfigError):
+        parse_duration("soon")
+
+
+def test_rows_postgres_refuses_are_dead_lettered_one_by_one():
+    from chronos.consumer import ConsumerProcess
+    from chronos.errors import StoreRejected
+
+    class RefusingStore:
+        def insert(self, rows):
+            if any(r.id == "poison" for r in rows):
+                raise StoreRejected("invalid byte sequence")
+            return len(rows)
+
+    now_ms = NOW // 1000
+    msgs = [FakeMessage(hdrs("good", now_ms + 60_000)), FakeMessage(hdrs("poison", now_ms + 60_000))]
+    batch = sort_batch(msgs, NOW, RULES)
+    proc = ConsumerProcess.__new__(ConsumerProcess)
+    proc.store = RefusingStore()
+    assert proc.insert_one_by_one(batch, StoreRejected("x")) == 1
+    assert list(batch.rows) == ["good"]
+    assert [(m.headers()[0][1], r.split(":")[0]) for m, r in batch.dead] == [(b"poison", "store_rejected")]

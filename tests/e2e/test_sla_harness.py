@@ -1,0 +1,40 @@
+"""The SLA harness stays working: a short, low-rate run against its own `chronos up`."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(120)
+def test_sla_harness_short_run(tmp_path):
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOS_")}
+    run = subprocess.run([sys.executable, "-m", "benchmarks.sla", "--rate", "200", "--duration", "5",
+                          "--delay", "0.5:2", "--progress", "2", "--drain-timeout", "20", "--out", str(out)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=110)
+    assert run.returncode in (0, 1), run.stdout + run.stderr  # 1: ran, but the SLA did not hold
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    for field in ("offered_rate", "sent", "delivered", "lost", "duplicates", "early", "enqueue_rate", "fire_rate",
+                  "jitter_ms", "broker_floor_ms", "sla_pass", "config", "machine", "date"):
+        assert field in summary, field
+    assert summary["offered_rate"] == 200
+    assert summary["sent"] == 1000
+    assert summary["lost"] == 0, run.stdout
+    assert summary["early"] == 0 and summary["early_published"] == 0, run.stdout
+    assert summary["delivered"] == 1000
+    for key in ("p50", "p99", "p999", "max", "min"):
+        assert key in summary["jitter_ms"]
+    assert summary["broker_floor_ms"]["count"] > 100
+    assert (out / "records.parquet").exists()
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (out / "jitter.png").stat().st_size > 0
+    assert "delivered" in run.stdout  # progress lines were shown

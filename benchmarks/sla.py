@@ -259,12 +259,6 @@ class PgqueuerTarget(Target):
     def producer(self, ctx, plan, rec):
         return ctx.Process(target=self.pgq.run_producer, name="bench-pgq-producer", args=(self._url, plan, rec))
 
-    def cpu_groups(self):
-        groups = super().cpu_groups()
-        for k, proc in enumerate(getattr(self, "workers", [])):
-            groups[f"pgq_worker_{k}"] = (proc.pid, False)
-        return groups
-
     def probe(self):
         return None
 
@@ -450,8 +444,11 @@ def _watch(target, args, rec: Records, producer, helpers, sampler, stack, t0: fl
 def print_summary(s: dict) -> None:
     j, f = s.get("jitter_ms") or {}, s.get("broker_floor_ms") or {}
     floor = f"  broker floor p50/p99/p99.9 {f['p50']:.1f}/{f['p99']:.1f}/{f['p999']:.1f} ms" if f else ""
+    pub = s.get("publish_lateness_ms")
+    if pub:
+        floor += f"  publish lateness p99/p99.9 {pub['p99']:.0f}/{pub['p999']:.0f} ms"
     print(f"{s['target']} {s['offered_rate']:g} msg/s: sent {s['sent']} delivered {s['delivered']} lost {s['lost']} "
-          f"dup {s['duplicates']} early {s['early']}/{s['early_published']}  enqueue {s['enqueue_rate']}/s "
+          f"dup {s['duplicates']} early {s['early']} (published early {s['early_published']})  enqueue {s['enqueue_rate']}/s "
           f"fire {s['fire_rate']}/s (due {s['due_rate']}/s)  jitter p50/p99/p99.9/max "
           f"{j.get('p50', math.nan):.1f}/{j.get('p99', math.nan):.1f}/{j.get('p999', math.nan):.1f}/"
           f"{j.get('max', math.nan):.1f} ms{floor}  backlog max {s['backlog']['max']}  "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import random
+import signal
 import struct
 import threading
 import time
@@ -36,6 +37,11 @@ PRODUCER_DEFAULTS = {
     "linger.ms": "5",
     "queue.buffering.max.messages": "1000000",
 }
+
+
+def quiet_interrupts() -> None:
+    """Children ignore Ctrl-C: the orchestrator stops them through their stop event."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def client_configs(bootstrap: str, properties: dict, fetch_wait_ms: int, linger_ms: int) -> tuple[dict, dict]:
@@ -67,6 +73,7 @@ def run_producer(conf: dict, topic: str, plan: LoadPlan, rec: Records) -> None:
     """Offer the load: each message is produced at t0 + i/rate (in bursts of at most a millisecond's worth)."""
     from confluent_kafka import Producer
 
+    quiet_interrupts()
     producer = Producer(conf)
     rng = random.Random(plan.seed)
     payload = random.Random(plan.seed + 1).randbytes(plan.payload_bytes)
@@ -133,8 +140,9 @@ def run_reader(conf: dict, topic: str, tag: str, rec: Records, ready, stop) -> N
     The receive time is taken once per batch of messages already in the client's queue, right
     after they were handed over, so it is an upper bound of when each became readable.
     """
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer
 
+    quiet_interrupts()
     # assign(), not subscribe(): no group join (BROKER.md quirk 1); the group id is required all the same
     consumer = Consumer({**conf, "group.id": f"chronos-bench-{tag}"})
     consumer.assign(_end_offsets(consumer, topic))
@@ -205,6 +213,7 @@ def run_probe(producer_conf: dict, consumer_conf: dict, topic: str, interval: fl
     """
     from confluent_kafka import Consumer, Producer
 
+    quiet_interrupts()
     consumer = Consumer({**consumer_conf, "group.id": f"chronos-bench-{topic}"})
     consumer.assign(_end_offsets(consumer, topic))
     consumer.poll(0.2)

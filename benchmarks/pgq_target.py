@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
-from benchmarks.kafka_load import LoadPlan
+from benchmarks.kafka_load import LoadPlan, quiet_interrupts
 from benchmarks.records import ACKED, FAILED, SENT, Records
 
 ENTRYPOINT = "chronos_bench"
@@ -71,6 +71,7 @@ def install(url: str) -> str:
 
 def run_producer(url: str, plan: LoadPlan, rec: Records, tick: float = 0.005) -> None:
     """Enqueue the load: every tick, one batched enqueue of the messages due by then."""
+    quiet_interrupts()
 
     async def main() -> None:
         from pgqueuer.db import AsyncpgDriver
@@ -130,6 +131,7 @@ def run_producer(url: str, plan: LoadPlan, rec: Records, tick: float = 0.005) ->
 
 def run_worker(url: str, tag: str, rec: Records, settings: WorkerSettings, ready, stop) -> None:
     """A pgqueuer QueueManager whose only job is to note when each job runs."""
+    quiet_interrupts()
 
     async def main() -> None:
         from pgqueuer.db import AsyncpgDriver

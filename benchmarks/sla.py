@@ -362,6 +362,9 @@ def run_step(target: Target, args: argparse.Namespace, rate: float, duration: fl
           f"{count} messages", flush=True)
     try:
         drained = _watch(target, args, rec, producer, helpers, sampler, stack, t0, meter)
+    except BaseException:
+        producer.terminate()  # interrupted or failed: stop offering load at once
+        raise
     finally:
         cpu = meter.stop(time.time())
         stop.set()

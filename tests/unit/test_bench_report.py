@@ -1,0 +1,70 @@
+"""The SLA harness's arithmetic (benchmarks/report.py), on records made up here: no I/O."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+
+from benchmarks import report
+from benchmarks.records import ACKED, Records
+
+
+def records(deadlines, delivered, t_first=0.0, t_last=None) -> Records:
+    rec = Records.create(mp.get_context("spawn"), len(deadlines))
+    n = len(deadlines)
+    rec.deadline[:] = deadlines
+    rec.sent_at[:] = np.asarray(deadlines) - 1.0
+    rec.state[:] = ACKED
+    rec.delivered_at[:] = [math.nan if d is None else d for d in delivered]
+    rec.copies[:] = [0.0 if d is None else 1.0 for d in delivered]
+    rec.created_at[:] = rec.delivered_at[:] - 0.001
+    rec.set("sent", n)
+    rec.set("t_first", t_first)
+    rec.set("t_last", t_last if t_last is not None else float(n) / 100.0)
+    return rec
+
+
+def summarize(rec, rate=100.0, duration=10.0, delay=(0.0, 0.0)):
+    return report.summarize(rec, target="chronos", rate=rate, duration=duration, delay=delay,
+                            timing_advance_ms=50.0, probe=None, store_samples=[], drain_timeout=30.0, t0=0.0)
+
+
+def test_overdue_curve_counts_messages_past_grace_and_undelivered():
+    deadline = np.array([1.0, 1.0, 2.0])
+    delivered = np.array([1.2, 3.0, np.nan])
+    times = np.array([1.4, 1.6, 2.9, 3.1, 10.0])
+    # grace 0.5: message 0 never overdue; message 1 overdue in [1.5, 3.0); message 2 from 2.5 on
+    assert report.overdue_curve(deadline, delivered, times, 0.5).tolist() == [0, 1, 2, 1, 1]
+
+
+def test_on_time_load_passes_and_jitter_is_delivery_minus_deadline():
+    deadlines = np.arange(1000) / 100.0
+    s = summarize(records(deadlines, deadlines + 0.010, t_last=9.99))
+    assert s["sla_pass"], s["sla"]
+    assert s["lost"] == 0 and s["early"] == 0 and s["duplicates"] == 0
+    assert s["jitter_ms"]["p50"] == pytest.approx(10.0, abs=1e-6)
+    assert s["fire_rate"] == pytest.approx(100.0, rel=0.02)
+
+
+def test_lost_early_and_slow_messages_fail_the_sla():
+    deadlines = np.arange(1000) / 100.0
+    delivered = list(deadlines + 0.010)
+    delivered[10] = None                  # lost
+    delivered[20] = deadlines[20] - 0.060  # 60 ms early: beyond the 50 ms timing advance
+    for i in range(500, 510):             # 1% of messages a second late: p99.9 over 500 ms
+        delivered[i] = deadlines[i] + 1.0
+    s = summarize(records(deadlines, delivered, t_last=9.99))
+    assert s["lost"] == 1 and s["lost_ids"] == [10]
+    assert s["early"] == 1
+    assert s["jitter_ms"]["p999"] > 500
+    failed = {k for k, v in s["sla"]["checks"].items() if not v}
+    assert {"nothing_lost", "nothing_early", "p999_within_500ms"} <= failed
+    assert not s["sla_pass"]
+
+
+def test_enqueue_rate_from_insert_counter_samples():
+    samples = [(float(t), 1000 * t, 0) for t in range(0, 12)]
+    assert report.enqueue_rate(samples, 0.0, 10.0) == pytest.approx(1000.0)

@@ -533,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         stack = OwnStack(counts, up_args)
     else:
         stack = OwnPostgres()
+    failed = True
     try:
         print(f"starting {'the stack' if isinstance(stack, OwnStack) else 'PostgreSQL'} ..."
               if not isinstance(stack, External) else f"using the stack of {args.ready_file}", flush=True)
@@ -542,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = find_max(target, args, out, stack)
         else:
             summary = run_step(target, args, args.rate, args.duration, out, stack)
+        failed = False
     except StackFailed as exc:
         print(f"benchmark failed: {exc}", file=sys.stderr, flush=True)
         return 3
@@ -550,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         print("stopping ...", flush=True)
-        stack.stop()
+        stack.stop(keep=failed)
     return 0 if summary.get("sla_pass") else 1
 
 

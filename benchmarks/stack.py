@@ -9,6 +9,7 @@ For `--target pgqueuer` without a ready file, an embedded PostgreSQL with the sa
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -66,7 +67,8 @@ class OwnStack:
         if self.proc is not None and self.proc.poll() is not None:
             raise StackFailed(f"chronos up exited during the run (code {self.proc.returncode}): {self.tail()}")
 
-    def stop(self, timeout: float = 90.0) -> None:
+    def stop(self, timeout: float = 90.0, keep: bool = False) -> None:
+        """SIGTERM `chronos up`; its directory is removed unless `keep` (e.g. to read its logs)."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
@@ -77,7 +79,13 @@ class OwnStack:
                 print(f"chronos up did not stop within {timeout:.0f}s; killing it (logs in {self.dir})", flush=True)
                 self.proc.kill()
                 self.proc.wait()
+                self.proc = None
+                return
         self.proc = None
+        if keep:
+            print(f"the stack's data and logs are kept in {self.dir}", flush=True)
+        else:
+            _remove(self.dir)
 
 
 class OwnPostgres:
@@ -97,10 +105,14 @@ class OwnPostgres:
         if self.server is not None and not self.server.running:
             raise StackFailed(f"the embedded PostgreSQL stopped during the run; see {self.dir / 'postgres.log'}")
 
-    def stop(self) -> None:
+    def stop(self, keep: bool = False) -> None:
         if self.server is not None:
             self.server.stop()
             self.server = None
+            if keep:
+                print(f"PostgreSQL's data and log are kept in {self.dir}", flush=True)
+            else:
+                _remove(self.dir)
 
 
 class External:
@@ -118,8 +130,13 @@ class External:
         if not self.ready_file.exists():
             raise StackFailed(f"the ready file {self.ready_file} disappeared: the stack stopped")
 
-    def stop(self) -> None:
+    def stop(self, keep: bool = False) -> None:
         pass
+
+
+def _remove(directory: Path) -> None:
+    """Delete a stopped stack's temporary directory (its database holds nothing worth keeping)."""
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def database_url_for(url: str, name: str) -> str:

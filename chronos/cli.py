@@ -180,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, default=None, help="stop after this many messages")
     p.add_argument("--timeout", type=float, default=None, help="stop after this many seconds")
     p.set_defaults(func=cmd_tail)
+
+    p = sub.add_parser("pipeline", help="Spark jobs: bulk scheduling and SLA reports (the spark extra)",
+                       description="Spark jobs (pip install 'chronos-scheduler[spark]'); PySpark is imported "
+                                   "only when a job runs")
+    from chronos.pipeline.commands import add_parsers as pipeline_parsers
+    pipeline_parsers(p)
     return parser
 
 

@@ -34,3 +34,7 @@ class StoreUnavailable(ChronosError):
 
 class StoreRejected(ChronosError):
     """PostgreSQL refused the data itself (not the connection): retrying the same data cannot help."""
+
+
+class InputError(ConfigError):
+    """A pipeline job's input is missing or has the wrong schema (exit code 2, like a bad flag)."""

@@ -1,0 +1,284 @@
+"""Bulk scheduling: a dataset of messages → the store, in parallel, idempotently.
+
+Each Spark partition is validated by the consumer's rules (`chronos.pipeline.rows`) and written
+by its executor over its own PostgreSQL connection: COPY into the connection's temporary staging
+table, then `INSERT ... ON CONFLICT (id) DO NOTHING` (the store's `insert`, one transaction per
+chunk). A row whose id is waiting already is left alone, so running the job twice, or Spark
+retrying a task, schedules nothing twice. No JDBC driver is involved: psycopg does the COPY.
+
+Invalid rows come back from the executors with their reason and are written to the rejects
+dataset; the counts come back through an accumulator.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, TextIO
+
+from chronos.errors import InputError
+from chronos.intake import Rules
+from chronos.pipeline.rows import COLUMNS, OPTIONAL_COLUMNS, REQUIRED_COLUMNS, Stats, build
+from chronos.pipeline.spark import check_local_input, spark_errors
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import DataType, StructType
+
+FORMATS = ("parquet", "csv", "json")
+REASON_COLUMN = "reason"
+CHUNK_ROWS = 50_000
+
+
+@dataclass
+class ScheduleResult:
+    stats: Stats
+    seconds: float
+    partitions: int
+    ignored_columns: list[str]
+    rejects_path: str | None
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.stats.read / self.seconds if self.seconds > 0 else 0.0
+
+
+def read_input(spark: "SparkSession", path: str, fmt: str) -> "DataFrame":
+    """The input dataset; CSV has a header line, RFC 4180 quoting, and is read as text (the codec
+    parses it)."""
+    if fmt not in FORMATS:
+        raise InputError(f"unknown input format {fmt!r}: use one of {', '.join(FORMATS)}")
+    check_local_input(path)
+    reader = spark.read.format(fmt)
+    if fmt == "csv":
+        # RFC 4180 quoting ("" inside quotes), as Python's csv module, spreadsheets and databases write it
+        reader = reader.option("header", "true").option("inferSchema", "false").option("escape", '"')
+    with spark_errors(f"cannot read {path}", InputError):
+        df = reader.load(path)
+        df.schema  # noqa: B018 - resolves the schema now, so a bad input fails here
+    return df
+
+
+def _type_ok(column: str, dtype: "DataType") -> bool:
+    from pyspark.sql import types as T
+
+    text = (T.StringType, T.NullType)
+    if column == "id":
+        return isinstance(dtype, text + (T.BinaryType, T.IntegralType))
+    if column == "deadline":
+        return isinstance(dtype, text + (T.IntegralType, T.FractionalType, T.TimestampType,
+                                         T.TimestampNTZType, T.DateType))
+    if column in ("key", "value"):
+        return isinstance(dtype, text + (T.BinaryType,))
+    if column in ("topic", "ordering_key"):
+        return isinstance(dtype, text)
+    # headers: JSON text, a map, a list of {key, value} structs (Spark's Kafka shape), or pairs
+    values = text + (T.BinaryType,)
+    if isinstance(dtype, text + (T.BinaryType,)):
+        return True
+    if isinstance(dtype, T.MapType):
+        return isinstance(dtype.keyType, T.StringType) and isinstance(dtype.valueType, values)
+    if isinstance(dtype, T.ArrayType):
+        element = dtype.elementType
+        if isinstance(element, T.StructType):
+            return (sorted(element.names) == ["key", "value"] and isinstance(element["key"].dataType, T.StringType)
+                    and isinstance(element["value"].dataType, values))
+        return isinstance(element, T.ArrayType) and isinstance(element.elementType, T.StringType)
+    return False
+
+
+def check_columns(schema: "StructType") -> list[str]:
+    """Raise InputError unless the schema fits; returns the columns the job ignores."""
+    names = schema.names
+    problems = []
+    missing = [c for c in REQUIRED_COLUMNS if c not in names]
+    if missing:
+        problems.append(f"missing column(s) {', '.join(missing)}")
+    for field in schema.fields:
+        if field.name in COLUMNS and not _type_ok(field.name, field.dataType):
+            problems.append(f"column {field.name} has type {field.dataType.simpleString()}")
+    if REASON_COLUMN in names:
+        problems.append(f"the input may not have a column named {REASON_COLUMN!r} (the rejects add it)")
+    if problems:
+        raise InputError("input has the wrong schema: " + "; ".join(problems) + f" (expected {', '.join(REQUIRED_COLUMNS)}"
+                         f" and optionally {', '.join(OPTIONAL_COLUMNS)}; see `chronos pipeline schedule --help`)")
+    return [n for n in names if n not in COLUMNS]
+
+
+def _stats_param():
+    from pyspark.accumulators import AccumulatorParam
+
+    class StatsParam(AccumulatorParam):
+        def zero(self, value: Stats) -> Stats:
+            return Stats()
+
+        def addInPlace(self, a: Stats, b: Stats) -> Stats:
+            return a.merge(b)
+
+    return StatsParam()
+
+
+def validate_and_write(batches: Iterator["pa.RecordBatch"], *, url: str, rules: Rules, now_us: int,
+                       accumulator: Any, chunk_rows: int = CHUNK_ROWS) -> Iterator["pa.RecordBatch"]:
+    """Executor side, one partition: store the valid rows, yield the invalid ones with their reason."""
+    import pyarrow as pa
+
+    from chronos.store import Store
+
+    stats = Stats()
+    store: Store | None = None
+    pending: list = []
+
+    def flush() -> None:
+        nonlocal store, pending
+        if pending:
+            if store is None:
+                store = Store(url)
+            stats.scheduled += store.insert(pending)
+            pending = []
+
+    try:
+        for batch in batches:
+            n = batch.num_rows
+            names = batch.schema.names
+            cols = {c: (batch.column(names.index(c)).to_pylist() if c in names else [None] * n) for c in COLUMNS}
+            ids, deadlines, topics = cols["id"], cols["deadline"], cols["topic"]
+            okeys, headers, keys, values = cols["ordering_key"], cols["headers"], cols["key"], cols["value"]
+            mask = [False] * n
+            reasons = []
+            for j in range(n):
+                row, reason, due = build(ids[j], deadlines[j], topics[j], okeys[j], headers[j], keys[j],
+                                         values[j], now_us, rules)
+                if row is None:
+                    mask[j] = True
+                    reasons.append(reason)
+                    stats.reject(reason)
+                else:
+                    pending.append(row)
+                    stats.valid += 1
+                    stats.due += due
+            stats.read += n
+            if len(pending) >= chunk_rows:
+                flush()
+            if reasons:
+                rejected = batch.filter(pa.array(mask))
+                yield pa.RecordBatch.from_arrays(list(rejected.columns) + [pa.array(reasons, pa.string())],
+                                                 names=names + [REASON_COLUMN])
+        flush()
+    finally:
+        if store is not None:
+            store.close()
+    accumulator.add(stats)
+
+
+class Progress:
+    """Prints the job's progress every few seconds: partitions done, rows so far, rate."""
+
+    def __init__(self, spark: "SparkSession", accumulator: Any, out: TextIO = sys.stderr, every: float = 2.0):
+        self.spark, self.accumulator, self.out, self.every = spark, accumulator, out, every
+        self.stopped = threading.Event()
+        self.started = time.monotonic()
+        self.thread = threading.Thread(target=self._run, name="chronos-progress", daemon=True)
+        self.last = ""
+
+    def __enter__(self) -> "Progress":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.thread.join(5)
+
+    def line(self) -> str:
+        tracker = self.spark.sparkContext.statusTracker()
+        done = total = 0
+        for stage_id in tracker.getActiveStageIds():
+            info = tracker.getStageInfo(stage_id)
+            if info is not None:
+                done += info.numCompletedTasks
+                total += info.numTasks
+        s: Stats = self.accumulator.value
+        took = time.monotonic() - self.started
+        return (f"progress: {done}/{total} partitions done, {s.read:,} rows read, {s.scheduled:,} scheduled, "
+                f"{s.rejected_total:,} rejected ({s.read / took if took else 0:,.0f} rows/s)")
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.every):
+            try:
+                line = self.line()
+            except Exception as exc:  # noqa: BLE001 - progress is cosmetic; the job goes on
+                line = f"progress: unavailable ({exc})"
+            if line != self.last:
+                print(line, file=self.out, flush=True)
+                self.last = line
+
+
+def run(spark: "SparkSession", *, input_path: str, fmt: str, database_url: str, rules: Rules,
+        rejects_path: str | None = None, partitions: int | None = None, now_us: int | None = None,
+        progress: bool = False, chunk_rows: int = CHUNK_ROWS,
+        out: TextIO = sys.stderr, check: bool = True) -> ScheduleResult:
+    """Validate and store every row of the input; invalid rows go to `rejects_path` (in the
+    input's format, with the input's columns and a `reason` column)."""
+    from pyspark.sql import types as T
+
+    if rejects_path is not None and rejects_path.rstrip("/") == input_path.rstrip("/"):
+        raise InputError("--rejects must not be the input path")
+    started = time.monotonic()
+    if check:
+        check_store(database_url)
+    df = read_input(spark, input_path, fmt)
+    ignored = check_columns(df.schema)
+    if partitions:
+        df = df.repartition(partitions)
+    now_us = time.time_ns() // 1000 if now_us is None else now_us
+    accumulator = spark.sparkContext.accumulator(Stats(), _stats_param())
+    schema = T.StructType(df.schema.fields + [T.StructField(REASON_COLUMN, T.StringType(), nullable=False)])
+
+    def work(batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
+        return validate_and_write(batches, url=database_url, rules=rules, now_us=now_us,
+                                  accumulator=accumulator, chunk_rows=chunk_rows)
+
+    with spark_errors(f"cannot schedule {input_path}"):
+        n_partitions = df.rdd.getNumPartitions()
+        rejects = df.mapInArrow(work, schema)
+        if rejects_path is not None:
+            writer = rejects.write.format(fmt).mode("overwrite")
+            if fmt == "csv":
+                writer = writer.option("header", "true").option("escape", '"')
+            target = rejects_path
+        else:
+            writer = rejects.write.format("noop").mode("overwrite")
+            target = None
+        if progress:
+            with Progress(spark, accumulator, out=out):
+                writer.save(target)
+        else:
+            writer.save(target)
+    return ScheduleResult(accumulator.value, time.monotonic() - started, n_partitions, ignored, rejects_path)
+
+
+def check_store(url: str) -> None:
+    """Fail before Spark does any work when PostgreSQL is unreachable or not migrated."""
+    from chronos.store import check_schema, connect
+
+    with connect(url) as conn:
+        check_schema(conn)
+
+
+def summary(result: ScheduleResult) -> str:
+    s = result.stats
+    lines = [f"read {s.read:,} rows in {result.seconds:.1f} s ({result.rows_per_second:,.0f} rows/s, "
+             f"{result.partitions} partitions)",
+             f"  scheduled        {s.scheduled:,}" + (f" ({s.due:,} already due: the firers send them at once)"
+                                                     if s.due else ""),
+             f"  already waiting  {s.already_waiting:,}",
+             f"  rejected         {s.rejected_total:,}"]
+    if s.rejected:
+        reasons = ", ".join(f"{code} {n:,}" for code, n in sorted(s.rejected.items(), key=lambda kv: -kv[1]))
+        lines[-1] += f" ({reasons})" + (f" → {result.rejects_path}" if result.rejects_path else "")
+    if result.ignored_columns:
+        lines.append(f"  ignored columns  {', '.join(result.ignored_columns)}")
+    return "\n".join(lines)

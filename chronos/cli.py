@@ -186,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "only when a job runs")
     from chronos.pipeline.commands import add_parsers as pipeline_parsers
     pipeline_parsers(p)
+
+    from chronos.status import add_parsers as operating_parsers
+    operating_parsers(sub)
     return parser
 
 

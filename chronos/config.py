@@ -178,7 +178,10 @@ OPTIONS: tuple[Option, ...] = (
            _optional_non_negative_int, ""),
     Option("log_level", "log level", _choice("debug", "info", "warning", "error"), "info"),
     Option("log_format", "log format", _choice("text", "json"), "text"),
-    Option("metrics_port", "Prometheus metrics port (0: off)", _port, "0"),
+    Option("metrics_port", "port of /metrics and /healthz (0: off); under supervisord, base + role offset "
+           "(consumer 0, firer 100, detector 200) + CHRONOS_PROCESS_NUM", _port, "0"),
+    Option("health_window_ms", "/healthz fails when the loop, PostgreSQL or Kafka was last ok longer ago",
+           _positive_int, "10000"),
 )
 
 
@@ -203,6 +206,7 @@ class Settings:
     log_level: str = "info"
     log_format: str = "text"
     metrics_port: int = 0
+    health_window_ms: int = 10000
 
     def validate(self) -> "Settings":
         if self.lookahead_ms * 2 >= self.hold_time_ms:

@@ -20,6 +20,7 @@ from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.intake import Decision, Rules, Verdict, decide
 from chronos.kafka import OutageLog, make_consumer, make_producer, produce
 from chronos.logs import Throttle
+from chronos.metrics import ConsumerTelemetry
 from chronos.runtime import Lifecycle
 from chronos.store import Backoff, Row, Store
 
@@ -87,15 +88,23 @@ class ConsumerProcess:
         self.producer, self.producer_outage = make_producer(settings, "consumer producer")
         self.consumer, self.consumer_outage = make_consumer(settings, "consumer")
         self.stats = {"consumed": 0, "enqueued": 0, "late": 0, "dead": 0, "duplicates": 0}
+        self.metrics = ConsumerTelemetry(node_id, settings)
+        self.metrics.follow(lambda: self.stats)
+        self.next_ping = 0.0
 
     def run(self) -> None:
         self.consumer.subscribe([self.settings.input_topic])
         log.info("consuming %s (group %s), batch %d", self.settings.input_topic, self.settings.consumer_group,
                  self.settings.batch_size)
+        # the producer answers metadata requests at once; the group consumer may take seconds
+        self.metrics.serve(postgres=lambda: self.store.last_ok, kafka=lambda: self.producer,
+                           kafka_topic=self.settings.input_topic)
         try:
             while self.life.running:
                 messages = self.consumer.consume(num_messages=self.settings.batch_size, timeout=0.05)
+                self.metrics.beat()
                 if not messages:
+                    self.keep_alive()
                     continue
                 real = []
                 for msg in messages:
@@ -119,6 +128,7 @@ class ConsumerProcess:
         rows = list(batch.rows.values())
         while True:
             try:
+                started = time.perf_counter()
                 try:
                     inserted = self.store.insert(rows)
                 except StoreRejected as exc:
@@ -129,9 +139,14 @@ class ConsumerProcess:
                 if not self.wait_for_store(exc):
                     return False
         self.db_recovered()
+        if rows:
+            self.metrics.batch("insert", len(rows), time.perf_counter() - started)
         late = [(m, p) for m, p in batch.late if p.message_id not in waiting]
+        started = time.perf_counter()
         if not self.publish(late, batch.dead):
             return False
+        if late or batch.dead:
+            self.metrics.batch("publish", len(late) + len(batch.dead), time.perf_counter() - started)
         s = self.stats
         s["consumed"] += len(messages)
         s["enqueued"] += inserted
@@ -139,6 +154,7 @@ class ConsumerProcess:
         s["dead"] += len(batch.dead)
         s["duplicates"] += batch.duplicates + (len(batch.rows) - inserted) + (len(batch.late) - len(late))
         if batch.dead:
+            self.metrics.dead_lettered(r for _, r in batch.dead)
             reasons = sorted({r.split(":", 1)[0] for _, r in batch.dead})
             self.throttle.warning("dead", "%d invalid messages sent to %s (%s)", len(batch.dead),
                                   self.settings.dlq_topic, ", ".join(reasons))
@@ -197,6 +213,21 @@ class ConsumerProcess:
         except Exception as exc:  # noqa: BLE001 - a failed commit only means a re-read; the store is idempotent
             self.throttle.warning("commit", "offset commit failed (%s); the batch may be read again", exc)
 
+    def keep_alive(self) -> None:
+        """While idle, ask PostgreSQL the time now and then, so /healthz knows it is reachable."""
+        now = time.monotonic()
+        if not self.metrics.serving or now < self.next_ping or now - self.store.last_ok < 1.0:
+            return
+        try:
+            self.store.db_clock_us()
+        except StoreUnavailable as exc:
+            delay = self.db_backoff.failed()
+            self.throttle.warning("db", "postgres unavailable (%s); retrying in %.1fs", exc, delay)
+            self.next_ping = now + delay
+            return
+        self.db_recovered()
+        self.next_ping = now + 1.0
+
     def wait_for_store(self, exc: StoreUnavailable) -> bool:
         delay = self.db_backoff.failed()
         self.throttle.warning("db", "postgres unavailable (%s); retrying in %.1fs", exc, delay)
@@ -210,6 +241,7 @@ class ConsumerProcess:
     def close(self) -> None:
         log.info("stopping: consumed %(consumed)d, enqueued %(enqueued)d, late %(late)d, dead-lettered %(dead)d, "
                  "duplicates %(duplicates)d", self.stats)
+        self.metrics.close()  # first: its probe thread uses a Kafka client
         try:
             self.consumer.close()
         except Exception as exc:  # noqa: BLE001 - closing is best effort; offsets are already committed

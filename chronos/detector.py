@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 import uuid
 
 from chronos.config import Settings
-from chronos.errors import StoreUnavailable
+from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.logs import Throttle
+from chronos.metrics import DetectorTelemetry
 from chronos.runtime import Lifecycle
 from chronos.store import Backoff, Store
 
 log = logging.getLogger("chronos.detector")
+
+GAUGES_EVERY = 5.0  # seconds between reads of the store gauges (waiting, due, in flight) when serving metrics
 
 
 def suspected_nodes(reset_by: list[uuid.UUID]) -> list[tuple[uuid.UUID, int]]:
@@ -32,15 +36,22 @@ class DetectorProcess:
         self.backoff = Backoff()
         self.throttle = Throttle(log)
         self.total_reset = 0
+        self.metrics = DetectorTelemetry(node_id, settings)
+        self.metrics.follow(lambda: {"reset": self.total_reset})
+        self.next_gauges = 0.0
 
     def run(self) -> None:
         interval = self.settings.failure_detection_interval_ms / 1000.0
         log.info("watching for rows held longer than %d ms, every %d ms", self.settings.hold_time_ms,
                  self.settings.failure_detection_interval_ms)
+        self.metrics.serve(postgres=lambda: self.store.last_ok)
         try:
             while self.life.running:
+                self.metrics.beat()
                 try:
-                    self.scan()
+                    started = time.perf_counter()
+                    self.metrics.batch("scan", self.scan(), time.perf_counter() - started)
+                    self.refresh_gauges()
                     lasted = self.backoff.succeeded()
                     if lasted is not None:
                         log.warning("postgres reachable again after %.1fs", lasted)
@@ -51,6 +62,7 @@ class DetectorProcess:
                 self.life.sleep(delay)
         finally:
             log.info("stopping: reset %d rows in all", self.total_reset)
+            self.metrics.close()
             self.store.close()
 
     def scan(self) -> int:
@@ -63,6 +75,17 @@ class DetectorProcess:
                         self.settings.hold_time_ms)
         self.total_reset += len(reset_by)
         return len(reset_by)
+
+    def refresh_gauges(self) -> None:
+        """Read waiting, due and in-flight counts from the store for the gauges, now and then."""
+        now = time.monotonic()
+        if not self.metrics.serving or now < self.next_gauges:
+            return
+        self.next_gauges = now + GAUGES_EVERY
+        try:
+            self.metrics.store_gauges(self.store.overview(self.settings.hold_time_ms))
+        except StoreRejected as exc:  # a gauge is not worth stopping the detector for
+            self.throttle.warning("gauges", "cannot read the store gauges: %s", exc)
 
 
 def run(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> None:

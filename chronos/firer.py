@@ -21,6 +21,7 @@ from chronos.config import Settings
 from chronos.errors import StoreUnavailable
 from chronos.kafka import make_producer, produce
 from chronos.logs import Throttle
+from chronos.metrics import FirerTelemetry
 from chronos.runtime import Lifecycle
 from chronos.store import Backoff, Claimed, Store
 
@@ -84,6 +85,9 @@ class FirerProcess:
         self.next_clock_sync = 0.0
         self.last_delete = 0.0
         self.db_down_until = 0.0
+        self.metrics = FirerTelemetry(node_id, settings)
+        self.metrics.follow(lambda: self.stats)
+        self.metrics.follow_timing(lambda: len(self.heap) + self.in_flight, self.timing)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -91,9 +95,12 @@ class FirerProcess:
         log.info("firing from the store to %s: batch %d, lookahead %d ms, poll %d ms, timing advance %d ms",
                  self.settings.output_topic, self.limit, self.settings.lookahead_ms,
                  self.settings.poll_interval_ms, self.settings.timing_advance_ms)
+        self.metrics.serve(postgres=lambda: self.store.last_ok, kafka=lambda: self.producer,
+                           kafka_topic=self.settings.output_topic)
         try:
             while self.life.running:
                 now = time.time()
+                self.metrics.beat()
                 if now >= self.next_clock_sync and now >= self.db_down_until:
                     self.sync_clock()
                 if now >= self.next_claim and now >= self.db_down_until:
@@ -120,12 +127,14 @@ class FirerProcess:
             self.next_claim = now + 0.005  # wait for acknowledgements before claiming more
             return
         limit = min(self.limit, self.max_outstanding - outstanding)
+        started = time.perf_counter()
         try:
             rows = self.store.claim(limit, self.settings.lookahead_ms)
         except StoreUnavailable as exc:
             self.store_failed(exc)
             return
         self.store_ok()
+        self.metrics.batch("claim", len(rows), time.perf_counter() - started)
         for row in rows:
             heapq.heappush(self.heap, (self.timing.local_deadline(row.deadline_us), next(self.seq), row))
         self.stats["claimed"] += len(rows)
@@ -139,9 +148,12 @@ class FirerProcess:
         if not self.heap:
             return
         horizon = time.time() + self.timing.advance
+        started, before = time.perf_counter(), len(self.heap)
         while self.heap and self.heap[0][0] <= horizon:
             _, _, row = heapq.heappop(self.heap)
             self.publish(row)
+        if len(self.heap) < before:
+            self.metrics.batch("publish", before - len(self.heap), time.perf_counter() - started)
 
     def publish(self, row: Claimed) -> None:
         sent = time.monotonic()
@@ -150,6 +162,7 @@ class FirerProcess:
             self.in_flight -= 1
             if err is None:
                 self.timing.observe_ack(time.monotonic() - sent)
+                self.metrics.lateness.observe(time.time() - self.timing.local_deadline(row.deadline_us))
                 self.acked.append(row)
             else:
                 self.throttle.warning("publish", "publish of %s failed: %s; handing it back", row.id, err.str())
@@ -173,10 +186,12 @@ class FirerProcess:
             while self.acked:
                 done, self.acked = self.acked[:DELETE_BATCH], self.acked[DELETE_BATCH:]
                 try:
+                    started = time.perf_counter()
                     deleted = self.store.delete_fired(done)
                 except StoreUnavailable:
                     self.acked = done + self.acked
                     raise
+                self.metrics.batch("delete", len(done), time.perf_counter() - started)
                 self.stats["fired"] += len(done)
                 if deleted < len(done):
                     self.stats["vanished"] += len(done) - deleted
@@ -234,6 +249,7 @@ class FirerProcess:
                         "hold time", exc)
         log.info("stopping: claimed %(claimed)d, fired %(fired)d, vanished %(vanished)d, handed back %(released)d",
                  self.stats)
+        self.metrics.close()
         self.store.close()
 
 

@@ -10,8 +10,13 @@ from confluent_kafka import KafkaError, Producer
 from confluent_kafka import Consumer as KafkaConsumer
 
 from chronos.config import SECRET_KAFKA_KEYS, Settings
+from chronos.logs import RepeatFilter
 
 log = logging.getLogger("chronos.kafka")
+# librdkafka's own log lines go through logging (one format, JSON included), each kind at most
+# once per 30 s: it would otherwise print every reconnect attempt to stderr.
+LIBRDKAFKA_LOG = logging.getLogger("chronos.librdkafka")
+LIBRDKAFKA_LOG.addFilter(RepeatFilter(30.0))
 
 # Settings tuned for Chronos, overridable by CHRONOS_KAFKA_PROPERTIES (the user's word wins).
 PRODUCER_DEFAULTS = {
@@ -89,6 +94,7 @@ def make_producer(settings: Settings, what: str, **overrides: Any) -> tuple[Prod
     outage = OutageLog(what)
     conf = producer_config(settings, **overrides)
     conf["error_cb"] = outage.error
+    conf.setdefault("logger", LIBRDKAFKA_LOG)
     return Producer(conf), outage
 
 
@@ -96,6 +102,7 @@ def make_consumer(settings: Settings, what: str, **overrides: Any) -> tuple[Kafk
     outage = OutageLog(what)
     conf = consumer_config(settings, **overrides)
     conf["error_cb"] = outage.error
+    conf.setdefault("logger", LIBRDKAFKA_LOG)
     return KafkaConsumer(conf), outage
 
 

@@ -67,6 +67,32 @@ def setup(role: str, node_id: str, level: str = "info", fmt: str = "text", secre
     root.setLevel(level.upper())
 
 
+class RepeatFilter(logging.Filter):
+    """Lets a logger's first record of a kind through, then at most one per `interval`, with a count.
+
+    For chatty libraries: librdkafka logs every reconnect attempt while a broker is down. The kind
+    is the level and the first argument (librdkafka's facility, e.g. FAIL) or the message template.
+    """
+
+    def __init__(self, interval: float = 30.0):
+        super().__init__()
+        self.interval = interval
+        self.last: dict[tuple, float] = {}
+        self.suppressed: dict[tuple, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = (record.levelno, record.args[0] if isinstance(record.args, tuple) and record.args else record.msg)
+        now = time.monotonic()
+        if now - self.last.get(kind, -1e9) < self.interval:
+            self.suppressed[kind] = self.suppressed.get(kind, 0) + 1
+            return False
+        self.last[kind] = now
+        count = self.suppressed.pop(kind, 0)
+        if count:
+            record.msg = f"{record.msg} (and {count} more like it)"
+        return True
+
+
 class Throttle:
     """Aggregates a repeated warning: logs the first, then at most once per `interval` with a count."""
 

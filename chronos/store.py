@@ -143,6 +143,7 @@ class Store:
         self.node_id = node_id
         self.conn: psycopg.Connection | None = None
         self._staging_ready = False
+        self.last_ok = 0.0  # time.monotonic() of the last statement PostgreSQL answered (for /healthz)
 
     # -- connection management -------------------------------------------------------------
 
@@ -170,12 +171,14 @@ class Store:
     def _run(self, fn, *args: Any) -> Any:
         """Run fn(conn, ...) and translate connection failures into StoreUnavailable."""
         try:
-            return fn(self._c(), *args)
+            result = fn(self._c(), *args)
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             self.close()
             raise StoreUnavailable(_short(exc)) from None
         except psycopg.Error as exc:
             raise StoreRejected(_short(exc)) from None
+        self.last_ok = time.monotonic()
+        return result
 
     # -- consumer --------------------------------------------------------------------------
 
@@ -245,6 +248,71 @@ class Store:
         params = {"ids": [s.id for s in seen], "readied_at": [s.readied_at for s in seen],
                   "readied_by": [s.readied_by for s in seen]}
         return self._run(lambda c: [r[0] for r in c.execute(QUERIES["reset_stale"], params)])
+
+    # -- status and metrics ----------------------------------------------------------------
+
+    def overview(self, hold_ms: int, *, exact: bool | None = None) -> "Overview":
+        """What `chronos status` and the detector's gauges show, from cheap index-backed queries.
+
+        The waiting count is exact below ESTIMATE_ABOVE rows (or with exact=True), else the
+        planner's estimate; the due count stops at DUE_CAP. Tolerates schemas without recurring
+        schedules (no `cron` column, no `chronos_schedules` table).
+        """
+        def run(conn: psycopg.Connection) -> Overview:
+            has_cron, has_table, estimate = conn.execute(QUERIES["overview_features"]).fetchone()
+            nodes = [NodeLoad(*r) for r in conn.execute(QUERIES["overview_in_flight"], {"hold_ms": hold_ms})]
+            count = exact if exact is not None else estimate < ESTIMATE_ABOVE
+            at, first, next_deadline, waiting, due = conn.execute(
+                QUERIES["overview_waiting_cron" if has_cron else "overview_waiting"],
+                {"exact": count, "due_cap": DUE_CAP}).fetchone()
+            schedules = None
+            if has_cron:
+                schedules = conn.execute(QUERIES["count_cron_schedules"]).fetchone()[0]
+            elif has_table:
+                schedules = conn.execute(QUERIES["count_schedules_table"]).fetchone()[0]
+            return Overview.build(at, first, next_deadline, waiting, estimate, due, nodes, schedules)
+        return self._run(run)
+
+
+ESTIMATE_ABOVE = 1_000_000   # rows: above this, the waiting count is the planner's estimate
+DUE_CAP = 1_000_000          # the due-now count stops here
+
+
+@dataclass(slots=True)
+class NodeLoad:
+    """Rows one firer node holds claimed."""
+
+    node: uuid.UUID
+    rows: int
+    past_hold_time: int
+    held_for_s: float           # since its oldest claim
+    oldest_deadline: datetime
+
+
+@dataclass(slots=True)
+class Overview:
+    at: datetime                # database clock
+    waiting: int                # unclaimed rows (recurring schedules not included)
+    waiting_estimated: bool
+    due: int                    # unclaimed rows past their deadline (at most DUE_CAP)
+    in_flight: int
+    past_hold_time: int         # claimed longer ago than the hold time: suspected failures
+    by_node: list[NodeLoad]
+    oldest_overdue_s: float | None   # lateness of the most overdue unfired row, claimed or not
+    next_deadline: datetime | None   # first deadline still in the future
+    schedules: int | None            # recurring schedules, None when the schema has none
+
+    @classmethod
+    def build(cls, at: datetime, first: datetime | None, next_deadline: datetime | None, waiting: int | None,
+              estimate: int, due: int, nodes: list[NodeLoad], schedules: int | None) -> "Overview":
+        in_flight = sum(n.rows for n in nodes)
+        overdue = [d for d in [first, *(n.oldest_deadline for n in nodes)] if d is not None and d <= at]
+        return cls(at=at,
+                   waiting=waiting if waiting is not None else max(0, estimate - in_flight - (schedules or 0)),
+                   waiting_estimated=waiting is None, due=due, in_flight=in_flight,
+                   past_hold_time=sum(n.past_hold_time for n in nodes), by_node=nodes,
+                   oldest_overdue_s=(at - min(overdue)).total_seconds() if overdue else None,
+                   next_deadline=next_deadline, schedules=schedules)
 
 
 class Backoff:

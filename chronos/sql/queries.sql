@@ -62,3 +62,47 @@ RETURNING s.readied_by;
 
 -- name: db_clock
 SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+
+-- name: overview_features
+-- What this schema holds, for `chronos status`: recurring schedules as rows with a `cron` column,
+-- or a `chronos_schedules` table; and the planner's row estimate (-1 before the first ANALYZE).
+SELECT EXISTS (SELECT FROM pg_attribute
+               WHERE attrelid = 'chronos_messages'::regclass AND attname = 'cron' AND NOT attisdropped),
+       to_regclass('chronos_schedules') IS NOT NULL,
+       (SELECT reltuples FROM pg_class WHERE oid = 'chronos_messages'::regclass)::bigint;
+
+-- name: overview_in_flight
+-- Claimed rows per firer node, off the partial index on readied_at (in-flight rows are few).
+SELECT readied_by, count(*),
+       count(*) FILTER (WHERE readied_at < now() - %(hold_ms)s * interval '1 millisecond'),
+       extract(epoch FROM now() - min(readied_at))::float8, min(deadline)
+FROM chronos_messages
+WHERE readied_at IS NOT NULL
+GROUP BY readied_by
+ORDER BY count(*) DESC, readied_by;
+
+-- name: overview_waiting
+-- Unclaimed rows. The first and next deadlines come off the partial due index; the count runs
+-- only when %(exact)s (else the caller uses the estimate); the due count stops at %(due_cap)s.
+SELECT now(),
+       (SELECT min(deadline) FROM chronos_messages WHERE readied_at IS NULL),
+       (SELECT min(deadline) FROM chronos_messages WHERE readied_at IS NULL AND deadline > now()),
+       CASE WHEN %(exact)s THEN (SELECT count(*) FROM chronos_messages WHERE readied_at IS NULL) END,
+       (SELECT count(*) FROM (SELECT FROM chronos_messages WHERE readied_at IS NULL AND deadline <= now()
+                              LIMIT %(due_cap)s) AS due);
+
+-- name: overview_waiting_cron
+-- overview_waiting on a schema where rows with a `cron` expression are recurring schedules.
+SELECT now(),
+       (SELECT min(deadline) FROM chronos_messages WHERE readied_at IS NULL AND cron IS NULL),
+       (SELECT min(deadline) FROM chronos_messages WHERE readied_at IS NULL AND cron IS NULL AND deadline > now()),
+       CASE WHEN %(exact)s THEN (SELECT count(*) FROM chronos_messages WHERE readied_at IS NULL AND cron IS NULL) END,
+       (SELECT count(*) FROM (SELECT FROM chronos_messages
+                              WHERE readied_at IS NULL AND cron IS NULL AND deadline <= now()
+                              LIMIT %(due_cap)s) AS due);
+
+-- name: count_cron_schedules
+SELECT count(*) FROM chronos_messages WHERE cron IS NOT NULL;
+
+-- name: count_schedules_table
+SELECT count(*) FROM chronos_schedules;

@@ -1,0 +1,406 @@
+"""What an operator sees of a running process: Prometheus metrics and a health check.
+
+Every process has a `Telemetry` of its role: a registry of the role's metrics, all labelled
+with the role and the node id, and a `Health` record of when the process last ran its loop,
+reached PostgreSQL and reached Kafka. With `CHRONOS_METRICS_PORT` set, a small HTTP server
+thread serves `/metrics` (Prometheus text format) and `/healthz` (200 or 503, JSON) from them.
+
+The hot path stays cheap: the message counters are the processes' own running totals, read
+at scrape time; histograms are observed once per batch, except the fire lateness histogram,
+observed per message (under a microsecond).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Iterable, Mapping
+
+import orjson
+from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram, Info, PlatformCollector,
+                               ProcessCollector, disable_created_metrics)
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from chronos import __version__, codec
+from chronos.config import Settings
+from chronos.errors import ConfigError
+
+log = logging.getLogger("chronos.metrics")
+
+# `_created` series only double the output; rate() does not need them.
+disable_created_metrics()
+
+# Under supervisord (CHRONOS_PROCESS_NUM set) a process listens on base + role offset + process
+# number, so one CHRONOS_METRICS_PORT serves every program of a host without collisions.
+ROLE_OFFSETS = {"consumer": 0, "firer": 100, "detector": 200}
+
+SIZE_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Negative: published early, within the timing advance.
+LATENESS_BUCKETS = (-0.05, -0.025, -0.01, -0.005, 0.0, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0, 60.0)
+
+# Dead-letter reasons that exist whatever the input, initialised at 0 so rate() sees the first one.
+KNOWN_REASONS = ("missing_id", "empty_id", "bad_id", "id_too_long", "missing_deadline", "bad_deadline",
+                 "duplicate_header", "bad_action", "bad_topic", "topic_not_allowed", "bad_ordering_key",
+                 "bad_cron", "too_late", "store_rejected")
+
+KAFKA_PROBE_TIMEOUT_S = 2.0
+
+
+def metrics_port(role: str, base: int, environ: Mapping[str, str] | None = None) -> int:
+    """The port this process serves on: 0 (off), the base, or base + role offset + process number."""
+    environ = os.environ if environ is None else environ
+    if base == 0:
+        return 0
+    num = environ.get("CHRONOS_PROCESS_NUM")
+    if num is None or num == "":
+        return base
+    try:
+        port = base + ROLE_OFFSETS[role] + int(num)
+    except ValueError:
+        raise ConfigError(f"CHRONOS_PROCESS_NUM must be a whole number, got {num!r}") from None
+    if port > 65535:
+        raise ConfigError(f"CHRONOS_METRICS_PORT {base} + {ROLE_OFFSETS[role]} ({role}) + process {num} "
+                          f"is past 65535")
+    return port
+
+
+class Health:
+    """When the process last did each thing it must keep doing; /healthz fails on any stale one.
+
+    Each check is a function returning a `time.monotonic()` timestamp of the last success (0 for
+    never), read from the HTTP thread; a plain float attribute read is enough there. A check that
+    never succeeded passes for one window after start, so a starting process is not reported sick.
+    """
+
+    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic):
+        self.window = window_s
+        self.clock = clock
+        self.started = clock()
+        self.checks: dict[str, tuple[float, Callable[[], float], Callable[[], str | None] | None]] = {}
+
+    def watch(self, name: str, last_ok: Callable[[], float], *, window_s: float | None = None,
+              detail: Callable[[], str | None] | None = None) -> None:
+        """Add a check; `detail` explains a failure (the last error seen), if it knows one."""
+        self.checks[name] = (window_s or self.window, last_ok, detail)
+
+    def report(self, now: float | None = None) -> tuple[bool, dict[str, Any]]:
+        now = self.clock() if now is None else now
+        checks: dict[str, Any] = {}
+        reasons = []
+        for name, (window, last_ok, detail) in self.checks.items():
+            last = last_ok()
+            age = now - (last or self.started)
+            ok = age <= window
+            entry: dict[str, Any] = {"ok": ok, "age_s": round(age, 3) if last else None}
+            if not ok:
+                why = f"{name}: " + (f"last ok {age:.1f}s ago" if last else f"never ok in {age:.1f}s") + \
+                      f" (window {window:g}s)"
+                extra = detail() if detail else None
+                if extra:
+                    why += f": {extra}"
+                    entry["error"] = extra
+                reasons.append(why)
+            checks[name] = entry
+        return not reasons, {"status": "ok" if not reasons else "unhealthy", "reason": "; ".join(reasons) or None,
+                             "checks": checks}
+
+
+class KafkaProbe:
+    """Asks Kafka for a topic's metadata every few seconds from a thread of its own.
+
+    An idle client says nothing about whether its brokers answer; a metadata request does, and
+    from this thread it never holds up the process's loop. librdkafka clients are thread-safe.
+    """
+
+    def __init__(self, client: Callable[[], Any], topic: str, every_s: float, timeout_s: float = KAFKA_PROBE_TIMEOUT_S):
+        self.client, self.topic, self.every, self.timeout = client, topic, every_s, timeout_s
+        self.last_ok = 0.0
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chronos-kafka-probe", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop and wait for the thread, so the client can be closed safely afterwards."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(self.timeout + 1.0)
+
+    def probe(self) -> bool:
+        try:
+            self.client().list_topics(self.topic, timeout=self.timeout)
+        except Exception as exc:  # noqa: BLE001 - KafkaException or a closed client: either way not reachable
+            self.error = str(exc.args[0]) if exc.args else type(exc).__name__
+            return False
+        self.last_ok = time.monotonic()
+        self.error = None
+        return True
+
+    def _run(self) -> None:
+        while True:
+            self.probe()
+            if self._stop.wait(self.every):
+                return
+
+
+class _Totals:
+    """Counters read at scrape time from a process's own running totals: no work on the hot path."""
+
+    def __init__(self, role: str, node: str, names: Mapping[str, tuple[str, str]],
+                 totals: Callable[[], Mapping[str, int]]):
+        self.labels = (role, node)
+        self.names, self.totals = names, totals
+
+    def describe(self) -> Iterable[CounterMetricFamily]:
+        for name, doc in self.names.values():
+            yield CounterMetricFamily(name, doc, labels=("role", "node"))
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        values = self.totals()
+        for key, (name, doc) in self.names.items():
+            family = CounterMetricFamily(name, doc, labels=("role", "node"))
+            family.add_metric(self.labels, values.get(key, 0))
+            yield family
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: "_Server"
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.server.telemetry.registry))
+        elif path in ("/healthz", "/health"):
+            ok, report = self.server.telemetry.health_report()
+            self._send(200 if ok else 503, "application/json", orjson.dumps(report) + b"\n")
+        else:
+            self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics or /healthz\n")
+
+    def _send(self, status: int, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - scrapes are not events worth a line
+        return
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], telemetry: "Telemetry"):
+        self.telemetry = telemetry
+        super().__init__(address, _Handler)
+
+
+class Telemetry:
+    """One process's metrics, health record and HTTP server. Subclassed once per role."""
+
+    role = "process"
+    steps: tuple[str, ...] = ()
+    # the process's running totals (its `stats`) that are exported as counters: key -> (name, help)
+    totals: dict[str, tuple[str, str]] = {}
+
+    def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):
+        self.node = str(node_id)
+        self.settings = settings
+        self.port = metrics_port(self.role, settings.metrics_port, environ)
+        self.registry = CollectorRegistry()
+        for collector in (ProcessCollector, PlatformCollector, GCCollector):
+            collector(registry=self.registry)
+        Info("chronos", "Chronos version and header codec of this process", ("role", "node"),
+             registry=self.registry).labels(self.role, self.node).info({"version": __version__, "codec": codec.IMPL})
+        self.health = Health(settings.health_window_ms / 1000.0)
+        self.last_loop = time.monotonic()
+        self.health.watch("loop", lambda: self.last_loop, window_s=max(self.health.window, 3 * self.loop_period()))
+        size = Histogram("chronos_batch_size", "rows or messages per batch of a step (claim, insert, publish, ...)",
+                         ("role", "node", "step"), buckets=SIZE_BUCKETS, registry=self.registry)
+        duration = Histogram("chronos_batch_duration_seconds", "time one batch of a step took",
+                             ("role", "node", "step"), buckets=DURATION_BUCKETS, registry=self.registry)
+        self._steps = {s: (size.labels(self.role, self.node, s), duration.labels(self.role, self.node, s))
+                       for s in self.steps}
+        self.healthy = self.gauge("chronos_healthy", "1 when /healthz would answer 200, else 0")
+        self.healthy.set_function(lambda: 1.0 if self.health_report()[0] else 0.0)
+        self.probe: KafkaProbe | None = None
+        self.server: _Server | None = None
+
+    # -- definitions -----------------------------------------------------------------------
+
+    def gauge(self, name: str, doc: str) -> Any:
+        return Gauge(name, doc, ("role", "node"), registry=self.registry).labels(self.role, self.node)
+
+    def loop_period(self) -> float:
+        """How long one pass of the role's loop may take when all is well."""
+        return 1.0
+
+    def follow(self, totals: Callable[[], Mapping[str, int]]) -> None:
+        """Export the process's running totals (see `totals`), read at each scrape."""
+        self.registry.register(_Totals(self.role, self.node, self.totals, totals))
+
+    # -- the hot path ----------------------------------------------------------------------
+
+    def beat(self) -> None:
+        """The main loop ran."""
+        self.last_loop = time.monotonic()
+
+    def batch(self, step: str, size: int, seconds: float) -> None:
+        size_hist, duration_hist = self._steps[step]
+        size_hist.observe(size)
+        duration_hist.observe(seconds)
+
+    # -- serving ---------------------------------------------------------------------------
+
+    @property
+    def serving(self) -> bool:
+        return self.server is not None
+
+    def health_report(self) -> tuple[bool, dict[str, Any]]:
+        ok, report = self.health.report()
+        report.update(role=self.role, node=self.node)
+        return ok, report
+
+    def serve(self, *, postgres: Callable[[], float], kafka: Callable[[], Any] | None = None,
+              kafka_topic: str | None = None, host: str = "0.0.0.0") -> None:
+        """Start the HTTP server (if a port is set) and the health checks of PostgreSQL and Kafka.
+
+        `postgres` returns when the process last reached PostgreSQL; `kafka` returns the process's
+        current Kafka client, which a probe thread asks for `kafka_topic`'s metadata.
+        """
+        if not self.port:
+            return
+        self.health.watch("postgres", postgres)
+        if kafka is not None and kafka_topic is not None:
+            self.probe = KafkaProbe(kafka, kafka_topic, every_s=max(1.0, self.health.window / 4))
+            self.health.watch("kafka", lambda: self.probe.last_ok, detail=lambda: self.probe.error)
+        try:
+            self.server = _Server((host, self.port), self)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve metrics on port {self.port} (CHRONOS_METRICS_PORT): {exc.strerror}") \
+                from None
+        if self.probe is not None:
+            self.probe.start()
+        threading.Thread(target=self.server.serve_forever, name="chronos-metrics", daemon=True).start()
+        log.info("serving /metrics and /healthz on port %d", self.port)
+
+    def close(self) -> None:
+        if self.probe is not None:
+            self.probe.stop()
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+FIRED = ("chronos_messages_fired_total", "messages published to their destination and acknowledged by Kafka "
+         "(by a consumer: messages already due on arrival)")
+
+
+class ConsumerTelemetry(Telemetry):
+    role = "consumer"
+    steps = ("insert", "publish")
+    totals = {
+        "consumed": ("chronos_messages_consumed_total", "messages read from the input topic"),
+        "enqueued": ("chronos_messages_enqueued_total", "messages written to the store (new ids)"),
+        "late": FIRED,
+        "duplicates": ("chronos_messages_duplicate_total", "messages ignored because their id was already waiting"),
+        "replaced": ("chronos_messages_replaced_total", "waiting messages replaced (chronosAction: replace)"),
+        "cancelled": ("chronos_messages_cancelled_total", "waiting messages cancelled (chronosAction: cancel)"),
+    }
+
+    def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):
+        super().__init__(node_id, settings, environ)
+        family = Counter("chronos_messages_dead_lettered_total", "messages sent to the dead-letter topic, by reason",
+                         ("role", "node", "reason"), registry=self.registry)
+        self._dead = family
+        for reason in KNOWN_REASONS:
+            family.labels(self.role, self.node, reason)
+
+    def dead_lettered(self, reasons: Iterable[str]) -> None:
+        """Count dead-lettered messages by reason code (the text before the first colon)."""
+        for reason, count in collections.Counter(r.split(":", 1)[0] for r in reasons).items():
+            self._dead.labels(self.role, self.node, reason).inc(count)
+
+
+class FirerTelemetry(Telemetry):
+    role = "firer"
+    steps = ("claim", "publish", "delete")
+    totals = {
+        "claimed": ("chronos_messages_claimed_total", "rows claimed from the store"),
+        "fired": FIRED,
+        "vanished": ("chronos_messages_vanished_total",
+                     "published rows no longer this firer's to delete (a peer took them over)"),
+        "released": ("chronos_messages_released_total",
+                     "claimed rows handed back unpublished (publish failed, or shutdown)"),
+    }
+
+    def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):
+        super().__init__(node_id, settings, environ)
+        self.lateness = Histogram("chronos_fire_lateness_seconds",
+                                  "Kafka acknowledgement time minus deadline, per fired message",
+                                  ("role", "node"), buckets=LATENESS_BUCKETS,
+                                  registry=self.registry).labels(self.role, self.node)
+        self.outstanding = self.gauge("chronos_firer_outstanding_rows",
+                                      "rows this firer holds: claimed and waiting for their time, or in flight")
+        self.publish_latency = self.gauge("chronos_firer_publish_latency_seconds",
+                                          "moving average of publish-to-acknowledgement time (the advance used)")
+        self.clock_offset = self.gauge("chronos_firer_clock_offset_seconds",
+                                       "database clock minus local clock, as last measured")
+
+    def loop_period(self) -> float:
+        return max(1.0, self.settings.poll_interval_ms / 1000.0)
+
+    def follow_timing(self, outstanding: Callable[[], float], timing: Any) -> None:
+        """Read the firer's own state at scrape time: rows it holds, and its `PublishTiming`."""
+        self.outstanding.set_function(outstanding)
+        self.publish_latency.set_function(lambda: timing.latency)
+        self.clock_offset.set_function(lambda: timing.offset_us / 1e6)
+
+
+class DetectorTelemetry(Telemetry):
+    role = "detector"
+    steps = ("scan",)
+    totals = {"reset": ("chronos_messages_reset_total", "rows held past the hold time and handed back to the firers")}
+
+    def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):
+        super().__init__(node_id, settings, environ)
+        self.waiting = self.gauge("chronos_rows_waiting", "rows waiting for their deadline, not claimed "
+                                  "(an estimate on a very large table, see chronos_rows_waiting_estimated)")
+        self.waiting_estimated = self.gauge("chronos_rows_waiting_estimated",
+                                            "1 when chronos_rows_waiting is the planner's estimate")
+        self.due = self.gauge("chronos_rows_due", "rows whose deadline has passed and no firer claimed yet")
+        self.in_flight = self.gauge("chronos_rows_in_flight", "rows claimed by a firer, not yet fired")
+        self.past_hold = self.gauge("chronos_rows_past_hold_time",
+                                    "claimed rows held longer than the hold time (suspected failures)")
+        self.oldest_overdue = self.gauge("chronos_oldest_overdue_seconds",
+                                         "how late the most overdue unfired row is (0 when none)")
+        self.schedules = self.gauge("chronos_recurring_schedules", "recurring (cron) schedules in the store")
+        self.store_read = self.gauge("chronos_store_gauges_timestamp_seconds",
+                                     "when the chronos_rows_* gauges were last read from the store (unix time)")
+
+    def loop_period(self) -> float:
+        return max(1.0, self.settings.failure_detection_interval_ms / 1000.0)
+
+    def store_gauges(self, overview: Any) -> None:
+        """Set the store gauges from a `store.Overview`."""
+        self.waiting.set(overview.waiting)
+        self.waiting_estimated.set(1 if overview.waiting_estimated else 0)
+        self.due.set(overview.due)
+        self.in_flight.set(overview.in_flight)
+        self.past_hold.set(overview.past_hold_time)
+        self.oldest_overdue.set(overview.oldest_overdue_s or 0.0)
+        self.schedules.set(overview.schedules or 0)
+        self.store_read.set(time.time())

@@ -1,0 +1,263 @@
+"""Metrics, health and status rendering: pure logic, no I/O (the HTTP side is in tests/e2e/test_operating.py)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import orjson
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.exposition import generate_latest
+
+from chronos import logs, metrics, status
+from chronos.config import Settings
+from chronos.errors import ConfigError
+from chronos.store import NodeLoad, Overview
+
+NODE = uuid.UUID("6f1c0d3e-8d0e-4c43-9a55-1f0b8c3a2e71")
+
+
+def samples(telemetry: metrics.Telemetry) -> dict[tuple[str, frozenset], float]:
+    text = generate_latest(telemetry.registry).decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(telemetry: metrics.Telemetry, name: str, **labels: str) -> float:
+    want = {"role": telemetry.role, "node": telemetry.node, **labels}
+    return samples(telemetry)[(name, frozenset(want.items()))]
+
+
+# -- ports ---------------------------------------------------------------------------------------
+
+
+def test_metrics_port_off_plain_and_under_supervisord():
+    assert metrics.metrics_port("firer", 0, {"CHRONOS_PROCESS_NUM": "3"}) == 0
+    assert metrics.metrics_port("firer", 9400, {}) == 9400
+    assert metrics.metrics_port("consumer", 9400, {"CHRONOS_PROCESS_NUM": "0"}) == 9400
+    assert metrics.metrics_port("consumer", 9400, {"CHRONOS_PROCESS_NUM": "1"}) == 9401
+    assert metrics.metrics_port("firer", 9400, {"CHRONOS_PROCESS_NUM": "0"}) == 9500
+    assert metrics.metrics_port("detector", 9400, {"CHRONOS_PROCESS_NUM": "2"}) == 9602
+
+
+def test_metrics_port_errors():
+    with pytest.raises(ConfigError, match="PROCESS_NUM"):
+        metrics.metrics_port("firer", 9400, {"CHRONOS_PROCESS_NUM": "x"})
+    with pytest.raises(ConfigError, match="65535"):
+        metrics.metrics_port("detector", 65400, {"CHRONOS_PROCESS_NUM": "0"})
+
+
+# -- health --------------------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_health_passes_while_starting_then_fails_on_the_stale_check_with_its_reason():
+    clock = Clock()
+    health = metrics.Health(10.0, clock=clock)
+    seen = {"loop": 0.0, "postgres": 0.0}
+    health.watch("loop", lambda: seen["loop"])
+    health.watch("postgres", lambda: seen["postgres"], detail=lambda: "connection refused")
+    ok, report = health.report()
+    assert ok and report["status"] == "ok" and report["reason"] is None  # nothing yet, but just started
+
+    clock.now += 5
+    seen["loop"] = seen["postgres"] = clock.now
+    clock.now += 9
+    assert health.report()[0]
+
+    clock.now += 2  # postgres last ok 11 s ago
+    seen["loop"] = clock.now
+    ok, report = health.report()
+    assert not ok and report["status"] == "unhealthy"
+    assert report["checks"]["loop"] == {"ok": True, "age_s": 0.0}
+    assert report["checks"]["postgres"]["ok"] is False
+    assert report["checks"]["postgres"]["error"] == "connection refused"
+    assert report["reason"] == "postgres: last ok 11.0s ago (window 10s): connection refused"
+
+
+def test_health_never_ok_after_the_window_fails():
+    clock = Clock()
+    health = metrics.Health(2.0, clock=clock)
+    health.watch("kafka", lambda: 0.0)
+    clock.now += 3
+    ok, report = health.report()
+    assert not ok and report["reason"] == "kafka: never ok in 3.0s (window 2s)"
+
+
+def test_check_with_its_own_window():
+    clock = Clock()
+    health = metrics.Health(2.0, clock=clock)
+    health.watch("loop", lambda: 1000.0, window_s=30.0)
+    clock.now += 20
+    assert health.report()[0]
+
+
+def test_loop_window_follows_a_slow_detector():
+    t = metrics.DetectorTelemetry(NODE, Settings(failure_detection_interval_ms=20000))
+    window, _, _ = t.health.checks["loop"]
+    assert window == 60.0
+    assert metrics.FirerTelemetry(NODE, Settings()).health.checks["loop"][0] == 10.0
+
+
+# -- metrics -------------------------------------------------------------------------------------
+
+
+def test_consumer_counters_are_its_running_totals_read_at_scrape_time():
+    t = metrics.ConsumerTelemetry(NODE, Settings())
+    stats = {"consumed": 0, "enqueued": 0, "late": 0, "duplicates": 0}
+    t.follow(lambda: stats)
+    assert value(t, "chronos_messages_consumed_total") == 0
+    stats.update(consumed=10, enqueued=7, late=2, duplicates=1)
+    assert value(t, "chronos_messages_consumed_total") == 10
+    assert value(t, "chronos_messages_enqueued_total") == 7
+    assert value(t, "chronos_messages_fired_total") == 2
+    assert value(t, "chronos_messages_duplicate_total") == 1
+    assert value(t, "chronos_messages_cancelled_total") == 0  # a total the process does not keep reads 0
+
+
+def test_dead_lettered_by_reason_code_known_reasons_start_at_zero():
+    t = metrics.ConsumerTelemetry(NODE, Settings())
+    assert value(t, "chronos_messages_dead_lettered_total", reason="too_late") == 0
+    t.dead_lettered(["missing_deadline: no chronosDeadline header", "bad_deadline: 'x'", "bad_deadline: 'y'",
+                     "new_reason"])
+    assert value(t, "chronos_messages_dead_lettered_total", reason="missing_deadline") == 1
+    assert value(t, "chronos_messages_dead_lettered_total", reason="bad_deadline") == 2
+    assert value(t, "chronos_messages_dead_lettered_total", reason="new_reason") == 1
+
+
+def test_batch_histograms_by_step():
+    t = metrics.FirerTelemetry(NODE, Settings())
+    t.batch("claim", 120, 0.004)
+    t.batch("claim", 0, 0.001)
+    assert value(t, "chronos_batch_size_count", step="claim") == 2
+    assert value(t, "chronos_batch_size_sum", step="claim") == 120
+    assert value(t, "chronos_batch_size_bucket", step="claim", le="0.0") == 1
+    assert value(t, "chronos_batch_duration_seconds_sum", step="claim") == pytest.approx(0.005)
+    assert value(t, "chronos_batch_duration_seconds_count", step="delete") == 0
+    with pytest.raises(KeyError):
+        t.batch("insert", 1, 0.1)  # not a firer step
+
+
+def test_firer_lateness_and_timing_gauges():
+    class Timing:
+        latency, offset_us = 0.004, -1500
+
+    t = metrics.FirerTelemetry(NODE, Settings())
+    held = [1, 2, 3]
+    t.follow_timing(lambda: len(held), Timing())
+    t.lateness.observe(-0.01)
+    t.lateness.observe(0.003)
+    assert value(t, "chronos_fire_lateness_seconds_count") == 2
+    assert value(t, "chronos_fire_lateness_seconds_bucket", le="-0.01") == 1
+    assert value(t, "chronos_fire_lateness_seconds_bucket", le="0.005") == 2
+    assert value(t, "chronos_firer_outstanding_rows") == 3
+    assert value(t, "chronos_firer_publish_latency_seconds") == 0.004
+    assert value(t, "chronos_firer_clock_offset_seconds") == -0.0015
+
+
+def test_roles_export_only_their_own_metrics_and_an_info_line():
+    d = metrics.DetectorTelemetry(NODE, Settings())
+    d.follow(lambda: {"reset": 4})
+    names = {name for name, _ in samples(d)}
+    assert "chronos_messages_reset_total" in names
+    assert "chronos_messages_consumed_total" not in names and "chronos_fire_lateness_seconds_count" not in names
+    assert value(d, "chronos_info", version=metrics.__version__, codec=__import__("chronos.codec").codec.IMPL) == 1
+    assert value(d, "chronos_healthy") == 1
+    assert "process_cpu_seconds_total" in names
+
+
+def _overview(at: datetime, **changes) -> Overview:
+    nodes = [NodeLoad(NODE, 3, 1, 7.5, at - timedelta(seconds=2)),
+             NodeLoad(uuid.UUID(int=1), 1, 0, 0.2, at + timedelta(seconds=1))]
+    args = dict(at=at, first=at - timedelta(seconds=0.5), next_deadline=at + timedelta(seconds=90), waiting=12,
+                estimate=-1, due=2, nodes=nodes, schedules=None)
+    args.update(changes)
+    return Overview.build(**args)
+
+
+def test_overview_totals_and_oldest_overdue_covers_claimed_rows():
+    at = datetime(2026, 11, 21, 9, 0, 5, tzinfo=timezone.utc)
+    view = _overview(at)
+    assert (view.waiting, view.waiting_estimated, view.in_flight, view.past_hold_time) == (12, False, 4, 1)
+    assert view.oldest_overdue_s == 2.0  # a claimed row two seconds past its deadline
+    assert _overview(at, first=None, nodes=[]).oldest_overdue_s is None
+
+
+def test_overview_estimate_leaves_out_in_flight_rows_and_schedules():
+    at = datetime(2026, 11, 21, 9, 0, 5, tzinfo=timezone.utc)
+    view = _overview(at, waiting=None, estimate=2_000_000, schedules=6)
+    assert view.waiting_estimated and view.waiting == 2_000_000 - 4 - 6
+
+
+def test_detector_gauges_from_an_overview():
+    at = datetime(2026, 11, 21, 9, 0, 5, tzinfo=timezone.utc)
+    d = metrics.DetectorTelemetry(NODE, Settings())
+    d.store_gauges(_overview(at, schedules=2))
+    assert value(d, "chronos_rows_waiting") == 12
+    assert value(d, "chronos_rows_due") == 2
+    assert value(d, "chronos_rows_in_flight") == 4
+    assert value(d, "chronos_rows_past_hold_time") == 1
+    assert value(d, "chronos_oldest_overdue_seconds") == 2.0
+    assert value(d, "chronos_recurring_schedules") == 2
+
+
+# -- status --------------------------------------------------------------------------------------
+
+
+def test_status_json_and_text():
+    at = datetime(2026, 11, 21, 9, 0, 5, 4000, tzinfo=timezone.utc)
+    d = status.to_dict(_overview(at, schedules=2), 5000)
+    assert orjson.loads(orjson.dumps(d)) == d
+    assert d["at"] == "2026-11-21T09:00:05.004Z"
+    assert d["in_flight_by_node"][0] == {"node": str(NODE), "rows": 3, "past_hold_time": 1, "held_for_s": 7.5}
+    assert (d["waiting"], d["due_now"], d["in_flight"], d["past_hold_time"], d["recurring_schedules"]) == \
+        (12, 2, 4, 1, 2)
+    assert d["next_deadline"] == "2026-11-21T09:01:35.004Z" and d["next_deadline_in_s"] == 90.0
+    text = status.render(d)
+    assert "waiting                         12" in text
+    assert "due now                          2   not claimed yet" in text
+    assert "  firer 6f1c0d3e                 3   held up to 7.500s, 1 past the hold time" in text
+    assert "oldest overdue              2.000s   late, not fired yet" in text
+    assert "next deadline              in 1.5m   2026-11-21T09:01:35.004Z" in text
+    empty = status.to_dict(_overview(at, first=None, next_deadline=None, nodes=[], waiting=0, due=0), 5000)
+    assert "recurring schedules              -" in status.render(empty)
+    assert "oldest overdue                   -" in status.render(empty)
+
+
+# -- logs ----------------------------------------------------------------------------------------
+
+
+def test_json_formatter_one_object_per_line_with_role_and_node():
+    import logging
+    record = logging.LogRecord("chronos.firer", logging.WARNING, __file__, 1, "held %d rows\nsecond line", (3,),
+                               None)
+    line = logs.JsonFormatter("firer", str(NODE)).format(record)
+    assert "\n" not in line
+    entry = orjson.loads(line)
+    assert (entry["level"], entry["role"], entry["node"], entry["msg"]) == \
+        ("warning", "firer", str(NODE), "held 3 rows\nsecond line")
+
+
+def test_repeat_filter_lets_one_of_a_kind_through_then_counts():
+    import logging
+    quiet = logs.RepeatFilter(interval=3600)
+
+    def record(fac: str) -> logging.LogRecord:
+        return logging.LogRecord("chronos.librdkafka", logging.ERROR, __file__, 1, "%s [%s] %s",
+                                 (fac, "rdkafka#producer-1", "Connect failed"), None)
+
+    assert quiet.filter(record("FAIL"))
+    assert not quiet.filter(record("FAIL"))
+    assert quiet.filter(record("ERROR"))  # another kind
+    chatty = logs.RepeatFilter(interval=0)
+    chatty.suppressed[(logging.ERROR, "FAIL")] = 4
+    again = record("FAIL")
+    assert chatty.filter(again) and again.getMessage().endswith("(and 4 more like it)")

@@ -10,7 +10,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 from chronos import __version__, config
-from chronos.errors import ChronosError
+from chronos.errors import ChronosError, UnavailableError
 
 DEADLINE_ECHO_HEADER = "x-deadline-ms"
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
@@ -67,7 +67,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_send(args: argparse.Namespace) -> int:
     from chronos.client import Scheduler
-    from chronos.kafka import producer_config
+    from chronos.kafka import check_reachable, producer_config
     settings = config.load(args)
     if not settings.kafka_bootstrap_servers:
         raise config.ConfigError("no Kafka to send to: give --ready-file or --kafka-bootstrap-servers")
@@ -81,10 +81,14 @@ def cmd_send(args: argparse.Namespace) -> int:
     # relayed untouched (not a chronos header), so `chronos tail` can print the lateness
     headers.append((DEADLINE_ECHO_HEADER, str(int(when.timestamp() * 1000)).encode()))
     conf = {k: v for k, v in producer_config(settings).items() if k != "bootstrap.servers"}
+    check_reachable(settings.kafka_bootstrap_servers, settings.kafka_config, secrets=settings.secrets())
     scheduler = Scheduler(settings.kafka_bootstrap_servers, input_topic=settings.input_topic, config=conf)
-    with scheduler:
-        message_id = scheduler.send_later(args.key, args.value, topic=args.topic, when=when,
-                                          message_id=args.id, headers=headers, ordering_key=args.ordering_key)
+    try:
+        with scheduler:
+            message_id = scheduler.send_later(args.key, args.value, topic=args.topic, when=when,
+                                              message_id=args.id, headers=headers, ordering_key=args.ordering_key)
+    except TimeoutError as exc:
+        raise UnavailableError(f"Kafka at {settings.kafka_bootstrap_servers} did not acknowledge: {exc}") from None
     print(message_id)
     return 0
 
@@ -92,12 +96,15 @@ def cmd_send(args: argparse.Namespace) -> int:
 def cmd_tail(args: argparse.Namespace) -> int:
     """Print what arrives on the output topic, with its lateness against the deadline it was sent with."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer
+
+    from chronos.kafka import check_reachable
     settings = config.load(args)
     if not settings.kafka_bootstrap_servers:
         raise config.ConfigError("no Kafka to read from: give --ready-file or --kafka-bootstrap-servers")
     topic = args.topic or settings.output_topic
     conf = {"bootstrap.servers": settings.kafka_bootstrap_servers, "group.id": f"chronos-tail-{uuid.uuid4()}",
             "enable.auto.commit": "false", "auto.offset.reset": "earliest", **settings.kafka_config}
+    check_reachable(settings.kafka_bootstrap_servers, settings.kafka_config, secrets=settings.secrets())
     consumer = Consumer(conf)
 
     def on_assign(c, partitions):
@@ -130,6 +137,35 @@ def cmd_tail(args: argparse.Namespace) -> int:
         pass
     finally:
         consumer.close()
+    return 0
+
+
+def cmd_schedules(args: argparse.Namespace) -> int:
+    """List recurring schedules with their next occurrence."""
+    import orjson
+
+    from chronos import cron
+    from chronos.store import Store
+    settings = config.load(args)
+    if not settings.database_url:
+        raise config.ConfigError("CHRONOS_DATABASE_URL is not set: give --database-url or --ready-file")
+    store = Store(settings.database_url)
+    rows = store.list_schedules()
+    store.close()
+    schedules = [{"id": sid, "cron": expr, "timezone": tz,
+                  "next_occurrence": cron.from_us(next_us).isoformat(timespec="milliseconds"),
+                  "topic": topic, "ordering_key": okey, "created_at": created.isoformat(timespec="seconds")}
+                 for sid, expr, tz, next_us, topic, okey, created in rows]
+    if args.json:
+        print(orjson.dumps(schedules, option=orjson.OPT_INDENT_2).decode())
+        return 0
+    if not schedules:
+        print("no recurring schedules")
+        return 0
+    width = max(len(s["id"]) for s in schedules)
+    print(f"{'ID':<{width}}  {'CRON':<16} {'TIME ZONE':<20} NEXT OCCURRENCE (UTC)")
+    for s in schedules:
+        print(f"{s['id']:<{width}}  {s['cron']:<16} {s['timezone']:<20} {s['next_occurrence']}")
     return 0
 
 
@@ -171,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ordering-key", default=None)
     p.add_argument("--header", action="append", metavar="KEY=VALUE", help="extra header (repeatable)")
     p.set_defaults(func=cmd_send)
+
+    p = sub.add_parser("schedules", help="list recurring (cron) schedules and their next occurrence")
+    config.add_arguments(p, only=("database_url",))
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.set_defaults(func=cmd_schedules)
 
     p = sub.add_parser("tail", help="print messages arriving on the output topic")
     config.add_arguments(p, only=("kafka_bootstrap_servers", "output_topic", "kafka_properties",

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import orjson
 
@@ -231,7 +231,7 @@ class Settings:
         if self.database_url:
             password = urlsplit(self.database_url).password
             if password:
-                found.append(password)
+                found += {password, unquote(password)}  # as written in the URL, and as libpq sees it
         return found
 
     def require_services(self) -> "Settings":

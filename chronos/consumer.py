@@ -30,37 +30,67 @@ ERROR_HEADER = "chronosError"
 SOURCE_HEADER = "chronosSource"
 
 
+INSERT, REPLACE, CANCEL = "insert", "replace", "cancel"
+
+
 @dataclass
 class Batch:
-    """The outcome of sorting one poll's messages; built by `sort_batch`, a pure function."""
+    """The outcome of sorting one poll's messages; built by `sort_batch`, a pure function.
 
-    rows: dict[str, Row] = field(default_factory=dict)
+    `ops` holds one final store operation per id, so that a batch that schedules, replaces
+    and cancels the same id has the same effect as those messages applied one by one.
+    """
+
+    ops: dict[str, tuple[str, Row | None]] = field(default_factory=dict)
     sources: dict[str, Message] = field(default_factory=dict)
     late: list[tuple[Message, codec.Parsed]] = field(default_factory=list)
     dead: list[tuple[Message, str]] = field(default_factory=list)
     duplicates: int = 0
 
+    def of(self, op: str) -> list:
+        return [row if op != CANCEL else mid for mid, (o, row) in self.ops.items() if o == op]
+
+    @property
+    def rows(self) -> dict[str, Row]:
+        return {mid: row for mid, (op, row) in self.ops.items() if row is not None}
+
+
+def _row(parsed: codec.Parsed, decision: Decision, msg: Message, rules: Rules) -> Row:
+    topic = parsed.topic if parsed.topic != rules.output_topic else None
+    return Row(parsed.message_id, decision.deadline_us, topic, msg.key(), msg.value(),
+               codec.encode_headers(parsed.headers), parsed.ordering_key, parsed.cron,
+               parsed.timezone if parsed.cron is not None else None)
+
 
 def sort_batch(messages: list[Message], now_us: int, rules: Rules) -> Batch:
     batch = Batch()
+    ops = batch.ops
     for msg in messages:
         parsed = codec.parse_headers(msg.headers())
         decision: Decision = decide(parsed, now_us, rules)
-        if decision.verdict is Verdict.INVALID:
+        verdict, mid = decision.verdict, parsed.message_id
+        if verdict is Verdict.INVALID:
             batch.dead.append((msg, decision.reason or "invalid"))
-        elif decision.verdict is Verdict.LATE:
-            batch.late.append((msg, parsed))
-        elif decision.verdict is Verdict.ENQUEUE:
-            if parsed.message_id in batch.rows:
-                batch.duplicates += 1
-                continue
-            topic = parsed.topic if parsed.topic != rules.output_topic else None
-            batch.rows[parsed.message_id] = Row(parsed.message_id, parsed.deadline_us, topic, msg.key(),
-                                                msg.value(), codec.encode_headers(parsed.headers),
-                                                parsed.ordering_key)
-            batch.sources[parsed.message_id] = msg
+            continue
+        previous = ops.get(mid, (None, None))[0]
+        if verdict is Verdict.CANCEL:
+            ops[mid] = (CANCEL, None)
+        elif verdict is Verdict.LATE:
+            if decision.replace:
+                ops[mid] = (CANCEL, None)  # the replacement fires now; the waiting version goes
+                batch.late.append((msg, parsed))
+            elif previous in (INSERT, REPLACE):
+                batch.duplicates += 1      # its id is waiting (scheduled earlier in this batch)
+            else:
+                batch.late.append((msg, parsed))
+        elif decision.replace or previous == CANCEL:
+            ops[mid] = (REPLACE, _row(parsed, decision, msg, rules))
+            batch.sources[mid] = msg
+        elif previous in (INSERT, REPLACE):
+            batch.duplicates += 1
         else:
-            batch.dead.append((msg, f"bad_action: chronosAction {parsed.action!r} is not supported"))
+            ops[mid] = (INSERT, _row(parsed, decision, msg, rules))
+            batch.sources[mid] = msg
     return batch
 
 
@@ -87,7 +117,8 @@ class ConsumerProcess:
         self.throttle = Throttle(log)
         self.producer, self.producer_outage = make_producer(settings, "consumer producer")
         self.consumer, self.consumer_outage = make_consumer(settings, "consumer")
-        self.stats = {"consumed": 0, "enqueued": 0, "late": 0, "dead": 0, "duplicates": 0}
+        self.stats = {"consumed": 0, "enqueued": 0, "late": 0, "dead": 0, "duplicates": 0, "replaced": 0,
+                      "cancelled": 0, "cancel_unknown": 0}
         self.metrics = ConsumerTelemetry(node_id, settings)
         self.metrics.follow(lambda: self.stats)
         self.next_ping = 0.0
@@ -125,22 +156,22 @@ class ConsumerProcess:
     def handle(self, messages: list[Message]) -> bool:
         """Make one batch durable and acknowledged; False if stopped before it was."""
         batch = sort_batch(messages, time.time_ns() // 1000, self.rules)
-        rows = list(batch.rows.values())
         while True:
             try:
                 started = time.perf_counter()
                 try:
-                    inserted = self.store.insert(rows)
+                    inserted, replaced, cancelled = self.store.apply(batch.of(INSERT), batch.of(REPLACE),
+                                                                     batch.of(CANCEL))
                 except StoreRejected as exc:
-                    inserted = self.insert_one_by_one(batch, exc)
+                    inserted, replaced, cancelled = self.apply_one_by_one(batch, exc)
                 waiting = self.store.waiting_ids(p.message_id for _, p in batch.late)
                 break
             except StoreUnavailable as exc:
                 if not self.wait_for_store(exc):
                     return False
         self.db_recovered()
-        if rows:
-            self.metrics.batch("insert", len(rows), time.perf_counter() - started)
+        if batch.ops:
+            self.metrics.batch("insert", len(batch.ops), time.perf_counter() - started)
         late = [(m, p) for m, p in batch.late if p.message_id not in waiting]
         started = time.perf_counter()
         if not self.publish(late, batch.dead):
@@ -152,7 +183,10 @@ class ConsumerProcess:
         s["enqueued"] += inserted
         s["late"] += len(late)
         s["dead"] += len(batch.dead)
-        s["duplicates"] += batch.duplicates + (len(batch.rows) - inserted) + (len(batch.late) - len(late))
+        s["duplicates"] += batch.duplicates + (len(batch.of(INSERT)) - inserted) + (len(batch.late) - len(late))
+        s["replaced"] += replaced
+        s["cancelled"] += cancelled
+        s["cancel_unknown"] += len(batch.of(CANCEL)) - cancelled
         if batch.dead:
             self.metrics.dead_lettered(r for _, r in batch.dead)
             reasons = sorted({r.split(":", 1)[0] for _, r in batch.dead})
@@ -160,17 +194,20 @@ class ConsumerProcess:
                                   self.settings.dlq_topic, ", ".join(reasons))
         return True
 
-    def insert_one_by_one(self, batch: Batch, exc: StoreRejected) -> int:
+    def apply_one_by_one(self, batch: Batch, exc: StoreRejected) -> tuple[int, int, int]:
         """PostgreSQL refused the batch: find the rows it refuses and dead-letter only those."""
-        log.warning("postgres refused a batch of %d rows (%s); inserting them one by one", len(batch.rows), exc)
-        inserted = 0
-        for message_id, row in list(batch.rows.items()):
+        log.warning("postgres refused a batch of %d operations (%s); applying them one by one", len(batch.ops), exc)
+        totals = [0, 0, 0]
+        for message_id, (op, row) in list(batch.ops.items()):
             try:
-                inserted += self.store.insert([row])
+                done = self.store.apply([row] if op == INSERT else [], [row] if op == REPLACE else [],
+                                        [message_id] if op == CANCEL else [])
             except StoreRejected as row_exc:
-                del batch.rows[message_id]
+                del batch.ops[message_id]
                 batch.dead.append((batch.sources[message_id], f"store_rejected: {row_exc}"))
-        return inserted
+                continue
+            totals = [a + b for a, b in zip(totals, done)]
+        return totals[0], totals[1], totals[2]
 
     def publish(self, late: list[tuple[Message, codec.Parsed]], dead: list[tuple[Message, str]]) -> bool:
         """Publish late and dead-lettered messages and wait for every acknowledgement, retrying failures."""
@@ -240,7 +277,8 @@ class ConsumerProcess:
 
     def close(self) -> None:
         log.info("stopping: consumed %(consumed)d, enqueued %(enqueued)d, late %(late)d, dead-lettered %(dead)d, "
-                 "duplicates %(duplicates)d", self.stats)
+                 "duplicates %(duplicates)d, replaced %(replaced)d, cancelled %(cancelled)d, cancels of ids not "
+                 "waiting %(cancel_unknown)d", self.stats)
         self.metrics.close()  # first: its probe thread uses a Kafka client
         try:
             self.consumer.close()

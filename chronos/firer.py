@@ -54,7 +54,9 @@ class PublishTiming:
         # keep the sample with the tightest round trip; re-accept slightly worse ones so drift is followed
         if self._best_rtt is None or rtt <= self._best_rtt * 2:
             self._best_rtt = rtt if self._best_rtt is None else min(rtt, self._best_rtt)
-            self.offset_us = db_us - int((before + after) / 2 * 1e6)
+            # the database read its clock somewhere in [before, after]: assuming the latest moment
+            # (the smallest offset) means a slow round trip can make firing late, never early
+            self.offset_us = db_us - int(after * 1e6)
 
     @property
     def advance(self) -> float:
@@ -75,13 +77,16 @@ class FirerProcess:
         self.db_backoff = Backoff()
         self.limit = settings.batch_size
         self.max_outstanding = settings.batch_size * 4
-        self.heap: list[tuple[float, int, Claimed]] = []
+        self.heap: list[tuple[float, int, int, Claimed]] = []
         self.seq = itertools.count()
         self.in_flight = 0
+        self.ack_progress = 0.0  # monotonic: the last acknowledgement, or the first publish since none was in flight
+        self.claims_paused = False
         self.acked: list[Claimed] = []
         self.failed: list[Claimed] = []
         self.stats = {"claimed": 0, "fired": 0, "vanished": 0, "released": 0}
         self.next_claim = 0.0
+        self.next_schedules = 0.0
         self.next_clock_sync = 0.0
         self.last_delete = 0.0
         self.db_down_until = 0.0
@@ -122,6 +127,18 @@ class FirerProcess:
         return max(0.0, min(wake - now, 1.0))
 
     def claim(self, now: float) -> None:
+        stalled = time.monotonic() - self.ack_progress if self.in_flight else 0.0
+        if stalled > self.settings.hold_time_ms / 2000.0:
+            # Kafka does not acknowledge: rows claimed now would only wait, be handed to a peer after the
+            # hold time and be published again by it, over and over; claim nothing until Kafka answers
+            if not self.claims_paused:
+                self.claims_paused = True
+                log.warning("no acknowledgement from Kafka for %.1fs: claiming nothing until there is one", stalled)
+            self.next_claim = now + 0.05
+            return
+        if self.claims_paused:
+            self.claims_paused = False
+            log.warning("Kafka acknowledges again: claiming rows")
         outstanding = len(self.heap) + self.in_flight
         if outstanding >= self.max_outstanding:
             self.next_claim = now + 0.005  # wait for acknowledgements before claiming more
@@ -130,14 +147,19 @@ class FirerProcess:
         started = time.perf_counter()
         try:
             rows = self.store.claim(limit, self.settings.lookahead_ms)
+            occurrences = []
+            if now >= self.next_schedules:  # recurring schedules: once per poll interval, even in a backlog
+                self.next_schedules = now + self.settings.poll_interval_ms / 1000.0
+                occurrences = self.store.claim_schedules(limit, self.settings.lookahead_ms, time.time_ns() // 1000)
         except StoreUnavailable as exc:
             self.store_failed(exc)
             return
         self.store_ok()
-        self.metrics.batch("claim", len(rows), time.perf_counter() - started)
-        for row in rows:
-            heapq.heappush(self.heap, (self.timing.local_deadline(row.deadline_us), next(self.seq), row))
-        self.stats["claimed"] += len(rows)
+        self.metrics.batch("claim", len(rows) + len(occurrences), time.perf_counter() - started)
+        # deadline, then enqueue order: rows of one ordering key are published in that order
+        for row in rows + occurrences:
+            heapq.heappush(self.heap, (self.timing.local_deadline(row.deadline_us), row.seq, next(self.seq), row))
+        self.stats["claimed"] += len(rows) + len(occurrences)
         if len(rows) == limit:
             self.next_claim = now  # a backlog: drain it without sleeping
         else:
@@ -150,7 +172,7 @@ class FirerProcess:
         horizon = time.time() + self.timing.advance
         started, before = time.perf_counter(), len(self.heap)
         while self.heap and self.heap[0][0] <= horizon:
-            _, _, row = heapq.heappop(self.heap)
+            row = heapq.heappop(self.heap)[-1]
             self.publish(row)
         if len(self.heap) < before:
             self.metrics.batch("publish", before - len(self.heap), time.perf_counter() - started)
@@ -160,6 +182,7 @@ class FirerProcess:
 
         def delivered(err, _msg):
             self.in_flight -= 1
+            self.ack_progress = time.monotonic()
             if err is None:
                 self.timing.observe_ack(time.monotonic() - sent)
                 self.metrics.lateness.observe(time.time() - self.timing.local_deadline(row.deadline_us))
@@ -170,6 +193,8 @@ class FirerProcess:
                 if err.fatal():
                     self.replace_producer()
 
+        if not self.in_flight:
+            self.ack_progress = time.monotonic()
         self.in_flight += 1
         produce(self.producer, row.topic or self.settings.output_topic, row.value, row.key,
                 codec.decode_headers(row.headers), delivered)
@@ -179,7 +204,7 @@ class FirerProcess:
         now = time.time()
         if not (self.acked or self.failed) or now < self.db_down_until:
             return
-        if len(self.acked) < DELETE_BATCH and now - self.last_delete < DELETE_EVERY and self.heap:
+        if len(self.acked) < DELETE_BATCH and now - self.last_delete < DELETE_EVERY:
             return
         self.last_delete = now
         try:
@@ -208,6 +233,8 @@ class FirerProcess:
     def sync_clock(self) -> None:
         self.next_clock_sync = time.time() + CLOCK_SYNC_EVERY
         try:
+            if self.store.conn is None or self.store.conn.closed:
+                self.store.db_clock_us()  # connect first: a connect inside the measurement skews it
             before = time.time()
             db_us = self.store.db_clock_us()
             self.timing.observe_clock(db_us, before, time.time())
@@ -233,7 +260,7 @@ class FirerProcess:
 
     def shutdown(self) -> None:
         """Hand back what was not published, wait for acknowledgements, delete what was fired."""
-        unpublished = [row for _, _, row in self.heap]
+        unpublished = [entry[-1] for entry in self.heap]
         self.heap.clear()
         deadline = time.monotonic() + 10.0
         while self.in_flight > 0 and time.monotonic() < deadline and not self.life.hard_stop:

@@ -6,21 +6,23 @@ import enum
 import re
 from dataclasses import dataclass
 
+from chronos import cron
 from chronos.codec import Parsed
 
 
 class Verdict(enum.Enum):
     INVALID = "invalid"      # dead-letter topic, with a reason
     LATE = "late"            # publish at once (unless the id is waiting)
-    ENQUEUE = "enqueue"      # store until the deadline
-    CANCEL = "cancel"        # delete the waiting message with this id
-    REPLACE = "replace"      # replace the waiting message with this id (or enqueue it)
+    ENQUEUE = "enqueue"      # store until the deadline (a recurring schedule: until its first occurrence)
+    CANCEL = "cancel"        # delete the waiting message or schedule with this id
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
     verdict: Verdict
     reason: str | None = None
+    deadline_us: int | None = None   # when to fire (for a schedule: its first occurrence)
+    replace: bool = False            # chronosAction: replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,13 +41,20 @@ def decide(parsed: Parsed, now_us: int, rules: Rules) -> Decision:
         return Decision(Verdict.INVALID, f"topic_not_allowed: {parsed.topic!r} does not match CHRONOS_ALLOWED_TOPICS")
     if parsed.action == "cancel":
         return Decision(Verdict.CANCEL)
+    replace = parsed.action == "replace"
+    if parsed.cron is not None:
+        try:
+            first = cron.first_occurrence(parsed.cron, parsed.timezone, parsed.deadline_us, now_us)
+        except cron.CronError as exc:
+            return Decision(Verdict.INVALID, f"bad_cron: {exc}")
+        return Decision(Verdict.ENQUEUE, deadline_us=first, replace=replace)
+    if parsed.timezone is not None:
+        return Decision(Verdict.INVALID, "bad_cron: chronosTimeZone without chronosCron")
     deadline = parsed.deadline_us
     assert deadline is not None
     if rules.max_lateness_us is not None and now_us - deadline > rules.max_lateness_us:
         return Decision(Verdict.INVALID, f"too_late: deadline is {(now_us - deadline) // 1000} ms in the past, "
                                          f"more than CHRONOS_MAX_LATENESS_MS")
-    if parsed.action == "replace":
-        return Decision(Verdict.REPLACE)
     if deadline <= now_us + rules.timing_advance_us:
-        return Decision(Verdict.LATE)
-    return Decision(Verdict.ENQUEUE)
+        return Decision(Verdict.LATE, deadline_us=deadline, replace=replace)
+    return Decision(Verdict.ENQUEUE, deadline_us=deadline, replace=replace)

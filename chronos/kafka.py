@@ -6,10 +6,11 @@ import logging
 import time
 from typing import Any, Callable
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka import Consumer as KafkaConsumer
 
 from chronos.config import SECRET_KAFKA_KEYS, Settings
+from chronos.errors import ConfigError, UnavailableError
 from chronos.logs import RepeatFilter
 
 log = logging.getLogger("chronos.kafka")
@@ -95,7 +96,7 @@ def make_producer(settings: Settings, what: str, **overrides: Any) -> tuple[Prod
     conf = producer_config(settings, **overrides)
     conf["error_cb"] = outage.error
     conf.setdefault("logger", LIBRDKAFKA_LOG)
-    return Producer(conf), outage
+    return _create(Producer, conf, settings, what), outage
 
 
 def make_consumer(settings: Settings, what: str, **overrides: Any) -> tuple[KafkaConsumer, OutageLog]:
@@ -103,7 +104,48 @@ def make_consumer(settings: Settings, what: str, **overrides: Any) -> tuple[Kafk
     conf = consumer_config(settings, **overrides)
     conf["error_cb"] = outage.error
     conf.setdefault("logger", LIBRDKAFKA_LOG)
-    return KafkaConsumer(conf), outage
+    return _create(KafkaConsumer, conf, settings, what), outage
+
+
+def _error_text(exc: KafkaException, secrets: list[str]) -> str:
+    text = exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else str(exc)
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
+
+
+def _create(cls, conf: dict[str, Any], settings: Settings, what: str):
+    """A client, or a one-line ConfigError when librdkafka refuses the settings (an unknown property,
+    an unreadable certificate, ...): a traceback and a restart would not fix them."""
+    try:
+        return cls(conf)
+    except KafkaException as exc:
+        raise ConfigError(f"Kafka settings of the {what} are not valid: {_error_text(exc, settings.secrets())}") \
+            from None
+
+
+def check_reachable(bootstrap: str, extra: dict[str, Any], timeout: float = 10.0,
+                    secrets: list[str] | None = None) -> None:
+    """Raise UnavailableError unless Kafka answers a metadata request within `timeout` seconds
+    (ConfigError if librdkafka refuses the settings). Quiet: the reconnect attempts are not printed."""
+    from confluent_kafka.admin import AdminClient
+    quiet = logging.getLogger("chronos.kafka.check")
+    quiet.propagate = False
+    if not quiet.handlers:
+        quiet.addHandler(logging.NullHandler())
+    errors: list[str] = []
+    conf = {"bootstrap.servers": bootstrap, **{k: v for k, v in extra.items()
+                                               if k not in CONSUMER_ONLY and k not in PRODUCER_ONLY},
+            "logger": quiet, "error_cb": lambda err: errors.append(err.str())}
+    try:
+        admin = AdminClient(conf)
+    except KafkaException as exc:
+        raise ConfigError(f"Kafka settings are not valid: {_error_text(exc, secrets or [])}") from None
+    try:
+        admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        reason = errors[-1] if errors else _error_text(exc, secrets or [])
+        raise UnavailableError(f"cannot reach Kafka at {bootstrap} within {timeout:.0f}s: {reason}") from None
 
 
 def produce(producer: Producer, topic: str, value: bytes | None, key: bytes | None,

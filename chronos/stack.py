@@ -25,7 +25,7 @@ import orjson
 from chronos import config, store
 from chronos.config import Settings, redact_url
 from chronos.embedded import EmbeddedBroker, EmbeddedError, EmbeddedPostgres, create_topics
-from chronos.errors import EXIT_EMBEDDED, ChronosError, UnavailableError
+from chronos.errors import EXIT_EMBEDDED, ChronosError
 
 log = logging.getLogger("chronos.up")
 
@@ -51,13 +51,9 @@ def supervisord_conf() -> Path:
     return Path(str(resources.files("chronos") / "supervisord.conf"))
 
 
-def check_kafka(bootstrap: str, kafka_config: dict, timeout: float = 10.0) -> None:
-    from confluent_kafka.admin import AdminClient
-    admin = AdminClient({"bootstrap.servers": bootstrap, **kafka_config})
-    try:
-        admin.list_topics(timeout=timeout)
-    except Exception as exc:  # noqa: BLE001 - any failure here means "cannot reach Kafka"
-        raise UnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from None
+def check_kafka(bootstrap: str, kafka_config: dict, timeout: float = 10.0, secrets: list[str] | None = None) -> None:
+    from chronos.kafka import check_reachable
+    check_reachable(bootstrap, kafka_config, timeout, secrets)
 
 
 @dataclass
@@ -69,6 +65,7 @@ class Stack:
     pg_port: int | None = None
     kafka_port: int | None = None
     ready_file: Path | None = None
+    kafka_properties_file: str | None = None
     postgres: EmbeddedPostgres | None = None
     broker: EmbeddedBroker | None = None
     supervisord: subprocess.Popen | None = None
@@ -98,7 +95,7 @@ class Stack:
         life_check()
         kafka_extra = dict(s.kafka_properties)
         if s.kafka_bootstrap_servers:
-            check_kafka(s.kafka_bootstrap_servers, s.kafka_config)
+            check_kafka(s.kafka_bootstrap_servers, s.kafka_config, secrets=s.secrets())
         else:
             self.broker = EmbeddedBroker(port=self.kafka_port, log_path=self.log_dir / "broker.log")
             self.broker.start()
@@ -130,6 +127,9 @@ class Stack:
             "CHRONOS_FIRERS": str(max(1, self.counts["firer"])),
             "CHRONOS_DETECTORS": str(max(1, self.counts["detector"])),
         })
+        if self.kafka_properties_file:
+            # the programs read the file themselves, so its secrets stay out of their environment
+            env["CHRONOS_KAFKA_PROPERTIES_FILE"] = self.kafka_properties_file
         env.pop("CHRONOS_READY_FILE", None)
         return env
 
@@ -292,7 +292,9 @@ def run(args: argparse.Namespace) -> int:
         raise config.ConfigError(f"--partitions must be at least 1, got {args.partitions}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     stack = Stack(settings, data_dir, counts, partitions=args.partitions,
-                  pg_port=args.pg_port, kafka_port=args.kafka_port, ready_file=ready_file)
+                  pg_port=args.pg_port, kafka_port=args.kafka_port, ready_file=ready_file,
+                  kafka_properties_file=str(Path(args.kafka_properties_file).resolve())
+                  if args.kafka_properties_file else None)
     stopping = threading.Event()
 
     def on_signal(signum, _frame):

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Sequence
 
 import psycopg
 
+from chronos import codec, cron
 from chronos.config import redact_url
 from chronos.errors import SchemaError, StoreRejected, StoreUnavailable, UnavailableError  # noqa: F401
 
@@ -62,6 +63,8 @@ class Row:
     value: bytes | None
     headers: bytes
     ordering_key: str | None = None
+    cron: str | None = None
+    timezone: str | None = None
 
 
 @dataclass(slots=True)
@@ -75,6 +78,7 @@ class Claimed:
     value: bytes | None
     headers: bytes | None
     readied_at: datetime
+    seq: int = 0
 
 
 @dataclass(slots=True)
@@ -183,23 +187,40 @@ class Store:
     # -- consumer --------------------------------------------------------------------------
 
     def insert(self, rows: Sequence[Row]) -> int:
-        """COPY rows into the session's staging table, then insert the new ids; returns how many."""
-        if not rows:
-            return 0
+        """Insert rows whose id is not waiting yet; returns how many were new."""
+        return self.apply(rows, (), ())[0]
 
-        def run(conn: psycopg.Connection) -> int:
+    def apply(self, inserts: Sequence[Row], replaces: Sequence[Row], cancels: Sequence[str]) -> tuple[int, int, int]:
+        """One consumer batch in one transaction: COPY into the session's staging table, then
+        insert new ids, insert-or-replace, and cancel. Returns (inserted, replaced, cancelled)."""
+        if not (inserts or replaces or cancels):
+            return 0, 0, 0
+
+        def run(conn: psycopg.Connection) -> tuple[int, int, int]:
             if not self._staging_ready:
                 conn.execute(QUERIES["create_staging"])
                 self._staging_ready = True
+            inserted = replaced = cancelled = 0
             with conn.transaction():
                 with conn.cursor() as cur:
-                    with cur.copy(QUERIES["copy_staging"]) as copy:
-                        copy.set_types(["text", "int8", "text", "bytea", "bytea", "bytea", "text"])
-                        for r in rows:
-                            copy.write_row((r.id, r.deadline_us, r.topic, r.key, r.value, r.headers,
-                                            r.ordering_key))
-                    cur.execute(QUERIES["insert_from_staging"])
-                    return cur.rowcount
+                    if inserts or replaces:
+                        with cur.copy(QUERIES["copy_staging_full"]) as copy:
+                            copy.set_types(["text", "int8", "text", "bytea", "bytea", "bytea", "text", "text",
+                                            "text", "text"])
+                            for op, rows in (("i", inserts), ("u", replaces)):
+                                for r in rows:
+                                    copy.write_row((r.id, r.deadline_us, r.topic, r.key, r.value, r.headers,
+                                                    r.ordering_key, r.cron, r.timezone, op))
+                    if inserts:
+                        cur.execute(QUERIES["insert_from_staging"])
+                        inserted = cur.rowcount
+                    if replaces:
+                        cur.execute(QUERIES["upsert_from_staging"])
+                        replaced = cur.rowcount
+                    if cancels:
+                        cur.execute(QUERIES["cancel"], {"ids": list(cancels)})
+                        cancelled = cur.rowcount
+            return inserted, replaced, cancelled
         return self._run(run)
 
     def waiting_ids(self, ids: Iterable[str]) -> set[str]:
@@ -215,8 +236,46 @@ class Store:
 
         def run(conn: psycopg.Connection) -> list[Claimed]:
             cur = conn.execute(QUERIES["claim"], params, prepare=True)
-            return [Claimed(*r) for r in cur.fetchall()]
+            rows = [Claimed(*r) for r in cur.fetchall()]
+            rows.sort(key=lambda r: (r.deadline_us, r.seq))  # RETURNING has no order of its own
+            return rows
         return self._run(run)
+
+    def claim_schedules(self, limit: int, lookahead_ms: int, now_us: int) -> list[Claimed]:
+        """Fire due recurring schedules: in one transaction per call, create each due occurrence
+        as a row claimed by this node and move the schedule to its next occurrence, so that with
+        several firers, restarts and kills no occurrence is skipped or created twice."""
+        def run(conn: psycopg.Connection) -> list[Claimed]:
+            claimed: list[Claimed] = []
+            with conn.transaction():
+                due = conn.execute(QUERIES["due_schedules"], {"limit": limit, "lookahead_ms": lookahead_ms})
+                for (sid, deadline_us, expr, tz, topic, key, value, headers, okey) in due.fetchall():
+                    try:
+                        schedule = cron.parse(expr, tz)
+                    except cron.CronError as exc:
+                        log.error("recurring schedule %s has a bad expression (%s); cancelling it", sid, exc)
+                        conn.execute(QUERIES["cancel"], {"ids": [sid]})
+                        continue
+                    # missed while nothing ran: only the latest missed occurrence fires
+                    horizon = max(now_us, deadline_us)
+                    latest, nxt = schedule.latest_until(cron.from_us(deadline_us), cron.from_us(horizon))
+                    occurrence_us = cron.to_us(latest) if latest is not None else deadline_us
+                    occurrence = cron.from_us(occurrence_us)
+                    stamp = occurrence.strftime("%Y-%m-%dT%H:%M:%S.") + f"{occurrence.microsecond:06d}Z"
+                    occ_headers = codec.encode_headers(codec.decode_headers(headers)
+                                                       + [("chronosOccurrence", stamp.encode())])
+                    row = conn.execute(QUERIES["insert_occurrence"], {
+                        "id": f"{sid}@{stamp}", "deadline_us": occurrence_us, "topic": topic, "key": key,
+                        "value": value, "headers": occ_headers, "ordering_key": okey,
+                        "node": self.node_id}).fetchone()
+                    if row is not None:
+                        claimed.append(Claimed(*row))
+                    conn.execute(QUERIES["advance_schedule"], {"id": sid, "next_us": cron.to_us(nxt)})
+            return claimed
+        return self._run(run)
+
+    def list_schedules(self) -> list[tuple]:
+        return self._run(lambda c: c.execute(QUERIES["list_schedules"]).fetchall())
 
     def delete_fired(self, done: Sequence[Claimed]) -> int:
         """Delete exactly these rows if this node still owns them as claimed; returns how many."""

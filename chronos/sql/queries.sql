@@ -4,37 +4,100 @@
 SELECT coalesce(max(version), 0) FROM chronos_schema_version;
 
 -- name: create_staging
+-- op: 'i' insert unless the id is waiting, 'u' insert or replace; ord keeps the input order.
 CREATE TEMP TABLE IF NOT EXISTS chronos_staging (
-    id text, deadline_us bigint, topic text, key bytea, value bytea, headers bytea, ordering_key text
+    id text, deadline_us bigint, topic text, key bytea, value bytea, headers bytea, ordering_key text,
+    cron text, timezone text, op text NOT NULL DEFAULT 'i', ord bigint GENERATED ALWAYS AS IDENTITY
 ) ON COMMIT DELETE ROWS;
 
 -- name: copy_staging
 COPY chronos_staging (id, deadline_us, topic, key, value, headers, ordering_key) FROM STDIN (FORMAT BINARY);
 
 -- name: insert_from_staging
-INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key)
-SELECT id, timestamptz 'epoch' + deadline_us * interval '1 microsecond', topic, key, value, headers, ordering_key
+INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone)
+SELECT id, timestamptz 'epoch' + deadline_us * interval '1 microsecond', topic, key, value, headers, ordering_key,
+       cron, timezone
 FROM chronos_staging
+WHERE op = 'i'
+ORDER BY ord
 ON CONFLICT (id) DO NOTHING;
+
+-- name: copy_staging_full
+COPY chronos_staging (id, deadline_us, topic, key, value, headers, ordering_key, cron, timezone, op)
+FROM STDIN (FORMAT BINARY);
+
+-- name: upsert_from_staging
+-- chronosAction: replace. A replaced row that a firer holds is handed back, so the new version
+-- fires (the firer's delete then finds the row changed and leaves it).
+INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone)
+SELECT id, timestamptz 'epoch' + deadline_us * interval '1 microsecond', topic, key, value, headers, ordering_key,
+       cron, timezone
+FROM chronos_staging
+WHERE op = 'u'
+ORDER BY ord
+ON CONFLICT (id) DO UPDATE SET
+    deadline = EXCLUDED.deadline, topic = EXCLUDED.topic, key = EXCLUDED.key, value = EXCLUDED.value,
+    headers = EXCLUDED.headers, ordering_key = EXCLUDED.ordering_key, cron = EXCLUDED.cron,
+    timezone = EXCLUDED.timezone, readied_at = NULL, readied_by = NULL, enqueued_at = now();
+
+-- name: cancel
+DELETE FROM chronos_messages WHERE id = ANY(%(ids)s);
 
 -- name: waiting_ids
 SELECT id FROM chronos_messages WHERE id = ANY(%(ids)s);
 
 -- name: claim
-WITH due AS (
-    SELECT id FROM chronos_messages
-    WHERE readied_at IS NULL
+-- A row with an ordering key is claimable only if every earlier row of its key (by deadline,
+-- then enqueue order) is claimed by this same statement: a row held by a peer, locked by a
+-- concurrent claim (skipped) or still waiting holds back the later rows of its key only.
+WITH candidates AS (
+    SELECT id, ordering_key, deadline, seq FROM chronos_messages
+    WHERE readied_at IS NULL AND cron IS NULL
       AND deadline <= clock_timestamp() + %(lookahead_ms)s * interval '1 millisecond'
-    ORDER BY deadline
+    ORDER BY deadline, seq
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), due AS (
+    SELECT c.id FROM candidates AS c
+    WHERE c.ordering_key IS NULL
+       OR NOT EXISTS (
+            SELECT 1 FROM chronos_messages AS e
+            WHERE e.ordering_key = c.ordering_key AND e.cron IS NULL
+              AND (e.deadline, e.seq) < (c.deadline, c.seq)
+              AND NOT EXISTS (SELECT 1 FROM candidates AS c2 WHERE c2.id = e.id))
 )
 UPDATE chronos_messages AS m
 SET readied_at = now(), readied_by = %(node)s
 FROM due
 WHERE m.id = due.id
 RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers,
-          m.readied_at;
+          m.readied_at, m.seq;
+
+-- name: due_schedules
+SELECT id, (extract(epoch FROM deadline) * 1000000)::bigint, cron, timezone, topic, key, value, headers,
+       ordering_key
+FROM chronos_messages
+WHERE cron IS NOT NULL AND deadline <= clock_timestamp() + %(lookahead_ms)s * interval '1 millisecond'
+ORDER BY deadline
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: insert_occurrence
+-- One occurrence of a recurring schedule, created already claimed by this firer.
+INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, readied_at, readied_by)
+VALUES (%(id)s, timestamptz 'epoch' + %(deadline_us)s * interval '1 microsecond', %(topic)s, %(key)s, %(value)s,
+        %(headers)s, %(ordering_key)s, now(), %(node)s)
+ON CONFLICT (id) DO NOTHING
+RETURNING id, (extract(epoch FROM deadline) * 1000000)::bigint, topic, key, value, headers, readied_at, seq;
+
+-- name: advance_schedule
+UPDATE chronos_messages SET deadline = timestamptz 'epoch' + %(next_us)s * interval '1 microsecond'
+WHERE id = %(id)s;
+
+-- name: list_schedules
+SELECT id, cron, coalesce(timezone, 'UTC'), (extract(epoch FROM deadline) * 1000000)::bigint, topic,
+       ordering_key, enqueued_at
+FROM chronos_messages WHERE cron IS NOT NULL ORDER BY deadline, id;
 
 -- name: delete_fired
 DELETE FROM chronos_messages AS m

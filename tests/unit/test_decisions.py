@@ -111,8 +111,8 @@ def test_publish_timing_never_advances_more_than_the_timing_advance():
 def test_publish_timing_follows_the_database_clock():
     t = PublishTiming(timing_advance_ms=50)
     t.observe_clock(db_us=1_000_002_000_000, before=1_000_000.0, after=1_000_000.002)
-    assert t.offset_us == pytest.approx(1_999_000, abs=2)
-    assert t.local_deadline(1_000_010_000_000) == pytest.approx(1_000_008.001, abs=1e-5)
+    assert t.offset_us == pytest.approx(1_998_000, abs=2)
+    assert t.local_deadline(1_000_010_000_000) == pytest.approx(1_000_008.002, abs=1e-5)
 
 
 def test_suspected_nodes_counts_per_node():
@@ -135,16 +135,65 @@ def test_rows_postgres_refuses_are_dead_lettered_one_by_one():
     from chronos.errors import StoreRejected
 
     class RefusingStore:
-        def insert(self, rows):
-            if any(r.id == "poison" for r in rows):
+        def apply(self, inserts, replaces, cancels):
+            if any(r.id == "poison" for r in inserts):
                 raise StoreRejected("invalid byte sequence")
-            return len(rows)
+            return len(inserts), len(replaces), len(cancels)
 
     now_ms = NOW // 1000
     msgs = [FakeMessage(hdrs("good", now_ms + 60_000)), FakeMessage(hdrs("poison", now_ms + 60_000))]
     batch = sort_batch(msgs, NOW, RULES)
     proc = ConsumerProcess.__new__(ConsumerProcess)
     proc.store = RefusingStore()
-    assert proc.insert_one_by_one(batch, StoreRejected("x")) == 1
+    assert proc.apply_one_by_one(batch, StoreRejected("x")) == (1, 0, 0)
     assert list(batch.rows) == ["good"]
     assert [(m.headers()[0][1], r.split(":")[0]) for m, r in batch.dead] == [(b"poison", "store_rejected")]
+
+
+def act(mid, deadline_ms, action=None, **extra):
+    h = [("chronosMessageId", mid.encode())]
+    if deadline_ms is not None:
+        h.append(("chronosDeadline", str(deadline_ms).encode()))
+    if action:
+        h.append(("chronosAction", action.encode()))
+    h += [(k, v.encode()) for k, v in extra.items()]
+    return FakeMessage(h, value=f"{mid}-{action}-{deadline_ms}".encode())
+
+
+def test_batch_applies_schedule_cancel_replace_per_id_in_order():
+    t = NOW // 1000 + 60_000
+    batch = sort_batch([
+        act("a", t), act("a", None, "cancel"),                 # scheduled then cancelled: cancel
+        act("b", t, "replace"), act("b", t + 5),               # replaced then a duplicate: replace stands
+        act("c", None, "cancel"), act("c", t + 1),             # cancel then schedule: replace with the new one
+        act("d", t), act("d", t + 9, "replace"),               # schedule then replace: replace, later deadline
+        act("e", NOW // 1000 - 5, "replace"),                  # a late replace: fires now, waiting one goes
+        act("f", t), act("f", t + 1),                          # plain duplicate
+    ], NOW, RULES)
+    assert batch.of("cancel") == ["a", "e"]
+    assert {r.id: r.deadline_us // 1000 for r in batch.of("replace")} == {"b": t, "c": t + 1, "d": t + 9}
+    assert [r.id for r in batch.of("insert")] == ["f"]
+    assert [p.message_id for _, p in batch.late] == ["e"]
+    assert batch.duplicates == 2
+
+
+def test_recurring_schedule_fires_first_at_its_first_occurrence():
+    batch = sort_batch([act("daily", None, chronosCron="0 9 * * *", chronosTimeZone="Europe/Paris")], NOW, RULES)
+    (row,) = batch.of("insert")
+    assert (row.cron, row.timezone) == ("0 9 * * *", "Europe/Paris")
+    from chronos import cron
+    first = cron.from_us(row.deadline_us)
+    assert first.astimezone(cron.parse("* * * * *", "Europe/Paris").zone).hour == 9
+    assert row.deadline_us >= NOW
+
+
+@pytest.mark.parametrize("extra", [{"chronosCron": "61 * * * *"}, {"chronosCron": "* * * * *",
+                                                                    "chronosTimeZone": "Nowhere/City"}])
+def test_bad_cron_is_dead_lettered(extra):
+    batch = sort_batch([act("x", None, **extra)], NOW, RULES)
+    assert [r.split(":")[0] for _, r in batch.dead] == ["bad_cron"]
+
+
+def test_unknown_action_is_dead_lettered():
+    batch = sort_batch([act("x", NOW // 1000 + 1000, "postpone")], NOW, RULES)
+    assert [r.split(":")[0] for _, r in batch.dead] == ["bad_action"]

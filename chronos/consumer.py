@@ -116,7 +116,9 @@ class ConsumerProcess:
         self.db_backoff = Backoff()
         self.throttle = Throttle(log)
         self.producer, self.producer_outage = make_producer(settings, "consumer producer")
-        self.consumer, self.consumer_outage = make_consumer(settings, "consumer")
+        self.consumer, self.consumer_outage = make_consumer(settings, "consumer", on_commit=self.on_committed)
+        self.uncommitted: dict[tuple[str, int], TopicPartition] = {}
+        self.last_batch: list[Message] | None = None
         self.stats = {"consumed": 0, "enqueued": 0, "late": 0, "dead": 0, "duplicates": 0, "replaced": 0,
                       "cancelled": 0, "cancel_unknown": 0}
         self.metrics = ConsumerTelemetry(node_id, settings)
@@ -150,6 +152,7 @@ class ConsumerProcess:
                 if not self.handle(real):
                     break  # stopping before the batch was durable: do not commit; it is read again
                 self.commit(real)
+                self.last_batch = real
         finally:
             self.close()
 
@@ -244,11 +247,20 @@ class ConsumerProcess:
                 return False
         return True
 
-    def commit(self, messages: list[Message]) -> None:
+    def commit(self, messages: list[Message], *, wait: bool = False) -> None:
+        """Commit the batch's offsets. Asynchronous while running (the batch is already durable, so a
+        lost commit only means a re-read, which the store ignores); the last one is waited for."""
+        offsets = commit_offsets(messages)
+        self.uncommitted.update({(tp.topic, tp.partition): tp for tp in offsets})
         try:
-            self.consumer.commit(offsets=commit_offsets(messages), asynchronous=False)
+            self.consumer.commit(offsets=list(self.uncommitted.values()), asynchronous=not wait)
+            self.uncommitted.clear()
         except Exception as exc:  # noqa: BLE001 - a failed commit only means a re-read; the store is idempotent
             self.throttle.warning("commit", "offset commit failed (%s); the batch may be read again", exc)
+
+    def on_committed(self, err, partitions) -> None:
+        if err is not None:
+            self.throttle.warning("commit", "offset commit failed (%s); the batch may be read again", err)
 
     def keep_alive(self) -> None:
         """While idle, ask PostgreSQL the time now and then, so /healthz knows it is reachable."""
@@ -280,6 +292,8 @@ class ConsumerProcess:
                  "duplicates %(duplicates)d, replaced %(replaced)d, cancelled %(cancelled)d, cancels of ids not "
                  "waiting %(cancel_unknown)d", self.stats)
         self.metrics.close()  # first: its probe thread uses a Kafka client
+        if self.last_batch:
+            self.commit(self.last_batch, wait=True)
         try:
             self.consumer.close()
         except Exception as exc:  # noqa: BLE001 - closing is best effort; offsets are already committed

@@ -12,7 +12,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import queue
 import random
+import threading
 import time
 import uuid
 
@@ -30,6 +32,7 @@ log = logging.getLogger("chronos.firer")
 DELETE_BATCH = 1000          # acknowledged rows deleted in one statement at most
 DELETE_EVERY = 0.02          # seconds between deletes while acknowledgements trickle in
 CLOCK_SYNC_EVERY = 10.0      # seconds between measurements of the database clock offset
+IDLE_WAIT = 0.005            # the publishing thread looks for newly claimed rows this often
 
 
 class PublishTiming:
@@ -67,67 +70,102 @@ class PublishTiming:
         return (deadline_us - self.offset_us) / 1e6
 
 
-class FirerProcess:
-    def __init__(self, settings: Settings, node_id: uuid.UUID, life: Lifecycle):
-        self.settings, self.node_id, self.life = settings, node_id, life
-        self.store = Store(settings.database_url, node_id=node_id)
-        self.producer, self.outage = make_producer(settings, "firer")
-        self.timing = PublishTiming(settings.timing_advance_ms)
+class StoreWorker(threading.Thread):
+    """The firer's PostgreSQL side, on its own thread and connection: claims rows, deletes the
+    acknowledged ones, hands back failed ones, measures the database clock.
+
+    Kept off the publishing thread so that a slow claim or delete never delays a publish that
+    is due: psycopg releases the GIL while it waits on the network.
+    """
+
+    def __init__(self, firer: "FirerProcess"):
+        super().__init__(name="firer-store", daemon=True)
+        self.firer = firer
+        self.settings = firer.settings
+        self.store = Store(firer.settings.database_url, node_id=firer.node_id)
+        self.inbox: queue.SimpleQueue[tuple[str, list[Claimed]]] = queue.SimpleQueue()
         self.throttle = Throttle(log)
-        self.db_backoff = Backoff()
-        self.limit = settings.batch_size
-        self.max_outstanding = settings.batch_size * 4
-        self.heap: list[tuple[float, int, int, Claimed]] = []
-        self.seq = itertools.count()
-        self.in_flight = 0
-        self.ack_progress = 0.0  # monotonic: the last acknowledgement, or the first publish since none was in flight
-        self.claims_paused = False
+        self.backoff = Backoff()
+        self.limit = firer.settings.batch_size
+        self.max_held = firer.settings.batch_size * 4
+        self.held = 0                # claimed by this node and not yet deleted or handed back
         self.acked: list[Claimed] = []
-        self.failed: list[Claimed] = []
-        self.stats = {"claimed": 0, "fired": 0, "vanished": 0, "released": 0}
+        self.release: list[Claimed] = []
+        self.stopping = False
+        self.crashed: BaseException | None = None
+        self.claims_paused = False
         self.next_claim = 0.0
         self.next_schedules = 0.0
         self.next_clock_sync = 0.0
         self.last_delete = 0.0
-        self.db_down_until = 0.0
-        self.metrics = FirerTelemetry(node_id, settings)
-        self.metrics.follow(lambda: self.stats)
-        self.metrics.follow_timing(lambda: len(self.heap) + self.in_flight, self.timing)
-
-    # -- the loop ----------------------------------------------------------------------------
+        self.down_until = 0.0
 
     def run(self) -> None:
-        log.info("firing from the store to %s: batch %d, lookahead %d ms, poll %d ms, timing advance %d ms",
-                 self.settings.output_topic, self.limit, self.settings.lookahead_ms,
-                 self.settings.poll_interval_ms, self.settings.timing_advance_ms)
-        self.metrics.serve(postgres=lambda: self.store.last_ok, kafka=lambda: self.producer,
-                           kafka_topic=self.settings.output_topic)
         try:
-            while self.life.running:
-                now = time.time()
-                self.metrics.beat()
-                if now >= self.next_clock_sync and now >= self.db_down_until:
-                    self.sync_clock()
-                if now >= self.next_claim and now >= self.db_down_until:
+            self.loop()
+        except BaseException as exc:  # noqa: BLE001 - the process stops as a whole when this thread dies
+            log.exception("the store thread failed; stopping the firer")
+            self.crashed = exc
+            self.firer.life.stop()
+
+    def loop(self) -> None:
+        while True:
+            self.receive(self.wait_time())
+            now = time.time()
+            if now < self.down_until:
+                continue
+            try:
+                self.settle(now)
+                if self.stopping:
+                    if not (self.acked or self.release):
+                        return
+                    continue
+                if now >= self.next_clock_sync:
+                    self.sync_clock(now)
+                if now >= self.next_claim:
                     self.claim(now)
-                self.publish_due()
-                self.producer.poll(0)
-                self.settle()
-                self.producer.poll(self.wait_time())
-        finally:
-            self.shutdown()
+                self.store_ok()
+            except StoreUnavailable as exc:
+                if self.stopping and self.backoff.down_since is not None \
+                        and time.monotonic() - self.backoff.down_since > 5:
+                    log.warning("postgres unavailable at shutdown (%s): %d claimed rows will be taken over "
+                                "after the hold time", exc, len(self.acked) + len(self.release))
+                    return
+                delay = self.backoff.failed()
+                self.throttle.warning("db", "postgres unavailable (%s); retrying in %.1fs", exc, delay)
+                self.down_until = time.time() + delay
 
     def wait_time(self) -> float:
         now = time.time()
-        wake = max(self.next_claim, self.db_down_until)
-        if self.heap:
-            wake = min(wake, self.heap[0][0] - self.timing.advance)
-        if self.acked or self.failed:
+        wake = self.down_until if now < self.down_until else (now + 1.0 if self.stopping else self.next_claim)
+        if self.acked:
             wake = min(wake, self.last_delete + DELETE_EVERY)
+        if self.release or (self.stopping and self.acked):
+            wake = now
         return max(0.0, min(wake - now, 1.0))
 
+    def receive(self, timeout: float) -> None:
+        """Take what the publishing thread sent: acknowledged rows, rows to hand back, stop."""
+        try:
+            item = self.inbox.get(timeout=timeout) if timeout > 0 else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, rows = item
+            if kind == "acked":
+                self.acked.extend(rows)
+            elif kind == "release":
+                self.release.extend(rows)
+            else:
+                self.stopping = True
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
     def claim(self, now: float) -> None:
-        stalled = time.monotonic() - self.ack_progress if self.in_flight else 0.0
+        firer = self.firer
+        stalled = time.monotonic() - firer.ack_progress if firer.in_flight else 0.0
         if stalled > self.settings.hold_time_ms / 2000.0:
             # Kafka does not acknowledge: rows claimed now would only wait, be handed to a peer after the
             # hold time and be published again by it, over and over; claim nothing until Kafka answers
@@ -139,32 +177,134 @@ class FirerProcess:
         if self.claims_paused:
             self.claims_paused = False
             log.warning("Kafka acknowledges again: claiming rows")
-        outstanding = len(self.heap) + self.in_flight
-        if outstanding >= self.max_outstanding:
+        if self.held >= self.max_held:
             self.next_claim = now + 0.005  # wait for acknowledgements before claiming more
             return
-        limit = min(self.limit, self.max_outstanding - outstanding)
+        limit = min(self.limit, self.max_held - self.held)
         started = time.perf_counter()
-        try:
-            rows = self.store.claim(limit, self.settings.lookahead_ms)
-            occurrences = []
-            if now >= self.next_schedules:  # recurring schedules: once per poll interval, even in a backlog
-                self.next_schedules = now + self.settings.poll_interval_ms / 1000.0
-                occurrences = self.store.claim_schedules(limit, self.settings.lookahead_ms, time.time_ns() // 1000)
-        except StoreUnavailable as exc:
-            self.store_failed(exc)
-            return
-        self.store_ok()
-        self.metrics.batch("claim", len(rows) + len(occurrences), time.perf_counter() - started)
-        # deadline, then enqueue order: rows of one ordering key are published in that order
-        for row in rows + occurrences:
-            heapq.heappush(self.heap, (self.timing.local_deadline(row.deadline_us), row.seq, next(self.seq), row))
-        self.stats["claimed"] += len(rows) + len(occurrences)
+        rows = self.store.claim(limit, self.settings.lookahead_ms)
+        occurrences = []
+        if now >= self.next_schedules:  # recurring schedules: once per poll interval, even in a backlog
+            self.next_schedules = now + self.settings.poll_interval_ms / 1000.0
+            occurrences = self.store.claim_schedules(limit, self.settings.lookahead_ms, time.time_ns() // 1000)
+        firer.metrics.batch("claim", len(rows) + len(occurrences), time.perf_counter() - started)
+        if rows or occurrences:
+            self.held += len(rows) + len(occurrences)
+            firer.stats["claimed"] += len(rows) + len(occurrences)
+            firer.claimed.put(rows + occurrences)
         if len(rows) == limit:
             self.next_claim = now  # a backlog: drain it without sleeping
         else:
             interval = self.settings.poll_interval_ms / 1000.0
             self.next_claim = now + interval * random.uniform(0.9, 1.1)
+
+    def settle(self, now: float) -> None:
+        """Delete acknowledged rows in batches, and hand back rows that will not be published."""
+        if self.release:
+            rows = self.release
+            self.firer.stats["released"] += self.store.release(rows)
+            self.held -= len(rows)
+            self.release = []
+        if not self.acked or (len(self.acked) < DELETE_BATCH and now - self.last_delete < DELETE_EVERY
+                              and not self.stopping):
+            return
+        self.last_delete = now
+        while self.acked:
+            done = self.acked[:DELETE_BATCH]
+            started = time.perf_counter()
+            deleted = self.store.delete_fired(done)
+            del self.acked[:DELETE_BATCH]
+            self.held -= len(done)
+            self.firer.metrics.batch("delete", len(done), time.perf_counter() - started)
+            self.firer.stats["fired"] += len(done)
+            if deleted < len(done):
+                self.firer.stats["vanished"] += len(done) - deleted
+                self.throttle.warning("vanished", "%d published rows were no longer ours to delete "
+                                      "(taken over by a peer after the hold time)", len(done) - deleted)
+
+    def sync_clock(self, now: float) -> None:
+        self.next_clock_sync = now + CLOCK_SYNC_EVERY
+        if self.store.conn is None or self.store.conn.closed:
+            self.store.db_clock_us()  # connect first: a connect inside the measurement skews it
+        before = time.time()
+        db_us = self.store.db_clock_us()
+        self.firer.timing.observe_clock(db_us, before, time.time())
+
+    def store_ok(self) -> None:
+        lasted = self.backoff.succeeded()
+        if lasted is not None:
+            log.warning("postgres reachable again after %.1fs", lasted)
+
+
+class FirerProcess:
+    """The publishing thread: keeps claimed rows in a heap by deadline and publishes each on time."""
+
+    def __init__(self, settings: Settings, node_id: uuid.UUID, life: Lifecycle):
+        self.settings, self.node_id, self.life = settings, node_id, life
+        self.producer, self.outage = make_producer(settings, "firer")
+        self.timing = PublishTiming(settings.timing_advance_ms)
+        self.throttle = Throttle(log)
+        self.claimed: queue.SimpleQueue[list[Claimed]] = queue.SimpleQueue()
+        self.heap: list[tuple[float, int, int, Claimed]] = []
+        self.seq = itertools.count()
+        self.in_flight = 0
+        self.ack_progress = 0.0  # monotonic: the last acknowledgement, or the first publish since none was in flight
+        self.acked: list[Claimed] = []
+        self.failed: list[Claimed] = []
+        self.stats = {"claimed": 0, "fired": 0, "vanished": 0, "released": 0}
+        self.metrics = FirerTelemetry(node_id, settings)
+        self.worker = StoreWorker(self)
+        self.store = self.worker.store
+        self.metrics.follow(lambda: self.stats)
+        self.metrics.follow_timing(lambda: len(self.heap) + self.in_flight, self.timing)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        log.info("firing from the store to %s: batch %d, lookahead %d ms, poll %d ms, timing advance %d ms",
+                 self.settings.output_topic, self.settings.batch_size, self.settings.lookahead_ms,
+                 self.settings.poll_interval_ms, self.settings.timing_advance_ms)
+        self.metrics.serve(postgres=lambda: self.store.last_ok, kafka=lambda: self.producer,
+                           kafka_topic=self.settings.output_topic)
+        self.worker.start()
+        try:
+            while self.life.running:
+                self.metrics.beat()
+                self.take_claimed()
+                self.publish_due()
+                self.producer.poll(self.wait_time())
+                self.hand_over()
+        finally:
+            self.shutdown()
+        if self.worker.crashed is not None:
+            raise RuntimeError("the firer's store thread failed") from self.worker.crashed
+
+    def take_claimed(self) -> None:
+        while True:
+            try:
+                rows = self.claimed.get_nowait()
+            except queue.Empty:
+                return
+            # deadline, then enqueue order: rows of one ordering key are published in that order
+            for row in rows:
+                heapq.heappush(self.heap, (self.timing.local_deadline(row.deadline_us), row.seq, next(self.seq), row))
+
+    def wait_time(self) -> float:
+        """Until the next publish is due; new claims are looked at every few milliseconds."""
+        wait = IDLE_WAIT
+        if self.heap:
+            wait = min(wait, self.heap[0][0] - self.timing.advance - time.time())
+        return max(0.0, wait)
+
+    def hand_over(self) -> None:
+        """Send acknowledged and failed rows to the store thread."""
+        if self.acked:
+            self.worker.inbox.put(("acked", self.acked))
+            self.acked = []
+            self.outage.ok()
+        if self.failed:
+            self.worker.inbox.put(("release", self.failed))
+            self.failed = []
 
     def publish_due(self) -> None:
         if not self.heap:
@@ -199,59 +339,7 @@ class FirerProcess:
         produce(self.producer, row.topic or self.settings.output_topic, row.value, row.key,
                 codec.decode_headers(row.headers), delivered)
 
-    def settle(self) -> None:
-        """Delete acknowledged rows and hand back failed ones, in batches."""
-        now = time.time()
-        if not (self.acked or self.failed) or now < self.db_down_until:
-            return
-        if len(self.acked) < DELETE_BATCH and now - self.last_delete < DELETE_EVERY:
-            return
-        self.last_delete = now
-        try:
-            while self.acked:
-                done, self.acked = self.acked[:DELETE_BATCH], self.acked[DELETE_BATCH:]
-                try:
-                    started = time.perf_counter()
-                    deleted = self.store.delete_fired(done)
-                except StoreUnavailable:
-                    self.acked = done + self.acked
-                    raise
-                self.metrics.batch("delete", len(done), time.perf_counter() - started)
-                self.stats["fired"] += len(done)
-                if deleted < len(done):
-                    self.stats["vanished"] += len(done) - deleted
-                    self.throttle.warning("vanished", "%d published rows were no longer ours to delete "
-                                          "(taken over by a peer after the hold time)", len(done) - deleted)
-            if self.failed:
-                self.stats["released"] += self.store.release(self.failed)
-                self.failed = []
-            self.store_ok()
-        except StoreUnavailable as exc:
-            self.store_failed(exc)
-        self.outage.ok()
-
-    def sync_clock(self) -> None:
-        self.next_clock_sync = time.time() + CLOCK_SYNC_EVERY
-        try:
-            if self.store.conn is None or self.store.conn.closed:
-                self.store.db_clock_us()  # connect first: a connect inside the measurement skews it
-            before = time.time()
-            db_us = self.store.db_clock_us()
-            self.timing.observe_clock(db_us, before, time.time())
-        except StoreUnavailable as exc:
-            self.store_failed(exc)
-
-    # -- failures ----------------------------------------------------------------------------
-
-    def store_failed(self, exc: StoreUnavailable) -> None:
-        delay = self.db_backoff.failed()
-        self.throttle.warning("db", "postgres unavailable (%s); retrying in %.1fs", exc, delay)
-        self.db_down_until = time.time() + delay
-
-    def store_ok(self) -> None:
-        lasted = self.db_backoff.succeeded()
-        if lasted is not None:
-            log.warning("postgres reachable again after %.1fs", lasted)
+    # -- failures and shutdown -----------------------------------------------------------------
 
     def replace_producer(self) -> None:
         log.error("the producer hit a fatal error; replacing it (in-flight rows are handed back)")
@@ -260,20 +348,24 @@ class FirerProcess:
 
     def shutdown(self) -> None:
         """Hand back what was not published, wait for acknowledgements, delete what was fired."""
+        self.take_claimed()
         unpublished = [entry[-1] for entry in self.heap]
         self.heap.clear()
+        self.worker.inbox.put(("release", unpublished))
         deadline = time.monotonic() + 10.0
         while self.in_flight > 0 and time.monotonic() < deadline and not self.life.hard_stop:
             self.producer.poll(0.1)
-        try:
-            if self.acked:
-                self.store.delete_fired(self.acked)
-                self.stats["fired"] += len(self.acked)
-            released = self.store.release(unpublished + self.failed)
-            self.stats["released"] += released
-        except StoreUnavailable as exc:
-            log.warning("postgres unavailable at shutdown (%s): claimed rows will be taken over after the "
-                        "hold time", exc)
+        self.hand_over()
+        self.worker.inbox.put(("stop", []))
+        self.worker.join(30.0)
+        self.take_claimed()  # claimed by the store thread after the stop was asked: hand those back too
+        leftover = [entry[-1] for entry in self.heap]
+        if leftover:
+            try:
+                self.stats["released"] += self.store.release(leftover)
+            except StoreUnavailable as exc:
+                log.warning("postgres unavailable at shutdown (%s): claimed rows will be taken over after "
+                            "the hold time", exc)
         log.info("stopping: claimed %(claimed)d, fired %(fired)d, vanished %(vanished)d, handed back %(released)d",
                  self.stats)
         self.metrics.close()

@@ -12,8 +12,9 @@ EMBEDDED_KAFKA = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500", 
 
 
 def iso(epoch_s: float) -> str:
-    t = time.gmtime(epoch_s)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int(round(epoch_s * 1000)) % 1000:03d}Z"
+    """ISO-8601 with milliseconds, truncated (never later than epoch_s, and never a second off)."""
+    ms = int(epoch_s * 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
 
 
 def chronos_headers(message_id: str, deadline_s: float, extra: list | None = None) -> list:

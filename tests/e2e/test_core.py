@@ -39,6 +39,7 @@ def test_mixed_delays_all_arrive_once_never_early(processes, broker, topics, col
     now = time.time()
     for i in range(300):
         deadline = now + random.uniform(0.5, 6.0) if i % 10 else now - 1.0  # some already late
+        deadline = int(deadline * 1000) / 1000  # what the header says: milliseconds
         mid = f"msg-{i}"
         headers = chronos_headers(mid, deadline, [("trace", f"t{i}".encode()), ("dup", b"1"), ("dup", b"\x00\xff"),
                                                   ("nullval", None)])

@@ -53,8 +53,9 @@ def render(report: dict[str, Any], out_dir: Path) -> list[str]:
     series = j["series"]
     if series:
         times = _times(series)
-        for name, style in (("p50", "-"), ("p99", "-"), ("p999", "-"), ("max", ":")):
-            ax.plot(times, [p[name] for p in series], style, linewidth=1, label=name)
+        for name, style, color in (("p50", "-", "tab:blue"), ("p99", "-", "tab:orange"), ("p999", "-", "tab:green"),
+                                   ("max", ":", "gray")):
+            ax.plot(times, [p[name] for p in series], style, color=color, linewidth=1, label=name)
     ax.axhline(sla["p999_ms"], color="tab:red", linestyle="--", linewidth=1, label=f"SLA p99.9 {sla['p999_ms']:g} ms")
     ax.axhline(sla["early_ms"], color="tab:red", linestyle=":", linewidth=1)
     ax.set_ylabel("jitter (ms)")

@@ -87,7 +87,8 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--rejects", default=None, metavar="PATH",
                    help="write invalid rows here with their reason (replaced if it exists)")
     p.add_argument("--partitions", type=int, default=None,
-                   help="repartition the input to this many partitions (default: as read)")
+                   help="repartition the input to this many partitions (default: as read, and at least "
+                        "one per core)")
     p.add_argument("--no-progress", action="store_true", help="do not print progress lines")
     config.add_arguments(p, only=("database_url", "output_topic", "allowed_topics", "timing_advance_ms",
                                   "max_lateness_ms"))

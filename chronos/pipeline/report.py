@@ -110,12 +110,14 @@ def exact_percentiles(df: "DataFrame", value: str, probs: Sequence[tuple[str, fl
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    values = df.where(F.col(value).isNotNull())
+    # Group sizes by a (small) aggregate joined back, not a window count: that one would buffer
+    # each whole group in the executor, while row_number streams through the sorted group.
+    counts = F.broadcast(values.groupBy(*by).agg(F.count(F.lit(1)).alias("n")))
     keys = [F.col(c) for c in by] if by else [F.lit(0)]
-    group = Window.partitionBy(*keys)
-    ranked = df.where(F.col(value).isNotNull()).select(
-        *by, F.col(value).alias("_v"),
-        (F.row_number().over(group.orderBy(F.col(value))) - 1).alias("_r"),
-        F.count(F.lit(1)).over(group).alias("n"))
+    ranked = values.select(*by, F.col(value).alias("_v"),
+                           (F.row_number().over(Window.partitionBy(*keys).orderBy(F.col(value))) - 1).alias("_r"))
+    ranked = ranked.join(counts, list(by)) if by else ranked.crossJoin(counts)
     n, r = F.col("n"), F.col("_r")
 
     def index(q: float) -> "Column":
@@ -162,8 +164,7 @@ def bucket_seconds(span_s: float) -> int:
     return 86400
 
 
-def compute(spark: "SparkSession", records: "DataFrame", thresholds: Thresholds,
-            bucket: int | None = None) -> dict[str, Any]:
+def compute(records: "DataFrame", thresholds: Thresholds, bucket: int | None = None) -> dict[str, Any]:
     """The report as a dict (what report.json holds)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
@@ -284,7 +285,7 @@ def run(spark: "SparkSession", *, input_path: str, out_dir: str | Path, fmt: str
     out = Path(out_dir)
     records = read_records(spark, input_path, fmt)
     with spark_errors(f"cannot report on {input_path}"):
-        report = compute(spark, records, thresholds, bucket)
+        report = compute(records, thresholds, bucket)
     report = {"input": input_path, "generated_at": _iso(time.time() * 1e6), **report}
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -58,6 +58,12 @@ def read_input(spark: "SparkSession", path: str, fmt: str) -> "DataFrame":
         reader = reader.option("header", "true").option("inferSchema", "false").option("escape", '"')
     with spark_errors(f"cannot read {path}", InputError):
         df = reader.load(path)
+        if fmt == "json" and "headers" in df.schema.names and df.schema["headers"].dataType.typeName() == "struct":
+            # A JSON object of headers: read it as its raw text, which keeps each row's own keys
+            # in their order (an inferred struct would hold every key seen in any row).
+            from pyspark.sql import types as T
+            fields = [T.StructField(f.name, T.StringType()) if f.name == "headers" else f for f in df.schema.fields]
+            df = spark.read.format(fmt).schema(T.StructType(fields)).load(path)
         df.schema  # noqa: B018 - resolves the schema now, so a bad input fails here
     return df
 
@@ -202,7 +208,8 @@ class Progress:
                 total += info.numTasks
         s: Stats = self.accumulator.value
         took = time.monotonic() - self.started
-        return (f"progress: {done}/{total} partitions done, {s.read:,} rows read, {s.scheduled:,} scheduled, "
+        stage = f"{done}/{total} partitions done, " if total else ""
+        return (f"progress: {stage}{s.read:,} rows read, {s.scheduled:,} scheduled, "
                 f"{s.rejected_total:,} rejected ({s.read / took if took else 0:,.0f} rows/s)")
 
     def _run(self) -> None:
@@ -231,6 +238,8 @@ def run(spark: "SparkSession", *, input_path: str, fmt: str, database_url: str, 
         check_store(database_url)
     df = read_input(spark, input_path, fmt)
     ignored = check_columns(df.schema)
+    if not partitions and df.rdd.getNumPartitions() < spark.sparkContext.defaultParallelism:
+        partitions = spark.sparkContext.defaultParallelism  # e.g. one big row group: use every core
     if partitions:
         df = df.repartition(partitions)
     now_us = time.time_ns() // 1000 if now_us is None else now_us

@@ -60,6 +60,7 @@ def session(master: str = DEFAULT_MASTER, app_name: str = "chronos-pipeline",
 
     for name in _PYSPARK_LOGGERS:
         logging.getLogger(name).disabled = True
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines (connections opened, closed) are noise
     conf = dict(conf or {})
     if _is_local(master):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -159,6 +159,17 @@ def test_typed_columns_timestamps_maps_and_kafka_shaped_headers(spark, database_
     assert stored(database_url)["m"][0] == BASE_MS * 1000
     assert codec.decode_headers(stored(database_url)["m"][4]) == [("a", b"1"), ("b", b"2")]
 
+    # JSON lines with the headers as an inline object: each row keeps its own keys, in order
+    (tmp_path / "m.json").write_text(
+        f'{{"id": "j1", "deadline": {BASE_MS}, "key": "k", "value": "v", "headers": {{"z": "1", "a": null}}}}\n'
+        f'{{"id": "j2", "deadline": "{iso_micros(BASE_MS * 1000)}", "key": null, "value": "v", "headers": {{"b": "2"}}}}\n')
+    result = schedule.run(spark, input_path=str(tmp_path / "m.json"), fmt="json", database_url=database_url,
+                          rules=RULES, now_us=NOW_US)
+    assert result.stats.scheduled == 2
+    rows = stored(database_url)
+    assert codec.decode_headers(rows["j1"][4]) == [("z", b"1"), ("a", None)]
+    assert codec.decode_headers(rows["j2"][4]) == [("b", b"2")] and rows["j2"][2] is None
+
 
 def test_input_errors(spark, database_url, tmp_path):
     with pytest.raises(InputError, match="does not exist"):

@@ -22,10 +22,10 @@ T0 = 1_800_000_000.0  # epoch seconds
 PROBS = [0.5, 0.99, 0.999]
 
 
-def records(n: int = 20_000, seed: int = 3, early: int = 3, late: int = 40) -> dict[str, np.ndarray]:
-    """Deliveries over ~5 minutes: log-normal jitter, a few early and a few very late ones."""
+def records(n: int = 10_000, seed: int = 3, early: int = 3, late: int = 40) -> dict[str, np.ndarray]:
+    """Deliveries over ~3 minutes: log-normal jitter, a few early and a few very late ones."""
     rng = np.random.default_rng(seed)
-    deadline = T0 + np.sort(rng.uniform(0, 300, n))
+    deadline = T0 + np.sort(rng.uniform(0, 150, n))
     jitter_s = rng.lognormal(-4.5, 0.8, n) - 0.01
     jitter_s[rng.choice(n, early, replace=False)] = -0.2
     jitter_s[rng.choice(n, late, replace=False)] = rng.uniform(0.6, 2.0, late)

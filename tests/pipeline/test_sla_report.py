@@ -114,6 +114,12 @@ def test_timestamps_and_epoch_milliseconds_are_read_exactly(spark, tmp_path):
     result = report.run(spark, input_path=str(tmp_path / "ms.parquet"), out_dir=tmp_path / "ms", charts=False)
     assert result["jitter_ms"]["p50"] == result["jitter_ms"]["max"] == 10.0
 
+    pq.write_table(pa.table({"id": ["a", "b"], "deadline": [T0, T0], "delivered_at": [T0 + 0.25, float("nan")]}),
+                   tmp_path / "nan.parquet")
+    result = report.run(spark, input_path=str(tmp_path / "nan.parquet"), out_dir=tmp_path / "nan", charts=False)
+    assert (result["delivered"], result["undelivered"]) == (1, 1) and result["jitter_ms"]["max"] == 250.0
+    assert result["sla"]["checks"]["none_lost"] is False
+
 
 def test_exact_percentiles_small_groups_and_ties(spark):
     values = [(g, float(v)) for g, vs in (("a", [5]), ("b", [1, 2]), ("c", [3, 3, 3, 1, 10, -4.5, 7]))

@@ -1,0 +1,16 @@
+"""Assertions every fault scenario makes."""
+
+from __future__ import annotations
+
+from faultload import Report, Scenario
+
+
+def check_common(sc: Scenario, report: Report, stopped: tuple[str, ...] = ()) -> None:
+    """Nothing lost, nothing early, every duplicate explained, every program (but `stopped`) RUNNING."""
+    assert not report.lost, (f"{len(report.lost)} messages not delivered, e.g. {report.lost[:5]} "
+                             f"({len(report.lost_found_on_reread)} of them found on the output topic when read again)")
+    assert not report.early, f"{len(report.early)} messages early (id, seconds early): {report.early[:5]}"
+    assert not report.unexplained, (f"{len(report.unexplained)} duplicates not explained by a fault, e.g. "
+                                    f"{[(m, sc.load.sent[m]) for m in report.unexplained[:5]]}")
+    assert sc.stack.all_running(except_names=stopped) == {}
+    assert sc.stack.proc.poll() is None, f"chronos up exited:\n{sc.stack.output()}"

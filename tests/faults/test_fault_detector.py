@@ -1,0 +1,40 @@
+"""Scenario 3: SIGKILL the detector (together with a firer), with two detectors running at once."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from faultchecks import check_common
+from faultload import Scenario
+from test_fault_firer import HOLD_S, check_held_rows_refired, reset_counts
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+
+def test_detector_sigkilled_and_two_detectors(tmp_path, fault_report):
+    with Scenario("3 detector SIGKILL, 2 detectors", tmp_path, "--firers", "2", "--detectors", "2",
+                  hold_s=HOLD_S) as sc:
+        time.sleep(4)
+        kills = []
+        for detector, firer in (("detector_00", "firer_00"), ("detector_01", "firer_01")):
+            # the detector dies with the firer: the other detector must hand the firer's rows back
+            pid, at = sc.stack.kill(detector)
+            f = sc.fault(f"SIGKILL {detector}", at)
+            kills.append(sc.kill_firer(firer))
+            _, f.back_running = sc.stack.wait_running(detector, not_pid=pid)
+            time.sleep(HOLD_S + 4)
+        pid, at = sc.stack.kill("detector_00")  # and alone, while nothing is stale
+        sc.fault("SIGKILL detector_00", at).back_running = sc.stack.wait_running("detector_00", not_pid=pid)[1]
+        time.sleep(3)
+        report = sc.finish()
+        fault_report(report)
+        check_common(sc, report)
+        check_held_rows_refired(sc, kills)
+        held = set().union(*(f.held for f in kills))
+        assert set(report.duplicated_ids) <= held
+        # two detectors at once: every held row was handed back exactly once, by one of them
+        counts = reset_counts(sc.stack.log("detector_00") + sc.stack.log("detector_01"))
+        for f in kills:
+            assert counts.get(f.node, 0) == len(f.held), (f.node, counts, len(f.held))

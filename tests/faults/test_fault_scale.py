@@ -1,0 +1,39 @@
+"""Scenario 6: run two of every role, then remove one of each (a graceful stop, as an operator would)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from faultchecks import check_common
+from faultload import Scenario
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+REMOVED = ("consumer_01", "firer_01", "detector_01")
+
+
+def test_two_of_each_then_remove_one_of_each(tmp_path, fault_report):
+    with Scenario("6 2 of each, remove 1 each", tmp_path, "--consumers", "2", "--firers", "2",
+                  "--detectors", "2") as sc:
+        time.sleep(8)
+        rpc = sc.stack.rpc()
+        for name in REMOVED:
+            at = time.time()
+            committed = sc.offsets.committed() if name.startswith("consumer") else None
+            assert rpc.supervisor.stopProcess(f"{name[:-3]}:{name}", True)
+            sc.fault(f"stop {name}", at, end=time.time(), committed=committed)
+        time.sleep(15)
+        report = sc.finish()
+        fault_report(report)
+        check_common(sc, report, stopped=REMOVED)
+        assert {n: p["statename"] for n, p in sc.stack.programs().items() if n in REMOVED} == \
+            dict.fromkeys(REMOVED, "STOPPED")
+        # each stopped gracefully (exit 0, its closing line logged), handing its work to its peer
+        assert "stopping: consumed" in sc.stack.log("consumer_01")
+        assert "stopping: claimed" in sc.stack.log("firer_01")
+        assert "stopping: reset" in sc.stack.log("detector_01")
+        supervisord = (sc.stack.log_dir / "supervisord.log").read_text()
+        for name in REMOVED:
+            assert f"stopped: {name} (exit status 0)" in supervisord, supervisord

@@ -150,17 +150,6 @@ def held_rows(database_url: str, node: str | None = None) -> dict[str, float]:
         return dict(conn.execute(sql, params).fetchall())
 
 
-def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
-    """The consumer group's committed offset per partition (-1001 when none)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": "false",
-                  **EMBEDDED_KAFKA})
-    try:
-        tps = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
-        return {tp.partition: tp.offset for tp in tps}
-    finally:
-        c.close()
-
-
 def rss_kb(pid: int) -> int | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():

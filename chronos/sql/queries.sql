@@ -53,7 +53,10 @@ SELECT id FROM chronos_messages WHERE id = ANY(%(ids)s);
 WITH candidates AS (
     SELECT id, ordering_key, deadline, seq FROM chronos_messages
     WHERE readied_at IS NULL AND cron IS NULL
-      AND deadline <= clock_timestamp() + %(lookahead_ms)s * interval '1 millisecond'
+      -- now(), not clock_timestamp(): a stable bound is an index condition, so the scan stops at
+      -- the first row not yet due instead of filtering every far-future row (autocommit: now() is
+      -- this statement's start)
+      AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'
     ORDER BY deadline, seq
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -77,7 +80,7 @@ RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.k
 SELECT id, (extract(epoch FROM deadline) * 1000000)::bigint, cron, timezone, topic, key, value, headers,
        ordering_key
 FROM chronos_messages
-WHERE cron IS NOT NULL AND deadline <= clock_timestamp() + %(lookahead_ms)s * interval '1 millisecond'
+WHERE cron IS NOT NULL AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'
 ORDER BY deadline
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
@@ -100,15 +103,20 @@ SELECT id, cron, coalesce(timezone, 'UTC'), (extract(epoch FROM deadline) * 1000
 FROM chronos_messages WHERE cron IS NOT NULL ORDER BY deadline, id;
 
 -- name: delete_fired
+-- Exactly the rows as this node claimed them: (id, readied_at) pairs. `IS NOT DISTINCT FROM` is
+-- `=` here (the pairs' readied_at is never null), but unlike `=` it does not let the planner use
+-- the in-flight index, whose row estimate is often stale: with it, a generic plan looped over
+-- every in-flight row for every id (730 ms for 1,000 rows against 6 ms through the primary key).
 DELETE FROM chronos_messages AS m
 USING unnest(%(ids)s::text[], %(readied_at)s::timestamptz[]) AS f(id, readied_at)
-WHERE m.id = f.id AND m.readied_at = f.readied_at AND m.readied_by = %(node)s;
+WHERE m.id = f.id AND m.readied_by = %(node)s AND m.readied_at IS NOT DISTINCT FROM f.readied_at;
 
 -- name: release
+-- (IS NOT DISTINCT FROM: see delete_fired)
 UPDATE chronos_messages AS m
 SET readied_at = NULL, readied_by = NULL
 FROM unnest(%(ids)s::text[], %(readied_at)s::timestamptz[]) AS f(id, readied_at)
-WHERE m.id = f.id AND m.readied_at = f.readied_at AND m.readied_by = %(node)s;
+WHERE m.id = f.id AND m.readied_by = %(node)s AND m.readied_at IS NOT DISTINCT FROM f.readied_at;
 
 -- name: find_stale
 SELECT id, readied_at, readied_by FROM chronos_messages
@@ -120,7 +128,7 @@ LIMIT %(limit)s;
 UPDATE chronos_messages AS m
 SET readied_at = NULL, readied_by = NULL
 FROM unnest(%(ids)s::text[], %(readied_at)s::timestamptz[], %(readied_by)s::uuid[]) AS s(id, readied_at, readied_by)
-WHERE m.id = s.id AND m.readied_at = s.readied_at AND m.readied_by = s.readied_by
+WHERE m.id = s.id AND m.readied_by = s.readied_by AND m.readied_at IS NOT DISTINCT FROM s.readied_at
 RETURNING s.readied_by;
 
 -- name: db_clock

@@ -97,13 +97,14 @@ def cmd_tail(args: argparse.Namespace) -> int:
     """Print what arrives on the output topic, with its lateness against the deadline it was sent with."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer
 
-    from chronos.kafka import check_reachable
+    from chronos.kafka import PRODUCER_ONLY, check_reachable
     settings = config.load(args)
     if not settings.kafka_bootstrap_servers:
         raise config.ConfigError("no Kafka to read from: give --ready-file or --kafka-bootstrap-servers")
     topic = args.topic or settings.output_topic
     conf = {"bootstrap.servers": settings.kafka_bootstrap_servers, "group.id": f"chronos-tail-{uuid.uuid4()}",
-            "enable.auto.commit": "false", "auto.offset.reset": "earliest", **settings.kafka_config}
+            "enable.auto.commit": "false", "auto.offset.reset": "earliest",
+            **{k: v for k, v in settings.kafka_config.items() if k not in PRODUCER_ONLY}}
     check_reachable(settings.kafka_bootstrap_servers, settings.kafka_config, secrets=settings.secrets())
     consumer = Consumer(conf)
 

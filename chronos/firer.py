@@ -137,7 +137,9 @@ class StoreWorker(threading.Thread):
 
     def wait_time(self) -> float:
         now = time.time()
-        wake = self.down_until if now < self.down_until else (now + 1.0 if self.stopping else self.next_claim)
+        if now < self.down_until:  # PostgreSQL is away: nothing to do before the next try
+            return min(self.down_until - now, 1.0)
+        wake = now + 1.0 if self.stopping else self.next_claim
         if self.acked:
             wake = min(wake, self.last_delete + DELETE_EVERY)
         if self.release or (self.stopping and self.acked):

@@ -197,3 +197,16 @@ def test_bad_cron_is_dead_lettered(extra):
 def test_unknown_action_is_dead_lettered():
     batch = sort_batch([act("x", NOW // 1000 + 1000, "postpone")], NOW, RULES)
     assert [r.split(":")[0] for _, r in batch.dead] == ["bad_action"]
+
+
+def test_firer_store_thread_waits_out_a_postgres_outage_instead_of_spinning():
+    import time as _time
+
+    from chronos.firer import StoreWorker
+    worker = StoreWorker.__new__(StoreWorker)
+    worker.down_until = _time.time() + 0.8
+    worker.stopping, worker.next_claim, worker.last_delete = False, 0.0, 0.0
+    worker.acked, worker.release = ["acked row"], ["row to hand back"]
+    assert worker.wait_time() > 0.5
+    worker.down_until = 0.0
+    assert worker.wait_time() == 0.0  # reachable again: hand back at once

@@ -173,14 +173,24 @@ class Store:
         return self.conn
 
     def _run(self, fn, *args: Any) -> Any:
-        """Run fn(conn, ...) and translate connection failures into StoreUnavailable."""
-        try:
-            result = fn(self._c(), *args)
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            self.close()
-            raise StoreUnavailable(_short(exc)) from None
-        except psycopg.Error as exc:
-            raise StoreRejected(_short(exc)) from None
+        """Run fn(conn, ...) and translate connection failures into StoreUnavailable.
+
+        A deadlock or serialization failure (concurrent writers of the same ids) rolled the whole
+        transaction back: it is run again, a few times, before it counts as a failure."""
+        for attempt in range(5):
+            try:
+                result = fn(self._c(), *args)
+                break
+            except psycopg.errors.TransactionRollback as exc:
+                if attempt == 4:
+                    raise StoreUnavailable(_short(exc)) from None
+                log.info("transaction rolled back (%s); running it again", _short(exc))
+                time.sleep(0.01 * (attempt + 1))
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                self.close()
+                raise StoreUnavailable(_short(exc)) from None
+            except psycopg.Error as exc:
+                raise StoreRejected(_short(exc)) from None
         self.last_ok = time.monotonic()
         return result
 

@@ -143,6 +143,10 @@ def validate_and_write(batches: Iterator["pa.RecordBatch"], *, url: str, rules: 
         if pending:
             if store is None:
                 store = Store(url)
+            # Partitions may hold the same id (a repeated row). Inserting in id order makes every
+            # transaction take its row locks in one global order, so two partitions wait for each
+            # other instead of deadlocking; within a chunk the input order means nothing anyway.
+            pending.sort(key=lambda row: row.id)
             stats.scheduled += store.insert(pending)
             pending = []
 

@@ -251,3 +251,46 @@ def test_cli_errors_are_one_line_with_exit_codes(tmp_path, empty_database_url):
     no_url = run_cli("schedule", "--input", str(tmp_path / "ok.parquet"), env={"CHRONOS_DATABASE_URL": "",
                                                                                 "CHRONOS_DATA_DIR": str(tmp_path)})
     assert no_url.returncode == 2 and "CHRONOS_DATABASE_URL" in no_url.stderr
+
+
+def test_partitions_writing_the_same_ids_wait_for_each_other_instead_of_deadlocking(database_url, caplog):
+    """Two partitions hold the same 20,000 ids in opposite orders and write them concurrently,
+    each in one chunk. In input order their row locks cross and PostgreSQL aborts one of them as a
+    deadlock; in id order one simply waits for the other."""
+    import threading
+
+    ids = [f"twin-{i:05d}" for i in range(20_000)]
+    deadline = str(BASE_MS)
+
+    def batch(order: list[str]) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pydict({"id": order, "deadline": [deadline] * len(order),
+                                           "key": [None] * len(order), "value": [b"v"] * len(order)})
+
+    class Totals:
+        def __init__(self) -> None:
+            self.stats: list[schedule.Stats] = []
+
+        def add(self, stats: schedule.Stats) -> None:
+            self.stats.append(stats)
+
+    totals, errors = Totals(), []
+    start = threading.Barrier(2)
+
+    def partition(order: list[str]) -> None:
+        try:
+            start.wait()
+            list(schedule.validate_and_write(iter([batch(order)]), url=database_url, rules=RULES, now_us=NOW_US,
+                                             accumulator=totals, chunk_rows=len(order)))
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    caplog.set_level("INFO", logger="chronos.store")
+    threads = [threading.Thread(target=partition, args=(order,)) for order in (ids, ids[::-1])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    assert sorted(s.scheduled for s in totals.stats) == [0, 20_000]
+    assert set(stored(database_url)) == set(ids)
+    assert not [r for r in caplog.records if "rolled back" in r.getMessage()]

@@ -31,9 +31,10 @@ def pytest_terminal_summary(terminalreporter) -> None:
     tr = terminalreporter
     tr.section("fault scenarios")
     tr.write_line(f"{'scenario':<28} {'sent':>6} {'delivered':>9} {'lost':>4} {'early':>5} {'dups':>5} "
-                  f"{'unexpl.':>7} {'recovery':>9} {'max late':>9}")
+                  f"{'unexpl.':>7} {'recovery':>9} {'max late':>9} {'reread':>6}")
     for r in _ROWS:
         tr.write_line(f"{r['scenario']:<28} {r['sent']:>6} {r['delivered']:>9} {r['lost']:>4} {r['early']:>5} "
                       f"{r['duplicates']:>5} {r['unexplained_duplicates']:>7} {r['recovery_s']:>8.1f}s "
-                      f"{r['max_lateness_s']:>8.1f}s")
+                      f"{r['max_lateness_s']:>8.1f}s {r['lost_found_on_reread']:>6}")
+    tr.write_line("reread: delivered, but only seen when the output topic was read again from the start")
     tr.write_line(f"JSON: {_REPORT[0]}")

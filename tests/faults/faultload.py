@@ -377,7 +377,7 @@ class Report:
     max_lateness_s: float
     p99_lateness_s: float
     faults: list[Fault]
-    lost_found_on_reread: list[str] = field(default_factory=list)  # on the topic after all: the reader missed them
+    lost_found_on_reread: list[str] = field(default_factory=list)  # the live reader missed them; on the topic after all
     session_losses: int = 0  # consumer group sessions that expired without an injected fault
 
     def row(self) -> dict:
@@ -558,8 +558,12 @@ class Scenario:
                          window_explains=window_explains)
         report.session_losses = len(observed)
         if report.lost:
-            report.lost_found_on_reread = sorted(reread(self.info["bootstrap_servers"], self.info["output_topic"],
-                                                        set(report.lost)))
+            # The reader at the head of the output topic has been seen to skip a few messages that
+            # are on the topic (the embedded broker's fetches; BROKER.md): what counts is the topic.
+            found = reread(self.info["bootstrap_servers"], self.info["output_topic"], set(report.lost))
+            report.lost_found_on_reread = sorted(found)
+            report.lost = [m for m in report.lost if m not in found]
+            report.delivered += len(found)
         return report
 
     def dump(self, path: Path) -> None:

@@ -69,8 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the stack's timing advance: earlier than deadline - this counts as early (default 50)")
     g.add_argument("--fetch-wait-ms", type=int, default=5,
                    help="fetch.wait.max.ms of the output reader and the probe (default 5; see BROKER.md)")
-    g.add_argument("--linger-ms", type=int, default=5, help="linger.ms of the load producer and the probe")
-    g.add_argument("--probe-interval-ms", type=float, default=5.0, help="one probe message every N ms")
+    g.add_argument("--linger-ms", type=int, default=25,
+                   help="linger.ms of the load producer (default 25: batched produces, as BROKER.md advises; "
+                        "with 5 its many small batches made the embedded broker's fetches slow for everyone)")
+    g.add_argument("--probe-linger-ms", type=int, default=0,
+                   help="linger.ms of the probe (default 0: the floor is the broker's own produce→readable time)")
+    g.add_argument("--probe-interval-ms", type=float, default=25.0,
+                   help="one probe message every N ms (default 25: at 5 the probe's own tiny batches loaded the broker)")
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="after the last deadline, wait this long for stragglers; the rest count as lost")
     g.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines")
@@ -164,7 +169,8 @@ class ChronosTarget(Target):
         self.probe_sent, self.probe_lat, self.probe_count = ctx.RawArray("d", cap), ctx.RawArray("d", cap), \
             ctx.RawValue("d", 0.0)
         probe = ctx.Process(target=kafka_load.run_probe, name="bench-probe",
-                            args=(self.producer_conf, self.reader_conf, self.probe_topic,
+                            args=({**self.producer_conf, "linger.ms": str(self.args.probe_linger_ms)},
+                                  self.reader_conf, self.probe_topic,
                                   self.args.probe_interval_ms / 1000.0, self.probe_sent, self.probe_lat,
                                   self.probe_count, ready_p, stop))
         reader.start()
@@ -384,7 +390,7 @@ def run_step(target: Target, args: argparse.Namespace, rate: float, duration: fl
     summary["drained"] = drained
     summary["cpu"] = cpu
     summary["config"] = {"delay": f"{dmin:g}:{dmax:g}", "payload_bytes": args.payload_bytes, "seed": seed,
-                         "tag": tag, "fetch_wait_ms": args.fetch_wait_ms, "linger_ms": args.linger_ms,
+                         "tag": tag, "fetch_wait_ms": args.fetch_wait_ms, "linger_ms": args.linger_ms, "probe_linger_ms": args.probe_linger_ms,
                          "probe_interval_ms": args.probe_interval_ms,
                          "counts": {"consumers": args.consumers, "firers": args.firers, "detectors": args.detectors},
                          "chronos_up_args": args.up_args, "target": target.config(), "argv": sys.argv[1:]}

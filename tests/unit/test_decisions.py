@@ -10,7 +10,7 @@ import pytest
 from chronos import codec
 from chronos.consumer import commit_offsets, sort_batch
 from chronos.detector import suspected_nodes
-from chronos.firer import PublishTiming
+from chronos.firer import IDLE_WAIT, TICK, PublishTiming
 from chronos.intake import Rules, Verdict, decide
 from chronos.cli import parse_duration
 from chronos.config import ConfigError
@@ -105,7 +105,20 @@ def test_publish_timing_never_advances_more_than_the_timing_advance():
     t2 = PublishTiming(timing_advance_ms=50)
     for _ in range(200):
         t2.observe_ack(0.004)
-    assert t2.advance == pytest.approx(0.004, rel=0.05)
+    assert t2.advance == pytest.approx(0.004 + TICK, rel=0.05)  # the acknowledgement time, plus one loop tick
+
+
+def test_firer_publishing_loop_sleeps_at_least_a_tick_between_close_deadlines():
+    import time as _time
+
+    from chronos.firer import FirerProcess
+    firer = FirerProcess.__new__(FirerProcess)
+    firer.timing = PublishTiming(timing_advance_ms=50)
+    due = _time.time() + firer.timing.advance + 0.0003  # the next row is 0.3 ms away
+    firer.heap = [(due, 0, 0, "row")]
+    assert firer.wait_time() >= TICK
+    firer.heap = [(due + 0.5, 0, 0, "row")]
+    assert firer.wait_time() == IDLE_WAIT
 
 
 def test_publish_timing_follows_the_database_clock():

@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--step-duration", type=float, default=20.0)
     g.add_argument("--max-steps", type=int, default=8)
     g.add_argument("--tolerance", type=float, default=0.1, help="stop bisecting within this fraction")
+    g.add_argument("--reuse-stack", action="store_true",
+                   help="run every step on one stack (by default a stack the harness starts is renewed between "
+                        "steps: the embedded broker slows down as its topics fill, so a step would inherit the "
+                        "load of the ones before)")
     g = p.add_argument_group("--target pgqueuer")
     g.add_argument("--pgq-workers", type=int, default=1, help="QueueManager processes (default 1)")
     g.add_argument("--pgq-batch-size", type=int, default=100, help="QueueManager batch_size (default 100)")
@@ -474,6 +478,9 @@ def find_max(target: Target, args: argparse.Namespace, out: Path, stack) -> dict
     lo = hi = None
     best: dict | None = None
     rate = args.start_rate
+    # The embedded broker's fetches slow down as its topics fill (BROKER.md), so on one stack
+    # each step would inherit the previous steps' load; a stack the harness owns is renewed.
+    fresh = not args.reuse_stack and hasattr(stack, "restart")
     steps = []
     while len(steps) < args.max_steps:
         step_out = out / "steps" / f"{len(steps) + 1:02d}-{int(rate)}"
@@ -500,7 +507,11 @@ def find_max(target: Target, args: argparse.Namespace, out: Path, stack) -> dict
         else:
             nxt = (lo + hi) / 2
         rate = max(50.0, round(nxt / 50.0) * 50.0)
-        wait_drained(target.database_url, target.table)
+        if fresh:
+            print("a fresh stack for the next step ...", flush=True)
+            target = type(target)(args, stack.restart())
+        else:
+            wait_drained(target.database_url, target.table)
     result = {"max_sustained_rate": lo, "first_failing_rate": hi, "steps": steps,
               "step_duration_s": args.step_duration, "bounded_by_max_rate": hi is None and lo == args.max_rate}
     top = dict(best) if best is not None else {"target": target.name, "sla_pass": False}

@@ -88,6 +88,13 @@ class OwnStack:
             _remove(self.dir)
 
 
+    def restart(self) -> dict:
+        """A fresh stack in place of this one: new data directory, broker and PostgreSQL."""
+        self.stop()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        return self.start()
+
+
 class OwnPostgres:
     """An embedded PostgreSQL for `--target pgqueuer` without a ready file (same settings as `chronos up`)."""
 

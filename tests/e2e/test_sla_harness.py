@@ -38,3 +38,25 @@ def test_sla_harness_short_run(tmp_path):
     if importlib.util.find_spec("matplotlib") is not None:
         assert (out / "jitter.png").stat().st_size > 0
     assert "delivered" in run.stdout  # progress lines were shown
+
+
+@pytest.mark.timeout(240)
+def test_sla_harness_find_max_renews_its_stack_between_steps(tmp_path):
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOS_")}
+    run = subprocess.run([sys.executable, "-m", "benchmarks.sla", "--find-max", "--start-rate", "100",
+                          "--max-rate", "200", "--step-duration", "3", "--max-steps", "2", "--delay", "0.5:1",
+                          "--progress", "5", "--drain-timeout", "20", "--no-records", "--out", str(out)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=230)
+    assert run.returncode == 0, run.stdout + run.stderr
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    steps = summary["find_max"]["steps"]
+    assert [(s["rate"], s["sla_pass"], s["lost"]) for s in steps] == [(100, True, 0), (200, True, 0)], run.stdout
+    assert summary["find_max"]["max_sustained_rate"] == 200
+    assert summary["find_max"]["bounded_by_max_rate"] is True
+    # each step ran on a stack of its own (a new broker and PostgreSQL, on new ports)
+    assert run.stdout.count("a fresh stack for the next step") == 1, run.stdout
+    stacks = [orjson.loads((out / "steps" / d / "summary.json").read_bytes())["config"]["target"]["stack"]
+              for d in ("01-100", "02-200")]
+    assert stacks[0]["bootstrap_servers"] != stacks[1]["bootstrap_servers"]
+    assert stacks[0]["database_url"] != stacks[1]["database_url"]

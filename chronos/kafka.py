@@ -92,19 +92,19 @@ def describe(conf: dict[str, Any]) -> str:
 
 
 def make_producer(settings: Settings, what: str, **overrides: Any) -> tuple[Producer, OutageLog]:
-    outage = OutageLog(what)
-    conf = producer_config(settings, **overrides)
-    conf["error_cb"] = outage.error
-    conf.setdefault("logger", LIBRDKAFKA_LOG)
-    return _create(Producer, conf, settings, what), outage
+    return _make(Producer, producer_config(settings, **overrides), settings, what)
 
 
 def make_consumer(settings: Settings, what: str, **overrides: Any) -> tuple[KafkaConsumer, OutageLog]:
+    return _make(KafkaConsumer, consumer_config(settings, **overrides), settings, what)
+
+
+def _make(cls, conf: dict[str, Any], settings: Settings, what: str):
+    """A client whose errors go to one outage log and whose own logs go through `logging`."""
     outage = OutageLog(what)
-    conf = consumer_config(settings, **overrides)
     conf["error_cb"] = outage.error
     conf.setdefault("logger", LIBRDKAFKA_LOG)
-    return _create(KafkaConsumer, conf, settings, what), outage
+    return _create(cls, conf, settings, what), outage
 
 
 def _error_text(exc: KafkaException, secrets: list[str]) -> str:

@@ -22,6 +22,16 @@ def chronos_headers(message_id: str, deadline_s: float, extra: list | None = Non
         list(extra or [])
 
 
+def start_consumer_and_doomed_firer(processes) -> tuple:
+    """A consumer and a firer that claims far ahead (lookahead 1.4 s, polling every 50 ms), so that
+    when the test kills it, it holds rows it has not published yet."""
+    consumer = processes.start("consumer")
+    doomed = processes.start("firer", CHRONOS_LOOKAHEAD_MS="1400", CHRONOS_POLL_INTERVAL_MS="50")
+    processes.wait_for_log(consumer, "starting: node")
+    processes.wait_for_log(doomed, "firing from the store")
+    return consumer, doomed
+
+
 def producer(bootstrap: str) -> Producer:
     return Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"})
 

@@ -16,6 +16,7 @@ import os
 from types import ModuleType
 from typing import Callable, Iterable
 
+from chronos.codec import types as _types
 from chronos.codec.types import (
     ACTION_CANCEL,
     ACTION_REPLACE,
@@ -38,33 +39,8 @@ from chronos.codec.types import (
     Parsed,
 )
 
-__all__ = [
-    "IMPL",
-    "implementation",
-    "parse_headers",
-    "parse_deadline",
-    "encode_headers",
-    "decode_headers",
-    "Parsed",
-    "Codec",
-    "HEADER_ID",
-    "HEADER_DEADLINE",
-    "HEADER_TOPIC",
-    "HEADER_ORDERING_KEY",
-    "HEADER_ACTION",
-    "HEADER_CRON",
-    "HEADER_TIMEZONE",
-    "CHRONOS_HEADERS",
-    "ACTION_CANCEL",
-    "ACTION_REPLACE",
-    "MAX_ID_LENGTH",
-    "MAX_TOPIC_LENGTH",
-    "MAX_ORDERING_KEY_LENGTH",
-    "MAX_DEADLINE_MS",
-    "MIN_DEADLINE_US",
-    "MAX_DEADLINE_US",
-    "REASON_CODES",
-]
+__all__ = ["IMPL", "implementation", "parse_headers", "parse_deadline", "encode_headers", "decode_headers",
+           *_types.__all__]
 
 ENV_VAR = "CHRONOS_IMPL"
 _MODULES = {"native": "chronos.codec._native", "python": "chronos.codec._python"}

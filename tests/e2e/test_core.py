@@ -10,7 +10,7 @@ import time
 import psycopg
 import pytest
 
-from helpers import Collector, chronos_headers, producer, send
+from helpers import Collector, chronos_headers, producer, send, start_consumer_and_doomed_firer
 
 ADVANCE_S = 0.050  # default CHRONOS_TIMING_ADVANCE_MS
 
@@ -118,11 +118,8 @@ def test_invalid_messages_reach_the_dead_letter_topic(processes, broker, topics,
 def test_killed_firer_rows_are_fired_by_a_peer_after_the_hold_time(processes, broker, topics, collect,
                                                                   chronos_env):
     url = chronos_env["CHRONOS_DATABASE_URL"]
-    consumer = processes.start("consumer")
     # a firer that claims far ahead, so it holds rows it has not published when it dies
-    doomed = processes.start("firer", CHRONOS_LOOKAHEAD_MS="1400", CHRONOS_POLL_INTERVAL_MS="50")
-    processes.wait_for_log(consumer, "starting: node")
-    processes.wait_for_log(doomed, "firing from the store")
+    consumer, doomed = start_consumer_and_doomed_firer(processes)
     p = producer(broker.bootstrap_servers)
     deadline = time.time() + 2.5
     for i in range(20):

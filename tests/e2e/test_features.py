@@ -17,7 +17,7 @@ import pytest
 
 from chronos.client import Scheduler
 from chronos.embedded import create_topics
-from helpers import Collector, chronos_headers, producer, send
+from helpers import Collector, chronos_headers, producer, send, start_consumer_and_doomed_firer
 
 
 def start_all(processes, firers=1, **env):
@@ -120,11 +120,8 @@ def test_max_lateness_dead_letters_messages_too_far_in_the_past(processes, broke
 def test_ordering_keys_hold_with_several_firers_and_a_firer_killed_mid_batch(processes, broker, topics,
                                                                            chronos_env):
     url = chronos_env["CHRONOS_DATABASE_URL"]
-    consumer = processes.start("consumer")
     # one firer claims far ahead, so it is killed holding whole chains of keys
-    doomed = processes.start("firer", CHRONOS_LOOKAHEAD_MS="1400", CHRONOS_POLL_INTERVAL_MS="50")
-    processes.wait_for_log(consumer, "starting: node")
-    processes.wait_for_log(doomed, "firing from the store")
+    consumer, doomed = start_consumer_and_doomed_firer(processes)
     collect = Collector(broker.bootstrap_servers, [topics["output"]])
     p = producer(broker.bootstrap_servers)
     deadline = time.time() + 2.5

@@ -10,6 +10,7 @@ on shutdown; a row whose publish failed is handed back at once so any firer retr
 from __future__ import annotations
 
 import heapq
+from collections import deque
 import itertools
 import logging
 import queue
@@ -172,13 +173,16 @@ class StoreWorker(threading.Thread):
 
     def claim(self, now: float) -> None:
         firer = self.firer
+        # Kafka does not acknowledge, or acknowledges so slowly that publishes wait for seconds (an
+        # overloaded broker): rows claimed now would only wait, be handed to a peer after the hold time
+        # and be published again by it, over and over; claim nothing until Kafka catches up
         stalled = time.monotonic() - firer.ack_progress if firer.in_flight else 0.0
+        stalled = max(stalled, firer.publish_age())
         if stalled > self.settings.hold_time_ms / 2000.0:
-            # Kafka does not acknowledge: rows claimed now would only wait, be handed to a peer after the
-            # hold time and be published again by it, over and over; claim nothing until Kafka answers
             if not self.claims_paused:
                 self.claims_paused = True
-                log.warning("no acknowledgement from Kafka for %.1fs: claiming nothing until there is one", stalled)
+                log.warning("a publish has waited %.1fs for Kafka's acknowledgement: claiming nothing until "
+                            "Kafka catches up", stalled)
             self.next_claim = now + 0.05
             return
         if self.claims_paused:
@@ -256,6 +260,7 @@ class FirerProcess:
         self.seq = itertools.count()
         self.in_flight = 0
         self.ack_progress = 0.0  # monotonic: the last acknowledgement, or the first publish since none was in flight
+        self.sent_at: deque[float] = deque()  # monotonic send time of each publish in flight, oldest first
         self.acked: list[Claimed] = []
         self.failed: list[Claimed] = []
         self.stats = {"claimed": 0, "fired": 0, "vanished": 0, "released": 0}
@@ -305,6 +310,15 @@ class FirerProcess:
             wait = min(wait, self.heap[0][0] - self.timing.advance - time.time())
         return max(TICK, wait)
 
+    def publish_age(self) -> float:
+        """How long the oldest publish in flight has waited for its acknowledgement (read by the
+        store thread). Acknowledgements come back about in publish order, so one is dropped from
+        the front per acknowledgement."""
+        try:
+            return time.monotonic() - self.sent_at[0]
+        except IndexError:
+            return 0.0
+
     def hand_over(self) -> None:
         """Send acknowledged and failed rows to the store thread."""
         if self.acked:
@@ -331,6 +345,8 @@ class FirerProcess:
 
         def delivered(err, _msg):
             self.in_flight -= 1
+            if self.sent_at:
+                self.sent_at.popleft()
             self.ack_progress = time.monotonic()
             if err is None:
                 self.timing.observe_ack(time.monotonic() - sent)
@@ -345,6 +361,7 @@ class FirerProcess:
         if not self.in_flight:
             self.ack_progress = time.monotonic()
         self.in_flight += 1
+        self.sent_at.append(sent)
         produce(self.producer, row.topic or self.settings.output_topic, row.value, row.key,
                 codec.decode_headers(row.headers), delivered)
 
@@ -354,6 +371,7 @@ class FirerProcess:
         log.error("the producer hit a fatal error; replacing it (in-flight rows are handed back)")
         self.producer, self.outage = make_producer(self.settings, "firer")
         self.in_flight = 0  # the old producer's rows stay claimed; the detector hands them back
+        self.sent_at.clear()
 
     def shutdown(self) -> None:
         """Hand back what was not published, wait for acknowledgements, delete what was fired."""

@@ -223,3 +223,32 @@ def test_firer_store_thread_waits_out_a_postgres_outage_instead_of_spinning():
     assert worker.wait_time() > 0.5
     worker.down_until = 0.0
     assert worker.wait_time() == 0.0  # reachable again: hand back at once
+
+
+def test_firer_stops_claiming_while_its_oldest_publish_waits_too_long_for_kafka():
+    """Acknowledgements still trickle in (an overloaded broker), but the oldest publish has waited
+    past half the hold time: claiming more would only have rows handed to a peer and published twice."""
+    import time as _time
+    from collections import deque
+    from types import SimpleNamespace
+
+    from chronos.firer import FirerProcess, StoreWorker
+
+    firer = FirerProcess.__new__(FirerProcess)
+    firer.in_flight = 3
+    firer.ack_progress = _time.monotonic()  # an acknowledgement just came back
+    firer.sent_at = deque([_time.monotonic() - 4.0, _time.monotonic() - 0.1, _time.monotonic()])
+    worker = StoreWorker.__new__(StoreWorker)
+    worker.firer, worker.claims_paused = firer, False
+    worker.settings = SimpleNamespace(hold_time_ms=5000)
+
+    class NoClaims:
+        def claim(self, *args):
+            raise AssertionError("claimed while Kafka lags")
+
+    worker.store = NoClaims()
+    worker.claim(_time.time())
+    assert worker.claims_paused
+    assert firer.publish_age() == pytest.approx(4.0, abs=0.1)
+    firer.sent_at.popleft()  # acknowledged: the oldest in flight is now 0.1 s old
+    assert firer.publish_age() < 1.0

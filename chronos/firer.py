@@ -34,6 +34,7 @@ DELETE_BATCH = 1000          # acknowledged rows deleted in one statement at mos
 DELETE_EVERY = 0.02          # seconds between deletes while acknowledgements trickle in
 CLOCK_SYNC_EVERY = 10.0      # seconds between measurements of the database clock offset
 IDLE_WAIT = 0.005            # the publishing thread looks for newly claimed rows this often
+SLOW_STATEMENT = 1.0         # seconds: a claim or delete slower than this is logged (aggregated)
 TICK = 0.001                 # the publishing thread sleeps at least this long: rows due within it go together
 
 
@@ -198,7 +199,7 @@ class StoreWorker(threading.Thread):
         if now >= self.next_schedules:  # recurring schedules: once per poll interval, even in a backlog
             self.next_schedules = now + self.settings.poll_interval_ms / 1000.0
             occurrences = self.store.claim_schedules(limit, self.settings.lookahead_ms, time.time_ns() // 1000)
-        firer.metrics.batch("claim", len(rows) + len(occurrences), time.perf_counter() - started)
+        self.measured("claim", len(rows) + len(occurrences), started)
         if rows or occurrences:
             self.held += len(rows) + len(occurrences)
             firer.stats["claimed"] += len(rows) + len(occurrences)
@@ -208,6 +209,15 @@ class StoreWorker(threading.Thread):
         else:
             interval = self.settings.poll_interval_ms / 1000.0
             self.next_claim = now + interval * random.uniform(0.9, 1.1)
+
+    def measured(self, step: str, rows: int, started: float) -> None:
+        """Record a statement's duration; one slow enough to hold up firing is also logged, since
+        while it runs nothing is claimed or deleted and held rows age towards the hold time."""
+        elapsed = time.perf_counter() - started
+        self.firer.metrics.batch(step, rows, elapsed)
+        if elapsed > SLOW_STATEMENT:
+            self.throttle.warning("slow " + step, "slow %s: %.1fs for %d rows (%d rows held by this firer)",
+                                  step, elapsed, rows, self.held)
 
     def settle(self, now: float) -> None:
         """Delete acknowledged rows in batches, and hand back rows that will not be published."""
@@ -226,7 +236,7 @@ class StoreWorker(threading.Thread):
             deleted = self.store.delete_fired(done)
             del self.acked[:DELETE_BATCH]
             self.held -= len(done)
-            self.firer.metrics.batch("delete", len(done), time.perf_counter() - started)
+            self.measured("delete", len(done), started)
             self.firer.stats["fired"] += len(done)
             if deleted < len(done):
                 self.firer.stats["vanished"] += len(done) - deleted

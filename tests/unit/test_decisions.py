@@ -252,3 +252,24 @@ def test_firer_stops_claiming_while_its_oldest_publish_waits_too_long_for_kafka(
     assert firer.publish_age() == pytest.approx(4.0, abs=0.1)
     firer.sent_at.popleft()  # acknowledged: the oldest in flight is now 0.1 s old
     assert firer.publish_age() < 1.0
+
+
+def test_firer_logs_a_claim_or_delete_slow_enough_to_hold_up_firing(caplog):
+    import logging
+    import time as _time
+    from types import SimpleNamespace
+
+    from chronos.firer import SLOW_STATEMENT, StoreWorker
+    from chronos.logs import Throttle
+
+    recorded = []
+    worker = StoreWorker.__new__(StoreWorker)
+    worker.firer = SimpleNamespace(metrics=SimpleNamespace(batch=lambda *a: recorded.append(a[:2])))
+    worker.throttle, worker.held = Throttle(logging.getLogger("chronos.firer")), 2000
+    caplog.set_level("WARNING", logger="chronos.firer")
+    worker.measured("delete", 1000, _time.perf_counter())
+    assert not caplog.records
+    worker.measured("claim", 2000, _time.perf_counter() - SLOW_STATEMENT - 0.5)
+    (record,) = caplog.records
+    assert record.getMessage().startswith("slow claim: 1.5s for 2000 rows")
+    assert recorded == [("delete", 1000), ("claim", 2000)]

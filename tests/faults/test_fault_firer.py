@@ -34,6 +34,21 @@ def check_held_rows_refired(sc: Scenario, kills) -> None:
             assert max(arrivals[mid]) >= readied_at + HOLD_S - 0.1, (mid, readied_at, arrivals[mid])
 
 
+def finish_after_firer_kills(sc: Scenario, kills, fault_report, detectors: tuple[str, ...]) -> None:
+    """The verdict of a scenario that killed firers holding rows: the common checks, every held row
+    re-fired by a peer, duplicates only among the held rows (published, not yet deleted), and each
+    held row handed back exactly once by one of the detectors."""
+    report = sc.finish()
+    fault_report(report)
+    check_common(sc, report)
+    check_held_rows_refired(sc, kills)
+    held = set().union(*(f.held for f in kills))
+    assert set(report.duplicated_ids) <= held
+    counts = reset_counts("".join(sc.stack.log(d) for d in detectors))
+    for f in kills:
+        assert counts.get(f.node, 0) == len(f.held), (f.node, counts, len(f.held))
+
+
 def test_firer_sigkilled_while_holding_rows(tmp_path, fault_report):
     with Scenario("2 firer SIGKILL x3", tmp_path, "--firers", "2", hold_s=HOLD_S) as sc:
         time.sleep(4)
@@ -41,16 +56,7 @@ def test_firer_sigkilled_while_holding_rows(tmp_path, fault_report):
         for name in ("firer_00", "firer_01", "firer_00"):
             kills.append(sc.kill_firer(name))
             time.sleep(HOLD_S + 4)
-        report = sc.finish()
-        fault_report(report)
-        check_common(sc, report)
-        check_held_rows_refired(sc, kills)
-        # duplicates only among the rows the killed firers held (published, not yet deleted)
-        held = set().union(*(f.held for f in kills))
-        assert set(report.duplicated_ids) <= held
-        counts = reset_counts(sc.stack.log("detector_00"))
-        for f in kills:
-            assert counts.get(f.node, 0) == len(f.held), (f.node, counts, len(f.held))
+        finish_after_firer_kills(sc, kills, fault_report, ("detector_00",))
         supervisord = (sc.stack.log_dir / "supervisord.log").read_text()
         assert supervisord.count("exited: firer_00 (terminated by SIGKILL; not expected)") == 2
         assert supervisord.count("exited: firer_01 (terminated by SIGKILL; not expected)") == 1

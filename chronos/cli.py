@@ -231,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from chronos.status import add_parsers as operating_parsers
     operating_parsers(sub)
+
+    from chronos.console import add_parser as console_parser
+    console_parser(sub)
     return parser
 
 

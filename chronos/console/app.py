@@ -42,7 +42,7 @@ SECURITY_HEADERS = [
     (b"content-security-policy", b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                                  b"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),  # no-referrer would make Origin "null" on our own forms
     (b"x-frame-options", b"DENY"),
     (b"cache-control", b"no-store"),
 ]

@@ -1,0 +1,104 @@
+"""The console in a real Chromium against a real `chronos up`: one stack for the whole module."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from chronos import codec, cron
+from chronos.store import Row, Store
+
+from conftest import TOKEN
+
+pytestmark = pytest.mark.browser
+
+KNOWN = 20
+SCRIPT_VALUE = b"<script>window.__pwned = 1</script>"
+SCHEDULE_ID = '<img src=x onerror="window.__pwned = 1">nightly'
+
+
+@pytest.fixture(scope="module")
+def known(stack) -> dict:
+    """Far-future messages and one recurring schedule written straight to the store."""
+    now_us = cron.to_us(datetime.now(timezone.utc))
+    day_us = 86_400_000_000
+    rows = [Row(id=f"known-{i:03d}", deadline_us=now_us + day_us + i * 1_000_000, topic=None,
+                key=f"key-{i % 4}".encode(), value=b"plain value" if i else SCRIPT_VALUE,
+                headers=codec.encode_headers([("trace-id", f"trace-{i}".encode()), ("bin", b"\x00\xff")]))
+            for i in range(KNOWN)]
+    first = cron.first_occurrence("*/5 * * * *", "Europe/Paris", None, now_us)
+    rows.append(Row(id=SCHEDULE_ID, deadline_us=first, topic=None, key=None, value=b"tick",
+                    headers=codec.encode_headers([]), cron="*/5 * * * *", timezone="Europe/Paris"))
+    store = Store(stack["database_url"])
+    assert store.insert(rows) == KNOWN + 1
+    store.close()
+    return {"schedule_next": cron.from_us(first)}
+
+
+def field(page, name: str) -> str:
+    return page.locator(f"[data-field={name}]").inner_text()
+
+
+def test_overview_shows_the_figures_of_the_store(stack, known, page):
+    page.goto(stack["console_url"])
+    assert field(page, "waiting") == f"{KNOWN}"
+    assert field(page, "due_now") == "0"
+    assert field(page, "in_flight") == "0"
+    assert field(page, "past_hold_time") == "0"
+    assert field(page, "recurring_schedules") == "1"
+    assert field(page, "next_deadline").startswith("in ")
+    assert page.locator("#metrics-note").inner_text().startswith("Rates and lateness from the /metrics of 3")
+
+
+def test_overview_updates_when_new_messages_arrive(stack, known, page):
+    from chronos.client import Scheduler
+    page.goto(stack["console_url"])
+    before = int(field(page, "waiting").replace(",", ""))
+    scheduler = Scheduler(stack["bootstrap_servers"], input_topic=stack["input_topic"])
+    with scheduler:
+        for i in range(3):
+            scheduler.send_later("late", b"arrives", delay=timedelta(days=2), message_id=f"arrival-{i}")
+    # the page refreshes itself: no reload, just wait for the figure to change
+    page.wait_for_function("n => document.querySelector('[data-field=waiting]').textContent === String(n)",
+                           arg=before + 3, timeout=30000)
+
+
+def test_schedules_page_lists_next_occurrences_and_shows_ids_as_text(stack, known, page):
+    page.goto(stack["console_url"] + "schedules")
+    row = page.locator("#schedules tbody tr")
+    assert row.count() == 1
+    assert row.locator("td.id").inner_text() == SCHEDULE_ID
+    occurrences = row.locator("ol.occurrences time")
+    assert occurrences.count() == 5
+    assert occurrences.first.get_attribute("datetime") == known["schedule_next"].isoformat()
+    assert page.evaluate("window.__pwned") is None
+
+
+def test_sign_in_with_the_token(stack, page):
+    page.goto(stack["console_url"] + "login")
+    page.fill("input[name=token]", "not-the-token-at-all")
+    page.click("button[type=submit]")
+    assert page.locator(".error-message").inner_text() == "That is not the token."
+    page.fill("input[name=token]", TOKEN)
+    page.click("button[type=submit]")
+    page.wait_for_url(stack["console_url"])
+    assert page.locator("header form button").inner_text() == "sign out"
+    cookie = page.context.cookies()[0]
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and TOKEN not in cookie["value"]
+
+
+def test_read_only_console_says_so(read_only_console, page):
+    page.goto(read_only_console.url)
+    assert "Read-only" in page.locator("#read-only-notice").inner_text()
+    page.goto(read_only_console.url + "login")
+    assert page.locator("h1").inner_text() == "Read-only console"
+
+
+def test_unknown_address_is_a_404_page(stack, page):
+    response = page.goto(stack["console_url"] + "no/such/page")
+    assert response.status == 404
+    assert page.locator("h1").inner_text() == "Not found"

@@ -292,16 +292,36 @@ class MetricsSampler:
                 pass
 
 
+class CountPolicy:
+    """How often the overview counts the waiting rows exactly: at most once a second, and no more
+    often than keeps the count under `budget` of a core (on a large table the count is the only
+    costly part of the overview; the other figures come off small indexes every second)."""
+
+    def __init__(self, every: float = 1.0, budget: float = 0.01, longest: float = 30.0):
+        self.least, self.budget, self.longest = every, budget, longest
+        self.every = every
+        self.counted_at: float | None = None
+
+    def due(self, now: float) -> bool:
+        return self.counted_at is None or now - self.counted_at >= self.every
+
+    def counted(self, now: float, took: float) -> None:
+        self.counted_at = now
+        self.every = min(self.longest, max(self.least, took / self.budget))
+
+
 class StoreReader:
     """Runs store calls off the event loop, one at a time (a `Store` holds one connection), and
-    keeps the overview for `ttl` seconds so that any number of open pages cost one query a second."""
+    keeps the overview for `ttl` seconds so that any number of open pages cost one read a second."""
 
     def __init__(self, store: Any, hold_time_ms: int, *, ttl: float = 1.0,
                  clock: Callable[[], float] = time.monotonic):
         self.store, self.hold_time_ms, self.ttl, self.clock = store, hold_time_ms, ttl, clock
+        self.counting = CountPolicy(every=ttl)
         self._lock = threading.Lock()
         self._refresh = asyncio.Lock()
         self._cached: tuple[float, dict[str, Any] | None, str | None] | None = None
+        self._waiting: tuple[int, bool] | None = None   # the last count: (rows, estimated)
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(store, *args) in a worker thread; raises what it raises (ChronosError subclasses)."""
@@ -311,16 +331,29 @@ class StoreReader:
         return await asyncio.to_thread(run)
 
     async def overview(self) -> tuple[dict[str, Any] | None, str | None]:
-        """(the store's overview as `chronos status --json` prints it, or None; the error, or None)."""
+        """(the store's overview as `chronos status --json` prints it, plus `waiting_age_s`, or None;
+        the error, or None)."""
         async with self._refresh:
-            if self._cached is not None and self.clock() - self._cached[0] < self.ttl:
+            now = self.clock()
+            if self._cached is not None and now - self._cached[0] < self.ttl:
                 return self._cached[1], self._cached[2]
+            count = self._waiting is None or self.counting.due(now)
             try:
-                view = await self.call(lambda s: s.overview(self.hold_time_ms))
-                result: tuple[dict[str, Any] | None, str | None] = (status.to_dict(view, self.hold_time_ms), None)
+                started = time.monotonic()
+                # exact=None: status's own rule (the planner's estimate on a huge table)
+                view = await self.call(lambda s: s.overview(self.hold_time_ms, exact=None if count else False))
+                took = time.monotonic() - started
+                d = status.to_dict(view, self.hold_time_ms)
+                if count:
+                    self.counting.counted(now, took)
+                    self._waiting = (d["waiting"], d["waiting_estimated"])
+                else:
+                    d["waiting"], d["waiting_estimated"] = self._waiting
+                d["waiting_age_s"] = round(now - (self.counting.counted_at or now), 3)
+                result: tuple[dict[str, Any] | None, str | None] = (d, None)
             except ChronosError as exc:
                 result = (None, str(exc))
-            self._cached = (self.clock(), *result)
+            self._cached = (now, *result)
             return result
 
     def close(self) -> None:

@@ -115,3 +115,15 @@ def test_console_token_is_a_secret_and_must_not_be_short():
     assert "twelve-chars" in settings.secrets()
     with pytest.raises(config.ConfigError, match="at least 12 characters"):
         config.load(None, {"CHRONOS_CONSOLE_TOKEN": "short"}, default_ready_file=False)
+
+
+def test_the_waiting_count_stays_within_its_share_of_a_core():
+    from chronos.console.live import CountPolicy
+    policy = CountPolicy(every=1.0, budget=0.01)
+    assert policy.due(0.0)
+    policy.counted(0.0, took=0.005)        # a small table: count every second
+    assert not policy.due(0.5) and policy.due(1.0)
+    policy.counted(1.0, took=0.05)         # 50 ms a count: every 5 s keeps it at 1% of a core
+    assert not policy.due(5.9) and policy.due(6.0)
+    policy.counted(6.0, took=10.0)         # never rarer than every 30 s
+    assert policy.due(36.0)

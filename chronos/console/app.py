@@ -128,8 +128,9 @@ def display(store: dict[str, Any] | None, rates: dict[str, float] | None,
     out: dict[str, str] = {}
     if store is not None:
         age = store.get("waiting_age_s") or 0.0
-        out.update(waiting=f"{store['waiting']:,}" + (" (estimate)" if store["waiting_estimated"] else "")
-                   + (f" ({age:.0f} s ago)" if age >= 2 else ""),
+        out.update(waiting=f"{store['waiting']:,}",
+                   waiting_note=("estimate" if store["waiting_estimated"] else "counted")
+                   + (f" {age:.0f} s ago" if age >= 2 else ""),
                    due_now=f"{store['due_now']:,}", in_flight=f"{store['in_flight']:,}",
                    oldest_overdue=_seconds_text(store["oldest_overdue_s"]),
                    past_hold_time=f"{store['past_hold_time']:,}",

@@ -236,7 +236,7 @@ def rates_svg(series: list[tuple[float, float, float]], now: float, window: floa
                         for p in series)
     return (f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" aria-label="rates">'
             f'<polyline class="line-in" points="{line(1)}"/><polyline class="line-fired" points="{line(2)}"/>'
-            f'<text x="4" y="12" class="axis">{top:,.0f}/s</text>'
+            f'<text x="4" y="12" class="axis">{top:,.{0 if top >= 10 else 1}f}/s</text>'
             f'<text x="4" y="{height - 2}" class="axis">{window / 60:g} min ago</text>'
             f'<text x="{width - 4}" y="{height - 2}" text-anchor="end" class="axis">now</text></svg>')
 

@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Client settings for the embedded broker (see BROKER.md); never production defaults.
+# Client settings for the embedded broker (see docs/embedded-broker.md); never production defaults.
 EMBEDDED_KAFKA = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500", "fetch.wait.max.ms": "10"}
 
 

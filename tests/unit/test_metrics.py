@@ -169,7 +169,8 @@ def test_roles_export_only_their_own_metrics_and_an_info_line():
     names = {name for name, _ in samples(d)}
     assert "chronos_messages_reset_total" in names
     assert "chronos_messages_consumed_total" not in names and "chronos_fire_lateness_seconds_count" not in names
-    assert value(d, "chronos_info", version=metrics.__version__, codec=__import__("chronos.codec").codec.IMPL) == 1
+    assert value(d, "chronos_info", version=metrics.__version__, codec=__import__("chronos.codec").codec.IMPL,
+                 psycopg=__import__("psycopg").pq.__impl__) == 1
     assert value(d, "chronos_healthy") == 1
     assert "process_cpu_seconds_total" in names
 

@@ -20,18 +20,14 @@ import xmlrpc.client
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import orjson
 
 from chronos import config, store
 from chronos.config import Settings, redact_url
-from chronos.console.launch import metrics_urls
+from chronos.console.launch import ConsoleProcess, metrics_urls, pick_metrics_base
 from chronos.embedded import EmbeddedBroker, EmbeddedError, EmbeddedPostgres, create_topics
 from chronos.errors import EXIT_EMBEDDED, ChronosError
-
-if TYPE_CHECKING:
-    from chronos.console.launch import ConsoleProcess
 
 log = logging.getLogger("chronos.up")
 
@@ -79,7 +75,7 @@ class Stack:
     postgres: EmbeddedPostgres | None = None
     broker: EmbeddedBroker | None = None
     supervisord: subprocess.Popen | None = None
-    console: "ConsoleProcess | None" = None
+    console: ConsoleProcess | None = None
     run_dir: Path = field(init=False)
     log_dir: Path = field(init=False)
 
@@ -92,6 +88,8 @@ class Stack:
     def start(self, life_check) -> None:
         for d in (self.data_dir, self.run_dir, self.log_dir):
             d.mkdir(parents=True, exist_ok=True)
+        if self.console is not None:
+            self.console.reserve()
         s = self.settings
         if s.database_url:
             print(f"using PostgreSQL at {redact_url(s.database_url)}", flush=True)
@@ -126,7 +124,6 @@ class Stack:
         life_check()
         if self.console is not None and not s.metrics_port:
             # the console's rates and lateness come from the programs' /metrics
-            from chronos.console.launch import pick_metrics_base
             self.settings = s = config.replace(s, metrics_port=pick_metrics_base(self.live_counts()))
         self.start_supervisord()
         self.wait_programs_running(life_check)
@@ -219,6 +216,7 @@ class Stack:
                 "broker_pid": self.broker.pid if self.broker else None,
                 "kafka_properties": s.kafka_properties, "pid": os.getpid(),
                 "console_url": self.console.url if self.console else None,
+                "console_pid": self.console.proc.pid if self.console and self.console.proc else None,
                 "metrics_urls": list(metrics_urls(s.metrics_port, self.live_counts())) if s.metrics_port else []}
         return info
 
@@ -331,7 +329,6 @@ def run(args: argparse.Namespace) -> int:
                   kafka_properties_file=str(Path(args.kafka_properties_file).resolve())
                   if args.kafka_properties_file else None)
     if not args.no_console:
-        from chronos.console.launch import ConsoleProcess
         why_not = ConsoleProcess.available()
         if why_not:
             print(f"console not started: {why_not}", flush=True)

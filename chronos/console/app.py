@@ -290,7 +290,6 @@ def create_app(settings: Settings, store: Any, *, metrics_urls: tuple[str, ...] 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        console.sampler._wake = asyncio.Event()  # bound to the serving loop
         task = asyncio.create_task(console.sampler.run())
         try:
             yield

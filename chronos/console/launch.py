@@ -82,6 +82,7 @@ class ConsoleProcess:
         self.settings = settings
         self.log_path = log_dir / "console.log"
         self.port_chosen = port_chosen  # the user named the port: a taken one is an error, not a fallback
+        self.sock: socket.socket | None = None
         self.proc: subprocess.Popen | None = None
         self.url: str | None = None
 
@@ -91,28 +92,31 @@ class ConsoleProcess:
         missing = missing_extra()
         return None if missing is None else f"the console extra is not installed ({INSTALL_HINT})"
 
-    def bind(self) -> socket.socket:
+    def reserve(self) -> None:
+        """Bind the console's address now, before anything else starts, so a taken port fails fast."""
         host, port = self.settings.console_host, self.settings.console_port
         try:
-            return listen_socket(host, port)
+            self.sock = listen_socket(host, port)
         except ConfigError:
             if self.port_chosen:
                 raise
-            sock = listen_socket(host, 0)
-            print(f"console port {port} is taken; using {sock.getsockname()[1]} instead", flush=True)
-            return sock
+            self.sock = listen_socket(host, 0)
+            print(f"console port {port} is taken; using {self.sock.getsockname()[1]} instead", flush=True)
 
     def start(self, environ: Mapping[str, str]) -> str:
-        sock = self.bind()
-        host, port = sock.getsockname()[:2]
+        """Start `chronos console` on the reserved socket; returns its URL."""
+        assert self.sock is not None
+        host, port = self.sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         env = {**environ, **config.to_environ(self.settings)}
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "chronos", "console", "--fd", str(sock.fileno())],
-                                         env=env, pass_fds=(sock.fileno(),), stdout=open(self.log_path, "ab"),
+            self.proc = subprocess.Popen([sys.executable, "-m", "chronos", "console", "--fd",
+                                          str(self.sock.fileno())],
+                                         env=env, pass_fds=(self.sock.fileno(),), stdout=open(self.log_path, "ab"),
                                          stderr=subprocess.STDOUT, start_new_session=True)
         finally:
-            sock.close()
+            self.sock.close()
+            self.sock = None
         self.url = f"http://{shown}:{port}/"
         return self.url
 
@@ -121,6 +125,9 @@ class ConsoleProcess:
         return None if self.proc is None else self.proc.poll()
 
     def stop(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.send_signal(signal.SIGTERM)

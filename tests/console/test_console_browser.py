@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import time
-import urllib.error
-import urllib.request
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -12,7 +9,7 @@ import pytest
 from chronos import codec, cron
 from chronos.store import Row, Store
 
-from conftest import TOKEN
+from consolekit import TOKEN
 
 pytestmark = pytest.mark.browser
 
@@ -61,10 +58,17 @@ def test_overview_updates_when_new_messages_arrive(stack, known, page):
     scheduler = Scheduler(stack["bootstrap_servers"], input_topic=stack["input_topic"])
     with scheduler:
         for i in range(3):
-            scheduler.send_later("late", b"arrives", delay=timedelta(days=2), message_id=f"arrival-{i}")
-    # the page refreshes itself: no reload, just wait for the figure to change
+            scheduler.send_later("later", b"arrives", delay=timedelta(days=2), message_id=f"arrival-{i}")
+            scheduler.send_later("soon", b"fires", delay=timedelta(seconds=1), message_id=f"fires-{i}")
+    # the page refreshes itself: no reload, just wait for the figures to change
     page.wait_for_function("n => document.querySelector('[data-field=waiting]').textContent === String(n)",
                            arg=before + 3, timeout=30000)
+    # the programs' /metrics: messages in, and the lateness of the three that fired
+    page.wait_for_function("() => !['-', '0.0/s'].includes("
+                           "document.querySelector('[data-field=rate_in]').textContent)", timeout=30000)
+    page.wait_for_function("() => Number(document.querySelector('[data-field=lateness_count]')"
+                           ".textContent.replace(/,/g, '')) >= 3", timeout=30000)
+    assert page.locator("[data-chart=lateness] svg rect").count() > 0
 
 
 def test_schedules_page_lists_next_occurrences_and_shows_ids_as_text(stack, known, page):

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from conftest import TOKEN, Console, clean_env
+from consolekit import TOKEN, Console, clean_env
 
 PASSWORD = "s3cret-db-password"
 SASL = "s3cret-sasl-password"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import datetime, timezone
 
 import pytest
 
@@ -127,3 +128,36 @@ def test_the_waiting_count_stays_within_its_share_of_a_core():
     assert not policy.due(5.9) and policy.due(6.0)
     policy.counted(6.0, took=10.0)         # never rarer than every 30 s
     assert policy.due(36.0)
+
+
+def test_any_number_of_pages_cost_one_store_read_a_second():
+    import asyncio
+    import threading
+
+    from chronos.console.live import StoreReader
+    from chronos.store import Overview
+
+    class CountingStore:
+        calls = 0
+
+        def overview(self, hold_ms, *, exact=None):
+            CountingStore.calls += 1
+            assert threading.current_thread() is not threading.main_thread()  # off the event loop
+            return Overview.build(datetime(2026, 1, 1, tzinfo=timezone.utc), None, None, 7, 7, 0, [], 0)
+
+    now = [100.0]
+    reader = StoreReader(CountingStore(), 5000, ttl=1.0, clock=lambda: now[0])
+
+    async def pages(n):
+        return await asyncio.gather(*(reader.overview() for _ in range(n)))
+
+    async def scenario():
+        results = await pages(10)
+        assert CountingStore.calls == 1 and all(r[0]["waiting"] == 7 for r in results)
+        now[0] += 0.5
+        await pages(10)
+        assert CountingStore.calls == 1
+        now[0] += 0.6
+        await pages(10)
+        assert CountingStore.calls == 2
+    asyncio.run(scenario())

@@ -283,8 +283,7 @@ async def server_error(request: Request, exc: Exception) -> Response:
 
 # -- the application ---------------------------------------------------------------------------
 
-def create_app(settings: Settings, store: Any, *, metrics_urls: tuple[str, ...] = (),
-               routes: list | None = None) -> Starlette:
+def create_app(settings: Settings, store: Any, *, metrics_urls: tuple[str, ...] = ()) -> Starlette:
     """The console for these settings over this store (a `chronos.store.Store`)."""
     console = Console(settings, store, metrics_urls=metrics_urls)
 
@@ -311,7 +310,6 @@ def create_app(settings: Settings, store: Any, *, metrics_urls: tuple[str, ...] 
             Route("/login", login_form, methods=["GET"]),
             Route("/login", login, methods=["POST"]),
             Route("/logout", logout, methods=["POST"]),
-            *(routes or []),
             Mount("/static", app=StaticFiles(directory=str(_HERE / "static")), name="static"),
         ],
         middleware=middleware,

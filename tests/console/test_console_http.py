@@ -81,3 +81,15 @@ def test_bad_addresses_get_a_404_page(console, path):
     status, headers, text = request(console.url, path)
     assert status == 404, text
     assert "Traceback" not in text and headers["content-type"].startswith("text/html")
+
+
+def test_pages_say_when_postgresql_cannot_be_reached(tmp_path):
+    c = Console(tmp_path, env=clean_env(CHRONOS_DATABASE_URL="postgresql://chronos@127.0.0.1:1/chronos"))
+    try:
+        status, _, text = request(c.url, "/")
+        assert status == 200 and "cannot connect to PostgreSQL at postgresql://chronos@127.0.0.1:1/chronos" in text
+        assert 'id="store-error" >' in text  # shown, not hidden
+        status, _, text = request(c.url, "/schedules")
+        assert status == 200 and "PostgreSQL: cannot connect to PostgreSQL" in text and "Traceback" not in text
+    finally:
+        c.stop()

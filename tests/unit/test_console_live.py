@@ -161,3 +161,12 @@ def test_any_number_of_pages_cost_one_store_read_a_second():
         await pages(10)
         assert CountingStore.calls == 2
     asyncio.run(scenario())
+
+
+def test_up_without_the_console_extra_starts_without_a_console():
+    code = ("import sys\n"
+            "sys.modules['jinja2'] = None\n"
+            "from chronos.console.launch import ConsoleProcess\n"
+            "print(ConsoleProcess.available())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "the console extra is not installed (pip install 'chronos-scheduler[console]')"

@@ -77,7 +77,6 @@ class Console:
         self.auth = Auth(settings.console_token)
         self.env = Environment(loader=FileSystemLoader(str(_HERE / "templates")),
                                autoescape=select_autoescape(default=True, default_for_string=True))
-        self.env.filters["seconds"] = _seconds_text
         self.env.globals["relative"] = relative
         self._live: tuple[float, bytes] | None = None
         self._live_lock = asyncio.Lock()

@@ -102,8 +102,7 @@ class History:
         seconds = []
         for url, scrape in scrapes.items():
             if scrape is None:
-                self.last.pop(url, None)
-                continue
+                continue  # the next answer is counted against the last one, so nothing is lost
             if scrape.buckets and not self.bounds:
                 self._set_bounds(tuple(b for b, _ in scrape.buckets))
                 step.buckets = [0.0] * len(self.bounds)
@@ -253,7 +252,7 @@ class MetricsSampler:
     overview, every `idle_every` seconds otherwise (so the window has history when a page opens)."""
 
     def __init__(self, urls: Sequence[str], *, every: float = 1.0, idle_every: float = 10.0,
-                 active_for: float = 5.0, timeout: float = 0.8, clock: Callable[[], float] = time.time):
+                 active_for: float = 5.0, timeout: float = 2.0, clock: Callable[[], float] = time.time):
         self.urls = list(urls)
         self.every, self.idle_every, self.active_for, self.timeout = every, idle_every, active_for, timeout
         self.clock = clock

@@ -40,6 +40,17 @@ def field(page, name: str) -> str:
     return page.locator(f"[data-field={name}]").inner_text()
 
 
+def wait_until(page, condition: str, arg=None, what: str = "") -> None:
+    """Wait for a JS condition on the live page; on timeout, say what the page showed."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    try:
+        page.wait_for_function(condition, arg=arg, timeout=30000)
+    except PlaywrightTimeout:
+        shown = page.evaluate("() => Object.fromEntries([...document.querySelectorAll('[data-field]')]"
+                              ".map(e => [e.dataset.field, e.textContent]))")
+        raise AssertionError(f"{what} did not happen within 30 s; the page shows {shown}") from None
+
+
 def test_overview_shows_the_figures_of_the_store(stack, known, page):
     page.goto(stack["console_url"])
     assert field(page, "waiting") == f"{KNOWN}"
@@ -55,19 +66,24 @@ def test_overview_updates_when_new_messages_arrive(stack, known, page):
     from chronos.client import Scheduler
     page.goto(stack["console_url"])
     before = int(field(page, "waiting").replace(",", ""))
+    # the rate is over the last 5 s: remember every value the page showed
+    page.evaluate("""() => {
+        const el = document.querySelector('[data-field=rate_in]');
+        window.__rates = [];
+        new MutationObserver(() => window.__rates.push(el.textContent)).observe(el, {childList: true});
+    }""")
     scheduler = Scheduler(stack["bootstrap_servers"], input_topic=stack["input_topic"])
     with scheduler:
         for i in range(3):
             scheduler.send_later("later", b"arrives", delay=timedelta(days=2), message_id=f"arrival-{i}")
-            scheduler.send_later("soon", b"fires", delay=timedelta(seconds=1), message_id=f"fires-{i}")
+            scheduler.send_later("soon", b"fires", delay=timedelta(seconds=5), message_id=f"fires-{i}")
     # the page refreshes itself: no reload, just wait for the figures to change
-    page.wait_for_function("n => document.querySelector('[data-field=waiting]').textContent === String(n)",
-                           arg=before + 3, timeout=30000)
+    wait_until(page, "n => document.querySelector('[data-field=waiting]').textContent === String(n)",
+               before + 3, "waiting going up by 3")
     # the programs' /metrics: messages in, and the lateness of the three that fired
-    page.wait_for_function("() => !['-', '0.0/s'].includes("
-                           "document.querySelector('[data-field=rate_in]').textContent)", timeout=30000)
-    page.wait_for_function("() => Number(document.querySelector('[data-field=lateness_count]')"
-                           ".textContent.replace(/,/g, '')) >= 3", timeout=30000)
+    wait_until(page, "() => window.__rates.some(t => !['-', '0.0/s'].includes(t))", what="a rate of messages in")
+    wait_until(page, "() => Number(document.querySelector('[data-field=lateness_count]')"
+               ".textContent.replace(/,/g, '')) >= 3", what="the lateness of 3 fired messages")
     assert page.locator("[data-chart=lateness] svg rect").count() > 0
 
 
@@ -106,3 +122,4 @@ def test_unknown_address_is_a_404_page(stack, page):
     response = page.goto(stack["console_url"] + "no/such/page")
     assert response.status == 404
     assert page.locator("h1").inner_text() == "Not found"
+

@@ -54,11 +54,14 @@ def test_history_rates_and_window_survive_a_restarted_process():
     assert h.lateness()["counts"] == [0, 10, 0]
 
 
-def test_history_counts_a_silent_process_as_down():
+def test_history_counts_a_silent_process_as_down_and_loses_nothing_it_counted():
     h = History()
     h.add(0.0, {"a": _scrape(1, [1, 1, 1]), "b": None})
     assert (h.sources, h.sources_up) == (2, 1)
     assert h.rates() is None  # one sample: no rate yet
+    h.add(1.0, {"a": None, "b": None})
+    h.add(2.0, {"a": _scrape(5, [1, 5, 5]), "b": None})
+    assert h.rates(over=5) == {"in": 4.0, "fired": 2.0, "dead": 0.0}  # 4 fired over the 2 s since its last answer
 
 
 def test_quantile_interpolates_inside_the_bucket():

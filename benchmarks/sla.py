@@ -284,7 +284,7 @@ class ChronosTarget(Target):
         return {f"{role}s": sum(1 for p in running if p["group"] == role) for role in ("consumer", "firer", "detector")}
 
     def layout(self):
-        return report.format_layout(self.counts())
+        return format_layout(self.counts())
 
 
 class PgqueuerTarget(Target):
@@ -481,10 +481,10 @@ def run_step(target: Target, args: argparse.Namespace, rate: float, duration: fl
     stop = ctx.Event()
     dmin, dmax = args.delay
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    layout = target.layout()
     sampler = StoreSampler(target.database_url, target.table)
     sampler.start()
     helpers = target.start_consumers(ctx, tag, rec, stop)
-    layout = target.layout()
     t0 = time.time() + 1.0
     plan = kafka_load.LoadPlan(tag=tag, rate=rate, count=count, t0=t0, delay_min=dmin, delay_max=dmax,
                                payload_bytes=args.payload_bytes, seed=seed)
@@ -702,7 +702,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.ready_file:
         stack = External(args.ready_file)
     elif args.target == "chronos":
-        stack = OwnStack(counts, up_args)
+        stack = OwnStack(counts, args.up_args)
     else:
         stack = OwnPostgres()
     failed = True

@@ -180,6 +180,10 @@ class Target:
         """The processes doing the work, as the summary shows them (e.g. 1/1/1, or "2 workers")."""
         raise NotImplementedError
 
+    @staticmethod
+    def prepare() -> None:
+        """What the target needs installed, checked before any stack or database starts."""
+
 
 class ChronosTarget(Target):
     name = "chronos"
@@ -344,7 +348,6 @@ class GraphileTarget(Target):
         super().__init__(args, info)
         from benchmarks import graphile_target
         self.gw = graphile_target
-        graphile_target.ensure_installed()
         self.settings = graphile_target.WorkerSettings(concurrency=args.gw_concurrency,
                                                        max_pool_size=args.gw_concurrency + 1,
                                                        poll_interval_ms=args.gw_poll_interval_ms,
@@ -353,6 +356,11 @@ class GraphileTarget(Target):
         _ensure_database(info["database_url"], GRAPHILE_DATABASE)
         self.version = graphile_target.install(self._url, self.settings)
         self.node_pids: list = []
+
+    @staticmethod
+    def prepare():
+        from benchmarks import graphile_target
+        graphile_target.ensure_installed()
 
     @property
     def database_url(self) -> str:
@@ -663,7 +671,7 @@ def find_max(target: Target, args: argparse.Namespace, out: Path, stack) -> dict
     result = {"target": target.name, "layout": steps[-1]["layout"], "max_sustained_rate": lo, "first_failing_rate": hi,
               "steps": steps,
               "step_duration_s": args.step_duration, "bounded_by_max_rate": hi is None and lo == args.max_rate}
-    top = dict(best) if best is not None else {"target": target.name, "sla_pass": False}
+    top = dict(best) if best is not None else {"target": target.name, "layout": result["layout"], "sla_pass": False}
     top.pop("_dir", None)
     top["find_max"] = result
     out.mkdir(parents=True, exist_ok=True)
@@ -699,6 +707,11 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path("benchmarks/out") / (datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
                                                 + f"-{args.target}")
     counts = {"consumer": args.consumers, "firer": args.firers, "detector": args.detectors}
+    try:
+        TARGETS[args.target].prepare()
+    except StackFailed as exc:
+        print(f"benchmark failed: {exc}", file=sys.stderr, flush=True)
+        return 3
     if args.ready_file:
         stack = External(args.ready_file)
     elif args.target == "chronos":

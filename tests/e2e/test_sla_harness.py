@@ -93,3 +93,15 @@ def test_sla_harness_graphile_worker_peer(tmp_path):
     assert target["poll_interval_ms"] == 100
     assert summary["cpu"]["graphile-worker-0 (node)"]["cpu_s"] > 0, summary["cpu"]
     assert "postgres" in summary["cpu"]
+
+
+def test_sla_harness_graphile_without_node_stops_before_starting_anything(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOS_")}
+    env["PATH"] = str(tmp_path)  # neither node nor npm
+    run = subprocess.run([sys.executable, "-m", "benchmarks.sla", "--target", "graphile", "--rate", "10",
+                          "--duration", "1", "--out", str(tmp_path / "out")],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert run.stderr.strip() == (f"benchmark failed: node is not on PATH: --target graphile needs Node.js (>= 14) "
+                                  f"and npm to install graphile-worker into {ROOT}/benchmarks/graphile/node_modules")
+    assert "starting" not in run.stdout  # no PostgreSQL was started for nothing

@@ -37,7 +37,6 @@ from benchmarks.stack import StackFailed
 HERE = Path(__file__).resolve().parent / "graphile"
 TASK = "chronos_bench"  # must match worker.js
 SCHEMA = "graphile_worker"
-TABLE = f"{SCHEMA}._private_jobs"
 
 _ADD_JOBS = f"""
 SELECT count(*) FROM {SCHEMA}.add_jobs(ARRAY(
@@ -115,7 +114,7 @@ def _node_env(url: str) -> dict[str, str]:
     return {**os.environ, "DATABASE_URL": url}
 
 
-def install(url: str, settings: WorkerSettings) -> str:
+def install_schema(url: str, settings: WorkerSettings) -> str:
     """A fresh graphile-worker schema in the database at `url`; returns graphile-worker's version."""
     import psycopg
     with psycopg.connect(url, autocommit=True) as conn:

@@ -354,7 +354,7 @@ class GraphileTarget(Target):
                                                        local_queue_size=args.gw_local_queue_size)
         self._url = database_url_for(info["database_url"], GRAPHILE_DATABASE)
         _ensure_database(info["database_url"], GRAPHILE_DATABASE)
-        self.version = graphile_target.install(self._url, self.settings)
+        self.version = graphile_target.install_schema(self._url, self.settings)
         self.node_pids: list = []
 
     @staticmethod

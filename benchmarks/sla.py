@@ -1,14 +1,17 @@
-"""`python -m benchmarks.sla`: the SLA harness (throughput, jitter, losses) for Chronos and pgqueuer.
+"""`python -m benchmarks.sla`: the SLA harness (throughput, jitter, losses) for Chronos, pgqueuer and graphile-worker.
 
     python -m benchmarks.sla --rate 1000 --duration 60                 # own `chronos up`, default delays 3:10 s
     python -m benchmarks.sla --ready-file .chronos/ready.json ...      # a stack that is already running
     python -m benchmarks.sla --find-max --max-rate 20000               # highest rate that holds the SLA
     python -m benchmarks.sla --target pgqueuer --rate 1000             # the same workload through pgqueuer
+    python -m benchmarks.sla --target graphile --rate 1000             # ... through graphile-worker (Node)
+    python -m benchmarks.sla --find-max --consumers 2 --firers 2 --detectors 2   # another layout
     python -m benchmarks.sla --rate 5000 -- --batch-size 5000          # after `--`: extra `chronos up` args
 
 Processes: this one orchestrates and reports; a producer process offers the load; a reader
 process stamps every output message on arrival (pgqueuer: worker processes stamp every job
-run); a probe process measures the broker's own produce→consume latency in the same run.
+run; graphile-worker: a Node worker reports every job run to a Python process that stamps
+it); a probe process measures the broker's own produce→consume latency in the same run.
 See benchmarks/report.py for the definition of every figure.
 """
 
@@ -36,6 +39,8 @@ from benchmarks.records import ACKED, Records
 from benchmarks.stack import External, OwnPostgres, OwnStack, StackFailed, database_url_for
 
 PGQ_DATABASE = "chronos_bench_pgqueuer"
+GRAPHILE_DATABASE = "chronos_bench_graphile"
+LAYOUT_OPTIONS = ("consumers", "firers", "detectors")
 
 
 def parse_delay(text: str) -> tuple[float, float]:
@@ -51,8 +56,9 @@ def parse_delay(text: str) -> tuple[float, float]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.sla", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Arguments after `--` are passed to `chronos up` unchanged.")
-    p.add_argument("--target", choices=("chronos", "pgqueuer"), default="chronos")
+                                epilog="Arguments after `--` are passed to `chronos up` unchanged, except --consumers, --firers "
+                                       "and --detectors, which are taken as the harness's own.")
+    p.add_argument("--target", choices=("chronos", "pgqueuer", "graphile"), default="chronos")
     p.add_argument("--ready-file", type=Path, help="drive this running stack instead of starting one")
     p.add_argument("--rate", type=float, default=1000.0, help="offered load, messages/s (default 1000)")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of load (default 60)")
@@ -60,10 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="deadline = send time + uniform(MIN, MAX) s (default 3:10)")
     p.add_argument("--payload-bytes", type=int, default=100, help="value size (default 100)")
     p.add_argument("--out", type=Path, help="output directory (default benchmarks/out/<time>-<target>)")
-    g = p.add_argument_group("own stack (`chronos up` in a temporary directory)")
-    g.add_argument("--consumers", type=int, default=1)
-    g.add_argument("--firers", type=int, default=1)
-    g.add_argument("--detectors", type=int, default=1)
+    g = p.add_argument_group("layout of the stack the harness starts (every mode, --find-max included); "
+                             "also taken from after `--`")
+    _add_layout(g)
     g = p.add_argument_group("measurement")
     g.add_argument("--timing-advance-ms", type=float, default=50.0,
                    help="the stack's timing advance: earlier than deadline - this counts as early (default 50)")
@@ -97,7 +102,39 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pgq-batch-size", type=int, default=100, help="QueueManager batch_size (default 100)")
     g.add_argument("--pgq-dequeue-timeout", type=float, default=1.0,
                    help="QueueManager dequeue_timeout, s (default 1; deferred jobs shorten it)")
+    g = p.add_argument_group("--target graphile (graphile-worker's throughput settings by default)")
+    g.add_argument("--gw-workers", type=int, default=1, help="graphile-worker Node processes (default 1)")
+    g.add_argument("--gw-concurrency", type=int, default=24, help="concurrentJobs per worker (default 24)")
+    g.add_argument("--gw-poll-interval-ms", type=int, default=100,
+                   help="pollInterval, ms: how soon a job that fell due is found (default 100, pgqueuer's bound)")
+    g.add_argument("--gw-local-queue-size", type=int, default=500,
+                   help="localQueue.size: jobs each fetch locks and pulls (default 500)")
     return p
+
+
+def _add_layout(parser) -> None:
+    for name in LAYOUT_OPTIONS:
+        parser.add_argument(f"--{name}", type=int, default=None, metavar="N",
+                            help=f"`chronos up --{name}` (default 1)")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The harness's options; `--consumers/--firers/--detectors` after `--` count as the harness's own."""
+    parser = build_parser()
+    own, up_args = split_argv(argv)
+    args = parser.parse_args(own)
+    after = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    _add_layout(after)
+    from_up, args.up_args = after.parse_known_args(up_args)
+    for name in LAYOUT_OPTIONS:
+        mine, theirs = getattr(args, name), getattr(from_up, name)
+        if mine is not None and theirs is not None and mine != theirs:
+            parser.error(f"--{name} {mine} and, after `--`, --{name} {theirs}: give it once")
+        value = mine if mine is not None else theirs if theirs is not None else 1
+        if value < 1:
+            parser.error(f"--{name} must be at least 1, got {value}")
+        setattr(args, name, value)
+    return args
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -138,6 +175,14 @@ class Target:
         if self.info.get("postgres_pid"):
             groups["postgres"] = (self.info["postgres_pid"], True)
         return groups
+
+    def layout(self) -> str:
+        """The processes doing the work, as the summary shows them (e.g. 1/1/1, or "2 workers")."""
+        raise NotImplementedError
+
+    @staticmethod
+    def prepare() -> None:
+        """What the target needs installed, checked before any stack or database starts."""
 
 
 class ChronosTarget(Target):
@@ -212,22 +257,38 @@ class ChronosTarget(Target):
         return ctx.Process(target=kafka_load.run_producer, name="bench-producer",
                            args=(self.producer_conf, self.info["input_topic"], plan, rec))
 
+    def programs(self) -> list[dict] | None:
+        """supervisord's process list of the stack, or None when it cannot be asked."""
+        sock = self.info.get("supervisor_socket")
+        if not sock:
+            return None
+        try:
+            from supervisor.xmlrpc import SupervisorTransport
+            rpc = xmlrpc.client.ServerProxy("http://127.0.0.1",
+                                            transport=SupervisorTransport(None, None, f"unix://{sock}"))
+            return rpc.supervisor.getAllProcessInfo()
+        except (OSError, xmlrpc.client.Error) as exc:
+            print(f"cannot list the stack's programs: {exc}", flush=True)
+            return None
+
     def cpu_groups(self):
         groups = super().cpu_groups()
         if self.info.get("broker_pid"):
             groups["broker"] = (self.info["broker_pid"], False)
-        sock = self.info.get("supervisor_socket")
-        if sock:
-            try:
-                from supervisor.xmlrpc import SupervisorTransport
-                rpc = xmlrpc.client.ServerProxy("http://127.0.0.1",
-                                                transport=SupervisorTransport(None, None, f"unix://{sock}"))
-                for proc in rpc.supervisor.getAllProcessInfo():
-                    if proc["pid"]:
-                        groups[proc["name"]] = (proc["pid"], False)
-            except (OSError, xmlrpc.client.Error) as exc:
-                print(f"cannot list the stack's programs for CPU accounting: {exc}", flush=True)
+        for proc in self.programs() or []:
+            if proc["pid"]:
+                groups[proc["name"]] = (proc["pid"], False)
         return groups
+
+    def counts(self) -> dict[str, int]:
+        """Processes per role: what supervisord runs (a --ready-file stack's own), else what was asked."""
+        running = self.programs()
+        if running is None:
+            return {name: getattr(self.args, name) for name in LAYOUT_OPTIONS}
+        return {f"{role}s": sum(1 for p in running if p["group"] == role) for role in ("consumer", "firer", "detector")}
+
+    def layout(self):
+        return format_layout(self.counts())
 
 
 class PgqueuerTarget(Target):
@@ -275,6 +336,79 @@ class PgqueuerTarget(Target):
     def drop_probe_topic(self):
         pass
 
+    def layout(self):
+        return f"{self.args.pgq_workers} worker{'s' if self.args.pgq_workers > 1 else ''}"
+
+
+class GraphileTarget(Target):
+    name = "graphile"
+    table = "graphile_worker._private_jobs"
+
+    def __init__(self, args, info):
+        super().__init__(args, info)
+        from benchmarks import graphile_target
+        self.gw = graphile_target
+        self.settings = graphile_target.WorkerSettings(concurrency=args.gw_concurrency,
+                                                       max_pool_size=args.gw_concurrency + 1,
+                                                       poll_interval_ms=args.gw_poll_interval_ms,
+                                                       local_queue_size=args.gw_local_queue_size)
+        self._url = database_url_for(info["database_url"], GRAPHILE_DATABASE)
+        _ensure_database(info["database_url"], GRAPHILE_DATABASE)
+        self.version = graphile_target.install_schema(self._url, self.settings)
+        self.node_pids: list = []
+
+    @staticmethod
+    def prepare():
+        from benchmarks import graphile_target
+        graphile_target.ensure_installed()
+
+    @property
+    def database_url(self) -> str:
+        return self._url
+
+    def config(self) -> dict:
+        s = self.settings
+        return {"graphile_worker_version": self.version, "node_version": self.gw.node_version(),
+                "workers": self.args.gw_workers, "concurrent_jobs": s.concurrency, "max_pool_size": s.max_pool_size,
+                "poll_interval_ms": s.poll_interval_ms, "local_queue_size": s.local_queue_size,
+                "complete_job_batch_delay_ms": s.complete_job_batch_delay_ms, "prepared_statements": True,
+                "enqueue": "one graphile_worker.add_jobs call per 5 ms tick, run_at = deadline"}
+
+    def start_consumers(self, ctx, tag, rec, stop):
+        procs = []
+        self.node_pids = []
+        for k in range(self.args.gw_workers):
+            ready, pid = ctx.Event(), ctx.RawValue("i", 0)
+            proc = ctx.Process(target=self.gw.run_worker, name=f"bench-graphile-reader-{k}",
+                               args=(self._url, tag, rec, self.settings, pid, ready, stop))
+            proc.start()
+            procs.append((proc, ready))
+            self.node_pids.append(pid)
+        _wait_ready(procs)
+        return [p for p, _ in procs]
+
+    def cpu_groups(self):
+        groups = super().cpu_groups()
+        for k, pid in enumerate(self.node_pids):
+            groups[f"graphile-worker-{k} (node)"] = (pid.value, False)
+        return groups
+
+    def producer(self, ctx, plan, rec):
+        return ctx.Process(target=self.gw.run_producer, name="bench-graphile-producer", args=(self._url, plan, rec))
+
+    def probe(self):
+        return None
+
+    def drop_probe_topic(self):
+        pass
+
+    def layout(self):
+        n = self.args.gw_workers
+        return f"{n} worker{'s' if n > 1 else ''} x {self.settings.concurrency} jobs"
+
+
+TARGETS = {t.name: t for t in (ChronosTarget, PgqueuerTarget, GraphileTarget)}
+
 
 def _ensure_database(url: str, name: str) -> None:
     import psycopg
@@ -313,7 +447,7 @@ class StoreSampler(threading.Thread):
             with psycopg.connect(self.url, autocommit=True) as conn:
                 while not self.stopping.is_set():
                     row = conn.execute("SELECT n_tup_ins, n_live_tup FROM pg_stat_user_tables WHERE relname = %s",
-                                       (self.table,)).fetchone()
+                                       (self.table.rpartition(".")[2],)).fetchone()  # without its schema
                     if row is not None:
                         self.samples.append((time.time(), int(row[0]), int(row[1])))
                     self.stopping.wait(1.0)
@@ -355,6 +489,7 @@ def run_step(target: Target, args: argparse.Namespace, rate: float, duration: fl
     stop = ctx.Event()
     dmin, dmax = args.delay
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    layout = target.layout()
     sampler = StoreSampler(target.database_url, target.table)
     sampler.start()
     helpers = target.start_consumers(ctx, tag, rec, stop)
@@ -368,7 +503,7 @@ def run_step(target: Target, args: argparse.Namespace, rate: float, duration: fl
     producer.start()
     meter.groups["bench-producer"] = (producer.pid, False)
     meter.start(time.time())
-    print(f"step {tag}: {target.name} at {rate:g} msg/s for {duration:g} s, delay {dmin:g}:{dmax:g} s, "
+    print(f"step {tag}: {target.name} layout {layout} at {rate:g} msg/s for {duration:g} s, delay {dmin:g}:{dmax:g} s, "
           f"{count} messages", flush=True)
     try:
         drained = _watch(target, args, rec, producer, helpers, sampler, stack, t0, meter)
@@ -392,6 +527,7 @@ def run_step(target: Target, args: argparse.Namespace, rate: float, duration: fl
                                timing_advance_ms=args.timing_advance_ms, probe=probe,
                                store_samples=sampler.samples, drain_timeout=args.drain_timeout, t0=t0)
     summary["drained"] = drained
+    summary["layout"] = layout
     summary["cpu"] = cpu
     summary["config"] = {"delay": f"{dmin:g}:{dmax:g}", "payload_bytes": args.payload_bytes, "seed": seed,
                          "tag": tag, "fetch_wait_ms": args.fetch_wait_ms, "linger_ms": args.linger_ms, "probe_linger_ms": args.probe_linger_ms,
@@ -454,19 +590,38 @@ def _watch(target, args, rec: Records, producer, helpers, sampler, stack, t0: fl
                 return False
 
 
-def print_summary(s: dict) -> None:
+def format_layout(counts: dict[str, int]) -> str:
+    """consumers/firers/detectors, e.g. "2/2/2"."""
+    return "/".join(str(counts[name]) for name in LAYOUT_OPTIONS)
+
+
+def format_cpu(cpu: dict) -> str:
+    """Cores per process, busiest first, and their total: "postgres 0.42, firer_00 0.26 (total 0.68)"."""
+    if not cpu:
+        return "(not measured)"
+    cores = sorted(((v["cores"], name) for name, v in cpu.items()), key=lambda c: (-c[0], c[1]))
+    return ", ".join(f"{name} {c:.2f}" for c, name in cores) + f" (total {sum(c for c, _ in cores):.2f})"
+
+
+def summary_lines(s: dict) -> list[str]:
+    """The summary as printed: the verdict line, then the CPU split."""
     j, f = s.get("jitter_ms") or {}, s.get("broker_floor_ms") or {}
     floor = f"  broker floor p50/p99/p99.9 {f['p50']:.1f}/{f['p99']:.1f}/{f['p999']:.1f} ms" if f else ""
     pub = s.get("publish_lateness_ms")
     if pub:
         floor += f"  publish lateness p99/p99.9 {pub['p99']:.0f}/{pub['p999']:.0f} ms"
-    print(f"{s['target']} {s['offered_rate']:g} msg/s: sent {s['sent']} delivered {s['delivered']} lost {s['lost']} "
-          f"dup {s['duplicates']} early {s['early']} (published early {s['early_published']})  enqueue {s['enqueue_rate']}/s "
-          f"fire {s['fire_rate']}/s (due {s['due_rate']}/s)  jitter p50/p99/p99.9/max "
-          f"{j.get('p50', math.nan):.1f}/{j.get('p99', math.nan):.1f}/{j.get('p999', math.nan):.1f}/"
-          f"{j.get('max', math.nan):.1f} ms{floor}  backlog max {s['backlog']['max']}  "
-          f"SLA {'PASS' if s['sla_pass'] else 'FAIL ' + ','.join(k for k, v in s['sla']['checks'].items() if not v)}",
-          flush=True)
+    return [f"{s['target']} layout {s.get('layout', '?')} {s['offered_rate']:g} msg/s: sent {s['sent']} "
+            f"delivered {s['delivered']} lost {s['lost']} "
+            f"dup {s['duplicates']} early {s['early']} (published early {s['early_published']})  enqueue {s['enqueue_rate']}/s "
+            f"fire {s['fire_rate']}/s (due {s['due_rate']}/s)  jitter p50/p99/p99.9/max "
+            f"{j.get('p50', math.nan):.1f}/{j.get('p99', math.nan):.1f}/{j.get('p999', math.nan):.1f}/"
+            f"{j.get('max', math.nan):.1f} ms{floor}  backlog max {s['backlog']['max']}  "
+            f"SLA {'PASS' if s['sla_pass'] else 'FAIL ' + ','.join(k for k, v in s['sla']['checks'].items() if not v)}",
+            f"  cpu (cores): {format_cpu(s.get('cpu'))}"]
+
+
+def print_summary(s: dict) -> None:
+    print("\n".join(summary_lines(s)), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -486,9 +641,10 @@ def find_max(target: Target, args: argparse.Namespace, out: Path, stack) -> dict
         step_out = out / "steps" / f"{len(steps) + 1:02d}-{int(rate)}"
         s = run_step(target, args, rate, args.step_duration, step_out, stack)
         failed = [k for k, v in s["sla"]["checks"].items() if not v]
-        steps.append({"rate": rate, "sla_pass": s["sla_pass"], "failed": failed,
+        steps.append({"rate": rate, "layout": s["layout"], "sla_pass": s["sla_pass"], "failed": failed,
                       "jitter_p999_ms": (s["jitter_ms"] or {}).get("p999"), "lost": s["lost"],
-                      "fire_rate": s["fire_rate"], "backlog_max": s["backlog"]["max"], "dir": str(step_out)})
+                      "fire_rate": s["fire_rate"], "backlog_max": s["backlog"]["max"], "cpu": s["cpu"],
+                      "dir": str(step_out)})
         if s["sla_pass"]:
             lo, best = rate, s
             best["_dir"] = step_out
@@ -512,9 +668,10 @@ def find_max(target: Target, args: argparse.Namespace, out: Path, stack) -> dict
             target = type(target)(args, stack.restart())
         else:
             wait_drained(target.database_url, target.table)
-    result = {"max_sustained_rate": lo, "first_failing_rate": hi, "steps": steps,
+    result = {"target": target.name, "layout": steps[-1]["layout"], "max_sustained_rate": lo, "first_failing_rate": hi,
+              "steps": steps,
               "step_duration_s": args.step_duration, "bounded_by_max_rate": hi is None and lo == args.max_rate}
-    top = dict(best) if best is not None else {"target": target.name, "sla_pass": False}
+    top = dict(best) if best is not None else {"target": target.name, "layout": result["layout"], "sla_pass": False}
     top.pop("_dir", None)
     top["find_max"] = result
     out.mkdir(parents=True, exist_ok=True)
@@ -523,11 +680,19 @@ def find_max(target: Target, args: argparse.Namespace, out: Path, stack) -> dict
             if (best["_dir"] / name).exists():
                 shutil.copy(best["_dir"] / name, out / name)
     (out / "summary.json").write_bytes(orjson.dumps(report.finite(top), option=orjson.OPT_INDENT_2))
-    print(f"find-max: highest rate holding the SLA: {lo} msg/s (first failing: {hi}); steps:", flush=True)
-    for st in steps:
-        print(f"  {st['rate']:>8g} msg/s  {'pass' if st['sla_pass'] else 'FAIL'}  p99.9 {st['jitter_p999_ms']} ms  "
-              f"lost {st['lost']}  {','.join(st['failed'])}", flush=True)
+    print("\n".join(find_max_lines(result)), flush=True)
     return top
+
+
+def find_max_lines(result: dict) -> list[str]:
+    """find-max's summary as printed: the verdict, then each step with its layout and CPU split."""
+    lines = [f"find-max {result['target']} layout {result['layout']}: highest rate holding the SLA: "
+             f"{result['max_sustained_rate']} msg/s (first failing: {result['first_failing_rate']}); steps:"]
+    for st in result["steps"]:
+        lines.append(f"  {st['rate']:>8g} msg/s  layout {st['layout']}  {'pass' if st['sla_pass'] else 'FAIL'}  "
+                     f"p99.9 {st['jitter_p999_ms']} ms  lost {st['lost']}  {','.join(st['failed'])}")
+        lines.append(f"           cpu (cores): {format_cpu(st['cpu'])}")
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -535,19 +700,22 @@ def find_max(target: Target, args: argparse.Namespace, out: Path, stack) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    own, up_args = split_argv(list(sys.argv[1:] if argv is None else argv))
-    args = build_parser().parse_args(own)
-    args.up_args = up_args
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.rate <= 0 or args.duration <= 0:
         print("--rate and --duration must be positive", file=sys.stderr)
         return 2
     out = args.out or Path("benchmarks/out") / (datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
                                                 + f"-{args.target}")
     counts = {"consumer": args.consumers, "firer": args.firers, "detector": args.detectors}
+    try:
+        TARGETS[args.target].prepare()
+    except StackFailed as exc:
+        print(f"benchmark failed: {exc}", file=sys.stderr, flush=True)
+        return 3
     if args.ready_file:
         stack = External(args.ready_file)
     elif args.target == "chronos":
-        stack = OwnStack(counts, up_args)
+        stack = OwnStack(counts, args.up_args)
     else:
         stack = OwnPostgres()
     failed = True
@@ -555,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"starting {'the stack' if isinstance(stack, OwnStack) else 'PostgreSQL'} ..."
               if not isinstance(stack, External) else f"using the stack of {args.ready_file}", flush=True)
         info = stack.start()
-        target = ChronosTarget(args, info) if args.target == "chronos" else PgqueuerTarget(args, info)
+        target = TARGETS[args.target](args, info)
         if args.find_max:
             summary = find_max(target, args, out, stack)
         else:

@@ -2,8 +2,8 @@
 
 `chronos up` is started as a subprocess in a temporary directory (its own embedded PostgreSQL
 and broker), waited for through its ready file, and stopped with SIGTERM like a user's Ctrl-C.
-For `--target pgqueuer` without a ready file, an embedded PostgreSQL with the same settings as
-`chronos up`'s (durable: fsync on) is started instead.
+For a peer target (`--target pgqueuer`, `--target graphile`) without a ready file, an embedded
+PostgreSQL with the same settings as `chronos up`'s (durable: fsync on) is started instead.
 """
 
 from __future__ import annotations
@@ -96,10 +96,10 @@ class OwnStack:
 
 
 class OwnPostgres:
-    """An embedded PostgreSQL for `--target pgqueuer` without a ready file (same settings as `chronos up`)."""
+    """An embedded PostgreSQL for a peer target without a ready file (same settings as `chronos up`)."""
 
     def __init__(self, keep_dir: Path | None = None):
-        self.dir = Path(tempfile.mkdtemp(prefix="pgqueuer-bench-", dir=keep_dir))
+        self.dir = Path(tempfile.mkdtemp(prefix="peer-bench-", dir=keep_dir))
         self.server = None
 
     def start(self) -> dict:

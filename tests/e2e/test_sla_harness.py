@@ -1,4 +1,4 @@
-"""The SLA harness stays working: a short, low-rate run against its own `chronos up`."""
+"""The SLA harness stays working: short, low-rate runs against its own `chronos up` and the peers."""
 
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ def test_sla_harness_find_max_renews_its_stack_between_steps(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOS_")}
     run = subprocess.run([sys.executable, "-m", "benchmarks.sla", "--find-max", "--start-rate", "100",
                           "--max-rate", "200", "--step-duration", "3", "--max-steps", "2", "--delay", "0.5:1",
-                          "--progress", "5", "--drain-timeout", "20", "--no-records", "--out", str(out)],
+                          "--progress", "5", "--drain-timeout", "20", "--no-records", "--out", str(out),
+                          "--firers", "2"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=230)
     assert run.returncode == 0, run.stdout + run.stderr
     summary = orjson.loads((out / "summary.json").read_bytes())
@@ -54,9 +55,53 @@ def test_sla_harness_find_max_renews_its_stack_between_steps(tmp_path):
     assert [(s["rate"], s["sla_pass"], s["lost"]) for s in steps] == [(100, True, 0), (200, True, 0)], run.stdout
     assert summary["find_max"]["max_sustained_rate"] == 200
     assert summary["find_max"]["bounded_by_max_rate"] is True
+    # the layout asked for is the one that ran (supervisord's programs), in the summary and every step's line,
+    # with each process's CPU
+    assert summary["layout"] == summary["find_max"]["layout"] == "1/2/1"
+    for step in steps:
+        assert step["layout"] == "1/2/1"
+        assert {"postgres", "broker", "consumer_00", "firer_00", "firer_01", "detector_00"} <= set(step["cpu"])
+    assert run.stdout.count("layout 1/2/1") >= 5, run.stdout  # 2 step starts, 2 step summaries, find-max's verdict
+    assert "firer_01" in run.stdout.split("find-max chronos layout 1/2/1")[1], run.stdout
     # each step ran on a stack of its own (a new broker and PostgreSQL, on new ports)
     assert run.stdout.count("a fresh stack for the next step") == 1, run.stdout
     stacks = [orjson.loads((out / "steps" / d / "summary.json").read_bytes())["config"]["target"]["stack"]
               for d in ("01-100", "02-200")]
     assert stacks[0]["bootstrap_servers"] != stacks[1]["bootstrap_servers"]
     assert stacks[0]["database_url"] != stacks[1]["database_url"]
+
+
+@pytest.mark.timeout(300)
+def test_sla_harness_graphile_worker_peer(tmp_path):
+    """The same workload through graphile-worker; the harness installs it with npm if it is not yet."""
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOS_")}
+    run = subprocess.run([sys.executable, "-m", "benchmarks.sla", "--target", "graphile", "--rate", "200",
+                          "--duration", "3", "--delay", "0.5:1", "--progress", "2", "--drain-timeout", "20",
+                          "--no-records", "--out", str(out)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=290)
+    assert run.returncode in (0, 1), run.stdout + run.stderr  # 3 with "npm is not on PATH" when Node is missing
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    assert summary["target"] == "graphile"
+    assert (summary["sent"], summary["delivered"], summary["lost"], summary["early"]) == (600, 600, 0, 0), run.stdout
+    assert summary["duplicates"] == 0
+    assert summary["jitter_ms"]["max"] < 5000, run.stdout
+    assert summary["layout"] == "1 worker x 24 jobs"
+    target = summary["config"]["target"]
+    lock = orjson.loads((ROOT / "benchmarks" / "graphile" / "package-lock.json").read_bytes())
+    assert target["graphile_worker_version"] == lock["packages"]["node_modules/graphile-worker"]["version"]
+    assert target["poll_interval_ms"] == 100
+    assert summary["cpu"]["graphile-worker-0 (node)"]["cpu_s"] > 0, summary["cpu"]
+    assert "postgres" in summary["cpu"]
+
+
+def test_sla_harness_graphile_without_node_stops_before_starting_anything(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOS_")}
+    env["PATH"] = str(tmp_path)  # neither node nor npm
+    run = subprocess.run([sys.executable, "-m", "benchmarks.sla", "--target", "graphile", "--rate", "10",
+                          "--duration", "1", "--out", str(tmp_path / "out")],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert run.stderr.strip() == (f"benchmark failed: node is not on PATH: --target graphile needs Node.js (>= 14) "
+                                  f"and npm to install graphile-worker into {ROOT}/benchmarks/graphile/node_modules")
+    assert "starting" not in run.stdout  # no PostgreSQL was started for nothing

@@ -8,7 +8,7 @@ import multiprocessing as mp
 import numpy as np
 import pytest
 
-from benchmarks import report
+from benchmarks import graphile_target, report, sla
 from benchmarks.records import ACKED, Records
 
 
@@ -68,3 +68,62 @@ def test_lost_early_and_slow_messages_fail_the_sla():
 def test_enqueue_rate_from_insert_counter_samples():
     samples = [(float(t), 1000 * t, 0) for t in range(0, 12)]
     assert report.enqueue_rate(samples, 0.0, 10.0) == pytest.approx(1000.0)
+
+
+# -- the harness's layout and CPU split (benchmarks/sla.py), and its arguments
+
+
+def test_layout_options_are_the_harness_own_also_after_the_separator():
+    args = sla.parse_args(["--find-max", "--consumers", "2", "--", "--firers", "2", "--batch-size", "5000",
+                           "--detectors=3"])
+    assert (args.consumers, args.firers, args.detectors) == (2, 2, 3)
+    assert args.up_args == ["--batch-size", "5000"]  # the rest still goes to `chronos up`
+    assert sla.format_layout(vars(args)) == "2/2/3"
+    defaults = sla.parse_args([])
+    assert (defaults.consumers, defaults.firers, defaults.detectors) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("argv", [["--firers", "2", "--", "--firers", "3"], ["--consumers", "0"]])
+def test_contradicting_or_empty_layouts_are_refused(argv, capsys):
+    with pytest.raises(SystemExit) as exited:
+        sla.parse_args(argv)
+    assert exited.value.code == 2
+    assert "--" in capsys.readouterr().err
+
+
+CPU = {"postgres": {"cpu_s": 8.4, "cores": 0.42}, "firer_00": {"cpu_s": 2.6, "cores": 0.13},
+       "firer_01": {"cpu_s": 2.8, "cores": 0.14}, "broker": {"cpu_s": 10.4, "cores": 0.52}}
+
+
+def test_cpu_split_lists_every_process_busiest_first_with_the_total():
+    assert sla.format_cpu(CPU) == "broker 0.52, postgres 0.42, firer_01 0.14, firer_00 0.13 (total 1.21)"
+    assert sla.format_cpu({}) == "(not measured)"
+
+
+def test_summary_lines_show_the_layout_and_the_cpu_split():
+    deadlines = np.arange(1000) / 100.0
+    s = summarize(records(deadlines, deadlines + 0.010, t_last=9.99))
+    s.update(layout="2/2/2", cpu=CPU)
+    verdict, cpu = sla.summary_lines(s)
+    assert verdict.startswith("chronos layout 2/2/2 100 msg/s: sent 1000 delivered 1000 lost 0")
+    assert verdict.endswith("SLA PASS")
+    assert cpu == "  cpu (cores): " + sla.format_cpu(CPU)
+
+
+def test_find_max_lines_show_the_layout_and_each_step_cpu_split():
+    step = {"layout": "2/2/2", "jitter_p999_ms": 40.0, "lost": 0, "cpu": CPU}
+    result = {"target": "chronos", "layout": "2/2/2", "max_sustained_rate": 4000.0, "first_failing_rate": 8000.0,
+              "steps": [{**step, "rate": 4000.0, "sla_pass": True, "failed": []},
+                        {**step, "rate": 8000.0, "sla_pass": False, "failed": ["p999_within_500ms"]}]}
+    lines = sla.find_max_lines(result)
+    assert lines[0].startswith("find-max chronos layout 2/2/2: highest rate holding the SLA: 4000.0 msg/s")
+    assert "first failing: 8000.0" in lines[0]
+    assert lines[1].split() == ["4000", "msg/s", "layout", "2/2/2", "pass", "p99.9", "40.0", "ms", "lost", "0"]
+    assert lines[3].split()[:5] == ["8000", "msg/s", "layout", "2/2/2", "FAIL"]
+    assert lines[2].strip() == lines[4].strip() == "cpu (cores): " + sla.format_cpu(CPU)
+
+
+def test_graphile_target_without_node_says_what_is_missing(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither node nor npm
+    with pytest.raises(graphile_target.SetupFailed, match="node is not on PATH: --target graphile needs Node.js"):
+        graphile_target.ensure_installed()

@@ -42,9 +42,10 @@ class Batch:
     """
 
     ops: dict[str, tuple[str, Row | None]] = field(default_factory=dict)
-    sources: dict[str, Message] = field(default_factory=dict)
+    sources: dict[str, tuple[Message, list]] = field(default_factory=dict)
     late: list[tuple[Message, codec.Parsed]] = field(default_factory=list)
-    dead: list[tuple[Message, str]] = field(default_factory=list)
+    # (message, reason, the headers to carry: as read, a name the client cannot produce escaped)
+    dead: list[tuple[Message, str, list]] = field(default_factory=list)
     duplicates: int = 0
 
     def of(self, op: str) -> list:
@@ -66,11 +67,22 @@ def sort_batch(messages: list[Message], now_us: int, rules: Rules) -> Batch:
     batch = Batch()
     ops = batch.ops
     for msg in messages:
-        parsed = codec.parse_headers(msg.headers())
+        try:
+            headers, bad_name = codec.read_headers(msg)
+        except Exception as exc:  # noqa: BLE001 - no header content may stop the consumer; this message only
+            log.error("could not read the headers of %s/%s/%s (%s: %s); dead-lettering it without them",
+                      msg.topic(), msg.partition(), msg.offset(), type(exc).__name__, exc)
+            batch.dead.append((msg, f"unreadable_headers: {type(exc).__name__}: {exc}", []))
+            continue
+        headers = headers or []
+        if bad_name is not None:
+            batch.dead.append((msg, bad_name, headers))
+            continue
+        parsed = codec.parse_headers(headers)
         decision: Decision = decide(parsed, now_us, rules)
         verdict, mid = decision.verdict, parsed.message_id
         if verdict is Verdict.INVALID:
-            batch.dead.append((msg, decision.reason or "invalid"))
+            batch.dead.append((msg, decision.reason or "invalid", headers))
             continue
         previous = ops.get(mid, (None, None))[0]
         if verdict is Verdict.CANCEL:
@@ -85,12 +97,12 @@ def sort_batch(messages: list[Message], now_us: int, rules: Rules) -> Batch:
                 batch.late.append((msg, parsed))
         elif decision.replace or previous == CANCEL:
             ops[mid] = (REPLACE, _row(parsed, decision, msg, rules))
-            batch.sources[mid] = msg
+            batch.sources[mid] = (msg, headers)
         elif previous in (INSERT, REPLACE):
             batch.duplicates += 1
         else:
             ops[mid] = (INSERT, _row(parsed, decision, msg, rules))
-            batch.sources[mid] = msg
+            batch.sources[mid] = (msg, headers)
     return batch
 
 
@@ -191,8 +203,8 @@ class ConsumerProcess:
         s["cancelled"] += cancelled
         s["cancel_unknown"] += len(batch.of(CANCEL)) - cancelled
         if batch.dead:
-            self.metrics.dead_lettered(r for _, r in batch.dead)
-            reasons = sorted({r.split(":", 1)[0] for _, r in batch.dead})
+            self.metrics.dead_lettered(r for _, r, _ in batch.dead)
+            reasons = sorted({r.split(":", 1)[0] for _, r, _ in batch.dead})
             self.throttle.warning("dead", "%d invalid messages sent to %s (%s)", len(batch.dead),
                                   self.settings.dlq_topic, ", ".join(reasons))
         return True
@@ -207,18 +219,19 @@ class ConsumerProcess:
                                         [message_id] if op == CANCEL else [])
             except StoreRejected as row_exc:
                 del batch.ops[message_id]
-                batch.dead.append((batch.sources[message_id], f"store_rejected: {row_exc}"))
+                msg, headers = batch.sources[message_id]
+                batch.dead.append((msg, f"store_rejected: {row_exc}", headers))
                 continue
             totals = [a + b for a, b in zip(totals, done)]
         return totals[0], totals[1], totals[2]
 
-    def publish(self, late: list[tuple[Message, codec.Parsed]], dead: list[tuple[Message, str]]) -> bool:
+    def publish(self, late: list[tuple[Message, codec.Parsed]], dead: list[tuple[Message, str, list]]) -> bool:
         """Publish late and dead-lettered messages and wait for every acknowledgement, retrying failures."""
         outbox = []
         for msg, parsed in late:
             outbox.append((parsed.topic or self.settings.output_topic, msg.key(), msg.value(), parsed.headers))
-        for msg, reason in dead:
-            headers = list(msg.headers() or [])
+        for msg, reason, carried in dead:
+            headers = list(carried)
             headers.append((ERROR_HEADER, reason.encode()))
             headers.append((SOURCE_HEADER, f"{msg.topic()}/{msg.partition()}/{msg.offset()}".encode()))
             outbox.append((self.settings.dlq_topic, msg.key(), msg.value(), headers))

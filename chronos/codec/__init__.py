@@ -5,6 +5,9 @@ Two implementations share one interface (see ``chronos.codec.types``):
 * ``chronos.codec._native`` -- Cython, built from ``native/_native.pyx``;
 * ``chronos.codec._python`` -- pure Python reference.
 
+Both also read a consumed message's headers straight from librdkafka (``read_headers``, see
+``chronos.codec.librdkafka``), so that no header name can break the consumer.
+
 The environment variable ``CHRONOS_IMPL`` selects one at import time:
 ``native`` (fail with ImportError if it cannot be loaded), ``python``, or
 unset/empty (native if available, else python).  ``IMPL`` tells which one is in use.
@@ -37,10 +40,12 @@ from chronos.codec.types import (
     REASON_CODES,
     Codec,
     Parsed,
+    bad_header_name,
+    escape_header_name,
 )
 
 __all__ = ["IMPL", "implementation", "parse_headers", "parse_deadline", "encode_headers", "decode_headers",
-           *_types.__all__]
+           "read_headers", *_types.__all__]
 
 ENV_VAR = "CHRONOS_IMPL"
 _MODULES = {"native": "chronos.codec._native", "python": "chronos.codec._python"}
@@ -87,5 +92,6 @@ encode_headers: Callable[[Iterable[tuple[str, bytes | None]] | None], bytes] = _
 decode_headers: Callable[
     [bytes | bytearray | memoryview | None], list[tuple[str, bytes | None]]
 ] = _impl.decode_headers
+read_headers: Callable[[object], tuple[list[tuple[str, bytes | None]] | None, str | None]] = _impl.read_headers
 
 del _impl

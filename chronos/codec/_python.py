@@ -6,9 +6,11 @@ the same results (including error detail texts) for every input.  Both share
 """
 from __future__ import annotations
 
+import ctypes
 import re
 import struct
 
+from chronos.codec import librdkafka as _rd
 from chronos.codec.types import (
     ACTION_CANCEL,
     ACTION_REPLACE,
@@ -41,9 +43,11 @@ from chronos.codec.types import (
     MAX_TOPIC_LENGTH,
     MIN_DEADLINE_US,
     Parsed,
+    bad_header_name,
+    escape_header_name,
 )
 
-__all__ = ["IMPL", "Parsed", "parse_headers", "parse_deadline", "encode_headers", "decode_headers"]
+__all__ = ["IMPL", "Parsed", "parse_headers", "parse_deadline", "encode_headers", "decode_headers", "read_headers"]
 
 IMPL = "python"
 
@@ -322,3 +326,57 @@ def decode_headers(data: bytes | None) -> list[tuple[str, bytes | None]]:
         append((key, data[pos : pos + vlen]))
         pos += vlen
     return out
+
+
+# --- reading a consumed message's headers (see chronos.codec.librdkafka) ---------------------
+
+_binding = _rd.BINDING
+_MESSAGE = _rd.MESSAGE
+_RECORD = ctypes.c_uint64 * 4  # ser_size, value_size, name_size, value pointer
+
+
+def read_headers(msg: object) -> tuple[list[tuple[str, bytes | None]] | None, str | None]:
+    """A consumed message's headers, read from librdkafka's list with each name's true length.
+
+    Returns ``(headers, error)``: ``headers`` as ``Message.headers()`` gives them (``None`` when
+    there are none), except that a name that is not valid UTF-8 or holds NUL is escaped
+    (`escape_header_name`) instead of breaking or cutting it; ``error`` is the ``bad_header_name``
+    reason for the first such name, else ``None``. Anything but a ``confluent_kafka.Message``, and
+    every message once the raw path is off, is read with ``msg.headers()``.
+    """
+    global _binding
+    binding = _binding
+    if binding is None or type(msg) is not _MESSAGE:
+        return _rd.fallback(msg)
+    hdrs = ctypes.c_void_p.from_address(id(msg) + _rd.C_HEADERS_OFFSET).value
+    if not hdrs:  # no headers (or headers() already converted them)
+        return msg.headers(), None  # type: ignore[attr-defined]
+    name, value, size = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_size_t()
+    get_all = binding.header_get_all
+    out: list[tuple[str, bytes | None]] = []
+    error = None
+    for i in range(binding.header_cnt(hdrs)):
+        if get_all(hdrs, i, ctypes.byref(name), ctypes.byref(value), ctypes.byref(size)) != 0:
+            problem = f"rd_kafka_header_get_all failed for header {i}"
+            break
+        at, v, n = name.value, value.value, size.value
+        ser_size, value_size, name_size, value_ptr = _RECORD.from_address(at + _rd.SER_SIZE_AT)
+        if not _rd.record_agrees(ser_size, value_size, name_size, value_ptr or None, at, v, n) \
+                or ctypes.string_at(at + name_size, 1) != b"\x00":
+            problem = f"header record {i} does not match rd_kafka_header_get_all's answer"
+            break
+        raw = ctypes.string_at(at, name_size)
+        try:
+            if b"\x00" in raw:
+                raise ValueError
+            key = raw.decode("utf-8")
+        except ValueError:  # UnicodeDecodeError included
+            key = escape_header_name(raw)
+            if error is None:
+                error = bad_header_name(raw)
+        out.append((key, None if v is None else ctypes.string_at(v, n)))
+    else:
+        return out, error
+    _binding = None
+    _rd.disable(f"{problem} (python codec)")
+    return _rd.fallback(msg)

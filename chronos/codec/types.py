@@ -29,6 +29,8 @@ __all__ = [
     "MIN_DEADLINE_US",
     "MAX_DEADLINE_US",
     "REASON_CODES",
+    "escape_header_name",
+    "bad_header_name",
 ]
 
 
@@ -86,7 +88,8 @@ MIN_DEADLINE_US = -62135596800000000
 #: 9999-12-31T23:59:59.999999Z in epoch microseconds (largest ISO deadline).
 MAX_DEADLINE_US = 253402300799999999
 
-#: Reason codes, in the priority order used when several errors apply.
+#: Reason codes of parse_headers, in the priority order used when several errors apply
+#: (read_headers' ``bad_header_name`` comes before all of them: such a message is not parsed).
 REASON_CODES = (
     "duplicate_header",
     "missing_id",
@@ -126,6 +129,31 @@ ERR_BAD_ORDERING_KEY = (
 ERR_BAD_CRON = "bad_cron: chronosCron must be non-empty UTF-8"
 ERR_BAD_TIMEZONE = "bad_cron: chronosTimeZone must be non-empty UTF-8"
 
+# A header name librdkafka hands over that Python's Kafka client cannot carry (read by read_headers).
+ERR_NAME_UTF8 = "bad_header_name: header name '%s' is not valid UTF-8 (carried in this copy with its bytes escaped)"
+ERR_NAME_NUL = "bad_header_name: header name '%s' contains NUL (carried in this copy with the NUL escaped)"
+#: Longest escaped name quoted in a chronosError detail (the dead letter carries the whole name).
+MAX_NAME_IN_DETAIL = 64
+
+
+def escape_header_name(raw: bytes) -> str:
+    """A header name that is not valid UTF-8 or holds NUL, as text the Python client can produce:
+    every byte that is not UTF-8 becomes ``\\xNN`` (backslashreplace) and so does every NUL."""
+    return raw.decode("utf-8", "backslashreplace").replace("\x00", "\\x00")
+
+
+def bad_header_name(raw: bytes) -> str:
+    """The ``bad_header_name`` reason for a raw header name that is not valid UTF-8 or holds NUL."""
+    escaped = escape_header_name(raw)
+    if len(escaped) > MAX_NAME_IN_DETAIL:
+        escaped = escaped[:MAX_NAME_IN_DETAIL] + "..."
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return ERR_NAME_UTF8 % escaped
+    return ERR_NAME_NUL % escaped
+
+
 # Type errors (programming errors, raised identically by both codecs).
 ERR_VALUE_TYPE = "value of header %s must be bytes or None, not %s"
 ERR_KEY_TYPE = "header key must be str, not %s"
@@ -151,3 +179,5 @@ class Codec(Protocol):
     def encode_headers(self, headers: list[tuple[str, bytes | None]] | None) -> bytes: ...
 
     def decode_headers(self, data: bytes | None) -> list[tuple[str, bytes | None]]: ...
+
+    def read_headers(self, msg: object) -> tuple[list[tuple[str, bytes | None]] | None, str | None]: ...

@@ -648,6 +648,7 @@ ctypedef int (*header_get_all_f)(const void* hdrs, size_t idx, const char** name
 cdef header_cnt_f _header_cnt = NULL
 cdef header_get_all_f _header_get_all = NULL
 cdef object MESSAGE = _rd.MESSAGE
+cdef Py_ssize_t HEADERS_OFFSET = _rd.HEADERS_OFFSET
 cdef Py_ssize_t C_HEADERS_OFFSET = _rd.C_HEADERS_OFFSET
 cdef Py_ssize_t SER_SIZE_AT = _rd.SER_SIZE_AT
 cdef Py_ssize_t VALUE_SIZE_AT = _rd.VALUE_SIZE_AT
@@ -700,8 +701,8 @@ def read_headers(msg):
     if _header_cnt == NULL or type(msg) is not MESSAGE:
         return _rd.fallback(msg)
     hdrs = (<const void**>(<char*><PyObject*>msg + C_HEADERS_OFFSET))[0]
-    if hdrs == NULL:  # no headers (or headers() already converted them)
-        return msg.headers(), None
+    if hdrs == NULL or (<const void**>(<char*><PyObject*>msg + HEADERS_OFFSET))[0] != NULL:
+        return msg.headers(), None  # none, or converted (or set) already
     n = _header_cnt(hdrs)
     out = []
     for i in range(n):

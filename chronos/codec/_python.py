@@ -349,8 +349,8 @@ def read_headers(msg: object) -> tuple[list[tuple[str, bytes | None]] | None, st
     if binding is None or type(msg) is not _MESSAGE:
         return _rd.fallback(msg)
     hdrs = ctypes.c_void_p.from_address(id(msg) + _rd.C_HEADERS_OFFSET).value
-    if not hdrs:  # no headers (or headers() already converted them)
-        return msg.headers(), None  # type: ignore[attr-defined]
+    if not hdrs or ctypes.c_void_p.from_address(id(msg) + _rd.HEADERS_OFFSET).value:
+        return msg.headers(), None  # type: ignore[attr-defined]  # none, or converted (or set) already
     name, value, size = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_size_t()
     get_all = binding.header_get_all
     out: list[tuple[str, bytes | None]] = []

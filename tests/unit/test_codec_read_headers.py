@@ -88,10 +88,13 @@ def test_other_objects_are_read_with_their_headers_method(impl):
     assert impl.read_headers(Fake()) == ([("a", b"1")], None)
 
 
-def test_already_converted_headers_are_returned_as_converted(impl):
+def test_already_converted_or_replaced_headers_are_returned_as_the_message_has_them(impl):
     msg = message_with_headers([(b"a", b"1")])
     converted = msg.headers()
     assert impl.read_headers(msg) == (converted, None)
+    msg = message_with_headers([(b"a", b"1")])
+    msg.set_headers([("b", b"2")])
+    assert impl.read_headers(msg) == ([("b", b"2")], None)
 
 
 def _batch_of(*headers_lists):
@@ -151,6 +154,15 @@ librdkafka.BINDING.header_get_all(hdrs, 1, ctypes.byref(name), ctypes.byref(valu
 ctypes.c_size_t.from_address(name.value + librdkafka.{field}).value += 1   # what another layout would show
 print("first", impl.read_headers(msg))
 print("next", impl.read_headers(message_with_headers([(b"c", b"3")])))
+# with the raw path off, a name confluent-kafka cannot convert costs that one message only
+import re
+from chronos import consumer
+from chronos.intake import Rules
+consumer.codec.read_headers = impl.read_headers
+ok = [(b"chronosMessageId", b"ok"), (b"chronosDeadline", b"99999999999999")]
+batch = consumer.sort_batch([message_with_headers([(b"\\xff", b"x")] + ok), message_with_headers(ok)], 0,
+                            Rules(50_000, "out", re.compile("out")))
+print("dead", [(r.split(":")[0], h) for _, r, h in batch.dead], "rows", list(batch.rows))
 """
 
 
@@ -165,4 +177,6 @@ def test_a_record_that_does_not_agree_turns_the_raw_path_off_once(impl_name, fie
     assert "next ([('c', b'3')], None)" in out.stdout
     assert out.stderr.count("ERROR reading header names through librdkafka turned off: header record 1 "
                             f"does not match rd_kafka_header_get_all's answer ({impl_name} codec)") == 1, out.stderr
-    assert out.stderr.count("ERROR") == 1, out.stderr
+    assert "dead [('unreadable_headers', [])] rows ['ok']" in out.stdout
+    assert "ERROR could not read the headers of t/" in out.stderr
+    assert out.stderr.count("ERROR") == 2, out.stderr

@@ -97,6 +97,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
     """Print what arrives on the output topic, with its lateness against the deadline it was sent with."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer
 
+    from chronos import codec
     from chronos.kafka import PRODUCER_ONLY, check_reachable
     settings = config.load(args)
     if not settings.kafka_bootstrap_servers:
@@ -125,7 +126,8 @@ def cmd_tail(args: argparse.Namespace) -> int:
             if msg is None or msg.error():
                 continue
             arrived = time.time()
-            sent_deadline = dict(msg.headers() or []).get(DEADLINE_ECHO_HEADER)
+            # read_headers, not msg.headers(): a header name that is not UTF-8 must not stop the tail
+            sent_deadline = dict(codec.read_headers(msg)[0] or []).get(DEADLINE_ECHO_HEADER)
             key = msg.key().decode(errors="replace") if msg.key() is not None else None
             value = msg.value().decode(errors="replace") if msg.value() is not None else None
             line = f"{datetime.fromtimestamp(arrived, timezone.utc).isoformat(timespec='milliseconds')} " \

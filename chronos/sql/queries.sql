@@ -17,6 +17,7 @@ COPY chronos_staging (id, deadline_us, topic, key, value, headers, ordering_key)
 -- Epoch microseconds to timestamptz in whole seconds plus the remainder: `interval * number`
 -- multiplies in float8, so `deadline_us * interval '1 microsecond'` rounded deadlines after about
 -- 2255 and made 9999-12-31T23:59:59.999999 year 10000; each of these two products is exact.
+-- The way back, `(extract(epoch FROM deadline) * 1000000)::bigint`, is numeric (PostgreSQL 14+): exact.
 INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone)
 SELECT id, timestamptz 'epoch' + (deadline_us / 1000000) * interval '1 second'
                   + mod(deadline_us, 1000000) * interval '1 microsecond',

@@ -124,23 +124,28 @@ def _short(exc: BaseException, url: str | None = None) -> str:
 def migrate(url: str) -> list[int]:
     """Apply every migration not yet applied; safe to run concurrently and repeatedly."""
     applied: list[int] = []
-    with connect(url, autocommit=False) as conn:
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
-            conn.execute("CREATE TABLE IF NOT EXISTS chronos_schema_version ("
-                         "version integer PRIMARY KEY, name text NOT NULL, "
-                         "applied_at timestamptz NOT NULL DEFAULT now())")
-            current = conn.execute(QUERIES["schema_version"]).fetchone()[0]
-            if current > LATEST_VERSION:
-                raise SchemaError(f"database schema is at version {current}, newer than this chronos "
-                                  f"({LATEST_VERSION}): upgrade chronos")
-            for version, name, text in migrations():
-                if version <= current:
-                    continue
-                conn.execute(text)
-                conn.execute("INSERT INTO chronos_schema_version (version, name) VALUES (%s, %s)",
-                             (version, name))
-                applied.append(version)
+    try:
+        with connect(url, autocommit=False) as conn:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
+                conn.execute("CREATE TABLE IF NOT EXISTS chronos_schema_version ("
+                             "version integer PRIMARY KEY, name text NOT NULL, "
+                             "applied_at timestamptz NOT NULL DEFAULT now())")
+                current = conn.execute(QUERIES["schema_version"]).fetchone()[0]
+                if current > LATEST_VERSION:
+                    raise SchemaError(f"database schema is at version {current}, newer than this chronos "
+                                      f"({LATEST_VERSION}): upgrade chronos")
+                for version, name, text in migrations():
+                    if version <= current:
+                        continue
+                    conn.execute(text)
+                    conn.execute("INSERT INTO chronos_schema_version (version, name) VALUES (%s, %s)",
+                                 (version, name))
+                    applied.append(version)
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        raise StoreUnavailable(f"PostgreSQL at {redact_url(url)}: {_short(exc, url)}") from None
+    except psycopg.Error as exc:  # e.g. no right to create the table: a one-line error, not a traceback
+        raise StoreRejected(f"migration failed: {_short(exc, url)}") from None
     return applied
 
 

@@ -8,11 +8,13 @@ import time
 import uuid
 from datetime import datetime, timezone
 
+import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from chronos import cron
-from chronos.errors import StoreUnavailable
-from chronos.store import Row, Store, connect
+from chronos.errors import StoreRejected, StoreUnavailable
+from chronos.store import Row, Store, connect, migrate
 
 
 def us(text: str) -> int:
@@ -159,3 +161,18 @@ def test_driver_errors_never_carry_the_password(url):
     text = str(caught.value)
     for secret in ("pw", "s3cret", "cret"):
         assert secret not in text, text
+
+
+
+def test_a_migration_postgres_refuses_is_one_line_without_the_password(database_url):
+    """A role without the right to create tables: `chronos migrate` says so in one line."""
+    role = f"nopriv_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'Mig-S3cret'")
+    params = conninfo_to_dict(database_url)
+    url = make_conninfo(database_url, user=role, password="Mig-S3cret")
+    assert params.get("password") is None  # the fixture's URL carries none; this one does
+    with pytest.raises(StoreRejected) as caught:
+        migrate(url)
+    assert str(caught.value).startswith("migration failed: permission denied"), caught.value
+    assert "Mig-S3cret" not in str(caught.value)

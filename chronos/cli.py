@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ChronosError as exc:
-        print(f"chronos {args.command}: {exc}", file=sys.stderr)
+        print(f"chronos {args.command}: {config.redact_url(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

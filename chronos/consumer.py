@@ -132,7 +132,7 @@ class ConsumerProcess:
         self.uncommitted: dict[tuple[str, int], TopicPartition] = {}
         self.last_batch: list[Message] | None = None
         self.stats = {"consumed": 0, "enqueued": 0, "late": 0, "dead": 0, "duplicates": 0, "replaced": 0,
-                      "cancelled": 0, "cancel_unknown": 0}
+                      "cancelled": 0, "cancelled_in_flight": 0, "cancel_unknown": 0}
         self.metrics = ConsumerTelemetry(node_id, settings)
         self.metrics.follow(lambda: self.stats)
         self.next_ping = 0.0
@@ -175,10 +175,10 @@ class ConsumerProcess:
             try:
                 started = time.perf_counter()
                 try:
-                    inserted, replaced, cancelled = self.store.apply(batch.of(INSERT), batch.of(REPLACE),
-                                                                     batch.of(CANCEL))
+                    inserted, replaced, cancelled, in_flight = self.store.apply(
+                        batch.of(INSERT), batch.of(REPLACE), batch.of(CANCEL))
                 except StoreRejected as exc:
-                    inserted, replaced, cancelled = self.apply_one_by_one(batch, exc)
+                    inserted, replaced, cancelled, in_flight = self.apply_one_by_one(batch, exc)
                 waiting = self.store.waiting_ids(p.message_id for _, p in batch.late)
                 break
             except StoreUnavailable as exc:
@@ -201,7 +201,8 @@ class ConsumerProcess:
         s["duplicates"] += batch.duplicates + (len(batch.of(INSERT)) - inserted) + (len(batch.late) - len(late))
         s["replaced"] += replaced
         s["cancelled"] += cancelled
-        s["cancel_unknown"] += len(batch.of(CANCEL)) - cancelled
+        s["cancelled_in_flight"] += in_flight
+        s["cancel_unknown"] += len(batch.of(CANCEL)) - cancelled - in_flight
         if batch.dead:
             self.metrics.dead_lettered(r for _, r, _ in batch.dead)
             reasons = sorted({r.split(":", 1)[0] for _, r, _ in batch.dead})
@@ -209,10 +210,10 @@ class ConsumerProcess:
                                   self.settings.dlq_topic, ", ".join(reasons))
         return True
 
-    def apply_one_by_one(self, batch: Batch, exc: StoreRejected) -> tuple[int, int, int]:
+    def apply_one_by_one(self, batch: Batch, exc: StoreRejected) -> tuple[int, int, int, int]:
         """PostgreSQL refused the batch: find the rows it refuses and dead-letter only those."""
         log.warning("postgres refused a batch of %d operations (%s); applying them one by one", len(batch.ops), exc)
-        totals = [0, 0, 0]
+        totals = [0, 0, 0, 0]
         for message_id, (op, row) in list(batch.ops.items()):
             try:
                 done = self.store.apply([row] if op == INSERT else [], [row] if op == REPLACE else [],
@@ -223,7 +224,7 @@ class ConsumerProcess:
                 batch.dead.append((msg, f"store_rejected: {row_exc}", headers))
                 continue
             totals = [a + b for a, b in zip(totals, done)]
-        return totals[0], totals[1], totals[2]
+        return totals[0], totals[1], totals[2], totals[3]
 
     def publish(self, late: list[tuple[Message, codec.Parsed]], dead: list[tuple[Message, str, list]]) -> bool:
         """Publish late and dead-lettered messages and wait for every acknowledgement, retrying failures."""
@@ -302,8 +303,9 @@ class ConsumerProcess:
 
     def close(self) -> None:
         log.info("stopping: consumed %(consumed)d, enqueued %(enqueued)d, late %(late)d, dead-lettered %(dead)d, "
-                 "duplicates %(duplicates)d, replaced %(replaced)d, cancelled %(cancelled)d, cancels of ids not "
-                 "waiting %(cancel_unknown)d", self.stats)
+                 "duplicates %(duplicates)d, replaced %(replaced)d, cancelled %(cancelled)d, cancelled in flight "
+                 "(may still be delivered) %(cancelled_in_flight)d, cancels of ids not waiting %(cancel_unknown)d",
+                 self.stats)
         self.metrics.close()  # first: its probe thread uses a Kafka client
         if self.last_batch:
             self.commit(self.last_batch, wait=True)

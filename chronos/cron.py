@@ -151,7 +151,7 @@ def first_occurrence(expression: str, tz: str | None, not_before_us: int | None,
     """Epoch µs of the first occurrence at or after max(now, not_before); raises CronError."""
     cron = parse(expression, tz)
     start_us = max(now_us, not_before_us or now_us)
-    start = datetime.fromtimestamp(start_us / 1e6, timezone.utc) - timedelta(microseconds=1)
+    start = from_us(start_us - 1)  # exact: a float of epoch seconds drops microseconds past 2255
     return to_us(cron.next_after(start))
 
 

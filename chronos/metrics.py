@@ -321,6 +321,9 @@ class ConsumerTelemetry(Telemetry):
         "duplicates": ("chronos_messages_duplicate_total", "messages ignored because their id was already waiting"),
         "replaced": ("chronos_messages_replaced_total", "waiting messages replaced (chronosAction: replace)"),
         "cancelled": ("chronos_messages_cancelled_total", "waiting messages cancelled (chronosAction: cancel)"),
+        "cancelled_in_flight": ("chronos_messages_cancelled_in_flight_total",
+                                "cancels that found the message already claimed by a firer: deleted, but it "
+                                "may still be delivered"),
     }
 
     def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Sequence
 import psycopg
 
 from chronos import codec, cron
-from chronos.config import redact_url
+from chronos.config import database_passwords, redact_url
 from chronos.errors import SchemaError, StoreRejected, StoreUnavailable, UnavailableError  # noqa: F401
 
 log = logging.getLogger("chronos.store")
@@ -93,7 +93,7 @@ def connect(url: str, *, autocommit: bool = True, connect_timeout: int = 5) -> p
         return psycopg.connect(url, autocommit=autocommit, connect_timeout=connect_timeout,
                                application_name="chronos")
     except psycopg.Error as exc:
-        raise StoreUnavailable(f"cannot connect to PostgreSQL at {redact_url(url)}: {_short(exc)}") from None
+        raise StoreUnavailable(f"cannot connect to PostgreSQL at {redact_url(url)}: {_short(exc, url)}") from None
 
 
 def text_array(values: Iterable[str]) -> str:
@@ -114,32 +114,38 @@ def _claimed_params(rows: Sequence[Claimed], node: Any) -> dict[str, Any]:
             "readied_at": "{" + ",".join(stamps[r.readied_at] for r in rows) + "}", "node": node}
 
 
-def _short(exc: BaseException) -> str:
-    """The first line of a driver error, without anything that might echo a password."""
+def _short(exc: BaseException, url: str | None = None) -> str:
+    """The first line of a driver error, without anything that might echo a password: libpq's
+    errors can quote the connection string, or the piece of a badly escaped URL it choked on."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text
+    return redact_url(text, database_passwords(url) if url else ())
 
 
 def migrate(url: str) -> list[int]:
     """Apply every migration not yet applied; safe to run concurrently and repeatedly."""
     applied: list[int] = []
-    with connect(url, autocommit=False) as conn:
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
-            conn.execute("CREATE TABLE IF NOT EXISTS chronos_schema_version ("
-                         "version integer PRIMARY KEY, name text NOT NULL, "
-                         "applied_at timestamptz NOT NULL DEFAULT now())")
-            current = conn.execute(QUERIES["schema_version"]).fetchone()[0]
-            if current > LATEST_VERSION:
-                raise SchemaError(f"database schema is at version {current}, newer than this chronos "
-                                  f"({LATEST_VERSION}): upgrade chronos")
-            for version, name, text in migrations():
-                if version <= current:
-                    continue
-                conn.execute(text)
-                conn.execute("INSERT INTO chronos_schema_version (version, name) VALUES (%s, %s)",
-                             (version, name))
-                applied.append(version)
+    try:
+        with connect(url, autocommit=False) as conn:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
+                conn.execute("CREATE TABLE IF NOT EXISTS chronos_schema_version ("
+                             "version integer PRIMARY KEY, name text NOT NULL, "
+                             "applied_at timestamptz NOT NULL DEFAULT now())")
+                current = conn.execute(QUERIES["schema_version"]).fetchone()[0]
+                if current > LATEST_VERSION:
+                    raise SchemaError(f"database schema is at version {current}, newer than this chronos "
+                                      f"({LATEST_VERSION}): upgrade chronos")
+                for version, name, text in migrations():
+                    if version <= current:
+                        continue
+                    conn.execute(text)
+                    conn.execute("INSERT INTO chronos_schema_version (version, name) VALUES (%s, %s)",
+                                 (version, name))
+                    applied.append(version)
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        raise StoreUnavailable(f"PostgreSQL at {redact_url(url)}: {_short(exc, url)}") from None
+    except psycopg.Error as exc:  # e.g. no right to create the table: a one-line error, not a traceback
+        raise StoreRejected(f"migration failed: {_short(exc, url)}") from None
     return applied
 
 
@@ -181,7 +187,7 @@ class Store:
             try:
                 self.conn.close()
             except psycopg.Error as exc:
-                log.debug("closing a broken connection: %s", _short(exc))
+                log.debug("closing a broken connection: %s", _short(exc, self.url))
             self.conn = None
 
     def _c(self) -> psycopg.Connection:
@@ -201,14 +207,14 @@ class Store:
                 break
             except psycopg.errors.TransactionRollback as exc:
                 if attempt == 4:
-                    raise StoreUnavailable(_short(exc)) from None
-                log.info("transaction rolled back (%s); running it again", _short(exc))
+                    raise StoreUnavailable(_short(exc, self.url)) from None
+                log.info("transaction rolled back (%s); running it again", _short(exc, self.url))
                 time.sleep(0.01 * (attempt + 1))
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 self.close()
-                raise StoreUnavailable(_short(exc)) from None
+                raise StoreUnavailable(_short(exc, self.url)) from None
             except psycopg.Error as exc:
-                raise StoreRejected(_short(exc)) from None
+                raise StoreRejected(_short(exc, self.url)) from None
         self.last_ok = time.monotonic()
         return result
 
@@ -218,17 +224,20 @@ class Store:
         """Insert rows whose id is not waiting yet; returns how many were new."""
         return self.apply(rows, (), ())[0]
 
-    def apply(self, inserts: Sequence[Row], replaces: Sequence[Row], cancels: Sequence[str]) -> tuple[int, int, int]:
+    def apply(self, inserts: Sequence[Row], replaces: Sequence[Row],
+              cancels: Sequence[str]) -> tuple[int, int, int, int]:
         """One consumer batch in one transaction: COPY into the session's staging table, then
-        insert new ids, insert-or-replace, and cancel. Returns (inserted, replaced, cancelled)."""
+        insert new ids, insert-or-replace, and cancel. Returns (inserted, replaced, cancelled,
+        cancelled in flight): a cancelled row that a firer had already claimed is deleted all the
+        same (nothing hands it back), but that firer may still publish it."""
         if not (inserts or replaces or cancels):
-            return 0, 0, 0
+            return 0, 0, 0, 0
 
-        def run(conn: psycopg.Connection) -> tuple[int, int, int]:
+        def run(conn: psycopg.Connection) -> tuple[int, int, int, int]:
             if not self._staging_ready:
                 conn.execute(QUERIES["create_staging"])
                 self._staging_ready = True
-            inserted = replaced = cancelled = 0
+            inserted = replaced = cancelled = in_flight = 0
             with conn.transaction():
                 with conn.cursor() as cur:
                     if inserts or replaces:
@@ -246,9 +255,10 @@ class Store:
                         cur.execute(QUERIES["upsert_from_staging"])
                         replaced = cur.rowcount
                     if cancels:
-                        cur.execute(QUERIES["cancel"], {"ids": list(cancels)})
-                        cancelled = cur.rowcount
-            return inserted, replaced, cancelled
+                        claimed = [r[0] for r in cur.execute(QUERIES["cancel"], {"ids": list(cancels)})]
+                        in_flight = sum(claimed)
+                        cancelled = len(claimed) - in_flight
+            return inserted, replaced, cancelled, in_flight
         return self._run(run)
 
     def waiting_ids(self, ids: Iterable[str]) -> set[str]:
@@ -272,17 +282,26 @@ class Store:
     def claim_schedules(self, limit: int, lookahead_ms: int, now_us: int) -> list[Claimed]:
         """Fire due recurring schedules: in one transaction per call, create each due occurrence
         as a row claimed by this node and move the schedule to its next occurrence, so that with
-        several firers, restarts and kills no occurrence is skipped or created twice."""
+        several firers, restarts and kills no occurrence is skipped or created twice.
+
+        A schedule replaced after its occurrence was created (within the lookahead) is due again
+        at that same time: that occurrence is not created again (the old version's stays the
+        only one), the replacement applies from the next occurrence after it."""
         def run(conn: psycopg.Connection) -> list[Claimed]:
             claimed: list[Claimed] = []
             with conn.transaction():
                 due = conn.execute(QUERIES["due_schedules"], {"limit": limit, "lookahead_ms": lookahead_ms})
-                for (sid, deadline_us, expr, tz, topic, key, value, headers, okey) in due.fetchall():
+                for (sid, deadline_us, expr, tz, topic, key, value, headers, okey, last_us) in due.fetchall():
                     try:
                         schedule = cron.parse(expr, tz)
                     except cron.CronError as exc:
                         log.error("recurring schedule %s has a bad expression (%s); cancelling it", sid, exc)
                         conn.execute(QUERIES["cancel"], {"ids": [sid]})
+                        continue
+                    if last_us is not None and deadline_us <= last_us:
+                        nxt = schedule.next_after(cron.from_us(last_us))
+                        conn.execute(QUERIES["advance_schedule"],
+                                     {"id": sid, "next_us": cron.to_us(nxt), "last_us": None})
                         continue
                     # missed while nothing ran: only the latest missed occurrence fires
                     horizon = max(now_us, deadline_us)
@@ -298,7 +317,8 @@ class Store:
                         "node": self.node_id}).fetchone()
                     if row is not None:
                         claimed.append(Claimed(*row))
-                    conn.execute(QUERIES["advance_schedule"], {"id": sid, "next_us": cron.to_us(nxt)})
+                    conn.execute(QUERIES["advance_schedule"],
+                                 {"id": sid, "next_us": cron.to_us(nxt), "last_us": occurrence_us})
             return claimed
         return self._run(run)
 

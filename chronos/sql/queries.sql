@@ -14,9 +14,14 @@ CREATE TEMP TABLE IF NOT EXISTS chronos_staging (
 COPY chronos_staging (id, deadline_us, topic, key, value, headers, ordering_key) FROM STDIN (FORMAT BINARY);
 
 -- name: insert_from_staging
+-- Epoch microseconds to timestamptz in whole seconds plus the remainder: `interval * number`
+-- multiplies in float8, so `deadline_us * interval '1 microsecond'` rounded deadlines after about
+-- 2255 and made 9999-12-31T23:59:59.999999 year 10000; each of these two products is exact.
+-- The way back, `(extract(epoch FROM deadline) * 1000000)::bigint`, is numeric (PostgreSQL 14+): exact.
 INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone)
-SELECT id, timestamptz 'epoch' + deadline_us * interval '1 microsecond', topic, key, value, headers, ordering_key,
-       cron, timezone
+SELECT id, timestamptz 'epoch' + (deadline_us / 1000000) * interval '1 second'
+                  + mod(deadline_us, 1000000) * interval '1 microsecond',
+       topic, key, value, headers, ordering_key, cron, timezone
 FROM chronos_staging
 WHERE op = 'i'
 ORDER BY ord
@@ -28,10 +33,12 @@ FROM STDIN (FORMAT BINARY);
 
 -- name: upsert_from_staging
 -- chronosAction: replace. A replaced row that a firer holds is handed back, so the new version
--- fires (the firer's delete then finds the row changed and leaves it).
+-- fires (the firer's delete then finds the row changed and leaves it). A replaced recurring schedule
+-- keeps its last_occurrence: the firer skips occurrences already created by the old version.
 INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone)
-SELECT id, timestamptz 'epoch' + deadline_us * interval '1 microsecond', topic, key, value, headers, ordering_key,
-       cron, timezone
+SELECT id, timestamptz 'epoch' + (deadline_us / 1000000) * interval '1 second'
+                  + mod(deadline_us, 1000000) * interval '1 microsecond',
+       topic, key, value, headers, ordering_key, cron, timezone
 FROM chronos_staging
 WHERE op = 'u'
 ORDER BY ord
@@ -41,7 +48,9 @@ ON CONFLICT (id) DO UPDATE SET
     timezone = EXCLUDED.timezone, readied_at = NULL, readied_by = NULL, enqueued_at = now();
 
 -- name: cancel
-DELETE FROM chronos_messages WHERE id = ANY(%(ids)s);
+-- Whether each deleted row was in flight: a firer holding it may still publish it.
+DELETE FROM chronos_messages WHERE id = ANY(%(ids)s)
+RETURNING readied_at IS NOT NULL;
 
 -- name: waiting_ids
 SELECT id FROM chronos_messages WHERE id = ANY(%(ids)s);
@@ -78,7 +87,7 @@ RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.k
 
 -- name: due_schedules
 SELECT id, (extract(epoch FROM deadline) * 1000000)::bigint, cron, timezone, topic, key, value, headers,
-       ordering_key
+       ordering_key, (extract(epoch FROM last_occurrence) * 1000000)::bigint
 FROM chronos_messages
 WHERE cron IS NOT NULL AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'
 ORDER BY deadline
@@ -88,13 +97,19 @@ FOR UPDATE SKIP LOCKED;
 -- name: insert_occurrence
 -- One occurrence of a recurring schedule, created already claimed by this firer.
 INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, readied_at, readied_by)
-VALUES (%(id)s, timestamptz 'epoch' + %(deadline_us)s * interval '1 microsecond', %(topic)s, %(key)s, %(value)s,
+VALUES (%(id)s, timestamptz 'epoch' + (%(deadline_us)s::bigint / 1000000) * interval '1 second'
+        + mod(%(deadline_us)s::bigint, 1000000) * interval '1 microsecond', %(topic)s, %(key)s, %(value)s,
         %(headers)s, %(ordering_key)s, now(), %(node)s)
 ON CONFLICT (id) DO NOTHING
 RETURNING id, (extract(epoch FROM deadline) * 1000000)::bigint, topic, key, value, headers, readied_at, seq;
 
 -- name: advance_schedule
-UPDATE chronos_messages SET deadline = timestamptz 'epoch' + %(next_us)s * interval '1 microsecond'
+-- %(last_us)s: the occurrence just created, or NULL when none was (the latest one stays).
+UPDATE chronos_messages
+SET deadline = timestamptz 'epoch' + (%(next_us)s::bigint / 1000000) * interval '1 second'
+               + mod(%(next_us)s::bigint, 1000000) * interval '1 microsecond',
+    last_occurrence = coalesce(timestamptz 'epoch' + (%(last_us)s::bigint / 1000000) * interval '1 second'
+                               + mod(%(last_us)s::bigint, 1000000) * interval '1 microsecond', last_occurrence)
 WHERE id = %(id)s;
 
 -- name: list_schedules

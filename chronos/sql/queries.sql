@@ -72,13 +72,17 @@ WITH candidates AS (
 ), due AS (
     SELECT c.id FROM candidates AS c
     WHERE c.ordering_key IS NULL
-       OR NOT EXISTS (
+       OR (NOT EXISTS (
             SELECT 1 FROM chronos_messages AS e
             WHERE e.ordering_key = c.ordering_key AND e.cron IS NULL
-              -- by the deadline as scheduled: a row whose retry backoff moved it still holds back its key
-              AND (coalesce(e.original_deadline, e.deadline), e.seq)
-                  < (coalesce(c.original_deadline, c.deadline), c.seq)
+              AND (e.deadline, e.seq) < (coalesce(c.original_deadline, c.deadline), c.seq)
               AND NOT EXISTS (SELECT 1 FROM candidates AS c2 WHERE c2.id = e.id))
+           -- a row whose retry backoff moved its deadline holds back its key by the deadline as scheduled
+           AND NOT EXISTS (
+            SELECT 1 FROM chronos_messages AS e
+            WHERE e.ordering_key = c.ordering_key AND e.original_deadline IS NOT NULL
+              AND (e.original_deadline, e.seq) < (coalesce(c.original_deadline, c.deadline), c.seq)
+              AND NOT EXISTS (SELECT 1 FROM candidates AS c2 WHERE c2.id = e.id)))
 )
 UPDATE chronos_messages AS m
 SET readied_at = now(), readied_by = %(node)s

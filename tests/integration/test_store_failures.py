@@ -76,6 +76,11 @@ def test_a_row_in_backoff_still_holds_back_later_rows_of_its_key(s):
     s.retry_later([(first, "refused", 60_000)])   # o-0 now waits a minute, its deadline moved past o-1's
     s.release(claimed[1:])
     assert [r.id for r in s.claim(10, 0)] == ["free"]
+    assert s.claim(10, 0) == []
+    # its backoff over: the key goes on in the order as scheduled, o-0 first
+    with psycopg.connect(s.url, autocommit=True) as conn:
+        conn.execute("UPDATE chronos_messages SET deadline = now() - interval '1 second' WHERE id = 'o-0'")
+    assert [r.id for r in s.claim(10, 0)] == ["o-0", "o-1", "o-2"]
 
 
 def test_park_claimed_moves_the_row_in_one_statement(s, database_url):
@@ -146,3 +151,19 @@ def test_produce_hands_a_refusal_inside_produce_to_the_delivery_callback(broker)
     produce(p, f"t-{uuid.uuid4().hex[:8]}", b"x" * 1_500_000, b"k", [("h", b"v")], lambda err, msg: got.append(err))
     assert len(got) == 1 and got[0].code() == got[0].MSG_SIZE_TOO_LARGE
     assert classify(got[0]) == PERMANENT_FAILURE
+
+
+def test_the_claim_s_ordering_check_stays_on_the_ordering_indexes(database_url):
+    """The check of earlier rows of a key uses the ordering index with the deadline as an index
+    condition, and the small index of retried rows: never every row of a busy key."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO chronos_messages (id, deadline, ordering_key) "
+                     "SELECT 'f' || g, now() + (g % 1000) * interval '1 hour', 'key-' || (g % 50) "
+                     "FROM generate_series(1, 20000) g")
+        conn.execute("ANALYZE chronos_messages")
+        plan = "\n".join(r[0] for r in conn.execute(
+            "EXPLAIN " + QUERIES["claim"].replace("%(lookahead_ms)s", "0").replace("%(limit)s", "100")
+            .replace("%(node)s", f"'{uuid.uuid4()}'")))
+    assert "using chronos_messages_ordering on" in plan, plan
+    assert "(ROW(deadline, seq) < ROW(COALESCE(c.original_deadline, c.deadline), c.seq))" in plan, plan
+    assert "using chronos_messages_ordering_retried on" in plan, plan

@@ -175,6 +175,8 @@ OPTIONS: tuple[Option, ...] = (
            "(default: only the output topic)", _regex, ""),
     Option("max_lateness_ms", "dead-letter messages whose deadline is further in the past (default: no limit)",
            _optional_non_negative_int, ""),
+    Option("max_publish_attempts", "a message its destination keeps refusing goes to the dead-letter topic after "
+           "this many failed publishes (retried with exponential backoff in between)", _positive_int, "10"),
     Option("log_level", "log level", _choice("debug", "info", "warning", "error"), "info"),
     Option("log_format", "log format", _choice("text", "json"), "text"),
     Option("metrics_port", "port of /metrics and /healthz (0: off); under supervisord, base + role offset "
@@ -202,6 +204,7 @@ class Settings:
     kafka_properties_file: dict[str, str] = field(default_factory=dict)
     allowed_topics: str | None = None
     max_lateness_ms: int | None = None
+    max_publish_attempts: int = 10
     log_level: str = "info"
     log_format: str = "text"
     metrics_port: int = 0

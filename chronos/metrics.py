@@ -50,7 +50,12 @@ LATENESS_BUCKETS = (-0.05, -0.025, -0.01, -0.005, 0.0, 0.005, 0.01, 0.025, 0.05,
 # Dead-letter reasons that exist whatever the input, initialised at 0 so rate() sees the first one.
 KNOWN_REASONS = ("bad_header_name", "unreadable_headers", "missing_id", "empty_id", "bad_id", "id_too_long", "missing_deadline", "bad_deadline",
                  "duplicate_header", "bad_action", "bad_topic", "topic_not_allowed", "bad_ordering_key",
-                 "bad_cron", "too_late", "store_rejected")
+                 "bad_cron", "too_late", "store_rejected", "too_large", "publish_failed")
+# What the firer dead-letters: a stored message whose publish failed for good, or whose destination
+# the allow-list no longer allows.
+FIRER_REASONS = ("too_large", "publish_failed", "topic_not_allowed")
+PARKED = ("chronos_messages_parked_total", "messages neither their destination nor the dead-letter topic accepted, "
+          "kept in the chronos_parked table")
 
 KAFKA_PROBE_TIMEOUT_S = 2.0
 
@@ -249,6 +254,18 @@ class Telemetry:
         """How long one pass of the role's loop may take when all is well."""
         return 1.0
 
+    def count_dead_letters(self, reasons: Iterable[str]) -> None:
+        """Define the dead-letter counter, with these reasons at 0 so rate() sees the first one."""
+        self._dead = Counter("chronos_messages_dead_lettered_total", "messages sent to the dead-letter topic, by reason",
+                             ("role", "node", "reason"), registry=self.registry)
+        for reason in reasons:
+            self._dead.labels(self.role, self.node, reason)
+
+    def dead_lettered(self, reasons: Iterable[str]) -> None:
+        """Count dead-lettered messages by reason code (the text before the first colon)."""
+        for reason, count in collections.Counter(r.split(":", 1)[0] for r in reasons).items():
+            self._dead.labels(self.role, self.node, reason).inc(count)
+
     def follow(self, totals: Callable[[], Mapping[str, int]]) -> None:
         """Export the process's running totals (see `totals`), read at each scrape."""
         self.registry.register(_Totals(self.role, self.node, self.totals, totals))
@@ -324,20 +341,12 @@ class ConsumerTelemetry(Telemetry):
         "cancelled_in_flight": ("chronos_messages_cancelled_in_flight_total",
                                 "cancels that found the message already claimed by a firer: deleted, but it "
                                 "may still be delivered"),
+        "parked": PARKED,
     }
 
     def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):
         super().__init__(node_id, settings, environ)
-        family = Counter("chronos_messages_dead_lettered_total", "messages sent to the dead-letter topic, by reason",
-                         ("role", "node", "reason"), registry=self.registry)
-        self._dead = family
-        for reason in KNOWN_REASONS:
-            family.labels(self.role, self.node, reason)
-
-    def dead_lettered(self, reasons: Iterable[str]) -> None:
-        """Count dead-lettered messages by reason code (the text before the first colon)."""
-        for reason, count in collections.Counter(r.split(":", 1)[0] for r in reasons).items():
-            self._dead.labels(self.role, self.node, reason).inc(count)
+        self.count_dead_letters(KNOWN_REASONS)
 
 
 class FirerTelemetry(Telemetry):
@@ -349,11 +358,15 @@ class FirerTelemetry(Telemetry):
         "vanished": ("chronos_messages_vanished_total",
                      "published rows no longer this firer's to delete (a peer took them over)"),
         "released": ("chronos_messages_released_total",
-                     "claimed rows handed back unpublished (publish failed, or shutdown)"),
+                     "claimed rows handed back unpublished (Kafka did not answer, or shutdown)"),
+        "retried": ("chronos_messages_retried_total",
+                    "publishes refused by the destination, handed back to be tried again after a backoff"),
+        "parked": PARKED,
     }
 
     def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):
         super().__init__(node_id, settings, environ)
+        self.count_dead_letters(FIRER_REASONS)
         self.lateness = Histogram("chronos_fire_lateness_seconds",
                                   "Kafka acknowledgement time minus deadline, per fired message",
                                   ("role", "node"), buckets=LATENESS_BUCKETS,
@@ -393,6 +406,8 @@ class DetectorTelemetry(Telemetry):
         self.oldest_overdue = self.gauge("chronos_oldest_overdue_seconds",
                                          "how late the most overdue unfired row is (0 when none)")
         self.schedules = self.gauge("chronos_recurring_schedules", "recurring (cron) schedules in the store")
+        self.parked = self.gauge("chronos_rows_parked", "messages kept in chronos_parked: neither their destination "
+                                 "nor the dead-letter topic accepted them (an operator should look)")
         self.store_read = self.gauge("chronos_store_gauges_timestamp_seconds",
                                      "when the chronos_rows_* gauges were last read from the store (unix time)")
 
@@ -408,4 +423,5 @@ class DetectorTelemetry(Telemetry):
         self.past_hold.set(overview.past_hold_time)
         self.oldest_overdue.set(overview.oldest_overdue_s or 0.0)
         self.schedules.set(overview.schedules or 0)
+        self.parked.set(overview.parked or 0)
         self.store_read.set(time.time())

@@ -79,6 +79,27 @@ class Claimed:
     headers: bytes | None
     readied_at: datetime
     seq: int = 0
+    attempts: int = 0                        # failed publishes so far
+    original_deadline_us: int | None = None  # the deadline as scheduled, when a retry moved it
+
+    @property
+    def scheduled_us(self) -> int:
+        """The deadline as scheduled: lateness, ordering and the dead letter go by it."""
+        return self.deadline_us if self.original_deadline_us is None else self.original_deadline_us
+
+
+@dataclass(slots=True)
+class Parked:
+    """A message to keep in chronos_parked: neither its destination nor the dead-letter topic took it."""
+
+    message_id: str | None
+    source: str
+    topic: str
+    deadline: datetime | None
+    key: bytes | None
+    value: bytes | None
+    headers: bytes
+    reason: str
 
 
 @dataclass(slots=True)
@@ -275,7 +296,7 @@ class Store:
         def run(conn: psycopg.Connection) -> list[Claimed]:
             cur = conn.execute(QUERIES["claim"], params, prepare=True)
             rows = [Claimed(*r) for r in cur.fetchall()]
-            rows.sort(key=lambda r: (r.deadline_us, r.seq))  # RETURNING has no order of its own
+            rows.sort(key=lambda r: (r.scheduled_us, r.seq))  # RETURNING has no order of its own
             return rows
         return self._run(run)
 
@@ -339,6 +360,37 @@ class Store:
         params = _claimed_params(rows, self.node_id)
         return self._run(lambda c: c.execute(QUERIES["release"], params).rowcount)
 
+    def retry_later(self, failed: Sequence[tuple[Claimed, str, int]]) -> int:
+        """Hand back rows whose publish was refused, each (row, error, delay_ms): the failure is
+        counted and the row waits out its delay before any firer claims it again. Returns how many
+        rows were still this node's."""
+        if not failed:
+            return 0
+        params = _claimed_params([r for r, _, _ in failed], self.node_id)
+        params.update(errors=[e for _, e, _ in failed], delay_ms=[d for _, _, d in failed])
+        return self._run(lambda c: c.execute(QUERIES["retry_later"], params).rowcount)
+
+    def park_claimed(self, rows: Sequence[tuple[Claimed, str]], output_topic: str) -> int:
+        """Move claimed rows, each (row, reason), from the store to chronos_parked in one statement.
+        Returns how many were still this node's (and so moved)."""
+        if not rows:
+            return 0
+        params = _claimed_params([r for r, _ in rows], self.node_id)
+        params.update(reasons=[reason for _, reason in rows], output_topic=output_topic)
+        return self._run(lambda c: c.execute(QUERIES["park_claimed"], params).rowcount)
+
+    def park(self, messages: Sequence[Parked]) -> None:
+        """Keep messages no topic accepted, in one transaction."""
+        if not messages:
+            return
+
+        def run(conn: psycopg.Connection) -> None:
+            with conn.transaction(), conn.cursor() as cur:
+                cur.executemany(QUERIES["park_message"], [
+                    {"message_id": m.message_id, "source": m.source, "topic": m.topic, "deadline": m.deadline,
+                     "key": m.key, "value": m.value, "headers": m.headers, "reason": m.reason} for m in messages])
+        self._run(run)
+
     def db_clock_us(self) -> int:
         return self._run(lambda c: c.execute(QUERIES["db_clock"]).fetchone()[0])
 
@@ -377,7 +429,10 @@ class Store:
                 schedules = conn.execute(QUERIES["count_cron_schedules"]).fetchone()[0]
             elif has_table:
                 schedules = conn.execute(QUERIES["count_schedules_table"]).fetchone()[0]
-            return Overview.build(at, first, next_deadline, waiting, estimate, due, nodes, schedules)
+            parked = None
+            if conn.execute(QUERIES["has_parked"]).fetchone()[0]:
+                parked = conn.execute(QUERIES["count_parked"]).fetchone()[0]
+            return Overview.build(at, first, next_deadline, waiting, estimate, due, nodes, schedules, parked)
         return self._run(run)
 
 
@@ -408,10 +463,12 @@ class Overview:
     oldest_overdue_s: float | None   # lateness of the most overdue unfired row, claimed or not
     next_deadline: datetime | None   # first deadline still in the future
     schedules: int | None            # recurring schedules, None when the schema has none
+    parked: int | None = None        # messages no topic accepted, None when the schema has no such table
 
     @classmethod
     def build(cls, at: datetime, first: datetime | None, next_deadline: datetime | None, waiting: int | None,
-              estimate: int, due: int, nodes: list[NodeLoad], schedules: int | None) -> "Overview":
+              estimate: int, due: int, nodes: list[NodeLoad], schedules: int | None,
+              parked: int | None = None) -> "Overview":
         in_flight = sum(n.rows for n in nodes)
         overdue = [d for d in [first, *(n.oldest_deadline for n in nodes)] if d is not None and d <= at]
         return cls(at=at,
@@ -419,7 +476,7 @@ class Overview:
                    waiting_estimated=waiting is None, due=due, in_flight=in_flight,
                    past_hold_time=sum(n.past_hold_time for n in nodes), by_node=nodes,
                    oldest_overdue_s=(at - min(overdue)).total_seconds() if overdue else None,
-                   next_deadline=next_deadline, schedules=schedules)
+                   next_deadline=next_deadline, schedules=schedules, parked=parked)
 
 
 class Backoff:

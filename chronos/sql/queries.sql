@@ -60,7 +60,7 @@ SELECT id FROM chronos_messages WHERE id = ANY(%(ids)s);
 -- then enqueue order) is claimed by this same statement: a row held by a peer, locked by a
 -- concurrent claim (skipped) or still waiting holds back the later rows of its key only.
 WITH candidates AS (
-    SELECT id, ordering_key, deadline, seq FROM chronos_messages
+    SELECT id, ordering_key, deadline, seq, original_deadline FROM chronos_messages
     WHERE readied_at IS NULL AND cron IS NULL
       -- now(), not clock_timestamp(): a stable bound is an index condition, so the scan stops at
       -- the first row not yet due instead of filtering every far-future row (autocommit: now() is
@@ -72,18 +72,25 @@ WITH candidates AS (
 ), due AS (
     SELECT c.id FROM candidates AS c
     WHERE c.ordering_key IS NULL
-       OR NOT EXISTS (
+       OR (NOT EXISTS (
             SELECT 1 FROM chronos_messages AS e
             WHERE e.ordering_key = c.ordering_key AND e.cron IS NULL
-              AND (e.deadline, e.seq) < (c.deadline, c.seq)
+              AND (e.deadline, e.seq) < (coalesce(c.original_deadline, c.deadline), c.seq)
               AND NOT EXISTS (SELECT 1 FROM candidates AS c2 WHERE c2.id = e.id))
+           -- a row whose retry backoff moved its deadline holds back its key by the deadline as scheduled
+           AND NOT EXISTS (
+            SELECT 1 FROM chronos_messages AS e
+            WHERE e.ordering_key = c.ordering_key AND e.original_deadline IS NOT NULL
+              AND (e.original_deadline, e.seq) < (coalesce(c.original_deadline, c.deadline), c.seq)
+              AND NOT EXISTS (SELECT 1 FROM candidates AS c2 WHERE c2.id = e.id)))
 )
 UPDATE chronos_messages AS m
 SET readied_at = now(), readied_by = %(node)s
 FROM due
 WHERE m.id = due.id
 RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers,
-          m.readied_at, m.seq;
+          m.readied_at, m.seq,
+          m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint;
 
 -- name: due_schedules
 SELECT id, (extract(epoch FROM deadline) * 1000000)::bigint, cron, timezone, topic, key, value, headers,
@@ -132,6 +139,42 @@ UPDATE chronos_messages AS m
 SET readied_at = NULL, readied_by = NULL
 FROM unnest(%(ids)s::text[], %(readied_at)s::timestamptz[]) AS f(id, readied_at)
 WHERE m.id = f.id AND m.readied_by = %(node)s AND m.readied_at IS NOT DISTINCT FROM f.readied_at;
+
+-- name: retry_later
+-- A publish the destination refused: hand the row back with the failure counted and its deadline
+-- moved by the backoff, so it leaves the head of the claim and other due rows fire meanwhile; the
+-- deadline as scheduled is kept in original_deadline. (IS NOT DISTINCT FROM: see delete_fired)
+UPDATE chronos_messages AS m
+SET readied_at = NULL, readied_by = NULL, attempts = m.attempts + 1, last_error = f.error,
+    original_deadline = coalesce(m.original_deadline, m.deadline),
+    deadline = greatest(m.deadline, now()) + f.delay_ms * interval '1 millisecond'
+FROM unnest(%(ids)s::text[], %(readied_at)s::timestamptz[], %(errors)s::text[], %(delay_ms)s::bigint[])
+     AS f(id, readied_at, error, delay_ms)
+WHERE m.id = f.id AND m.readied_by = %(node)s AND m.readied_at IS NOT DISTINCT FROM f.readied_at;
+
+-- name: park_claimed
+-- Rows that neither their destination nor the dead-letter topic accept: moved, in this one
+-- statement, from the store to chronos_parked, exactly as this node claimed them.
+WITH moved AS (
+    DELETE FROM chronos_messages AS m
+    USING unnest(%(ids)s::text[], %(readied_at)s::timestamptz[], %(reasons)s::text[]) AS f(id, readied_at, reason)
+    WHERE m.id = f.id AND m.readied_by = %(node)s AND m.readied_at IS NOT DISTINCT FROM f.readied_at
+    RETURNING m.id, m.topic, coalesce(m.original_deadline, m.deadline) AS deadline, m.key, m.value, m.headers,
+              f.reason
+)
+INSERT INTO chronos_parked (message_id, source, topic, deadline, key, value, headers, reason)
+SELECT id, 'store/' || id, coalesce(topic, %(output_topic)s), deadline, key, value, headers, reason FROM moved;
+
+-- name: park_message
+-- A message from the input topic that no topic accepted (its destination nor the dead-letter topic).
+INSERT INTO chronos_parked (message_id, source, topic, deadline, key, value, headers, reason)
+VALUES (%(message_id)s, %(source)s, %(topic)s, %(deadline)s, %(key)s, %(value)s, %(headers)s, %(reason)s);
+
+-- name: has_parked
+SELECT to_regclass('chronos_parked') IS NOT NULL;
+
+-- name: count_parked
+SELECT count(*) FROM chronos_parked;
 
 -- name: find_stale
 SELECT id, readied_at, readied_by FROM chronos_messages

@@ -37,10 +37,6 @@ log = logging.getLogger("chronos.up")
 
 ROLES = ("consumer", "firer", "detector")
 
-# Client settings for the embedded broker only (see docs/embedded-broker.md): fast group joins, short fetch waits,
-# and larger produce batches, because its fetch cost grows with the number of stored batches (the
-# firer's measured advance makes up for the longer linger: measured 1,000 msg/s p99.9 jitter
-# 691-901 ms with linger 5 against 449-493 ms with 25, on the shared machine).
 # What each child gets when `chronos up` dies: PostgreSQL a fast shutdown, the broker (memory
 # only, nothing to save) its immediate exit, supervisord a graceful stop of the programs.
 PARENT_DEATH_SIGNAL = {"postgres": signal.SIGINT, "broker": signal.SIGINT, "supervisord": signal.SIGTERM}
@@ -49,6 +45,10 @@ PROGRAM_SETTLE_S = 2.0
 # exit codes of a program that restarting cannot help: it is not restarted (supervisord.conf)
 FINAL_EXITS = {EXIT_CONFIG: "a configuration error", EXIT_SCHEMA: "the database is not migrated"}
 
+# Client settings for the embedded broker only (see docs/embedded-broker.md): fast group joins, short fetch waits,
+# and larger produce batches, because its fetch cost grows with the number of stored batches (the
+# firer's measured advance makes up for the longer linger: measured 1,000 msg/s p99.9 jitter
+# 691-901 ms with linger 5 against 449-493 ms with 25, on the shared machine).
 EMBEDDED_KAFKA_PROFILE = {
     "session.timeout.ms": "2000",
     "heartbeat.interval.ms": "500",
@@ -237,15 +237,15 @@ class Stack:
         """
         for info in infos:
             name, state = info["name"], info["statename"]
-            if state == "FATAL" or (state == "EXITED" and info["exitstatus"] in FINAL_EXITS):
-                why = FINAL_EXITS.get(info["exitstatus"], "it cannot be started") if state == "EXITED" \
-                    else "it cannot be started"
+            why = "it cannot be spawned" if state == "FATAL" else \
+                FINAL_EXITS.get(info["exitstatus"]) if state == "EXITED" else None
+            if why:
                 tail = _tail(Path(info["stdout_logfile"]), 3)
                 raise StackError(f"program {name} stopped for good ({state}, exit {info['exitstatus']}: "
                                  f"{why}): {tail}")
             old = self.program_pids.get(name)
             if state == "RUNNING" and old and info["pid"] != old:
-                print(f"program {name} exited unexpectedly and was restarted by supervisord (pid {old} -> "
+                print(f"program {name} was restarted by supervisord (pid {old} -> "
                       f"{info['pid']}); see {info['stdout_logfile']}", flush=True)
             if info["pid"]:
                 self.program_pids[name] = info["pid"]

@@ -212,6 +212,10 @@ class Store:
         self.last_ok = time.monotonic()
         return result
 
+    def run(self, fn) -> Any:
+        """Run fn(connection) with the store's reconnection and error translation (for chronos.inspect)."""
+        return self._run(fn)
+
     # -- consumer --------------------------------------------------------------------------
 
     def insert(self, rows: Sequence[Row]) -> int:

@@ -7,38 +7,44 @@ SELECT coalesce(max(version), 0) FROM chronos_schema_version;
 -- op: 'i' insert unless the id is waiting, 'u' insert or replace; ord keeps the input order.
 CREATE TEMP TABLE IF NOT EXISTS chronos_staging (
     id text, deadline_us bigint, topic text, key bytea, value bytea, headers bytea, ordering_key text,
-    cron text, timezone text, op text NOT NULL DEFAULT 'i', ord bigint GENERATED ALWAYS AS IDENTITY
+    cron text, timezone text, op text NOT NULL DEFAULT 'i', ord bigint GENERATED ALWAYS AS IDENTITY,
+    dst_policy text
 ) ON COMMIT DELETE ROWS;
 
 -- name: copy_staging
 COPY chronos_staging (id, deadline_us, topic, key, value, headers, ordering_key) FROM STDIN (FORMAT BINARY);
 
 -- name: insert_from_staging
-INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone)
+INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone,
+                              dst_policy)
 SELECT id, timestamptz 'epoch' + deadline_us * interval '1 microsecond', topic, key, value, headers, ordering_key,
-       cron, timezone
+       cron, timezone,
+       dst_policy
 FROM chronos_staging
 WHERE op = 'i'
 ORDER BY ord
 ON CONFLICT (id) DO NOTHING;
 
 -- name: copy_staging_full
-COPY chronos_staging (id, deadline_us, topic, key, value, headers, ordering_key, cron, timezone, op)
+COPY chronos_staging (id, deadline_us, topic, key, value, headers, ordering_key, cron, timezone, op, dst_policy)
 FROM STDIN (FORMAT BINARY);
 
 -- name: upsert_from_staging
 -- chronosAction: replace. A replaced row that a firer holds is handed back, so the new version
 -- fires (the firer's delete then finds the row changed and leaves it).
-INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone)
+INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone,
+                              dst_policy)
 SELECT id, timestamptz 'epoch' + deadline_us * interval '1 microsecond', topic, key, value, headers, ordering_key,
-       cron, timezone
+       cron, timezone,
+       dst_policy
 FROM chronos_staging
 WHERE op = 'u'
 ORDER BY ord
 ON CONFLICT (id) DO UPDATE SET
     deadline = EXCLUDED.deadline, topic = EXCLUDED.topic, key = EXCLUDED.key, value = EXCLUDED.value,
     headers = EXCLUDED.headers, ordering_key = EXCLUDED.ordering_key, cron = EXCLUDED.cron,
-    timezone = EXCLUDED.timezone, readied_at = NULL, readied_by = NULL, enqueued_at = now();
+    timezone = EXCLUDED.timezone, readied_at = NULL, readied_by = NULL, enqueued_at = now(),
+    dst_policy = EXCLUDED.dst_policy;
 
 -- name: cancel
 DELETE FROM chronos_messages WHERE id = ANY(%(ids)s);
@@ -78,7 +84,7 @@ RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.k
 
 -- name: due_schedules
 SELECT id, (extract(epoch FROM deadline) * 1000000)::bigint, cron, timezone, topic, key, value, headers,
-       ordering_key
+       ordering_key, dst_policy
 FROM chronos_messages
 WHERE cron IS NOT NULL AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'
 ORDER BY deadline

@@ -315,3 +315,21 @@ def test_every_list_filter_is_served_by_an_index_on_ten_million_rows(database_ur
         assert total < 1000, p
     if f.id_prefix == "order-17":
         assert "Index Cond: ((id >= 'order-17'::text) AND (id < 'order-18'::text))" in text, text
+
+
+# -- the DST policy is stored with its schedule and steers the firer's next occurrence ----------------
+
+def test_a_schedules_dst_policy_is_stored_replaced_and_followed(s):
+    first = datetime(2026, 10, 25, 0, 30, tzinfo=timezone.utc)   # 02:30 CEST, the first of two 02:30s
+    us = int(first.timestamp() * 1_000_000)
+    row = r("twice", us, cron="30 2 * * *", timezone="Europe/Paris")
+    row.dst_policy = "repeated=both"
+    assert s.insert([row]) == 1
+    assert inspect.show(s, "twice", output_topic=OUT).dst_policy == "repeated=both"
+    claimed = s.claim_schedules(10, 0, us + 1000)
+    assert [c.deadline_us for c in claimed] == [us]
+    # the second 02:30 (CET) is next, an hour later, not the next day's
+    assert inspect.show(s, "twice", output_topic=OUT).deadline == datetime(2026, 10, 25, 1, 30, tzinfo=timezone.utc)
+    row.dst_policy = None
+    assert s.apply([], [row], []) == (0, 1, 0)
+    assert inspect.show(s, "twice", output_topic=OUT).dst_policy is None

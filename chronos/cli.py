@@ -349,8 +349,15 @@ def add_operator_parsers(sub) -> None:
 
 # -- parser --------------------------------------------------------------------------------
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line and exit 2, like every other bad input (sub-commands inherit it)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="chronos", description="Chronos: a persistent time-delay scheduler "
+    parser = _Parser(prog="chronos", description="Chronos: a persistent time-delay scheduler "
                                      "for Kafka. Every setting is also a CHRONOS_* environment variable.")
     parser.add_argument("--version", action="version", version=f"chronos {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

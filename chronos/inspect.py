@@ -345,7 +345,10 @@ def act(store: Store, action: str, *, ids: Sequence[str] = (), filters: Filters 
     if not dry_run:
         if first:
             _apply(store, action, [], at, count_action=True)   # counted even when nothing matched
-        log.info("%s: %d messages %s%s%s", action.replace("_", "-"), result.changed, _DONE[action],
+        # one line per action that changed something (an action that changed nothing is counted, not logged:
+        # its outcome is the command's own output or error line)
+        log.log(logging.INFO if result.changed else logging.DEBUG,
+                "%s: %d messages %s%s%s", action.replace("_", "-"), result.changed, _DONE[action],
                  f" to {at.isoformat()}" if action == "reschedule" and at else "",
                  "".join(f", {n} {what}" for n, what in ((len(result.in_flight), "in flight left alone"),
                                                         (len(result.not_found), "not found")) if n))

@@ -29,10 +29,10 @@ OUT = "chronos.output"
 BUILD = """
 INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key)
 SELECT 'order-' || lpad(g::text, 9, '0'),
-       now() + interval '1 hour' + (g % 525600) * interval '1 minute' + (g / 525600) * interval '1 ms',
-       CASE WHEN g % 100 = 7 THEN 'billing.reminders' END,
+       now() + interval '1 hour' + (g %% 525600) * interval '1 minute' + (g / 525600) * interval '1 ms',
+       CASE WHEN g %% 100 = 7 THEN 'billing.reminders' END,
        convert_to('customer-' || g, 'UTF8'), '\\x00'::bytea, ''::bytea,
-       CASE WHEN g % 100 = 3 THEN 'invoice-' || (g % 100000) END
+       CASE WHEN g %% 100 = 3 THEN 'invoice-' || (g %% 100000) END
 FROM generate_series(%(start)s::bigint, %(stop)s::bigint) AS g
 """
 

@@ -218,7 +218,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             lines.append(("deadline", inspect.iso(m.deadline)))
         lines += [("topic", m.topic), ("key", inspect.safe_text(m.key)),
                   ("value", "null" if m.value_size is None else
-                   f"{m.value_size:,} bytes {inspect.safe_text(m.value_preview + (b'.' if m.value_size > inspect.PREVIEW_BYTES else b''), inspect.PREVIEW_BYTES)}"),
+                   f"{m.value_size:,} bytes {inspect.safe_text(m.value_preview)}"
+                   + ("..." if m.value_size > inspect.PREVIEW_BYTES else "")),
                   ("ordering key", repr(m.ordering_key) if m.ordering_key is not None else "-"),
                   ("enqueued", inspect.iso(m.enqueued_at))]
         lines.append(("headers", str(len(m.headers)) if m.headers else "none"))

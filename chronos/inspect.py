@@ -229,16 +229,16 @@ class ActionResult:
 
 def show(store: Store, message_id: str, *, output_topic: str) -> Message | None:
     """The message or schedule with this id, or None."""
-    row = store.run(lambda c: c.execute(QUERIES["show_message"], {"id": message_id}).fetchone())
+    row = store.run(lambda c: c.execute(QUERIES["show_message"], {"id": message_id, "preview": PREVIEW_BYTES})
+                    .fetchone())
     if row is None:
         return None
-    (mid, deadline, readied_at, readied_by, topic, key, value, headers, okey, enqueued_at, cron, tz, dst,
-     _seq) = row
+    (mid, deadline, readied_at, readied_by, topic, key, size, preview, headers, okey, enqueued_at, cron, tz,
+     dst) = row
     state = "recurring" if cron is not None else "in_flight" if readied_at is not None else "waiting"
     return Message(id=mid, state=state, deadline=deadline, topic=topic or output_topic, key=key,
                    headers=codec.decode_headers(headers) if headers else [],
-                   value_size=None if value is None else len(value),
-                   value_preview=b"" if value is None else bytes(value[:PREVIEW_BYTES]),
+                   value_size=size, value_preview=b"" if preview is None else bytes(preview),
                    ordering_key=okey, enqueued_at=enqueued_at, firer=readied_by, claimed_at=readied_at,
                    cron=cron, timezone=(tz or "UTC") if cron is not None else None, dst_policy=dst)
 

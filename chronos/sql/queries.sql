@@ -187,8 +187,9 @@ SELECT count(*) FROM chronos_schedules;
 -- Operators: `chronos show`, `list`, `cancel`, `fire-now`, `reschedule` (chronos/inspect.py).
 
 -- name: show_message
-SELECT id, deadline, readied_at, readied_by, topic, key, value, headers, ordering_key, enqueued_at, cron,
-       timezone, dst_policy, seq
+-- The value's size and its first bytes only: a value may be megabytes.
+SELECT id, deadline, readied_at, readied_by, topic, key, octet_length(value), substring(value FROM 1 FOR %(preview)s),
+       headers, ordering_key, enqueued_at, cron, timezone, dst_policy
 FROM chronos_messages WHERE id = %(id)s;
 
 -- name: list_by_deadline

@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 up: $(VENV)/.installed
 	$(BIN)/chronos up $(ARGS)
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed $(BIN)/promtool
 	$(BIN)/python -m pytest $(ARGS)
 
 bench: $(VENV)/.installed
@@ -39,6 +39,19 @@ $(VENV)/.installed: pyproject.toml setup.py native/_native.pyx
 	$(BIN)/pip install --quiet -e '.[dev]'
 	$(BIN)/python -c 'import psycopg; assert psycopg.pq.__impl__ == "c", psycopg.pq.__impl__'
 	touch $@
+
+# promtool checks the shipped Prometheus rules (tests/e2e/test_ops_files.py). It is taken out of Debian's
+# prometheus package without installing the package, so no Prometheus service is set up or started.
+# A promtool already on PATH is used instead. No way to get one fails here, with what to do.
+$(BIN)/promtool: | $(VENV)/.installed
+	@if command -v promtool >/dev/null 2>&1; then ln -sf "$$(command -v promtool)" $@; exit 0; fi; \
+	command -v apt-get >/dev/null 2>&1 || { echo "make: the tests need promtool (Prometheus): install it and put it on PATH" >&2; exit 1; }; \
+	tmp=$$(mktemp -d) && cd $$tmp && \
+	{ apt-get download prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get download prometheus >/dev/null 2>&1; }; } && \
+	dpkg-deb --fsys-tarfile prometheus_*.deb | tar -xO ./usr/bin/promtool > $(CURDIR)/$@.tmp && \
+	chmod +x $(CURDIR)/$@.tmp && mv $(CURDIR)/$@.tmp $(CURDIR)/$@ && cd / && rm -rf $$tmp || \
+	{ rm -rf $$tmp $(CURDIR)/$@.tmp; echo "make: could not get promtool from Debian's prometheus package (apt-get download prometheus; apt-get update needs root): install promtool and put it on PATH" >&2; exit 1; }
+	$@ --version >/dev/null
 
 clean:
 	rm -rf $(VENV) build *.egg-info native/*.c chronos/codec/*.so .chronos

@@ -183,6 +183,8 @@ OPTIONS: tuple[Option, ...] = (
            "(consumer 0, firer 100, detector 200) + CHRONOS_PROCESS_NUM", _port, "0"),
     Option("health_window_ms", "/healthz fails when the loop, PostgreSQL or Kafka was last ok longer ago",
            _positive_int, "10000"),
+    Option("confirm_above", "cancel, fire-now and reschedule need --yes to change more messages than this",
+           _non_negative_int, "1000"),
 )
 
 
@@ -209,6 +211,7 @@ class Settings:
     log_format: str = "text"
     metrics_port: int = 0
     health_window_ms: int = 10000
+    confirm_above: int = 1000
 
     def validate(self) -> "Settings":
         if self.lookahead_ms * 2 >= self.hold_time_ms:

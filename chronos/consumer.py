@@ -60,7 +60,8 @@ def _row(parsed: codec.Parsed, decision: Decision, msg: Message, rules: Rules) -
     topic = parsed.topic if parsed.topic != rules.output_topic else None
     return Row(parsed.message_id, decision.deadline_us, topic, msg.key(), msg.value(),
                codec.encode_headers(parsed.headers), parsed.ordering_key, parsed.cron,
-               parsed.timezone if parsed.cron is not None else None)
+               parsed.timezone if parsed.cron is not None else None,
+               parsed.dst_policy if parsed.cron is not None else None)
 
 
 def sort_batch(messages: list[Message], now_us: int, rules: Rules) -> Batch:

@@ -179,6 +179,36 @@ class _Totals:
             yield family
 
 
+class _ActionTotals:
+    """Operator actions (cancel, fire-now, reschedule) as counted in the store's chronos_actions table:
+    the CLI that takes them lives for a second, so the detector exports the store's totals."""
+
+    ACTIONS = ("cancel", "fire_now", "reschedule")
+
+    def __init__(self, role: str, node: str, totals: Callable[[], Mapping[str, tuple[int, int]]]):
+        self.labels = (role, node)
+        self.totals = totals
+
+    def describe(self) -> Iterable[CounterMetricFamily]:
+        return self._families({})
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        return self._families(self.totals())
+
+    def _families(self, totals: Mapping[str, tuple[int, int]]) -> list[CounterMetricFamily]:
+        taken = CounterMetricFamily("chronos_operator_actions_total",
+                                    "operator actions taken (chronos cancel, fire-now, reschedule), from the store",
+                                    labels=("role", "node", "action"))
+        changed = CounterMetricFamily("chronos_operator_action_messages_total",
+                                      "messages changed by operator actions, from the store",
+                                      labels=("role", "node", "action"))
+        for action in sorted(set(self.ACTIONS) | set(totals)):
+            n, m = totals.get(action, (0, 0))
+            taken.add_metric([*self.labels, action], n)
+            changed.add_metric([*self.labels, action], m)
+        return [taken, changed]
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: "_Server"
 
@@ -410,6 +440,8 @@ class DetectorTelemetry(Telemetry):
                                  "nor the dead-letter topic accepted them (an operator should look)")
         self.store_read = self.gauge("chronos_store_gauges_timestamp_seconds",
                                      "when the chronos_rows_* gauges were last read from the store (unix time)")
+        self.actions: Mapping[str, tuple[int, int]] = {}   # read with the store gauges
+        self.registry.register(_ActionTotals(self.role, self.node, lambda: self.actions))
 
     def loop_period(self) -> float:
         return max(1.0, self.settings.failure_detection_interval_ms / 1000.0)

@@ -65,6 +65,7 @@ class Row:
     ordering_key: str | None = None
     cron: str | None = None
     timezone: str | None = None
+    dst_policy: str | None = None
 
 
 @dataclass(slots=True)
@@ -239,6 +240,10 @@ class Store:
         self.last_ok = time.monotonic()
         return result
 
+    def run(self, fn) -> Any:
+        """Run fn(connection) with the store's reconnection and error translation (for chronos.inspect)."""
+        return self._run(fn)
+
     # -- consumer --------------------------------------------------------------------------
 
     def insert(self, rows: Sequence[Row]) -> int:
@@ -264,11 +269,11 @@ class Store:
                     if inserts or replaces:
                         with cur.copy(QUERIES["copy_staging_full"]) as copy:
                             copy.set_types(["text", "int8", "text", "bytea", "bytea", "bytea", "text", "text",
-                                            "text", "text"])
+                                            "text", "text", "text"])
                             for op, rows in (("i", inserts), ("u", replaces)):
                                 for r in rows:
                                     copy.write_row((r.id, r.deadline_us, r.topic, r.key, r.value, r.headers,
-                                                    r.ordering_key, r.cron, r.timezone, op))
+                                                    r.ordering_key, r.cron, r.timezone, op, r.dst_policy))
                     if inserts:
                         cur.execute(QUERIES["insert_from_staging"])
                         inserted = cur.rowcount
@@ -312,9 +317,9 @@ class Store:
             claimed: list[Claimed] = []
             with conn.transaction():
                 due = conn.execute(QUERIES["due_schedules"], {"limit": limit, "lookahead_ms": lookahead_ms})
-                for (sid, deadline_us, expr, tz, topic, key, value, headers, okey, last_us) in due.fetchall():
+                for (sid, deadline_us, expr, tz, topic, key, value, headers, okey, last_us, dst) in due.fetchall():
                     try:
-                        schedule = cron.parse(expr, tz)
+                        schedule = cron.parse(expr, tz, dst)
                     except cron.CronError as exc:
                         log.error("recurring schedule %s has a bad expression (%s); cancelling it", sid, exc)
                         conn.execute(QUERIES["cancel"], {"ids": [sid]})

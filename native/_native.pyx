@@ -28,6 +28,7 @@ from chronos.codec.types import (
     ERR_BAD_ACTION,
     ERR_BAD_CRON,
     ERR_BAD_DEADLINE,
+    ERR_BAD_DST_POLICY,
     ERR_BAD_ID,
     ERR_BAD_ORDERING_KEY,
     ERR_BAD_TIMEZONE,
@@ -72,10 +73,11 @@ cdef enum:
     S_ORDERING_KEY = 4
     S_CRON = 5
     S_TIMEZONE = 6
+    S_DST_POLICY = 7
 
 if _types.CHRONOS_HEADERS != (
     "chronosMessageId", "chronosDeadline", "chronosAction", "chronosTopic",
-    "chronosOrderingKey", "chronosCron", "chronosTimeZone",
+    "chronosOrderingKey", "chronosCron", "chronosTimeZone", "chronosDstPolicy",
 ):
     raise ImportError("chronos.codec.types.CHRONOS_HEADERS changed; rebuild the native codec")
 
@@ -295,6 +297,8 @@ cdef int _slot(object key) except -2:
     if n == 9:
         if memcmp(p, b"MessageId", 9) == 0:
             return S_ID
+        if memcmp(p, b"DstPolicy", 9) == 0:
+            return S_DST_POLICY
     elif n == 8:
         if memcmp(p, b"Deadline", 8) == 0:
             return S_DEADLINE
@@ -357,11 +361,11 @@ def parse_headers(headers):
     cdef int slot, present = 0, duplicate = -1
     cdef object item, key, value, text
     cdef object v_id = None, v_deadline = None, v_action = None, v_topic = None
-    cdef object v_okey = None, v_cron = None, v_tz = None
+    cdef object v_okey = None, v_cron = None, v_tz = None, v_dst = None
     cdef object error, id_error = None, action_error = None, deadline_error = None
     cdef object topic_error = None, okey_error = None, cron_error = None
     cdef object message_id = None, deadline_us = None, topic = None, ordering_key = None
-    cdef object action = None, cron = None, timezone = None
+    cdef object action = None, cron = None, timezone = None, dst_policy = None
     cdef const unsigned char* p
     cdef int64_t us
 
@@ -400,8 +404,10 @@ def parse_headers(headers):
                 v_okey = value
             elif slot == S_CRON:
                 v_cron = value
-            else:
+            elif slot == S_TIMEZONE:
                 v_tz = value
+            else:
+                v_dst = value
 
     # chronosMessageId
     if not present & (1 << S_ID):
@@ -471,6 +477,11 @@ def parse_headers(headers):
             timezone = _utf8(v_tz)
         if timezone is None:
             cron_error = ERR_BAD_TIMEZONE
+    if present & (1 << S_DST_POLICY):
+        if not _empty(v_dst):
+            dst_policy = _utf8(v_dst)
+        if dst_policy is None:
+            cron_error = ERR_BAD_DST_POLICY
     if present & (1 << S_CRON):
         if not _empty(v_cron):
             cron = _utf8(v_cron)
@@ -492,7 +503,7 @@ def parse_headers(headers):
     else:
         error = cron_error
     return _make_parsed(
-        (error, message_id, deadline_us, topic, ordering_key, action, cron, timezone, others)
+        (error, message_id, deadline_us, topic, ordering_key, action, cron, timezone, others, dst_policy)
     )
 
 

@@ -27,6 +27,7 @@ from chronos.codec.types import (
     HEADER_ACTION,
     HEADER_CRON,
     HEADER_DEADLINE,
+    HEADER_DST_POLICY,
     HEADER_ID,
     HEADER_ORDERING_KEY,
     HEADER_TIMEZONE,

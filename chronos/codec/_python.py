@@ -18,6 +18,7 @@ from chronos.codec.types import (
     ERR_BAD_ACTION,
     ERR_BAD_CRON,
     ERR_BAD_DEADLINE,
+    ERR_BAD_DST_POLICY,
     ERR_BAD_ID,
     ERR_BAD_ORDERING_KEY,
     ERR_BAD_TIMEZONE,
@@ -52,7 +53,7 @@ __all__ = ["IMPL", "Parsed", "parse_headers", "parse_deadline", "encode_headers"
 IMPL = "python"
 
 _SLOT = {name: i for i, name in enumerate(CHRONOS_HEADERS)}
-_ID, _DEADLINE, _ACTION, _TOPIC, _ORDERING_KEY, _CRON, _TIMEZONE = range(7)
+_ID, _DEADLINE, _ACTION, _TOPIC, _ORDERING_KEY, _CRON, _TIMEZONE, _DST_POLICY = range(8)
 _ABSENT = object()
 _tuple_new = tuple.__new__  # Parsed(...) goes through a Python-level __new__; this does not
 
@@ -141,7 +142,7 @@ def _text(value: object) -> str | None:
 
 def parse_headers(headers: list[tuple[str, bytes | None]] | None) -> Parsed:
     """Split Kafka headers into the validated chronos fields and the others."""
-    values = [_ABSENT] * 7
+    values = [_ABSENT] * 8
     others: list = []
     duplicate = None
     if headers is not None:
@@ -233,6 +234,12 @@ def parse_headers(headers: list[tuple[str, bytes | None]] | None) -> Parsed:
         timezone = _text(raw)
         if timezone is None:
             cron_error = ERR_BAD_TIMEZONE
+    dst_policy = None
+    raw = values[_DST_POLICY]
+    if raw is not _ABSENT:
+        dst_policy = _text(raw)
+        if dst_policy is None:
+            cron_error = ERR_BAD_DST_POLICY
     raw = values[_CRON]
     if raw is not _ABSENT:
         cron = _text(raw)
@@ -252,7 +259,7 @@ def parse_headers(headers: list[tuple[str, bytes | None]] | None) -> Parsed:
         )
     return _tuple_new(
         Parsed,
-        (error, message_id, deadline_us, topic, ordering_key, action, cron, timezone, others),
+        (error, message_id, deadline_us, topic, ordering_key, action, cron, timezone, others, dst_policy),
     )
 
 

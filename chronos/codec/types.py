@@ -19,6 +19,7 @@ __all__ = [
     "HEADER_ACTION",
     "HEADER_CRON",
     "HEADER_TIMEZONE",
+    "HEADER_DST_POLICY",
     "CHRONOS_HEADERS",
     "ACTION_CANCEL",
     "ACTION_REPLACE",
@@ -53,6 +54,7 @@ class Parsed(NamedTuple):
     cron: str | None
     timezone: str | None
     headers: list[tuple[str, bytes | None]]
+    dst_policy: str | None = None
 
 
 HEADER_ID = "chronosMessageId"
@@ -62,6 +64,7 @@ HEADER_ORDERING_KEY = "chronosOrderingKey"
 HEADER_ACTION = "chronosAction"
 HEADER_CRON = "chronosCron"
 HEADER_TIMEZONE = "chronosTimeZone"
+HEADER_DST_POLICY = "chronosDstPolicy"
 
 #: The only keys treated as chronos headers (matched exactly, case-sensitive).
 #: The index of a key in this tuple is the slot number used by both codecs.
@@ -73,6 +76,7 @@ CHRONOS_HEADERS = (
     HEADER_ORDERING_KEY,
     HEADER_CRON,
     HEADER_TIMEZONE,
+    HEADER_DST_POLICY,
 )
 
 ACTION_CANCEL = "cancel"
@@ -128,6 +132,7 @@ ERR_BAD_ORDERING_KEY = (
 )
 ERR_BAD_CRON = "bad_cron: chronosCron must be non-empty UTF-8"
 ERR_BAD_TIMEZONE = "bad_cron: chronosTimeZone must be non-empty UTF-8"
+ERR_BAD_DST_POLICY = "bad_cron: chronosDstPolicy must be non-empty UTF-8"
 
 # A header name librdkafka hands over that Python's Kafka client cannot carry (read by read_headers).
 ERR_NAME_UTF8 = "bad_header_name: header name '%s' is not valid UTF-8 (carried in this copy with its bytes escaped)"

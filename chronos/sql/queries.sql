@@ -7,7 +7,8 @@ SELECT coalesce(max(version), 0) FROM chronos_schema_version;
 -- op: 'i' insert unless the id is waiting, 'u' insert or replace; ord keeps the input order.
 CREATE TEMP TABLE IF NOT EXISTS chronos_staging (
     id text, deadline_us bigint, topic text, key bytea, value bytea, headers bytea, ordering_key text,
-    cron text, timezone text, op text NOT NULL DEFAULT 'i', ord bigint GENERATED ALWAYS AS IDENTITY
+    cron text, timezone text, op text NOT NULL DEFAULT 'i', ord bigint GENERATED ALWAYS AS IDENTITY,
+    dst_policy text
 ) ON COMMIT DELETE ROWS;
 
 -- name: copy_staging
@@ -18,34 +19,38 @@ COPY chronos_staging (id, deadline_us, topic, key, value, headers, ordering_key)
 -- multiplies in float8, so `deadline_us * interval '1 microsecond'` rounded deadlines after about
 -- 2255 and made 9999-12-31T23:59:59.999999 year 10000; each of these two products is exact.
 -- The way back, `(extract(epoch FROM deadline) * 1000000)::bigint`, is numeric (PostgreSQL 14+): exact.
-INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone)
+INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone,
+                              dst_policy)
 SELECT id, timestamptz 'epoch' + (deadline_us / 1000000) * interval '1 second'
                   + mod(deadline_us, 1000000) * interval '1 microsecond',
-       topic, key, value, headers, ordering_key, cron, timezone
+       topic, key, value, headers, ordering_key, cron, timezone, dst_policy
 FROM chronos_staging
 WHERE op = 'i'
 ORDER BY ord
 ON CONFLICT (id) DO NOTHING;
 
 -- name: copy_staging_full
-COPY chronos_staging (id, deadline_us, topic, key, value, headers, ordering_key, cron, timezone, op)
+COPY chronos_staging (id, deadline_us, topic, key, value, headers, ordering_key, cron, timezone, op, dst_policy)
 FROM STDIN (FORMAT BINARY);
 
 -- name: upsert_from_staging
 -- chronosAction: replace. A replaced row that a firer holds is handed back, so the new version
--- fires (the firer's delete then finds the row changed and leaves it). A replaced recurring schedule
+-- fires (the firer's delete then finds the row changed and leaves it), with no failed publishes
+-- counted against it. A replaced recurring schedule
 -- keeps its last_occurrence: the firer skips occurrences already created by the old version.
-INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone)
+INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone,
+                              dst_policy)
 SELECT id, timestamptz 'epoch' + (deadline_us / 1000000) * interval '1 second'
                   + mod(deadline_us, 1000000) * interval '1 microsecond',
-       topic, key, value, headers, ordering_key, cron, timezone
+       topic, key, value, headers, ordering_key, cron, timezone, dst_policy
 FROM chronos_staging
 WHERE op = 'u'
 ORDER BY ord
 ON CONFLICT (id) DO UPDATE SET
     deadline = EXCLUDED.deadline, topic = EXCLUDED.topic, key = EXCLUDED.key, value = EXCLUDED.value,
     headers = EXCLUDED.headers, ordering_key = EXCLUDED.ordering_key, cron = EXCLUDED.cron,
-    timezone = EXCLUDED.timezone, readied_at = NULL, readied_by = NULL, enqueued_at = now();
+    timezone = EXCLUDED.timezone, readied_at = NULL, readied_by = NULL, enqueued_at = now(),
+    dst_policy = EXCLUDED.dst_policy, attempts = 0, last_error = NULL, original_deadline = NULL;
 
 -- name: cancel
 -- Whether each deleted row was in flight: a firer holding it may still publish it.
@@ -94,7 +99,7 @@ RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.k
 
 -- name: due_schedules
 SELECT id, (extract(epoch FROM deadline) * 1000000)::bigint, cron, timezone, topic, key, value, headers,
-       ordering_key, (extract(epoch FROM last_occurrence) * 1000000)::bigint
+       ordering_key, (extract(epoch FROM last_occurrence) * 1000000)::bigint, dst_policy
 FROM chronos_messages
 WHERE cron IS NOT NULL AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'
 ORDER BY deadline
@@ -235,3 +240,107 @@ SELECT count(*) FROM chronos_messages WHERE cron IS NOT NULL;
 
 -- name: count_schedules_table
 SELECT count(*) FROM chronos_schedules;
+
+-- Operators: `chronos show`, `list`, `cancel`, `fire-now`, `reschedule` (chronos/inspect.py).
+
+-- name: show_message
+-- The value's size and its first bytes only: a value may be megabytes.
+SELECT id, deadline, readied_at, readied_by, topic, key, octet_length(value), substring(value FROM 1 FOR %(preview)s),
+       headers, ordering_key, enqueued_at, cron, timezone, dst_policy
+FROM chronos_messages WHERE id = %(id)s;
+
+-- name: list_by_deadline
+-- One page in (deadline, seq) order, after the keyset cursor. Every filter is optional (NULL: none).
+-- Run unprepared, so each call is planned for its own values: `NULL IS NULL OR ...` folds away and
+-- what remains picks the index. One branch per state, each off its own partial index (due,
+-- in-flight, schedules), or the ordering, topic or key index when that filter is given.
+SELECT * FROM (
+    (SELECT 'waiting' AS state, id, deadline, seq, topic, key, ordering_key, readied_by, cron
+     FROM chronos_messages
+     WHERE readied_at IS NULL AND cron IS NULL AND coalesce(%(state)s::text, 'waiting') = 'waiting'
+       AND (%(due_after)s::timestamptz IS NULL OR deadline > %(due_after)s)
+       AND (%(due_before)s::timestamptz IS NULL OR deadline < %(due_before)s)
+       AND (%(not_at)s::timestamptz IS NULL OR deadline <> %(not_at)s)
+       AND (%(topic)s::text IS NULL OR topic = %(topic)s) AND (NOT %(output_topic)s::bool OR topic IS NULL)
+       AND (%(key)s::bytea IS NULL OR key = %(key)s)
+       AND (%(ordering_key)s::text IS NULL OR ordering_key = %(ordering_key)s)
+       AND (%(after_deadline)s::timestamptz IS NULL OR (deadline, seq) > (%(after_deadline)s, %(after_seq)s::bigint))
+     ORDER BY deadline, seq LIMIT %(limit)s)
+    UNION ALL
+    (SELECT 'in_flight', id, deadline, seq, topic, key, ordering_key, readied_by, cron
+     FROM chronos_messages
+     WHERE readied_at IS NOT NULL AND coalesce(%(state)s::text, 'in_flight') = 'in_flight'
+       AND (%(due_after)s::timestamptz IS NULL OR deadline > %(due_after)s)
+       AND (%(due_before)s::timestamptz IS NULL OR deadline < %(due_before)s)
+       AND (%(not_at)s::timestamptz IS NULL OR deadline <> %(not_at)s)
+       AND (%(topic)s::text IS NULL OR topic = %(topic)s) AND (NOT %(output_topic)s::bool OR topic IS NULL)
+       AND (%(key)s::bytea IS NULL OR key = %(key)s)
+       AND (%(ordering_key)s::text IS NULL OR ordering_key = %(ordering_key)s)
+       AND (%(after_deadline)s::timestamptz IS NULL OR (deadline, seq) > (%(after_deadline)s, %(after_seq)s::bigint))
+     ORDER BY deadline, seq LIMIT %(limit)s)
+    UNION ALL
+    (SELECT 'recurring', id, deadline, seq, topic, key, ordering_key, readied_by, cron
+     FROM chronos_messages
+     WHERE cron IS NOT NULL AND coalesce(%(state)s::text, 'recurring') = 'recurring'
+       AND (%(due_after)s::timestamptz IS NULL OR deadline > %(due_after)s)
+       AND (%(due_before)s::timestamptz IS NULL OR deadline < %(due_before)s)
+       AND (%(not_at)s::timestamptz IS NULL OR deadline <> %(not_at)s)
+       AND (%(topic)s::text IS NULL OR topic = %(topic)s) AND (NOT %(output_topic)s::bool OR topic IS NULL)
+       AND (%(key)s::bytea IS NULL OR key = %(key)s)
+       AND (%(ordering_key)s::text IS NULL OR ordering_key = %(ordering_key)s)
+       AND (%(after_deadline)s::timestamptz IS NULL OR (deadline, seq) > (%(after_deadline)s, %(after_seq)s::bigint))
+     ORDER BY deadline, seq LIMIT %(limit)s)
+) AS page
+ORDER BY deadline, seq LIMIT %(limit)s;
+
+-- name: list_by_id
+-- `--id-prefix`: one page in id order off the primary key. starts_with() becomes a range condition
+-- on the key where the column's collation is C (the embedded PostgreSQL's); under another
+-- collation it is correct but a scan. The other filters as in list_by_deadline.
+SELECT CASE WHEN cron IS NOT NULL THEN 'recurring' WHEN readied_at IS NOT NULL THEN 'in_flight' ELSE 'waiting' END,
+       id, deadline, seq, topic, key, ordering_key, readied_by, cron
+FROM chronos_messages
+WHERE starts_with(id, %(id_prefix)s) AND (%(after_id)s::text IS NULL OR id > %(after_id)s)
+  AND (%(state)s::text IS NULL
+       OR CASE %(state)s::text WHEN 'waiting' THEN readied_at IS NULL AND cron IS NULL
+                               WHEN 'in_flight' THEN readied_at IS NOT NULL
+                               ELSE cron IS NOT NULL END)
+  AND (%(due_after)s::timestamptz IS NULL OR deadline > %(due_after)s)
+  AND (%(due_before)s::timestamptz IS NULL OR deadline < %(due_before)s)
+  AND (%(not_at)s::timestamptz IS NULL OR deadline <> %(not_at)s)
+  AND (%(topic)s::text IS NULL OR topic = %(topic)s) AND (NOT %(output_topic)s::bool OR topic IS NULL)
+  AND (%(key)s::bytea IS NULL OR key = %(key)s)
+  AND (%(ordering_key)s::text IS NULL OR ordering_key = %(ordering_key)s)
+ORDER BY id LIMIT %(limit)s;
+
+-- name: act_cancel
+-- Actions change only rows no firer holds: a claimed row is being published from a firer's memory
+-- at the deadline it was claimed with, and nothing here could stop that. A concurrent claim locks
+-- the row first; this statement then re-reads it, finds it claimed and leaves it.
+DELETE FROM chronos_messages WHERE id = ANY(%(ids)s::text[]) AND readied_at IS NULL RETURNING id;
+
+-- name: act_fire_now
+-- Due now by the database clock; a deadline already past stays as it is. For a recurring schedule
+-- this fires one occurrence now, then the schedule goes on from its expression.
+UPDATE chronos_messages SET deadline = least(deadline, %(at)s::timestamptz)
+WHERE id = ANY(%(ids)s::text[]) AND readied_at IS NULL RETURNING id;
+
+-- name: act_reschedule
+UPDATE chronos_messages SET deadline = %(at)s::timestamptz
+WHERE id = ANY(%(ids)s::text[]) AND readied_at IS NULL RETURNING id;
+
+-- name: present_ids
+-- Which of these ids exist, and whether a firer holds them (for the actions' report).
+SELECT id, readied_at IS NOT NULL FROM chronos_messages WHERE id = ANY(%(ids)s::text[]);
+
+-- name: count_action
+INSERT INTO chronos_actions (action, actions, messages, last_at)
+VALUES (%(action)s, %(actions)s, %(messages)s, now())
+ON CONFLICT (action) DO UPDATE SET actions = chronos_actions.actions + EXCLUDED.actions,
+    messages = chronos_actions.messages + EXCLUDED.messages, last_at = now();
+
+-- name: action_totals
+SELECT action, actions, messages FROM chronos_actions ORDER BY action;
+
+-- name: db_now
+SELECT now();

@@ -331,5 +331,5 @@ def test_a_schedules_dst_policy_is_stored_replaced_and_followed(s):
     # the second 02:30 (CET) is next, an hour later, not the next day's
     assert inspect.show(s, "twice", output_topic=OUT).deadline == datetime(2026, 10, 25, 1, 30, tzinfo=timezone.utc)
     row.dst_policy = None
-    assert s.apply([], [row], []) == (0, 1, 0)
+    assert s.apply([], [row], []) == (0, 1, 0, 0)
     assert inspect.show(s, "twice", output_topic=OUT).dst_policy is None

@@ -54,6 +54,18 @@ def test_retry_later_counts_the_failure_and_moves_the_row_out_of_the_claim(s, da
                                "FROM chronos_messages WHERE id = 'bad'") == [(2, due)]
 
 
+def test_a_replace_starts_the_new_version_with_no_failed_publishes(s, database_url):
+    due = now_us() - 1_000_000
+    s.insert([Row("r", due, "t.bad", None, b"v1", b"")])
+    held, = s.claim(10, 0)
+    s.retry_later([(held, "TOPIC_EXCEPTION", 60_000)])
+    s.apply([], [Row("r", due + 5, "t.good", None, b"v2", b"")], [])
+    # the new version is due as sent, with none of the old version's failures or backoff
+    again, = s.claim(10, 0)
+    assert (again.value, again.attempts, again.original_deadline_us, again.scheduled_us) == (b"v2", 0, None, due + 5)
+    assert fetch(database_url, "SELECT last_error FROM chronos_messages") == [(None,)]
+
+
 def test_retry_later_touches_only_rows_still_held_as_claimed(database_url):
     a, b = Store(database_url, node_id=uuid.uuid4()), Store(database_url, node_id=uuid.uuid4())
     a.insert([Row("m", now_us() - 1000, None, None, b"v", b"")])

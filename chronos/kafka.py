@@ -208,6 +208,3 @@ def dead_letter_headers(headers: list, reason: str, source: str) -> list:
     `chronosSource` (`<topic>/<partition>/<offset>` of the input, or `store/<id>`)."""
     return [*headers, (ERROR_HEADER, reason.encode()), (SOURCE_HEADER, source.encode())]
 
-
-def is_fatal(err: KafkaError | None) -> bool:
-    return err is not None and err.fatal()

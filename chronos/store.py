@@ -149,10 +149,8 @@ def migrate(url: str) -> list[int]:
     try:
         with connect(url, autocommit=False) as conn:
             with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
-                conn.execute("CREATE TABLE IF NOT EXISTS chronos_schema_version ("
-                             "version integer PRIMARY KEY, name text NOT NULL, "
-                             "applied_at timestamptz NOT NULL DEFAULT now())")
+                conn.execute(QUERIES["migrate_lock"], {"lock": _MIGRATE_LOCK})
+                conn.execute(QUERIES["create_schema_version"])
                 current = conn.execute(QUERIES["schema_version"]).fetchone()[0]
                 if current > LATEST_VERSION:
                     raise SchemaError(f"database schema is at version {current}, newer than this chronos "
@@ -161,8 +159,7 @@ def migrate(url: str) -> list[int]:
                     if version <= current:
                         continue
                     conn.execute(text)
-                    conn.execute("INSERT INTO chronos_schema_version (version, name) VALUES (%s, %s)",
-                                 (version, name))
+                    conn.execute(QUERIES["record_migration"], {"version": version, "name": name})
                     applied.append(version)
     except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
         raise StoreUnavailable(f"PostgreSQL at {redact_url(url)}: {_short(exc, url)}") from None
@@ -173,7 +170,7 @@ def migrate(url: str) -> list[int]:
 
 def check_schema(conn: psycopg.Connection) -> None:
     try:
-        exists = conn.execute("SELECT to_regclass('chronos_schema_version') IS NOT NULL").fetchone()[0]
+        exists = conn.execute(QUERIES["has_schema_version"]).fetchone()[0]
         current = conn.execute(QUERIES["schema_version"]).fetchone()[0] if exists else 0
     except psycopg.OperationalError as exc:
         raise StoreUnavailable(_short(exc)) from None
@@ -420,20 +417,16 @@ class Store:
 
         The waiting count is exact below ESTIMATE_ABOVE rows (or with exact=True), else the
         planner's estimate; the due count stops at DUE_CAP. Tolerates schemas without recurring
-        schedules (no `cron` column, no `chronos_schedules` table).
+        schedules (no `cron` column: a database migrated by an older chronos).
         """
         def run(conn: psycopg.Connection) -> Overview:
-            has_cron, has_table, estimate = conn.execute(QUERIES["overview_features"]).fetchone()
+            has_cron, estimate = conn.execute(QUERIES["overview_features"]).fetchone()
             nodes = [NodeLoad(*r) for r in conn.execute(QUERIES["overview_in_flight"], {"hold_ms": hold_ms})]
             count = exact if exact is not None else estimate < ESTIMATE_ABOVE
             at, first, next_deadline, waiting, due = conn.execute(
                 QUERIES["overview_waiting_cron" if has_cron else "overview_waiting"],
                 {"exact": count, "due_cap": DUE_CAP}).fetchone()
-            schedules = None
-            if has_cron:
-                schedules = conn.execute(QUERIES["count_cron_schedules"]).fetchone()[0]
-            elif has_table:
-                schedules = conn.execute(QUERIES["count_schedules_table"]).fetchone()[0]
+            schedules = conn.execute(QUERIES["count_cron_schedules"]).fetchone()[0] if has_cron else None
             parked = None
             if conn.execute(QUERIES["has_parked"]).fetchone()[0]:
                 parked = conn.execute(QUERIES["count_parked"]).fetchone()[0]

@@ -3,6 +3,22 @@
 -- name: schema_version
 SELECT coalesce(max(version), 0) FROM chronos_schema_version;
 
+-- name: migrate_lock
+-- One migrator at a time, until its transaction ends.
+SELECT pg_advisory_xact_lock(%(lock)s);
+
+-- name: create_schema_version
+-- Before the first migration: the table of applied migrations itself.
+CREATE TABLE IF NOT EXISTS chronos_schema_version (
+    version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: record_migration
+INSERT INTO chronos_schema_version (version, name) VALUES (%(version)s, %(name)s);
+
+-- name: has_schema_version
+SELECT to_regclass('chronos_schema_version') IS NOT NULL;
+
 -- name: create_staging
 -- op: 'i' insert unless the id is waiting, 'u' insert or replace; ord keeps the input order.
 CREATE TEMP TABLE IF NOT EXISTS chronos_staging (
@@ -10,9 +26,6 @@ CREATE TEMP TABLE IF NOT EXISTS chronos_staging (
     cron text, timezone text, op text NOT NULL DEFAULT 'i', ord bigint GENERATED ALWAYS AS IDENTITY,
     dst_policy text
 ) ON COMMIT DELETE ROWS;
-
--- name: copy_staging
-COPY chronos_staging (id, deadline_us, topic, key, value, headers, ordering_key) FROM STDIN (FORMAT BINARY);
 
 -- name: insert_from_staging
 -- Epoch microseconds to timestamptz in whole seconds plus the remainder: `interval * number`
@@ -198,11 +211,10 @@ RETURNING s.readied_by;
 SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
 
 -- name: overview_features
--- What this schema holds, for `chronos status`: recurring schedules as rows with a `cron` column,
--- or a `chronos_schedules` table; and the planner's row estimate (-1 before the first ANALYZE).
+-- What this schema holds, for `chronos status`: recurring schedules as rows with a `cron` column
+-- (not before migration 0002); and the planner's row estimate (-1 before the first ANALYZE).
 SELECT EXISTS (SELECT FROM pg_attribute
                WHERE attrelid = 'chronos_messages'::regclass AND attname = 'cron' AND NOT attisdropped),
-       to_regclass('chronos_schedules') IS NOT NULL,
        (SELECT reltuples FROM pg_class WHERE oid = 'chronos_messages'::regclass)::bigint;
 
 -- name: overview_in_flight
@@ -237,9 +249,6 @@ SELECT now(),
 
 -- name: count_cron_schedules
 SELECT count(*) FROM chronos_messages WHERE cron IS NOT NULL;
-
--- name: count_schedules_table
-SELECT count(*) FROM chronos_schedules;
 
 -- Operators: `chronos show`, `list`, `cancel`, `fire-now`, `reschedule` (chronos/inspect.py).
 

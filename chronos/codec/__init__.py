@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 import os
 from types import ModuleType
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, cast
 
 from chronos.codec import types as _types
 from chronos.codec.types import (
@@ -83,16 +83,18 @@ def _select(choice: str | None) -> ModuleType:
         return implementation("python")
 
 
-_impl = _select(os.environ.get(ENV_VAR))
+if TYPE_CHECKING:  # the type checker holds both modules (the native one through its .pyi) to Codec
+    from chronos.codec import _native, _python
+    _native_codec: Codec = _native
+    _python_codec: Codec = _python
 
-# (annotations are not evaluated at runtime: `from __future__ import annotations`)
-IMPL: str = _impl.IMPL
-parse_headers: Callable[[Iterable[tuple[str, bytes | None]] | None], Parsed] = _impl.parse_headers
-parse_deadline: Callable[[bytes], int | None] = _impl.parse_deadline
-encode_headers: Callable[[Iterable[tuple[str, bytes | None]] | None], bytes] = _impl.encode_headers
-decode_headers: Callable[
-    [bytes | bytearray | memoryview | None], list[tuple[str, bytes | None]]
-] = _impl.decode_headers
-read_headers: Callable[[object], tuple[list[tuple[str, bytes | None]] | None, str | None]] = _impl.read_headers
+_impl = cast(Codec, _select(os.environ.get(ENV_VAR)))
+
+IMPL = _impl.IMPL
+parse_headers = _impl.parse_headers
+parse_deadline = _impl.parse_deadline
+encode_headers = _impl.encode_headers
+decode_headers = _impl.decode_headers
+read_headers = _impl.read_headers
 
 del _impl

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import re
 import struct
+from collections.abc import Iterable
 
 from chronos.codec import librdkafka as _rd
 from chronos.codec.types import (
@@ -140,7 +141,7 @@ def _text(value: object) -> str | None:
         return None
 
 
-def parse_headers(headers: list[tuple[str, bytes | None]] | None) -> Parsed:
+def parse_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> Parsed:
     """Split Kafka headers into the validated chronos fields and the others."""
     values = [_ABSENT] * 8
     others: list = []
@@ -263,7 +264,7 @@ def parse_headers(headers: list[tuple[str, bytes | None]] | None) -> Parsed:
     )
 
 
-def encode_headers(headers: list[tuple[str, bytes | None]] | None) -> bytes:
+def encode_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> bytes:
     """Serialize headers: per header u32 key length, key UTF-8, i32 value length (-1 = None), value."""
     if headers is None:
         return b""
@@ -291,7 +292,7 @@ def encode_headers(headers: list[tuple[str, bytes | None]] | None) -> bytes:
     return b"".join(parts)
 
 
-def decode_headers(data: bytes | None) -> list[tuple[str, bytes | None]]:
+def decode_headers(data: bytes | bytearray | memoryview | None) -> list[tuple[str, bytes | None]]:
     """Inverse of :func:`encode_headers`; raises ValueError on corrupt data."""
     if data is None:
         return []

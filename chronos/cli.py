@@ -50,8 +50,7 @@ def cmd_process(args: argparse.Namespace) -> int:
 def cmd_migrate(args: argparse.Namespace) -> int:
     from chronos import store
     settings = config.load(args)
-    if not settings.database_url:
-        raise config.ConfigError("CHRONOS_DATABASE_URL is not set: give --database-url or --ready-file")
+    settings.require_database()
     applied = store.migrate(settings.database_url)
     if applied:
         print(f"applied migrations {', '.join(map(str, applied))}; schema at version {store.LATEST_VERSION}")
@@ -150,8 +149,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
     from chronos import cron
     from chronos.store import Store
     settings = config.load(args)
-    if not settings.database_url:
-        raise config.ConfigError("CHRONOS_DATABASE_URL is not set: give --database-url or --ready-file")
+    settings.require_database()
     store = Store(settings.database_url)
     rows = store.list_schedules()
     store.close()
@@ -177,8 +175,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
 def _operator_store(args: argparse.Namespace):
     from chronos.store import Store
     settings = config.load(args)
-    if not settings.database_url:
-        raise config.ConfigError("CHRONOS_DATABASE_URL is not set: give --database-url or --ready-file")
+    settings.require_database()
     return settings, Store(settings.database_url)
 
 

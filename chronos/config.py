@@ -237,6 +237,12 @@ class Settings:
             found += database_passwords(self.database_url)
         return found
 
+    def require_database(self) -> str:
+        """The database URL, for commands that need PostgreSQL only; a configuration error if unset."""
+        if not self.database_url:
+            raise ConfigError("CHRONOS_DATABASE_URL is not set: give --database-url or --ready-file")
+        return self.database_url
+
     def require_services(self) -> "Settings":
         if not self.database_url:
             raise ConfigError("CHRONOS_DATABASE_URL is not set (and no ready file was found): "

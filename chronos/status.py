@@ -99,8 +99,7 @@ def render(d: dict[str, Any]) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     from chronos.store import Store
     settings = config.load(args)
-    if not settings.database_url:
-        raise ConfigError("CHRONOS_DATABASE_URL is not set: give --database-url or --ready-file")
+    settings.require_database()
     store = Store(settings.database_url)
     clear = args.watch is not None and not args.json and sys.stdout.isatty()
     try:

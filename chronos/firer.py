@@ -4,7 +4,11 @@ Claims due rows (and rows due within the lookahead) in batches with one
 `UPDATE ... RETURNING`, publishes each from memory at its deadline less the measured
 publish latency (never more than the timing advance), waits for Kafka's acknowledgement,
 then deletes exactly the acknowledged rows it still owns. Unpublished rows are handed back
-on shutdown; a row whose publish failed is handed back at once so any firer retries it.
+on shutdown. A publish that fails goes through one path (`publish_failed`): a refusal that may
+pass is retried with exponential backoff, kept in PostgreSQL (the row's `attempts` and moved
+`deadline`), up to CHRONOS_MAX_PUBLISH_ATTEMPTS; a permanent one (too large, invalid), an
+exhausted one and a destination the allow-list no longer allows go to the dead-letter topic;
+what even the dead-letter topic refuses is parked in `chronos_parked`.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import uuid
 from chronos import codec
 from chronos.config import Settings
 from chronos.errors import StoreUnavailable
-from chronos.kafka import make_producer, produce
+from chronos.kafka import (PERMANENT_FAILURE, UNANSWERED_FAILURE, classify, dead_letter_headers, failure_reason,
+                           make_producer, produce)
 from chronos.logs import Throttle
 from chronos.metrics import FirerTelemetry
 from chronos.runtime import Lifecycle
@@ -36,6 +41,33 @@ CLOCK_SYNC_EVERY = 10.0      # seconds between measurements of the database cloc
 IDLE_WAIT = 0.005            # the publishing thread looks for newly claimed rows this often
 SLOW_STATEMENT = 1.0         # seconds: a claim or delete slower than this is logged (aggregated)
 TICK = 0.001                 # the publishing thread sleeps at least this long: rows due within it go together
+RETRY_FIRST_MS = 1000        # backoff after a row's first refused publish; doubled after each further one
+RETRY_CAP_MS = 60_000        # and never longer than this
+
+RELEASE, RETRY, DEAD = "release", "retry", "dead"
+
+
+def retry_delay_ms(failures_before: int) -> int:
+    """How long a row waits before its next publish, given how many of its publishes failed before
+    this one: 1 s, 2 s, 4 s, ... up to a minute."""
+    return min(RETRY_CAP_MS, RETRY_FIRST_MS << min(failures_before, 16))
+
+
+def after_failure(kind: str, failures: int, max_attempts: int) -> str:
+    """What to do with a row whose publish failed (`kind` from `kafka.classify`; `failures`
+    counts this one): dead-letter it, retry it after a backoff, or hand it back as it is (Kafka
+    did not answer: that says nothing about the message, and the firer stops claiming meanwhile)."""
+    if kind == PERMANENT_FAILURE:
+        return DEAD
+    if kind == UNANSWERED_FAILURE:
+        return RELEASE
+    return DEAD if failures >= max_attempts else RETRY
+
+
+def iso_us(us: int) -> str:
+    """Epoch microseconds as ISO-8601 UTC with microseconds (a chronosDeadline the consumer reads)."""
+    seconds, micros = divmod(us, 1_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micros:06d}Z"
 
 
 class PublishTiming:
@@ -98,6 +130,9 @@ class StoreWorker(threading.Thread):
         self.held = 0                # claimed by this node and not yet deleted or handed back
         self.acked: list[Claimed] = []
         self.release: list[Claimed] = []
+        self.retry: list[tuple[Claimed, str, int]] = []   # (row, error, delay_ms): refused, to try again later
+        self.dead: list[tuple[Claimed, str]] = []         # (row, reason): on the dead-letter topic, to delete
+        self.park: list[tuple[Claimed, str]] = []         # (row, reason): refused by the dead-letter topic too
         self.stopping = False
         self.crashed: BaseException | None = None
         self.claims_paused = False
@@ -124,7 +159,7 @@ class StoreWorker(threading.Thread):
             try:
                 self.settle(now)
                 if self.stopping:
-                    if not (self.acked or self.release):
+                    if not (self.acked or self.pending()):
                         return
                     continue
                 if now >= self.next_clock_sync:
@@ -136,7 +171,8 @@ class StoreWorker(threading.Thread):
                 if self.stopping and self.backoff.down_since is not None \
                         and time.monotonic() - self.backoff.down_since > 5:
                     log.warning("postgres unavailable at shutdown (%s): %d claimed rows will be taken over "
-                                "after the hold time", exc, len(self.acked) + len(self.release))
+                                "after the hold time", exc, len(self.acked) + len(self.release) + len(self.retry)
+                                + len(self.dead) + len(self.park))
                     return
                 delay = self.backoff.failed()
                 self.throttle.warning("db", "postgres unavailable (%s); retrying in %.1fs", exc, delay)
@@ -149,24 +185,26 @@ class StoreWorker(threading.Thread):
         wake = now + 1.0 if self.stopping else self.next_claim
         if self.acked:
             wake = min(wake, self.last_delete + DELETE_EVERY)
-        if self.release or (self.stopping and self.acked):
+        if self.pending() or (self.stopping and self.acked):
             wake = now
         return max(0.0, min(wake - now, 1.0))
 
+    def pending(self) -> bool:
+        """Rows to hand back, retry later, delete as dead-lettered or park: settled at once."""
+        return bool(self.release or self.retry or self.dead or self.park)
+
     def receive(self, timeout: float) -> None:
-        """Take what the publishing thread sent: acknowledged rows, rows to hand back, stop."""
+        """Take what the publishing thread sent: acknowledged, failed and dead-lettered rows, stop."""
         try:
             item = self.inbox.get(timeout=timeout) if timeout > 0 else self.inbox.get_nowait()
         except queue.Empty:
             return
         while True:
             kind, rows = item
-            if kind == "acked":
-                self.acked.extend(rows)
-            elif kind == "release":
-                self.release.extend(rows)
-            else:
+            if kind == "stop":
                 self.stopping = True
+            else:
+                getattr(self, kind).extend(rows)  # acked, release, retry, dead or park
             try:
                 item = self.inbox.get_nowait()
             except queue.Empty:
@@ -220,12 +258,30 @@ class StoreWorker(threading.Thread):
                                   step, elapsed, rows, self.held)
 
     def settle(self, now: float) -> None:
-        """Delete acknowledged rows in batches, and hand back rows that will not be published."""
+        """Delete acknowledged rows in batches, hand back rows that will not be published, and settle
+        failed ones: retried later, deleted once dead-lettered, or parked."""
+        stats = self.firer.stats
         if self.release:
             rows = self.release
-            self.firer.stats["released"] += self.store.release(rows)
+            stats["released"] += self.store.release(rows)
             self.held -= len(rows)
             self.release = []
+        if self.retry:
+            stats["retried"] += self.store.retry_later(self.retry)
+            self.held -= len(self.retry)
+            self.retry = []
+        if self.dead:
+            stats["dead"] += self.store.delete_fired([row for row, _ in self.dead])
+            self.firer.metrics.dead_lettered(reason for _, reason in self.dead)
+            self.held -= len(self.dead)
+            self.dead = []
+        if self.park:
+            stats["parked"] += self.store.park_claimed(self.park, self.settings.output_topic)
+            for row, reason in self.park:
+                log.warning("parked %s in chronos_parked: neither %s nor the dead-letter topic %s took it (%s)",
+                            row.id, row.topic or self.settings.output_topic, self.settings.dlq_topic, reason)
+            self.held -= len(self.park)
+            self.park = []
         if not self.acked or (len(self.acked) < DELETE_BATCH and now - self.last_delete < DELETE_EVERY
                               and not self.stopping):
             return
@@ -273,7 +329,12 @@ class FirerProcess:
         self.sent_at: deque[float] = deque()  # monotonic send time of each publish in flight, oldest first
         self.acked: list[Claimed] = []
         self.failed: list[Claimed] = []
-        self.stats = {"claimed": 0, "fired": 0, "vanished": 0, "released": 0}
+        self.retry: list[tuple[Claimed, str, int]] = []
+        self.to_dead: list[tuple[Claimed, str]] = []      # to publish on the dead-letter topic
+        self.dead: list[tuple[Claimed, str]] = []         # acknowledged by the dead-letter topic
+        self.park: list[tuple[Claimed, str]] = []
+        self.allowed = settings.allowed_topics_re
+        self.stats = {"claimed": 0, "fired": 0, "vanished": 0, "released": 0, "retried": 0, "dead": 0, "parked": 0}
         self.metrics = FirerTelemetry(node_id, settings)
         self.worker = StoreWorker(self)
         self.store = self.worker.store
@@ -294,6 +355,7 @@ class FirerProcess:
                 self.metrics.beat()
                 self.take_claimed()
                 self.publish_due()
+                self.send_dead()
                 self.producer.poll(self.wait_time())
                 self.hand_over()
         finally:
@@ -309,7 +371,9 @@ class FirerProcess:
                 return
             # deadline, then enqueue order: rows of one ordering key are published in that order
             for row in rows:
-                heapq.heappush(self.heap, (self.timing.local_deadline(row.deadline_us), row.seq, next(self.seq), row))
+                # by the deadline as scheduled: a retried row goes out as soon as its backoff let it be
+                # claimed, ahead of the later rows of its key claimed with it
+                heapq.heappush(self.heap, (self.timing.local_deadline(row.scheduled_us), row.seq, next(self.seq), row))
 
     def wait_time(self) -> float:
         """Until the next publish is due; new claims are looked at every few milliseconds. Never
@@ -330,7 +394,7 @@ class FirerProcess:
             return 0.0
 
     def hand_over(self) -> None:
-        """Send acknowledged and failed rows to the store thread."""
+        """Send acknowledged, failed and dead-lettered rows to the store thread."""
         if self.acked:
             self.worker.inbox.put(("acked", self.acked))
             self.acked = []
@@ -338,6 +402,11 @@ class FirerProcess:
         if self.failed:
             self.worker.inbox.put(("release", self.failed))
             self.failed = []
+        for kind in ("retry", "dead", "park"):
+            rows = getattr(self, kind)
+            if rows:
+                self.worker.inbox.put((kind, rows))
+                setattr(self, kind, [])
 
     def publish_due(self) -> None:
         if not self.heap:
@@ -351,29 +420,90 @@ class FirerProcess:
             self.metrics.batch("publish", before - len(self.heap), time.perf_counter() - started)
 
     def publish(self, row: Claimed) -> None:
+        # the allow-list in force now, not the one the message was accepted under
+        if row.topic is not None and row.topic != self.settings.output_topic and not self.allowed.fullmatch(row.topic):
+            self.to_dead.append((row, f"topic_not_allowed: {row.topic!r} does not match CHRONOS_ALLOWED_TOPICS"))
+            return
         sent = time.monotonic()
 
         def delivered(err, _msg):
-            self.in_flight -= 1
-            if self.sent_at:
-                self.sent_at.popleft()
-            self.ack_progress = time.monotonic()
+            self.delivered()
             if err is None:
                 self.timing.observe_ack(time.monotonic() - sent)
-                self.metrics.lateness.observe(time.time() - self.timing.local_deadline(row.deadline_us))
+                self.metrics.lateness.observe(time.time() - self.timing.local_deadline(row.scheduled_us))
                 self.acked.append(row)
             else:
-                self.throttle.warning("publish", "publish of %s failed: %s; handing it back", row.id, err.str())
-                self.failed.append(row)
-                if err.fatal():
-                    self.replace_producer()
+                self.publish_failed(row, err)
 
+        self.sending(sent)
+        produce(self.producer, row.topic or self.settings.output_topic, row.value, row.key,
+                codec.decode_headers(row.headers), delivered)
+
+    def sending(self, sent: float) -> None:
         if not self.in_flight:
             self.ack_progress = time.monotonic()
         self.in_flight += 1
         self.sent_at.append(sent)
-        produce(self.producer, row.topic or self.settings.output_topic, row.value, row.key,
-                codec.decode_headers(row.headers), delivered)
+
+    def delivered(self) -> None:
+        self.in_flight -= 1
+        if self.sent_at:
+            self.sent_at.popleft()
+        self.ack_progress = time.monotonic()
+
+    def publish_failed(self, row: Claimed, err) -> None:
+        """The one path of a failed publish, whether librdkafka refused it in `produce()` or in the
+        delivery report: hand it back, retry it after a backoff, or dead-letter it."""
+        failures = row.attempts + 1
+        action = after_failure(classify(err), failures, self.settings.max_publish_attempts)
+        topic = row.topic or self.settings.output_topic
+        if action == RELEASE:
+            self.throttle.warning("publish", "publish of %s failed: %s; handing it back", row.id, err.str())
+            self.failed.append(row)
+        elif action == RETRY:
+            delay = retry_delay_ms(row.attempts)
+            self.throttle.warning("retry", "publish of %s to %s failed (%s): attempt %d of %d, next in %.1fs",
+                                  row.id, topic, err.str(), failures, self.settings.max_publish_attempts,
+                                  delay / 1000)
+            self.retry.append((row, f"{err.name()}: {err.str()}", delay))
+        else:
+            reason = failure_reason(err)
+            if classify(err) != PERMANENT_FAILURE:
+                reason += f" ({failures} attempts)"
+            self.throttle.warning("dead", "publish of %s to %s failed for good: %s; to the dead-letter topic",
+                                  row.id, topic, reason)
+            self.to_dead.append((row, reason))
+        if err.fatal():
+            self.replace_producer()
+
+    def send_dead(self) -> None:
+        """Publish the rows to dead-letter, each with its original id, deadline (as scheduled) and
+        destination, plus chronosError and chronosSource `store/<id>`."""
+        pending, self.to_dead = self.to_dead, []
+        for row, reason in pending:
+            headers = [("chronosMessageId", row.id.encode()), ("chronosDeadline", iso_us(row.scheduled_us).encode())]
+            if row.topic is not None:
+                headers.append(("chronosTopic", row.topic.encode()))
+            headers = dead_letter_headers(headers + codec.decode_headers(row.headers), reason, f"store/{row.id}")
+
+            def delivered(err, _msg, row=row, reason=reason):
+                self.delivered()
+                if err is None:
+                    self.dead.append((row, reason))
+                elif classify(err) == PERMANENT_FAILURE:
+                    self.park.append((row, f"{reason}; dead-letter topic: {err.name()}: {err.str()}"))
+                elif classify(err) == UNANSWERED_FAILURE:
+                    self.failed.append(row)
+                else:  # the dead-letter topic refuses for now: the whole row is tried again after a backoff
+                    self.throttle.warning("dead retry", "dead-lettering %s failed (%s); trying it again later",
+                                          row.id, err.str())
+                    self.retry.append((row, f"dead-letter topic: {err.name()}: {err.str()}",
+                                       retry_delay_ms(row.attempts)))
+                if err is not None and err.fatal():
+                    self.replace_producer()
+
+            self.sending(time.monotonic())
+            produce(self.producer, self.settings.dlq_topic, row.value, row.key, headers, delivered)
 
     # -- failures and shutdown -----------------------------------------------------------------
 
@@ -386,12 +516,15 @@ class FirerProcess:
     def shutdown(self) -> None:
         """Hand back what was not published, wait for acknowledgements, delete what was fired."""
         self.take_claimed()
-        unpublished = [entry[-1] for entry in self.heap]
+        unpublished = [entry[-1] for entry in self.heap] + [row for row, _ in self.to_dead]
         self.heap.clear()
+        self.to_dead = []
         self.worker.inbox.put(("release", unpublished))
         deadline = time.monotonic() + 10.0
         while self.in_flight > 0 and time.monotonic() < deadline and not self.life.hard_stop:
             self.producer.poll(0.1)
+        self.failed.extend(row for row, _ in self.to_dead)  # failed for good while stopping: a peer dead-letters them
+        self.to_dead = []
         self.hand_over()
         self.worker.inbox.put(("stop", []))
         self.worker.join(30.0)
@@ -403,8 +536,8 @@ class FirerProcess:
             except StoreUnavailable as exc:
                 log.warning("postgres unavailable at shutdown (%s): claimed rows will be taken over after "
                             "the hold time", exc)
-        log.info("stopping: claimed %(claimed)d, fired %(fired)d, vanished %(vanished)d, handed back %(released)d",
-                 self.stats)
+        log.info("stopping: claimed %(claimed)d, fired %(fired)d, vanished %(vanished)d, handed back %(released)d, "
+                 "retried later %(retried)d, dead-lettered %(dead)d, parked %(parked)d", self.stats)
         self.metrics.close()
         self.store.close()
 

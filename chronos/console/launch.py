@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from chronos import config
+from chronos import config, orphans
 from chronos.config import Settings
 from chronos.console import INSTALL_HINT, missing_extra
 from chronos.errors import ConfigError
@@ -113,7 +113,8 @@ class ConsoleProcess:
             self.proc = subprocess.Popen([sys.executable, "-m", "chronos", "console", "--fd",
                                           str(self.sock.fileno())],
                                          env=env, pass_fds=(self.sock.fileno(),), stdout=open(self.log_path, "ab"),
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=orphans.child_dies_with_us(signal.SIGTERM))
         finally:
             self.sock.close()
             self.sock = None

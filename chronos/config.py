@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import orjson
 

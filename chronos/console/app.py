@@ -297,6 +297,8 @@ def create_app(settings: Settings, store: Any, *, metrics_urls: tuple[str, ...] 
                 await task
             await asyncio.to_thread(console.reader.close)
 
+    from chronos.console import messages  # its handlers use this module's helpers
+
     middleware = [Middleware(SecurityHeaders)]
     if settings.console_host in LOOPBACK:
         # a page on another site cannot read this console through a DNS name it points at loopback
@@ -306,6 +308,10 @@ def create_app(settings: Settings, store: Any, *, metrics_urls: tuple[str, ...] 
             Route("/", overview),
             Route("/api/overview", overview_json),
             Route("/schedules", schedules),
+            Route("/messages", messages.search),
+            Route("/messages/{message_id:path}", messages.detail),
+            Route("/actions/preview", messages.preview, methods=["POST"]),
+            Route("/actions/apply", messages.apply, methods=["POST"]),
             Route("/login", login_form, methods=["GET"]),
             Route("/login", login, methods=["POST"]),
             Route("/logout", logout, methods=["POST"]),

@@ -123,3 +123,76 @@ def test_unknown_address_is_a_404_page(stack, page):
     assert response.status == 404
     assert page.locator("h1").inner_text() == "Not found"
 
+
+def sign_in(page, url: str) -> None:
+    page.goto(url + "login")
+    page.fill("input[name=token]", TOKEN)
+    page.click("button[type=submit]")
+    page.wait_for_url(url)
+
+
+def search(page, url: str, **filters: str) -> list[str]:
+    page.goto(url + "messages")
+    for name, value in filters.items():
+        page.fill(f"#search [name={name}]", value)
+    page.click("#search button[type=submit]")
+    page.wait_for_load_state()
+    return page.locator("#results td.id").all_inner_texts()
+
+
+def test_search_finds_messages_by_id_prefix_and_by_key(stack, known, page):
+    assert search(page, stack["console_url"], id_prefix="known-01") == [f"known-{i:03d}" for i in range(10, 20)]
+    assert search(page, stack["console_url"], key="key-1") == [f"known-{i:03d}" for i in range(1, KNOWN, 4)]
+    assert search(page, stack["console_url"], due_after="not a time") == []
+    assert "due after is neither ISO-8601 nor relative" in page.locator("#search-error").inner_text()
+
+
+def test_detail_page_shows_headers_and_the_script_value_as_text(stack, known, page):
+    search(page, stack["console_url"], id_prefix="known-000")
+    page.click("#results td.id a")
+    assert page.url == stack["console_url"] + "messages/known-000"
+    assert page.locator("#state").inner_text() == "waiting"
+    headers = dict(zip(page.locator("#headers td:nth-child(1)").all_inner_texts(),
+                       page.locator("#headers td:nth-child(2)").all_inner_texts()))
+    assert headers == {"trace-id": "trace-0", "bin": "00 ff"}
+    assert page.locator("#value").inner_text() == SCRIPT_VALUE.decode()
+    assert page.evaluate("window.__pwned") is None
+    # an id with every awkward character has a stable address
+    assert page.goto(stack["console_url"] + "messages/" + "%2F%25%22%C3%A9").status == 404
+
+
+def test_cancel_through_the_page_removes_the_message(stack, known, page):
+    from chronos import inspect
+    sign_in(page, stack["console_url"])
+    page.goto(stack["console_url"] + "messages/known-005")
+    page.click("#cancel")
+    assert page.locator("#confirm-count").inner_text() == "This will cancel 1 message."
+    page.click("#confirm-button")
+    assert page.locator("#done-count").inner_text() == "1 message cancelled."
+    store = Store(stack["database_url"])
+    try:
+        assert inspect.show(store, "known-005", output_topic=stack["output_topic"]) is None
+    finally:
+        store.close()
+
+
+def test_an_action_on_a_search_shows_the_count_first(stack, known, page):
+    sign_in(page, stack["console_url"])
+    search(page, stack["console_url"], key="key-3")
+    page.fill(".actions [name=delay]", "2d")
+    page.click(".actions button[value=reschedule]")
+    assert page.locator("#confirm-count").inner_text().startswith("This will reschedule 5 messages (to ")
+
+
+def test_read_only_mode_refuses_actions(stack, known, read_only_console, page):
+    page.goto(read_only_console.url + "messages/known-006")
+    assert page.locator("#cancel").count() == 0
+    response = page.request.post(read_only_console.url + "actions/apply",
+                                 form={"action": "cancel", "id": "known-006", "expected": "1"})
+    assert response.status == 403 and "read-only" in response.text()
+    # the token console refuses too without a session and its form token
+    response = page.request.post(stack["console_url"] + "actions/apply",
+                                 form={"action": "cancel", "id": "known-006", "expected": "1"})
+    assert response.status == 403
+    page.goto(read_only_console.url + "messages/known-006")
+    assert page.locator("#state").inner_text() == "waiting"

@@ -43,7 +43,8 @@ def request(url: str, path: str, method: str = "GET", body: str | None = None,
 
 def test_no_secret_on_any_page_response_or_log_line(console):
     bodies = []
-    for path in ("/", "/api/overview", "/schedules", "/login", "/nowhere", "/static/console.js"):
+    for path in ("/", "/api/overview", "/schedules", "/messages", "/messages/x", "/login", "/nowhere",
+                 "/static/console.js"):
         status, headers, text = request(console.url, path)
         assert status in (200, 404), (path, status)
         assert "default-src 'none'" in headers["content-security-policy"]
@@ -76,7 +77,9 @@ def test_a_foreign_host_name_is_refused_on_loopback(console):
     assert request(console.url, "/api/overview", headers={"Host": "localhost"})[0] == 200
 
 
-@pytest.mark.parametrize("path", ["/static/../../etc/passwd", "/%FF%FE", "/schedules/%00", "/" + "x" * 5000])
+@pytest.mark.parametrize("path", ["/static/../../etc/passwd", "/%FF%FE", "/schedules/%00", "/" + "x" * 5000,
+                                  "/messages/%FF%FE", "/messages/a%00b", "/messages/" + "x" * 129,
+                                  "/messages/no-such-id", "/messages/%2F%25%22%3Cscript%3E"])
 def test_bad_addresses_get_a_404_page(console, path):
     status, headers, text = request(console.url, path)
     assert status == 404, text
@@ -93,3 +96,14 @@ def test_pages_say_when_postgresql_cannot_be_reached(tmp_path):
         assert status == 200 and "PostgreSQL: cannot connect to PostgreSQL" in text and "Traceback" not in text
     finally:
         c.stop()
+
+
+def test_a_bad_search_is_a_400_page_and_an_action_without_a_session_is_refused(console):
+    status, _, text = request(console.url, "/messages?state=sleeping")
+    assert status == 400 and "unknown state &#39;sleeping&#39;" in text
+    status, _, text = request(console.url, "/messages?limit=0")
+    assert status == 400 and "limit must be between 1 and 500" in text
+    form = urllib.parse.urlencode({"action": "cancel", "id_prefix": "", "expected": "1"})
+    status, _, text = request(console.url, "/actions/apply", "POST", form,
+                              {"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 403 and "Sign in with the console token first." in text

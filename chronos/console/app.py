@@ -133,6 +133,7 @@ def display(store: dict[str, Any] | None, rates: dict[str, float] | None,
                    due_now=f"{store['due_now']:,}", in_flight=f"{store['in_flight']:,}",
                    oldest_overdue=_seconds_text(store["oldest_overdue_s"]),
                    past_hold_time=f"{store['past_hold_time']:,}",
+                   parked="-" if store.get("parked") is None else f"{store['parked']:,}",
                    recurring_schedules="-" if store["recurring_schedules"] is None
                    else f"{store['recurring_schedules']:,}",
                    next_deadline="-" if store["next_deadline_in_s"] is None
@@ -310,6 +311,7 @@ def create_app(settings: Settings, store: Any, *, metrics_urls: tuple[str, ...] 
             Route("/schedules", schedules),
             Route("/messages", messages.search),
             Route("/messages/{message_id:path}", messages.detail),
+            Route("/parked", messages.parked),
             Route("/actions/preview", messages.preview, methods=["POST"]),
             Route("/actions/apply", messages.apply, methods=["POST"]),
             Route("/login", login_form, methods=["GET"]),

@@ -93,6 +93,10 @@ async def detail(request: Request) -> Response:
                   ("next occurrence", inspect.iso(m.deadline))]
     else:
         facts.append(("deadline", inspect.iso(m.deadline)))
+    if m.original_deadline is not None:
+        facts.append(("scheduled for", inspect.iso(m.original_deadline)))
+    if m.attempts:
+        facts.append(("failed publishes", f"{m.attempts}, last: {m.last_error}"))
     facts += [("topic", m.topic), ("ordering key", m.ordering_key if m.ordering_key is not None else "-"),
               ("enqueued", inspect.iso(m.enqueued_at))]
     value = show_bytes(None if m.value_size is None else m.value_preview, size=m.value_size)
@@ -146,6 +150,7 @@ async def preview(request: Request) -> Response:
     back = message_url(form["id"]) if "ids" in target else "/messages?" + urlencode(
         [(k, form[k]) for k in FILTER_FIELDS if form.get(k)])
     return console.page(request, "confirm.html", verb=verb, verb_lower=verb_lower, count=result.changed,
+                        type_count=result.changed > console.settings.confirm_above,
                         when=f"to {inspect.iso(at)}" if at else None, fields=fields, back=back,
                         in_flight=len(result.in_flight), not_found=len(result.not_found))
 
@@ -165,6 +170,11 @@ async def apply(request: Request) -> Response:
         now = datetime.now(timezone.utc)
         target, at = _target(form, output_topic, now), _when(form, action, now)
         expected = int(form.get("expected", ""))
+        typed = form.get("typed", "").replace(",", "").strip()
+        if expected > console.settings.confirm_above and typed != str(expected):
+            # above CHRONOS_CONFIRM_ABOVE, as the CLI wants --yes: the count typed, not only a click
+            raise ConfigError(f"this changes more than {console.settings.confirm_above:,} messages "
+                              f"(CHRONOS_CONFIRM_ABOVE): type the count, {expected:,}, to confirm")
         result = await console.reader.call(lambda s: inspect.act(s, action, output_topic=output_topic, at=at,
                                                                  confirm_above=expected, **target))
     except inspect.NeedsConfirmation:
@@ -182,3 +192,32 @@ async def apply(request: Request) -> Response:
         notes.append(f"{len(result.not_found):,} were no longer in the store.")
     return console.page(request, "done.html", verb=verb, count=result.changed, past=past, note=" ".join(notes),
                         back="/messages")
+
+
+async def parked(request: Request) -> Response:
+    """Messages no topic accepted, newest first (`chronos_parked`), a page at a time."""
+    console = _console(request)
+    text = request.query_params.get("before", "")
+    error = None
+    rows: list[dict[str, Any]] = []
+    next_url = None
+    try:
+        before = int(text) if text else None
+        if before is not None and before <= 0:
+            raise ValueError
+    except ValueError:
+        error = f"before is not a page cursor of this page: {text!r}"
+    else:
+        try:
+            page = await console.reader.call(lambda s: inspect.list_parked(s, limit=DEFAULT_LIMIT, before=before))
+        except ChronosError as exc:
+            error = str(exc)
+        else:
+            rows = [{"message_id": p.message_id, "source": p.source, "topic": p.topic, "deadline": p.deadline,
+                     "reason": p.reason, "parked_at": p.parked_at, "key": show_bytes(p.key, 64),
+                     "headers": [(name, show_bytes(v, 64)) for name, v in p.headers],
+                     "value": show_bytes(None if p.value_size is None else p.value_preview, size=p.value_size)}
+                    for p in page.items]
+            if page.cursor is not None:
+                next_url = "/parked?" + urlencode({"before": page.cursor})
+    return console.page(request, "parked.html", 400 if error else 200, rows=rows, error=error, next_url=next_url)

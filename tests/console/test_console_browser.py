@@ -161,10 +161,12 @@ def test_detail_page_shows_headers_and_the_script_value_as_text(stack, known, pa
     assert page.goto(stack["console_url"] + "messages/" + "%2F%25%22%C3%A9").status == 404
 
 
-def test_cancel_through_the_page_removes_the_message(stack, known, page):
+def test_search_then_cancel_from_the_message_page_removes_it_from_the_store(stack, known, page):
     from chronos import inspect
     sign_in(page, stack["console_url"])
-    page.goto(stack["console_url"] + "messages/known-005")
+    assert search(page, stack["console_url"], id_prefix="known-005") == ["known-005"]
+    page.click("#results td.id a")
+    page.wait_for_url(stack["console_url"] + "messages/known-005")
     page.click("#cancel")
     assert page.locator("#confirm-count").inner_text() == "This will cancel 1 message."
     page.click("#confirm-button")
@@ -172,16 +174,52 @@ def test_cancel_through_the_page_removes_the_message(stack, known, page):
     store = Store(stack["database_url"])
     try:
         assert inspect.show(store, "known-005", output_topic=stack["output_topic"]) is None
+        assert inspect.action_totals(store)["cancel"][1] >= 1
     finally:
         store.close()
 
 
-def test_an_action_on_a_search_shows_the_count_first(stack, known, page):
+def test_reschedule_every_message_a_search_matches_after_seeing_the_count(stack, known, page):
+    from chronos import inspect
     sign_in(page, stack["console_url"])
-    search(page, stack["console_url"], key="key-3")
-    page.fill(".actions [name=delay]", "2d")
+    matched = search(page, stack["console_url"], key="key-3")
+    assert len(matched) == 5
+    page.fill(".actions [name=at]", "2031-02-03T04:05:06Z")
     page.click(".actions button[value=reschedule]")
-    assert page.locator("#confirm-count").inner_text().startswith("This will reschedule 5 messages (to ")
+    assert page.locator("#confirm-count").inner_text() == \
+        "This will reschedule 5 messages (to 2031-02-03T04:05:06.000000Z)."
+    page.click("#confirm-button")
+    assert page.locator("#done-count").inner_text() == "5 messages rescheduled."
+    store = Store(stack["database_url"])
+    try:
+        for message_id in matched:
+            m = inspect.show(store, message_id, output_topic=stack["output_topic"])
+            assert (m.state, m.deadline) == ("waiting", datetime(2031, 2, 3, 4, 5, 6, tzinfo=timezone.utc))
+    finally:
+        store.close()
+
+
+def test_a_form_on_another_origin_cannot_act_even_with_the_session_and_its_form_token(stack, known, page):
+    """127.0.0.1 on another port is the same site: the SameSite cookie goes along, the Origin check stops it."""
+    from chronos import inspect
+    sign_in(page, stack["console_url"])
+    page.goto(stack["console_url"] + "messages/known-007")
+    form_token = page.locator("input[name=form_token]").first.get_attribute("value")
+    evil = "http://127.0.0.1:1/evil"
+    page.route(evil, lambda route: route.fulfill(content_type="text/html", body=f"""
+        <form method="post" action="{stack['console_url']}actions/apply">
+          <input name="action" value="cancel"><input name="id" value="known-007">
+          <input name="expected" value="1"><input name="form_token" value="{form_token}">
+        </form>"""))
+    page.goto(evil)
+    with page.expect_navigation():
+        page.evaluate("document.forms[0].submit()")
+    assert "This request did not come from the console's own page." in page.locator("main").inner_text()
+    store = Store(stack["database_url"])
+    try:
+        assert inspect.show(store, "known-007", output_topic=stack["output_topic"]).state == "waiting"
+    finally:
+        store.close()
 
 
 def test_read_only_mode_refuses_actions(stack, known, read_only_console, page):

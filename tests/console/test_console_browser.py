@@ -58,6 +58,7 @@ def test_overview_shows_the_figures_of_the_store(stack, known, page):
     assert field(page, "in_flight") == "0"
     assert field(page, "past_hold_time") == "0"
     assert field(page, "recurring_schedules") == "1"
+    assert field(page, "parked") == "0"
     assert field(page, "next_deadline").startswith("in ")
     assert page.locator("#metrics-note").inner_text().startswith("Rates and lateness from the /metrics of 3")
 

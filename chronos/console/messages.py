@@ -51,6 +51,7 @@ def _limit(text: str | None) -> int:
 
 
 async def search(request: Request) -> Response:
+    """`/messages`: one page of `chronos list` for the filters in the query string."""
     console = _console(request)
     params = {k: v for k, v in request.query_params.items() if k in (*FILTER_FIELDS, "limit", "after")}
     output_topic = console.settings.output_topic
@@ -76,6 +77,7 @@ async def search(request: Request) -> Response:
 
 
 async def detail(request: Request) -> Response:
+    """`/messages/<url-encoded id>`: what `chronos show` tells about one message or schedule."""
     console = _console(request)
     message_id = id_from_path(request.scope.get("raw_path") or request.url.path.encode())
     if message_id is None:

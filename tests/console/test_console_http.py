@@ -279,3 +279,13 @@ def test_message_page_shows_failed_publishes_and_the_parked_page_lists_parked_me
     assert request(console.url, "/parked?before=x")[0] == 400
     status, _, text = request(console.url, "/api/overview")
     assert '"parked":"51"' in text
+
+
+def test_search_pages_follow_the_cursor_of_chronos_list(console, store):
+    far(store, "m1", "m2", "m3", "x1")
+    ids = re.compile(r'<td class="id"><a href="/messages/([^"]+)">')
+    status, _, text = request(console.url, "/messages?id_prefix=m&limit=2")
+    assert status == 200 and ids.findall(text) == ["m1", "m2"]
+    following = re.search(r'href="(/messages\?[^"]+)" id="next-page"', text).group(1).replace("&amp;", "&")
+    status, _, text = request(console.url, following)
+    assert status == 200 and ids.findall(text) == ["m3"] and 'id="next-page"' not in text

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Sequence
 
 import psycopg
 
-from chronos import codec, cron
+from chronos import codec, cron, ratelimit
 from chronos.config import database_passwords, redact_url
 from chronos.errors import SchemaError, StoreRejected, StoreUnavailable, UnavailableError  # noqa: F401
 
@@ -302,6 +302,76 @@ class Store:
             return rows
         return self._run(run)
 
+    def claim_limited(self, limits: ratelimit.FireRateLimits, output_topic: str, limit: int,
+                      lookahead_ms: int) -> tuple[list[Claimed], bool]:
+        """The claim when fire-rate limits are configured: topic by topic, each off its own index so
+        a throttled backlog never delays another topic. A limited topic's rows are claimed once due
+        (no lookahead: a token is spent when its message may go out) and no more of them than its
+        bucket holds, taken in the claim's own transaction under the bucket's lock, so all firers
+        together keep to the rate. Returns (rows in deadline order, whether an unlimited topic
+        filled its claim: a backlog to drain without sleeping)."""
+        topics: list[str | None] = [None, *self._run(lambda c: [r[0] for r in c.execute(QUERIES["waiting_topics"],
+                                                                                          prepare=True)])]
+        rates = {t: limits.rate_for(t or output_topic) for t in topics}
+        claimed: list[Claimed] = []
+        full = False
+        # limited topics first: their claims are small, and an unlimited backlog takes what remains.
+        # One _run per topic: a transaction run again after a rollback repeats only its own topic.
+        for topic in sorted(topics, key=lambda t: rates[t] is None):
+            remaining = limit - len(claimed)
+            if remaining <= 0:
+                full = True
+                break
+            rate = rates[topic]
+            if rate is None:
+                rows = self._run(lambda c: self._claim_topic(c, topic, remaining, lookahead_ms))
+                full = full or len(rows) == remaining
+            else:
+                rows = self._run(lambda c: self._claim_granted(c, topic or output_topic, topic, rate, remaining))
+            claimed += rows
+        claimed.sort(key=lambda r: (r.scheduled_us, r.seq))
+        return claimed, full
+
+    def _claim_granted(self, conn: psycopg.Connection, name: str, topic: str | None, rate: float,
+                       limit: int) -> list[Claimed]:
+        """Claim as many due rows of one limited topic as its bucket allows, in one transaction."""
+        with conn.transaction():
+            tokens = conn.execute(QUERIES["take_tokens"], {
+                "topic": name, "rate": rate, "capacity": ratelimit.capacity(rate)}).fetchone()[0]
+            grant = min(int(tokens), limit)
+            rows = self._claim_topic(conn, topic, grant, 0) if grant > 0 else []
+            if rows:
+                conn.execute(QUERIES["spend_tokens"], {"topic": name, "spent": len(rows)})
+        return rows
+
+    def _claim_topic(self, conn: psycopg.Connection, topic: str | None, limit: int,
+                     lookahead_ms: int) -> list[Claimed]:
+        query = QUERIES["claim_output_topic" if topic is None else "claim_topic"]
+        params = {"node": self.node_id, "limit": limit, "lookahead_ms": lookahead_ms, "topic": topic}
+        return [Claimed(*r) for r in conn.execute(query, params, prepare=True).fetchall()]
+
+    def throttled(self, limits: ratelimit.FireRateLimits, output_topic: str) -> list["Throttled"]:
+        """Per limited topic with waiting rows: how many are due and not claimed (held back by the
+        limit, at most DUE_CAP counted) and how late the oldest of them is, by the database clock."""
+        if not limits:
+            return []
+
+        def run(conn: psycopg.Connection) -> list[Throttled]:
+            found = []
+            at = conn.execute(QUERIES["db_now"]).fetchone()[0]
+            for topic in [None, *(r[0] for r in conn.execute(QUERIES["waiting_topics"]))]:
+                name = topic or output_topic
+                if limits.rate_for(name) is None:
+                    continue
+                rows, oldest = conn.execute(QUERIES["throttled_output_topic" if topic is None else "throttled_topic"],
+                                            {"topic": topic, "cap": DUE_CAP}).fetchone()
+                if topic is None and not rows:
+                    continue  # the output topic is listed only while it has throttled rows
+                found.append(Throttled(name, limits.rate_for(name), rows,
+                                       max(0.0, (at - oldest).total_seconds()) if oldest else 0.0))
+            return found
+        return self._run(run)
+
     def claim_schedules(self, limit: int, lookahead_ms: int, now_us: int) -> list[Claimed]:
         """Fire due recurring schedules: in one transaction per call, create each due occurrence
         as a row claimed by this node and move the schedule to its next occurrence, so that with
@@ -447,6 +517,16 @@ class NodeLoad:
     past_hold_time: int
     held_for_s: float           # since its oldest claim
     oldest_deadline: datetime
+
+
+@dataclass(slots=True)
+class Throttled:
+    """A destination topic under a fire-rate limit: its due rows not yet claimed, and their lateness."""
+
+    topic: str
+    rate: float                 # messages per second
+    rows: int                   # due and not claimed (at most DUE_CAP)
+    lateness_s: float           # how late the oldest of them is (0 when none)
 
 
 @dataclass(slots=True)

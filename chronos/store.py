@@ -350,25 +350,18 @@ class Store:
         params = {"node": self.node_id, "limit": limit, "lookahead_ms": lookahead_ms, "topic": topic}
         return [Claimed(*r) for r in conn.execute(query, params, prepare=True).fetchall()]
 
-    def throttled(self, limits: ratelimit.FireRateLimits, output_topic: str) -> list["Throttled"]:
-        """Per limited topic with waiting rows: how many are due and not claimed (held back by the
-        limit, at most DUE_CAP counted) and how late the oldest of them is, by the database clock."""
-        if not limits:
-            return []
-
+    def throttled(self, output_topic: str) -> list["Throttled"]:
+        """Per topic the firers limit (their buckets in chronos_rate_limits): how many rows are due
+        and not claimed, held back by the limit (at most DUE_CAP counted), and how late the oldest
+        of them is, by the database clock."""
         def run(conn: psycopg.Connection) -> list[Throttled]:
-            found = []
             at = conn.execute(QUERIES["db_now"]).fetchone()[0]
-            for topic in [None, *(r[0] for r in conn.execute(QUERIES["waiting_topics"]))]:
-                name = topic or output_topic
-                if limits.rate_for(name) is None:
-                    continue
-                rows, oldest = conn.execute(QUERIES["throttled_output_topic" if topic is None else "throttled_topic"],
+            found = []
+            for topic, rate in conn.execute(QUERIES["limited_topics"]).fetchall():
+                output = topic == output_topic
+                rows, oldest = conn.execute(QUERIES["throttled_output_topic" if output else "throttled_topic"],
                                             {"topic": topic, "cap": DUE_CAP}).fetchone()
-                if topic is None and not rows:
-                    continue  # the output topic is listed only while it has throttled rows
-                found.append(Throttled(name, limits.rate_for(name), rows,
-                                       max(0.0, (at - oldest).total_seconds()) if oldest else 0.0))
+                found.append(Throttled(topic, rate, rows, max(0.0, (at - oldest).total_seconds()) if oldest else 0.0))
             return found
         return self._run(run)
 

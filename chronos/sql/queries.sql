@@ -372,9 +372,10 @@ SELECT topic FROM t WHERE topic IS NOT NULL;
 -- Refill the topic's bucket for the time since its last refill (database clock) and lock it until
 -- this transaction ends: a peer's take waits, then sees what this one spent. A firer whose
 -- transaction started before the last refill adds nothing (greatest(0, ...)).
-INSERT INTO chronos_rate_limits AS b (topic, tokens, refilled_at)
-VALUES (%(topic)s, %(capacity)s, now())
+INSERT INTO chronos_rate_limits AS b (topic, rate, tokens, refilled_at)
+VALUES (%(topic)s, %(rate)s, %(capacity)s, now())
 ON CONFLICT (topic) DO UPDATE SET
+    rate = EXCLUDED.rate,
     tokens = least(%(capacity)s::float8,
                    b.tokens + %(rate)s::float8 * greatest(0, extract(epoch FROM now() - b.refilled_at))::float8),
     refilled_at = greatest(b.refilled_at, now())
@@ -445,6 +446,11 @@ WHERE m.id = due.id
 RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers,
           m.readied_at, m.seq,
           m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint;
+
+-- name: limited_topics
+-- Topics the firers applied a limit to within the last minute (they take tokens every poll while
+-- the topic has waiting rows; a bucket left by a limit since removed drops out).
+SELECT topic, rate FROM chronos_rate_limits WHERE refilled_at > now() - interval '1 minute' ORDER BY topic;
 
 -- name: throttled_topic
 -- Due rows of a limited topic no firer claimed yet (at most %(cap)s counted), and the oldest deadline.

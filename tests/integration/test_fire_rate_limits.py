@@ -140,15 +140,26 @@ def test_an_ordering_key_waits_for_its_throttled_earlier_row(firers):
 
 
 def test_throttled_backlog_and_lateness_per_limited_topic(firers):
-    st = firers[0]
+    st, peer = firers
     base = now_us()
     st.insert([row(i, base - 3_000_000 + i, topic="fragile") for i in range(30)])
     st.insert([row(f"o{i}", base - 3_000_000) for i in range(5)])   # unlimited output topic: not listed
     st.insert([row("later", base + 60_000_000, topic="slow")])     # limited, nothing due
-    found = {t.topic: t for t in st.throttled(limits(fragile=10.0, slow=1.0), OUT)}
-    assert set(found) == {"fragile", "slow"}
-    assert found["fragile"].rows == 30 and 2.5 < found["fragile"].lateness_s < 60
-    assert found["slow"].rows == 0 and found["slow"].lateness_s == 0
+    assert peer.throttled(OUT) == []                               # no firer limited anything yet
     st.claim_limited(limits(fragile=10.0, slow=1.0), OUT, 200, 300)
-    assert {t.topic: t.rows for t in st.throttled(limits(fragile=10.0, slow=1.0), OUT)}["fragile"] == 20
-    assert st.throttled(FireRateLimits(), OUT) == []
+    # read from the buckets the firers keep: a reader needs no limits of its own
+    found = {t.topic: t for t in peer.throttled(OUT)}
+    assert set(found) == {"fragile", "slow"}
+    assert (found["fragile"].rows, found["fragile"].rate) == (20, 10.0)
+    assert 2.5 < found["fragile"].lateness_s < 60
+    assert (found["slow"].rows, found["slow"].lateness_s) == (0, 0)
+
+
+def test_the_output_topic_has_its_own_bucket(firers):
+    st = firers[0]
+    base = now_us()
+    st.insert([row(i, base - 1_000_000 + i) for i in range(30)])
+    rows, _ = st.claim_limited(limits(chronos_output=5.0), OUT, 200, 300)
+    assert len(rows) == 5
+    (t,) = st.throttled(OUT)
+    assert (t.topic, t.rows) == (OUT, 25)

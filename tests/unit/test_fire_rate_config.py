@@ -67,3 +67,32 @@ def test_bad_values_are_a_one_line_error(env, message):
     with pytest.raises(ConfigError, match=message) as err:
         load(env)
     assert "\n" not in str(err.value)
+
+
+def test_status_shows_the_throttled_backlog_per_topic():
+    from datetime import datetime, timezone
+
+    from chronos import status
+    from chronos.store import Overview, Throttled
+    at = datetime(2026, 11, 21, 9, 0, 5, tzinfo=timezone.utc)
+    view = Overview.build(at, None, None, 0, 0, 0, [], None)
+    d = status.to_dict(view, 5000, [Throttled("orders", 50.0, 1200, 12.5), Throttled("audit", 0.5, 0, 0.0)])
+    assert d["throttled"] == [{"topic": "orders", "rate_per_s": 50.0, "rows": 1200, "lateness_s": 12.5},
+                              {"topic": "audit", "rate_per_s": 0.5, "rows": 0, "lateness_s": 0.0}]
+    text = status.render(d)
+    assert "  throttled orders           1,200   due, held back by the limit of 50/s, oldest 12.500s late" in text
+    assert "  throttled audit                0   due, held back by the limit of 0.5/s" in text
+
+
+def test_throttled_gauges_per_topic_and_a_drained_topic_drops_out():
+    import uuid
+
+    from chronos import metrics
+    from chronos.config import Settings
+    from chronos.store import Throttled
+    d = metrics.DetectorTelemetry(uuid.uuid4(), Settings())
+    d.throttled_gauges([Throttled("orders", 50.0, 7, 3.0), Throttled("audit", 1.0, 2, 1.0)])
+    d.throttled_gauges([Throttled("orders", 50.0, 5, 2.0)])
+    samples = {(s.name, s.labels["topic"]): s.value for f in d.registry.collect()
+               if f.name.startswith("chronos_throttled") for s in f.samples}
+    assert samples == {("chronos_throttled_rows", "orders"): 5, ("chronos_throttled_lateness_seconds", "orders"): 2.0}

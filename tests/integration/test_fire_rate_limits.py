@@ -163,3 +163,19 @@ def test_the_output_topic_has_its_own_bucket(firers):
     assert len(rows) == 5
     (t,) = st.throttled(OUT)
     assert (t.topic, t.rows) == (OUT, 25)
+
+
+def test_a_topic_claim_and_the_topic_list_use_the_topic_index(firers, database_url):
+    base = now_us()
+    st = firers[0]
+    st.insert([row(i, base + 3_600_000_000 + i, topic=f"t{i % 5}") for i in range(5000)])
+    st.insert([row(f"o{i}", base + 3_600_000_000 + i) for i in range(5000)])
+    from chronos.store import QUERIES
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("ANALYZE chronos_messages")
+        conn.execute("SET plan_cache_mode = force_generic_plan")  # as the firer's prepared statement runs
+        params = {"node": uuid.uuid4(), "limit": 10, "lookahead_ms": 0, "topic": "t1"}
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + QUERIES["claim_topic"], params))
+        assert "chronos_messages_topic" in plan, plan
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + QUERIES["waiting_topics"]))
+        assert "chronos_messages_topic" in plan and "Seq Scan" not in plan, plan

@@ -9,7 +9,7 @@ import time
 import urllib.error
 import urllib.request
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Sequence
 
 import orjson
 
@@ -43,7 +43,7 @@ def add_parsers(sub: Any) -> None:
 
 # -- status --------------------------------------------------------------------------------
 
-def to_dict(view: Any, hold_time_ms: int, throttled: list[Any] = ()) -> dict[str, Any]:
+def to_dict(view: Any, hold_time_ms: int, throttled: Sequence[Any] = ()) -> dict[str, Any]:
     """A `store.Overview` (and the `store.Throttled` of each rate-limited topic) as plain JSON-ready
     values (times in ISO-8601 UTC, durations in seconds)."""
     return {

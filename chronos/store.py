@@ -336,9 +336,11 @@ class Store:
                        limit: int) -> list[Claimed]:
         """Claim as many due rows of one limited topic as its bucket allows, in one transaction."""
         with conn.transaction():
-            tokens = conn.execute(QUERIES["take_tokens"], {
-                "topic": name, "rate": rate, "capacity": ratelimit.capacity(rate)}).fetchone()[0]
-            grant = min(int(tokens), limit)
+            bucket = conn.execute(QUERIES["take_output_tokens" if topic is None else "take_tokens"], {
+                "topic": name, "rate": rate, "capacity": ratelimit.capacity(rate)}, prepare=True).fetchone()
+            if bucket is None:  # nothing due
+                return []
+            grant = min(int(bucket[0]), limit)
             rows = self._claim_topic(conn, topic, grant, 0) if grant > 0 else []
             if rows:
                 conn.execute(QUERIES["spend_tokens"], {"topic": name, "spent": len(rows)})

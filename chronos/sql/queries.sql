@@ -369,11 +369,27 @@ WITH RECURSIVE t(topic) AS (
 SELECT topic FROM t WHERE topic IS NOT NULL;
 
 -- name: take_tokens
--- Refill the topic's bucket for the time since its last refill (database clock) and lock it until
--- this transaction ends: a peer's take waits, then sees what this one spent. A firer whose
--- transaction started before the last refill adds nothing (greatest(0, ...)).
+-- Refill the bucket of a topic named by chronosTopic for the time since its last refill (database
+-- clock) and lock it until this transaction ends: a peer's take waits, then sees what this one
+-- spent. No row (and no write) while none of the topic's rows is due. A firer whose transaction
+-- started before the last refill adds nothing (greatest(0, ...)).
 INSERT INTO chronos_rate_limits AS b (topic, rate, tokens, refilled_at)
-VALUES (%(topic)s, %(rate)s, %(capacity)s, now())
+SELECT %(topic)s, %(rate)s, %(capacity)s, now()
+WHERE EXISTS (SELECT FROM chronos_messages
+              WHERE readied_at IS NULL AND cron IS NULL AND topic = %(topic)s AND deadline <= now())
+ON CONFLICT (topic) DO UPDATE SET
+    rate = EXCLUDED.rate,
+    tokens = least(%(capacity)s::float8,
+                   b.tokens + %(rate)s::float8 * greatest(0, extract(epoch FROM now() - b.refilled_at))::float8),
+    refilled_at = greatest(b.refilled_at, now())
+RETURNING tokens;
+
+-- name: take_output_tokens
+-- take_tokens for the output topic (rows without chronosTopic), named %(topic)s in the bucket.
+INSERT INTO chronos_rate_limits AS b (topic, rate, tokens, refilled_at)
+SELECT %(topic)s, %(rate)s, %(capacity)s, now()
+WHERE EXISTS (SELECT FROM chronos_messages
+              WHERE readied_at IS NULL AND cron IS NULL AND topic IS NULL AND deadline <= now())
 ON CONFLICT (topic) DO UPDATE SET
     rate = EXCLUDED.rate,
     tokens = least(%(capacity)s::float8,
@@ -449,7 +465,7 @@ RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.k
 
 -- name: limited_topics
 -- Topics the firers applied a limit to within the last minute (they take tokens every poll while
--- the topic has waiting rows; a bucket left by a limit since removed drops out).
+-- the topic has due rows; a bucket left by a limit since removed drops out).
 SELECT topic, rate FROM chronos_rate_limits WHERE refilled_at > now() - interval '1 minute' ORDER BY topic;
 
 -- name: throttled_topic

@@ -91,11 +91,11 @@ def test_held_back_rows_fire_in_deadline_order_and_never_early(firers, database_
     deadlines = [base - 5_000_000 + i * 1000 for i in range(60)]
     random.Random(7).shuffle(deadlines)
     st.insert([row(i, d, topic="fragile") for i, d in enumerate(deadlines)])
-    st.insert([row("soon", base + 250_000, topic="fragile")])   # within the lookahead, not due
+    st.insert([row("soon", base + 30_000_000, topic="fragile")])   # within the lookahead given, not due
     lim = limits(fragile=10.0)
     claimed = []
     for _ in range(8):
-        got = st.claim_limited(lim, OUT, 500, 300)[0]
+        got = st.claim_limited(lim, OUT, 500, 60_000)[0]
         for r in got:
             assert r.deadline_us <= r.readied_at.timestamp() * 1e6, f"{r.id} claimed before its deadline"
         claimed += got
@@ -144,15 +144,13 @@ def test_throttled_backlog_and_lateness_per_limited_topic(firers):
     base = now_us()
     st.insert([row(i, base - 3_000_000 + i, topic="fragile") for i in range(30)])
     st.insert([row(f"o{i}", base - 3_000_000) for i in range(5)])   # unlimited output topic: not listed
-    st.insert([row("later", base + 60_000_000, topic="slow")])     # limited, nothing due
+    st.insert([row("later", base + 60_000_000, topic="slow")])     # limited, nothing due: no bucket written
     assert peer.throttled(OUT) == []                               # no firer limited anything yet
     st.claim_limited(limits(fragile=10.0, slow=1.0), OUT, 200, 300)
     # read from the buckets the firers keep: a reader needs no limits of its own
-    found = {t.topic: t for t in peer.throttled(OUT)}
-    assert set(found) == {"fragile", "slow"}
-    assert (found["fragile"].rows, found["fragile"].rate) == (20, 10.0)
-    assert 2.5 < found["fragile"].lateness_s < 60
-    assert (found["slow"].rows, found["slow"].lateness_s) == (0, 0)
+    (found,) = peer.throttled(OUT)
+    assert (found.topic, found.rows, found.rate) == ("fragile", 20, 10.0)
+    assert 2.5 < found.lateness_s < 60
 
 
 def test_the_output_topic_has_its_own_bucket(firers):

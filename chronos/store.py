@@ -308,8 +308,8 @@ class Store:
         a throttled backlog never delays another topic. A limited topic's rows are claimed once due
         (no lookahead: a token is spent when its message may go out) and no more of them than its
         bucket holds, taken in the claim's own transaction under the bucket's lock, so all firers
-        together keep to the rate. Returns (rows in deadline order, whether an unlimited topic
-        filled its claim: a backlog to drain without sleeping)."""
+        together keep to the rate. Returns (rows in deadline order, whether the batch limit rather
+        than a budget or the due rows ended a topic's claim: a backlog to drain without sleeping)."""
         topics: list[str | None] = [None, *self._run(lambda c: [r[0] for r in c.execute(QUERIES["waiting_topics"],
                                                                                           prepare=True)])]
         rates = {t: limits.rate_for(t or output_topic) for t in topics}
@@ -325,9 +325,9 @@ class Store:
             rate = rates[topic]
             if rate is None:
                 rows = self._run(lambda c: self._claim_topic(c, topic, remaining, lookahead_ms))
-                full = full or len(rows) == remaining
             else:
                 rows = self._run(lambda c: self._claim_granted(c, topic or output_topic, topic, rate, remaining))
+            full = full or len(rows) == remaining
             claimed += rows
         claimed.sort(key=lambda r: (r.scheduled_us, r.seq))
         return claimed, full

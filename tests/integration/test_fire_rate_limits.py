@@ -177,3 +177,13 @@ def test_a_topic_claim_and_the_topic_list_use_the_topic_index(firers, database_u
         assert "chronos_messages_topic" in plan, plan
         plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + QUERIES["waiting_topics"]))
         assert "chronos_messages_topic" in plan and "Seq Scan" not in plan, plan
+
+
+def test_a_limited_backlog_is_drained_without_sleeping_only_while_the_batch_not_the_budget_ends_it(firers):
+    st = firers[0]
+    base = now_us()
+    st.insert([row(i, base - 1_000_000 + i, topic="fast") for i in range(500)])
+    rows, full = st.claim_limited(limits(fast=1000.0), OUT, 100, 300)
+    assert (len(rows), full) == (100, True)      # the batch ended it: claim again at once
+    rows, full = st.claim_limited(limits(fast=1000.0), OUT, 1000, 300)
+    assert len(rows) < 1000 and not full        # the budget (or the due rows) ended it: wait for the poll

@@ -127,6 +127,8 @@ class StoreWorker(threading.Thread):
         self.backoff = Backoff()
         self.limit = firer.settings.batch_size
         self.limits = firer.settings.fire_rates
+        if self.limits:
+            log.info("fire-rate limits: %s", self.limits)
         self.max_held = firer.settings.batch_size * 4
         self.held = 0                # claimed by this node and not yet deleted or handed back
         self.acked: list[Claimed] = []

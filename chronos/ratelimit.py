@@ -46,7 +46,7 @@ class TopicRates:
     entries: tuple[tuple[str, float | None], ...] = ()
 
     def __str__(self) -> str:
-        return ",".join(f"{p}={UNLIMITED if r is None else repr(r)}" for p, r in self.entries)
+        return ",".join(f"{p}={UNLIMITED if r is None else f'{r:.17g}'}" for p, r in self.entries)
 
     def __bool__(self) -> bool:
         return bool(self.entries)
@@ -79,6 +79,10 @@ class FireRateLimits:
     def __bool__(self) -> bool:
         """Whether any topic may be limited (else the firers claim as if this feature did not exist)."""
         return self.default is not None or any(r is not None for _, r in self.topics.entries)
+
+    def __str__(self) -> str:
+        default = "unlimited" if self.default is None else f"{self.default:g}/s"
+        return f"{self.topics or 'none'} (messages per second), default {default}"
 
     def rate_for(self, topic: str) -> float | None:
         for pattern, rate in self.topics.entries:

@@ -16,6 +16,13 @@ from test_up import CHRONOS, Up, _clean_env
 RATE, COUNT = 50, 200
 
 
+def status(up: Up) -> dict:
+    out = subprocess.run(CHRONOS + ["status", "--json", "--ready-file", str(up.ready)], env=_clean_env(),
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return orjson.loads(out.stdout)
+
+
 def test_a_limited_topic_is_spread_at_its_rate_while_another_fires_at_once(tmp_path):
     metrics_port = free_port()
     up = Up(tmp_path, "--fire-rate-limits", f"fragile={RATE}", "--allowed-topics", "fragile|chronos.output",
@@ -25,12 +32,17 @@ def test_a_limited_topic_is_spread_at_its_rate_while_another_fires_at_once(tmp_p
         create_topics(info["bootstrap_servers"], {"fragile": 1})
         collect = Collector(info["bootstrap_servers"], ["fragile", info["output_topic"]])
         p = producer(info["bootstrap_servers"])
-        deadline = time.time() + 4.0   # far enough for every message to be stored first
+        deadline = time.time() + 6.0   # far enough for every message to be stored first
         for i in range(COUNT):
             p.produce(info["input_topic"], b"f", headers=chronos_headers(f"f-{i}", deadline)
                       + [("chronosTopic", b"fragile")])
             p.produce(info["input_topic"], b"o", headers=chronos_headers(f"o-{i}", deadline))
         assert p.flush(30) == 0
+        # every message stored before its deadline: one read late would be published by the consumer
+        # at once, not through the limit
+        while status(up)["waiting"] < 2 * COUNT:
+            assert time.time() < deadline - 0.2, "the messages were not all stored before their deadline"
+            time.sleep(0.1)
 
         # while the limited topic's backlog drains, status shows it
         throttled = None
@@ -39,10 +51,7 @@ def test_a_limited_topic_is_spread_at_its_rate_while_another_fires_at_once(tmp_p
             collect.poll_for(0.2)
             if time.time() < deadline + 0.5:
                 continue
-            out = subprocess.run(CHRONOS + ["status", "--json", "--ready-file", str(up.ready)], env=_clean_env(),
-                                 capture_output=True, text=True, timeout=30)
-            assert out.returncode == 0, out.stderr
-            throttled = [t for t in orjson.loads(out.stdout)["throttled"] if t["topic"] == "fragile" and t["rows"]]
+            throttled = [t for t in status(up)["throttled"] if t["topic"] == "fragile" and t["rows"]]
         assert throttled, "chronos status never showed a throttled backlog"
         assert throttled[0]["rate_per_s"] == RATE and throttled[0]["lateness_s"] > 0
 

@@ -308,27 +308,34 @@ class Store:
         a throttled backlog never delays another topic. A limited topic's rows are claimed once due
         (no lookahead: a token is spent when its message may go out) and no more of them than its
         bucket holds, taken in the claim's own transaction under the bucket's lock, so all firers
-        together keep to the rate. Returns (rows in deadline order, whether the batch limit rather
-        than a budget or the due rows ended a topic's claim: a backlog to drain without sleeping)."""
+        together keep to the rate. Returns (rows in deadline order, whether a topic's share of the
+        batch rather than its budget or its due rows ended its claim: a backlog to drain without
+        sleeping)."""
         topics: list[str | None] = [None, *self._run(lambda c: [r[0] for r in c.execute(QUERIES["waiting_topics"],
                                                                                           prepare=True)])]
         rates = {t: limits.rate_for(t or output_topic) for t in topics}
         claimed: list[Claimed] = []
-        full = False
-        # limited topics first: their claims are small, and an unlimited backlog takes what remains.
+        # Limited topics first: their budgets keep them small, and what they leave goes to the others.
+        # Each topic gets at most an even share of what remains of the batch, so a backlog of one
+        # topic cannot starve the next; the topics that filled their share split what is left over.
         # One _run per topic: a transaction run again after a rollback repeats only its own topic.
-        for topic in sorted(topics, key=lambda t: rates[t] is None):
-            remaining = limit - len(claimed)
-            if remaining <= 0:
-                full = True
-                break
-            rate = rates[topic]
-            if rate is None:
-                rows = self._run(lambda c: self._claim_topic(c, topic, remaining, lookahead_ms))
-            else:
-                rows = self._run(lambda c: self._claim_granted(c, topic or output_topic, topic, rate, remaining))
-            full = full or len(rows) == remaining
-            claimed += rows
+        order = sorted(topics, key=lambda t: rates[t] is None)
+        while order and len(claimed) < limit:
+            filled = []
+            for left, topic in zip(range(len(order), 0, -1), order):
+                share = -(-(limit - len(claimed)) // left)  # rounded up
+                if share <= 0:
+                    break
+                rate = rates[topic]
+                if rate is None:
+                    rows = self._run(lambda c: self._claim_topic(c, topic, share, lookahead_ms))
+                else:
+                    rows = self._run(lambda c: self._claim_granted(c, topic or output_topic, topic, rate, share))
+                if len(rows) == share:
+                    filled.append(topic)
+                claimed += rows
+            order = filled
+        full = bool(order)
         claimed.sort(key=lambda r: (r.scheduled_us, r.seq))
         return claimed, full
 

@@ -187,3 +187,15 @@ def test_a_limited_backlog_is_drained_without_sleeping_only_while_the_batch_not_
     assert (len(rows), full) == (100, True)      # the batch ended it: claim again at once
     rows, full = st.claim_limited(limits(fast=1000.0), OUT, 1000, 300)
     assert len(rows) < 1000 and not full        # the budget (or the due rows) ended it: wait for the poll
+
+
+def test_unlimited_topics_share_the_batch_so_one_backlog_does_not_starve_another(firers):
+    st = firers[0]
+    base = now_us()
+    st.insert([row(f"o{i}", base - 10_000_000 + i) for i in range(1000)])                 # older backlog
+    st.insert([row(f"x{i}", base - 1_000_000 + i, topic="other") for i in range(30)])
+    st.insert([row(f"f{i}", base - 1_000_000 + i, topic="fragile") for i in range(30)])
+    rows, full = st.claim_limited(limits(fragile=5.0), OUT, 100, 300)
+    topics = [r.topic for r in rows]
+    assert (topics.count("fragile"), topics.count("other"), topics.count(None)) == (5, 30, 65)
+    assert full

@@ -23,10 +23,11 @@ def status(up: Up) -> dict:
     return orjson.loads(out.stdout)
 
 
-def test_a_limited_topic_is_spread_at_its_rate_while_another_fires_at_once(tmp_path):
+def test_a_limited_topic_is_spread_at_its_rate_by_two_firers_while_another_fires_at_once(tmp_path):
     metrics_port = free_port()
+    # two firers: the limit is theirs together (each with a bucket of its own would take half the time)
     up = Up(tmp_path, "--fire-rate-limits", f"fragile={RATE}", "--allowed-topics", "fragile|chronos.output",
-            "--metrics-port", str(metrics_port))
+            "--metrics-port", str(metrics_port), "--firers", "2")
     try:
         info = up.wait_ready()
         create_topics(info["bootstrap_servers"], {"fragile": 1})

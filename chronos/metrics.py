@@ -466,7 +466,7 @@ class DetectorTelemetry(Telemetry):
 
     def throttled_gauges(self, throttled: Iterable[Any]) -> None:
         """Set the per-topic throttled gauges from `store.Throttled` values; a topic no longer
-        listed (no waiting rows) drops out."""
+        listed (no firer limited it in the last minute) drops out."""
         self.throttled.clear()
         self.throttled_lateness.clear()
         for t in throttled:

@@ -20,7 +20,7 @@ from chronos.errors import EXIT_FAILURE, EXIT_UNAVAILABLE, ConfigError, StoreUna
 def add_parsers(sub: Any) -> None:
     """The `status` and `health` sub-commands."""
     p = sub.add_parser("status", help="what the store holds: waiting, due, in flight per firer, overdue, "
-                                      "suspected failures, recurring schedules, next deadline",
+                                      "suspected failures, recurring schedules, throttled topics, next deadline",
                        description="Read the store and print what it holds. Runs against the same settings "
                                    "(or --ready-file) as every other command.")
     config.add_arguments(p, only=("database_url", "hold_time_ms", "output_topic"))
@@ -93,9 +93,10 @@ def render(d: dict[str, Any]) -> str:
     lines.append(row("parked", "-" if parked is None else parked,
                      "no topic accepted them: see the chronos_parked table" if parked else ""))
     for t in d.get("throttled", []):
+        limit = f"limit {t['rate_per_s']:g}/s"
         lines.append(row(f"  throttled {t['topic']}", t["rows"],
-                         f"due, held back by the limit of {t['rate_per_s']:g}/s"
-                         + (f", oldest {_seconds(t['lateness_s'])} late" if t["rows"] else "")))
+                         f"due, held back by the {limit}, oldest {_seconds(t['lateness_s'])} late" if t["rows"]
+                         else f"{limit}, nothing held back"))
     if d["next_deadline"]:
         lines.append(row("next deadline", f"in {_seconds(d['next_deadline_in_s'])}", d["next_deadline"]))
     else:

@@ -80,8 +80,8 @@ def test_status_shows_the_throttled_backlog_per_topic():
     assert d["throttled"] == [{"topic": "orders", "rate_per_s": 50.0, "rows": 1200, "lateness_s": 12.5},
                               {"topic": "audit", "rate_per_s": 0.5, "rows": 0, "lateness_s": 0.0}]
     text = status.render(d)
-    assert "  throttled orders           1,200   due, held back by the limit of 50/s, oldest 12.500s late" in text
-    assert "  throttled audit                0   due, held back by the limit of 0.5/s" in text
+    assert "  throttled orders           1,200   due, held back by the limit 50/s, oldest 12.500s late" in text
+    assert "  throttled audit                0   limit 0.5/s, nothing held back" in text
 
 
 def test_throttled_gauges_per_topic_and_a_drained_topic_drops_out():

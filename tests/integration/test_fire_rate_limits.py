@@ -199,3 +199,17 @@ def test_unlimited_topics_share_the_batch_so_one_backlog_does_not_starve_another
     topics = [r.topic for r in rows]
     assert (topics.count("fragile"), topics.count("other"), topics.count(None)) == (5, 30, 65)
     assert full
+
+
+def test_a_keys_rows_leave_a_limited_topic_in_order_one_grant_at_a_time(firers, database_url):
+    a, b = firers
+    base = now_us()
+    a.insert([row(i, base - 5_000_000 + i * 1000, topic="fragile", ordering_key="K") for i in range(6)])
+    got = []
+    for k in range(6):
+        rows = (a, b)[k % 2].claim_limited(limits(fragile=1.0), OUT, 100, 300)[0]  # one token a second
+        assert len(rows) == 1
+        got += rows
+        (a, b)[k % 2].delete_fired(rows)   # published: the next of the key may go
+        pass_time(database_url, "fragile", 1.0)
+    assert [r.id for r in got] == [f"m-{i}" for i in range(6)]

@@ -18,6 +18,7 @@ from urllib.parse import unquote, urlsplit
 import orjson
 
 from chronos.errors import ConfigError
+from chronos.ratelimit import FireRateLimits, TopicRates, parse_rate, parse_topic_rates
 
 TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
@@ -207,6 +208,11 @@ OPTIONS: tuple[Option, ...] = (
            "and lateness (`chronos up` fills it in)", _urls, ""),
     Option("confirm_above", "cancel, fire-now and reschedule need --yes to change more messages than this",
            _non_negative_int, "1000"),
+    Option("fire_rate_limits", "publish at most this fast to these destination topics, all firers together: "
+           "TOPIC=RATE pairs, a TOPIC may hold * (orders=500,payments.*=100/min,audit=unlimited); "
+           "RATE is messages per second, or N/min, N/h", parse_topic_rates, ""),
+    Option("fire_rate_default", "the RATE of every destination topic CHRONOS_FIRE_RATE_LIMITS does not name "
+           "(default: unlimited)", parse_rate, ""),
 )
 
 
@@ -238,6 +244,8 @@ class Settings:
     console_token: str | None = None
     console_metrics_urls: tuple[str, ...] = ()
     confirm_above: int = 1000
+    fire_rate_limits: TopicRates = TopicRates()
+    fire_rate_default: float | None = None
 
     def validate(self) -> "Settings":
         if self.lookahead_ms * 2 >= self.hold_time_ms:
@@ -251,6 +259,10 @@ class Settings:
     def kafka_config(self) -> dict[str, str]:
         """Extra librdkafka properties: the file first, then the inline list overrides it."""
         return {**self.kafka_properties_file, **self.kafka_properties}
+
+    @property
+    def fire_rates(self) -> FireRateLimits:
+        return FireRateLimits(self.fire_rate_limits, self.fire_rate_default)
 
     @property
     def allowed_topics_re(self) -> re.Pattern[str]:

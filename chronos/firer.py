@@ -126,6 +126,9 @@ class StoreWorker(threading.Thread):
         self.throttle = Throttle(log)
         self.backoff = Backoff()
         self.limit = firer.settings.batch_size
+        self.limits = firer.settings.fire_rates
+        if self.limits:
+            log.info("fire-rate limits: %s", self.limits)
         self.max_held = firer.settings.batch_size * 4
         self.held = 0                # claimed by this node and not yet deleted or handed back
         self.acked: list[Claimed] = []
@@ -232,7 +235,12 @@ class StoreWorker(threading.Thread):
             return
         limit = min(self.limit, self.max_held - self.held)
         started = time.perf_counter()
-        rows = self.store.claim(limit, self.settings.lookahead_ms)
+        if self.limits:  # fire-rate limits: topic by topic, within each limited topic's budget
+            rows, backlog = self.store.claim_limited(self.limits, self.settings.output_topic, limit,
+                                                     self.settings.lookahead_ms)
+        else:
+            rows = self.store.claim(limit, self.settings.lookahead_ms)
+            backlog = len(rows) == limit
         occurrences = []
         if now >= self.next_schedules:  # recurring schedules: once per poll interval, even in a backlog
             self.next_schedules = now + self.settings.poll_interval_ms / 1000.0
@@ -242,7 +250,7 @@ class StoreWorker(threading.Thread):
             self.held += len(rows) + len(occurrences)
             firer.stats["claimed"] += len(rows) + len(occurrences)
             firer.claimed.put(rows + occurrences)
-        if len(rows) == limit:
+        if backlog:
             self.next_claim = now  # a backlog: drain it without sleeping
         else:
             interval = self.settings.poll_interval_ms / 1000.0

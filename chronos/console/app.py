@@ -72,7 +72,7 @@ class Console:
 
     def __init__(self, settings: Settings, store: Any, *, metrics_urls: tuple[str, ...] = ()):
         self.settings = settings
-        self.reader = StoreReader(store, settings.hold_time_ms)
+        self.reader = StoreReader(store, settings.hold_time_ms, settings.output_topic)
         self.sampler = MetricsSampler(metrics_urls)
         self.auth = Auth(settings.console_token)
         self.env = Environment(loader=FileSystemLoader(str(_HERE / "templates")),
@@ -116,6 +116,10 @@ class Console:
                 "display": shown,
                 "nodes": [[n["node"], f"{n['rows']:,}", _seconds_text(n["held_for_s"]), f"{n['past_hold_time']:,}"]
                           for n in (store or {}).get("in_flight_by_node", [])],
+                # topics under a fire-rate limit: due rows it holds back, and how late the oldest is
+                "throttled": [[t["topic"], f"{t['rate_per_s']:g}/s", f"{t['rows']:,}",
+                               _seconds_text(t["lateness_s"]) if t["rows"] else "-"]
+                              for t in (store or {}).get("throttled", [])],
                 "charts": {"lateness": histogram_svg(lateness),
                            "rates": rates_svg(history.series(), time.time())}}
 

@@ -313,9 +313,10 @@ class StoreReader:
     """Runs store calls off the event loop, one at a time (a `Store` holds one connection), and
     keeps the overview for `ttl` seconds so that any number of open pages cost one read a second."""
 
-    def __init__(self, store: Any, hold_time_ms: int, *, ttl: float = 1.0,
+    def __init__(self, store: Any, hold_time_ms: int, output_topic: str, *, ttl: float = 1.0,
                  clock: Callable[[], float] = time.monotonic):
         self.store, self.hold_time_ms, self.ttl, self.clock = store, hold_time_ms, ttl, clock
+        self.output_topic = output_topic
         self.counting = CountPolicy(every=ttl)
         self._lock = threading.Lock()
         self._refresh = asyncio.Lock()
@@ -340,9 +341,11 @@ class StoreReader:
             try:
                 started = time.monotonic()
                 # exact=None: status's own rule (the planner's estimate on a huge table)
-                view = await self.call(lambda s: s.overview(self.hold_time_ms, exact=None if count else False))
+                view, throttled = await self.call(lambda s: (s.overview(self.hold_time_ms,
+                                                                        exact=None if count else False),
+                                                             s.throttled(self.output_topic)))
                 took = time.monotonic() - started
-                d = status.to_dict(view, self.hold_time_ms)
+                d = status.to_dict(view, self.hold_time_ms, throttled)
                 if count:
                     self.counting.counted(now, took)
                     self._waiting = (d["waiting"], d["waiting_estimated"])

@@ -88,6 +88,19 @@ def test_overview_updates_when_new_messages_arrive(stack, known, page):
     assert page.locator("[data-chart=lateness] svg rect").count() > 0
 
 
+def test_the_live_refresh_fills_the_tables_as_text(stack, page):
+    # the store's side is tested over HTTP (test_console_http); here the page's script, fed one answer
+    import orjson
+    page.goto(stack["console_url"])
+    answer = {"display": {}, "charts": {}, "nodes": [["node-1", "5", "1.0 s", "0"]],
+              "throttled": [["<b>slow</b>", "2/s", "3", "1.5 s"]]}
+    page.route("**/api/overview", lambda route: route.fulfill(content_type="application/json",
+                                                              body=orjson.dumps(answer)))
+    wait_until(page, "() => document.querySelector('#throttled tbody td') !== null", what="the throttled row")
+    assert page.locator("#throttled tbody tr").all_inner_texts() == ["<b>slow</b>\t2/s\t3\t1.5 s"]
+    assert page.locator("#nodes tbody td").first.inner_text() == "node-1"
+
+
 def test_schedules_page_lists_next_occurrences_and_shows_ids_as_text(stack, known, page):
     page.goto(stack["console_url"] + "schedules")
     row = page.locator("#schedules tbody tr")

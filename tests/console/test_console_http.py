@@ -289,3 +289,20 @@ def test_search_pages_follow_the_cursor_of_chronos_list(console, store):
     following = re.search(r'href="(/messages\?[^"]+)" id="next-page"', text).group(1).replace("&amp;", "&")
     status, _, text = request(console.url, following)
     assert status == 200 and ids.findall(text) == ["m3"] and 'id="next-page"' not in text
+
+
+def test_the_overview_shows_the_backlog_a_fire_rate_limit_holds_back(console, store, database_url):
+    import orjson
+    import psycopg
+    due = time.time_ns() // 1000 - 5_000_000
+    store.insert([Row(f"slow-{i}", due + i, "slow.topic", b"k", b"v", codec.encode_headers([])) for i in range(3)])
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        # the bucket a firer limiting slow.topic to 2/s keeps (chronos.ratelimit): empty now
+        conn.execute("INSERT INTO chronos_rate_limits (topic, rate, tokens, refilled_at) "
+                     "VALUES ('slow.topic', 2, 0, now())")
+    status, _, text = request(console.url, "/api/overview")
+    assert status == 200
+    ((topic, limit, rows, late),) = orjson.loads(text)["throttled"]
+    assert (topic, limit, rows) == ("slow.topic", "2/s", "3") and late.endswith(" s")
+    status, _, text = request(console.url, "/")
+    assert status == 200 and "<td>slow.topic</td><td>2/s</td><td>3</td>" in text

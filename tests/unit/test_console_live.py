@@ -148,8 +148,11 @@ def test_any_number_of_pages_cost_one_store_read_a_second():
             assert threading.current_thread() is not threading.main_thread()  # off the event loop
             return Overview.build(datetime(2026, 1, 1, tzinfo=timezone.utc), None, None, 7, 7, 0, [], 0)
 
+        def throttled(self, output_topic):
+            return []
+
     now = [100.0]
-    reader = StoreReader(CountingStore(), 5000, ttl=1.0, clock=lambda: now[0])
+    reader = StoreReader(CountingStore(), 5000, "out", ttl=1.0, clock=lambda: now[0])
 
     async def pages(n):
         return await asyncio.gather(*(reader.overview() for _ in range(n)))

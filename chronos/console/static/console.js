@@ -15,9 +15,9 @@
     });
     const error = document.getElementById("store-error");
     if (error) error.hidden = !data.store_error;
-    const body = document.querySelector("#nodes tbody");
-    if (body) {
-      const rows = (data.nodes || []).map(function (cells) {
+    root.querySelectorAll("[data-rows]").forEach(function (table) {
+      const body = table.querySelector("tbody");
+      const rows = (data[table.dataset.rows] || []).map(function (cells) {
         const tr = document.createElement("tr");
         cells.forEach(function (cell) {
           const td = document.createElement("td");
@@ -27,7 +27,7 @@
         return tr;
       });
       body.replaceChildren.apply(body, rows);
-    }
+    });
     root.querySelectorAll("[data-chart]").forEach(function (box) {
       const svg = (data.charts || {})[box.dataset.chart];
       if (typeof svg === "string") box.innerHTML = svg;

@@ -49,7 +49,7 @@ def request(url: str, path: str, method: str = "GET", body: str | None = None,
 
 def test_no_secret_on_any_page_response_or_log_line(console):
     bodies = []
-    for path in ("/", "/api/overview", "/schedules", "/messages", "/messages/x", "/login", "/nowhere",
+    for path in ("/", "/api/overview", "/schedules", "/messages", "/messages/x", "/parked", "/login", "/nowhere",
                  "/static/console.js"):
         status, headers, text = request(console.url, path)
         assert status in (200, 404), (path, status)
@@ -306,3 +306,21 @@ def test_the_overview_shows_the_backlog_a_fire_rate_limit_holds_back(console, st
     assert (topic, limit, rows) == ("slow.topic", "2/s", "3") and late.endswith(" s")
     status, _, text = request(console.url, "/")
     assert status == 200 and "<td>slow.topic</td><td>2/s</td><td>3</td>" in text
+
+
+def test_fire_now_and_a_reschedule_by_delay_from_a_message_page(console, store):
+    from datetime import datetime, timedelta, timezone
+    far(store, "m1", "m2")
+    cookie, token = sign_in(console.url)
+    before = datetime.now(timezone.utc)
+    for fields in ({"action": "fire_now", "id": "m1"}, {"action": "reschedule", "id": "m2", "delay": "2h"}):
+        status, text = post(console.url, "/actions/preview", {**fields, "form_token": token}, cookie)
+        assert status == 200 and "<b>1</b> message" in text
+        # the confirmation carries the time it showed, not the delay: confirming later changes nothing
+        confirm = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', text))
+        status, text = post(console.url, "/actions/apply", confirm, cookie)
+        assert status == 200 and "1 message " in text
+    fired, moved = (inspect.show(store, i, output_topic=OUT) for i in ("m1", "m2"))
+    assert fired.deadline <= datetime.now(timezone.utc)
+    assert before + timedelta(hours=2) <= moved.deadline <= datetime.now(timezone.utc) + timedelta(hours=2)
+    assert {a: n for a, (n, _) in inspect.action_totals(store).items()} == {"fire_now": 1, "reschedule": 1}

@@ -255,8 +255,17 @@ SELECT count(*) FROM chronos_messages WHERE cron IS NOT NULL;
 -- name: show_message
 -- The value's size and its first bytes only: a value may be megabytes.
 SELECT id, deadline, readied_at, readied_by, topic, key, octet_length(value), substring(value FROM 1 FOR %(preview)s),
-       headers, ordering_key, enqueued_at, cron, timezone, dst_policy
+       headers, ordering_key, enqueued_at, cron, timezone, dst_policy, attempts, last_error, original_deadline
 FROM chronos_messages WHERE id = %(id)s;
+
+-- name: list_parked
+-- Parked messages, newest first, a page at a time after a cursor (the primary key: no scan).
+SELECT id, message_id, source, topic, deadline, key, octet_length(value), substring(value FROM 1 FOR %(preview)s),
+       headers, reason, parked_at
+FROM chronos_parked
+WHERE %(before)s::bigint IS NULL OR id < %(before)s::bigint
+ORDER BY id DESC
+LIMIT %(limit)s;
 
 -- name: list_by_deadline
 -- One page in (deadline, seq) order, after the keyset cursor. Every filter is optional (NULL: none).

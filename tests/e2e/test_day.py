@@ -47,4 +47,5 @@ def test_day_benchmark_whole_sequence_at_small_scale(tmp_path):
     assert far["far_rows"] == 30000 and far["far_fill_s"] > 0
     assert vacuum["event"]["vacuum_s"] >= 0
     assert auto["event"]["autovacuum_seen"] is True and auto["store"]["autovacuums"] >= 1, run.stdout
+    assert auto["event"]["settings_restored"] is True  # the table's autovacuum settings are the migration's again
     assert "| phase | msg/s |" in run.stdout and "| autovacuum 5k |" in run.stdout

@@ -4,6 +4,7 @@
     python -m benchmarks.day --consumers 2 --firers 2 --detectors 2   # two of every role
     python -m benchmarks.day --scale 0.1                              # every duration and count x 0.1 (a smoke run)
     python -m benchmarks.day --ready-file .chronos/ready.json --metrics-port 9400   # a stack already running
+    python -m benchmarks.day --table benchmarks/results/2026-11-23/day-1x1x1.json   # the table of a past run
 
 Phases, in this order, on one stack that is never restarted:
   steady        1,000 msg/s for 60 s
@@ -479,6 +480,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="deadline = send time + uniform(MIN, MAX) s, every phase but the spike (default 2:6)")
     p.add_argument("--payload-bytes", type=int, default=100)
     p.add_argument("--out", type=Path, help="result file (default benchmarks/results/<date>/day-<layout>.json)")
+    p.add_argument("--table", type=Path, metavar="RESULT",
+                   help="print the table of a result file written before, and run nothing")
     sla.add_layout(p.add_argument_group("layout of the stack started here; also taken from after `--`"))
     g = p.add_argument_group("measurement (as benchmarks.sla)")
     g.add_argument("--timing-advance-ms", type=float, default=50.0)
@@ -569,7 +572,9 @@ class Day:
         for k, d in enumerate(done):
             ph = self.plan[k]
             spike_deadline = d.pop("_spike_deadline", None)
-            d.update(phase_figures(self.recs[k], window=(d["window"][0], d["window"][1]), probe=probe,
+            # the floor from the phase's first send: not the probe's own warm-up, nor a bulk write before the load
+            floor_from = self.recs[k].get("t_first") or d["window"][0]
+            d.update(phase_figures(self.recs[k], window=(floor_from, d["window"][1]), probe=probe,
                                    timing_advance_ms=self.args.timing_advance_ms, spike_deadline=spike_deadline))
             d["store"] = self.watch.figures(*d["window"])
             d["window_s"] = [round(d["window"][0] - started, 1), round(d["window"][1] - started, 1)]
@@ -696,6 +701,9 @@ class Day:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.table:
+        print("\n".join(table_lines(orjson.loads(args.table.read_bytes()))))
+        return 0
     counts = {"consumer": args.consumers, "firer": args.firers, "detector": args.detectors}
     up_args = list(args.up_args)
     metrics_base = args.metrics_port

@@ -34,12 +34,15 @@ def test_day_benchmark_whole_sequence_at_small_scale(tmp_path):
         for key in ("p50", "p99", "p999"):
             assert p["jitter_ms"][key] is not None
         assert p["broker_floor_ms"]["count"] > 10, p["name"]  # the probe ran through every phase
-        for statement in ("claim", "delete", "scan", "insert"):
+        for statement in ("claim", "scan", "insert"):  # firers claim and detectors scan on every poll
             assert p["statements"][statement]["count"] > 0, (p["name"], statement)
             assert p["statements"][statement]["slowest_s"] > 0
+        # a phase may end before the deletes of its last acknowledgements (they come in the next one)
+        assert p["statements"]["delete"]["count"] >= 0 and "slowest_s" in p["statements"]["delete"]
         assert set(p["statements"]["counters"]) == {"reset", "vanished", "released"}
         assert set(p["targets"]) >= {"statements_under_1s", "none_over_60s_late", "no_duplicates"}
         assert p["store"]["live_rows_max"] >= 0
+    assert sum(p["statements"]["delete"]["count"] for p in phases) > 0
     # every message of a fixed load was sent: 10,000/s x 0.5 s per burst
     assert [p["sent"] for p in phases[1:4]] == [5000] * 3
     spike, far, vacuum, auto = phases[4:]
@@ -49,3 +52,6 @@ def test_day_benchmark_whole_sequence_at_small_scale(tmp_path):
     assert auto["event"]["autovacuum_seen"] is True and auto["store"]["autovacuums"] >= 1, run.stdout
     assert auto["event"]["settings_restored"] is True  # the table's autovacuum settings are the migration's again
     assert "| phase | msg/s |" in run.stdout and "| autovacuum 5k |" in run.stdout
+    again = subprocess.run([sys.executable, "-m", "benchmarks.day", "--table", str(out)], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=30)
+    assert again.returncode == 0 and again.stdout.strip() in run.stdout, again.stdout + again.stderr

@@ -483,7 +483,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--table", type=Path, metavar="RESULT",
                    help="print the table of a result file written before, and run nothing")
     sla.add_layout(p.add_argument_group("layout of the stack started here; also taken from after `--`"))
-    g = p.add_argument_group("measurement (as benchmarks.sla)")
+    g = p.add_argument_group("measurement: as in `python -m benchmarks.sla --help`")
     g.add_argument("--timing-advance-ms", type=float, default=50.0)
     g.add_argument("--fetch-wait-ms", type=int, default=5)
     g.add_argument("--linger-ms", type=int, default=25)
@@ -702,7 +702,11 @@ class Day:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.table:
-        print("\n".join(table_lines(orjson.loads(args.table.read_bytes()))))
+        try:
+            print("\n".join(table_lines(orjson.loads(args.table.read_bytes()))))
+        except (OSError, orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            print(f"cannot read the result {args.table}: {exc}", file=sys.stderr)
+            return 2
         return 0
     counts = {"consumer": args.consumers, "firer": args.firers, "detector": args.detectors}
     up_args = list(args.up_args)

@@ -67,10 +67,15 @@ class LoadPlan:
     delay_max: float
     payload_bytes: int
     seed: int
+    # every deadline at this instant (epoch seconds) instead of send time + delay: a spike
+    deadline_at: float | None = None
 
 
-def run_producer(conf: dict, topic: str, plan: LoadPlan, rec: Records) -> None:
-    """Offer the load: each message is produced at t0 + i/rate (in bursts of at most a millisecond's worth)."""
+def run_producer(conf: dict, topic: str, plan: LoadPlan, rec: Records, stop=None) -> None:
+    """Offer the load: each message is produced at t0 + i/rate (in bursts of at most a millisecond's worth).
+
+    With a `stop` event, producing ends early when it is set (what was produced is still flushed).
+    """
     from confluent_kafka import Producer
 
     quiet_interrupts()
@@ -96,16 +101,17 @@ def run_producer(conf: dict, topic: str, plan: LoadPlan, rec: Records) -> None:
 
     n, rate, t0 = plan.count, plan.rate, plan.t0
     dmin, dspan = plan.delay_min, plan.delay_max - plan.delay_min
+    fixed_ms = int(plan.deadline_at * 1000) if plan.deadline_at is not None else None
     i = 0
     while time.time() < t0:
         time.sleep(min(0.01, max(0.0, t0 - time.time())))
     rec.set("t_first", time.time())
-    while i < n:
+    while i < n and not (stop is not None and stop.is_set()):
         now = time.time()
         due = min(n, int((now - t0) * rate) + 1)
         while i < due:
             t = time.time()
-            deadline_ms = int((t + dmin + rng.random() * dspan) * 1000)
+            deadline_ms = fixed_ms if fixed_ms is not None else int((t + dmin + rng.random() * dspan) * 1000)
             key = b"%d" % i
             headers = [("chronosMessageId", b"%s-%d" % (tag, i)), ("chronosDeadline", b"%d" % deadline_ms),
                        ("bench-run", tag), ("bench-id", key), ("bench-deadline-us", b"%d" % (deadline_ms * 1000))]
@@ -140,18 +146,22 @@ def run_reader(conf: dict, topic: str, tag: str, rec: Records, ready, stop) -> N
     The receive time is taken once per batch of messages already in the client's queue, right
     after they were handed over, so it is an upper bound of when each became readable.
     """
+    run_phases_reader(conf, topic, {tag: rec}, ready, stop)
+
+
+def run_phases_reader(conf: dict, topic: str, runs: dict[str, Records], ready, stop) -> None:
+    """`run_reader` for several runs at once (the phases of one benchmark): each message is stamped
+    in the records of its `bench-run` tag; the counters are kept in each run's records."""
     from confluent_kafka import Consumer
 
     quiet_interrupts()
     # assign(), not subscribe(): no group join (docs/embedded-broker.md, behaviour 1); the group id is required all the same
-    consumer = Consumer({**conf, "group.id": f"chronos-bench-{tag}"})
+    consumer = Consumer({**conf, "group.id": f"chronos-bench-{min(runs)}"})
     consumer.assign(_end_offsets(consumer, topic))
     consumer.poll(0.2)  # connect and start fetching before the load begins
     ready.set()
-    tag_b = tag.encode()
-    delivered, created, copies = rec.raw["delivered_at"], rec.raw["created_at"], rec.raw["copies"]
-    cap = rec.capacity
-    n_delivered = n_dups = n_foreign = 0
+    slots = {tag.encode(): (rec, rec.raw["delivered_at"], rec.raw["created_at"], rec.raw["copies"], rec.capacity,
+                            [0, 0, 0]) for tag, rec in runs.items()}   # counts: delivered, duplicates, foreign
     isnan = math.isnan
     while not stop.is_set():
         first = consumer.poll(0.1)
@@ -169,23 +179,25 @@ def run_reader(conf: dict, topic: str, tag: str, rec: Records, ready, stop) -> N
                     run = v
                 elif k == "bench-id":
                     sid = v
-            if run != tag_b or sid is None:
-                n_foreign += 1
+            slot = slots.get(run)
+            if slot is None or sid is None:
                 continue
+            _rec, delivered, created, copies, cap, counts = slot
             i = int(sid)
             if i >= cap:
-                n_foreign += 1
+                counts[2] += 1
                 continue
             copies[i] += 1.0
             if isnan(delivered[i]):
                 delivered[i] = now
                 created[i] = msg.timestamp()[1] / 1000.0
-                n_delivered += 1
+                counts[0] += 1
             else:
-                n_dups += 1
-        rec.set("delivered", n_delivered)
-        rec.set("duplicates", n_dups)
-        rec.set("foreign", n_foreign)
+                counts[1] += 1
+        for rec, *_arrays, counts in slots.values():
+            rec.set("delivered", counts[0])
+            rec.set("duplicates", counts[1])
+            rec.set("foreign", counts[2])
     consumer.close()
 
 
@@ -243,14 +255,15 @@ def run_probe(producer_conf: dict, consumer_conf: dict, topic: str, interval: fl
     ready.set()
     next_send = time.time()
     while not stop.is_set():
-        producer.produce(topic, struct.pack("!d", time.time()))
-        producer.poll(0)
-        next_send += interval
+        # poll() returns as soon as it served a delivery report: wait out the interval in a loop, or the
+        # probe would send faster than asked, run ahead of its schedule, then fall silent for as long
         wait = next_send - time.time()
         if wait > 0:
-            producer.poll(wait)
-        else:
-            next_send = time.time()
+            producer.poll(min(wait, 0.1))
+            continue
+        producer.produce(topic, struct.pack("!d", time.time()))
+        producer.poll(0)
+        next_send = max(next_send + interval, time.time())
     producer.flush(5)
     reader.join(5)
     consumer.close()

@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="output directory (default benchmarks/out/<time>-<target>)")
     g = p.add_argument_group("layout of the stack the harness starts (every mode, --find-max included); "
                              "also taken from after `--`")
-    _add_layout(g)
+    add_layout(g)
     g = p.add_argument_group("measurement")
     g.add_argument("--timing-advance-ms", type=float, default=50.0,
                    help="the stack's timing advance: earlier than deadline - this counts as early (default 50)")
@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _add_layout(parser) -> None:
+def add_layout(parser) -> None:
     for name in LAYOUT_OPTIONS:
         parser.add_argument(f"--{name}", type=int, default=None, metavar="N",
                             help=f"`chronos up --{name}` (default 1)")
@@ -123,8 +123,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = build_parser()
     own, up_args = split_argv(argv)
     args = parser.parse_args(own)
+    resolve_layout(parser, args, up_args)
+    return args
+
+
+def resolve_layout(parser: argparse.ArgumentParser, args: argparse.Namespace, up_args: list[str]) -> None:
+    """Settle args.consumers/firers/detectors (default 1) from the harness's options and those after
+    `--`; args.up_args becomes the `chronos up` arguments left over."""
     after = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    _add_layout(after)
+    add_layout(after)
     from_up, args.up_args = after.parse_known_args(up_args)
     for name in LAYOUT_OPTIONS:
         mine, theirs = getattr(args, name), getattr(from_up, name)
@@ -134,7 +141,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if value < 1:
             parser.error(f"--{name} must be at least 1, got {value}")
         setattr(args, name, value)
-    return args
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -268,8 +268,13 @@ class Telemetry:
                          ("role", "node", "step"), buckets=SIZE_BUCKETS, registry=self.registry)
         duration = Histogram("chronos_batch_duration_seconds", "time one batch of a step took",
                              ("role", "node", "step"), buckets=DURATION_BUCKETS, registry=self.registry)
-        self._steps = {s: (size.labels(self.role, self.node, s), duration.labels(self.role, self.node, s))
-                       for s in self.steps}
+        # The slowest batch is what an operator (and the day-in-the-life benchmark) asks about; the
+        # histogram only bounds it by a bucket.
+        slowest = Gauge("chronos_batch_duration_max_seconds", "the slowest batch of a step since the process started",
+                        ("role", "node", "step"), registry=self.registry)
+        self._steps = {s: (size.labels(self.role, self.node, s), duration.labels(self.role, self.node, s),
+                           slowest.labels(self.role, self.node, s)) for s in self.steps}
+        self._slowest = dict.fromkeys(self.steps, 0.0)
         self.healthy = self.gauge("chronos_healthy", "1 when /healthz would answer 200, else 0")
         self.healthy.set_function(lambda: 1.0 if self.health_report()[0] else 0.0)
         self.probe: KafkaProbe | None = None
@@ -307,9 +312,12 @@ class Telemetry:
         self.last_loop = time.monotonic()
 
     def batch(self, step: str, size: int, seconds: float) -> None:
-        size_hist, duration_hist = self._steps[step]
+        size_hist, duration_hist, slowest = self._steps[step]
         size_hist.observe(size)
         duration_hist.observe(seconds)
+        if seconds > self._slowest[step]:
+            self._slowest[step] = seconds
+            slowest.set(seconds)
 
     # -- serving ---------------------------------------------------------------------------
 

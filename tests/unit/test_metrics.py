@@ -145,6 +145,8 @@ def test_batch_histograms_by_step():
     assert value(t, "chronos_batch_size_bucket", step="claim", le="0.0") == 1
     assert value(t, "chronos_batch_duration_seconds_sum", step="claim") == pytest.approx(0.005)
     assert value(t, "chronos_batch_duration_seconds_count", step="delete") == 0
+    assert value(t, "chronos_batch_duration_max_seconds", step="claim") == pytest.approx(0.004)
+    assert value(t, "chronos_batch_duration_max_seconds", step="delete") == 0
     with pytest.raises(KeyError):
         t.batch("insert", 1, 0.1)  # not a firer step
 

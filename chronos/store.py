@@ -79,6 +79,7 @@ class Claimed:
     headers: bytes | None
     readied_at: datetime
     seq: int = 0
+    ctid: str = ""   # where the claimed version of the row lies: delete and hand-back reach it by TID
 
 
 @dataclass(slots=True)
@@ -86,6 +87,7 @@ class Stale:
     id: str
     readied_at: datetime
     readied_by: uuid.UUID
+    ctid: str = ""
 
 
 def connect(url: str, *, autocommit: bool = True, connect_timeout: int = 5) -> psycopg.Connection:
@@ -104,13 +106,13 @@ def text_array(values: Iterable[str]) -> str:
 
 
 def _claimed_params(rows: Sequence[Claimed], node: Any) -> dict[str, Any]:
-    """(id, readied_at) pairs as array literals. One claim stamps all its rows with one
+    """(ctid, id, readied_at) triples as array literals. One claim stamps all its rows with one
     readied_at, so each distinct timestamp is formatted once."""
     stamps: dict[Any, str] = {}
     for r in rows:
         if r.readied_at not in stamps:
             stamps[r.readied_at] = r.readied_at.isoformat()
-    return {"ids": text_array(r.id for r in rows),
+    return {"ctids": text_array(r.ctid for r in rows), "ids": text_array(r.id for r in rows),
             "readied_at": "{" + ",".join(stamps[r.readied_at] for r in rows) + "}", "node": node}
 
 
@@ -158,11 +160,15 @@ def check_schema(conn: psycopg.Connection) -> None:
 
 
 class Store:
-    """One connection, reopened with backoff when it breaks. Not thread-safe: one per process loop."""
+    """One connection, reopened with backoff when it breaks. Not thread-safe: one per process loop.
 
-    def __init__(self, url: str, *, node_id: uuid.UUID | None = None):
+    `hot_path=True` for the processes' own stores (consumer, firer, detector): their connection
+    gets the planner settings of `hot_path_settings`, which their statements are written for."""
+
+    def __init__(self, url: str, *, node_id: uuid.UUID | None = None, hot_path: bool = False):
         self.url = url
         self.node_id = node_id
+        self.hot_path = hot_path
         self.conn: psycopg.Connection | None = None
         self._staging_ready = False
         self.last_ok = 0.0  # time.monotonic() of the last statement PostgreSQL answered (for /healthz)
@@ -175,6 +181,11 @@ class Store:
         self._staging_ready = False
         if check:
             check_schema(self.conn)
+        if self.hot_path:
+            try:
+                self.conn.execute(QUERIES["hot_path_settings"])
+            except psycopg.OperationalError as exc:
+                raise StoreUnavailable(_short(exc)) from None
 
     def close(self) -> None:
         if self.conn is not None:
@@ -332,8 +343,8 @@ class Store:
         """Reset the rows whose readied_at/readied_by are still what the detector saw."""
         if not seen:
             return []
-        params = {"ids": [s.id for s in seen], "readied_at": [s.readied_at for s in seen],
-                  "readied_by": [s.readied_by for s in seen]}
+        params = {"ctids": text_array(s.ctid for s in seen), "ids": [s.id for s in seen],
+                  "readied_at": [s.readied_at for s in seen], "readied_by": [s.readied_by for s in seen]}
         return self._run(lambda c: [r[0] for r in c.execute(QUERIES["reset_stale"], params)])
 
     # -- status and metrics ----------------------------------------------------------------

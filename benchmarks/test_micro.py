@@ -78,6 +78,31 @@ def test_decode_headers(benchmark, impl):
     _record(benchmark, "decode_headers", impl)
 
 
+# What the consumer reads per message from librdkafka's header list (the headers of INPUT_HEADERS).
+RAW_HEADERS = [(k.encode(), v) for k, v in INPUT_HEADERS]
+
+
+@IMPLS
+def test_read_headers(benchmark, impl):
+    """codec.read_headers on a consumed message (compare: test_confluent_kafka_headers)."""
+    from tests.rdkafka_raw import message_with_headers
+    mod = _impl(impl)
+    msg = message_with_headers(RAW_HEADERS)
+    assert benchmark(mod.read_headers, msg) == (INPUT_HEADERS, None)
+    _record(benchmark, "read_headers", impl)
+
+
+def test_confluent_kafka_headers(benchmark):
+    """confluent-kafka's own Message.headers(), which read_headers replaces (a fresh message each round:
+    it converts the list once)."""
+    from tests.rdkafka_raw import message_with_headers
+
+    def setup():
+        return (message_with_headers(RAW_HEADERS),), {}
+
+    assert benchmark.pedantic(lambda m: m.headers(), setup=setup, rounds=20000) == INPUT_HEADERS
+
+
 # -- the store ------------------------------------------------------------------------------------
 
 _ids = itertools.count()

@@ -50,8 +50,7 @@ def cmd_process(args: argparse.Namespace) -> int:
 def cmd_migrate(args: argparse.Namespace) -> int:
     from chronos import store
     settings = config.load(args)
-    if not settings.database_url:
-        raise config.ConfigError("CHRONOS_DATABASE_URL is not set: give --database-url or --ready-file")
+    settings.require_database()
     applied = store.migrate(settings.database_url)
     if applied:
         print(f"applied migrations {', '.join(map(str, applied))}; schema at version {store.LATEST_VERSION}")
@@ -97,6 +96,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
     """Print what arrives on the output topic, with its lateness against the deadline it was sent with."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer
 
+    from chronos import codec
     from chronos.kafka import PRODUCER_ONLY, check_reachable
     settings = config.load(args)
     if not settings.kafka_bootstrap_servers:
@@ -125,7 +125,8 @@ def cmd_tail(args: argparse.Namespace) -> int:
             if msg is None or msg.error():
                 continue
             arrived = time.time()
-            sent_deadline = dict(msg.headers() or []).get(DEADLINE_ECHO_HEADER)
+            # read_headers, not msg.headers(): a header name that is not UTF-8 must not stop the tail
+            sent_deadline = dict(codec.read_headers(msg)[0] or []).get(DEADLINE_ECHO_HEADER)
             key = msg.key().decode(errors="replace") if msg.key() is not None else None
             value = msg.value().decode(errors="replace") if msg.value() is not None else None
             line = f"{datetime.fromtimestamp(arrived, timezone.utc).isoformat(timespec='milliseconds')} " \
@@ -148,8 +149,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
     from chronos import cron
     from chronos.store import Store
     settings = config.load(args)
-    if not settings.database_url:
-        raise config.ConfigError("CHRONOS_DATABASE_URL is not set: give --database-url or --ready-file")
+    settings.require_database()
     store = Store(settings.database_url)
     rows = store.list_schedules()
     store.close()
@@ -170,10 +170,194 @@ def cmd_schedules(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- operators: show, list, cancel, fire-now, reschedule (chronos/inspect.py does the work) ---
+
+def _operator_store(args: argparse.Namespace):
+    from chronos.store import Store
+    settings = config.load(args)
+    settings.require_database()
+    return settings, Store(settings.database_url)
+
+
+def _print_json(data) -> None:
+    import orjson
+    print(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
+
+
+def _filters(args: argparse.Namespace, settings: config.Settings, now: datetime):
+    from chronos import inspect
+    return inspect.filters_for(
+        output_topic=settings.output_topic,
+        due_after=inspect.parse_time(args.due_after, now, "--due-after") if args.due_after else None,
+        due_before=inspect.parse_time(args.due_before, now, "--due-before") if args.due_before else None,
+        topic=args.topic, key=inspect.parse_key(args.key), ordering_key=args.ordering_key,
+        id_prefix=args.id_prefix, state=args.state)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """One message or schedule, everything the store knows; exit 1 when it is not there."""
+    from chronos import inspect
+    settings, store = _operator_store(args)
+    try:
+        m = inspect.show(store, args.id, output_topic=settings.output_topic)
+    finally:
+        store.close()
+    if args.json:
+        _print_json(inspect.to_json(m))
+    elif m is None:
+        print(f"{args.id!r}: not_found")
+    else:
+        lines = [("id", repr(m.id)), ("state", m.state)]
+        if m.state == "in_flight":
+            lines.append(("firer", f"{m.firer} since {inspect.iso(m.claimed_at)}"))
+        if m.state == "recurring":
+            lines += [("cron", f"{m.cron} ({m.timezone}" + (f", {m.dst_policy})" if m.dst_policy else ")")),
+                      ("next occurrence", inspect.iso(m.deadline))]
+        else:
+            lines.append(("deadline", inspect.iso(m.deadline)))
+        lines += [("topic", m.topic), ("key", inspect.safe_text(m.key)),
+                  ("value", "null" if m.value_size is None else
+                   f"{m.value_size:,} bytes {inspect.safe_text(m.value_preview)}"
+                   + ("..." if m.value_size > inspect.PREVIEW_BYTES else "")),
+                  ("ordering key", repr(m.ordering_key) if m.ordering_key is not None else "-"),
+                  ("enqueued", inspect.iso(m.enqueued_at))]
+        lines.append(("headers", str(len(m.headers)) if m.headers else "none"))
+        lines += [(f"  {k!r}", inspect.safe_text(v)) for k, v in m.headers]
+        print("\n".join(f"{label:<16} {value}" for label, value in lines))
+    return 0 if m is not None else 1
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """A page of waiting, in-flight and recurring messages matching the filters, with the next cursor."""
+    from chronos import inspect
+    settings, store = _operator_store(args)
+    try:
+        limit = config._positive_int("--limit", args.limit)
+        page = inspect.list_messages(store, _filters(args, settings, datetime.now(timezone.utc)),
+                                     output_topic=settings.output_topic, limit=limit, after=args.after)
+    finally:
+        store.close()
+    if args.json:
+        _print_json(inspect.to_json(page))
+        return 0
+    for m in page.items:
+        print(f"{inspect.iso(m.deadline)}  {m.state:<9}  {m.id!r}  topic={m.topic} key={inspect.safe_text(m.key, 32)}"
+              + (f" ordering_key={m.ordering_key!r}" if m.ordering_key is not None else "")
+              + (f" cron={m.cron!r}" if m.cron else "") + (f" firer={m.firer}" if m.firer else ""))
+    if not page.items:
+        print("no messages match")
+    if page.cursor:
+        print(f"next page: --after {page.cursor}")
+    return 0
+
+
+def cmd_act(args: argparse.Namespace) -> int:
+    """cancel, fire-now, reschedule: by ids or by --filter; --dry-run; --yes above the threshold."""
+    from chronos import inspect, logs
+    action = args.command.replace("-", "_")
+    settings, store = _operator_store(args)
+    logs.setup("operator", str(uuid.uuid4()), settings.log_level, settings.log_format, settings.secrets())
+    now = datetime.now(timezone.utc)
+    filters = _filters(args, settings, now) if args.filter else None
+    if filters is None and any(getattr(args, a) is not None for a in _FILTER_FLAGS):
+        raise config.ConfigError("filters act only with --filter (so a typo never widens an action)")
+    if filters is not None and args.ids:
+        raise config.ConfigError("give message ids, or --filter with filters, not both")
+    if filters is None and not args.ids:
+        raise config.ConfigError(f"give the ids of the messages to {args.command}, or --filter with filters")
+    at = None
+    if action == "reschedule":
+        if (args.at is None) == (args.delay is None):
+            raise config.ConfigError("reschedule needs one of --at or --delay")
+        at = inspect.parse_time(args.at, now, "--at") if args.at else now + inspect.parse_delay(args.delay)
+    try:
+        result = inspect.act(store, action, ids=args.ids, filters=filters, output_topic=settings.output_topic,
+                             at=at, dry_run=args.dry_run, confirm_above=settings.confirm_above, yes=args.yes)
+    finally:
+        store.close()
+    if args.json:
+        _print_json(inspect.to_json(result))
+    else:
+        verb = {"cancel": "cancelled", "fire_now": "made due now", "reschedule": "rescheduled"}[action]
+        head = f"would be {verb}" if args.dry_run else verb
+        when = f" (to {inspect.iso(result.at)})" if result.at and action == "reschedule" else ""
+        print(f"{result.changed} {head}{when}" + (": " + ", ".join(repr(i) for i in result.sample)
+                                              + (" ..." if result.changed > len(result.sample) else "")
+                                              if result.sample else ""))
+        if result.in_flight:
+            print(f"{len(result.in_flight)} in flight (a firer is publishing them), left alone: "
+                  + ", ".join(repr(i) for i in result.in_flight[:inspect.SAMPLE]))
+        if result.not_found:
+            print(f"{len(result.not_found)} not found: " + ", ".join(repr(i) for i in result.not_found[:inspect.SAMPLE]))
+    result.check()
+    return 0
+
+
+_FILTER_FLAGS = ("due_before", "due_after", "topic", "key", "ordering_key", "id_prefix", "state")
+
+
+def _add_filter_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("filters")
+    g.add_argument("--due-before", default=None, metavar="TIME", help="deadline before TIME: ISO-8601, or "
+                   "relative to now like 10m, -2h, 1d")
+    g.add_argument("--due-after", default=None, metavar="TIME", help="deadline after TIME")
+    g.add_argument("--topic", default=None, help="destination topic")
+    g.add_argument("--key", default=None, help="message key: UTF-8 text, or hex:0a1b...")
+    g.add_argument("--ordering-key", default=None)
+    g.add_argument("--id-prefix", default=None, help="ids starting with this (lists in id order)")
+    g.add_argument("--state", default=None, help="waiting, in_flight or recurring")
+
+
+def add_operator_parsers(sub) -> None:
+    """show, list, cancel, fire-now, reschedule."""
+    settings_used = ("database_url", "output_topic")
+    p = sub.add_parser("show", help="one message or schedule: state, deadline, topic, key, headers, value",
+                       description="Print everything the store holds about one id. Exit 1 when it is not there.")
+    config.add_arguments(p, only=settings_used)
+    p.add_argument("id")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("list", help="search waiting, in-flight and recurring messages, a page at a time",
+                       description="Messages matching every filter given, in deadline order (id order with "
+                                   "--id-prefix); each page prints the cursor of the next.")
+    config.add_arguments(p, only=settings_used)
+    _add_filter_arguments(p)
+    p.add_argument("--limit", default="50", help="messages per page (default 50)")
+    p.add_argument("--after", default=None, metavar="CURSOR", help="the cursor printed with the previous page")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.set_defaults(func=cmd_list)
+
+    for name, text in (("cancel", "remove waiting messages and recurring schedules"),
+                       ("fire-now", "make waiting messages due now (a schedule: one occurrence now)"),
+                       ("reschedule", "give waiting messages or schedules a new deadline")):
+        p = sub.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]}, by id or by --filter. "
+                           "Messages a firer holds (in flight) are left alone and reported (exit 8); unknown ids "
+                           "exit 6; more than CHRONOS_CONFIRM_ABOVE messages need --yes (exit 7 without).")
+        config.add_arguments(p, only=settings_used + ("confirm_above", "log_level", "log_format"))
+        p.add_argument("ids", nargs="*", metavar="ID")
+        p.add_argument("--filter", action="store_true", help="act on every message matching the filters")
+        _add_filter_arguments(p)
+        if name == "reschedule":
+            p.add_argument("--at", default=None, metavar="TIME", help="new deadline: ISO-8601 or relative like 2h")
+            p.add_argument("--delay", default=None, help="new deadline this far from now: 30s, 10m, 2h, 1d")
+        p.add_argument("--dry-run", action="store_true", help="print what would change, change nothing")
+        p.add_argument("--yes", action="store_true", help="act even on more than CHRONOS_CONFIRM_ABOVE messages")
+        p.add_argument("--json", action="store_true", help="print JSON for scripts")
+        p.set_defaults(func=cmd_act)
+
+
 # -- parser --------------------------------------------------------------------------------
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line and exit 2, like every other bad input (sub-commands inherit it)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="chronos", description="Chronos: a persistent time-delay scheduler "
+    parser = _Parser(prog="chronos", description="Chronos: a persistent time-delay scheduler "
                                      "for Kafka. Every setting is also a CHRONOS_* environment variable.")
     parser.add_argument("--version", action="version", version=f"chronos {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -231,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from chronos.status import add_parsers as operating_parsers
     operating_parsers(sub)
+    add_operator_parsers(sub)
     return parser
 
 
@@ -240,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ChronosError as exc:
-        print(f"chronos {args.command}: {exc}", file=sys.stderr)
+        print(f"chronos {args.command}: {config.redact_url(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

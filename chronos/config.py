@@ -12,8 +12,8 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
-from urllib.parse import unquote, urlsplit, urlunsplit
+from typing import Any, Callable, Iterable, Mapping
+from urllib.parse import unquote
 
 import orjson
 
@@ -78,8 +78,7 @@ def _str(name: str, raw: str) -> str:
 def _database_url(name: str, raw: str) -> str | None:
     if not raw:
         return None
-    parts = urlsplit(raw)
-    if parts.scheme not in ("postgresql", "postgres"):
+    if not raw.startswith(("postgresql://", "postgres://")):  # libpq's own test of a URI
         raise ConfigError(f"{name} must be a postgresql:// URL, got {redact_url(raw)!r}")
     return raw
 
@@ -176,12 +175,16 @@ OPTIONS: tuple[Option, ...] = (
            "(default: only the output topic)", _regex, ""),
     Option("max_lateness_ms", "dead-letter messages whose deadline is further in the past (default: no limit)",
            _optional_non_negative_int, ""),
+    Option("max_publish_attempts", "a message its destination keeps refusing goes to the dead-letter topic after "
+           "this many failed publishes (retried with exponential backoff in between)", _positive_int, "10"),
     Option("log_level", "log level", _choice("debug", "info", "warning", "error"), "info"),
     Option("log_format", "log format", _choice("text", "json"), "text"),
     Option("metrics_port", "port of /metrics and /healthz (0: off); under supervisord, base + role offset "
            "(consumer 0, firer 100, detector 200) + CHRONOS_PROCESS_NUM", _port, "0"),
     Option("health_window_ms", "/healthz fails when the loop, PostgreSQL or Kafka was last ok longer ago",
            _positive_int, "10000"),
+    Option("confirm_above", "cancel, fire-now and reschedule need --yes to change more messages than this",
+           _non_negative_int, "1000"),
 )
 
 
@@ -203,10 +206,12 @@ class Settings:
     kafka_properties_file: dict[str, str] = field(default_factory=dict)
     allowed_topics: str | None = None
     max_lateness_ms: int | None = None
+    max_publish_attempts: int = 10
     log_level: str = "info"
     log_format: str = "text"
     metrics_port: int = 0
     health_window_ms: int = 10000
+    confirm_above: int = 1000
 
     def validate(self) -> "Settings":
         if self.lookahead_ms * 2 >= self.hold_time_ms:
@@ -229,10 +234,14 @@ class Settings:
         """Every secret value this process knows, for the log redaction filter."""
         found = [v for k, v in self.kafka_config.items() if k in SECRET_KAFKA_KEYS and v]
         if self.database_url:
-            password = urlsplit(self.database_url).password
-            if password:
-                found += {password, unquote(password)}  # as written in the URL, and as libpq sees it
+            found += database_passwords(self.database_url)
         return found
+
+    def require_database(self) -> str:
+        """The database URL, for commands that need PostgreSQL only; a configuration error if unset."""
+        if not self.database_url:
+            raise ConfigError("CHRONOS_DATABASE_URL is not set: give --database-url or --ready-file")
+        return self.database_url
 
     def require_services(self) -> "Settings":
         if not self.database_url:
@@ -309,17 +318,73 @@ def read_ready_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-def redact_url(url: str) -> str:
-    """The URL with its password replaced by ***, for logs and error messages."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable url>"
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = (parts.username or "")
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[-1]}"))
+# `scheme://user:` — the start of a URL whose userinfo holds a password.
+_URL_USER_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^:@/\s]*:")
+# The start of a URL's query (`?key=`): an `@` after it is not the end of the userinfo.
+_QUERY_START_RE = re.compile(r"\?[\w%.-]+=")
+# A URL query parameter; libpq percent-decodes keys as well as values.
+_QUERY_PARAM_RE = re.compile(r"(?P<key>[?&][^=&\s]+=)(?P<value>[^&\s]*)")
+# A libpq `key=value` pair whose key names a password (`password`, `sslpassword`): the value is
+# single-quoted (backslash escapes, unterminated up to the end) or runs to the next whitespace.
+_CONNINFO_RE = re.compile(r"(?<!\S)(?P<key>[\w.-]*password\s*=\s*)"
+                          r"(?P<value>'(?:[^'\\]|\\.)*(?:'|\\?$)|(?:[^\s\\]|\\.)+)", re.IGNORECASE)
+
+
+def _userinfo_passwords(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each URL userinfo password in `text`. Generous on purpose: the password
+    runs to the last `@` of its line before the query, so an unescaped `/`, `@`, `?` or space in
+    it stays inside."""
+    spans = []
+    for match in _URL_USER_RE.finditer(text):
+        if spans and match.start() < spans[-1][1]:
+            continue
+        line_end = text.find("\n", match.end())
+        region = text[match.end():len(text) if line_end < 0 else line_end]
+        query = _QUERY_START_RE.search(region)
+        at = region.rfind("@", 0, query.start() if query else len(region))
+        if at >= 0:
+            spans.append((match.end(), match.end() + at))
+    return spans
+
+
+def _is_password_key(key: str) -> bool:
+    return "password" in unquote(key).lower()
+
+
+def redact_url(text: str, secrets: Iterable[str] = ()) -> str:
+    """`text` (a database URL, a libpq `key=value` string, or a message holding either, such as a
+    driver error) with every password replaced by ***: a URL's `user:password@` and its
+    `?password=` / `sslpassword=` parameters, `password=...` pairs (quoted or not), and each of
+    `secrets` wherever it appears."""
+    for start, end in reversed(_userinfo_passwords(text)):
+        text = text[:start] + "***" + text[end:]
+    text = _QUERY_PARAM_RE.sub(lambda m: m["key"] + "***" if _is_password_key(m["key"][1:-1]) else m[0], text)
+    text = _CONNINFO_RE.sub(lambda m: m["key"] + "***", text)
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def _unescape_conninfo(value: str) -> str:
+    """A conninfo value as libpq reads it: quotes removed, backslash escapes resolved."""
+    quoted = re.fullmatch(r"'((?:[^'\\]|\\.)*)'?", value, re.DOTALL)
+    return re.sub(r"\\(.)", r"\1", quoted.group(1) if quoted else value, flags=re.DOTALL)
+
+
+def database_passwords(url: str) -> list[str]:
+    """Every password in a database URL or libpq `key=value` string, as written and as libpq
+    reads it (percent-decoded, unquoted), for the log redaction filter. libpq ends a URL's
+    password at its first `@` and reads the rest as the host, which its errors then quote: those
+    pieces count too."""
+    found: set[str] = set()
+    for start, end in _userinfo_passwords(url):
+        found |= {url[start:end], unquote(url[start:end]), *url[start:end].split("@")[1:]}
+    for match in _QUERY_PARAM_RE.finditer(url):
+        if _is_password_key(match["key"][1:-1]):
+            found |= {match["value"], unquote(match["value"])}
+    for match in _CONNINFO_RE.finditer(url):
+        found |= {match["value"], _unescape_conninfo(match["value"])}
+    return sorted(s for s in found if s and s != "***")
 
 
 def to_environ(settings: Settings) -> dict[str, str]:

@@ -1,8 +1,11 @@
 """`chronos consumer`: input topic → store (or straight to the output when already late).
 
 Per poll: parse every message's headers, dead-letter the invalid ones, publish the late ones,
-write the rest in one COPY batch. Offsets are committed only after the batch is durable in
-PostgreSQL and every publish is acknowledged, so a crash at any point loses nothing.
+write the rest in one COPY batch. A late message its destination refuses for good (too large,
+say) is dead-lettered; a dead letter the dead-letter topic refuses for good is parked in
+PostgreSQL (`chronos_parked`). Offsets are committed only after every message of the batch is
+durable somewhere (the store, its destination, the dead-letter topic or parked), so a crash at
+any point loses nothing.
 """
 
 from __future__ import annotations
@@ -14,21 +17,18 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, Message, TopicPartition
 
-from chronos import codec
+from chronos import codec, cron
 from chronos.config import Settings
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.intake import Decision, Rules, Verdict, decide
-from chronos.kafka import OutageLog, make_consumer, make_producer, produce
+from chronos.kafka import (PERMANENT_FAILURE, OutageLog, classify, dead_letter_headers, failure_reason,
+                           make_consumer, make_producer, produce)
 from chronos.logs import Throttle
 from chronos.metrics import ConsumerTelemetry
 from chronos.runtime import Lifecycle
-from chronos.store import Backoff, Row, Store
+from chronos.store import Backoff, Parked, Row, Store
 
 log = logging.getLogger("chronos.consumer")
-
-ERROR_HEADER = "chronosError"
-SOURCE_HEADER = "chronosSource"
-
 
 INSERT, REPLACE, CANCEL = "insert", "replace", "cancel"
 
@@ -42,9 +42,10 @@ class Batch:
     """
 
     ops: dict[str, tuple[str, Row | None]] = field(default_factory=dict)
-    sources: dict[str, Message] = field(default_factory=dict)
+    sources: dict[str, tuple[Message, list]] = field(default_factory=dict)
     late: list[tuple[Message, codec.Parsed]] = field(default_factory=list)
-    dead: list[tuple[Message, str]] = field(default_factory=list)
+    # (message, reason, the headers to carry: as read, a name the client cannot produce escaped)
+    dead: list[tuple[Message, str, list]] = field(default_factory=list)
     duplicates: int = 0
 
     def of(self, op: str) -> list:
@@ -59,18 +60,30 @@ def _row(parsed: codec.Parsed, decision: Decision, msg: Message, rules: Rules) -
     topic = parsed.topic if parsed.topic != rules.output_topic else None
     return Row(parsed.message_id, decision.deadline_us, topic, msg.key(), msg.value(),
                codec.encode_headers(parsed.headers), parsed.ordering_key, parsed.cron,
-               parsed.timezone if parsed.cron is not None else None)
+               parsed.timezone if parsed.cron is not None else None,
+               parsed.dst_policy if parsed.cron is not None else None)
 
 
 def sort_batch(messages: list[Message], now_us: int, rules: Rules) -> Batch:
     batch = Batch()
     ops = batch.ops
     for msg in messages:
-        parsed = codec.parse_headers(msg.headers())
+        try:
+            headers, bad_name = codec.read_headers(msg)
+        except Exception as exc:  # noqa: BLE001 - no header content may stop the consumer; this message only
+            log.error("could not read the headers of %s/%s/%s (%s: %s); dead-lettering it without them",
+                      msg.topic(), msg.partition(), msg.offset(), type(exc).__name__, exc)
+            batch.dead.append((msg, f"unreadable_headers: {type(exc).__name__}: {exc}", []))
+            continue
+        headers = headers or []
+        if bad_name is not None:
+            batch.dead.append((msg, bad_name, headers))
+            continue
+        parsed = codec.parse_headers(headers)
         decision: Decision = decide(parsed, now_us, rules)
         verdict, mid = decision.verdict, parsed.message_id
         if verdict is Verdict.INVALID:
-            batch.dead.append((msg, decision.reason or "invalid"))
+            batch.dead.append((msg, decision.reason or "invalid", headers))
             continue
         previous = ops.get(mid, (None, None))[0]
         if verdict is Verdict.CANCEL:
@@ -85,13 +98,37 @@ def sort_batch(messages: list[Message], now_us: int, rules: Rules) -> Batch:
                 batch.late.append((msg, parsed))
         elif decision.replace or previous == CANCEL:
             ops[mid] = (REPLACE, _row(parsed, decision, msg, rules))
-            batch.sources[mid] = msg
+            batch.sources[mid] = (msg, headers)
         elif previous in (INSERT, REPLACE):
             batch.duplicates += 1
         else:
             ops[mid] = (INSERT, _row(parsed, decision, msg, rules))
-            batch.sources[mid] = msg
+            batch.sources[mid] = (msg, headers)
     return batch
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """One publish of a consumer batch: a late message to its destination (no `reason`), or a dead
+    letter (`reason` set; `parsed` too when it is a late message its destination refused)."""
+
+    topic: str
+    msg: Message
+    parsed: codec.Parsed | None = None
+    reason: str | None = None
+    carried: list | None = None  # a dead letter's headers as read (a name the client cannot produce escaped)
+
+    def original_headers(self) -> list:
+        """The message's headers as read, Chronos headers included."""
+        if self.carried is None:
+            self.carried = codec.read_headers(self.msg)[0] or []
+        return self.carried
+
+    def headers(self) -> list:
+        if self.reason is None and self.parsed is not None:
+            return self.parsed.headers
+        return dead_letter_headers(list(self.original_headers()), self.reason or "",
+                                   f"{self.msg.topic()}/{self.msg.partition()}/{self.msg.offset()}")
 
 
 def commit_offsets(messages: list[Message]) -> list[TopicPartition]:
@@ -120,7 +157,7 @@ class ConsumerProcess:
         self.uncommitted: dict[tuple[str, int], TopicPartition] = {}
         self.last_batch: list[Message] | None = None
         self.stats = {"consumed": 0, "enqueued": 0, "late": 0, "dead": 0, "duplicates": 0, "replaced": 0,
-                      "cancelled": 0, "cancel_unknown": 0}
+                      "cancelled": 0, "cancelled_in_flight": 0, "cancel_unknown": 0, "parked": 0}
         self.metrics = ConsumerTelemetry(node_id, settings)
         self.metrics.follow(lambda: self.stats)
         self.next_ping = 0.0
@@ -163,10 +200,10 @@ class ConsumerProcess:
             try:
                 started = time.perf_counter()
                 try:
-                    inserted, replaced, cancelled = self.store.apply(batch.of(INSERT), batch.of(REPLACE),
-                                                                     batch.of(CANCEL))
+                    inserted, replaced, cancelled, in_flight = self.store.apply(
+                        batch.of(INSERT), batch.of(REPLACE), batch.of(CANCEL))
                 except StoreRejected as exc:
-                    inserted, replaced, cancelled = self.apply_one_by_one(batch, exc)
+                    inserted, replaced, cancelled, in_flight = self.apply_one_by_one(batch, exc)
                 waiting = self.store.waiting_ids(p.message_id for _, p in batch.late)
                 break
             except StoreUnavailable as exc:
@@ -177,74 +214,116 @@ class ConsumerProcess:
             self.metrics.batch("insert", len(batch.ops), time.perf_counter() - started)
         late = [(m, p) for m, p in batch.late if p.message_id not in waiting]
         started = time.perf_counter()
-        if not self.publish(late, batch.dead):
+        refused = self.publish(late, batch.dead)
+        if refused is None:
             return False
         if late or batch.dead:
             self.metrics.batch("publish", len(late) + len(batch.dead), time.perf_counter() - started)
+        if refused:
+            self.metrics.dead_lettered(refused)
         s = self.stats
         s["consumed"] += len(messages)
         s["enqueued"] += inserted
-        s["late"] += len(late)
-        s["dead"] += len(batch.dead)
+        s["late"] += len(late) - len(refused)
+        s["dead"] += len(batch.dead) + len(refused)
         s["duplicates"] += batch.duplicates + (len(batch.of(INSERT)) - inserted) + (len(batch.late) - len(late))
         s["replaced"] += replaced
         s["cancelled"] += cancelled
-        s["cancel_unknown"] += len(batch.of(CANCEL)) - cancelled
+        s["cancelled_in_flight"] += in_flight
+        s["cancel_unknown"] += len(batch.of(CANCEL)) - cancelled - in_flight
         if batch.dead:
-            self.metrics.dead_lettered(r for _, r in batch.dead)
-            reasons = sorted({r.split(":", 1)[0] for _, r in batch.dead})
+            self.metrics.dead_lettered(r for _, r, _ in batch.dead)
+            reasons = sorted({r.split(":", 1)[0] for _, r, _ in batch.dead})
             self.throttle.warning("dead", "%d invalid messages sent to %s (%s)", len(batch.dead),
                                   self.settings.dlq_topic, ", ".join(reasons))
         return True
 
-    def apply_one_by_one(self, batch: Batch, exc: StoreRejected) -> tuple[int, int, int]:
+    def apply_one_by_one(self, batch: Batch, exc: StoreRejected) -> tuple[int, int, int, int]:
         """PostgreSQL refused the batch: find the rows it refuses and dead-letter only those."""
         log.warning("postgres refused a batch of %d operations (%s); applying them one by one", len(batch.ops), exc)
-        totals = [0, 0, 0]
+        totals = [0, 0, 0, 0]
         for message_id, (op, row) in list(batch.ops.items()):
             try:
                 done = self.store.apply([row] if op == INSERT else [], [row] if op == REPLACE else [],
                                         [message_id] if op == CANCEL else [])
             except StoreRejected as row_exc:
                 del batch.ops[message_id]
-                batch.dead.append((batch.sources[message_id], f"store_rejected: {row_exc}"))
+                msg, headers = batch.sources[message_id]
+                batch.dead.append((msg, f"store_rejected: {row_exc}", headers))
                 continue
             totals = [a + b for a, b in zip(totals, done)]
-        return totals[0], totals[1], totals[2]
+        return totals[0], totals[1], totals[2], totals[3]
 
-    def publish(self, late: list[tuple[Message, codec.Parsed]], dead: list[tuple[Message, str]]) -> bool:
-        """Publish late and dead-lettered messages and wait for every acknowledgement, retrying failures."""
-        outbox = []
-        for msg, parsed in late:
-            outbox.append((parsed.topic or self.settings.output_topic, msg.key(), msg.value(), parsed.headers))
-        for msg, reason in dead:
-            headers = list(msg.headers() or [])
-            headers.append((ERROR_HEADER, reason.encode()))
-            headers.append((SOURCE_HEADER, f"{msg.topic()}/{msg.partition()}/{msg.offset()}".encode()))
-            outbox.append((self.settings.dlq_topic, msg.key(), msg.value(), headers))
+    def publish(self, late: list[tuple[Message, codec.Parsed]], dead: list[tuple[Message, str, list]]) -> list[str] | None:
+        """Publish late and dead-lettered messages and wait for every acknowledgement, retrying failures
+        that may pass with backoff. A late message refused for good is dead-lettered, a dead letter
+        refused for good is parked. Returns the reasons of the late messages dead-lettered, or None
+        when stopped first."""
+        outbox = [Outgoing(parsed.topic or self.settings.output_topic, msg, parsed=parsed) for msg, parsed in late]
+        outbox += [Outgoing(self.settings.dlq_topic, msg, reason=reason, carried=carried)
+                   for msg, reason, carried in dead]
+        refused: list[str] = []
         backoff = Backoff(first=0.5, cap=10.0)
         while outbox:
             failed: list = []
-
-            def delivered(err, _msg, item=None):
-                if err is not None:
-                    failed.append((item, err))
-
             for item in outbox:
-                produce(self.producer, item[0], item[2], item[1], item[3],
-                        lambda err, m, item=item: delivered(err, m, item))
+                produce(self.producer, item.topic, item.msg.value(), item.msg.key(), item.headers(),
+                        lambda err, _m, item=item: failed.append((item, err)) if err is not None else None)
             while self.producer.flush(1.0) > 0:
                 if not self.life.running and self.life.hard_stop:
-                    return False
+                    return None
             if not failed:
                 self.producer_outage.ok()
-                return True
-            self.throttle.warning("publish", "%d publishes failed (%s); retrying", len(failed), failed[0][1].str())
-            if any(err.fatal() for _, err in failed):
-                self.producer, self.producer_outage = make_producer(self.settings, "consumer producer")
-            outbox = [item for item, _ in failed]
-            if not self.life.sleep(backoff.failed()):
-                return False
+                return refused
+            outbox, parked, transient = [], [], []
+            for item, err in failed:
+                if classify(err) != PERMANENT_FAILURE:
+                    transient.append((item, err))
+                elif item.reason is None and item.parsed is not None:  # a late message refused for good
+                    reason = failure_reason(err)
+                    refused.append(reason)
+                    self.throttle.warning("refused", "publish of late message %s to %s failed for good (%s); "
+                                          "to the dead-letter topic", item.parsed.message_id, item.topic, reason)
+                    outbox.append(Outgoing(self.settings.dlq_topic, item.msg, parsed=item.parsed, reason=reason))
+                else:
+                    parked.append(self.parked(item, err))
+            if parked and not self.park(parked):
+                return None
+            if transient:
+                self.throttle.warning("publish", "%d publishes failed (%s); retrying", len(transient),
+                                      transient[0][1].str())
+                if any(err.fatal() for _, err in transient):
+                    self.producer, self.producer_outage = make_producer(self.settings, "consumer producer")
+                outbox += [item for item, _ in transient]
+                if not self.life.sleep(backoff.failed()):
+                    return None
+        return refused
+
+    def parked(self, item: Outgoing, err: KafkaError) -> Parked:
+        """What to keep of a dead letter the dead-letter topic refused for good: the message as it was
+        read, where it was going, and both reasons."""
+        msg, parsed = item.msg, item.parsed
+        return Parked(message_id=parsed.message_id if parsed else None,
+                      source=f"{msg.topic()}/{msg.partition()}/{msg.offset()}",
+                      topic=(parsed.topic or self.settings.output_topic) if parsed else self.settings.dlq_topic,
+                      deadline=cron.from_us(parsed.deadline_us) if parsed and parsed.deadline_us is not None else None,
+                      key=msg.key(), value=msg.value(), headers=codec.encode_headers(item.original_headers()),
+                      reason=f"{item.reason}; dead-letter topic: {err.name()}: {err.str()}")
+
+    def park(self, parked: list[Parked]) -> bool:
+        """Keep in PostgreSQL what no topic accepted; False if stopped before it was kept."""
+        while True:
+            try:
+                self.store.park(parked)
+                break
+            except StoreUnavailable as exc:
+                if not self.wait_for_store(exc):
+                    return False
+        self.db_recovered()
+        self.stats["parked"] += len(parked)
+        for p in parked:
+            log.warning("parked the message at %s in chronos_parked: the dead-letter topic %s refused it (%s)",
+                        p.source, self.settings.dlq_topic, p.reason)
         return True
 
     def commit(self, messages: list[Message], *, wait: bool = False) -> None:
@@ -289,8 +368,9 @@ class ConsumerProcess:
 
     def close(self) -> None:
         log.info("stopping: consumed %(consumed)d, enqueued %(enqueued)d, late %(late)d, dead-lettered %(dead)d, "
-                 "duplicates %(duplicates)d, replaced %(replaced)d, cancelled %(cancelled)d, cancels of ids not "
-                 "waiting %(cancel_unknown)d", self.stats)
+                 "duplicates %(duplicates)d, replaced %(replaced)d, cancelled %(cancelled)d, cancelled in flight "
+                 "(may still be delivered) %(cancelled_in_flight)d, cancels of ids not waiting %(cancel_unknown)d",
+                 self.stats)
         self.metrics.close()  # first: its probe thread uses a Kafka client
         if self.last_batch:
             self.commit(self.last_batch, wait=True)

@@ -12,6 +12,7 @@ import logging
 import time
 import uuid
 
+from chronos import inspect
 from chronos.config import Settings
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.logs import Throttle
@@ -84,6 +85,7 @@ class DetectorProcess:
         self.next_gauges = now + GAUGES_EVERY
         try:
             self.metrics.store_gauges(self.store.overview(self.settings.hold_time_ms))
+            self.metrics.actions = inspect.action_totals(self.store)
         except StoreRejected as exc:  # a gauge is not worth stopping the detector for
             self.throttle.warning("gauges", "cannot read the store gauges: %s", exc)
 

@@ -5,7 +5,10 @@ Used by `chronos up` (long-running, data directory kept across restarts) and by 
 or keeps global state; call `stop()` (or use the objects as context managers).
 
 Both servers run in their own session (process group), so a Ctrl-C in a terminal reaches only
-the parent, which then stops them explicitly. `kill()` SIGKILLs the whole process group.
+the parent, which then stops them explicitly. `kill()` SIGKILLs the whole process group. With
+`die_with_parent` (a signal) a server gets that signal when the thread that started it ends, so
+a killed parent leaves nothing running (Linux). A port chosen automatically is kept across
+restarts of the same object, so clients' URLs stay valid.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import IO
 
 from chronos.errors import EXIT_EMBEDDED, ChronosError
+from chronos.orphans import child_dies_with_us
 
 log = logging.getLogger("chronos.embedded")
 
@@ -234,12 +238,18 @@ class _Child:
 
     name = "process"
 
-    def __init__(self) -> None:
+    def __init__(self, die_with_parent: int | None = None) -> None:
         self._proc: subprocess.Popen | None = None
+        self._preexec = child_dies_with_us(die_with_parent) if die_with_parent else None
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        """How the process ended (negative: the signal that killed it), None while it runs."""
+        return self._proc.poll() if self._proc is not None else None
 
     @property
     def running(self) -> bool:
@@ -341,8 +351,8 @@ class EmbeddedPostgres(_Child):
     name = "PostgreSQL"
 
     def __init__(self, data_dir: Path, port: int | None = None, *, fast: bool = False,
-                 log_path: Path | None = None):
-        super().__init__()
+                 log_path: Path | None = None, die_with_parent: int | None = None):
+        super().__init__(die_with_parent)
         self.data_dir = Path(data_dir).expanduser().absolute()
         self._auto_port = port is None
         self._port = free_port() if port is None else int(port)
@@ -374,6 +384,8 @@ class EmbeddedPostgres(_Child):
         if self.running:
             log.debug("PostgreSQL already running (pid %s)", self.pid)
             return
+        if self._proc is not None:  # it died on its own: start again on the same port
+            self._cleanup()
         t0 = time.monotonic()
         deadline = t0 + timeout
         if not self._auto_port and port_in_use(self._port):
@@ -399,6 +411,7 @@ class EmbeddedPostgres(_Child):
         except BaseException:
             self._abort()
             raise
+        self._auto_port = False
         log.info("PostgreSQL ready at 127.0.0.1:%s in %.2fs (pid %s, data %s%s)", self._port,
                  time.monotonic() - t0, self.pid, self.data_dir, ", fast" if self.fast else "")
 
@@ -659,7 +672,7 @@ class EmbeddedPostgres(_Child):
         self._proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=self._log.fh, stderr=subprocess.STDOUT,
             cwd="/", env=self._child_env(), start_new_session=True, close_fds=True,
-            **self._user_kwargs(user))
+            preexec_fn=self._preexec, **self._user_kwargs(user))
         self._wait_ready(deadline)
 
     def _wait_ready(self, deadline: float) -> None:
@@ -747,8 +760,9 @@ class EmbeddedBroker(_Child):
 
     name = "broker"
 
-    def __init__(self, port: int | None = None, *, log_path: Path | None = None):
-        super().__init__()
+    def __init__(self, port: int | None = None, *, log_path: Path | None = None,
+                 die_with_parent: int | None = None):
+        super().__init__(die_with_parent)
         self._auto_port = port is None
         self._port = free_port() if port is None else int(port)
         self.log_path = Path(log_path).expanduser().absolute() if log_path is not None else None
@@ -770,6 +784,8 @@ class EmbeddedBroker(_Child):
         if self.running:
             log.debug("broker already running (pid %s)", self.pid)
             return
+        if self._proc is not None:  # it died on its own
+            self._cleanup()
         t0 = time.monotonic()
         deadline = t0 + timeout
         if not self._auto_port and port_in_use(self._port):
@@ -797,6 +813,7 @@ class EmbeddedBroker(_Child):
                 self._kill_group(self._proc, settle=1.0)
             self._cleanup()
             raise
+        self._auto_port = False
         log.info("broker ready at %s in %.2fs (pid %s)", self.bootstrap_servers,
                  time.monotonic() - t0, self.pid)
 
@@ -857,7 +874,7 @@ class EmbeddedBroker(_Child):
         log.debug("starting %s", cmd)
         self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log.fh,
                                       stderr=subprocess.STDOUT, env=env, cwd="/",
-                                      start_new_session=True, close_fds=True)
+                                      start_new_session=True, close_fds=True, preexec_fn=self._preexec)
         self._wait_ready(deadline)
 
     def _wait_ready(self, deadline: float) -> None:

@@ -6,6 +6,9 @@ EXIT_CONFIG = 2        # bad configuration value or flag
 EXIT_UNAVAILABLE = 3   # a service (PostgreSQL, Kafka) cannot be reached at start
 EXIT_SCHEMA = 4        # database not migrated (or migrated by a newer version)
 EXIT_EMBEDDED = 5      # an embedded service (PostgreSQL, broker, supervisord) failed to start
+EXIT_NOT_FOUND = 6     # an operator action named ids that are not in the store
+EXIT_CONFIRM = 7       # an operator action would change more messages than allowed without --yes
+EXIT_IN_FLIGHT = 8     # an operator action left messages alone because a firer is publishing them
 
 
 class ChronosError(Exception):

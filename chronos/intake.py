@@ -44,12 +44,14 @@ def decide(parsed: Parsed, now_us: int, rules: Rules) -> Decision:
     replace = parsed.action == "replace"
     if parsed.cron is not None:
         try:
-            first = cron.first_occurrence(parsed.cron, parsed.timezone, parsed.deadline_us, now_us)
+            first = cron.first_occurrence(parsed.cron, parsed.timezone, parsed.deadline_us, now_us, parsed.dst_policy)
         except cron.CronError as exc:
             return Decision(Verdict.INVALID, f"bad_cron: {exc}")
         return Decision(Verdict.ENQUEUE, deadline_us=first, replace=replace)
     if parsed.timezone is not None:
         return Decision(Verdict.INVALID, "bad_cron: chronosTimeZone without chronosCron")
+    if parsed.dst_policy is not None:
+        return Decision(Verdict.INVALID, "bad_cron: chronosDstPolicy without chronosCron")
     deadline = parsed.deadline_us
     assert deadline is not None
     if rules.max_lateness_us is not None and now_us - deadline > rules.max_lateness_us:

@@ -150,14 +150,61 @@ def check_reachable(bootstrap: str, extra: dict[str, Any], timeout: float = 10.0
 
 def produce(producer: Producer, topic: str, value: bytes | None, key: bytes | None,
             headers: list | None, on_delivery: Callable) -> None:
-    """Produce, waiting for queue space instead of failing when the local queue is full."""
+    """Produce, waiting for queue space instead of failing when the local queue is full.
+
+    Never raises: librdkafka refuses some messages inside `produce()` itself (a value over the
+    producer's `message.max.bytes`, an invalid topic name), and such a refusal is handed to
+    `on_delivery(err, None)` at once, so every failure goes through the one delivery path."""
     while True:
         try:
             producer.produce(topic, value, key, headers=headers or None, on_delivery=on_delivery)
             return
         except BufferError:
             producer.poll(0.05)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else \
+                KafkaError(KafkaError._FAIL, str(exc))
+            on_delivery(err, None)
+            return
 
 
-def is_fatal(err: KafkaError | None) -> bool:
-    return err is not None and err.fatal()
+# Refusals that no retry can change: the message is too large or malformed for the producer or the
+# broker. (An invalid or unknown topic, an authorization error: refused, retried a bounded number of
+# times, since a topic can be created and a permission granted.)
+PERMANENT = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD})
+SIZE_ERRORS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
+# Failures that say nothing about the message: Kafka did not answer in time (an outage). The firer
+# already stops claiming while acknowledgements stall, so these are handed back, not counted.
+UNANSWERED = frozenset({KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+                        KafkaError._ALL_BROKERS_DOWN, KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+
+PERMANENT_FAILURE, REFUSED, UNANSWERED_FAILURE = "permanent", "refused", "unanswered"
+
+
+def classify(err: KafkaError) -> str:
+    """What a failed publish means: `permanent` (dead-letter it now), `unanswered` (an outage or a
+    fatal producer error: try again, it says nothing about the message), or `refused` (the broker
+    refused it for a reason that may pass, such as an unknown topic or an authorization error:
+    retry with backoff, a bounded number of times)."""
+    if err.code() in PERMANENT:
+        return PERMANENT_FAILURE
+    if err.code() in UNANSWERED or err.fatal():
+        return UNANSWERED_FAILURE
+    return REFUSED
+
+
+def failure_reason(err: KafkaError) -> str:
+    """The dead-letter reason for a publish that failed with `err`: `<reason>: <detail>`."""
+    code = "too_large" if err.code() in SIZE_ERRORS else "publish_failed"
+    return f"{code}: {err.name()}: {err.str()}"
+
+
+ERROR_HEADER = "chronosError"
+SOURCE_HEADER = "chronosSource"
+
+
+def dead_letter_headers(headers: list, reason: str, source: str) -> list:
+    """A dead letter's headers: the message's own, then `chronosError: <reason>: <detail>` and
+    `chronosSource` (`<topic>/<partition>/<offset>` of the input, or `store/<id>`)."""
+    return [*headers, (ERROR_HEADER, reason.encode()), (SOURCE_HEADER, source.encode())]
+

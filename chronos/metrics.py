@@ -48,9 +48,14 @@ LATENESS_BUCKETS = (-0.05, -0.025, -0.01, -0.005, 0.0, 0.005, 0.01, 0.025, 0.05,
                     10.0, 30.0, 60.0)
 
 # Dead-letter reasons that exist whatever the input, initialised at 0 so rate() sees the first one.
-KNOWN_REASONS = ("missing_id", "empty_id", "bad_id", "id_too_long", "missing_deadline", "bad_deadline",
+KNOWN_REASONS = ("bad_header_name", "unreadable_headers", "missing_id", "empty_id", "bad_id", "id_too_long", "missing_deadline", "bad_deadline",
                  "duplicate_header", "bad_action", "bad_topic", "topic_not_allowed", "bad_ordering_key",
-                 "bad_cron", "too_late", "store_rejected")
+                 "bad_cron", "too_late", "store_rejected", "too_large", "publish_failed")
+# What the firer dead-letters: a stored message whose publish failed for good, or whose destination
+# the allow-list no longer allows.
+FIRER_REASONS = ("too_large", "publish_failed", "topic_not_allowed")
+PARKED = ("chronos_messages_parked_total", "messages neither their destination nor the dead-letter topic accepted, "
+          "kept in the chronos_parked table")
 
 KAFKA_PROBE_TIMEOUT_S = 2.0
 
@@ -174,6 +179,36 @@ class _Totals:
             yield family
 
 
+class _ActionTotals:
+    """Operator actions (cancel, fire-now, reschedule) as counted in the store's chronos_actions table:
+    the CLI that takes them lives for a second, so the detector exports the store's totals."""
+
+    ACTIONS = ("cancel", "fire_now", "reschedule")
+
+    def __init__(self, role: str, node: str, totals: Callable[[], Mapping[str, tuple[int, int]]]):
+        self.labels = (role, node)
+        self.totals = totals
+
+    def describe(self) -> Iterable[CounterMetricFamily]:
+        return self._families({})
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        return self._families(self.totals())
+
+    def _families(self, totals: Mapping[str, tuple[int, int]]) -> list[CounterMetricFamily]:
+        taken = CounterMetricFamily("chronos_operator_actions_total",
+                                    "operator actions taken (chronos cancel, fire-now, reschedule), from the store",
+                                    labels=("role", "node", "action"))
+        changed = CounterMetricFamily("chronos_operator_action_messages_total",
+                                      "messages changed by operator actions, from the store",
+                                      labels=("role", "node", "action"))
+        for action in sorted(set(self.ACTIONS) | set(totals)):
+            n, m = totals.get(action, (0, 0))
+            taken.add_metric([*self.labels, action], n)
+            changed.add_metric([*self.labels, action], m)
+        return [taken, changed]
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: "_Server"
 
@@ -249,6 +284,18 @@ class Telemetry:
         """How long one pass of the role's loop may take when all is well."""
         return 1.0
 
+    def count_dead_letters(self, reasons: Iterable[str]) -> None:
+        """Define the dead-letter counter, with these reasons at 0 so rate() sees the first one."""
+        self._dead = Counter("chronos_messages_dead_lettered_total", "messages sent to the dead-letter topic, by reason",
+                             ("role", "node", "reason"), registry=self.registry)
+        for reason in reasons:
+            self._dead.labels(self.role, self.node, reason)
+
+    def dead_lettered(self, reasons: Iterable[str]) -> None:
+        """Count dead-lettered messages by reason code (the text before the first colon)."""
+        for reason, count in collections.Counter(r.split(":", 1)[0] for r in reasons).items():
+            self._dead.labels(self.role, self.node, reason).inc(count)
+
     def follow(self, totals: Callable[[], Mapping[str, int]]) -> None:
         """Export the process's running totals (see `totals`), read at each scrape."""
         self.registry.register(_Totals(self.role, self.node, self.totals, totals))
@@ -321,20 +368,15 @@ class ConsumerTelemetry(Telemetry):
         "duplicates": ("chronos_messages_duplicate_total", "messages ignored because their id was already waiting"),
         "replaced": ("chronos_messages_replaced_total", "waiting messages replaced (chronosAction: replace)"),
         "cancelled": ("chronos_messages_cancelled_total", "waiting messages cancelled (chronosAction: cancel)"),
+        "cancelled_in_flight": ("chronos_messages_cancelled_in_flight_total",
+                                "cancels that found the message already claimed by a firer: deleted, but it "
+                                "may still be delivered"),
+        "parked": PARKED,
     }
 
     def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):
         super().__init__(node_id, settings, environ)
-        family = Counter("chronos_messages_dead_lettered_total", "messages sent to the dead-letter topic, by reason",
-                         ("role", "node", "reason"), registry=self.registry)
-        self._dead = family
-        for reason in KNOWN_REASONS:
-            family.labels(self.role, self.node, reason)
-
-    def dead_lettered(self, reasons: Iterable[str]) -> None:
-        """Count dead-lettered messages by reason code (the text before the first colon)."""
-        for reason, count in collections.Counter(r.split(":", 1)[0] for r in reasons).items():
-            self._dead.labels(self.role, self.node, reason).inc(count)
+        self.count_dead_letters(KNOWN_REASONS)
 
 
 class FirerTelemetry(Telemetry):
@@ -346,11 +388,15 @@ class FirerTelemetry(Telemetry):
         "vanished": ("chronos_messages_vanished_total",
                      "published rows no longer this firer's to delete (a peer took them over)"),
         "released": ("chronos_messages_released_total",
-                     "claimed rows handed back unpublished (publish failed, or shutdown)"),
+                     "claimed rows handed back unpublished (Kafka did not answer, or shutdown)"),
+        "retried": ("chronos_messages_retried_total",
+                    "publishes refused by the destination, handed back to be tried again after a backoff"),
+        "parked": PARKED,
     }
 
     def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):
         super().__init__(node_id, settings, environ)
+        self.count_dead_letters(FIRER_REASONS)
         self.lateness = Histogram("chronos_fire_lateness_seconds",
                                   "Kafka acknowledgement time minus deadline, per fired message",
                                   ("role", "node"), buckets=LATENESS_BUCKETS,
@@ -390,8 +436,12 @@ class DetectorTelemetry(Telemetry):
         self.oldest_overdue = self.gauge("chronos_oldest_overdue_seconds",
                                          "how late the most overdue unfired row is (0 when none)")
         self.schedules = self.gauge("chronos_recurring_schedules", "recurring (cron) schedules in the store")
+        self.parked = self.gauge("chronos_rows_parked", "messages kept in chronos_parked: neither their destination "
+                                 "nor the dead-letter topic accepted them (an operator should look)")
         self.store_read = self.gauge("chronos_store_gauges_timestamp_seconds",
                                      "when the chronos_rows_* gauges were last read from the store (unix time)")
+        self.actions: Mapping[str, tuple[int, int]] = {}   # read with the store gauges
+        self.registry.register(_ActionTotals(self.role, self.node, lambda: self.actions))
 
     def loop_period(self) -> float:
         return max(1.0, self.settings.failure_detection_interval_ms / 1000.0)
@@ -405,4 +455,5 @@ class DetectorTelemetry(Telemetry):
         self.past_hold.set(overview.past_hold_time)
         self.oldest_overdue.set(overview.oldest_overdue_s or 0.0)
         self.schedules.set(overview.schedules or 0)
+        self.parked.set(overview.parked or 0)
         self.store_read.set(time.time())

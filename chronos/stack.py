@@ -3,6 +3,11 @@
 PostgreSQL (embedded under the data directory unless a URL is given), a Kafka-compatible
 broker (embedded unless bootstrap servers are given), topics, migrations, then supervisord
 running the consumer, firer and detector programs of the project's supervisord.conf.
+
+One `chronos up` per data directory (a lock file). Everything it starts dies with it, even when
+it is killed outright, and the next one stops whatever an earlier killed one left behind (see
+chronos.orphans). An embedded PostgreSQL that dies is started again on the same port (crash
+recovery); the programs reconnect by themselves, and the memory-only broker keeps its messages.
 """
 
 from __future__ import annotations
@@ -22,14 +27,23 @@ from pathlib import Path
 
 import orjson
 
-from chronos import config, store
+from chronos import config, orphans, store
 from chronos.config import Settings, redact_url
 from chronos.embedded import EmbeddedBroker, EmbeddedError, EmbeddedPostgres, create_topics
-from chronos.errors import EXIT_EMBEDDED, ChronosError
+from chronos.errors import EXIT_CONFIG, EXIT_EMBEDDED, EXIT_SCHEMA, ChronosError
+from chronos.store import Backoff
 
 log = logging.getLogger("chronos.up")
 
 ROLES = ("consumer", "firer", "detector")
+
+# What each child gets when `chronos up` dies: PostgreSQL a fast shutdown, the broker (memory
+# only, nothing to save) its immediate exit, supervisord a graceful stop of the programs.
+PARENT_DEATH_SIGNAL = {"postgres": signal.SIGINT, "broker": signal.SIGINT, "supervisord": signal.SIGTERM}
+# a program is taken as started once it has run this long (it checked its settings and the schema)
+PROGRAM_SETTLE_S = 2.0
+# exit codes of a program that restarting cannot help: it is not restarted (supervisord.conf)
+FINAL_EXITS = {EXIT_CONFIG: "a configuration error", EXIT_SCHEMA: "the database is not migrated"}
 
 # Client settings for the embedded broker only (see docs/embedded-broker.md): fast group joins, short fetch waits,
 # and larger produce batches, because its fetch cost grows with the number of stored batches (the
@@ -75,23 +89,49 @@ class Stack:
     supervisord: subprocess.Popen | None = None
     run_dir: Path = field(init=False)
     log_dir: Path = field(init=False)
+    lock: orphans.StackLock = field(init=False)
+    program_pids: dict[str, int] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.run_dir = self.data_dir / "run"
         self.log_dir = self.data_dir / "logs"
+        self.lock = orphans.StackLock(self.run_dir / "up.lock")
 
     # -- start -----------------------------------------------------------------------------
 
-    def start(self, life_check) -> None:
+    def claim_data_dir(self) -> None:
+        """Own the data directory: refuse if a live `chronos up` has it, stop what a dead one left.
+
+        From here on every process started carries the data directory in its environment.
+        """
         for d in (self.data_dir, self.run_dir, self.log_dir):
             d.mkdir(parents=True, exist_ok=True)
+        if not self.lock.acquire():
+            raise StackError(f"the data directory {self.data_dir} is in use by another chronos up "
+                             f"(pid {self.lock.owner()}); stop it first, or give another --data-dir")
+        os.environ[orphans.STACK_ENV] = str(self.data_dir)
+        left = orphans.leftovers(self.data_dir)
+        if left:
+            print(f"an earlier chronos up of {self.data_dir} was killed and left {len(left)} processes "
+                  f"running: {', '.join(map(str, left))}; stopping them", flush=True)
+            stuck = orphans.stop_leftovers(left, self.data_dir)
+            if stuck:
+                raise StackError(f"processes left behind by an earlier chronos up of {self.data_dir} do not "
+                                 f"stop: {', '.join(map(str, stuck))}; stop them yourself")
+            print("stopped what the earlier chronos up left behind", flush=True)
+        if self.ready_file is not None and self.ready_file.exists():
+            self.ready_file.unlink()  # left by the killed one: nothing is ready yet
+
+    def start(self, life_check) -> None:
+        self.claim_data_dir()
         s = self.settings
         if s.database_url:
             print(f"using PostgreSQL at {redact_url(s.database_url)}", flush=True)
             store.wait_for_database(s.database_url, timeout=10)
         else:
             self.postgres = EmbeddedPostgres(self.data_dir / "pgdata", port=self.pg_port,
-                                             log_path=self.log_dir / "postgres.log")
+                                             log_path=self.log_dir / "postgres.log",
+                                             die_with_parent=PARENT_DEATH_SIGNAL["postgres"])
             self.postgres.start()
             s = config.replace(s, database_url=self.postgres.url)
             print(f"started embedded PostgreSQL on port {self.postgres.port} (data in {self.data_dir / 'pgdata'})",
@@ -101,7 +141,8 @@ class Stack:
         if s.kafka_bootstrap_servers:
             check_kafka(s.kafka_bootstrap_servers, s.kafka_config, secrets=s.secrets())
         else:
-            self.broker = EmbeddedBroker(port=self.kafka_port, log_path=self.log_dir / "broker.log")
+            self.broker = EmbeddedBroker(port=self.kafka_port, log_path=self.log_dir / "broker.log",
+                                         die_with_parent=PARENT_DEATH_SIGNAL["broker"])
             self.broker.start()
             kafka_extra = {**EMBEDDED_KAFKA_PROFILE, **kafka_extra}
             s = config.replace(s, kafka_bootstrap_servers=self.broker.bootstrap_servers)
@@ -144,7 +185,7 @@ class Stack:
         self.supervisord = subprocess.Popen(
             [sys.executable, "-m", "supervisor.supervisord", "-c", str(supervisord_conf()), "-n"],
             env=self.environ(), stdout=subprocess.DEVNULL, stderr=open(self.log_dir / "supervisord.err", "ab"),
-            start_new_session=True)
+            start_new_session=True, preexec_fn=orphans.child_dies_with_us(PARENT_DEATH_SIGNAL["supervisord"]))
 
     def rpc(self) -> xmlrpc.client.ServerProxy:
         from supervisor.xmlrpc import SupervisorTransport
@@ -171,7 +212,9 @@ class Stack:
                         self.rpc().supervisor.stopProcessGroup(group)
                 self.check_failed(infos)
                 wanted = [i for i in infos if self.counts.get(i["group"], 1) > 0]
-                if wanted and all(i["statename"] == "RUNNING" for i in wanted):
+                if wanted and all(i["statename"] == "RUNNING" and i["now"] - i["start"] >= PROGRAM_SETTLE_S
+                                  for i in wanted):
+                    self.program_pids = {i["name"]: i["pid"] for i in wanted}
                     return
             if time.monotonic() > deadline:
                 raise StackError("the programs did not all reach RUNNING within "
@@ -184,6 +227,28 @@ class Stack:
                 tail = _tail(Path(info["stdout_logfile"]), 3)
                 raise StackError(f"program {info['name']} failed ({info['statename']}, exit "
                                  f"{info['exitstatus']}): {tail}")
+
+    def check_programs(self, infos: list[dict]) -> None:
+        """While running: stop on a program that exited for good, say when one was restarted.
+
+        A crashed program is restarted by supervisord (and waits longer after each crash in a row:
+        chronos.runtime); one that exited with a configuration or schema error is not, and
+        neither is one that could not be spawned (FATAL).
+        """
+        for info in infos:
+            name, state = info["name"], info["statename"]
+            why = "it cannot be spawned" if state == "FATAL" else \
+                FINAL_EXITS.get(info["exitstatus"]) if state == "EXITED" else None
+            if why:
+                tail = _tail(Path(info["stdout_logfile"]), 3)
+                raise StackError(f"program {name} stopped for good ({state}, exit {info['exitstatus']}: "
+                                 f"{why}): {tail}")
+            old = self.program_pids.get(name)
+            if state == "RUNNING" and old and info["pid"] != old:
+                print(f"program {name} was restarted by supervisord (pid {old} -> "
+                      f"{info['pid']}); see {info['stdout_logfile']}", flush=True)
+            if info["pid"]:
+                self.program_pids[name] = info["pid"]
 
     # -- ready -----------------------------------------------------------------------------
 
@@ -204,6 +269,9 @@ class Stack:
         print(f"ready bootstrap_servers={info['bootstrap_servers']} "
               f"database_url={redact_url(info['database_url'])} input_topic={info['input_topic']} "
               f"output_topic={info['output_topic']} dlq_topic={info['dlq_topic']}", flush=True)
+        self.write_ready_file(info)
+
+    def write_ready_file(self, info: dict) -> None:
         if self.ready_file is not None:
             self.ready_file.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.ready_file.with_suffix(self.ready_file.suffix + ".tmp")
@@ -215,13 +283,14 @@ class Stack:
     # -- run and stop ----------------------------------------------------------------------
 
     def watch(self, stopping: threading.Event) -> None:
-        """Until asked to stop: fail loudly if a program or an embedded service dies for good."""
+        """Until asked to stop: restart a dead embedded PostgreSQL; fail loudly if a program, the
+        broker or supervisord dies for good."""
         while not stopping.wait(1.0):
             if self.supervisord is not None and self.supervisord.poll() is not None:
                 raise StackError(f"supervisord exited unexpectedly (code {self.supervisord.returncode})")
             if self.postgres is not None and not self.postgres.running:
-                raise StackError("the embedded PostgreSQL stopped unexpectedly; see "
-                                 f"{self.log_dir / 'postgres.log'}")
+                self.restart_postgres(stopping)
+                continue
             if self.broker is not None and not self.broker.running:
                 raise StackError("the embedded broker stopped unexpectedly; see "
                                  f"{self.log_dir / 'broker.log'}")
@@ -230,12 +299,39 @@ class Stack:
             except (OSError, xmlrpc.client.Fault) as exc:
                 log.warning("cannot ask supervisord for program states: %s", exc)
                 continue
-            for info in infos:
-                if info["statename"] == "FATAL":
-                    tail = _tail(Path(info["stdout_logfile"]), 3)
-                    raise StackError(f"program {info['name']} keeps failing (FATAL): {tail}")
+            self.check_programs(infos)
+
+    def restart_postgres(self, stopping: threading.Event) -> None:
+        """Start the embedded PostgreSQL again on its port, retrying with backoff until it runs.
+
+        It recovers from its write-ahead log like after any crash. Meanwhile the programs wait and
+        reconnect, the consumer commits nothing, and the broker keeps what it holds.
+        """
+        pg = self.postgres
+        assert pg is not None
+        how = _describe_exit(pg.returncode)
+        old_pid = pg.pid
+        down = time.monotonic()
+        print(f"the embedded PostgreSQL (pid {old_pid}) stopped unexpectedly ({how}); starting it again on port "
+              f"{pg.port}: it recovers from its write-ahead log while the programs wait and reconnect", flush=True)
+        backoff = Backoff(first=1.0, cap=30.0)
+        while not stopping.is_set():
+            try:
+                pg.start(timeout=60)
+                break
+            except EmbeddedError as exc:
+                delay = backoff.failed()
+                print(f"the embedded PostgreSQL does not start again ({exc}); retrying in {delay:.0f}s", flush=True)
+                stopping.wait(delay)
+        else:
+            return
+        print(f"the embedded PostgreSQL runs again (pid {pg.pid}) after {time.monotonic() - down:.1f}s; see "
+              f"{self.log_dir / 'postgres.log'} for its recovery", flush=True)
+        self.write_ready_file(self.ready_info())
 
     def stop(self) -> None:
+        if not self.lock.held:
+            return  # refused the data directory: everything there belongs to someone else
         if self.ready_file is not None and self.ready_file.exists():
             self.ready_file.unlink()
         if self.supervisord is not None and self.supervisord.poll() is None:
@@ -252,6 +348,16 @@ class Stack:
         if self.postgres is not None:
             print("stopping the embedded PostgreSQL ...", flush=True)
             self.postgres.stop()
+        self.lock.release()
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 def _admin_config(kafka_config: dict) -> dict:

@@ -57,6 +57,7 @@ def to_dict(view: Any, hold_time_ms: int) -> dict[str, Any]:
         "past_hold_time": view.past_hold_time,
         "hold_time_ms": hold_time_ms,
         "recurring_schedules": view.schedules,
+        "parked": view.parked,
         "next_deadline": _iso(view.next_deadline) if view.next_deadline else None,
         "next_deadline_in_s": round((view.next_deadline - view.at).total_seconds(), 3) if view.next_deadline
         else None,
@@ -85,6 +86,9 @@ def render(d: dict[str, Any]) -> str:
                      f"suspected failures (hold time {d['hold_time_ms']:,} ms)" if d["past_hold_time"] else ""))
     schedules = d["recurring_schedules"]
     lines.append(row("recurring schedules", "-" if schedules is None else schedules))
+    parked = d["parked"]
+    lines.append(row("parked", "-" if parked is None else parked,
+                     "no topic accepted them: see the chronos_parked table" if parked else ""))
     if d["next_deadline"]:
         lines.append(row("next deadline", f"in {_seconds(d['next_deadline_in_s'])}", d["next_deadline"]))
     else:
@@ -95,8 +99,7 @@ def render(d: dict[str, Any]) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     from chronos.store import Store
     settings = config.load(args)
-    if not settings.database_url:
-        raise ConfigError("CHRONOS_DATABASE_URL is not set: give --database-url or --ready-file")
+    settings.require_database()
     store = Store(settings.database_url)
     clear = args.watch is not None and not args.json and sys.stdout.isatty()
     try:

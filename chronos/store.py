@@ -19,7 +19,7 @@ from typing import Any, Iterable, Sequence
 import psycopg
 
 from chronos import codec, cron
-from chronos.config import redact_url
+from chronos.config import database_passwords, redact_url
 from chronos.errors import SchemaError, StoreRejected, StoreUnavailable, UnavailableError  # noqa: F401
 
 log = logging.getLogger("chronos.store")
@@ -65,6 +65,7 @@ class Row:
     ordering_key: str | None = None
     cron: str | None = None
     timezone: str | None = None
+    dst_policy: str | None = None
 
 
 @dataclass(slots=True)
@@ -79,7 +80,28 @@ class Claimed:
     headers: bytes | None
     readied_at: datetime
     seq: int = 0
-    ctid: str = ""   # where the claimed version of the row lies: delete and hand-back reach it by TID
+    attempts: int = 0                        # failed publishes so far
+    original_deadline_us: int | None = None  # the deadline as scheduled, when a retry moved it
+    ctid: str = ""  # where the claimed version of the row lies: delete and hand-back reach it by TID
+
+    @property
+    def scheduled_us(self) -> int:
+        """The deadline as scheduled: lateness, ordering and the dead letter go by it."""
+        return self.deadline_us if self.original_deadline_us is None else self.original_deadline_us
+
+
+@dataclass(slots=True)
+class Parked:
+    """A message to keep in chronos_parked: neither its destination nor the dead-letter topic took it."""
+
+    message_id: str | None
+    source: str
+    topic: str
+    deadline: datetime | None
+    key: bytes | None
+    value: bytes | None
+    headers: bytes
+    reason: str
 
 
 @dataclass(slots=True)
@@ -95,7 +117,7 @@ def connect(url: str, *, autocommit: bool = True, connect_timeout: int = 5) -> p
         return psycopg.connect(url, autocommit=autocommit, connect_timeout=connect_timeout,
                                application_name="chronos")
     except psycopg.Error as exc:
-        raise StoreUnavailable(f"cannot connect to PostgreSQL at {redact_url(url)}: {_short(exc)}") from None
+        raise StoreUnavailable(f"cannot connect to PostgreSQL at {redact_url(url)}: {_short(exc, url)}") from None
 
 
 def text_array(values: Iterable[str]) -> str:
@@ -116,38 +138,41 @@ def _claimed_params(rows: Sequence[Claimed], node: Any) -> dict[str, Any]:
             "readied_at": "{" + ",".join(stamps[r.readied_at] for r in rows) + "}", "node": node}
 
 
-def _short(exc: BaseException) -> str:
-    """The first line of a driver error, without anything that might echo a password."""
+def _short(exc: BaseException, url: str | None = None) -> str:
+    """The first line of a driver error, without anything that might echo a password: libpq's
+    errors can quote the connection string, or the piece of a badly escaped URL it choked on."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text
+    return redact_url(text, database_passwords(url) if url else ())
 
 
 def migrate(url: str) -> list[int]:
     """Apply every migration not yet applied; safe to run concurrently and repeatedly."""
     applied: list[int] = []
-    with connect(url, autocommit=False) as conn:
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
-            conn.execute("CREATE TABLE IF NOT EXISTS chronos_schema_version ("
-                         "version integer PRIMARY KEY, name text NOT NULL, "
-                         "applied_at timestamptz NOT NULL DEFAULT now())")
-            current = conn.execute(QUERIES["schema_version"]).fetchone()[0]
-            if current > LATEST_VERSION:
-                raise SchemaError(f"database schema is at version {current}, newer than this chronos "
-                                  f"({LATEST_VERSION}): upgrade chronos")
-            for version, name, text in migrations():
-                if version <= current:
-                    continue
-                conn.execute(text)
-                conn.execute("INSERT INTO chronos_schema_version (version, name) VALUES (%s, %s)",
-                             (version, name))
-                applied.append(version)
+    try:
+        with connect(url, autocommit=False) as conn:
+            with conn.transaction():
+                conn.execute(QUERIES["migrate_lock"], {"lock": _MIGRATE_LOCK})
+                conn.execute(QUERIES["create_schema_version"])
+                current = conn.execute(QUERIES["schema_version"]).fetchone()[0]
+                if current > LATEST_VERSION:
+                    raise SchemaError(f"database schema is at version {current}, newer than this chronos "
+                                      f"({LATEST_VERSION}): upgrade chronos")
+                for version, name, text in migrations():
+                    if version <= current:
+                        continue
+                    conn.execute(text)
+                    conn.execute(QUERIES["record_migration"], {"version": version, "name": name})
+                    applied.append(version)
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        raise StoreUnavailable(f"PostgreSQL at {redact_url(url)}: {_short(exc, url)}") from None
+    except psycopg.Error as exc:  # e.g. no right to create the table: a one-line error, not a traceback
+        raise StoreRejected(f"migration failed: {_short(exc, url)}") from None
     return applied
 
 
 def check_schema(conn: psycopg.Connection) -> None:
     try:
-        exists = conn.execute("SELECT to_regclass('chronos_schema_version') IS NOT NULL").fetchone()[0]
+        exists = conn.execute(QUERIES["has_schema_version"]).fetchone()[0]
         current = conn.execute(QUERIES["schema_version"]).fetchone()[0] if exists else 0
     except psycopg.OperationalError as exc:
         raise StoreUnavailable(_short(exc)) from None
@@ -160,7 +185,8 @@ def check_schema(conn: psycopg.Connection) -> None:
 
 
 class Store:
-    """One connection, reopened with backoff when it breaks. Not thread-safe: one per process loop.
+    """One connection, reopened with backoff when it breaks. Not thread-safe: one per thread (only
+    `cancel` may be called from another).
 
     `hot_path=True` for the processes' own stores (consumer, firer, detector): their connection
     gets the planner settings of `hot_path_settings`, which their statements are written for."""
@@ -192,8 +218,19 @@ class Store:
             try:
                 self.conn.close()
             except psycopg.Error as exc:
-                log.debug("closing a broken connection: %s", _short(exc))
+                log.debug("closing a broken connection: %s", _short(exc, self.url))
             self.conn = None
+
+    def cancel(self) -> None:
+        """Cancel the statement running on this store's connection, if one is. The one method another
+        thread than the store's own may call: psycopg's cancel is safe from any thread."""
+        conn = self.conn
+        if conn is None or conn.closed:
+            return
+        try:
+            conn.cancel_safe(timeout=2.0)
+        except psycopg.Error as exc:
+            log.debug("cancelling a statement: %s", _short(exc, self.url))
 
     def _c(self) -> psycopg.Connection:
         if self.conn is None or self.conn.closed:
@@ -212,16 +249,20 @@ class Store:
                 break
             except psycopg.errors.TransactionRollback as exc:
                 if attempt == 4:
-                    raise StoreUnavailable(_short(exc)) from None
-                log.info("transaction rolled back (%s); running it again", _short(exc))
+                    raise StoreUnavailable(_short(exc, self.url)) from None
+                log.info("transaction rolled back (%s); running it again", _short(exc, self.url))
                 time.sleep(0.01 * (attempt + 1))
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 self.close()
-                raise StoreUnavailable(_short(exc)) from None
+                raise StoreUnavailable(_short(exc, self.url)) from None
             except psycopg.Error as exc:
-                raise StoreRejected(_short(exc)) from None
+                raise StoreRejected(_short(exc, self.url)) from None
         self.last_ok = time.monotonic()
         return result
+
+    def run(self, fn) -> Any:
+        """Run fn(connection) with the store's reconnection and error translation (for chronos.inspect)."""
+        return self._run(fn)
 
     # -- consumer --------------------------------------------------------------------------
 
@@ -229,27 +270,30 @@ class Store:
         """Insert rows whose id is not waiting yet; returns how many were new."""
         return self.apply(rows, (), ())[0]
 
-    def apply(self, inserts: Sequence[Row], replaces: Sequence[Row], cancels: Sequence[str]) -> tuple[int, int, int]:
+    def apply(self, inserts: Sequence[Row], replaces: Sequence[Row],
+              cancels: Sequence[str]) -> tuple[int, int, int, int]:
         """One consumer batch in one transaction: COPY into the session's staging table, then
-        insert new ids, insert-or-replace, and cancel. Returns (inserted, replaced, cancelled)."""
+        insert new ids, insert-or-replace, and cancel. Returns (inserted, replaced, cancelled,
+        cancelled in flight): a cancelled row that a firer had already claimed is deleted all the
+        same (nothing hands it back), but that firer may still publish it."""
         if not (inserts or replaces or cancels):
-            return 0, 0, 0
+            return 0, 0, 0, 0
 
-        def run(conn: psycopg.Connection) -> tuple[int, int, int]:
+        def run(conn: psycopg.Connection) -> tuple[int, int, int, int]:
             if not self._staging_ready:
                 conn.execute(QUERIES["create_staging"])
                 self._staging_ready = True
-            inserted = replaced = cancelled = 0
+            inserted = replaced = cancelled = in_flight = 0
             with conn.transaction():
                 with conn.cursor() as cur:
                     if inserts or replaces:
                         with cur.copy(QUERIES["copy_staging_full"]) as copy:
                             copy.set_types(["text", "int8", "text", "bytea", "bytea", "bytea", "text", "text",
-                                            "text", "text"])
+                                            "text", "text", "text"])
                             for op, rows in (("i", inserts), ("u", replaces)):
                                 for r in rows:
                                     copy.write_row((r.id, r.deadline_us, r.topic, r.key, r.value, r.headers,
-                                                    r.ordering_key, r.cron, r.timezone, op))
+                                                    r.ordering_key, r.cron, r.timezone, op, r.dst_policy))
                     if inserts:
                         cur.execute(QUERIES["insert_from_staging"])
                         inserted = cur.rowcount
@@ -257,9 +301,10 @@ class Store:
                         cur.execute(QUERIES["upsert_from_staging"])
                         replaced = cur.rowcount
                     if cancels:
-                        cur.execute(QUERIES["cancel"], {"ids": list(cancels)})
-                        cancelled = cur.rowcount
-            return inserted, replaced, cancelled
+                        claimed = [r[0] for r in cur.execute(QUERIES["cancel"], {"ids": list(cancels)})]
+                        in_flight = sum(claimed)
+                        cancelled = len(claimed) - in_flight
+            return inserted, replaced, cancelled, in_flight
         return self._run(run)
 
     def waiting_ids(self, ids: Iterable[str]) -> set[str]:
@@ -276,24 +321,33 @@ class Store:
         def run(conn: psycopg.Connection) -> list[Claimed]:
             cur = conn.execute(QUERIES["claim"], params, prepare=True)
             rows = [Claimed(*r) for r in cur.fetchall()]
-            rows.sort(key=lambda r: (r.deadline_us, r.seq))  # RETURNING has no order of its own
+            rows.sort(key=lambda r: (r.scheduled_us, r.seq))  # RETURNING has no order of its own
             return rows
         return self._run(run)
 
     def claim_schedules(self, limit: int, lookahead_ms: int, now_us: int) -> list[Claimed]:
         """Fire due recurring schedules: in one transaction per call, create each due occurrence
         as a row claimed by this node and move the schedule to its next occurrence, so that with
-        several firers, restarts and kills no occurrence is skipped or created twice."""
+        several firers, restarts and kills no occurrence is skipped or created twice.
+
+        A schedule replaced after its occurrence was created (within the lookahead) is due again
+        at that same time: that occurrence is not created again (the old version's stays the
+        only one), the replacement applies from the next occurrence after it."""
         def run(conn: psycopg.Connection) -> list[Claimed]:
             claimed: list[Claimed] = []
             with conn.transaction():
                 due = conn.execute(QUERIES["due_schedules"], {"limit": limit, "lookahead_ms": lookahead_ms})
-                for (sid, deadline_us, expr, tz, topic, key, value, headers, okey) in due.fetchall():
+                for (sid, deadline_us, expr, tz, topic, key, value, headers, okey, last_us, dst) in due.fetchall():
                     try:
-                        schedule = cron.parse(expr, tz)
+                        schedule = cron.parse(expr, tz, dst)
                     except cron.CronError as exc:
                         log.error("recurring schedule %s has a bad expression (%s); cancelling it", sid, exc)
                         conn.execute(QUERIES["cancel"], {"ids": [sid]})
+                        continue
+                    if last_us is not None and deadline_us <= last_us:
+                        nxt = schedule.next_after(cron.from_us(last_us))
+                        conn.execute(QUERIES["advance_schedule"],
+                                     {"id": sid, "next_us": cron.to_us(nxt), "last_us": None})
                         continue
                     # missed while nothing ran: only the latest missed occurrence fires
                     horizon = max(now_us, deadline_us)
@@ -309,7 +363,8 @@ class Store:
                         "node": self.node_id}).fetchone()
                     if row is not None:
                         claimed.append(Claimed(*row))
-                    conn.execute(QUERIES["advance_schedule"], {"id": sid, "next_us": cron.to_us(nxt)})
+                    conn.execute(QUERIES["advance_schedule"],
+                                 {"id": sid, "next_us": cron.to_us(nxt), "last_us": occurrence_us})
             return claimed
         return self._run(run)
 
@@ -329,6 +384,37 @@ class Store:
             return 0
         params = _claimed_params(rows, self.node_id)
         return self._run(lambda c: c.execute(QUERIES["release"], params).rowcount)
+
+    def retry_later(self, failed: Sequence[tuple[Claimed, str, int]]) -> int:
+        """Hand back rows whose publish was refused, each (row, error, delay_ms): the failure is
+        counted and the row waits out its delay before any firer claims it again. Returns how many
+        rows were still this node's."""
+        if not failed:
+            return 0
+        params = _claimed_params([r for r, _, _ in failed], self.node_id)
+        params.update(errors=[e for _, e, _ in failed], delay_ms=[d for _, _, d in failed])
+        return self._run(lambda c: c.execute(QUERIES["retry_later"], params).rowcount)
+
+    def park_claimed(self, rows: Sequence[tuple[Claimed, str]], output_topic: str) -> int:
+        """Move claimed rows, each (row, reason), from the store to chronos_parked in one statement.
+        Returns how many were still this node's (and so moved)."""
+        if not rows:
+            return 0
+        params = _claimed_params([r for r, _ in rows], self.node_id)
+        params.update(reasons=[reason for _, reason in rows], output_topic=output_topic)
+        return self._run(lambda c: c.execute(QUERIES["park_claimed"], params).rowcount)
+
+    def park(self, messages: Sequence[Parked]) -> None:
+        """Keep messages no topic accepted, in one transaction."""
+        if not messages:
+            return
+
+        def run(conn: psycopg.Connection) -> None:
+            with conn.transaction(), conn.cursor() as cur:
+                cur.executemany(QUERIES["park_message"], [
+                    {"message_id": m.message_id, "source": m.source, "topic": m.topic, "deadline": m.deadline,
+                     "key": m.key, "value": m.value, "headers": m.headers, "reason": m.reason} for m in messages])
+        self._run(run)
 
     def db_clock_us(self) -> int:
         return self._run(lambda c: c.execute(QUERIES["db_clock"]).fetchone()[0])
@@ -354,21 +440,20 @@ class Store:
 
         The waiting count is exact below ESTIMATE_ABOVE rows (or with exact=True), else the
         planner's estimate; the due count stops at DUE_CAP. Tolerates schemas without recurring
-        schedules (no `cron` column, no `chronos_schedules` table).
+        schedules (no `cron` column: a database migrated by an older chronos).
         """
         def run(conn: psycopg.Connection) -> Overview:
-            has_cron, has_table, estimate = conn.execute(QUERIES["overview_features"]).fetchone()
+            has_cron, estimate = conn.execute(QUERIES["overview_features"]).fetchone()
             nodes = [NodeLoad(*r) for r in conn.execute(QUERIES["overview_in_flight"], {"hold_ms": hold_ms})]
             count = exact if exact is not None else estimate < ESTIMATE_ABOVE
             at, first, next_deadline, waiting, due = conn.execute(
                 QUERIES["overview_waiting_cron" if has_cron else "overview_waiting"],
                 {"exact": count, "due_cap": DUE_CAP}).fetchone()
-            schedules = None
-            if has_cron:
-                schedules = conn.execute(QUERIES["count_cron_schedules"]).fetchone()[0]
-            elif has_table:
-                schedules = conn.execute(QUERIES["count_schedules_table"]).fetchone()[0]
-            return Overview.build(at, first, next_deadline, waiting, estimate, due, nodes, schedules)
+            schedules = conn.execute(QUERIES["count_cron_schedules"]).fetchone()[0] if has_cron else None
+            parked = None
+            if conn.execute(QUERIES["has_parked"]).fetchone()[0]:
+                parked = conn.execute(QUERIES["count_parked"]).fetchone()[0]
+            return Overview.build(at, first, next_deadline, waiting, estimate, due, nodes, schedules, parked)
         return self._run(run)
 
 
@@ -399,10 +484,12 @@ class Overview:
     oldest_overdue_s: float | None   # lateness of the most overdue unfired row, claimed or not
     next_deadline: datetime | None   # first deadline still in the future
     schedules: int | None            # recurring schedules, None when the schema has none
+    parked: int | None = None        # messages no topic accepted, None when the schema has no such table
 
     @classmethod
     def build(cls, at: datetime, first: datetime | None, next_deadline: datetime | None, waiting: int | None,
-              estimate: int, due: int, nodes: list[NodeLoad], schedules: int | None) -> "Overview":
+              estimate: int, due: int, nodes: list[NodeLoad], schedules: int | None,
+              parked: int | None = None) -> "Overview":
         in_flight = sum(n.rows for n in nodes)
         overdue = [d for d in [first, *(n.oldest_deadline for n in nodes)] if d is not None and d <= at]
         return cls(at=at,
@@ -410,7 +497,7 @@ class Overview:
                    waiting_estimated=waiting is None, due=due, in_flight=in_flight,
                    past_hold_time=sum(n.past_hold_time for n in nodes), by_node=nodes,
                    oldest_overdue_s=(at - min(overdue)).total_seconds() if overdue else None,
-                   next_deadline=next_deadline, schedules=schedules)
+                   next_deadline=next_deadline, schedules=schedules, parked=parked)
 
 
 class Backoff:

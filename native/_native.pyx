@@ -19,14 +19,16 @@ from cpython.unicode cimport (
     PyUnicode_DecodeASCII,
     PyUnicode_GET_LENGTH,
 )
-from libc.stdint cimport int32_t, int64_t, uint32_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport memchr, memcmp, memcpy
 
+from chronos.codec import librdkafka as _rd
 from chronos.codec import types as _types
 from chronos.codec.types import (
     ERR_BAD_ACTION,
     ERR_BAD_CRON,
     ERR_BAD_DEADLINE,
+    ERR_BAD_DST_POLICY,
     ERR_BAD_ID,
     ERR_BAD_ORDERING_KEY,
     ERR_BAD_TIMEZONE,
@@ -46,6 +48,8 @@ from chronos.codec.types import (
     ERR_VALUE_LENGTH,
     ERR_VALUE_TYPE,
     Parsed,
+    bad_header_name,
+    escape_header_name,
 )
 
 cdef extern from "Python.h":
@@ -54,8 +58,9 @@ cdef extern from "Python.h":
     PyObject* _decode_utf8_raw "PyUnicode_DecodeUTF8" (const char* s, Py_ssize_t size, const char* errors)
     int PyErr_ExceptionMatches(object exc)
     void PyErr_Clear()
+    PyObject* PyErr_Occurred_ptr "PyErr_Occurred" ()
 
-__all__ = ["IMPL", "Parsed", "parse_headers", "parse_deadline", "encode_headers", "decode_headers"]
+__all__ = ["IMPL", "Parsed", "parse_headers", "parse_deadline", "encode_headers", "decode_headers", "read_headers"]
 
 IMPL = "native"
 
@@ -68,10 +73,11 @@ cdef enum:
     S_ORDERING_KEY = 4
     S_CRON = 5
     S_TIMEZONE = 6
+    S_DST_POLICY = 7
 
 if _types.CHRONOS_HEADERS != (
     "chronosMessageId", "chronosDeadline", "chronosAction", "chronosTopic",
-    "chronosOrderingKey", "chronosCron", "chronosTimeZone",
+    "chronosOrderingKey", "chronosCron", "chronosTimeZone", "chronosDstPolicy",
 ):
     raise ImportError("chronos.codec.types.CHRONOS_HEADERS changed; rebuild the native codec")
 
@@ -291,6 +297,8 @@ cdef int _slot(object key) except -2:
     if n == 9:
         if memcmp(p, b"MessageId", 9) == 0:
             return S_ID
+        if memcmp(p, b"DstPolicy", 9) == 0:
+            return S_DST_POLICY
     elif n == 8:
         if memcmp(p, b"Deadline", 8) == 0:
             return S_DEADLINE
@@ -353,11 +361,11 @@ def parse_headers(headers):
     cdef int slot, present = 0, duplicate = -1
     cdef object item, key, value, text
     cdef object v_id = None, v_deadline = None, v_action = None, v_topic = None
-    cdef object v_okey = None, v_cron = None, v_tz = None
+    cdef object v_okey = None, v_cron = None, v_tz = None, v_dst = None
     cdef object error, id_error = None, action_error = None, deadline_error = None
     cdef object topic_error = None, okey_error = None, cron_error = None
     cdef object message_id = None, deadline_us = None, topic = None, ordering_key = None
-    cdef object action = None, cron = None, timezone = None
+    cdef object action = None, cron = None, timezone = None, dst_policy = None
     cdef const unsigned char* p
     cdef int64_t us
 
@@ -396,8 +404,10 @@ def parse_headers(headers):
                 v_okey = value
             elif slot == S_CRON:
                 v_cron = value
-            else:
+            elif slot == S_TIMEZONE:
                 v_tz = value
+            else:
+                v_dst = value
 
     # chronosMessageId
     if not present & (1 << S_ID):
@@ -467,6 +477,11 @@ def parse_headers(headers):
             timezone = _utf8(v_tz)
         if timezone is None:
             cron_error = ERR_BAD_TIMEZONE
+    if present & (1 << S_DST_POLICY):
+        if not _empty(v_dst):
+            dst_policy = _utf8(v_dst)
+        if dst_policy is None:
+            cron_error = ERR_BAD_DST_POLICY
     if present & (1 << S_CRON):
         if not _empty(v_cron):
             cron = _utf8(v_cron)
@@ -488,7 +503,7 @@ def parse_headers(headers):
     else:
         error = cron_error
     return _make_parsed(
-        (error, message_id, deadline_us, topic, ordering_key, action, cron, timezone, others)
+        (error, message_id, deadline_us, topic, ordering_key, action, cron, timezone, others, dst_policy)
     )
 
 
@@ -631,3 +646,105 @@ def decode_headers(data):
         pos += vlen
         out.append((key, value))
     return out
+
+
+# --------------------------------------------------------------------------
+# Reading a consumed message's headers (see chronos.codec.librdkafka)
+# --------------------------------------------------------------------------
+
+ctypedef size_t (*header_cnt_f)(const void* hdrs) noexcept nogil
+ctypedef int (*header_get_all_f)(const void* hdrs, size_t idx, const char** name, const void** value,
+                                 size_t* size) noexcept nogil
+
+cdef header_cnt_f _header_cnt = NULL
+cdef header_get_all_f _header_get_all = NULL
+cdef object MESSAGE = _rd.MESSAGE
+cdef Py_ssize_t HEADERS_OFFSET = _rd.HEADERS_OFFSET
+cdef Py_ssize_t C_HEADERS_OFFSET = _rd.C_HEADERS_OFFSET
+cdef Py_ssize_t SER_SIZE_AT = _rd.SER_SIZE_AT
+cdef Py_ssize_t VALUE_SIZE_AT = _rd.VALUE_SIZE_AT
+cdef Py_ssize_t NAME_SIZE_AT = _rd.NAME_SIZE_AT
+cdef Py_ssize_t VALUE_PTR_AT = _rd.VALUE_PTR_AT
+cdef size_t MAX_NAME_SIZE = _rd.MAX_NAME_SIZE
+if _rd.BINDING is not None:
+    _header_cnt = <header_cnt_f><uintptr_t>_rd.BINDING.header_cnt_address
+    _header_get_all = <header_get_all_f><uintptr_t>_rd.BINDING.header_get_all_address
+
+
+cdef inline size_t _varint_size(uint64_t n) noexcept nogil:
+    """Bytes librdkafka's zig-zag varint takes for the non-negative size n."""
+    cdef size_t size = 1
+    n <<= 1
+    while n > 0x7F:
+        n >>= 7
+        size += 1
+    return size
+
+
+cdef inline bint _record_agrees(const char* name, const char* value, size_t size) noexcept nogil:
+    """chronos.codec.librdkafka.record_agrees, plus the NUL that ends the name."""
+    cdef size_t name_size = (<const size_t*>(name + NAME_SIZE_AT))[0]
+    if (<const char**>(name + VALUE_PTR_AT))[0] != value or (<const size_t*>(name + VALUE_SIZE_AT))[0] != size:
+        return False
+    if name_size > MAX_NAME_SIZE:
+        return False
+    if (<const size_t*>(name + SER_SIZE_AT))[0] != name_size + size + _varint_size(name_size) + _varint_size(size):
+        return False
+    if value != NULL and value != name + name_size + 1:
+        return False
+    return name[name_size] == 0
+
+
+def read_headers(msg):
+    """A consumed message's headers, read from librdkafka's list with each name's true length.
+
+    Same contract as chronos.codec._python.read_headers: ``(headers, error)``, a name that is not
+    valid UTF-8 or holds NUL escaped and reported as ``bad_header_name``.
+    """
+    global _header_cnt
+    cdef const void* hdrs
+    cdef const char* name
+    cdef const void* value
+    cdef size_t size, name_size, i, n
+    cdef list out
+    cdef object key, error = None
+    cdef PyObject* decoded
+    if _header_cnt == NULL or type(msg) is not MESSAGE:
+        return _rd.fallback(msg)
+    hdrs = (<const void**>(<char*><PyObject*>msg + C_HEADERS_OFFSET))[0]
+    if hdrs == NULL or (<const void**>(<char*><PyObject*>msg + HEADERS_OFFSET))[0] != NULL:
+        return msg.headers(), None  # none, or converted (or set) already
+    n = _header_cnt(hdrs)
+    out = []
+    for i in range(n):
+        if _header_get_all(hdrs, i, &name, &value, &size) != 0:
+            problem = f"rd_kafka_header_get_all failed for header {i}"
+            break
+        if not _record_agrees(name, <const char*>value, size):
+            problem = f"header record {i} does not match rd_kafka_header_get_all's answer"
+            break
+        name_size = (<const size_t*>(name + NAME_SIZE_AT))[0]
+        decoded = NULL
+        if memchr(name, 0, name_size) == NULL:
+            decoded = _decode_utf8_raw(name, <Py_ssize_t>name_size, NULL)
+        if decoded is not NULL:
+            key = <object>decoded
+            Py_DECREF(key)  # <object> took a second reference
+        else:
+            if PyErr_Occurred_ptr() != NULL:
+                if not PyErr_ExceptionMatches(UnicodeDecodeError):
+                    _propagate()
+                PyErr_Clear()
+            raw = PyBytes_FromStringAndSize(name, <Py_ssize_t>name_size)
+            key = escape_header_name(raw)
+            if error is None:
+                error = bad_header_name(raw)
+        if value == NULL:
+            out.append((key, None))
+        else:
+            out.append((key, PyBytes_FromStringAndSize(<const char*>value, <Py_ssize_t>size)))
+    else:
+        return out, error
+    _header_cnt = NULL
+    _rd.disable(f"{problem} (native codec)")
+    return _rd.fallback(msg)

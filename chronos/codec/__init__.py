@@ -5,6 +5,9 @@ Two implementations share one interface (see ``chronos.codec.types``):
 * ``chronos.codec._native`` -- Cython, built from ``native/_native.pyx``;
 * ``chronos.codec._python`` -- pure Python reference.
 
+Both also read a consumed message's headers straight from librdkafka (``read_headers``, see
+``chronos.codec.librdkafka``), so that no header name can break the consumer.
+
 The environment variable ``CHRONOS_IMPL`` selects one at import time:
 ``native`` (fail with ImportError if it cannot be loaded), ``python``, or
 unset/empty (native if available, else python).  ``IMPL`` tells which one is in use.
@@ -14,7 +17,7 @@ from __future__ import annotations
 import importlib
 import os
 from types import ModuleType
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, cast
 
 from chronos.codec import types as _types
 from chronos.codec.types import (
@@ -24,6 +27,7 @@ from chronos.codec.types import (
     HEADER_ACTION,
     HEADER_CRON,
     HEADER_DEADLINE,
+    HEADER_DST_POLICY,
     HEADER_ID,
     HEADER_ORDERING_KEY,
     HEADER_TIMEZONE,
@@ -37,10 +41,12 @@ from chronos.codec.types import (
     REASON_CODES,
     Codec,
     Parsed,
+    bad_header_name,
+    escape_header_name,
 )
 
 __all__ = ["IMPL", "implementation", "parse_headers", "parse_deadline", "encode_headers", "decode_headers",
-           *_types.__all__]
+           "read_headers", *_types.__all__]
 
 ENV_VAR = "CHRONOS_IMPL"
 _MODULES = {"native": "chronos.codec._native", "python": "chronos.codec._python"}
@@ -77,15 +83,18 @@ def _select(choice: str | None) -> ModuleType:
         return implementation("python")
 
 
-_impl = _select(os.environ.get(ENV_VAR))
+if TYPE_CHECKING:  # the type checker holds both modules (the native one through its .pyi) to Codec
+    from chronos.codec import _native, _python
+    _native_codec: Codec = _native
+    _python_codec: Codec = _python
 
-# (annotations are not evaluated at runtime: `from __future__ import annotations`)
-IMPL: str = _impl.IMPL
-parse_headers: Callable[[Iterable[tuple[str, bytes | None]] | None], Parsed] = _impl.parse_headers
-parse_deadline: Callable[[bytes], int | None] = _impl.parse_deadline
-encode_headers: Callable[[Iterable[tuple[str, bytes | None]] | None], bytes] = _impl.encode_headers
-decode_headers: Callable[
-    [bytes | bytearray | memoryview | None], list[tuple[str, bytes | None]]
-] = _impl.decode_headers
+_impl = cast(Codec, _select(os.environ.get(ENV_VAR)))
+
+IMPL = _impl.IMPL
+parse_headers = _impl.parse_headers
+parse_deadline = _impl.parse_deadline
+encode_headers = _impl.encode_headers
+decode_headers = _impl.decode_headers
+read_headers = _impl.read_headers
 
 del _impl

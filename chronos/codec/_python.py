@@ -6,9 +6,12 @@ the same results (including error detail texts) for every input.  Both share
 """
 from __future__ import annotations
 
+import ctypes
 import re
 import struct
+from collections.abc import Iterable
 
+from chronos.codec import librdkafka as _rd
 from chronos.codec.types import (
     ACTION_CANCEL,
     ACTION_REPLACE,
@@ -16,6 +19,7 @@ from chronos.codec.types import (
     ERR_BAD_ACTION,
     ERR_BAD_CRON,
     ERR_BAD_DEADLINE,
+    ERR_BAD_DST_POLICY,
     ERR_BAD_ID,
     ERR_BAD_ORDERING_KEY,
     ERR_BAD_TIMEZONE,
@@ -41,14 +45,16 @@ from chronos.codec.types import (
     MAX_TOPIC_LENGTH,
     MIN_DEADLINE_US,
     Parsed,
+    bad_header_name,
+    escape_header_name,
 )
 
-__all__ = ["IMPL", "Parsed", "parse_headers", "parse_deadline", "encode_headers", "decode_headers"]
+__all__ = ["IMPL", "Parsed", "parse_headers", "parse_deadline", "encode_headers", "decode_headers", "read_headers"]
 
 IMPL = "python"
 
 _SLOT = {name: i for i, name in enumerate(CHRONOS_HEADERS)}
-_ID, _DEADLINE, _ACTION, _TOPIC, _ORDERING_KEY, _CRON, _TIMEZONE = range(7)
+_ID, _DEADLINE, _ACTION, _TOPIC, _ORDERING_KEY, _CRON, _TIMEZONE, _DST_POLICY = range(8)
 _ABSENT = object()
 _tuple_new = tuple.__new__  # Parsed(...) goes through a Python-level __new__; this does not
 
@@ -135,9 +141,9 @@ def _text(value: object) -> str | None:
         return None
 
 
-def parse_headers(headers: list[tuple[str, bytes | None]] | None) -> Parsed:
+def parse_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> Parsed:
     """Split Kafka headers into the validated chronos fields and the others."""
-    values = [_ABSENT] * 7
+    values = [_ABSENT] * 8
     others: list = []
     duplicate = None
     if headers is not None:
@@ -229,6 +235,12 @@ def parse_headers(headers: list[tuple[str, bytes | None]] | None) -> Parsed:
         timezone = _text(raw)
         if timezone is None:
             cron_error = ERR_BAD_TIMEZONE
+    dst_policy = None
+    raw = values[_DST_POLICY]
+    if raw is not _ABSENT:
+        dst_policy = _text(raw)
+        if dst_policy is None:
+            cron_error = ERR_BAD_DST_POLICY
     raw = values[_CRON]
     if raw is not _ABSENT:
         cron = _text(raw)
@@ -248,11 +260,11 @@ def parse_headers(headers: list[tuple[str, bytes | None]] | None) -> Parsed:
         )
     return _tuple_new(
         Parsed,
-        (error, message_id, deadline_us, topic, ordering_key, action, cron, timezone, others),
+        (error, message_id, deadline_us, topic, ordering_key, action, cron, timezone, others, dst_policy),
     )
 
 
-def encode_headers(headers: list[tuple[str, bytes | None]] | None) -> bytes:
+def encode_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> bytes:
     """Serialize headers: per header u32 key length, key UTF-8, i32 value length (-1 = None), value."""
     if headers is None:
         return b""
@@ -280,7 +292,7 @@ def encode_headers(headers: list[tuple[str, bytes | None]] | None) -> bytes:
     return b"".join(parts)
 
 
-def decode_headers(data: bytes | None) -> list[tuple[str, bytes | None]]:
+def decode_headers(data: bytes | bytearray | memoryview | None) -> list[tuple[str, bytes | None]]:
     """Inverse of :func:`encode_headers`; raises ValueError on corrupt data."""
     if data is None:
         return []
@@ -322,3 +334,57 @@ def decode_headers(data: bytes | None) -> list[tuple[str, bytes | None]]:
         append((key, data[pos : pos + vlen]))
         pos += vlen
     return out
+
+
+# --- reading a consumed message's headers (see chronos.codec.librdkafka) ---------------------
+
+_binding = _rd.BINDING
+_MESSAGE = _rd.MESSAGE
+_RECORD = ctypes.c_uint64 * 4  # ser_size, value_size, name_size, value pointer
+
+
+def read_headers(msg: object) -> tuple[list[tuple[str, bytes | None]] | None, str | None]:
+    """A consumed message's headers, read from librdkafka's list with each name's true length.
+
+    Returns ``(headers, error)``: ``headers`` as ``Message.headers()`` gives them (``None`` when
+    there are none), except that a name that is not valid UTF-8 or holds NUL is escaped
+    (`escape_header_name`) instead of breaking or cutting it; ``error`` is the ``bad_header_name``
+    reason for the first such name, else ``None``. Anything but a ``confluent_kafka.Message``, and
+    every message once the raw path is off, is read with ``msg.headers()``.
+    """
+    global _binding
+    binding = _binding
+    if binding is None or type(msg) is not _MESSAGE:
+        return _rd.fallback(msg)
+    hdrs = ctypes.c_void_p.from_address(id(msg) + _rd.C_HEADERS_OFFSET).value
+    if not hdrs or ctypes.c_void_p.from_address(id(msg) + _rd.HEADERS_OFFSET).value:
+        return msg.headers(), None  # type: ignore[attr-defined]  # none, or converted (or set) already
+    name, value, size = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_size_t()
+    get_all = binding.header_get_all
+    out: list[tuple[str, bytes | None]] = []
+    error = None
+    for i in range(binding.header_cnt(hdrs)):
+        if get_all(hdrs, i, ctypes.byref(name), ctypes.byref(value), ctypes.byref(size)) != 0:
+            problem = f"rd_kafka_header_get_all failed for header {i}"
+            break
+        at, v, n = name.value, value.value, size.value
+        ser_size, value_size, name_size, value_ptr = _RECORD.from_address(at + _rd.SER_SIZE_AT)
+        if not _rd.record_agrees(ser_size, value_size, name_size, value_ptr or None, at, v, n) \
+                or ctypes.string_at(at + name_size, 1) != b"\x00":
+            problem = f"header record {i} does not match rd_kafka_header_get_all's answer"
+            break
+        raw = ctypes.string_at(at, name_size)
+        try:
+            if b"\x00" in raw:
+                raise ValueError
+            key = raw.decode("utf-8")
+        except ValueError:  # UnicodeDecodeError included
+            key = escape_header_name(raw)
+            if error is None:
+                error = bad_header_name(raw)
+        out.append((key, None if v is None else ctypes.string_at(v, n)))
+    else:
+        return out, error
+    _binding = None
+    _rd.disable(f"{problem} (python codec)")
+    return _rd.fallback(msg)

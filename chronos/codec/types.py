@@ -7,6 +7,7 @@ so that both produce identical results, including the human-readable detail.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple, Protocol
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "HEADER_ACTION",
     "HEADER_CRON",
     "HEADER_TIMEZONE",
+    "HEADER_DST_POLICY",
     "CHRONOS_HEADERS",
     "ACTION_CANCEL",
     "ACTION_REPLACE",
@@ -29,6 +31,8 @@ __all__ = [
     "MIN_DEADLINE_US",
     "MAX_DEADLINE_US",
     "REASON_CODES",
+    "escape_header_name",
+    "bad_header_name",
 ]
 
 
@@ -51,6 +55,7 @@ class Parsed(NamedTuple):
     cron: str | None
     timezone: str | None
     headers: list[tuple[str, bytes | None]]
+    dst_policy: str | None = None
 
 
 HEADER_ID = "chronosMessageId"
@@ -60,6 +65,7 @@ HEADER_ORDERING_KEY = "chronosOrderingKey"
 HEADER_ACTION = "chronosAction"
 HEADER_CRON = "chronosCron"
 HEADER_TIMEZONE = "chronosTimeZone"
+HEADER_DST_POLICY = "chronosDstPolicy"
 
 #: The only keys treated as chronos headers (matched exactly, case-sensitive).
 #: The index of a key in this tuple is the slot number used by both codecs.
@@ -71,6 +77,7 @@ CHRONOS_HEADERS = (
     HEADER_ORDERING_KEY,
     HEADER_CRON,
     HEADER_TIMEZONE,
+    HEADER_DST_POLICY,
 )
 
 ACTION_CANCEL = "cancel"
@@ -86,7 +93,8 @@ MIN_DEADLINE_US = -62135596800000000
 #: 9999-12-31T23:59:59.999999Z in epoch microseconds (largest ISO deadline).
 MAX_DEADLINE_US = 253402300799999999
 
-#: Reason codes, in the priority order used when several errors apply.
+#: Reason codes of parse_headers, in the priority order used when several errors apply
+#: (read_headers' ``bad_header_name`` comes before all of them: such a message is not parsed).
 REASON_CODES = (
     "duplicate_header",
     "missing_id",
@@ -125,6 +133,32 @@ ERR_BAD_ORDERING_KEY = (
 )
 ERR_BAD_CRON = "bad_cron: chronosCron must be non-empty UTF-8"
 ERR_BAD_TIMEZONE = "bad_cron: chronosTimeZone must be non-empty UTF-8"
+ERR_BAD_DST_POLICY = "bad_cron: chronosDstPolicy must be non-empty UTF-8"
+
+# A header name librdkafka hands over that Python's Kafka client cannot carry (read by read_headers).
+ERR_NAME_UTF8 = "bad_header_name: header name '%s' is not valid UTF-8 (carried in this copy with its bytes escaped)"
+ERR_NAME_NUL = "bad_header_name: header name '%s' contains NUL (carried in this copy with the NUL escaped)"
+#: Longest escaped name quoted in a chronosError detail (the dead letter carries the whole name).
+MAX_NAME_IN_DETAIL = 64
+
+
+def escape_header_name(raw: bytes) -> str:
+    """A header name that is not valid UTF-8 or holds NUL, as text the Python client can produce:
+    every byte that is not UTF-8 becomes ``\\xNN`` (backslashreplace) and so does every NUL."""
+    return raw.decode("utf-8", "backslashreplace").replace("\x00", "\\x00")
+
+
+def bad_header_name(raw: bytes) -> str:
+    """The ``bad_header_name`` reason for a raw header name that is not valid UTF-8 or holds NUL."""
+    escaped = escape_header_name(raw)
+    if len(escaped) > MAX_NAME_IN_DETAIL:
+        escaped = escaped[:MAX_NAME_IN_DETAIL] + "..."
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return ERR_NAME_UTF8 % escaped
+    return ERR_NAME_NUL % escaped
+
 
 # Type errors (programming errors, raised identically by both codecs).
 ERR_VALUE_TYPE = "value of header %s must be bytes or None, not %s"
@@ -144,10 +178,12 @@ class Codec(Protocol):
 
     IMPL: str
 
-    def parse_headers(self, headers: list[tuple[str, bytes | None]] | None) -> Parsed: ...
+    def parse_headers(self, headers: Iterable[tuple[str, bytes | None]] | None) -> Parsed: ...
 
     def parse_deadline(self, value: bytes) -> int | None: ...
 
-    def encode_headers(self, headers: list[tuple[str, bytes | None]] | None) -> bytes: ...
+    def encode_headers(self, headers: Iterable[tuple[str, bytes | None]] | None) -> bytes: ...
 
-    def decode_headers(self, data: bytes | None) -> list[tuple[str, bytes | None]]: ...
+    def decode_headers(self, data: bytes | bytearray | memoryview | None) -> list[tuple[str, bytes | None]]: ...
+
+    def read_headers(self, msg: object) -> tuple[list[tuple[str, bytes | None]] | None, str | None]: ...

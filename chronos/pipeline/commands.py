@@ -122,8 +122,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     from chronos.pipeline import schedule
 
     settings = config.load(args)
-    if not settings.database_url:
-        raise ConfigError("CHRONOS_DATABASE_URL is not set: give --database-url or --ready-file")
+    settings.require_database()
     if args.partitions is not None and args.partitions <= 0:
         raise ConfigError("--partitions must be greater than 0")
     rules = Rules(timing_advance_us=settings.timing_advance_ms * 1000, output_topic=settings.output_topic,

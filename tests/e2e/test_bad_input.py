@@ -57,6 +57,10 @@ MALFORMED = [
     ("ordering key binary", _ids_headers(b"bad-okey", str(NOW_MS).encode())
      + [("chronosOrderingKey", b"\xc3\x28")], b"v", "bad_ordering_key"),
     ("big value no id", [("chronosDeadline", str(NOW_MS).encode()), ("h", b"\x00")], BIG, "missing_id"),
+    ("dst policy unknown", [("chronosMessageId", b"bad-dst"), ("chronosCron", b"30 2 * * *"),
+                            ("chronosDstPolicy", b"repeated=sometimes")], b"v", "bad_cron"),
+    ("dst policy without cron", _ids_headers(b"bad-dst-2", str(NOW_MS).encode())
+     + [("chronosDstPolicy", b"repeated=both")], b"v", "bad_cron"),
 ]
 
 WEIRD_IDS = ["it's \"quoted\"", "back\\slash\\\\", "100% %s %(id)s %%", "ünïcødé ✓ 🚀 中文",

@@ -1,10 +1,10 @@
 """Bad input from operators: every configuration error and unreachable service is one line and a
-distinct exit code; supervisord gives up on a program that cannot start; secrets never show."""
+distinct exit code; supervisord does not restart a program that cannot start, and restarts a crashing one
+with growing waits; secrets never show."""
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -13,6 +13,7 @@ import time
 import xmlrpc.client
 from pathlib import Path
 
+import orjson
 import pytest
 
 from chronos.errors import EXIT_CONFIG, EXIT_SCHEMA, EXIT_UNAVAILABLE
@@ -54,6 +55,8 @@ CONFIG_ERRORS = [
     ("firer", ["--kafka-properties", "no-equals-sign"], "key=value"),
     ("migrate", [], "CHRONOS_DATABASE_URL is not set"),
     ("migrate", ["--database-url", f"mysql://app:{DB_SECRET}@db/x"], "must be a postgresql:// URL"),
+    ("status", ["--database-url", f"host=db password='{DB_SECRET} \\' x'"], "must be a postgresql:// URL"),
+    ("migrate", ["--database-url", f"host=db sslpassword={DB_SECRET}"], "must be a postgresql:// URL"),
     ("up", ["--consumers", "-1"], "--consumers must be between 0 and 64"),
     ("up", ["--allowed-topics", "("], "not a valid regular expression"),
     ("send", [], "no Kafka to send to"),
@@ -92,6 +95,11 @@ def test_unreachable_services_are_one_line_and_exit_3(tmp_path, broker):
     url = f"postgresql://app:{DB_SECRET}@127.0.0.1:{port}/db"
     cases = {
         "migrate": ["migrate", "--database-url", url],
+        # the password as a query parameter, and with an unescaped `/` (libpq then reads a host
+        # `app` with the password's first part as its port, and says so)
+        "migrate-query": ["migrate", "--database-url", f"postgresql://app@127.0.0.1:{port}/db?password={DB_SECRET}"],
+        "status-query": ["status", "--database-url", f"postgresql://app@127.0.0.1:{port}/db?password={DB_SECRET}"],
+        "status-slash": ["status", "--database-url", f"postgresql://app:{DB_SECRET}/x@127.0.0.1:{port}/db"],
         "send": ["send", "--kafka-bootstrap-servers", f"127.0.0.1:{port}", "--delay", "1s"],
         "tail": ["tail", "--kafka-bootstrap-servers", f"127.0.0.1:{port}"],
         "up-kafka": ["up", "--data-dir", str(tmp_path / "up"), "--bootstrap-servers", f"127.0.0.1:{port}",
@@ -112,13 +120,17 @@ def test_unreachable_services_are_one_line_and_exit_3(tmp_path, broker):
 def test_processes_wait_for_an_unreachable_database_and_log_it_without_the_password(tmp_path):
     """The services do not exit when PostgreSQL is down (supervisord may start them first): they
     wait with backoff, log it, and stop cleanly on SIGTERM."""
-    url = f"postgresql://app:{DB_SECRET}@127.0.0.1:{_closed_port()}/db"
+    port = _closed_port()
+    urls = {"consumer": f"postgresql://app:{DB_SECRET}@127.0.0.1:{port}/db",
+            "firer": f"postgresql://app@127.0.0.1:{port}/db?sslmode=disable&password={DB_SECRET}",
+            "detector": f"postgresql://app:{DB_SECRET}/x@127.0.0.1:{port}/db"}
+    shown = {"consumer": "app:***@", "firer": "password=***", "detector": "app:***@"}
     procs = {}
     for role, fmt in (("consumer", "text"), ("firer", "json"), ("detector", "text")):
         log = tmp_path / f"{role}.log"
         procs[role] = (subprocess.Popen(CHRONOS + [role], cwd=tmp_path, stdout=open(log, "wb"),
                                         stderr=subprocess.STDOUT,
-                                        env=_env(CHRONOS_DATABASE_URL=url, CHRONOS_LOG_FORMAT=fmt,
+                                        env=_env(CHRONOS_DATABASE_URL=urls[role], CHRONOS_LOG_FORMAT=fmt,
                                                  CHRONOS_KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:1",
                                                  CHRONOS_LOG_LEVEL="debug")), log)
     try:
@@ -131,7 +143,7 @@ def test_processes_wait_for_an_unreachable_database_and_log_it_without_the_passw
             assert "postgres unavailable" in text and "retrying in" in text, (role, text)
             assert proc.poll() is None, (role, text)
             assert DB_SECRET not in text, role
-            assert "app:***@" in text, role
+            assert shown[role] in text, role
             proc.send_signal(signal.SIGTERM)
         for role, (proc, log) in procs.items():
             assert proc.wait(20) == 0, (role, log.read_text())
@@ -166,11 +178,7 @@ def test_kafka_secrets_never_reach_the_logs(tmp_path, processes, chronos_env):
         assert KAFKA_SECRET not in text
 
 
-# -- supervisord gives up on a program that cannot start ----------------------------------------
-
-
-def _startretries() -> int:
-    return int(re.search(r"^startretries=(\d+)", supervisord_conf().read_text(), re.MULTILINE).group(1))
+# -- supervisord: a program that cannot start ends; one that crashes is restarted with backoff ---
 
 
 def _supervise(tmp_path: Path, **env: str) -> tuple[subprocess.Popen, Path]:
@@ -185,47 +193,86 @@ def _supervise(tmp_path: Path, **env: str) -> tuple[subprocess.Popen, Path]:
     return proc, run_dir
 
 
-def _wait_all_fatal(proc: subprocess.Popen, run_dir: Path, timeout: float = 90) -> list[dict]:
+def _programs(proc: subprocess.Popen, run_dir: Path) -> list[dict]:
     from supervisor.xmlrpc import SupervisorTransport
+    assert proc.poll() is None, "supervisord exited"
+    rpc = xmlrpc.client.ServerProxy("http://127.0.0.1", transport=SupervisorTransport(
+        None, None, f"unix://{run_dir / 'supervisor.sock'}"))
+    try:
+        return rpc.supervisor.getAllProcessInfo()
+    except OSError:  # not listening yet
+        return []
+
+
+def _wait_programs(proc: subprocess.Popen, run_dir: Path, done, what: str, timeout: float = 90) -> list[dict]:
     end = time.monotonic() + timeout
     infos: list[dict] = []
     while time.monotonic() < end:
-        assert proc.poll() is None, "supervisord exited"
-        rpc = xmlrpc.client.ServerProxy("http://127.0.0.1", transport=SupervisorTransport(
-            None, None, f"unix://{run_dir / 'supervisor.sock'}"))
-        try:
-            infos = rpc.supervisor.getAllProcessInfo()
-        except OSError:  # not listening yet
-            infos = []
-        if infos and all(i["statename"] == "FATAL" for i in infos):
+        infos = _programs(proc, run_dir)
+        if infos and done(infos):
             return infos
         time.sleep(0.2)
-    raise AssertionError(f"not all FATAL within {timeout}s: {[(i['name'], i['statename']) for i in infos]}")
+    raise AssertionError(f"not {what} within {timeout}s: {[(i['name'], i['statename']) for i in infos]}")
 
 
 @pytest.mark.parametrize("case", ["config error (exit 2)", "unmigrated database (exit 4)"])
-def test_supervisord_gives_up_instead_of_flapping(tmp_path, case, request):
-    """A program that cannot start fails within startsecs, so supervisord marks it FATAL after
-    startretries attempts instead of restarting it forever."""
+def test_supervisord_does_not_restart_a_program_that_cannot_start(tmp_path, case, request):
+    """A configuration error or an unmigrated database is final: each program runs once, ends with
+    its exit code (EXITED, an expected exit), and is neither restarted nor left flapping."""
     if case.startswith("config"):
-        env, expected = {"CHRONOS_HOLD_TIME_MS": "soon"}, "CHRONOS_HOLD_TIME_MS must be a whole number"
+        env, code = {"CHRONOS_HOLD_TIME_MS": "soon"}, EXIT_CONFIG
+        expected = "CHRONOS_HOLD_TIME_MS must be a whole number"
     else:
         env = {"CHRONOS_DATABASE_URL": request.getfixturevalue("empty_database_url"),
                "CHRONOS_KAFKA_BOOTSTRAP_SERVERS": request.getfixturevalue("broker").bootstrap_servers}
-        expected = "run `chronos migrate` first"
+        code, expected = EXIT_SCHEMA, "run `chronos migrate` first"
     proc, run_dir = _supervise(tmp_path, **env)
     try:
-        infos = _wait_all_fatal(proc, run_dir)
+        infos = _wait_programs(proc, run_dir, lambda infos: all(i["statename"] == "EXITED" for i in infos),
+                               "all EXITED")
         time.sleep(2)  # nothing is started again
         log = (tmp_path / "logs" / "supervisord.log").read_text()
-        for info in infos:
+        for info in _programs(proc, run_dir):
             name = info["name"]
-            assert Path(info["stdout_logfile"]).read_text().count(expected) == 1 + _startretries(), name
-            assert f"gave up: {name} entered FATAL state, too many start retries too quickly" in log
-            assert log.count(f"spawned: '{name}'") == 1 + _startretries()
+            assert (info["statename"], info["exitstatus"]) == ("EXITED", code), info
+            assert Path(info["stdout_logfile"]).read_text().count(expected) == 1, name
+            assert f"exited: {name} (exit status {code}; expected)" in log
+            assert log.count(f"spawned: '{name}'") == 1
+        assert len(infos) == 3
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+
+
+def test_a_program_that_keeps_crashing_is_restarted_with_growing_waits(tmp_path, chronos_env):
+    """Crashes in a row (here SIGKILL, as by the OOM killer, right after each start) are restarted
+    every time, none given up on (never FATAL, so `chronos up` goes on), each after a longer wait."""
+    proc, run_dir = _supervise(tmp_path, **chronos_env)
+    log_file = tmp_path / "logs" / "firer_00.log"
+    try:
+        pid = None
+        for crash in range(1, 4):
+            infos = _wait_programs(proc, run_dir, lambda infos: any(
+                i["name"] == "firer_00" and i["statename"] == "RUNNING" and i["pid"] != pid
+                and f", pid {i['pid']}," in log_file.read_text() for i in infos), f"firer restarted ({crash})")
+            pid = next(i["pid"] for i in infos if i["name"] == "firer_00")
+            os.kill(pid, signal.SIGKILL)
+        _wait_programs(proc, run_dir, lambda infos: "(3 in a row): waiting 2s before starting" in log_file.read_text(),
+                       "the third restart waiting")
+        infos = _wait_programs(proc, run_dir, lambda infos: all(i["statename"] == "RUNNING" for i in infos)
+                               and "firing from the store" in log_file.read_text().rsplit("(3 in a row)", 1)[1],
+                               "firing again")
+        log = log_file.read_text()
+        assert "the previous run ended in a crash (1 in a row)\n" in log
+        assert "the previous run ended in a crash (2 in a row): waiting 1s before starting" in log
+        supervisord = (tmp_path / "logs" / "supervisord.log").read_text()
+        assert supervisord.count("exited: firer_00 (terminated by SIGKILL; not expected)") == 3
+        assert "FATAL" not in supervisord
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    record = orjson.loads((run_dir / "firer_00.run.json").read_bytes())
+    assert record["clean"] and record["crashes"] == 3
 
 
 # -- PostgreSQL TLS settings reach libpq --------------------------------------------------------

@@ -34,8 +34,9 @@ class Up:
     def wait_ready(self, timeout: float = 60) -> dict:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            if self.ready.exists():
-                return orjson.loads(self.ready.read_bytes())
+            info = orjson.loads(self.ready.read_bytes()) if self.ready.exists() else {}
+            if info.get("pid") == self.proc.pid:  # not one a killed `chronos up` left behind
+                return info
             if self.proc.poll() is not None:
                 raise AssertionError(f"chronos up exited {self.proc.returncode}:\n{self.output()}")
             time.sleep(0.1)
@@ -188,5 +189,93 @@ def test_broken_data_directory_is_a_clear_error(tmp_path):
     try:
         assert up.proc.wait(60) == 5
         assert "pgdata" in up.output()
+    finally:
+        up.kill()
+
+
+def _stack_pids(up: Up, info: dict) -> set[int]:
+    """Every process of a running `chronos up`: its children and all their descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = set(), [up.proc.pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            tree.add(child)
+            todo.append(child)
+    named = {info["supervisord_pid"], info["postgres_pid"], info["broker_pid"], *up.program_pids(info)}
+    assert named <= tree, (named, tree)
+    return tree
+
+
+def _wait_all_gone(pids: set[int], timeout: float) -> set[int]:
+    end = time.monotonic() + timeout
+    alive = set(pids)
+    while alive and time.monotonic() < end:
+        alive = {p for p in alive if not _gone(p)}
+        time.sleep(0.1)
+    return alive
+
+
+def test_a_killed_up_leaves_nothing_running_and_the_next_one_starts(tmp_path):
+    up = Up(tmp_path)
+    try:
+        info = up.wait_ready()
+        pids = _stack_pids(up, info)
+        assert len(pids) >= 6
+        up.kill()  # SIGKILL: no chance to stop anything itself
+        survivors = _wait_all_gone(pids, timeout=30)
+        assert not survivors, [Path(f"/proc/{p}/cmdline").read_bytes() for p in survivors if not _gone(p)]
+        up2 = Up(tmp_path)
+        try:
+            info2 = up2.wait_ready()
+            assert "left" not in up2.output()  # nothing was left behind to stop
+            collect = Collector(info2["bootstrap_servers"], [info2["output_topic"]])
+            send(up.ready, "--delay", "1s", "--value", "after the kill")
+            (m,) = collect.until(lambda ms: len(ms) >= 1, timeout=30)
+            collect.close()
+            assert m.value == b"after the kill"
+            assert up2.stop() == 0
+        finally:
+            up2.kill()
+    finally:
+        up.kill()
+
+
+def test_processes_a_killed_up_left_behind_are_stopped_by_the_next_one(tmp_path):
+    # a survivor that no parent-death signal reached, as on another OS: it carries the stack's mark
+    data_dir = (tmp_path / ".chronos").resolve()
+    env = {**_clean_env(), "CHRONOS_STACK_DIR": str(data_dir)}
+    survivor = subprocess.Popen(["sleep", "300"], env=env)
+    up = Up(tmp_path)
+    try:
+        up.wait_ready(timeout=90)
+        assert survivor.wait(5) == -signal.SIGTERM
+        out = up.output()
+        assert (f"an earlier chronos up of {data_dir} was killed and left 1 processes running: "
+                f"sleep 300 (pid {survivor.pid}); stopping them") in out, out
+        assert up.stop() == 0
+    finally:
+        up.kill()
+        survivor.kill()
+        survivor.wait()
+
+
+def test_a_second_up_on_a_data_directory_in_use_refuses_and_touches_nothing(tmp_path):
+    up = Up(tmp_path)
+    try:
+        info = up.wait_ready()
+        second = Up(tmp_path)
+        assert second.proc.wait(60) == 5
+        assert (f"the data directory {(tmp_path / '.chronos').resolve()} is in use by another chronos up "
+                f"(pid {up.proc.pid})") in second.output()
+        assert orjson.loads(up.ready.read_bytes()) == info
+        assert up.proc.poll() is None
+        assert up.stop() == 0
     finally:
         up.kill()

@@ -89,11 +89,13 @@ class Stack:
         return info["pid"] if info["statename"] == "RUNNING" else None
 
     def wait_running(self, name: str, not_pid: int | None = None, timeout: float = 30.0) -> tuple[int, float]:
-        """Wait until program `name` is RUNNING (with a pid other than `not_pid`): (pid, when)."""
+        """Wait until program `name` is RUNNING (with a pid other than `not_pid`) and has logged its
+        start (supervisord calls it RUNNING as soon as it is spawned): (pid, when)."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             info = self.programs()[name]
-            if info["statename"] == "RUNNING" and info["pid"] != not_pid:
+            if info["statename"] == "RUNNING" and info["pid"] != not_pid \
+                    and f", pid {info['pid']}," in self.log(name):
                 return info["pid"], time.time()
             if info["statename"] == "FATAL":
                 raise AssertionError(f"{name} is FATAL: {self.log(name)[-2000:]}")

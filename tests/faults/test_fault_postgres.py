@@ -1,9 +1,13 @@
-"""Scenario 4: restart PostgreSQL mid-load (stop it, wait, start it again on the same port)."""
+"""Scenario 4: restart PostgreSQL mid-load (stop it, wait, start it again on the same port); 4b: SIGKILL
+the embedded PostgreSQL of `chronos up`, which starts it again."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
+import orjson
 import pytest
 
 from chronos.embedded import EmbeddedPostgres, free_port
@@ -41,4 +45,31 @@ def test_postgres_restarted_mid_load(tmp_path, postgres, fault_report):
             log = sc.stack.log(name)
             assert "postgres unavailable" in log, (name, log[-3000:])
             assert "postgres reachable again after" in log, (name, log[-3000:])
+            assert log.count("starting: node") == 1, (name, log[-3000:])
+
+
+def test_embedded_postgres_sigkilled_under_load(tmp_path, fault_report):
+    """`chronos up` starts its PostgreSQL again after a SIGKILL: same port, same broker, nothing lost."""
+    with Scenario("4b embedded PostgreSQL SIGKILL", tmp_path, rate=200) as sc:
+        killed, broker = sc.info["postgres_pid"], sc.info["broker_pid"]
+        time.sleep(5)
+        down = time.time()
+        os.kill(killed, signal.SIGKILL)
+        end = time.monotonic() + 90
+        while "the embedded PostgreSQL runs again" not in sc.stack.output() and time.monotonic() < end:
+            assert sc.stack.proc.poll() is None, f"chronos up exited:\n{sc.stack.output()}"
+            time.sleep(0.1)
+        sc.fault("embedded PostgreSQL SIGKILL", down, end=time.time())
+        time.sleep(5)
+        report = sc.finish(window_explains=True)
+        fault_report(report)
+        check_common(sc, report)
+        out = sc.stack.output()
+        assert f"the embedded PostgreSQL (pid {killed}) stopped unexpectedly (killed by SIGKILL)" in out, out
+        assert "the embedded PostgreSQL runs again" in out, out
+        info = orjson.loads(sc.stack.ready_file.read_bytes())
+        assert info["postgres_pid"] != killed and info["broker_pid"] == broker
+        assert info["database_url"] == sc.info["database_url"]
+        for name in ("consumer_00", "firer_00", "detector_00"):
+            log = sc.stack.log(name)
             assert log.count("starting: node") == 1, (name, log[-3000:])

@@ -128,7 +128,7 @@ def test_apply_inserts_replaces_and_cancels_in_one_transaction(database_url):
     s = store(database_url)
     t = now_us() + 60_000_000
     s.insert([r("keep", t), r("old", t, value=b"old"), r("gone", t)])
-    ins, rep, can = s.apply([r("keep", t + 1), r("new", t)], [r("old", t + 5, value=b"new"), r("fresh", t)],
+    ins, rep, can, _ = s.apply([r("keep", t + 1), r("new", t)], [r("old", t + 5, value=b"new"), r("fresh", t)],
                             ["gone", "unknown"])
     assert (ins, rep, can) == (1, 2, 1)
     got = dict(q(database_url, "SELECT id, value FROM chronos_messages"))
@@ -199,7 +199,7 @@ def test_two_firers_never_create_the_same_occurrence_twice(database_url):
 
 def test_cancel_removes_a_schedule(database_url):
     schedule(database_url, "daily", "0 9 * * *", datetime.now(timezone.utc) + timedelta(hours=1))
-    assert store(database_url).apply([], [], ["daily"]) == (0, 0, 1)
+    assert store(database_url).apply([], [], ["daily"]) == (0, 0, 1, 0)
     assert store(database_url).list_schedules() == []
 
 

@@ -99,7 +99,7 @@ def fill(conn, n: int, prefix: str, *, due: bool = True, keyed: bool = True) -> 
     conn.execute(
         f"INSERT INTO {TABLE} (id, deadline, key, value, headers, ordering_key) "
         "SELECT %(p)s || g, now() + CASE WHEN %(due)s THEN -interval '1 minute' ELSE interval '1 year' END "
-        "       + g * interval '1 microsecond', 'k'::bytea, repeat('v', 100)::bytea, ''::bytea, "
+        "       + g * interval '1 microsecond', ('k' || g)::bytea, repeat('v', 100)::bytea, ''::bytea, "
         "       CASE WHEN %(keyed)s AND g %% 10 = 0 THEN %(p)s || 'key-' || (g / 40) END "
         "FROM generate_series(1, %(n)s) AS g", {"p": prefix, "due": due, "keyed": keyed, "n": n})
 
@@ -156,8 +156,8 @@ def exercise(admin, firer: Store, consumer: Store, detector: Store, *, times: in
         tag = uuid.uuid4().hex[:8]
         claimed = firer.claim(2000, 300)
         firer.delete_fired(claimed[: len(claimed) // 2])
-        firer.release(claimed[len(claimed) // 2:] or [Claimed("none", t, None, None, None, b"", t_dt(admin), 0,
-                                                              "(0,1)")])
+        firer.release(claimed[len(claimed) // 2:]
+                      or [Claimed("none", t, None, None, None, b"", t_dt(admin), ctid="(0,1)")])
         admin.execute(f"INSERT INTO {TABLE} (id, deadline, cron) VALUES (%s, now() - interval '1 second', "
                       "'* * * * *')", (f"cron-{tag}",))
         occurrences = firer.claim_schedules(100, 300, now_us())
@@ -167,7 +167,7 @@ def exercise(admin, firer: Store, consumer: Store, detector: Store, *, times: in
                       "SELECT %s || g, now(), now() - interval '1 hour', %s FROM generate_series(1, 50) g",
                       (f"stale-{tag}-", uuid.uuid4()))
         stale = detector.find_stale(5000)
-        assert detector.reset_stale(stale or [Stale("none", t_dt(admin), uuid.uuid4(), "(0,1)")]) is not None
+        assert detector.reset_stale(stale or [Stale("none", t_dt(admin), uuid.uuid4(), ctid="(0,1)")]) is not None
         inserts = [Row(f"in-{tag}-{j}", t + 60_000_000 + j, None, b"k", b"v", b"") for j in range(200)]
         replaces = [Row(f"in-{tag}-{j}", t + 90_000_000, None, b"k", b"w", b"") for j in range(50)]
         consumer.apply(inserts, replaces, [f"in-{tag}-{j}" for j in range(50, 100)])

@@ -684,7 +684,7 @@ def test_implementations_are_distinct_modules():
     py, native = implementation("python"), implementation("native")
     assert py.IMPL == "python" and native.IMPL == "native"
     assert py is not native
-    for name in ("parse_headers", "parse_deadline", "encode_headers", "decode_headers"):
+    for name in ("parse_headers", "parse_deadline", "encode_headers", "decode_headers", "read_headers"):
         assert callable(getattr(py, name)) and callable(getattr(native, name))
     assert py.Parsed is native.Parsed is Parsed
 
@@ -694,6 +694,7 @@ def test_loader_exports():
     module = implementation(codec.IMPL)
     assert codec.parse_headers is module.parse_headers
     assert codec.decode_headers is module.decode_headers
+    assert codec.read_headers is module.read_headers
     assert codec.HEADER_ID == "chronosMessageId" and codec.MAX_ID_LENGTH == 128
     assert codec.MAX_DEADLINE_MS == 253402300799999
 

@@ -24,6 +24,8 @@ def test_defaults_are_the_chronos_reference_values():
     assert (s.timing_advance_ms, s.hold_time_ms, s.poll_interval_ms, s.failure_detection_interval_ms) == \
         (50, 5000, 100, 500)
     assert s.max_lateness_ms is None
+    assert s.max_publish_attempts == 10
+    assert load(argv=["--max-publish-attempts", "3"]).max_publish_attempts == 3
 
 
 def test_flag_wins_over_environment():
@@ -43,6 +45,8 @@ def test_flag_wins_over_environment():
     ({"CHRONOS_KAFKA_PROPERTIES": "novalue"}, "key=value"),
     ({"CHRONOS_ALLOWED_TOPICS": "(unclosed"}, "regular expression"),
     ({"CHRONOS_LOOKAHEAD_MS": "3000"}, "less than half"),
+    ({"CHRONOS_MAX_PUBLISH_ATTEMPTS": "0"}, "CHRONOS_MAX_PUBLISH_ATTEMPTS must be greater than 0"),
+    ({"CHRONOS_MAX_PUBLISH_ATTEMPTS": "many"}, "CHRONOS_MAX_PUBLISH_ATTEMPTS must be a whole number"),
     ({"CHRONOS_KAFKA_PROPERTIES_FILE": "/nonexistent/x.properties"}, "cannot read"),
 ])
 def test_bad_values_give_a_clear_error(env, message):

@@ -86,7 +86,7 @@ def test_sort_batch_splits_invalid_late_and_enqueue():
     assert codec.decode_headers(batch.rows["a"].headers) == [("x", b"1"), ("x", None)]
     assert (batch.rows["c"].key, batch.rows["c"].value) == (None, None)
     assert [p.message_id for _, p in batch.late] == ["b"]
-    assert [r.split(":")[0] for _, r in batch.dead] == ["missing_id"]
+    assert [r.split(":")[0] for _, r, _ in batch.dead] == ["missing_id"]
     assert batch.duplicates == 1
 
 
@@ -151,16 +151,16 @@ def test_rows_postgres_refuses_are_dead_lettered_one_by_one():
         def apply(self, inserts, replaces, cancels):
             if any(r.id == "poison" for r in inserts):
                 raise StoreRejected("invalid byte sequence")
-            return len(inserts), len(replaces), len(cancels)
+            return len(inserts), len(replaces), len(cancels), 0
 
     now_ms = NOW // 1000
     msgs = [FakeMessage(hdrs("good", now_ms + 60_000)), FakeMessage(hdrs("poison", now_ms + 60_000))]
     batch = sort_batch(msgs, NOW, RULES)
     proc = ConsumerProcess.__new__(ConsumerProcess)
     proc.store = RefusingStore()
-    assert proc.apply_one_by_one(batch, StoreRejected("x")) == (1, 0, 0)
+    assert proc.apply_one_by_one(batch, StoreRejected("x")) == (1, 0, 0, 0)
     assert list(batch.rows) == ["good"]
-    assert [(m.headers()[0][1], r.split(":")[0]) for m, r in batch.dead] == [(b"poison", "store_rejected")]
+    assert [(h[0][1], r.split(":")[0]) for _, r, h in batch.dead] == [(b"poison", "store_rejected")]
 
 
 def act(mid, deadline_ms, action=None, **extra):
@@ -204,12 +204,12 @@ def test_recurring_schedule_fires_first_at_its_first_occurrence():
                                                                     "chronosTimeZone": "Nowhere/City"}])
 def test_bad_cron_is_dead_lettered(extra):
     batch = sort_batch([act("x", None, **extra)], NOW, RULES)
-    assert [r.split(":")[0] for _, r in batch.dead] == ["bad_cron"]
+    assert [r.split(":")[0] for _, r, _ in batch.dead] == ["bad_cron"]
 
 
 def test_unknown_action_is_dead_lettered():
     batch = sort_batch([act("x", NOW // 1000 + 1000, "postpone")], NOW, RULES)
-    assert [r.split(":")[0] for _, r in batch.dead] == ["bad_action"]
+    assert [r.split(":")[0] for _, r, _ in batch.dead] == ["bad_action"]
 
 
 def test_firer_store_thread_waits_out_a_postgres_outage_instead_of_spinning():
@@ -218,7 +218,7 @@ def test_firer_store_thread_waits_out_a_postgres_outage_instead_of_spinning():
     from chronos.firer import StoreWorker
     worker = StoreWorker.__new__(StoreWorker)
     worker.down_until = _time.time() + 0.8
-    worker.stopping, worker.next_claim, worker.last_delete = False, 0.0, 0.0
+    worker.stopping, worker.next_clock_sync, worker.last_delete = False, 0.0, 0.0
     worker.acked, worker.release = ["acked row"], ["row to hand back"]
     assert worker.wait_time() > 0.5
     worker.down_until = 0.0
@@ -232,13 +232,13 @@ def test_firer_stops_claiming_while_its_oldest_publish_waits_too_long_for_kafka(
     from collections import deque
     from types import SimpleNamespace
 
-    from chronos.firer import FirerProcess, StoreWorker
+    from chronos.firer import Claimer, FirerProcess
 
     firer = FirerProcess.__new__(FirerProcess)
     firer.in_flight = 3
     firer.ack_progress = _time.monotonic()  # an acknowledgement just came back
     firer.sent_at = deque([_time.monotonic() - 4.0, _time.monotonic() - 0.1, _time.monotonic()])
-    worker = StoreWorker.__new__(StoreWorker)
+    worker = Claimer.__new__(Claimer)
     worker.firer, worker.claims_paused = firer, False
     worker.settings = SimpleNamespace(hold_time_ms=5000)
 
@@ -264,8 +264,8 @@ def test_firer_logs_a_claim_or_delete_slow_enough_to_hold_up_firing(caplog):
 
     recorded = []
     worker = StoreWorker.__new__(StoreWorker)
-    worker.firer = SimpleNamespace(metrics=SimpleNamespace(batch=lambda *a: recorded.append(a[:2])))
-    worker.throttle, worker.held = Throttle(logging.getLogger("chronos.firer")), 2000
+    worker.firer = SimpleNamespace(metrics=SimpleNamespace(batch=lambda *a: recorded.append(a[:2])), held=lambda: 2000)
+    worker.throttle = Throttle(logging.getLogger("chronos.firer"))
     caplog.set_level("WARNING", logger="chronos.firer")
     worker.measured("delete", 1000, _time.perf_counter())
     assert not caplog.records

@@ -121,6 +121,9 @@ def test_consumer_counters_are_its_running_totals_read_at_scrape_time():
     assert value(t, "chronos_messages_fired_total") == 2
     assert value(t, "chronos_messages_duplicate_total") == 1
     assert value(t, "chronos_messages_cancelled_total") == 0  # a total the process does not keep reads 0
+    stats.update(cancelled=3, cancelled_in_flight=1)
+    assert value(t, "chronos_messages_cancelled_total") == 3
+    assert value(t, "chronos_messages_cancelled_in_flight_total") == 1
 
 
 def test_dead_lettered_by_reason_code_known_reasons_start_at_zero():
@@ -262,3 +265,29 @@ def test_repeat_filter_lets_one_of_a_kind_through_then_counts():
     chatty.suppressed[(logging.ERROR, "FAIL")] = 4
     again = record("FAIL")
     assert chatty.filter(again) and again.getMessage().endswith("(and 4 more like it)")
+
+
+def test_parked_messages_in_status_and_the_detector_gauge():
+    at = datetime(2026, 11, 21, 9, 0, 5, tzinfo=timezone.utc)
+    d = status.to_dict(_overview(at, parked=3), 5000)
+    assert d["parked"] == 3
+    assert "parked                           3   no topic accepted them: see the chronos_parked table" in \
+        status.render(d)
+    assert "parked                           -" in status.render(status.to_dict(_overview(at), 5000))
+    detector = metrics.DetectorTelemetry(NODE, Settings())
+    detector.store_gauges(_overview(at, parked=3))
+    assert value(detector, "chronos_rows_parked") == 3
+
+
+def test_firer_and_consumer_count_dead_letters_and_parked_messages():
+    firer = metrics.FirerTelemetry(NODE, Settings())
+    firer.follow(lambda: {"parked": 2, "retried": 5})
+    firer.dead_lettered(["too_large: x", "publish_failed: y", "publish_failed: z"])
+    assert value(firer, "chronos_messages_parked_total") == 2
+    assert value(firer, "chronos_messages_retried_total") == 5
+    assert value(firer, "chronos_messages_dead_lettered_total", reason="publish_failed") == 2
+    assert value(firer, "chronos_messages_dead_lettered_total", reason="topic_not_allowed") == 0
+    consumer = metrics.ConsumerTelemetry(NODE, Settings())
+    consumer.follow(lambda: {"parked": 1})
+    assert value(consumer, "chronos_messages_parked_total") == 1
+    assert value(consumer, "chronos_messages_dead_lettered_total", reason="too_large") == 0

@@ -1,0 +1,139 @@
+"""The shipped Grafana dashboard and Prometheus alert rules (ops/) name only metrics and labels that
+the running processes export, and the rules pass promtool."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from chronos.embedded import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "ops" / "grafana-dashboard.json"
+RULES = ROOT / "ops" / "prometheus-rules.yml"
+
+# PromQL words that are not label names when they stand before a parenthesised label list
+_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
+_MATCHERS = re.compile(r"\{([^}]*)\}")
+_MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
+_METRIC = re.compile(r"\bchronos_[a-zA-Z0-9_]+\b")
+_LEGEND = re.compile(r"\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")     # Grafana: {{label}}
+_ANNOTATION = re.compile(r"\$labels\.([a-zA-Z_][a-zA-Z0-9_]*)")           # Prometheus: {{ $labels.label }}
+
+
+def promtool() -> str:
+    """promtool from the venv (the Makefile puts it there) or PATH; missing is a failure, not a skip."""
+    here = Path(sys.executable).parent / "promtool"
+    found = str(here) if here.exists() else shutil.which("promtool")
+    if not found:
+        pytest.fail("promtool not found: `make test` fetches it into .venv/bin (from Debian's prometheus package)")
+    return found
+
+
+def expressions() -> list[tuple[str, str, list[str]]]:
+    """(where, PromQL, label names its legend or annotations use) of every dashboard query and rule."""
+    found = []
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        for target in panel.get("targets", []):
+            legend = _LEGEND.findall(target.get("legendFormat", ""))
+            found.append((f"dashboard panel {panel['title']!r}", target["expr"], legend))
+    for group in yaml.safe_load(RULES.read_text())["groups"]:
+        for rule in group["rules"]:
+            text = " ".join(str(v) for v in rule.get("annotations", {}).values())
+            found.append((f"rule {rule['alert']}", rule["expr"], _ANNOTATION.findall(text)))
+    return found
+
+
+def names_used(expr: str, legend: list[str]) -> tuple[set[str], set[str]]:
+    """(metric names, label names) an expression and its legend refer to."""
+    metrics = set(_METRIC.findall(expr))
+    labels = {m for body in _MATCHERS.findall(expr) for m in _MATCHER.findall(body)}
+    labels |= {n.strip() for body in _GROUPING.findall(expr) for n in body.split(",") if n.strip()}
+    return metrics, labels | set(legend)
+
+
+def unknown_names(exported: dict[str, set[str]]) -> list[str]:
+    problems = []
+    for where, expr, legend in expressions():
+        metrics, labels = names_used(expr, legend)
+        if not metrics:
+            problems.append(f"{where}: names no chronos metric: {expr}")
+        for m in sorted(metrics - exported.keys()):
+            problems.append(f"{where}: metric {m} is exported by no process")
+        known = set().union(*(exported.get(m, set()) for m in metrics))
+        for label in sorted(labels - known):
+            problems.append(f"{where}: label {label!r} is on none of {sorted(metrics)}")
+    return problems
+
+
+def scrape(port: int) -> dict[str, set[str]]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        body = response.read().decode()
+    out: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            out.setdefault(sample.name, set()).update(sample.labels)
+    return out
+
+
+def test_the_checker_catches_a_wrong_metric_and_a_wrong_label():
+    exported = {"chronos_rows_due": {"role", "node"}}
+    assert names_used('sum by (reason) (rate(chronos_x_total{topic="a"}[5m]))', ["node"]) == (
+        {"chronos_x_total"}, {"reason", "topic", "node"})
+    problems = [p for p in unknown_names(exported) if "chronos_rows_due" not in p.split("metric ")[-1]]
+    assert any("exported by no process" in p for p in problems)
+    assert not [p for p in unknown_names({**exported, **{m: {"role", "node", "le", "reason", "step", "action"}
+                                                        for _, e, _ in expressions() for m in _METRIC.findall(e)}})]
+
+
+def test_rules_pass_promtool_and_dashboard_queries_parse(tmp_path):
+    tool = promtool()
+    checked = subprocess.run([tool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    # the dashboard's queries, as recording rules, go through the same PromQL parser
+    records = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"chronos:dashboard:{i}", "expr": expr}
+        for i, (where, expr, _) in enumerate(expressions()) if where.startswith("dashboard")]}]}
+    path = tmp_path / "dashboard-rules.yml"
+    path.write_text(yaml.safe_dump(records))
+    checked = subprocess.run([tool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_dashboard_and_rules_name_only_what_running_processes_export(chronos_env, tmp_path):
+    procs, ports = [], []
+    try:
+        for role in ("consumer", "firer", "detector"):
+            port = free_port()
+            log = tmp_path / f"{role}.log"
+            procs.append((subprocess.Popen([sys.executable, "-m", "chronos", role],
+                                           env={**os.environ, **chronos_env, "CHRONOS_METRICS_PORT": str(port)},
+                                           stdout=open(log, "wb"), stderr=subprocess.STDOUT), log))
+            ports.append(port)
+        exported: dict[str, set[str]] = {}
+        deadline = time.monotonic() + 60
+        for (proc, log), port in zip(procs, ports):
+            while f"serving /metrics and /healthz on port {port}" not in log.read_text(errors="replace"):
+                assert proc.poll() is None, log.read_text(errors="replace")
+                assert time.monotonic() < deadline, log.read_text(errors="replace")
+                time.sleep(0.1)
+            for name, labels in scrape(port).items():
+                exported.setdefault(name, set()).update(labels)
+        assert "chronos_operator_actions_total" in exported, sorted(exported)
+        assert unknown_names(exported) == []
+    finally:
+        for proc, _ in procs:
+            proc.terminate()
+        for proc, _ in procs:
+            proc.wait(15)

@@ -5,13 +5,21 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test bench clean
+.PHONY: up test bench clean chromium
 
 up: $(VENV)/.installed
 	$(BIN)/chronos up $(ARGS)
 
-test: $(VENV)/.installed $(BIN)/promtool
+test: $(VENV)/.installed $(BIN)/promtool chromium
 	$(BIN)/python -m pytest $(ARGS)
+
+# The console's browser tests drive Debian's chromium (Playwright's own browser download is not
+# used). Installed here when missing; without it the browser tests fail rather than skip.
+CHROMIUM ?= /usr/bin/chromium
+chromium:
+	@test -x $(CHROMIUM) || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "make test: the console's browser tests need Debian's chromium at $(CHROMIUM): sudo apt-get install chromium" >&2; exit 1; fi; }
 
 bench: $(VENV)/.installed
 	$(BIN)/python -m pytest benchmarks --benchmark-only $(ARGS)

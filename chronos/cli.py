@@ -221,6 +221,10 @@ def cmd_show(args: argparse.Namespace) -> int:
                    + ("..." if m.value_size > inspect.PREVIEW_BYTES else "")),
                   ("ordering key", repr(m.ordering_key) if m.ordering_key is not None else "-"),
                   ("enqueued", inspect.iso(m.enqueued_at))]
+        if m.attempts:
+            lines.append(("failed publishes", f"{m.attempts}, last: {m.last_error}"))
+        if m.original_deadline is not None:
+            lines.append(("scheduled for", inspect.iso(m.original_deadline)))
         lines.append(("headers", str(len(m.headers)) if m.headers else "none"))
         lines += [(f"  {k!r}", inspect.safe_text(v)) for k, v in m.headers]
         print("\n".join(f"{label:<16} {value}" for label, value in lines))
@@ -416,6 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
     from chronos.status import add_parsers as operating_parsers
     operating_parsers(sub)
     add_operator_parsers(sub)
+
+    from chronos.console import add_parser as console_parser
+    console_parser(sub)
     return parser
 
 

@@ -13,11 +13,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import orjson
 
 from chronos.errors import ConfigError
+from chronos.ratelimit import FireRateLimits, TopicRates, parse_rate, parse_topic_rates
 
 TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
@@ -73,6 +74,22 @@ def _str(name: str, raw: str) -> str:
     if not raw:
         raise ConfigError(f"{name} must not be empty")
     return raw
+
+
+def _console_token(name: str, raw: str) -> str | None:
+    if not raw:
+        return None
+    if len(raw) < 12:
+        raise ConfigError(f"{name} must be at least 12 characters long (it guards the console's actions)")
+    return raw
+
+
+def _urls(name: str, raw: str) -> tuple[str, ...]:
+    urls = tuple(u.strip() for u in raw.split(",") if u.strip())
+    for url in urls:
+        if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+            raise ConfigError(f"{name} must be a comma-separated list of http:// URLs, got {url!r}")
+    return urls
 
 
 def _database_url(name: str, raw: str) -> str | None:
@@ -183,8 +200,19 @@ OPTIONS: tuple[Option, ...] = (
            "(consumer 0, firer 100, detector 200) + CHRONOS_PROCESS_NUM", _port, "0"),
     Option("health_window_ms", "/healthz fails when the loop, PostgreSQL or Kafka was last ok longer ago",
            _positive_int, "10000"),
+    Option("console_host", "address the web console listens on", _str, "127.0.0.1"),
+    Option("console_port", "port of the web console", _port, "9700"),
+    Option("console_token", "token that unlocks the web console's actions (cancel, fire now, reschedule); "
+           "unset: the console is read-only", _console_token, ""),
+    Option("console_metrics_urls", "comma-separated /metrics URLs of the processes, for the console's rates "
+           "and lateness (`chronos up` fills it in)", _urls, ""),
     Option("confirm_above", "cancel, fire-now and reschedule need --yes to change more messages than this",
            _non_negative_int, "1000"),
+    Option("fire_rate_limits", "publish at most this fast to these destination topics, all firers together: "
+           "TOPIC=RATE pairs, a TOPIC may hold * (orders=500,payments.*=100/min,audit=unlimited); "
+           "RATE is messages per second, or N/min, N/h", parse_topic_rates, ""),
+    Option("fire_rate_default", "the RATE of every destination topic CHRONOS_FIRE_RATE_LIMITS does not name "
+           "(default: unlimited)", parse_rate, ""),
 )
 
 
@@ -211,7 +239,13 @@ class Settings:
     log_format: str = "text"
     metrics_port: int = 0
     health_window_ms: int = 10000
+    console_host: str = "127.0.0.1"
+    console_port: int = 9700
+    console_token: str | None = None
+    console_metrics_urls: tuple[str, ...] = ()
     confirm_above: int = 1000
+    fire_rate_limits: TopicRates = TopicRates()
+    fire_rate_default: float | None = None
 
     def validate(self) -> "Settings":
         if self.lookahead_ms * 2 >= self.hold_time_ms:
@@ -227,12 +261,18 @@ class Settings:
         return {**self.kafka_properties_file, **self.kafka_properties}
 
     @property
+    def fire_rates(self) -> FireRateLimits:
+        return FireRateLimits(self.fire_rate_limits, self.fire_rate_default)
+
+    @property
     def allowed_topics_re(self) -> re.Pattern[str]:
         return re.compile(self.allowed_topics) if self.allowed_topics else re.compile(re.escape(self.output_topic))
 
     def secrets(self) -> list[str]:
         """Every secret value this process knows, for the log redaction filter."""
         found = [v for k, v in self.kafka_config.items() if k in SECRET_KAFKA_KEYS and v]
+        if self.console_token:
+            found.append(self.console_token)
         if self.database_url:
             found += database_passwords(self.database_url)
         return found
@@ -259,7 +299,7 @@ def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None 
     for opt in OPTIONS:
         if only is not None and opt.attr not in only:
             continue
-        shown = "" if opt.attr in ("database_url",) else f" (default: {opt.default or 'unset'})"
+        shown = "" if opt.attr in ("database_url", "console_token") else f" (default: {opt.default or 'unset'})"
         group.add_argument(opt.flag, dest=opt.attr, default=None, metavar=opt.env,
                            help=f"{opt.help} [env {opt.env}]{shown}")
     parser.add_argument("--ready-file", default=None,
@@ -269,7 +309,7 @@ def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None 
 
 READY_KEYS = {"database_url": "database_url", "bootstrap_servers": "kafka_bootstrap_servers",
               "input_topic": "input_topic", "output_topic": "output_topic", "dlq_topic": "dlq_topic",
-              "kafka_properties": "kafka_properties"}
+              "kafka_properties": "kafka_properties", "metrics_urls": "console_metrics_urls"}
 
 
 def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None, *,
@@ -297,7 +337,8 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | No
         for key, attr in READY_KEYS.items():
             value = ready.get(key)
             if attr not in raw and value:
-                raw[attr] = ",".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else str(value)
+                raw[attr] = (",".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict)
+                             else ",".join(map(str, value)) if isinstance(value, list) else str(value))
     values: dict[str, Any] = {}
     for opt in OPTIONS:
         text = raw.get(opt.attr, opt.default)
@@ -398,6 +439,10 @@ def to_environ(settings: Settings) -> dict[str, str]:
             if not value:
                 continue
             value = ",".join(f"{k}={v}" for k, v in value.items())
+        elif isinstance(value, tuple):
+            if not value:
+                continue
+            value = ",".join(value)
         env[opt.env] = str(value)
     return env
 

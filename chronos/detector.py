@@ -85,6 +85,7 @@ class DetectorProcess:
         self.next_gauges = now + GAUGES_EVERY
         try:
             self.metrics.store_gauges(self.store.overview(self.settings.hold_time_ms))
+            self.metrics.throttled_gauges(self.store.throttled(self.settings.output_topic))
             self.metrics.actions = inspect.action_totals(self.store)
         except StoreRejected as exc:  # a gauge is not worth stopping the detector for
             self.throttle.warning("gauges", "cannot read the store gauges: %s", exc)

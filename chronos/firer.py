@@ -149,6 +149,7 @@ class StoreThread(threading.Thread):
         if lasted is not None:
             log.warning("postgres reachable again after %.1fs", lasted)
 
+
 class Claimer(StoreThread):
     """Claims due rows and recurring schedules. On a thread and connection of its own, apart from
     the deletes and hand-backs (`StoreWorker`): a claim that runs long (a lock, a plan gone bad)
@@ -158,6 +159,9 @@ class Claimer(StoreThread):
     def __init__(self, firer: "FirerProcess"):
         super().__init__(firer, "firer-claim")
         self.limit = firer.settings.batch_size
+        self.limits = firer.settings.fire_rates
+        if self.limits:
+            log.info("fire-rate limits: %s", self.limits)
         self.max_held = firer.settings.batch_size * 4
         self.claimed_rows = 0        # ever claimed (this thread writes it; `FirerProcess.held` reads it)
         self.stopped = threading.Event()
@@ -207,7 +211,12 @@ class Claimer(StoreThread):
             return
         limit = min(self.limit, self.max_held - held)
         started = time.perf_counter()
-        rows = self.store.claim(limit, self.settings.lookahead_ms)
+        if self.limits:  # fire-rate limits: topic by topic, within each limited topic's budget
+            rows, backlog = self.store.claim_limited(self.limits, self.settings.output_topic, limit,
+                                                     self.settings.lookahead_ms)
+        else:
+            rows = self.store.claim(limit, self.settings.lookahead_ms)
+            backlog = len(rows) == limit
         self.hand_to_publisher(rows)  # before the schedules' claim, which may be the slow one
         occurrences = []
         if now >= self.next_schedules:  # recurring schedules: once per poll interval, even in a backlog
@@ -215,7 +224,7 @@ class Claimer(StoreThread):
             occurrences = self.store.claim_schedules(limit, self.settings.lookahead_ms, time.time_ns() // 1000)
             self.hand_to_publisher(occurrences)
         self.measured("claim", len(rows) + len(occurrences), started)
-        if len(rows) == limit:
+        if backlog:
             self.next_claim = now  # a backlog: drain it without sleeping
         else:
             interval = self.settings.poll_interval_ms / 1000.0

@@ -183,6 +183,33 @@ class Message:
     cron: str | None = None
     timezone: str | None = None
     dst_policy: str | None = None
+    attempts: int = 0                       # failed publishes so far (retried after a backoff)
+    last_error: str | None = None           # why the last publish failed
+    original_deadline: datetime | None = None   # as scheduled, when a retry's backoff moved `deadline`
+
+
+@dataclass
+class Parked:
+    """A message no topic accepted (neither its destination nor the dead-letter topic), kept in
+    chronos_parked."""
+
+    number: int                     # its row in chronos_parked (the page's cursor)
+    message_id: str | None          # None when the message had no usable id
+    source: str                     # `store/<id>`, or `<topic>/<partition>/<offset>` of the input
+    topic: str                      # where it was going
+    deadline: datetime | None
+    key: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    value_size: int | None
+    value_preview: bytes
+    reason: str
+    parked_at: datetime
+
+
+@dataclass
+class ParkedPage:
+    items: list[Parked]
+    cursor: int | None              # pass as `before` for the next (older) page; None on the last
 
 
 @dataclass
@@ -234,13 +261,14 @@ def show(store: Store, message_id: str, *, output_topic: str) -> Message | None:
     if row is None:
         return None
     (mid, deadline, readied_at, readied_by, topic, key, size, preview, headers, okey, enqueued_at, cron, tz,
-     dst) = row
+     dst, attempts, last_error, original_deadline) = row
     state = "recurring" if cron is not None else "in_flight" if readied_at is not None else "waiting"
     return Message(id=mid, state=state, deadline=deadline, topic=topic or output_topic, key=key,
                    headers=codec.decode_headers(headers) if headers else [],
                    value_size=size, value_preview=b"" if preview is None else bytes(preview),
                    ordering_key=okey, enqueued_at=enqueued_at, firer=readied_by, claimed_at=readied_at,
-                   cron=cron, timezone=(tz or "UTC") if cron is not None else None, dst_policy=dst)
+                   cron=cron, timezone=(tz or "UTC") if cron is not None else None, dst_policy=dst,
+                   attempts=attempts, last_error=last_error, original_deadline=original_deadline)
 
 
 def _params(f: Filters, limit: int, *, cursor: tuple[str, list[Any]] | None = None,
@@ -274,6 +302,19 @@ def list_messages(store: Store, f: Filters, *, output_topic: str, limit: int = 5
         last = items[-1]
         next_cursor = encode_cursor("i", [last.id]) if by_id else encode_cursor("d", [_to_us(last.deadline), last.seq])
     return Page(items, next_cursor)
+
+
+def list_parked(store: Store, *, limit: int = 50, before: int | None = None) -> ParkedPage:
+    """One page of parked messages, newest first, older than the cursor `before`."""
+    if limit <= 0:
+        raise ConfigError(f"--limit must be greater than 0, got {limit}")
+    rows = store.run(lambda c: c.execute(QUERIES["list_parked"], {"before": before, "limit": limit,
+                                                                  "preview": PREVIEW_BYTES}).fetchall())
+    items = [Parked(number=n, message_id=mid, source=src, topic=topic, deadline=deadline, key=key,
+                    headers=codec.decode_headers(headers) if headers else [], value_size=size,
+                    value_preview=b"" if preview is None else bytes(preview), reason=reason, parked_at=at)
+             for n, mid, src, topic, deadline, key, size, preview, headers, reason, at in rows]
+    return ParkedPage(items, items[-1].number if len(items) == limit else None)
 
 
 def action_totals(store: Store) -> dict[str, tuple[int, int]]:
@@ -418,7 +459,9 @@ def to_json(result: Message | Page | ActionResult | None) -> Any:
             "ordering_key": m.ordering_key, "enqueued_at": iso(m.enqueued_at),
             "firer": str(m.firer) if m.firer else None, "claimed_at": iso(m.claimed_at) if m.claimed_at else None,
             "cron": m.cron, "timezone": m.timezone, "dst_policy": m.dst_policy,
-            "next_occurrence": iso(m.deadline) if m.state == "recurring" else None}
+            "next_occurrence": iso(m.deadline) if m.state == "recurring" else None,
+            "attempts": m.attempts, "last_error": m.last_error,
+            "original_deadline": iso(m.original_deadline) if m.original_deadline else None}
 
 
 def _listed_json(m: Listed) -> dict[str, Any]:

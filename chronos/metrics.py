@@ -438,6 +438,12 @@ class DetectorTelemetry(Telemetry):
         self.schedules = self.gauge("chronos_recurring_schedules", "recurring (cron) schedules in the store")
         self.parked = self.gauge("chronos_rows_parked", "messages kept in chronos_parked: neither their destination "
                                  "nor the dead-letter topic accepted them (an operator should look)")
+        self.throttled = Gauge("chronos_throttled_rows", "due rows of a rate-limited destination topic held back "
+                               "by its fire-rate limit (not claimed yet)", ("role", "node", "topic"),
+                               registry=self.registry)
+        self.throttled_lateness = Gauge("chronos_throttled_lateness_seconds", "how late the oldest held-back row "
+                                        "of a rate-limited destination topic is (0 when none)",
+                                        ("role", "node", "topic"), registry=self.registry)
         self.store_read = self.gauge("chronos_store_gauges_timestamp_seconds",
                                      "when the chronos_rows_* gauges were last read from the store (unix time)")
         self.actions: Mapping[str, tuple[int, int]] = {}   # read with the store gauges
@@ -457,3 +463,12 @@ class DetectorTelemetry(Telemetry):
         self.schedules.set(overview.schedules or 0)
         self.parked.set(overview.parked or 0)
         self.store_read.set(time.time())
+
+    def throttled_gauges(self, throttled: Iterable[Any]) -> None:
+        """Set the per-topic throttled gauges from `store.Throttled` values; a topic no longer
+        listed (no firer limited it in the last minute) drops out."""
+        self.throttled.clear()
+        self.throttled_lateness.clear()
+        for t in throttled:
+            self.throttled.labels(self.role, self.node, t.topic).set(t.rows)
+            self.throttled_lateness.labels(self.role, self.node, t.topic).set(t.lateness_s)

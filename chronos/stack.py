@@ -2,7 +2,8 @@
 
 PostgreSQL (embedded under the data directory unless a URL is given), a Kafka-compatible
 broker (embedded unless bootstrap servers are given), topics, migrations, then supervisord
-running the consumer, firer and detector programs of the project's supervisord.conf.
+running the consumer, firer and detector programs of the project's supervisord.conf, and the
+web console (unless --no-console or its extra is missing).
 
 One `chronos up` per data directory (a lock file). Everything it starts dies with it, even when
 it is killed outright, and the next one stops whatever an earlier killed one left behind (see
@@ -29,6 +30,7 @@ import orjson
 
 from chronos import config, orphans, store
 from chronos.config import Settings, redact_url
+from chronos.console.launch import ConsoleProcess, metrics_urls, pick_metrics_base
 from chronos.embedded import EmbeddedBroker, EmbeddedError, EmbeddedPostgres, create_topics
 from chronos.errors import EXIT_CONFIG, EXIT_EMBEDDED, EXIT_SCHEMA, ChronosError
 from chronos.store import Backoff
@@ -87,6 +89,7 @@ class Stack:
     postgres: EmbeddedPostgres | None = None
     broker: EmbeddedBroker | None = None
     supervisord: subprocess.Popen | None = None
+    console: ConsoleProcess | None = None
     run_dir: Path = field(init=False)
     log_dir: Path = field(init=False)
     lock: orphans.StackLock = field(init=False)
@@ -124,6 +127,8 @@ class Stack:
 
     def start(self, life_check) -> None:
         self.claim_data_dir()
+        if self.console is not None:
+            self.console.reserve()  # after the leftovers stopped: one of them may be an old console
         s = self.settings
         if s.database_url:
             print(f"using PostgreSQL at {redact_url(s.database_url)}", flush=True)
@@ -158,8 +163,20 @@ class Stack:
         print(f"schema at version {store.LATEST_VERSION}"
               + (f" (applied {', '.join(map(str, applied))})" if applied else ""), flush=True)
         life_check()
+        if self.console is not None and not s.metrics_port:
+            # the console's rates and lateness come from the programs' /metrics
+            self.settings = s = config.replace(s, metrics_port=pick_metrics_base(self.live_counts()))
         self.start_supervisord()
         self.wait_programs_running(life_check)
+        if self.console is not None:
+            self.console.settings = config.replace(s, console_metrics_urls=metrics_urls(s.metrics_port,
+                                                                                        self.live_counts()))
+            print(f"console on {self.console.start(self.environ())} ("
+                  + ("read-only: no CHRONOS_CONSOLE_TOKEN" if s.console_token is None else "actions need the token")
+                  + ")", flush=True)
+
+    def live_counts(self) -> dict[str, int]:
+        return {role: n for role, n in self.counts.items() if n > 0}
 
     def environ(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -176,6 +193,7 @@ class Stack:
             # the programs read the file themselves, so its secrets stay out of their environment
             env["CHRONOS_KAFKA_PROPERTIES_FILE"] = self.kafka_properties_file
         env.pop("CHRONOS_READY_FILE", None)
+        env.pop("CHRONOS_CONSOLE_TOKEN", None)  # only the console needs it
         return env
 
     def start_supervisord(self) -> None:
@@ -261,7 +279,10 @@ class Stack:
                 "supervisord_pid": self.supervisord.pid if self.supervisord else None,
                 "postgres_pid": self.postgres.pid if self.postgres else None,
                 "broker_pid": self.broker.pid if self.broker else None,
-                "kafka_properties": s.kafka_properties, "pid": os.getpid()}
+                "kafka_properties": s.kafka_properties, "pid": os.getpid(),
+                "console_url": self.console.url if self.console else None,
+                "console_pid": self.console.proc.pid if self.console and self.console.proc else None,
+                "metrics_urls": list(metrics_urls(s.metrics_port, self.live_counts())) if s.metrics_port else []}
         return info
 
     def announce(self) -> None:
@@ -299,6 +320,10 @@ class Stack:
             except (OSError, xmlrpc.client.Fault) as exc:
                 log.warning("cannot ask supervisord for program states: %s", exc)
                 continue
+            if self.console is not None and self.console.exited() is not None:
+                log.warning("the console stopped (exit code %s); see %s", self.console.exited(),
+                            self.console.log_path)
+                self.console = None
             self.check_programs(infos)
 
     def restart_postgres(self, stopping: threading.Event) -> None:
@@ -334,6 +359,8 @@ class Stack:
             return  # refused the data directory: everything there belongs to someone else
         if self.ready_file is not None and self.ready_file.exists():
             self.ready_file.unlink()
+        if self.console is not None:
+            self.console.stop()
         if self.supervisord is not None and self.supervisord.poll() is None:
             print("stopping programs ...", flush=True)
             self.supervisord.send_signal(signal.SIGTERM)
@@ -385,6 +412,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitions", type=int, default=4, help="partitions of topics created (default 4)")
     parser.add_argument("--pg-port", type=int, default=None, help="port of the embedded PostgreSQL (default: free)")
     parser.add_argument("--kafka-port", type=int, default=None, help="port of the embedded broker (default: free)")
+    parser.add_argument("--no-console", action="store_true",
+                        help="do not start the web console (it serves on CHRONOS_CONSOLE_HOST:CHRONOS_CONSOLE_PORT)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -405,6 +434,13 @@ def run(args: argparse.Namespace) -> int:
                   pg_port=args.pg_port, kafka_port=args.kafka_port, ready_file=ready_file,
                   kafka_properties_file=str(Path(args.kafka_properties_file).resolve())
                   if args.kafka_properties_file else None)
+    if not args.no_console:
+        why_not = ConsoleProcess.available()
+        if why_not:
+            print(f"console not started: {why_not}", flush=True)
+        else:
+            stack.console = ConsoleProcess(settings, stack.log_dir, port_chosen=args.console_port is not None
+                                           or "CHRONOS_CONSOLE_PORT" in os.environ)
     stopping = threading.Event()
 
     def on_signal(signum, _frame):

@@ -9,7 +9,7 @@ import time
 import urllib.error
 import urllib.request
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Sequence
 
 import orjson
 
@@ -20,10 +20,10 @@ from chronos.errors import EXIT_FAILURE, EXIT_UNAVAILABLE, ConfigError, StoreUna
 def add_parsers(sub: Any) -> None:
     """The `status` and `health` sub-commands."""
     p = sub.add_parser("status", help="what the store holds: waiting, due, in flight per firer, overdue, "
-                                      "suspected failures, recurring schedules, next deadline",
+                                      "suspected failures, recurring schedules, throttled topics, next deadline",
                        description="Read the store and print what it holds. Runs against the same settings "
                                    "(or --ready-file) as every other command.")
-    config.add_arguments(p, only=("database_url", "hold_time_ms"))
+    config.add_arguments(p, only=("database_url", "hold_time_ms", "output_topic"))
     p.add_argument("--json", action="store_true", help="one JSON object (one per line with --watch)")
     p.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
                    help="refresh every SECONDS (default 2) until Ctrl-C")
@@ -43,8 +43,9 @@ def add_parsers(sub: Any) -> None:
 
 # -- status --------------------------------------------------------------------------------
 
-def to_dict(view: Any, hold_time_ms: int) -> dict[str, Any]:
-    """A `store.Overview` as plain JSON-ready values (times in ISO-8601 UTC, durations in seconds)."""
+def to_dict(view: Any, hold_time_ms: int, throttled: Sequence[Any] = ()) -> dict[str, Any]:
+    """A `store.Overview` (and the `store.Throttled` of each rate-limited topic) as plain JSON-ready
+    values (times in ISO-8601 UTC, durations in seconds)."""
     return {
         "at": _iso(view.at),
         "waiting": view.waiting,
@@ -58,6 +59,8 @@ def to_dict(view: Any, hold_time_ms: int) -> dict[str, Any]:
         "hold_time_ms": hold_time_ms,
         "recurring_schedules": view.schedules,
         "parked": view.parked,
+        "throttled": [{"topic": t.topic, "rate_per_s": t.rate, "rows": t.rows, "lateness_s": round(t.lateness_s, 3)}
+                      for t in throttled],
         "next_deadline": _iso(view.next_deadline) if view.next_deadline else None,
         "next_deadline_in_s": round((view.next_deadline - view.at).total_seconds(), 3) if view.next_deadline
         else None,
@@ -89,6 +92,11 @@ def render(d: dict[str, Any]) -> str:
     parked = d["parked"]
     lines.append(row("parked", "-" if parked is None else parked,
                      "no topic accepted them: see the chronos_parked table" if parked else ""))
+    for t in d.get("throttled", []):
+        limit = f"limit {t['rate_per_s']:g}/s"
+        lines.append(row(f"  throttled {t['topic']}", t["rows"],
+                         f"due, held back by the {limit}, oldest {_seconds(t['lateness_s'])} late" if t["rows"]
+                         else f"{limit}, nothing held back"))
     if d["next_deadline"]:
         lines.append(row("next deadline", f"in {_seconds(d['next_deadline_in_s'])}", d["next_deadline"]))
     else:
@@ -106,7 +114,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         while True:
             try:
                 d = to_dict(store.overview(settings.hold_time_ms, exact=True if args.exact else None),
-                            settings.hold_time_ms)
+                            settings.hold_time_ms, store.throttled(settings.output_topic))
             except StoreUnavailable as exc:
                 if args.watch is None:
                     raise

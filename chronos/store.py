@@ -18,7 +18,7 @@ from typing import Any, Iterable, Sequence
 
 import psycopg
 
-from chronos import codec, cron
+from chronos import codec, cron, ratelimit
 from chronos.config import database_passwords, redact_url
 from chronos.errors import SchemaError, StoreRejected, StoreUnavailable, UnavailableError  # noqa: F401
 
@@ -325,6 +325,78 @@ class Store:
             return rows
         return self._run(run)
 
+    def claim_limited(self, limits: ratelimit.FireRateLimits, output_topic: str, limit: int,
+                      lookahead_ms: int) -> tuple[list[Claimed], bool]:
+        """The claim when fire-rate limits are configured: topic by topic, each off its own index so
+        a throttled backlog never delays another topic. A limited topic's rows are claimed once due
+        (no lookahead: a token is spent when its message may go out) and no more of them than its
+        bucket holds, taken in the claim's own transaction under the bucket's lock, so all firers
+        together keep to the rate. Returns (rows in deadline order, whether a topic's share of the
+        batch rather than its budget or its due rows ended its claim: a backlog to drain without
+        sleeping)."""
+        topics: list[str | None] = [None, *self._run(lambda c: [r[0] for r in c.execute(QUERIES["waiting_topics"],
+                                                                                          prepare=True)])]
+        rates = {t: limits.rate_for(t or output_topic) for t in topics}
+        claimed: list[Claimed] = []
+        # Limited topics first: their budgets keep them small, and what they leave goes to the others.
+        # Each topic gets at most an even share of what remains of the batch, so a backlog of one
+        # topic cannot starve the next; the topics that filled their share split what is left over.
+        # One _run per topic: a transaction run again after a rollback repeats only its own topic.
+        order = sorted(topics, key=lambda t: rates[t] is None)
+        while order and len(claimed) < limit:
+            filled = []
+            for left, topic in zip(range(len(order), 0, -1), order):
+                share = -(-(limit - len(claimed)) // left)  # rounded up
+                if share <= 0:
+                    break
+                rate = rates[topic]
+                if rate is None:
+                    rows = self._run(lambda c: self._claim_topic(c, topic, share, lookahead_ms))
+                else:
+                    rows = self._run(lambda c: self._claim_granted(c, topic or output_topic, topic, rate, share))
+                if len(rows) == share:
+                    filled.append(topic)
+                claimed += rows
+            order = filled
+        full = bool(order)
+        claimed.sort(key=lambda r: (r.scheduled_us, r.seq))
+        return claimed, full
+
+    def _claim_granted(self, conn: psycopg.Connection, name: str, topic: str | None, rate: float,
+                       limit: int) -> list[Claimed]:
+        """Claim as many due rows of one limited topic as its bucket allows, in one transaction."""
+        with conn.transaction():
+            bucket = conn.execute(QUERIES["take_output_tokens" if topic is None else "take_tokens"], {
+                "topic": name, "rate": rate, "capacity": ratelimit.capacity(rate)}, prepare=True).fetchone()
+            if bucket is None:  # nothing due
+                return []
+            grant = min(int(bucket[0]), limit)
+            rows = self._claim_topic(conn, topic, grant, 0) if grant > 0 else []
+            if rows:
+                conn.execute(QUERIES["spend_tokens"], {"topic": name, "spent": len(rows)})
+        return rows
+
+    def _claim_topic(self, conn: psycopg.Connection, topic: str | None, limit: int,
+                     lookahead_ms: int) -> list[Claimed]:
+        query = QUERIES["claim_output_topic" if topic is None else "claim_topic"]
+        params = {"node": self.node_id, "limit": limit, "lookahead_ms": lookahead_ms, "topic": topic}
+        return [Claimed(*r) for r in conn.execute(query, params, prepare=True).fetchall()]
+
+    def throttled(self, output_topic: str) -> list["Throttled"]:
+        """Per topic the firers limit (their buckets in chronos_rate_limits): how many rows are due
+        and not claimed, held back by the limit (at most DUE_CAP counted), and how late the oldest
+        of them is, by the database clock."""
+        def run(conn: psycopg.Connection) -> list[Throttled]:
+            at = conn.execute(QUERIES["db_now"]).fetchone()[0]
+            found = []
+            for topic, rate in conn.execute(QUERIES["limited_topics"]).fetchall():
+                output = topic == output_topic
+                rows, oldest = conn.execute(QUERIES["throttled_output_topic" if output else "throttled_topic"],
+                                            {"topic": topic, "cap": DUE_CAP}).fetchone()
+                found.append(Throttled(topic, rate, rows, max(0.0, (at - oldest).total_seconds()) if oldest else 0.0))
+            return found
+        return self._run(run)
+
     def claim_schedules(self, limit: int, lookahead_ms: int, now_us: int) -> list[Claimed]:
         """Fire due recurring schedules: in one transaction per call, create each due occurrence
         as a row claimed by this node and move the schedule to its next occurrence, so that with
@@ -470,6 +542,16 @@ class NodeLoad:
     past_hold_time: int
     held_for_s: float           # since its oldest claim
     oldest_deadline: datetime
+
+
+@dataclass(slots=True)
+class Throttled:
+    """A destination topic under a fire-rate limit: its due rows not yet claimed, and their lateness."""
+
+    topic: str
+    rate: float                 # messages per second
+    rows: int                   # due and not claimed (at most DUE_CAP)
+    lateness_s: float           # how late the oldest of them is (0 when none)
 
 
 @dataclass(slots=True)

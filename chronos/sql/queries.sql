@@ -283,8 +283,17 @@ SELECT count(*) FROM chronos_messages WHERE cron IS NOT NULL;
 -- name: show_message
 -- The value's size and its first bytes only: a value may be megabytes.
 SELECT id, deadline, readied_at, readied_by, topic, key, octet_length(value), substring(value FROM 1 FOR %(preview)s),
-       headers, ordering_key, enqueued_at, cron, timezone, dst_policy
+       headers, ordering_key, enqueued_at, cron, timezone, dst_policy, attempts, last_error, original_deadline
 FROM chronos_messages WHERE id = %(id)s;
+
+-- name: list_parked
+-- Parked messages, newest first, a page at a time after a cursor (the primary key: no scan).
+SELECT id, message_id, source, topic, deadline, key, octet_length(value), substring(value FROM 1 FOR %(preview)s),
+       headers, reason, parked_at
+FROM chronos_parked
+WHERE %(before)s::bigint IS NULL OR id < %(before)s::bigint
+ORDER BY id DESC
+LIMIT %(limit)s;
 
 -- name: list_by_deadline
 -- One page in (deadline, seq) order, after the keyset cursor. Every filter is optional (NULL: none).
@@ -381,3 +390,148 @@ SELECT action, actions, messages FROM chronos_actions ORDER BY action;
 
 -- name: db_now
 SELECT now();
+
+-- Fire-rate limits (chronos/ratelimit.py): used only when a limit is configured.
+
+-- name: waiting_topics
+-- The destination topics named by waiting rows (chronosTopic), one index probe per topic: a
+-- skip scan of the topic index instead of reading every waiting row.
+WITH RECURSIVE t(topic) AS (
+    (SELECT topic FROM chronos_messages WHERE topic IS NOT NULL AND readied_at IS NULL ORDER BY topic LIMIT 1)
+    UNION ALL
+    SELECT (SELECT m.topic FROM chronos_messages AS m
+            WHERE m.topic > t.topic AND m.readied_at IS NULL ORDER BY m.topic LIMIT 1)
+    FROM t WHERE t.topic IS NOT NULL
+)
+SELECT topic FROM t WHERE topic IS NOT NULL;
+
+-- name: take_tokens
+-- Refill the bucket of a topic named by chronosTopic for the time since its last refill (database
+-- clock) and lock it until this transaction ends: a peer's take waits, then sees what this one
+-- spent. No row (and no write) while none of the topic's rows is due. A firer whose transaction
+-- started before the last refill adds nothing (greatest(0, ...)).
+INSERT INTO chronos_rate_limits AS b (topic, rate, tokens, refilled_at)
+SELECT %(topic)s, %(rate)s, %(capacity)s, now()
+WHERE EXISTS (SELECT FROM chronos_messages
+              WHERE readied_at IS NULL AND cron IS NULL AND topic = %(topic)s AND deadline <= now())
+ON CONFLICT (topic) DO UPDATE SET
+    rate = EXCLUDED.rate,
+    tokens = least(%(capacity)s::float8,
+                   b.tokens + %(rate)s::float8 * greatest(0, extract(epoch FROM now() - b.refilled_at))::float8),
+    refilled_at = greatest(b.refilled_at, now())
+RETURNING tokens;
+
+-- name: take_output_tokens
+-- take_tokens for the output topic (rows without chronosTopic), named %(topic)s in the bucket.
+INSERT INTO chronos_rate_limits AS b (topic, rate, tokens, refilled_at)
+SELECT %(topic)s, %(rate)s, %(capacity)s, now()
+WHERE EXISTS (SELECT FROM chronos_messages
+              WHERE readied_at IS NULL AND cron IS NULL AND topic IS NULL AND deadline <= now())
+ON CONFLICT (topic) DO UPDATE SET
+    rate = EXCLUDED.rate,
+    tokens = least(%(capacity)s::float8,
+                   b.tokens + %(rate)s::float8 * greatest(0, extract(epoch FROM now() - b.refilled_at))::float8),
+    refilled_at = greatest(b.refilled_at, now())
+RETURNING tokens;
+
+-- name: spend_tokens
+UPDATE chronos_rate_limits SET tokens = tokens - %(spent)s WHERE topic = %(topic)s;
+
+-- name: claim_topic
+-- The claim (see `claim`) of one destination topic named by chronosTopic, off the topic index, so
+-- a throttled backlog of one topic never stands in front of another's due rows.
+WITH candidates AS MATERIALIZED (
+    SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq FROM chronos_messages
+    WHERE readied_at IS NULL AND cron IS NULL AND topic = %(topic)s
+      AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'
+    ORDER BY deadline, seq
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), keyed AS (
+    SELECT ctid, ordering_key, place, seq,
+           lag(place, 1, '-infinity') OVER w AS prev_place, lag(seq, 1, 0::bigint) OVER w AS prev_seq
+    FROM candidates
+    WHERE ordering_key IS NOT NULL
+    WINDOW w AS (PARTITION BY ordering_key ORDER BY place, seq)
+), held AS (
+    SELECT ctid, bool_or(
+               EXISTS (SELECT FROM chronos_messages AS e
+                       WHERE e.ordering_key = k.ordering_key AND e.cron IS NULL AND e.original_deadline IS NULL
+                         AND (e.deadline, e.seq) > (k.prev_place, k.prev_seq)
+                         AND (e.deadline, e.seq) < (k.place, k.seq))
+               OR EXISTS (SELECT FROM chronos_messages AS e
+                          WHERE e.ordering_key = k.ordering_key AND e.original_deadline IS NOT NULL
+                            AND (e.original_deadline, e.seq) > (k.prev_place, k.prev_seq)
+                            AND (e.original_deadline, e.seq) < (k.place, k.seq)))
+           OVER (PARTITION BY ordering_key ORDER BY place, seq) AS held
+    FROM keyed AS k
+), due AS (
+    SELECT ctid FROM candidates WHERE ordering_key IS NULL
+    UNION ALL
+    SELECT ctid FROM held WHERE NOT held
+)
+UPDATE chronos_messages AS m
+SET readied_at = now(), readied_by = %(node)s
+FROM due
+WHERE m.ctid = due.ctid
+RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers,
+          m.readied_at, m.seq,
+          m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint, m.ctid;
+
+-- name: claim_output_topic
+-- claim_topic for the output topic (rows without chronosTopic), off the due index.
+WITH candidates AS MATERIALIZED (
+    SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq FROM chronos_messages
+    WHERE readied_at IS NULL AND cron IS NULL AND topic IS NULL
+      AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'
+    ORDER BY deadline, seq
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), keyed AS (
+    SELECT ctid, ordering_key, place, seq,
+           lag(place, 1, '-infinity') OVER w AS prev_place, lag(seq, 1, 0::bigint) OVER w AS prev_seq
+    FROM candidates
+    WHERE ordering_key IS NOT NULL
+    WINDOW w AS (PARTITION BY ordering_key ORDER BY place, seq)
+), held AS (
+    SELECT ctid, bool_or(
+               EXISTS (SELECT FROM chronos_messages AS e
+                       WHERE e.ordering_key = k.ordering_key AND e.cron IS NULL AND e.original_deadline IS NULL
+                         AND (e.deadline, e.seq) > (k.prev_place, k.prev_seq)
+                         AND (e.deadline, e.seq) < (k.place, k.seq))
+               OR EXISTS (SELECT FROM chronos_messages AS e
+                          WHERE e.ordering_key = k.ordering_key AND e.original_deadline IS NOT NULL
+                            AND (e.original_deadline, e.seq) > (k.prev_place, k.prev_seq)
+                            AND (e.original_deadline, e.seq) < (k.place, k.seq)))
+           OVER (PARTITION BY ordering_key ORDER BY place, seq) AS held
+    FROM keyed AS k
+), due AS (
+    SELECT ctid FROM candidates WHERE ordering_key IS NULL
+    UNION ALL
+    SELECT ctid FROM held WHERE NOT held
+)
+UPDATE chronos_messages AS m
+SET readied_at = now(), readied_by = %(node)s
+FROM due
+WHERE m.ctid = due.ctid
+RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers,
+          m.readied_at, m.seq,
+          m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint, m.ctid;
+
+-- name: limited_topics
+-- Topics the firers applied a limit to within the last minute (they take tokens every poll while
+-- the topic has due rows; a bucket left by a limit since removed drops out).
+SELECT topic, rate FROM chronos_rate_limits WHERE refilled_at > now() - interval '1 minute' ORDER BY topic;
+
+-- name: throttled_topic
+-- Due rows of a limited topic no firer claimed yet (at most %(cap)s counted), and the oldest deadline.
+SELECT count(*), min(deadline) FROM (
+    SELECT deadline FROM chronos_messages
+    WHERE readied_at IS NULL AND cron IS NULL AND topic = %(topic)s AND deadline <= now()
+    LIMIT %(cap)s) AS due;
+
+-- name: throttled_output_topic
+SELECT count(*), min(deadline) FROM (
+    SELECT deadline FROM chronos_messages
+    WHERE readied_at IS NULL AND cron IS NULL AND topic IS NULL AND deadline <= now()
+    LIMIT %(cap)s) AS due;

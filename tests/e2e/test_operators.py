@@ -59,6 +59,8 @@ CONFIG_ERRORS = [
     ("migrate", ["--database-url", f"host=db sslpassword={DB_SECRET}"], "must be a postgresql:// URL"),
     ("up", ["--consumers", "-1"], "--consumers must be between 0 and 64"),
     ("up", ["--allowed-topics", "("], "not a valid regular expression"),
+    ("firer", ["--fire-rate-limits", "orders=fast"], "CHRONOS_FIRE_RATE_LIMITS: 'fast' is not a rate"),
+    ("up", ["--fire-rate-default", "0"], "CHRONOS_FIRE_RATE_DEFAULT: a rate must be more than 0"),
     ("send", [], "no Kafka to send to"),
     ("send", ["--kafka-bootstrap-servers", "127.0.0.1:1", "--delay", "soon"], "not a duration"),
     ("send", ["--kafka-bootstrap-servers", "127.0.0.1:1", "--header", "no-value"], "--header must be key=value"),

@@ -83,8 +83,10 @@ def test_up_send_receive_and_clean_stop(tmp_path):
         info = up.wait_ready()
         assert "\nready bootstrap_servers=" in "\n" + up.output()
         assert {"bootstrap_servers", "database_url", "input_topic", "output_topic", "dlq_topic"} <= set(info)
-        pids = [info["supervisord_pid"], info["postgres_pid"], info["broker_pid"], *up.program_pids(info)]
-        assert len(pids) == 6
+        pids = [info["supervisord_pid"], info["postgres_pid"], info["broker_pid"], info["console_pid"],
+                *up.program_pids(info)]
+        assert len(pids) == 7
+        assert info["console_url"].startswith("http://127.0.0.1:") and len(info["metrics_urls"]) == 3
         collect = Collector(info["bootstrap_servers"], [info["output_topic"]])
         sent_at = time.time()
         message_id = send(up.ready, "--delay", "2s", "--key", "K", "--value", "V", "--header", "h=1")
@@ -110,9 +112,10 @@ def test_restart_keeps_waiting_messages(tmp_path):
         time.sleep(0.2)
         _wait_stored(tmp_path, "keep-me")
         assert up.stop() == 0
-        up2 = Up(tmp_path)
+        up2 = Up(tmp_path, "--no-console")
         try:
             info = up2.wait_ready()
+            assert info["console_url"] is None and info["console_pid"] is None and info["metrics_urls"] == []
             collect = Collector(info["bootstrap_servers"], [info["output_topic"]])
             (m,) = collect.until(lambda ms: len(ms) >= 1, timeout=30)
             collect.close()
@@ -152,6 +155,16 @@ def test_occupied_port_is_a_clear_error(tmp_path, busy_port, flag):
         assert up.proc.wait(60) == 5
         assert f"port {busy_port} is already in use" in up.output()
         assert not up.ready.exists()
+    finally:
+        up.kill()
+
+
+def test_a_named_console_port_in_use_is_a_clear_error_before_anything_starts(tmp_path, busy_port):
+    up = Up(tmp_path, "--console-port", str(busy_port))
+    try:
+        assert up.proc.wait(30) == 2
+        assert f"the console cannot listen on 127.0.0.1:{busy_port}" in up.output()
+        assert "started embedded PostgreSQL" not in up.output()
     finally:
         up.kill()
 
@@ -227,7 +240,7 @@ def test_a_killed_up_leaves_nothing_running_and_the_next_one_starts(tmp_path):
     try:
         info = up.wait_ready()
         pids = _stack_pids(up, info)
-        assert len(pids) >= 6
+        assert len(pids) >= 6 and info["console_pid"] in pids
         up.kill()  # SIGKILL: no chance to stop anything itself
         survivors = _wait_all_gone(pids, timeout=30)
         assert not survivors, [Path(f"/proc/{p}/cmdline").read_bytes() for p in survivors if not _gone(p)]

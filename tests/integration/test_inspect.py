@@ -333,3 +333,26 @@ def test_a_schedules_dst_policy_is_stored_replaced_and_followed(s):
     row.dst_policy = None
     assert s.apply([], [row], []) == (0, 1, 0, 0)
     assert inspect.show(s, "twice", output_topic=OUT).dst_policy is None
+
+
+def test_show_tells_failed_publishes_and_parked_messages_are_listed_newest_first(s):
+    from chronos.store import Parked
+    due = now_us() - 1000
+    s.insert([r("refused", due)])
+    (claimed,) = s.claim(10, 0)
+    assert s.retry_later([(claimed, "publish_failed: topic authorization failed", 60_000)]) == 1
+    m = inspect.show(s, "refused", output_topic=OUT)
+    assert (m.state, m.attempts, m.last_error) == ("waiting", 1, "publish_failed: topic authorization failed")
+    assert inspect._to_us(m.original_deadline) == claimed.deadline_us and m.deadline > m.original_deadline
+    j = inspect.to_json(m)
+    assert (j["attempts"], j["original_deadline"]) == (1, inspect.iso(m.original_deadline))
+
+    s.park([Parked(f"p{i}", f"chronos.input/0/{i}", "out", None, b"k", b"v" * 100 if i else None,
+                   codec.encode_headers([("h", b"\xff")]), "message_too_large: too large") for i in range(3)])
+    page = inspect.list_parked(s, limit=2)
+    assert [p.message_id for p in page.items] == ["p2", "p1"] and page.cursor is not None
+    assert (page.items[0].value_size, page.items[0].value_preview, page.items[0].headers) == \
+        (100, b"v" * 64, [("h", b"\xff")])
+    last = inspect.list_parked(s, limit=2, before=page.cursor)
+    assert [(p.message_id, p.value_size, p.source) for p in last.items] == [("p0", None, "chronos.input/0/0")]
+    assert last.cursor is None

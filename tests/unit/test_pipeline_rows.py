@@ -124,11 +124,14 @@ def test_stats_merge_and_derived_counts():
 
 
 def test_service_processes_never_import_pyspark():
-    """The consumer, firer, detector and the CLI (with the pipeline group) stay free of PySpark."""
+    """The consumer, firer, detector, `chronos up` and the CLI (with the pipeline and console
+    commands) stay free of PySpark and of the console's web framework."""
     code = ("import sys\n"
-            "import chronos.consumer, chronos.firer, chronos.detector, chronos.cli\n"
+            "import chronos.consumer, chronos.firer, chronos.detector, chronos.cli, chronos.stack\n"
+            "import chronos.console.launch\n"
             "chronos.cli.build_parser()\n"
             "import chronos.pipeline.commands, chronos.pipeline.rows\n"
-            "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j', 'pandas', 'matplotlib'))\n"
+            "heavy = ('pyspark', 'py4j', 'pandas', 'matplotlib', 'starlette', 'uvicorn', 'jinja2', 'playwright')\n"
+            "loaded = sorted(m for m in sys.modules if m.split('.')[0] in heavy)\n"
             "assert not loaded, loaded\n")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,225 @@
+"""The console's messages pages and actions: a second face on `chronos.inspect`, the functions
+behind `chronos show`, `list`, `cancel`, `fire-now` and `reschedule` (same parsing, same
+queries, same actions; nothing here talks SQL)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Mapping
+from urllib.parse import urlencode
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from chronos import inspect
+from chronos.console.app import _console, check_action, read_form
+from chronos.console.views import id_from_path, message_url, show_bytes
+from chronos.errors import ChronosError, ConfigError
+
+FILTER_FIELDS = ("id_prefix", "key", "topic", "ordering_key", "state", "due_after", "due_before")
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 500
+VERBS = {"cancel": ("Cancel", "cancel", "cancelled"), "fire_now": ("Fire now", "fire now", "made due now"),
+         "reschedule": ("Reschedule", "reschedule", "rescheduled")}
+
+
+def filters_from(fields: Mapping[str, str], output_topic: str, now: datetime) -> inspect.Filters:
+    """The search's filters as `chronos list` parses its flags (raises ConfigError on bad input)."""
+    def get(name: str) -> str | None:
+        return fields.get(name, "").strip() or None
+
+    due_after, due_before = get("due_after"), get("due_before")
+    return inspect.filters_for(
+        output_topic=output_topic,
+        due_after=inspect.parse_time(due_after, now, "due after") if due_after else None,
+        due_before=inspect.parse_time(due_before, now, "due before") if due_before else None,
+        topic=get("topic"), key=inspect.parse_key(get("key")), ordering_key=get("ordering_key"),
+        id_prefix=get("id_prefix"), state=get("state"))
+
+
+def _limit(text: str | None) -> int:
+    if not text:
+        return DEFAULT_LIMIT
+    try:
+        limit = int(text)
+    except ValueError:
+        raise ConfigError(f"limit must be a whole number, got {text!r}") from None
+    if not 0 < limit <= MAX_LIMIT:
+        raise ConfigError(f"limit must be between 1 and {MAX_LIMIT}, got {limit}")
+    return limit
+
+
+async def search(request: Request) -> Response:
+    """`/messages`: one page of `chronos list` for the filters in the query string."""
+    console = _console(request)
+    params = {k: v for k, v in request.query_params.items() if k in (*FILTER_FIELDS, "limit", "after")}
+    output_topic = console.settings.output_topic
+    rows: list[dict[str, Any]] = []
+    next_url = error = None
+    try:
+        f = filters_from(params, output_topic, datetime.now(timezone.utc))
+        limit = _limit(params.get("limit"))
+        page = await console.reader.call(lambda s: inspect.list_messages(
+            s, f, output_topic=output_topic, limit=limit, after=params.get("after") or None))
+    except ChronosError as exc:
+        error = str(exc)
+    else:
+        rows = [{"id": m.id, "url": message_url(m.id), "state": m.state, "deadline": m.deadline,
+                 "topic": m.topic, "key": show_bytes(m.key, 64), "ordering_key": m.ordering_key} for m in page.items]
+        if page.cursor:
+            next_url = "/messages?" + urlencode({**{k: v for k, v in params.items() if v and k != "after"},
+                                                 "after": page.cursor})
+    filter_fields = [(k, params[k]) for k in FILTER_FIELDS if params.get(k)]
+    return console.page(request, "messages.html", 400 if error else 200, rows=rows, error=error,
+                        next_url=next_url, filters=params, filter_fields=filter_fields,
+                        states=("", *inspect.STATES))
+
+
+async def detail(request: Request) -> Response:
+    """`/messages/<url-encoded id>`: what `chronos show` tells about one message or schedule."""
+    console = _console(request)
+    message_id = id_from_path(request.scope.get("raw_path") or request.url.path.encode())
+    if message_id is None:
+        raise HTTPException(404)
+    m = await console.reader.call(lambda s: inspect.show(s, message_id, output_topic=console.settings.output_topic))
+    if m is None:
+        return console.page(request, "error.html", 404, title="Not found",
+                            message=f"No message or schedule with the id {message_id!r} is in the store "
+                                    "(it may have fired or been cancelled).")
+    facts: list[tuple[str, str]] = []
+    if m.state == "in_flight":
+        facts.append(("firer", f"{m.firer} since {inspect.iso(m.claimed_at)}"))
+    if m.state == "recurring":
+        facts += [("cron", f"{m.cron} ({m.timezone}" + (f", {m.dst_policy})" if m.dst_policy else ")")),
+                  ("next occurrence", inspect.iso(m.deadline))]
+    else:
+        facts.append(("deadline", inspect.iso(m.deadline)))
+    if m.original_deadline is not None:
+        facts.append(("scheduled for", inspect.iso(m.original_deadline)))
+    if m.attempts:
+        facts.append(("failed publishes", f"{m.attempts}, last: {m.last_error}"))
+    facts += [("topic", m.topic), ("ordering key", m.ordering_key if m.ordering_key is not None else "-"),
+              ("enqueued", inspect.iso(m.enqueued_at))]
+    value = show_bytes(None if m.value_size is None else m.value_preview, size=m.value_size)
+    view = {"id": m.id, "state": m.state, "facts": facts, "key": show_bytes(m.key),
+            "headers": [(name, show_bytes(v)) for name, v in m.headers], "value": value}
+    return console.page(request, "message.html", m=view)
+
+
+def _target(form: Mapping[str, str], output_topic: str, now: datetime) -> dict[str, Any]:
+    """What an action form names: one id, or the filters of a search."""
+    if form.get("id"):
+        return {"ids": [form["id"]]}
+    f = filters_from(form, output_topic, now)
+    if f.empty:
+        raise ConfigError("an action on a search needs at least one filter")
+    return {"filters": f}
+
+
+def _when(form: Mapping[str, str], action: str, now: datetime) -> datetime | None:
+    if action != "reschedule":
+        return None
+    at, delay = form.get("at", "").strip(), form.get("delay", "").strip()
+    if bool(at) == bool(delay):
+        raise ConfigError("reschedule needs a new deadline or a delay (one of them)")
+    return inspect.parse_time(at, now, "new deadline") if at else now + inspect.parse_delay(delay)
+
+
+async def preview(request: Request) -> Response:
+    """The confirmation page: what the action would change, counted by a dry run, before anything changes."""
+    console = _console(request)
+    form = await read_form(request)
+    refused = check_action(request, form)
+    if refused:
+        return console.page(request, "error.html", 403, title="Refused", message=refused)
+    action = form.get("action", "")
+    if action not in VERBS:
+        raise HTTPException(400, f"unknown action {action!r}")
+    output_topic = console.settings.output_topic
+    try:
+        now = datetime.now(timezone.utc)
+        target, at = _target(form, output_topic, now), _when(form, action, now)
+        result = await console.reader.call(lambda s: inspect.act(s, action, output_topic=output_topic, at=at,
+                                                                 dry_run=True, **target))
+    except ChronosError as exc:
+        raise HTTPException(400, str(exc)) from None
+    fields = [("action", action)] + ([("id", form["id"])] if "ids" in target else
+                                     [(k, form[k]) for k in FILTER_FIELDS if form.get(k)])
+    if at is not None:
+        fields.append(("at", at.isoformat()))  # a delay is fixed now, so the confirmed time is the one shown
+    verb, verb_lower, _ = VERBS[action]
+    back = message_url(form["id"]) if "ids" in target else "/messages?" + urlencode(
+        [(k, form[k]) for k in FILTER_FIELDS if form.get(k)])
+    return console.page(request, "confirm.html", verb=verb, verb_lower=verb_lower, count=result.changed,
+                        type_count=result.changed > console.settings.confirm_above,
+                        when=f"to {inspect.iso(at)}" if at else None, fields=fields, back=back,
+                        in_flight=len(result.in_flight), not_found=len(result.not_found))
+
+
+async def apply(request: Request) -> Response:
+    """Take a confirmed action; refuses when more messages match now than were confirmed."""
+    console = _console(request)
+    form = await read_form(request)
+    refused = check_action(request, form)
+    if refused:
+        return console.page(request, "error.html", 403, title="Refused", message=refused)
+    action = form.get("action", "")
+    if action not in VERBS:
+        raise HTTPException(400, f"unknown action {action!r}")
+    output_topic = console.settings.output_topic
+    try:
+        now = datetime.now(timezone.utc)
+        target, at = _target(form, output_topic, now), _when(form, action, now)
+        expected = int(form.get("expected", ""))
+        typed = form.get("typed", "").replace(",", "").strip()
+        if expected > console.settings.confirm_above and typed != str(expected):
+            # above CHRONOS_CONFIRM_ABOVE, as the CLI wants --yes: the count typed, not only a click
+            raise ConfigError(f"this changes more than {console.settings.confirm_above:,} messages "
+                              f"(CHRONOS_CONFIRM_ABOVE): type the count, {expected:,}, to confirm")
+        result = await console.reader.call(lambda s: inspect.act(s, action, output_topic=output_topic, at=at,
+                                                                 confirm_above=expected, **target))
+    except inspect.NeedsConfirmation:
+        raise HTTPException(409, "More messages match now than you confirmed: nothing was changed. "
+                                 "Review the action again.") from None
+    except ValueError:
+        raise HTTPException(400, "the confirmation form is incomplete") from None
+    except ChronosError as exc:
+        raise HTTPException(400, str(exc)) from None
+    verb, _, past = VERBS[action]
+    notes = []
+    if result.in_flight:
+        notes.append(f"{len(result.in_flight):,} in flight (a firer is publishing them) were left alone.")
+    if result.not_found:
+        notes.append(f"{len(result.not_found):,} were no longer in the store.")
+    return console.page(request, "done.html", verb=verb, count=result.changed, past=past, note=" ".join(notes),
+                        back="/messages")
+
+
+async def parked(request: Request) -> Response:
+    """Messages no topic accepted, newest first (`chronos_parked`), a page at a time."""
+    console = _console(request)
+    text = request.query_params.get("before", "")
+    error = None
+    rows: list[dict[str, Any]] = []
+    next_url = None
+    try:
+        before = int(text) if text else None
+        if before is not None and before <= 0:
+            raise ValueError
+    except ValueError:
+        error = f"before is not a page cursor of this page: {text!r}"
+    else:
+        try:
+            page = await console.reader.call(lambda s: inspect.list_parked(s, limit=DEFAULT_LIMIT, before=before))
+        except ChronosError as exc:
+            error = str(exc)
+        else:
+            rows = [{"message_id": p.message_id, "source": p.source, "topic": p.topic, "deadline": p.deadline,
+                     "reason": p.reason, "parked_at": p.parked_at, "key": show_bytes(p.key, 64),
+                     "headers": [(name, show_bytes(v, 64)) for name, v in p.headers],
+                     "value": show_bytes(None if p.value_size is None else p.value_preview, size=p.value_size)}
+                    for p in page.items]
+            if page.cursor is not None:
+                next_url = "/parked?" + urlencode({"before": page.cursor})
+    return console.page(request, "parked.html", 400 if error else 200, rows=rows, error=error, next_url=next_url)

@@ -1,0 +1,99 @@
+"""Fire-rate limits: how fast the firers together may publish to each destination topic.
+
+`CHRONOS_FIRE_RATE_LIMITS` lists `PATTERN=RATE` pairs (`orders=500,payments.*=100/min`);
+`CHRONOS_FIRE_RATE_DEFAULT` is the RATE of every topic no pattern matches. A RATE is messages
+per second, or per minute or hour with `/min` or `/h`; `unlimited` exempts a topic from the
+default. Each destination topic has its own token bucket in PostgreSQL (chronos_rate_limits),
+shared by every firer: it refills at the rate and holds at most one second of it (at least one
+message), so after a quiet spell a topic gets at most that burst before the rate applies.
+Pure logic here; the buckets are in chronos.store.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+
+from chronos.errors import ConfigError
+
+_PATTERN_RE = re.compile(r"^[A-Za-z0-9._*-]{1,249}$")
+_RATE_RE = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)\s*(?:/\s*(s|sec|min|m|h))?$")
+_PER = {None: 1.0, "s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
+UNLIMITED = "unlimited"
+BURST_SECONDS = 1.0   # a bucket holds this much of its rate
+
+
+def parse_rate(name: str, raw: str) -> float | None:
+    """A RATE as messages per second; None for `unlimited` or an empty value."""
+    text = raw.strip().lower()
+    if text in ("", UNLIMITED):
+        return None
+    match = _RATE_RE.match(text)
+    if not match:
+        raise ConfigError(f"{name}: {raw!r} is not a rate (messages per second like 500, or 100/min, 10/h, "
+                          f"or unlimited)")
+    rate = float(match.group(1)) / _PER[match.group(2)]
+    if rate <= 0:
+        raise ConfigError(f"{name}: a rate must be more than 0, got {raw!r} (use `unlimited` for no limit)")
+    return rate
+
+
+@dataclass(frozen=True)
+class TopicRates:
+    """`PATTERN=RATE` pairs in the order given; `str()` gives them back as the setting reads them."""
+
+    entries: tuple[tuple[str, float | None], ...] = ()
+
+    def __str__(self) -> str:
+        return ",".join(f"{p}={UNLIMITED if r is None else f'{r:.17g}'}" for p, r in self.entries)
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+
+def parse_topic_rates(name: str, raw: str) -> TopicRates:
+    """`orders=500,payments.*=100/min,audit=unlimited`: a topic name or a pattern with `*`, then a RATE."""
+    entries: list[tuple[str, float | None]] = []
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        pattern, sep, rate = item.partition("=")
+        pattern = pattern.strip()
+        if not sep:
+            raise ConfigError(f"{name} must be a list of TOPIC=RATE pairs, got {item!r}")
+        if not _PATTERN_RE.match(pattern):
+            raise ConfigError(f"{name}: {pattern!r} is not a topic name or pattern (letters, digits, . _ - and *)")
+        if any(p == pattern for p, _ in entries):
+            raise ConfigError(f"{name}: {pattern!r} is given twice")
+        entries.append((pattern, parse_rate(name, rate)))
+    return TopicRates(tuple(entries))
+
+
+@dataclass(frozen=True)
+class FireRateLimits:
+    """The rate of each destination topic: its exact name first, then the first matching pattern,
+    then the default. None means unlimited."""
+
+    topics: TopicRates = TopicRates()
+    default: float | None = None
+
+    def __bool__(self) -> bool:
+        """Whether any topic may be limited (else the firers claim as if this feature did not exist)."""
+        return self.default is not None or any(r is not None for _, r in self.topics.entries)
+
+    def __str__(self) -> str:
+        default = "unlimited" if self.default is None else f"{self.default:g}/s"
+        return f"{self.topics or 'none'} (messages per second), default {default}"
+
+    def rate_for(self, topic: str) -> float | None:
+        for pattern, rate in self.topics.entries:
+            if pattern == topic:
+                return rate
+        for pattern, rate in self.topics.entries:
+            if "*" in pattern and fnmatch.fnmatchcase(topic, pattern):
+                return rate
+        return self.default
+
+
+def capacity(rate: float) -> float:
+    """How many tokens a topic's bucket holds at most: one second of its rate, at least one message."""
+    return max(1.0, rate * BURST_SECONDS)

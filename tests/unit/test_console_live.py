@@ -1,0 +1,178 @@
+"""The console's pure parts: scrape parsing, windowed rates and quantiles, charts, sessions, origins."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+import pytest
+
+from chronos.console.auth import Auth, same_origin
+from chronos.console.live import History, Scrape, histogram_svg, parse_scrape, quantile
+
+SCRAPE = """\
+# HELP chronos_messages_fired_total messages published
+# TYPE chronos_messages_fired_total counter
+chronos_messages_fired_total{node="a",role="firer"} 120.0
+chronos_messages_consumed_total{node="c",role="consumer"} 300.0
+chronos_messages_dead_lettered_total{node="c",reason="bad_id",role="consumer"} 2.0
+chronos_messages_dead_lettered_total{node="c",reason="too_late",role="consumer"} 1.0
+chronos_fire_lateness_seconds_bucket{le="-0.05",node="a",role="firer"} 0.0
+chronos_fire_lateness_seconds_bucket{le="0.0",node="a",role="firer"} 10.0
+chronos_fire_lateness_seconds_bucket{le="0.01",node="a",role="firer"} 100.0
+chronos_fire_lateness_seconds_bucket{le="+Inf",node="a",role="firer"} 120.0
+chronos_fire_lateness_seconds_count{node="a",role="firer"} 120.0
+chronos_batch_size_count{node="a",role="firer",step="claim"} 7.0
+process_cpu_seconds_total 1.5
+"""
+
+
+def test_parse_scrape_sums_what_the_overview_needs():
+    s = parse_scrape(SCRAPE)
+    assert (s.consumed, s.fired, s.dead) == (300.0, 120.0, 3.0)
+    assert s.buckets == ((-0.05, 0.0), (0.0, 10.0), (0.01, 100.0), (float("inf"), 120.0))
+
+
+def _scrape(fired: float, cumulative: list[float]) -> Scrape:
+    bounds = (0.0, 0.01, float("inf"))
+    return Scrape(consumed=fired * 2, fired=fired, dead=0.0, buckets=tuple(zip(bounds, cumulative)))
+
+
+def test_history_rates_and_window_survive_a_restarted_process():
+    h = History(window=10.0)
+    h.add(0.0, {"f": _scrape(100, [10, 90, 100])})
+    h.add(1.0, {"f": _scrape(150, [15, 135, 150])})
+    assert h.rates(over=5) == {"in": 100.0, "fired": 50.0, "dead": 0.0}
+    # the firer restarted: its counters start again from zero, and all it counted is new
+    h.add(2.0, {"f": _scrape(20, [0, 20, 20])})
+    lateness = h.lateness()
+    assert lateness["counts"] == [5, 60, 5]  # 5+0 at <=0, 40+20 at <=10ms, 5+0 above
+    assert lateness["count"] == 70
+    # steps older than the window drop out of the sums
+    h.add(12.5, {"f": _scrape(30, [0, 30, 30])})
+    assert h.lateness()["counts"] == [0, 10, 0]
+
+
+def test_history_counts_a_silent_process_as_down_and_loses_nothing_it_counted():
+    h = History()
+    h.add(0.0, {"a": _scrape(1, [1, 1, 1]), "b": None})
+    assert (h.sources, h.sources_up) == (2, 1)
+    assert h.rates() is None  # one sample: no rate yet
+    h.add(1.0, {"a": None, "b": None})
+    h.add(2.0, {"a": _scrape(5, [1, 5, 5]), "b": None})
+    assert h.rates(over=5) == {"in": 4.0, "fired": 2.0, "dead": 0.0}  # 4 fired over the 2 s since its last answer
+
+
+def test_quantile_interpolates_inside_the_bucket():
+    bounds = (-0.05, 0.0, 0.01, 0.1, float("inf"))
+    counts = (0, 0, 50, 50, 0)
+    assert quantile(bounds, counts, 0.5) == pytest.approx(0.01)
+    assert quantile(bounds, counts, 0.75) == pytest.approx(0.055)
+    assert quantile(bounds, (0, 0, 0, 0, 10), 0.99) == 0.1  # past the last finite bound
+
+
+def test_histogram_svg_escapes_and_says_when_empty():
+    assert "no message fired" in histogram_svg(None)
+    svg = histogram_svg({"count": 3, "bounds": [0.005, float("inf")], "counts": [2, 1]})
+    assert svg.count("<rect") == 2 and "5ms" in svg and "more" in svg
+
+
+def test_sessions_and_form_tokens_are_bound_to_the_token():
+    auth = Auth("a-long-enough-token")
+    cookie = auth.new_session()
+    sid = auth.session(cookie)
+    assert sid is not None and auth.check_form(sid, auth.form_token(sid))
+    assert auth.session(cookie[:-1] + ("0" if cookie[-1] != "0" else "1")) is None
+    assert auth.session("forged.cookie") is None
+    assert not auth.check_form(sid, Auth("another-long-token").form_token(sid))
+    assert not auth.check_form(None, "x")
+    assert Auth("a-new-token-value").session(cookie) is None  # a new token ends every session
+    assert not Auth(None).check_token("") and Auth(None).session(cookie) is None
+
+
+@pytest.mark.parametrize("headers,ok", [
+    ({}, True),
+    ({"origin": "http://127.0.0.1:9700", "sec-fetch-site": "same-origin"}, True),
+    ({"origin": "http://evil.example", "sec-fetch-site": "cross-site"}, False),
+    ({"sec-fetch-site": "same-site"}, False),
+    ({"origin": "null"}, False),
+    ({"origin": "https://127.0.0.1:9700"}, False),
+])
+def test_same_origin(headers, ok):
+    assert same_origin(headers, "http", "127.0.0.1:9700") is ok
+
+
+def test_console_without_its_extra_says_how_to_install_it():
+    code = ("import sys\n"
+            "sys.modules['starlette'] = None\n"
+            "from chronos.cli import main\n"
+            "sys.exit(main(['console', '--database-url', 'postgresql://x@127.0.0.1:1/x']))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "pip install 'chronos-scheduler[console]'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_console_token_is_a_secret_and_must_not_be_short():
+    from chronos import config
+    settings = config.load(None, {"CHRONOS_CONSOLE_TOKEN": "twelve-chars"}, default_ready_file=False)
+    assert "twelve-chars" in settings.secrets()
+    with pytest.raises(config.ConfigError, match="at least 12 characters"):
+        config.load(None, {"CHRONOS_CONSOLE_TOKEN": "short"}, default_ready_file=False)
+
+
+def test_the_waiting_count_stays_within_its_share_of_a_core():
+    from chronos.console.live import CountPolicy
+    policy = CountPolicy(every=1.0, budget=0.01)
+    assert policy.due(0.0)
+    policy.counted(0.0, took=0.005)        # a small table: count every second
+    assert not policy.due(0.5) and policy.due(1.0)
+    policy.counted(1.0, took=0.05)         # 50 ms a count: every 5 s keeps it at 1% of a core
+    assert not policy.due(5.9) and policy.due(6.0)
+    policy.counted(6.0, took=10.0)         # never rarer than every 30 s
+    assert policy.due(36.0)
+
+
+def test_any_number_of_pages_cost_one_store_read_a_second():
+    import asyncio
+    import threading
+
+    from chronos.console.live import StoreReader
+    from chronos.store import Overview
+
+    class CountingStore:
+        calls = 0
+
+        def overview(self, hold_ms, *, exact=None):
+            CountingStore.calls += 1
+            assert threading.current_thread() is not threading.main_thread()  # off the event loop
+            return Overview.build(datetime(2026, 1, 1, tzinfo=timezone.utc), None, None, 7, 7, 0, [], 0)
+
+        def throttled(self, output_topic):
+            return []
+
+    now = [100.0]
+    reader = StoreReader(CountingStore(), 5000, "out", ttl=1.0, clock=lambda: now[0])
+
+    async def pages(n):
+        return await asyncio.gather(*(reader.overview() for _ in range(n)))
+
+    async def scenario():
+        results = await pages(10)
+        assert CountingStore.calls == 1 and all(r[0]["waiting"] == 7 for r in results)
+        now[0] += 0.5
+        await pages(10)
+        assert CountingStore.calls == 1
+        now[0] += 0.6
+        await pages(10)
+        assert CountingStore.calls == 2
+    asyncio.run(scenario())
+
+
+def test_up_without_the_console_extra_starts_without_a_console():
+    code = ("import sys\n"
+            "sys.modules['jinja2'] = None\n"
+            "from chronos.console.launch import ConsoleProcess\n"
+            "print(ConsoleProcess.available())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "the console extra is not installed (pip install 'chronos-scheduler[console]')"

@@ -109,49 +109,151 @@ class PublishTiming:
         return (deadline_us - self.offset_us) / 1e6
 
 
-class StoreWorker(threading.Thread):
-    """The firer's PostgreSQL side, on its own thread and connection: claims rows, deletes the
-    acknowledged ones, hands back failed ones, measures the database clock.
+class StoreThread(threading.Thread):
+    """A thread of the firer that talks to PostgreSQL, on its own `Store` and connection (a Store
+    is not thread-safe: one per thread). psycopg releases the GIL while it waits on the network,
+    so no statement of these threads delays a publish that is due."""
 
-    Kept off the publishing thread so that a slow claim or delete never delays a publish that
-    is due: psycopg releases the GIL while it waits on the network.
-    """
-
-    def __init__(self, firer: "FirerProcess"):
-        super().__init__(name="firer-store", daemon=True)
+    def __init__(self, firer: "FirerProcess", name: str):
+        super().__init__(name=name, daemon=True)
         self.firer = firer
         self.settings = firer.settings
-        self.store = Store(firer.settings.database_url, node_id=firer.node_id)
-        self.inbox: queue.SimpleQueue[tuple[str, list[Claimed]]] = queue.SimpleQueue()
+        self.store = Store(firer.settings.database_url, node_id=firer.node_id, hot_path=True)
         self.throttle = Throttle(log)
         self.backoff = Backoff()
+        self.crashed: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.loop()
+        except BaseException as exc:  # noqa: BLE001 - the process stops as a whole when this thread dies
+            log.exception("the %s thread failed; stopping the firer", self.name)
+            self.crashed = exc
+            self.firer.life.stop()
+
+    def loop(self) -> None:
+        raise NotImplementedError
+
+    def measured(self, step: str, rows: int, started: float) -> None:
+        """Record a statement's duration; one slow enough to hold up firing is also logged, since
+        while a claim runs nothing more is claimed, and while a delete runs held rows age towards the
+        hold time."""
+        elapsed = time.perf_counter() - started
+        self.firer.metrics.batch(step, rows, elapsed)
+        if elapsed > SLOW_STATEMENT:
+            self.throttle.warning("slow " + step, "slow %s: %.1fs for %d rows (%d rows held by this firer)",
+                                  step, elapsed, rows, self.firer.held())
+
+    def store_ok(self) -> None:
+        lasted = self.backoff.succeeded()
+        if lasted is not None:
+            log.warning("postgres reachable again after %.1fs", lasted)
+
+
+class Claimer(StoreThread):
+    """Claims due rows and recurring schedules. On a thread and connection of its own, apart from
+    the deletes and hand-backs (`StoreWorker`): a claim that runs long (a lock, a plan gone bad)
+    stops only further claims, and the rows already held keep being deleted once published, so
+    none of them ages past the hold time into a peer's hands."""
+
+    def __init__(self, firer: "FirerProcess"):
+        super().__init__(firer, "firer-claim")
         self.limit = firer.settings.batch_size
         self.limits = firer.settings.fire_rates
         if self.limits:
             log.info("fire-rate limits: %s", self.limits)
         self.max_held = firer.settings.batch_size * 4
-        self.held = 0                # claimed by this node and not yet deleted or handed back
+        self.claimed_rows = 0        # ever claimed (this thread writes it; `FirerProcess.held` reads it)
+        self.stopped = threading.Event()
+        self.claims_paused = False
+        self.next_claim = 0.0
+        self.next_schedules = 0.0
+
+    def loop(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                self.claim(time.time())
+                wait = self.next_claim - time.time()
+                self.store_ok()
+            except StoreUnavailable as exc:
+                if self.stopped.is_set():  # the claim cancelled by stop()
+                    return
+                wait = self.backoff.failed()
+                self.throttle.warning("db", "postgres unavailable (%s); retrying in %.1fs", exc, wait)
+            self.stopped.wait(max(0.0, wait))
+
+    def stop(self) -> None:
+        """Stop claiming (called from the publishing thread): a claim running now is cancelled, so a
+        SIGTERM does not wait for a slow one. A cancelled claim rolls back and holds nothing."""
+        self.stopped.set()
+        self.store.cancel()
+
+    def claim(self, now: float) -> None:
+        firer = self.firer
+        # Kafka does not acknowledge, or acknowledges so slowly that publishes wait for seconds (an
+        # overloaded broker): rows claimed now would only wait, be handed to a peer after the hold time
+        # and be published again by it, over and over; claim nothing until Kafka catches up
+        stalled = time.monotonic() - firer.ack_progress if firer.in_flight else 0.0
+        stalled = max(stalled, firer.publish_age())
+        if stalled > self.settings.hold_time_ms / 2000.0:
+            if not self.claims_paused:
+                self.claims_paused = True
+                log.warning("a publish has waited %.1fs for Kafka's acknowledgement: claiming nothing until "
+                            "Kafka catches up", stalled)
+            self.next_claim = now + 0.05
+            return
+        if self.claims_paused:
+            self.claims_paused = False
+            log.warning("Kafka acknowledges again: claiming rows")
+        held = firer.held()
+        if held >= self.max_held:
+            self.next_claim = now + 0.005  # wait for acknowledgements before claiming more
+            return
+        limit = min(self.limit, self.max_held - held)
+        started = time.perf_counter()
+        if self.limits:  # fire-rate limits: topic by topic, within each limited topic's budget
+            rows, backlog = self.store.claim_limited(self.limits, self.settings.output_topic, limit,
+                                                     self.settings.lookahead_ms)
+        else:
+            rows = self.store.claim(limit, self.settings.lookahead_ms)
+            backlog = len(rows) == limit
+        self.hand_to_publisher(rows)  # before the schedules' claim, which may be the slow one
+        occurrences = []
+        if now >= self.next_schedules:  # recurring schedules: once per poll interval, even in a backlog
+            self.next_schedules = now + self.settings.poll_interval_ms / 1000.0
+            occurrences = self.store.claim_schedules(limit, self.settings.lookahead_ms, time.time_ns() // 1000)
+            self.hand_to_publisher(occurrences)
+        self.measured("claim", len(rows) + len(occurrences), started)
+        if backlog:
+            self.next_claim = now  # a backlog: drain it without sleeping
+        else:
+            interval = self.settings.poll_interval_ms / 1000.0
+            self.next_claim = now + interval * random.uniform(0.9, 1.1)
+
+    def hand_to_publisher(self, rows: list[Claimed]) -> None:
+        if rows:
+            self.claimed_rows += len(rows)
+            self.firer.stats["claimed"] += len(rows)
+            self.firer.claimed.put(rows)
+
+
+class StoreWorker(StoreThread):
+    """Deletes the acknowledged rows, hands back failed ones and measures the database clock, on
+    its own thread and connection: never behind a claim (`Claimer`)."""
+
+    def __init__(self, firer: "FirerProcess"):
+        super().__init__(firer, "firer-store")
+        self.inbox: queue.SimpleQueue[tuple[str, list[Claimed]]] = queue.SimpleQueue()
+        self.settled_rows = 0        # ever deleted or handed back (this thread writes it)
         self.acked: list[Claimed] = []
         self.release: list[Claimed] = []
         self.retry: list[tuple[Claimed, str, int]] = []   # (row, error, delay_ms): refused, to try again later
         self.dead: list[tuple[Claimed, str]] = []         # (row, reason): on the dead-letter topic, to delete
         self.park: list[tuple[Claimed, str]] = []         # (row, reason): refused by the dead-letter topic too
         self.stopping = False
-        self.crashed: BaseException | None = None
-        self.claims_paused = False
-        self.next_claim = 0.0
-        self.next_schedules = 0.0
         self.next_clock_sync = 0.0
         self.last_delete = 0.0
         self.down_until = 0.0
-
-    def run(self) -> None:
-        try:
-            self.loop()
-        except BaseException as exc:  # noqa: BLE001 - the process stops as a whole when this thread dies
-            log.exception("the store thread failed; stopping the firer")
-            self.crashed = exc
-            self.firer.life.stop()
 
     def loop(self) -> None:
         while True:
@@ -167,8 +269,6 @@ class StoreWorker(threading.Thread):
                     continue
                 if now >= self.next_clock_sync:
                     self.sync_clock(now)
-                if now >= self.next_claim:
-                    self.claim(now)
                 self.store_ok()
             except StoreUnavailable as exc:
                 if self.stopping and self.backoff.down_since is not None \
@@ -185,7 +285,7 @@ class StoreWorker(threading.Thread):
         now = time.time()
         if now < self.down_until:  # PostgreSQL is away: nothing to do before the next try
             return min(self.down_until - now, 1.0)
-        wake = now + 1.0 if self.stopping else self.next_claim
+        wake = now + 1.0 if self.stopping else self.next_clock_sync
         if self.acked:
             wake = min(wake, self.last_delete + DELETE_EVERY)
         if self.pending() or (self.stopping and self.acked):
@@ -213,58 +313,6 @@ class StoreWorker(threading.Thread):
             except queue.Empty:
                 return
 
-    def claim(self, now: float) -> None:
-        firer = self.firer
-        # Kafka does not acknowledge, or acknowledges so slowly that publishes wait for seconds (an
-        # overloaded broker): rows claimed now would only wait, be handed to a peer after the hold time
-        # and be published again by it, over and over; claim nothing until Kafka catches up
-        stalled = time.monotonic() - firer.ack_progress if firer.in_flight else 0.0
-        stalled = max(stalled, firer.publish_age())
-        if stalled > self.settings.hold_time_ms / 2000.0:
-            if not self.claims_paused:
-                self.claims_paused = True
-                log.warning("a publish has waited %.1fs for Kafka's acknowledgement: claiming nothing until "
-                            "Kafka catches up", stalled)
-            self.next_claim = now + 0.05
-            return
-        if self.claims_paused:
-            self.claims_paused = False
-            log.warning("Kafka acknowledges again: claiming rows")
-        if self.held >= self.max_held:
-            self.next_claim = now + 0.005  # wait for acknowledgements before claiming more
-            return
-        limit = min(self.limit, self.max_held - self.held)
-        started = time.perf_counter()
-        if self.limits:  # fire-rate limits: topic by topic, within each limited topic's budget
-            rows, backlog = self.store.claim_limited(self.limits, self.settings.output_topic, limit,
-                                                     self.settings.lookahead_ms)
-        else:
-            rows = self.store.claim(limit, self.settings.lookahead_ms)
-            backlog = len(rows) == limit
-        occurrences = []
-        if now >= self.next_schedules:  # recurring schedules: once per poll interval, even in a backlog
-            self.next_schedules = now + self.settings.poll_interval_ms / 1000.0
-            occurrences = self.store.claim_schedules(limit, self.settings.lookahead_ms, time.time_ns() // 1000)
-        self.measured("claim", len(rows) + len(occurrences), started)
-        if rows or occurrences:
-            self.held += len(rows) + len(occurrences)
-            firer.stats["claimed"] += len(rows) + len(occurrences)
-            firer.claimed.put(rows + occurrences)
-        if backlog:
-            self.next_claim = now  # a backlog: drain it without sleeping
-        else:
-            interval = self.settings.poll_interval_ms / 1000.0
-            self.next_claim = now + interval * random.uniform(0.9, 1.1)
-
-    def measured(self, step: str, rows: int, started: float) -> None:
-        """Record a statement's duration; one slow enough to hold up firing is also logged, since
-        while it runs nothing is claimed or deleted and held rows age towards the hold time."""
-        elapsed = time.perf_counter() - started
-        self.firer.metrics.batch(step, rows, elapsed)
-        if elapsed > SLOW_STATEMENT:
-            self.throttle.warning("slow " + step, "slow %s: %.1fs for %d rows (%d rows held by this firer)",
-                                  step, elapsed, rows, self.held)
-
     def settle(self, now: float) -> None:
         """Delete acknowledged rows in batches, hand back rows that will not be published, and settle
         failed ones: retried later, deleted once dead-lettered, or parked."""
@@ -272,23 +320,23 @@ class StoreWorker(threading.Thread):
         if self.release:
             rows = self.release
             stats["released"] += self.store.release(rows)
-            self.held -= len(rows)
+            self.settled_rows += len(rows)
             self.release = []
         if self.retry:
             stats["retried"] += self.store.retry_later(self.retry)
-            self.held -= len(self.retry)
+            self.settled_rows += len(self.retry)
             self.retry = []
         if self.dead:
             stats["dead"] += self.store.delete_fired([row for row, _ in self.dead])
             self.firer.metrics.dead_lettered(reason for _, reason in self.dead)
-            self.held -= len(self.dead)
+            self.settled_rows += len(self.dead)
             self.dead = []
         if self.park:
             stats["parked"] += self.store.park_claimed(self.park, self.settings.output_topic)
             for row, reason in self.park:
                 log.warning("parked %s in chronos_parked: neither %s nor the dead-letter topic %s took it (%s)",
                             row.id, row.topic or self.settings.output_topic, self.settings.dlq_topic, reason)
-            self.held -= len(self.park)
+            self.settled_rows += len(self.park)
             self.park = []
         if not self.acked or (len(self.acked) < DELETE_BATCH and now - self.last_delete < DELETE_EVERY
                               and not self.stopping):
@@ -299,7 +347,7 @@ class StoreWorker(threading.Thread):
             started = time.perf_counter()
             deleted = self.store.delete_fired(done)
             del self.acked[:DELETE_BATCH]
-            self.held -= len(done)
+            self.settled_rows += len(done)
             self.measured("delete", len(done), started)
             self.firer.stats["fired"] += len(done)
             if deleted < len(done):
@@ -314,11 +362,6 @@ class StoreWorker(threading.Thread):
         before = time.time()
         db_us = self.store.db_clock_us()
         self.firer.timing.observe_clock(db_us, before, time.time())
-
-    def store_ok(self) -> None:
-        lasted = self.backoff.succeeded()
-        if lasted is not None:
-            log.warning("postgres reachable again after %.1fs", lasted)
 
 
 class FirerProcess:
@@ -345,6 +388,7 @@ class FirerProcess:
         self.stats = {"claimed": 0, "fired": 0, "vanished": 0, "released": 0, "retried": 0, "dead": 0, "parked": 0}
         self.metrics = FirerTelemetry(node_id, settings)
         self.worker = StoreWorker(self)
+        self.claimer = Claimer(self)
         self.store = self.worker.store
         self.metrics.follow(lambda: self.stats)
         self.metrics.follow_timing(lambda: len(self.heap) + self.in_flight, self.timing)
@@ -355,9 +399,10 @@ class FirerProcess:
         log.info("firing from the store to %s: batch %d, lookahead %d ms, poll %d ms, timing advance %d ms",
                  self.settings.output_topic, self.settings.batch_size, self.settings.lookahead_ms,
                  self.settings.poll_interval_ms, self.settings.timing_advance_ms)
-        self.metrics.serve(postgres=lambda: self.store.last_ok, kafka=lambda: self.producer,
-                           kafka_topic=self.settings.output_topic)
+        self.metrics.serve(postgres=lambda: max(self.store.last_ok, self.claimer.store.last_ok),
+                           kafka=lambda: self.producer, kafka_topic=self.settings.output_topic)
         self.worker.start()
+        self.claimer.start()
         try:
             while self.life.running:
                 self.metrics.beat()
@@ -368,8 +413,13 @@ class FirerProcess:
                 self.hand_over()
         finally:
             self.shutdown()
-        if self.worker.crashed is not None:
-            raise RuntimeError("the firer's store thread failed") from self.worker.crashed
+        for thread in (self.worker, self.claimer):
+            if thread.crashed is not None:
+                raise RuntimeError(f"the firer's {thread.name} thread failed") from thread.crashed
+
+    def held(self) -> int:
+        """Rows claimed by this node and not yet deleted or handed back."""
+        return self.claimer.claimed_rows - self.worker.settled_rows
 
     def take_claimed(self) -> None:
         while True:
@@ -522,7 +572,11 @@ class FirerProcess:
         self.sent_at.clear()
 
     def shutdown(self) -> None:
-        """Hand back what was not published, wait for acknowledgements, delete what was fired."""
+        """Stop claiming (a claim running is cancelled), hand back what was not published, wait for
+        acknowledgements, delete what was fired."""
+        self.claimer.stop()
+        if self.claimer.is_alive():
+            self.claimer.join(10.0)
         self.take_claimed()
         unpublished = [entry[-1] for entry in self.heap] + [row for row, _ in self.to_dead]
         self.heap.clear()
@@ -536,7 +590,7 @@ class FirerProcess:
         self.hand_over()
         self.worker.inbox.put(("stop", []))
         self.worker.join(30.0)
-        self.take_claimed()  # claimed by the store thread after the stop was asked: hand those back too
+        self.take_claimed()  # claimed after the stop was asked (a claim that would not end): hand those back too
         leftover = [entry[-1] for entry in self.heap]
         if leftover:
             try:
@@ -548,6 +602,7 @@ class FirerProcess:
                  "retried later %(retried)d, dead-lettered %(dead)d, parked %(parked)d", self.stats)
         self.metrics.close()
         self.store.close()
+        self.claimer.store.close()
 
 
 def run(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> None:

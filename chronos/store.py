@@ -82,6 +82,7 @@ class Claimed:
     seq: int = 0
     attempts: int = 0                        # failed publishes so far
     original_deadline_us: int | None = None  # the deadline as scheduled, when a retry moved it
+    ctid: str = ""  # where the claimed version of the row lies: delete and hand-back reach it by TID
 
     @property
     def scheduled_us(self) -> int:
@@ -108,6 +109,7 @@ class Stale:
     id: str
     readied_at: datetime
     readied_by: uuid.UUID
+    ctid: str = ""
 
 
 def connect(url: str, *, autocommit: bool = True, connect_timeout: int = 5) -> psycopg.Connection:
@@ -126,13 +128,13 @@ def text_array(values: Iterable[str]) -> str:
 
 
 def _claimed_params(rows: Sequence[Claimed], node: Any) -> dict[str, Any]:
-    """(id, readied_at) pairs as array literals. One claim stamps all its rows with one
+    """(ctid, id, readied_at) triples as array literals. One claim stamps all its rows with one
     readied_at, so each distinct timestamp is formatted once."""
     stamps: dict[Any, str] = {}
     for r in rows:
         if r.readied_at not in stamps:
             stamps[r.readied_at] = r.readied_at.isoformat()
-    return {"ids": text_array(r.id for r in rows),
+    return {"ctids": text_array(r.ctid for r in rows), "ids": text_array(r.id for r in rows),
             "readied_at": "{" + ",".join(stamps[r.readied_at] for r in rows) + "}", "node": node}
 
 
@@ -183,11 +185,16 @@ def check_schema(conn: psycopg.Connection) -> None:
 
 
 class Store:
-    """One connection, reopened with backoff when it breaks. Not thread-safe: one per process loop."""
+    """One connection, reopened with backoff when it breaks. Not thread-safe: one per thread (only
+    `cancel` may be called from another).
 
-    def __init__(self, url: str, *, node_id: uuid.UUID | None = None):
+    `hot_path=True` for the processes' own stores (consumer, firer, detector): their connection
+    gets the planner settings of `hot_path_settings`, which their statements are written for."""
+
+    def __init__(self, url: str, *, node_id: uuid.UUID | None = None, hot_path: bool = False):
         self.url = url
         self.node_id = node_id
+        self.hot_path = hot_path
         self.conn: psycopg.Connection | None = None
         self._staging_ready = False
         self.last_ok = 0.0  # time.monotonic() of the last statement PostgreSQL answered (for /healthz)
@@ -200,6 +207,11 @@ class Store:
         self._staging_ready = False
         if check:
             check_schema(self.conn)
+        if self.hot_path:
+            try:
+                self.conn.execute(QUERIES["hot_path_settings"])
+            except psycopg.OperationalError as exc:
+                raise StoreUnavailable(_short(exc)) from None
 
     def close(self) -> None:
         if self.conn is not None:
@@ -208,6 +220,17 @@ class Store:
             except psycopg.Error as exc:
                 log.debug("closing a broken connection: %s", _short(exc, self.url))
             self.conn = None
+
+    def cancel(self) -> None:
+        """Cancel the statement running on this store's connection, if one is. The one method another
+        thread than the store's own may call: psycopg's cancel is safe from any thread."""
+        conn = self.conn
+        if conn is None or conn.closed:
+            return
+        try:
+            conn.cancel_safe(timeout=2.0)
+        except psycopg.Error as exc:
+            log.debug("cancelling a statement: %s", _short(exc, self.url))
 
     def _c(self) -> psycopg.Connection:
         if self.conn is None or self.conn.closed:
@@ -478,8 +501,8 @@ class Store:
         """Reset the rows whose readied_at/readied_by are still what the detector saw."""
         if not seen:
             return []
-        params = {"ids": [s.id for s in seen], "readied_at": [s.readied_at for s in seen],
-                  "readied_by": [s.readied_by for s in seen]}
+        params = {"ctids": text_array(s.ctid for s in seen), "ids": [s.id for s in seen],
+                  "readied_at": [s.readied_at for s in seen], "readied_by": [s.readied_by for s in seen]}
         return self._run(lambda c: [r[0] for r in c.execute(QUERIES["reset_stale"], params)])
 
     # -- status and metrics ----------------------------------------------------------------

@@ -73,12 +73,26 @@ RETURNING readied_at IS NOT NULL;
 -- name: waiting_ids
 SELECT id FROM chronos_messages WHERE id = ANY(%(ids)s);
 
+-- name: hot_path_settings
+-- For the firer's, consumer's and detector's own connections. Their statements reach rows through
+-- an index condition or by TID; with sequential and bitmap scans disabled, no statistics (a table
+-- analyzed while empty, a generic plan cached then, a bloated or huge table) can make the planner
+-- prefer a plan that reads the whole table, since PostgreSQL picks the plan with the fewest
+-- disabled nodes before comparing costs. (Where a statement has no other way, the scan still runs.)
+SELECT set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false);
+
 -- name: claim
 -- A row with an ordering key is claimable only if every earlier row of its key (by deadline,
 -- then enqueue order) is claimed by this same statement: a row held by a peer, locked by a
--- concurrent claim (skipped) or still waiting holds back the later rows of its key only.
-WITH candidates AS (
-    SELECT id, ordering_key, deadline, seq, original_deadline FROM chronos_messages
+-- concurrent claim (skipped) or still waiting holds back the later rows of its key only. A row's
+-- place in its key is (coalesce(original_deadline, deadline), seq): a retry's backoff moves the
+-- deadline only later, so that is also the earliest of its two positions. The check compares no
+-- rows with each other: a candidate is held back when a row of its key lies strictly between it
+-- and the candidate before it of that key (such a row is no candidate; one index range probe per
+-- position), and so is every later candidate of the key. Rows are updated by TID (the CTE's
+-- ctid): with no usable index path the planner can only reach them one by one.
+WITH candidates AS MATERIALIZED (
+    SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq FROM chronos_messages
     WHERE readied_at IS NULL AND cron IS NULL
       -- now(), not clock_timestamp(): a stable bound is an index condition, so the scan stops at
       -- the first row not yet due instead of filtering every far-future row (autocommit: now() is
@@ -87,28 +101,36 @@ WITH candidates AS (
     ORDER BY deadline, seq
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), keyed AS (
+    SELECT ctid, ordering_key, place, seq,
+           lag(place, 1, '-infinity') OVER w AS prev_place, lag(seq, 1, 0::bigint) OVER w AS prev_seq
+    FROM candidates
+    WHERE ordering_key IS NOT NULL
+    WINDOW w AS (PARTITION BY ordering_key ORDER BY place, seq)
+), held AS (
+    SELECT ctid, bool_or(
+               EXISTS (SELECT FROM chronos_messages AS e
+                       WHERE e.ordering_key = k.ordering_key AND e.cron IS NULL AND e.original_deadline IS NULL
+                         AND (e.deadline, e.seq) > (k.prev_place, k.prev_seq)
+                         AND (e.deadline, e.seq) < (k.place, k.seq))
+               OR EXISTS (SELECT FROM chronos_messages AS e
+                          WHERE e.ordering_key = k.ordering_key AND e.original_deadline IS NOT NULL
+                            AND (e.original_deadline, e.seq) > (k.prev_place, k.prev_seq)
+                            AND (e.original_deadline, e.seq) < (k.place, k.seq)))
+           OVER (PARTITION BY ordering_key ORDER BY place, seq) AS held
+    FROM keyed AS k
 ), due AS (
-    SELECT c.id FROM candidates AS c
-    WHERE c.ordering_key IS NULL
-       OR (NOT EXISTS (
-            SELECT 1 FROM chronos_messages AS e
-            WHERE e.ordering_key = c.ordering_key AND e.cron IS NULL
-              AND (e.deadline, e.seq) < (coalesce(c.original_deadline, c.deadline), c.seq)
-              AND NOT EXISTS (SELECT 1 FROM candidates AS c2 WHERE c2.id = e.id))
-           -- a row whose retry backoff moved its deadline holds back its key by the deadline as scheduled
-           AND NOT EXISTS (
-            SELECT 1 FROM chronos_messages AS e
-            WHERE e.ordering_key = c.ordering_key AND e.original_deadline IS NOT NULL
-              AND (e.original_deadline, e.seq) < (coalesce(c.original_deadline, c.deadline), c.seq)
-              AND NOT EXISTS (SELECT 1 FROM candidates AS c2 WHERE c2.id = e.id)))
+    SELECT ctid FROM candidates WHERE ordering_key IS NULL
+    UNION ALL
+    SELECT ctid FROM held WHERE NOT held
 )
 UPDATE chronos_messages AS m
 SET readied_at = now(), readied_by = %(node)s
 FROM due
-WHERE m.id = due.id
+WHERE m.ctid = due.ctid
 RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers,
           m.readied_at, m.seq,
-          m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint;
+          m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint, m.ctid;
 
 -- name: due_schedules
 SELECT id, (extract(epoch FROM deadline) * 1000000)::bigint, cron, timezone, topic, key, value, headers,
@@ -126,7 +148,8 @@ VALUES (%(id)s, timestamptz 'epoch' + (%(deadline_us)s::bigint / 1000000) * inte
         + mod(%(deadline_us)s::bigint, 1000000) * interval '1 microsecond', %(topic)s, %(key)s, %(value)s,
         %(headers)s, %(ordering_key)s, now(), %(node)s)
 ON CONFLICT (id) DO NOTHING
-RETURNING id, (extract(epoch FROM deadline) * 1000000)::bigint, topic, key, value, headers, readied_at, seq;
+RETURNING id, (extract(epoch FROM deadline) * 1000000)::bigint, topic, key, value, headers, readied_at, seq,
+          0, NULL::bigint, ctid;
 
 -- name: advance_schedule
 -- %(last_us)s: the occurrence just created, or NULL when none was (the latest one stays).
@@ -143,20 +166,22 @@ SELECT id, cron, coalesce(timezone, 'UTC'), (extract(epoch FROM deadline) * 1000
 FROM chronos_messages WHERE cron IS NOT NULL ORDER BY deadline, id;
 
 -- name: delete_fired
--- Exactly the rows as this node claimed them: (id, readied_at) pairs. `IS NOT DISTINCT FROM` is
--- `=` here (the pairs' readied_at is never null), but unlike `=` it does not let the planner use
--- the in-flight index, whose row estimate is often stale: with it, a generic plan looped over
--- every in-flight row for every id (730 ms for 1,000 rows against 6 ms through the primary key).
+-- Exactly the rows as this node claimed them, reached by the TID the claim returned: (ctid, id,
+-- readied_at) triples. A row updated since (handed to a peer, replaced) has moved and is left
+-- alone. The id and readied_at are compared with `IS NOT DISTINCT FROM` (never null here, so
+-- the same as `=`) so that they offer the planner no index path, and no way round the TID.
 DELETE FROM chronos_messages AS m
-USING unnest(%(ids)s::text[], %(readied_at)s::timestamptz[]) AS f(id, readied_at)
-WHERE m.id = f.id AND m.readied_by = %(node)s AND m.readied_at IS NOT DISTINCT FROM f.readied_at;
+USING unnest(%(ctids)s::tid[], %(ids)s::text[], %(readied_at)s::timestamptz[]) AS f(ctid, id, readied_at)
+WHERE m.ctid = f.ctid AND m.id IS NOT DISTINCT FROM f.id AND m.readied_by = %(node)s
+  AND m.readied_at IS NOT DISTINCT FROM f.readied_at;
 
 -- name: release
--- (IS NOT DISTINCT FROM: see delete_fired)
+-- (by TID: see delete_fired)
 UPDATE chronos_messages AS m
 SET readied_at = NULL, readied_by = NULL
-FROM unnest(%(ids)s::text[], %(readied_at)s::timestamptz[]) AS f(id, readied_at)
-WHERE m.id = f.id AND m.readied_by = %(node)s AND m.readied_at IS NOT DISTINCT FROM f.readied_at;
+FROM unnest(%(ctids)s::tid[], %(ids)s::text[], %(readied_at)s::timestamptz[]) AS f(ctid, id, readied_at)
+WHERE m.ctid = f.ctid AND m.id IS NOT DISTINCT FROM f.id AND m.readied_by = %(node)s
+  AND m.readied_at IS NOT DISTINCT FROM f.readied_at;
 
 -- name: retry_later
 -- A publish the destination refused: hand the row back with the failure counted and its deadline
@@ -195,16 +220,19 @@ SELECT to_regclass('chronos_parked') IS NOT NULL;
 SELECT count(*) FROM chronos_parked;
 
 -- name: find_stale
-SELECT id, readied_at, readied_by FROM chronos_messages
+SELECT id, readied_at, readied_by, ctid FROM chronos_messages
 WHERE readied_at IS NOT NULL AND readied_at < now() - %(hold_ms)s * interval '1 millisecond'
 ORDER BY readied_at
 LIMIT %(limit)s;
 
 -- name: reset_stale
+-- (by TID: see delete_fired)
 UPDATE chronos_messages AS m
 SET readied_at = NULL, readied_by = NULL
-FROM unnest(%(ids)s::text[], %(readied_at)s::timestamptz[], %(readied_by)s::uuid[]) AS s(id, readied_at, readied_by)
-WHERE m.id = s.id AND m.readied_by = s.readied_by AND m.readied_at IS NOT DISTINCT FROM s.readied_at
+FROM unnest(%(ctids)s::tid[], %(ids)s::text[], %(readied_at)s::timestamptz[], %(readied_by)s::uuid[])
+     AS s(ctid, id, readied_at, readied_by)
+WHERE m.ctid = s.ctid AND m.id IS NOT DISTINCT FROM s.id AND m.readied_by IS NOT DISTINCT FROM s.readied_by
+  AND m.readied_at IS NOT DISTINCT FROM s.readied_at
 RETURNING s.readied_by;
 
 -- name: db_clock
@@ -412,65 +440,83 @@ UPDATE chronos_rate_limits SET tokens = tokens - %(spent)s WHERE topic = %(topic
 -- name: claim_topic
 -- The claim (see `claim`) of one destination topic named by chronosTopic, off the topic index, so
 -- a throttled backlog of one topic never stands in front of another's due rows.
-WITH candidates AS (
-    SELECT id, ordering_key, deadline, seq, original_deadline FROM chronos_messages
+WITH candidates AS MATERIALIZED (
+    SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq FROM chronos_messages
     WHERE readied_at IS NULL AND cron IS NULL AND topic = %(topic)s
       AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'
     ORDER BY deadline, seq
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), keyed AS (
+    SELECT ctid, ordering_key, place, seq,
+           lag(place, 1, '-infinity') OVER w AS prev_place, lag(seq, 1, 0::bigint) OVER w AS prev_seq
+    FROM candidates
+    WHERE ordering_key IS NOT NULL
+    WINDOW w AS (PARTITION BY ordering_key ORDER BY place, seq)
+), held AS (
+    SELECT ctid, bool_or(
+               EXISTS (SELECT FROM chronos_messages AS e
+                       WHERE e.ordering_key = k.ordering_key AND e.cron IS NULL AND e.original_deadline IS NULL
+                         AND (e.deadline, e.seq) > (k.prev_place, k.prev_seq)
+                         AND (e.deadline, e.seq) < (k.place, k.seq))
+               OR EXISTS (SELECT FROM chronos_messages AS e
+                          WHERE e.ordering_key = k.ordering_key AND e.original_deadline IS NOT NULL
+                            AND (e.original_deadline, e.seq) > (k.prev_place, k.prev_seq)
+                            AND (e.original_deadline, e.seq) < (k.place, k.seq)))
+           OVER (PARTITION BY ordering_key ORDER BY place, seq) AS held
+    FROM keyed AS k
 ), due AS (
-    SELECT c.id FROM candidates AS c
-    WHERE c.ordering_key IS NULL
-       OR (NOT EXISTS (
-            SELECT 1 FROM chronos_messages AS e
-            WHERE e.ordering_key = c.ordering_key AND e.cron IS NULL
-              AND (e.deadline, e.seq) < (coalesce(c.original_deadline, c.deadline), c.seq)
-              AND NOT EXISTS (SELECT 1 FROM candidates AS c2 WHERE c2.id = e.id))
-           AND NOT EXISTS (
-            SELECT 1 FROM chronos_messages AS e
-            WHERE e.ordering_key = c.ordering_key AND e.original_deadline IS NOT NULL
-              AND (e.original_deadline, e.seq) < (coalesce(c.original_deadline, c.deadline), c.seq)
-              AND NOT EXISTS (SELECT 1 FROM candidates AS c2 WHERE c2.id = e.id)))
+    SELECT ctid FROM candidates WHERE ordering_key IS NULL
+    UNION ALL
+    SELECT ctid FROM held WHERE NOT held
 )
 UPDATE chronos_messages AS m
 SET readied_at = now(), readied_by = %(node)s
 FROM due
-WHERE m.id = due.id
+WHERE m.ctid = due.ctid
 RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers,
           m.readied_at, m.seq,
-          m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint;
+          m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint, m.ctid;
 
 -- name: claim_output_topic
 -- claim_topic for the output topic (rows without chronosTopic), off the due index.
-WITH candidates AS (
-    SELECT id, ordering_key, deadline, seq, original_deadline FROM chronos_messages
+WITH candidates AS MATERIALIZED (
+    SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq FROM chronos_messages
     WHERE readied_at IS NULL AND cron IS NULL AND topic IS NULL
       AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'
     ORDER BY deadline, seq
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), keyed AS (
+    SELECT ctid, ordering_key, place, seq,
+           lag(place, 1, '-infinity') OVER w AS prev_place, lag(seq, 1, 0::bigint) OVER w AS prev_seq
+    FROM candidates
+    WHERE ordering_key IS NOT NULL
+    WINDOW w AS (PARTITION BY ordering_key ORDER BY place, seq)
+), held AS (
+    SELECT ctid, bool_or(
+               EXISTS (SELECT FROM chronos_messages AS e
+                       WHERE e.ordering_key = k.ordering_key AND e.cron IS NULL AND e.original_deadline IS NULL
+                         AND (e.deadline, e.seq) > (k.prev_place, k.prev_seq)
+                         AND (e.deadline, e.seq) < (k.place, k.seq))
+               OR EXISTS (SELECT FROM chronos_messages AS e
+                          WHERE e.ordering_key = k.ordering_key AND e.original_deadline IS NOT NULL
+                            AND (e.original_deadline, e.seq) > (k.prev_place, k.prev_seq)
+                            AND (e.original_deadline, e.seq) < (k.place, k.seq)))
+           OVER (PARTITION BY ordering_key ORDER BY place, seq) AS held
+    FROM keyed AS k
 ), due AS (
-    SELECT c.id FROM candidates AS c
-    WHERE c.ordering_key IS NULL
-       OR (NOT EXISTS (
-            SELECT 1 FROM chronos_messages AS e
-            WHERE e.ordering_key = c.ordering_key AND e.cron IS NULL
-              AND (e.deadline, e.seq) < (coalesce(c.original_deadline, c.deadline), c.seq)
-              AND NOT EXISTS (SELECT 1 FROM candidates AS c2 WHERE c2.id = e.id))
-           AND NOT EXISTS (
-            SELECT 1 FROM chronos_messages AS e
-            WHERE e.ordering_key = c.ordering_key AND e.original_deadline IS NOT NULL
-              AND (e.original_deadline, e.seq) < (coalesce(c.original_deadline, c.deadline), c.seq)
-              AND NOT EXISTS (SELECT 1 FROM candidates AS c2 WHERE c2.id = e.id)))
+    SELECT ctid FROM candidates WHERE ordering_key IS NULL
+    UNION ALL
+    SELECT ctid FROM held WHERE NOT held
 )
 UPDATE chronos_messages AS m
 SET readied_at = now(), readied_by = %(node)s
 FROM due
-WHERE m.id = due.id
+WHERE m.ctid = due.ctid
 RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers,
           m.readied_at, m.seq,
-          m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint;
+          m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint, m.ctid;
 
 -- name: limited_topics
 -- Topics the firers applied a limit to within the last minute (they take tokens every poll while

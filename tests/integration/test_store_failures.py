@@ -177,5 +177,9 @@ def test_the_claim_s_ordering_check_stays_on_the_ordering_indexes(database_url):
             "EXPLAIN " + QUERIES["claim"].replace("%(lookahead_ms)s", "0").replace("%(limit)s", "100")
             .replace("%(node)s", f"'{uuid.uuid4()}'")))
     assert "using chronos_messages_ordering on" in plan, plan
-    assert "(ROW(deadline, seq) < ROW(COALESCE(c.original_deadline, c.deadline), c.seq))" in plan, plan
+    # both ends of the range between a candidate and the one before it of its key: index conditions
+    assert "(ROW(deadline, seq) > ROW(k.prev_place, k.prev_seq)) AND (ROW(deadline, seq) < ROW(k.place, k.seq))" \
+        in plan, plan
+    assert "(ROW(original_deadline, seq) > ROW(k.prev_place, k.prev_seq)) AND " \
+           "(ROW(original_deadline, seq) < ROW(k.place, k.seq))" in plan, plan
     assert "using chronos_messages_ordering_retried on" in plan, plan

@@ -220,9 +220,10 @@ def test_far_future_rows_do_not_slow_the_claim_plan(database_url, n):
     assert "Index Cond: (deadline <=" in plan, plan
 
 
-def test_deleting_fired_rows_goes_through_the_primary_key_even_under_a_generic_plan(database_url):
+def test_deleting_fired_rows_goes_by_tid_even_under_a_generic_plan(database_url):
     """With statistics taken while nothing was in flight, a generic plan of a plain `=` join chose
-    the in-flight index and looped over every in-flight row for every id (seconds per batch)."""
+    the in-flight index and looped over every in-flight row for every id (seconds per batch); the
+    claimed rows are reached by the TID the claim returned."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("INSERT INTO chronos_messages (id, deadline) SELECT 'f' || g, now() + interval '2 years' "
                      "FROM generate_series(1, 20000) g")
@@ -231,12 +232,14 @@ def test_deleting_fired_rows_goes_through_the_primary_key_even_under_a_generic_p
     s.insert([r(f"d{i}", now_us() - 1000) for i in range(3000)])
     held = s.claim(3000, 0)
     from chronos.store import QUERIES
-    sql = QUERIES["delete_fired"].replace("%(ids)s", "$1").replace("%(readied_at)s", "$2").replace("%(node)s", "$3")
+    sql = (QUERIES["delete_fired"].replace("%(ctids)s", "$1").replace("%(ids)s", "$2")
+           .replace("%(readied_at)s", "$3").replace("%(node)s", "$4"))
     with psycopg.connect(database_url, autocommit=True, cursor_factory=psycopg.ClientCursor) as conn:
         conn.execute("SET plan_cache_mode = force_generic_plan")
-        conn.execute("PREPARE d(text[], timestamptz[], uuid) AS " + sql)
+        conn.execute("PREPARE d(tid[], text[], timestamptz[], uuid) AS " + sql)
         plan = "\n".join(row[0] for row in conn.execute(
-            "EXPLAIN EXECUTE d(%s, %s, %s)", ([x.id for x in held[:1000]], [x.readied_at for x in held[:1000]],
-                                               s.node_id)))
-    assert "chronos_messages_pkey" in plan, plan
+            "EXPLAIN EXECUTE d(%s::tid[], %s, %s, %s)",
+            ([x.ctid for x in held[:1000]], [x.id for x in held[:1000]], [x.readied_at for x in held[:1000]],
+             s.node_id)))
+    assert "Tid Scan on chronos_messages" in plan, plan
     assert s.delete_fired(held[:1000]) == 1000

@@ -218,7 +218,7 @@ def test_firer_store_thread_waits_out_a_postgres_outage_instead_of_spinning():
     from chronos.firer import StoreWorker
     worker = StoreWorker.__new__(StoreWorker)
     worker.down_until = _time.time() + 0.8
-    worker.stopping, worker.next_claim, worker.last_delete = False, 0.0, 0.0
+    worker.stopping, worker.next_clock_sync, worker.last_delete = False, 0.0, 0.0
     worker.acked, worker.release = ["acked row"], ["row to hand back"]
     assert worker.wait_time() > 0.5
     worker.down_until = 0.0
@@ -232,13 +232,13 @@ def test_firer_stops_claiming_while_its_oldest_publish_waits_too_long_for_kafka(
     from collections import deque
     from types import SimpleNamespace
 
-    from chronos.firer import FirerProcess, StoreWorker
+    from chronos.firer import Claimer, FirerProcess
 
     firer = FirerProcess.__new__(FirerProcess)
     firer.in_flight = 3
     firer.ack_progress = _time.monotonic()  # an acknowledgement just came back
     firer.sent_at = deque([_time.monotonic() - 4.0, _time.monotonic() - 0.1, _time.monotonic()])
-    worker = StoreWorker.__new__(StoreWorker)
+    worker = Claimer.__new__(Claimer)
     worker.firer, worker.claims_paused = firer, False
     worker.settings = SimpleNamespace(hold_time_ms=5000)
 
@@ -264,8 +264,8 @@ def test_firer_logs_a_claim_or_delete_slow_enough_to_hold_up_firing(caplog):
 
     recorded = []
     worker = StoreWorker.__new__(StoreWorker)
-    worker.firer = SimpleNamespace(metrics=SimpleNamespace(batch=lambda *a: recorded.append(a[:2])))
-    worker.throttle, worker.held = Throttle(logging.getLogger("chronos.firer")), 2000
+    worker.firer = SimpleNamespace(metrics=SimpleNamespace(batch=lambda *a: recorded.append(a[:2])), held=lambda: 2000)
+    worker.throttle = Throttle(logging.getLogger("chronos.firer"))
     caplog.set_level("WARNING", logger="chronos.firer")
     worker.measured("delete", 1000, _time.perf_counter())
     assert not caplog.records

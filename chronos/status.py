@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
-import time
+import threading
 import urllib.error
 import urllib.request
 from datetime import datetime, timezone
@@ -110,8 +111,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     settings.require_database()
     store = Store(settings.database_url)
     clear = args.watch is not None and not args.json and sys.stdout.isatty()
+    stop = threading.Event()
+    if args.watch is not None:
+        # Ctrl-C or SIGTERM end a watch, even where SIGINT came in ignored (a shell's background job)
+        # and even if the interrupt lands where a library swallows it: the loop checks the flag too
+        def interrupt(_signum, _frame) -> None:
+            stop.set()
+            raise KeyboardInterrupt
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, interrupt)
     try:
-        while True:
+        while not stop.is_set():
             try:
                 d = to_dict(store.overview(settings.hold_time_ms, exact=True if args.exact else None),
                             settings.hold_time_ms, store.throttled(settings.output_topic))
@@ -127,7 +137,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 print(out, flush=True)
             if args.watch is None:
                 return 0
-            time.sleep(max(0.1, args.watch))
+            stop.wait(max(0.1, args.watch))
+        return 0
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:  # `chronos status --watch | head`: the reader is done

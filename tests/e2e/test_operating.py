@@ -291,11 +291,14 @@ def test_status_json_matches_the_store(database_url):
     assert f"  firer {str(known['dead'])[:8]}                 4" in text.stdout
 
 
-def test_status_watch_refreshes_as_json_lines(database_url):
+@pytest.mark.parametrize("stop_with", [signal.SIGINT, signal.SIGTERM])
+def test_status_watch_refreshes_as_json_lines(database_url, stop_with):
     _load_known(database_url)
+    # started with SIGINT ignored, as in a shell's background job: Ctrl-C and SIGTERM still end the watch
     proc = subprocess.Popen([sys.executable, "-m", "chronos", "status", "--json", "--watch", "0.2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "CHRONOS_DATABASE_URL": database_url})
+                            env={**os.environ, "CHRONOS_DATABASE_URL": database_url},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         first = orjson.loads(proc.stdout.readline())
         with psycopg.connect(database_url, autocommit=True) as conn:
@@ -304,7 +307,7 @@ def test_status_watch_refreshes_as_json_lines(database_url):
                       what="a refresh that sees the deletion")
         assert first["waiting"] == 9 and second["due_now"] == 3
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop_with)
         _, err = proc.communicate(timeout=30)  # drains the pipes, so a full one cannot block its exit
         assert proc.returncode == 0, err.decode()
 

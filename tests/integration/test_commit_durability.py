@@ -35,11 +35,13 @@ def test_firer_commits_asynchronously_and_the_consumer_synchronously(durable_env
     firer = FirerProcess(settings, uuid.uuid4(), Lifecycle())
     consumer = ConsumerProcess(settings, uuid.uuid4(), Lifecycle())
     try:
-        assert synchronous_commit(firer.store) == "off"
+        assert synchronous_commit(firer.worker.store) == "off"   # deletes, hand-backs, retries
+        assert synchronous_commit(firer.claimer.store) == "off"  # claims
         assert synchronous_commit(consumer.store) == "on"
         # a reconnection keeps the setting: it is made on every new session
-        firer.store.close()
-        assert synchronous_commit(firer.store) == "off"
+        firer.worker.store.close()
+        assert synchronous_commit(firer.worker.store) == "off"
     finally:
-        firer.store.close()
+        firer.worker.store.close()
+        firer.claimer.store.close()
         consumer.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, Message, TopicPartition
@@ -163,39 +164,59 @@ class ConsumerProcess:
         self.next_ping = 0.0
 
     def run(self) -> None:
+        """Read batch N+1 (and sort it) while batch N is written on the writer thread; commit N's
+        offsets once N is durable, and never before, so offsets are committed in order."""
         self.consumer.subscribe([self.settings.input_topic])
         log.info("consuming %s (group %s), batch %d", self.settings.input_topic, self.settings.consumer_group,
                  self.settings.batch_size)
         # the producer answers metadata requests at once; the group consumer may take seconds
         self.metrics.serve(postgres=lambda: self.store.last_ok, kafka=lambda: self.producer,
                            kafka_topic=self.settings.input_topic)
+        # the store, the producer and the stats are the writer's while a batch is pending
+        writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="consumer-writer")
+        pending: tuple[Future, list[Message]] | None = None
         try:
             while self.life.running:
                 messages = self.consumer.consume(num_messages=self.settings.batch_size, timeout=0.05)
                 self.metrics.beat()
-                if not messages:
+                real = self.readable(messages)
+                batch = sort_batch(real, time.time_ns() // 1000, self.rules) if real else None
+                if pending is not None and (real or pending[0].done()):
+                    done, pending = pending, None
+                    if not self.finish(*done):
+                        break  # stopped before that batch was durable: it is read again
+                if batch is not None:
+                    self.consumer_outage.ok()
+                    pending = (writer.submit(self.write, real, batch), real)
+                elif pending is None and not messages:
                     self.keep_alive()
-                    continue
-                real = []
-                for msg in messages:
-                    err = msg.error()
-                    if err is None:
-                        real.append(msg)
-                    elif err.code() != KafkaError._PARTITION_EOF:
-                        self.throttle.warning("consume", "consume error: %s", err.str())
-                if not real:
-                    continue
-                self.consumer_outage.ok()
-                if not self.handle(real):
-                    break  # stopping before the batch was durable: do not commit; it is read again
-                self.commit(real)
-                self.last_batch = real
+            if pending is not None:
+                self.finish(*pending)
         finally:
+            writer.shutdown(wait=True)
             self.close()
 
-    def handle(self, messages: list[Message]) -> bool:
-        """Make one batch durable and acknowledged; False if stopped before it was."""
-        batch = sort_batch(messages, time.time_ns() // 1000, self.rules)
+    def readable(self, messages: list[Message]) -> list[Message]:
+        """The messages of a poll without its errors (a partition's end is not one)."""
+        real = []
+        for msg in messages:
+            err = msg.error()
+            if err is None:
+                real.append(msg)
+            elif err.code() != KafkaError._PARTITION_EOF:
+                self.throttle.warning("consume", "consume error: %s", err.str())
+        return real
+
+    def finish(self, written: Future, messages: list[Message]) -> bool:
+        """Wait for a batch's write; commit its offsets if it is durable. False if it is not."""
+        if not written.result():
+            return False
+        self.commit(messages)
+        self.last_batch = messages
+        return True
+
+    def write(self, messages: list[Message], batch: Batch) -> bool:
+        """Make one sorted batch durable and acknowledged; False if stopped before it was."""
         while True:
             try:
                 started = time.perf_counter()

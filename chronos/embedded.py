@@ -335,6 +335,14 @@ class _Child:
 # PostgreSQL
 
 
+# The durable embedded server's WAL settings (never applied to a PostgreSQL Chronos does not start):
+# checkpoints every 15 minutes or 4 GB of WAL instead of 5 minutes or 1 GB, so that at 10,000 rows/s
+# fewer first writes after a checkpoint put whole pages in the WAL; 16 MB of WAL buffers (instead of
+# 4 MB) so a consumer batch of 2,000 rows never waits for a WAL write. fsync, synchronous_commit and
+# full_page_writes stay on: a crash loses nothing the consumer committed.
+DURABLE_WAL = {"max_wal_size": "4GB", "checkpoint_timeout": "15min", "wal_buffers": "16MB"}
+
+
 class _RetryStart(Exception):
     """Internal: this attempt failed for a transient reason; try again."""
 
@@ -663,6 +671,8 @@ class EmbeddedPostgres(_Child):
         }
         if self.fast:
             settings.update(fsync="off", synchronous_commit="off", full_page_writes="off")
+        else:
+            settings.update(DURABLE_WAL)
         cmd = [str(self._bin_dir / "postgres"), "-D", str(self.data_dir)]
         for k, v in settings.items():
             cmd += ["-c", f"{k}={v}"]

@@ -118,7 +118,9 @@ class StoreThread(threading.Thread):
         super().__init__(name=name, daemon=True)
         self.firer = firer
         self.settings = firer.settings
-        self.store = Store(firer.settings.database_url, node_id=firer.node_id, hot_path=True)
+        # a lost claim, delete or hand-back only fires a row again: no need to wait for the WAL flush
+        self.store = Store(firer.settings.database_url, node_id=firer.node_id, hot_path=True,
+                           synchronous_commit=False)
         self.throttle = Throttle(log)
         self.backoff = Backoff()
         self.crashed: BaseException | None = None

@@ -189,12 +189,17 @@ class Store:
     `cancel` may be called from another).
 
     `hot_path=True` for the processes' own stores (consumer, firer, detector): their connection
-    gets the planner settings of `hot_path_settings`, which their statements are written for."""
+    gets the planner settings of `hot_path_settings`, which their statements are written for.
+    `synchronous_commit=False` makes every session of this store commit without waiting for the
+    WAL flush (for the firer, whose lost commits only fire a row again); the default keeps the
+    server's setting (the consumer's inserts must be durable before its offsets are committed)."""
 
-    def __init__(self, url: str, *, node_id: uuid.UUID | None = None, hot_path: bool = False):
+    def __init__(self, url: str, *, node_id: uuid.UUID | None = None, hot_path: bool = False,
+                 synchronous_commit: bool = True):
         self.url = url
         self.node_id = node_id
         self.hot_path = hot_path
+        self.synchronous_commit = synchronous_commit
         self.conn: psycopg.Connection | None = None
         self._staging_ready = False
         self.last_ok = 0.0  # time.monotonic() of the last statement PostgreSQL answered (for /healthz)
@@ -207,11 +212,13 @@ class Store:
         self._staging_ready = False
         if check:
             check_schema(self.conn)
-        if self.hot_path:
-            try:
+        try:
+            if self.hot_path:
                 self.conn.execute(QUERIES["hot_path_settings"])
-            except psycopg.OperationalError as exc:
-                raise StoreUnavailable(_short(exc)) from None
+            if not self.synchronous_commit:
+                self.conn.execute(QUERIES["async_commit"])
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(_short(exc)) from None
 
     def close(self) -> None:
         if self.conn is not None:

@@ -235,6 +235,11 @@ WHERE m.ctid = s.ctid AND m.id IS NOT DISTINCT FROM s.id AND m.readied_by IS NOT
   AND m.readied_at IS NOT DISTINCT FROM s.readied_at
 RETURNING s.readied_by;
 
+-- name: async_commit
+-- The firer's sessions only: a claim, delete or hand-back lost in a crash only fires a row again
+-- (at-least-once), so they need not wait for the WAL flush. The consumer's stay synchronous.
+SET synchronous_commit = off;
+
 -- name: db_clock
 SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
 

@@ -152,6 +152,9 @@ def test_postgres_durable_mode(tmp_path):
             assert conn.execute("show fsync").fetchone() == ("on",)
             assert conn.execute("show synchronous_commit").fetchone() == ("on",)
             assert conn.execute("show full_page_writes").fetchone() == ("on",)
+            # fewer checkpoints and larger WAL buffers than PostgreSQL's defaults (1GB, 5min, 4MB)
+            for name, value in {"max_wal_size": "4GB", "checkpoint_timeout": "15min", "wal_buffers": "16MB"}.items():
+                assert conn.execute(f"show {name}").fetchone() == (value,)
     assert (tmp_path / "logs" / "pg.log").stat().st_size > 0
 
 

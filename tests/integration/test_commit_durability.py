@@ -1,0 +1,47 @@
+"""Which sessions wait for the WAL flush: the consumer's must (its Kafka offsets are committed
+after its insert), the firer's need not (a lost claim, delete or hand-back only fires a row
+again). Checked on the stores the processes themselves build."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+
+from chronos import config
+from chronos.consumer import ConsumerProcess
+from chronos.firer import FirerProcess
+from chronos.runtime import Lifecycle
+
+
+def synchronous_commit(store) -> str:
+    return store.run(lambda conn: conn.execute("SHOW synchronous_commit").fetchone()[0])
+
+
+@pytest.fixture
+def durable_env(chronos_env):
+    """The test server runs with synchronous_commit off for speed; this database gets the
+    production default back, so that only what the processes set themselves differs."""
+    url = chronos_env["CHRONOS_DATABASE_URL"]
+    name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("ALTER DATABASE {} SET synchronous_commit = on").format(psycopg.sql.Identifier(name)))
+    return chronos_env
+
+
+def test_firer_commits_asynchronously_and_the_consumer_synchronously(durable_env):
+    settings = config.load(environ=durable_env, default_ready_file=False)
+    firer = FirerProcess(settings, uuid.uuid4(), Lifecycle())
+    consumer = ConsumerProcess(settings, uuid.uuid4(), Lifecycle())
+    try:
+        assert synchronous_commit(firer.worker.store) == "off"   # deletes, hand-backs, retries
+        assert synchronous_commit(firer.claimer.store) == "off"  # claims
+        assert synchronous_commit(consumer.store) == "on"
+        # a reconnection keeps the setting: it is made on every new session
+        firer.worker.store.close()
+        assert synchronous_commit(firer.worker.store) == "off"
+    finally:
+        firer.worker.store.close()
+        firer.claimer.store.close()
+        consumer.close()

@@ -89,3 +89,15 @@ class Collector:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+def wait_for(condition, timeout: float = 30.0, what: str = "condition", every: float = 0.1):
+    """Poll until condition() returns something truthy; returns it."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = condition()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"{what} not met within {timeout}s (last: {last!r})")

@@ -126,16 +126,25 @@ def _when(form: Mapping[str, str], action: str, now: datetime) -> datetime | Non
     return inspect.parse_time(at, now, "new deadline") if at else now + inspect.parse_delay(delay)
 
 
-async def preview(request: Request) -> Response:
-    """The confirmation page: what the action would change, counted by a dry run, before anything changes."""
+async def _action_form(request: Request) -> tuple[Any, Any, str]:
+    """The console, the posted form and its action; the form is a refusal page (403) when the
+    request may not act (read-only, no session, another origin, a wrong form token)."""
     console = _console(request)
     form = await read_form(request)
     refused = check_action(request, form)
     if refused:
-        return console.page(request, "error.html", 403, title="Refused", message=refused)
+        return console, console.page(request, "error.html", 403, title="Refused", message=refused), ""
     action = form.get("action", "")
     if action not in VERBS:
         raise HTTPException(400, f"unknown action {action!r}")
+    return console, form, action
+
+
+async def preview(request: Request) -> Response:
+    """The confirmation page: what the action would change, counted by a dry run, before anything changes."""
+    console, form, action = await _action_form(request)
+    if isinstance(form, Response):
+        return form
     output_topic = console.settings.output_topic
     try:
         now = datetime.now(timezone.utc)
@@ -159,14 +168,9 @@ async def preview(request: Request) -> Response:
 
 async def apply(request: Request) -> Response:
     """Take a confirmed action; refuses when more messages match now than were confirmed."""
-    console = _console(request)
-    form = await read_form(request)
-    refused = check_action(request, form)
-    if refused:
-        return console.page(request, "error.html", 403, title="Refused", message=refused)
-    action = form.get("action", "")
-    if action not in VERBS:
-        raise HTTPException(400, f"unknown action {action!r}")
+    console, form, action = await _action_form(request)
+    if isinstance(form, Response):
+        return form
     output_topic = console.settings.output_topic
     try:
         now = datetime.now(timezone.utc)

@@ -22,6 +22,7 @@ from chronos import codec
 from chronos.embedded import EmbeddedPostgres, free_port
 from chronos.store import Row, Store, migrate
 from helpers import Collector, chronos_headers, producer, send
+from helpers import wait_for as poll
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -45,17 +46,6 @@ def scrape(port: int) -> dict[tuple[str, frozenset], float]:
 def metric(scraped: dict, name: str, **labels: str) -> float:
     return scraped.get((name, frozenset(labels.items())), 0.0)
 
-
-def poll(condition, timeout: float = 30.0, what: str = "condition"):
-    """Poll until condition() returns something truthy; returns it."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = condition()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not met within {timeout}s (last: {last!r})")
 
 
 def health(port: int) -> tuple[int, dict]:

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from chronos.embedded import free_port
-from helpers import Collector, chronos_headers, producer, send
+from helpers import Collector, chronos_headers, producer, send, wait_for
 
 WEIRD = ["it's", 'say "hi"', "back\\slash", "100%", "naïve-日本-🚀"]
 
@@ -29,15 +29,6 @@ def ok(env: dict, *args: str):
     assert res.returncode == 0, res.stdout + res.stderr
     return orjson.loads(res.stdout) if "--json" in args else res.stdout
 
-
-def wait_for(condition, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = condition()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not met within {timeout}s")
 
 
 @pytest.fixture

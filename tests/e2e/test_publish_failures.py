@@ -18,7 +18,7 @@ from chronos import codec, status
 from chronos.firer import iso_us
 from chronos.store import Row, Store
 
-from helpers import Collector, chronos_headers
+from helpers import Collector, chronos_headers, wait_for
 
 
 def insert(url: str, rows: list[Row]) -> None:
@@ -39,15 +39,6 @@ def scalar(url: str, sql: str, *args):
     with psycopg.connect(url) as conn:
         return conn.execute(sql, args).fetchone()[0]
 
-
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not met within {timeout}s")
 
 
 def assert_ran_once(processes, proc) -> None:

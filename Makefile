@@ -11,6 +11,8 @@ up: $(VENV)/.installed
 	$(BIN)/chronos up $(ARGS)
 
 test: $(VENV)/.installed $(BIN)/promtool chromium
+	$(BIN)/ruff check chronos benchmarks tests
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest $(ARGS)
 
 # The console's browser tests drive Debian's chromium (Playwright's own browser download is not

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from chronos.embedded import EmbeddedBroker, create_topics

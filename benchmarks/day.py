@@ -267,7 +267,8 @@ def table_lines(result: dict) -> list[str]:
         if ev.get("vacuum_s") is not None:
             notes.append(f"VACUUM {ev['vacuum_s']:.1f} s")
         if "autovacuum_seen" in ev:
-            notes.append(f"autovacuum {'after ' + format(ev['autovacuum_after_s'], '.1f') + ' s' if ev['autovacuum_seen'] else 'not seen'}")
+            seen = f"after {ev['autovacuum_after_s']:.1f} s" if ev['autovacuum_seen'] else "not seen"
+            notes.append(f"autovacuum {seen}")
         store = p.get("store") or {}
         if store.get("autovacuums"):
             notes.append(f"{store['autovacuums']} autovacuum(s)")

@@ -72,7 +72,7 @@ def summarize(rec: Records, *, target: str, rate: float, duration: float, delay:
               store_samples: list[tuple[float, int, int]], drain_timeout: float, t0: float) -> dict:
     n = int(rec.get("sent"))
     state = rec.state[:n]
-    deadline, sent_at = rec.deadline[:n], rec.sent_at[:n]
+    deadline = rec.deadline[:n]
     delivered_at, created_at, copies = rec.delivered_at[:n], rec.created_at[:n], rec.copies[:n]
     acked = state == ACKED
     got = ~np.isnan(delivered_at)

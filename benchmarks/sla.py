@@ -536,7 +536,8 @@ def run_step(target: Target, args: argparse.Namespace, rate: float, duration: fl
     summary["layout"] = layout
     summary["cpu"] = cpu
     summary["config"] = {"delay": f"{dmin:g}:{dmax:g}", "payload_bytes": args.payload_bytes, "seed": seed,
-                         "tag": tag, "fetch_wait_ms": args.fetch_wait_ms, "linger_ms": args.linger_ms, "probe_linger_ms": args.probe_linger_ms,
+                         "tag": tag, "fetch_wait_ms": args.fetch_wait_ms, "linger_ms": args.linger_ms,
+                         "probe_linger_ms": args.probe_linger_ms,
                          "probe_interval_ms": args.probe_interval_ms,
                          "counts": {"consumers": args.consumers, "firers": args.firers, "detectors": args.detectors},
                          "chronos_up_args": args.up_args, "target": target.config(), "argv": sys.argv[1:]}

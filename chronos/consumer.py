@@ -22,7 +22,7 @@ from chronos import codec, cron
 from chronos.config import Settings
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.intake import Decision, Rules, Verdict, decide
-from chronos.kafka import (PERMANENT_FAILURE, OutageLog, classify, dead_letter_headers, failure_reason,
+from chronos.kafka import (PERMANENT_FAILURE, classify, dead_letter_headers, failure_reason,
                            make_consumer, make_producer, produce)
 from chronos.logs import Throttle
 from chronos.metrics import ConsumerTelemetry

@@ -48,7 +48,8 @@ LATENESS_BUCKETS = (-0.05, -0.025, -0.01, -0.005, 0.0, 0.005, 0.01, 0.025, 0.05,
                     10.0, 30.0, 60.0)
 
 # Dead-letter reasons that exist whatever the input, initialised at 0 so rate() sees the first one.
-KNOWN_REASONS = ("bad_header_name", "unreadable_headers", "missing_id", "empty_id", "bad_id", "id_too_long", "missing_deadline", "bad_deadline",
+KNOWN_REASONS = ("bad_header_name", "unreadable_headers", "missing_id", "empty_id", "bad_id", "id_too_long",
+                 "missing_deadline", "bad_deadline",
                  "duplicate_header", "bad_action", "bad_topic", "topic_not_allowed", "bad_ordering_key",
                  "bad_cron", "too_late", "store_rejected", "too_large", "publish_failed")
 # What the firer dead-letters: a stored message whose publish failed for good, or whose destination

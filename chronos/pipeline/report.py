@@ -309,7 +309,8 @@ def summary(report: dict[str, Any], out_dir: str | Path) -> str:
     return "\n".join([
         f"{report['records']:,} records, {report['delivered']:,} delivered, {report['undelivered']:,} undelivered, "
         f"{report['duplicates']:,} duplicates in {report['seconds']:.1f} s",
-        f"  throughput  mean {ms(t['mean_per_s'])}/s, peak {ms(t['peak_per_s'])}/s over {report['window']['seconds'] or 0:,.1f} s",
+        f"  throughput  mean {ms(t['mean_per_s'])}/s, peak {ms(t['peak_per_s'])}/s "
+        f"over {report['window']['seconds'] or 0:,.1f} s",
         f"  jitter ms   p50 {ms(j['p50'])}  p99 {ms(j['p99'])}  p99.9 {ms(j['p999'])}  max {ms(j['max'])}  "
         f"(min {ms(j['min'])})",
         f"  early {report['early']:,} (before {sla['thresholds']['early_ms']:g} ms), "

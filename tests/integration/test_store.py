@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from chronos import store
-from chronos.errors import SchemaError, StoreRejected
+from chronos.errors import SchemaError
 from chronos.store import Row, Store
 
 

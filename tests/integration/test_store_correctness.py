@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime
 
 import psycopg
 import pytest

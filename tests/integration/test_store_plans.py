@@ -152,7 +152,7 @@ CONDITIONS = {"analyzed_empty_then_grown": analyzed_empty_then_grown, "ten_milli
 def exercise(admin, firer: Store, consumer: Store, detector: Store, *, times: int) -> None:
     """Run every hot-path statement `times` times as the processes do."""
     t = now_us()
-    for i in range(times):
+    for _ in range(times):
         tag = uuid.uuid4().hex[:8]
         claimed = firer.claim(2000, 300)
         firer.delete_fired(claimed[: len(claimed) // 2])

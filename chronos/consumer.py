@@ -150,7 +150,7 @@ class ConsumerProcess:
                            allowed_topics=settings.allowed_topics_re,
                            max_lateness_us=None if settings.max_lateness_ms is None
                            else settings.max_lateness_ms * 1000)
-        self.store = Store(settings.database_url, node_id=node_id, hot_path=True)
+        self.store = Store(settings.require_database(), node_id=node_id, hot_path=True)
         self.db_backoff = Backoff()
         self.throttle = Throttle(log)
         self.producer, self.producer_outage = make_producer(settings, "consumer producer")

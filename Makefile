@@ -13,6 +13,7 @@ up: $(VENV)/.installed
 test: $(VENV)/.installed $(BIN)/promtool chromium
 	$(BIN)/ruff check chronos benchmarks tests
 	$(BIN)/lint-imports
+	$(BIN)/mypy chronos
 	$(BIN)/python -m pytest $(ARGS)
 
 # The console's browser tests drive Debian's chromium (Playwright's own browser download is not

@@ -8,6 +8,7 @@ import sys
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
+from typing import NoReturn
 
 from chronos import __version__, config
 from chronos.errors import ChronosError, UnavailableError
@@ -50,8 +51,7 @@ def cmd_process(args: argparse.Namespace) -> int:
 def cmd_migrate(args: argparse.Namespace) -> int:
     from chronos import store
     settings = config.load(args)
-    settings.require_database()
-    applied = store.migrate(settings.database_url)
+    applied = store.migrate(settings.require_database())
     if applied:
         print(f"applied migrations {', '.join(map(str, applied))}; schema at version {store.LATEST_VERSION}")
     else:
@@ -127,8 +127,9 @@ def cmd_tail(args: argparse.Namespace) -> int:
             arrived = time.time()
             # read_headers, not msg.headers(): a header name that is not UTF-8 must not stop the tail
             sent_deadline = dict(codec.read_headers(msg)[0] or []).get(DEADLINE_ECHO_HEADER)
-            key = msg.key().decode(errors="replace") if msg.key() is not None else None
-            value = msg.value().decode(errors="replace") if msg.value() is not None else None
+            raw_key, raw_value = msg.key(), msg.value()
+            key = raw_key.decode(errors="replace") if raw_key is not None else None
+            value = raw_value.decode(errors="replace") if raw_value is not None else None
             line = f"{datetime.fromtimestamp(arrived, timezone.utc).isoformat(timespec='milliseconds')} " \
                    f"{msg.topic()}[{msg.partition()}]@{msg.offset()} key={key!r} value={value!r}"
             if sent_deadline:
@@ -149,8 +150,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
     from chronos import cron
     from chronos.store import Store
     settings = config.load(args)
-    settings.require_database()
-    store = Store(settings.database_url)
+    store = Store(settings.require_database())
     rows = store.list_schedules()
     store.close()
     schedules = [{"id": sid, "cron": expr, "timezone": tz,
@@ -175,8 +175,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
 def _operator_store(args: argparse.Namespace):
     from chronos.store import Store
     settings = config.load(args)
-    settings.require_database()
-    return settings, Store(settings.database_url)
+    return settings, Store(settings.require_database())
 
 
 def _print_json(data) -> None:
@@ -209,6 +208,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     else:
         lines = [("id", repr(m.id)), ("state", m.state)]
         if m.state == "in_flight":
+            assert m.claimed_at is not None  # in flight means claimed: inspect.show sets both from readied_at
             lines.append(("firer", f"{m.firer} since {inspect.iso(m.claimed_at)}"))
         if m.state == "recurring":
             lines += [("cron", f"{m.cron} ({m.timezone}" + (f", {m.dst_policy})" if m.dst_policy else ")")),
@@ -356,7 +356,7 @@ def add_operator_parsers(sub) -> None:
 class _Parser(argparse.ArgumentParser):
     """Usage errors as one line and exit 2, like every other bad input (sub-commands inherit it)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 

@@ -375,7 +375,7 @@ def _userinfo_passwords(text: str) -> list[tuple[int, int]]:
     """(start, end) of each URL userinfo password in `text`. Generous on purpose: the password
     runs to the last `@` of its line before the query, so an unescaped `/`, `@`, `?` or space in
     it stays inside."""
-    spans = []
+    spans: list[tuple[int, int]] = []
     for match in _URL_USER_RE.finditer(text):
         if spans and match.start() < spans[-1][1]:
             continue

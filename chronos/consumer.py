@@ -15,6 +15,7 @@ import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import cast
 
 from confluent_kafka import KafkaError, Message, TopicPartition
 
@@ -57,9 +58,10 @@ class Batch:
         return {mid: row for mid, (op, row) in self.ops.items() if row is not None}
 
 
-def _row(parsed: codec.Parsed, decision: Decision, msg: Message, rules: Rules) -> Row:
+def _row(mid: str, parsed: codec.Parsed, decision: Decision, msg: Message, rules: Rules) -> Row:
+    assert decision.deadline_us is not None  # every ENQUEUE and LATE decision has one
     topic = parsed.topic if parsed.topic != rules.output_topic else None
-    return Row(parsed.message_id, decision.deadline_us, topic, msg.key(), msg.value(),
+    return Row(mid, decision.deadline_us, topic, msg.key(), msg.value(),
                codec.encode_headers(parsed.headers), parsed.ordering_key, parsed.cron,
                parsed.timezone if parsed.cron is not None else None,
                parsed.dst_policy if parsed.cron is not None else None)
@@ -86,6 +88,7 @@ def sort_batch(messages: list[Message], now_us: int, rules: Rules) -> Batch:
         if verdict is Verdict.INVALID:
             batch.dead.append((msg, decision.reason or "invalid", headers))
             continue
+        assert mid is not None  # headers without a valid id are INVALID
         previous = ops.get(mid, (None, None))[0]
         if verdict is Verdict.CANCEL:
             ops[mid] = (CANCEL, None)
@@ -98,12 +101,12 @@ def sort_batch(messages: list[Message], now_us: int, rules: Rules) -> Batch:
             else:
                 batch.late.append((msg, parsed))
         elif decision.replace or previous == CANCEL:
-            ops[mid] = (REPLACE, _row(parsed, decision, msg, rules))
+            ops[mid] = (REPLACE, _row(mid, parsed, decision, msg, rules))
             batch.sources[mid] = (msg, headers)
         elif previous in (INSERT, REPLACE):
             batch.duplicates += 1
         else:
-            ops[mid] = (INSERT, _row(parsed, decision, msg, rules))
+            ops[mid] = (INSERT, _row(mid, parsed, decision, msg, rules))
             batch.sources[mid] = (msg, headers)
     return batch
 
@@ -136,9 +139,11 @@ def commit_offsets(messages: list[Message]) -> list[TopicPartition]:
     """The next offset to read for every partition in the batch."""
     top: dict[tuple[str, int], int] = {}
     for msg in messages:
-        tp = (msg.topic(), msg.partition())
-        if msg.offset() + 1 > top.get(tp, -1):
-            top[tp] = msg.offset() + 1
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        assert topic is not None and partition is not None and offset is not None  # consumed, not an event
+        tp = (topic, partition)
+        if offset + 1 > top.get(tp, -1):
+            top[tp] = offset + 1
     return [TopicPartition(t, p, o) for (t, p), o in top.items()]
 
 
@@ -150,7 +155,7 @@ class ConsumerProcess:
                            allowed_topics=settings.allowed_topics_re,
                            max_lateness_us=None if settings.max_lateness_ms is None
                            else settings.max_lateness_ms * 1000)
-        self.store = Store(settings.database_url, node_id=node_id, hot_path=True)
+        self.store = Store(settings.require_database(), node_id=node_id, hot_path=True)
         self.db_backoff = Backoff()
         self.throttle = Throttle(log)
         self.producer, self.producer_outage = make_producer(settings, "consumer producer")
@@ -225,7 +230,8 @@ class ConsumerProcess:
                         batch.of(INSERT), batch.of(REPLACE), batch.of(CANCEL))
                 except StoreRejected as exc:
                     inserted, replaced, cancelled, in_flight = self.apply_one_by_one(batch, exc)
-                waiting = self.store.waiting_ids(p.message_id for _, p in batch.late)
+                # late messages passed `decide`, so their headers are valid and carry an id
+                waiting = self.store.waiting_ids(cast(str, p.message_id) for _, p in batch.late)
                 break
             except StoreUnavailable as exc:
                 if not self.wait_for_store(exc):
@@ -265,7 +271,8 @@ class ConsumerProcess:
         totals = [0, 0, 0, 0]
         for message_id, (op, row) in list(batch.ops.items()):
             try:
-                done = self.store.apply([row] if op == INSERT else [], [row] if op == REPLACE else [],
+                rows = [row] if row is not None else []  # only a cancel has no row
+                done = self.store.apply(rows if op == INSERT else [], rows if op == REPLACE else [],
                                         [message_id] if op == CANCEL else [])
             except StoreRejected as row_exc:
                 del batch.ops[message_id]
@@ -353,7 +360,11 @@ class ConsumerProcess:
         offsets = commit_offsets(messages)
         self.uncommitted.update({(tp.topic, tp.partition): tp for tp in offsets})
         try:
-            self.consumer.commit(offsets=list(self.uncommitted.values()), asynchronous=not wait)
+            pending = list(self.uncommitted.values())
+            if wait:  # two calls: the client's overloads take `asynchronous` as a literal
+                self.consumer.commit(offsets=pending, asynchronous=False)
+            else:
+                self.consumer.commit(offsets=pending, asynchronous=True)
             self.uncommitted.clear()
         except Exception as exc:  # noqa: BLE001 - a failed commit only means a re-read; the store is idempotent
             self.throttle.warning("commit", "offset commit failed (%s); the batch may be read again", exc)

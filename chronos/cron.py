@@ -25,8 +25,9 @@ _NICKNAMES = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0
 _MONTHS = {m: i + 1 for i, m in enumerate("JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split())}
 _DAYS = {d: i for i, d in enumerate("SUN MON TUE WED THU FRI SAT".split())}
 # (name, low, high, names)
-_FIELDS = (("minute", 0, 59, {}), ("hour", 0, 23, {}), ("day of month", 1, 31, {}),
-           ("month", 1, 12, _MONTHS), ("day of week", 0, 7, _DAYS))
+_FIELDS: tuple[tuple[str, int, int, dict[str, int]], ...] = (
+    ("minute", 0, 59, {}), ("hour", 0, 23, {}), ("day of month", 1, 31, {}),
+    ("month", 1, 12, _MONTHS), ("day of week", 0, 7, _DAYS))
 _SEARCH_YEARS = 5  # no occurrence within this many years means the expression never fires
 
 

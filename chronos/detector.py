@@ -33,7 +33,7 @@ def suspected_nodes(reset_by: list[uuid.UUID]) -> list[tuple[uuid.UUID, int]]:
 class DetectorProcess:
     def __init__(self, settings: Settings, node_id: uuid.UUID, life: Lifecycle):
         self.settings, self.life = settings, life
-        self.store = Store(settings.database_url, node_id=node_id, hot_path=True)
+        self.store = Store(settings.require_database(), node_id=node_id, hot_path=True)
         self.backoff = Backoff()
         self.throttle = Throttle(log)
         self.total_reset = 0

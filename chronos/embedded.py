@@ -25,7 +25,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from chronos.errors import EXIT_EMBEDDED, ChronosError
 from chronos.orphans import child_dies_with_us
@@ -543,6 +543,7 @@ class EmbeddedPostgres(_Child):
                 os.chown(tmp, *user)
                 self._ensure_traversable(tmp)
                 self._ensure_traversable(self._bin_dir)
+            assert self._bin_dir is not None  # set by start()
             cmd = [str(self._bin_dir / "initdb"), "-D", str(tmp), "--auth=trust",
                    "-U", PG_SUPERUSER, "--encoding=UTF8", "--locale=C", "--no-instructions"]
             if self.fast:
@@ -673,6 +674,7 @@ class EmbeddedPostgres(_Child):
             settings.update(fsync="off", synchronous_commit="off", full_page_writes="off")
         else:
             settings.update(DURABLE_WAL)
+        assert self._bin_dir is not None  # set by start()
         cmd = [str(self._bin_dir / "postgres"), "-D", str(self.data_dir)]
         for k, v in settings.items():
             cmd += ["-c", f"{k}={v}"]
@@ -695,7 +697,7 @@ class EmbeddedPostgres(_Child):
         while True:
             rc = proc.poll()
             if rc is not None:
-                self._startup_exited(rc)
+                self._startup_exited(proc, rc)
             # don't connect before the postmaster says it listens: the port might belong to
             # somebody else who accepts the connection and never answers
             if not self._pidfile_says_ready(proc.pid):
@@ -725,8 +727,8 @@ class EmbeddedPostgres(_Child):
         return (len(lines) >= 8 and lines[0].strip() == str(pid)
                 and lines[7].strip() in ("ready", "standby"))
 
-    def _startup_exited(self, rc: int) -> None:
-        self._kill_group(self._proc, settle=1.0)  # reap the leader and any stray children
+    def _startup_exited(self, proc: subprocess.Popen, rc: int) -> None:
+        self._kill_group(proc, settle=1.0)  # reap the leader and any stray children
         self._proc = None
         text = " ".join(self._log.tail(40))
         if "Address already in use" in text or "could not create any TCP/IP sockets" in text:
@@ -749,7 +751,7 @@ class EmbeddedPostgres(_Child):
 def _admin(bootstrap_servers: str, **extra):
     from confluent_kafka.admin import AdminClient
 
-    conf = {
+    conf: dict[str, Any] = {  # the client's stubs leave out callables and the logger
         "bootstrap.servers": bootstrap_servers,
         "socket.connection.setup.timeout.ms": 5000,
         "reconnect.backoff.ms": 20,
@@ -844,6 +846,7 @@ class EmbeddedBroker(_Child):
         """SIGSTOP the broker (fault tests): connections stay open, nothing is answered."""
         if not self.running:
             raise EmbeddedError("the broker is not running")
+        assert self._proc is not None  # running
         pid = self._proc.pid
         os.kill(pid, signal.SIGSTOP)
         # signals are delivered asynchronously: return once it is really stopped
@@ -858,6 +861,7 @@ class EmbeddedBroker(_Child):
         """SIGCONT a paused broker."""
         if not self.running:
             raise EmbeddedError("the broker is not running")
+        assert self._proc is not None  # running
         os.kill(self._proc.pid, signal.SIGCONT)
 
     def _cleanup(self) -> None:
@@ -889,12 +893,12 @@ class EmbeddedBroker(_Child):
 
     def _wait_ready(self, deadline: float) -> None:
         proc = self._proc
-        assert proc is not None
+        assert proc is not None and self._log is not None  # started and opened by start()
         last_error = "no attempt"
         admin = None
         while True:
             if proc.poll() is not None:
-                self._startup_exited(proc.returncode)
+                self._startup_exited(proc, proc.returncode)
             if admin is None:
                 if _tcp_accepts(self._port):
                     if proc.poll() is not None:  # we may have reached somebody else
@@ -918,8 +922,9 @@ class EmbeddedBroker(_Child):
                     f"(last error: {last_error}); {self._log.tail_text()}")
             time.sleep(0.01)
 
-    def _startup_exited(self, rc: int) -> None:
-        self._kill_group(self._proc, settle=0.5)
+    def _startup_exited(self, proc: subprocess.Popen, rc: int) -> None:
+        assert self._log is not None  # opened by start()
+        self._kill_group(proc, settle=0.5)
         self._proc = None
         text = " ".join(self._log.tail(40))
         if "AddrInUse" in text or "Address in use" in text or "Address already in use" in text:

@@ -119,7 +119,7 @@ class StoreThread(threading.Thread):
         self.firer = firer
         self.settings = firer.settings
         # a lost claim, delete or hand-back only fires a row again: no need to wait for the WAL flush
-        self.store = Store(firer.settings.database_url, node_id=firer.node_id, hot_path=True,
+        self.store = Store(firer.settings.require_database(), node_id=firer.node_id, hot_path=True,
                            synchronous_commit=False)
         self.throttle = Throttle(log)
         self.backoff = Backoff()

@@ -352,6 +352,7 @@ def act(store: Store, action: str, *, ids: Sequence[str] = (), filters: Filters 
         f = filters
         not_at = None
         if action == "fire_now":
+            assert at is not None  # read from the database clock above
             f = dataclasses.replace(f, due_after=max(f.due_after or at, at))
         elif action == "reschedule":
             not_at = at

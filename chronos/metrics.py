@@ -342,8 +342,8 @@ class Telemetry:
             return
         self.health.watch("postgres", postgres)
         if kafka is not None and kafka_topic is not None:
-            self.probe = KafkaProbe(kafka, kafka_topic, every_s=max(1.0, self.health.window / 4))
-            self.health.watch("kafka", lambda: self.probe.last_ok, detail=lambda: self.probe.error)
+            probe = self.probe = KafkaProbe(kafka, kafka_topic, every_s=max(1.0, self.health.window / 4))
+            self.health.watch("kafka", lambda: probe.last_ok, detail=lambda: probe.error)
         try:
             self.server = _Server((host, self.port), self)
         except OSError as exc:

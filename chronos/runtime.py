@@ -68,7 +68,7 @@ def wait_for_schema(settings: Settings, life: Lifecycle) -> bool:
     backoff = Backoff(first=0.5, cap=10.0)
     while life.running:
         try:
-            with connect(settings.database_url) as conn:
+            with connect(settings.require_database()) as conn:
                 check_schema(conn)
             lasted = backoff.succeeded()
             if lasted is not None:

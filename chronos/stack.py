@@ -25,6 +25,7 @@ import xmlrpc.client
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import cast
 
 import orjson
 
@@ -155,6 +156,8 @@ class Stack:
                   f"(memory only)", flush=True)
         s = config.replace(s, kafka_properties=kafka_extra)
         self.settings = s
+        # both were given or the embedded services were started above
+        assert s.kafka_bootstrap_servers is not None and s.database_url is not None
         life_check()
         create_topics(s.kafka_bootstrap_servers, {t: self.partitions for t in
                                                   (s.input_topic, s.output_topic, s.dlq_topic)},
@@ -211,7 +214,8 @@ class Stack:
         return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
 
     def program_states(self) -> list[dict]:
-        return self.rpc().supervisor.getAllProcessInfo()
+        # XML-RPC answers are untyped; supervisord documents this one as a list of structs
+        return cast(list[dict], self.rpc().supervisor.getAllProcessInfo())
 
     def wait_programs_running(self, life_check, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

@@ -108,8 +108,7 @@ def render(d: dict[str, Any]) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     from chronos.store import Store
     settings = config.load(args)
-    settings.require_database()
-    store = Store(settings.database_url)
+    store = Store(settings.require_database())
     clear = args.watch is not None and not args.json and sys.stdout.isatty()
     stop = threading.Event()
     if args.watch is not None:

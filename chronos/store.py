@@ -153,7 +153,7 @@ def migrate(url: str) -> list[int]:
             with conn.transaction():
                 conn.execute(QUERIES["migrate_lock"], {"lock": _MIGRATE_LOCK})
                 conn.execute(QUERIES["create_schema_version"])
-                current = conn.execute(QUERIES["schema_version"]).fetchone()[0]
+                current = _one(conn.execute(QUERIES["schema_version"]))[0]
                 if current > LATEST_VERSION:
                     raise SchemaError(f"database schema is at version {current}, newer than this chronos "
                                       f"({LATEST_VERSION}): upgrade chronos")
@@ -170,10 +170,17 @@ def migrate(url: str) -> list[int]:
     return applied
 
 
+def _one(cursor: psycopg.Cursor) -> tuple[Any, ...]:
+    """The row of a query that always returns exactly one (an aggregate, or a SELECT without FROM)."""
+    row = cursor.fetchone()
+    assert row is not None, "a single-row query returned no row"
+    return row
+
+
 def check_schema(conn: psycopg.Connection) -> None:
     try:
-        exists = conn.execute(QUERIES["has_schema_version"]).fetchone()[0]
-        current = conn.execute(QUERIES["schema_version"]).fetchone()[0] if exists else 0
+        exists = _one(conn.execute(QUERIES["has_schema_version"]))[0]
+        current = _one(conn.execute(QUERIES["schema_version"]))[0] if exists else 0
     except psycopg.OperationalError as exc:
         raise StoreUnavailable(_short(exc)) from None
     if current < LATEST_VERSION:
@@ -394,12 +401,12 @@ class Store:
         and not claimed, held back by the limit (at most DUE_CAP counted), and how late the oldest
         of them is, by the database clock."""
         def run(conn: psycopg.Connection) -> list[Throttled]:
-            at = conn.execute(QUERIES["db_now"]).fetchone()[0]
+            at = _one(conn.execute(QUERIES["db_now"]))[0]
             found = []
             for topic, rate in conn.execute(QUERIES["limited_topics"]).fetchall():
                 output = topic == output_topic
-                rows, oldest = conn.execute(QUERIES["throttled_output_topic" if output else "throttled_topic"],
-                                            {"topic": topic, "cap": DUE_CAP}).fetchone()
+                rows, oldest = _one(conn.execute(QUERIES["throttled_output_topic" if output else "throttled_topic"],
+                                                 {"topic": topic, "cap": DUE_CAP}))
                 found.append(Throttled(topic, rate, rows, max(0.0, (at - oldest).total_seconds()) if oldest else 0.0))
             return found
         return self._run(run)
@@ -496,7 +503,7 @@ class Store:
         self._run(run)
 
     def db_clock_us(self) -> int:
-        return self._run(lambda c: c.execute(QUERIES["db_clock"]).fetchone()[0])
+        return self._run(lambda c: _one(c.execute(QUERIES["db_clock"]))[0])
 
     # -- detector --------------------------------------------------------------------------
 
@@ -522,16 +529,16 @@ class Store:
         schedules (no `cron` column: a database migrated by an older chronos).
         """
         def run(conn: psycopg.Connection) -> Overview:
-            has_cron, estimate = conn.execute(QUERIES["overview_features"]).fetchone()
+            has_cron, estimate = _one(conn.execute(QUERIES["overview_features"]))
             nodes = [NodeLoad(*r) for r in conn.execute(QUERIES["overview_in_flight"], {"hold_ms": hold_ms})]
             count = exact if exact is not None else estimate < ESTIMATE_ABOVE
-            at, first, next_deadline, waiting, due = conn.execute(
+            at, first, next_deadline, waiting, due = _one(conn.execute(
                 QUERIES["overview_waiting_cron" if has_cron else "overview_waiting"],
-                {"exact": count, "due_cap": DUE_CAP}).fetchone()
-            schedules = conn.execute(QUERIES["count_cron_schedules"]).fetchone()[0] if has_cron else None
+                {"exact": count, "due_cap": DUE_CAP}))
+            schedules = _one(conn.execute(QUERIES["count_cron_schedules"]))[0] if has_cron else None
             parked = None
-            if conn.execute(QUERIES["has_parked"]).fetchone()[0]:
-                parked = conn.execute(QUERIES["count_parked"]).fetchone()[0]
+            if _one(conn.execute(QUERIES["has_parked"]))[0]:
+                parked = _one(conn.execute(QUERIES["count_parked"]))[0]
             return Overview.build(at, first, next_deadline, waiting, estimate, due, nodes, schedules, parked)
         return self._run(run)
 

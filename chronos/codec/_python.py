@@ -7,9 +7,11 @@ the same results (including error detail texts) for every input.  Both share
 from __future__ import annotations
 
 import ctypes
+import enum
 import re
 import struct
 from collections.abc import Iterable
+from typing import Final
 
 from chronos.codec import librdkafka as _rd
 from chronos.codec.types import (
@@ -55,7 +57,14 @@ IMPL = "python"
 
 _SLOT = {name: i for i, name in enumerate(CHRONOS_HEADERS)}
 _ID, _DEADLINE, _ACTION, _TOPIC, _ORDERING_KEY, _CRON, _TIMEZONE, _DST_POLICY = range(8)
-_ABSENT = object()
+
+
+class _Absent(enum.Enum):
+    """A header slot no header filled (an enum member, so that `is _ABSENT` narrows the type)."""
+    ABSENT = 0
+
+
+_ABSENT: Final = _Absent.ABSENT
 _tuple_new = tuple.__new__  # Parsed(...) goes through a Python-level __new__; this does not
 
 # Bytes patterns: [0-9] is ASCII-only.  fullmatch() rejects anything trailing.
@@ -129,21 +138,21 @@ def parse_deadline(value: bytes) -> int | None:
     return result
 
 
-def _text(value: object) -> str | None:
+def _text(value: bytes | None) -> str | None:
     """Non-empty strict UTF-8 text without NUL of a header value, else None."""
     if not value:  # None or b""
         return None
-    if b"\x00" in value:  # type: ignore[operator]
+    if b"\x00" in value:
         return None  # PostgreSQL text cannot hold NUL
     try:
-        return value.decode("utf-8")  # type: ignore[union-attr]
+        return value.decode("utf-8")
     except UnicodeDecodeError:
         return None
 
 
 def parse_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> Parsed:
     """Split Kafka headers into the validated chronos fields and the others."""
-    values = [_ABSENT] * 8
+    values: list[bytes | None | _Absent] = [_ABSENT] * 8
     others: list = []
     duplicate = None
     if headers is not None:
@@ -247,6 +256,7 @@ def parse_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> Parsed:
         if cron is None:
             cron_error = ERR_BAD_CRON
 
+    error: str | None
     if duplicate is not None:
         error = ERR_DUPLICATE % duplicate
     else:
@@ -368,6 +378,7 @@ def read_headers(msg: object) -> tuple[list[tuple[str, bytes | None]] | None, st
             problem = f"rd_kafka_header_get_all failed for header {i}"
             break
         at, v, n = name.value, value.value, size.value
+        assert at is not None  # get_all returned 0: it set the name pointer
         ser_size, value_size, name_size, value_ptr = _RECORD.from_address(at + _rd.SER_SIZE_AT)
         if not _rd.record_agrees(ser_size, value_size, name_size, value_ptr or None, at, v, n) \
                 or ctypes.string_at(at + name_size, 1) != b"\x00":

@@ -350,6 +350,7 @@ class StoreReader:
                     self.counting.counted(now, took)
                     self._waiting = (d["waiting"], d["waiting_estimated"])
                 else:
+                    assert self._waiting is not None  # `count` is set while there is no earlier count
                     d["waiting"], d["waiting_estimated"] = self._waiting
                 d["waiting_age_s"] = round(now - (self.counting.counted_at or now), 3)
                 result: tuple[dict[str, Any] | None, str | None] = (d, None)

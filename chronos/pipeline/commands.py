@@ -122,7 +122,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     from chronos.pipeline import schedule
 
     settings = config.load(args)
-    settings.require_database()
+    database_url = settings.require_database()
     if args.partitions is not None and args.partitions <= 0:
         raise ConfigError("--partitions must be greater than 0")
     rules = Rules(timing_advance_us=settings.timing_advance_ms * 1000, output_topic=settings.output_topic,
@@ -131,10 +131,10 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     fmt = args.format or _guess_format(args.input)
     # What can be checked without Spark is checked before it starts (several seconds).
     sp.check_local_input(args.input)
-    schedule.check_store(settings.database_url)
+    schedule.check_store(database_url)
     spark = sp.session(args.master, "chronos-pipeline-schedule", _spark_conf(args.conf), args.spark_log_level)
     try:
-        result = schedule.run(spark, input_path=args.input, fmt=fmt, database_url=settings.database_url,
+        result = schedule.run(spark, input_path=args.input, fmt=fmt, database_url=database_url,
                               rules=rules, rejects_path=args.rejects, partitions=args.partitions,
                               progress=not args.no_progress, check=False)
     finally:

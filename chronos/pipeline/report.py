@@ -26,7 +26,7 @@ from chronos.errors import InputError
 from chronos.pipeline.spark import check_local_input, spark_errors
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, Row, SparkSession
     from pyspark.sql.types import DataType
 
 FORMATS = ("parquet", "csv", "json")
@@ -128,6 +128,7 @@ def exact_percentiles(df: "DataFrame", value: str, probs: Sequence[tuple[str, fl
         lo = F.floor(index(q))
         hit = (r == lo) | (r == lo + 1)
         wanted = hit if wanted is None else wanted | hit
+    assert wanted is not None  # callers always ask for at least one percentile
     picked = ranked.where(wanted)
     aggs = [F.max("n").alias("n")]  # one value per group; grouping by `by` alone reuses the window's partitioning
     for name, q in probs:
@@ -164,6 +165,13 @@ def bucket_seconds(span_s: float) -> int:
     return 86400
 
 
+def _one_row(df: "DataFrame") -> "Row":
+    """The row of a frame that always has exactly one (an aggregate over the whole input)."""
+    row = df.first()
+    assert row is not None, "a single-row aggregate returned no row"
+    return row
+
+
 def compute(records: "DataFrame", thresholds: Thresholds, bucket: int | None = None) -> dict[str, Any]:
     """The report as a dict (what report.json holds)."""
     from pyspark import StorageLevel
@@ -172,7 +180,7 @@ def compute(records: "DataFrame", thresholds: Thresholds, bucket: int | None = N
     base = records.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         delivered = base.where(F.col("delivered_us").isNotNull() & F.col("deadline_us").isNotNull())
-        totals = base.agg(
+        totals = _one_row(base.agg(
             F.count(F.lit(1)).alias("records"),
             F.count("deadline_us").alias("with_deadline"),
             F.count(F.when(F.col("deadline_us").isNotNull(), F.col("delivered_us"))).alias("delivered"),
@@ -185,7 +193,7 @@ def compute(records: "DataFrame", thresholds: Thresholds, bucket: int | None = N
             F.sum(F.when(F.col("jitter_ms") > thresholds.p999_ms, 1).otherwise(0)).alias("late"),
             F.sum(F.when(F.col("sent_us") > F.col("deadline_us"), 1).otherwise(0)).alias("sent_after_deadline"),
             F.count("sent_us").alias("with_sent"),
-        ).first().asDict()
+        )).asDict()
         n_delivered = totals["delivered"]
         first_us, last_us = totals["first_us"], totals["last_us"]
         span_s = (last_us - first_us) / 1e6 if n_delivered else 0.0
@@ -193,7 +201,7 @@ def compute(records: "DataFrame", thresholds: Thresholds, bucket: int | None = N
 
         overall = {name: None for name, _ in PERCENTILES}
         if n_delivered:
-            row = exact_percentiles(delivered, "jitter_ms", PERCENTILES).first()
+            row = _one_row(exact_percentiles(delivered, "jitter_ms", PERCENTILES))
             overall = {name: row[name] for name, _ in PERCENTILES}
 
         minute = (F.floor(F.col("deadline_us") / 60e6) * 60).alias("minute")
@@ -213,7 +221,7 @@ def compute(records: "DataFrame", thresholds: Thresholds, bucket: int | None = N
                 c = counts.get(t, 0)
                 throughput.append({"t": _iso(t * 1e6), "count": c, "per_s": c / bucket})
 
-        histogram = {"edges": [], "counts": []}
+        histogram: dict[str, list[Any]] = {"edges": [], "counts": []}
         if n_delivered:
             lo, hi = totals["min"], totals["max"]
             width = (hi - lo) / HISTOGRAM_BINS if hi > lo else 1.0

@@ -183,6 +183,8 @@ def build(message_id: Any, deadline: Any, topic: Any, ordering_key: Any, headers
     if decision.verdict not in (Verdict.ENQUEUE, Verdict.LATE):
         return None, f"bad_action: {decision.verdict.value} is not supported by bulk scheduling", False
     stored_topic = parsed.topic if parsed.topic != rules.output_topic else None
+    # valid headers of a one-shot message carry an id and a deadline (else decide() says INVALID)
+    assert parsed.message_id is not None and parsed.deadline_us is not None
     row = Row(id=parsed.message_id, deadline_us=parsed.deadline_us, topic=stored_topic,
               key=_text_bytes(key), value=_text_bytes(value), headers=codec.encode_headers(parsed.headers),
               ordering_key=parsed.ordering_key)

@@ -163,6 +163,7 @@ def validate_and_write(batches: Iterator["pa.RecordBatch"], *, url: str, rules: 
                 row, reason, due = build(ids[j], deadlines[j], topics[j], okeys[j], headers[j], keys[j],
                                          values[j], now_us, rules)
                 if row is None:
+                    assert reason is not None  # build() gives a reason with every refusal
                     mask[j] = True
                     reasons.append(reason)
                     stats.reject(reason)

@@ -30,7 +30,6 @@ import math
 import multiprocessing as mp
 import random
 import re
-import socket
 import sys
 import threading
 import time
@@ -47,6 +46,7 @@ from benchmarks import kafka_load, report, sla
 from benchmarks.procstat import CpuMeter
 from benchmarks.records import ACKED, FAILED, Records
 from benchmarks.stack import External, OwnStack, StackFailed
+from chronos.console.launch import pick_metrics_base
 
 TABLE = "chronos_messages"
 LATE_BOUND_S = 60.0
@@ -284,26 +284,6 @@ def table_lines(result: dict) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------
 # the stack's side: metrics, table statistics, bulk rows, vacuum
-
-
-def free_metrics_base(counts: dict[str, int]) -> int:
-    """A base port whose every process port (base + role offset + process number) is free now."""
-    from chronos.metrics import ROLE_OFFSETS
-    for _ in range(200):
-        base = random.randrange(20000, 60000 - 300)
-        ports = [base + ROLE_OFFSETS[role] + k for role, n in counts.items() for k in range(n)]
-        if all(_free(p) for p in ports):
-            return base
-    raise StackFailed("found no free ports for the processes' /metrics")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 class Scraper:
@@ -721,7 +701,7 @@ def main(argv: list[str] | None = None) -> int:
         if from_up:
             metrics_base = from_up
         else:
-            metrics_base = metrics_base or free_metrics_base(counts)
+            metrics_base = metrics_base or pick_metrics_base(counts)
             up_args += ["--metrics-port", str(metrics_base)]
         stack = OwnStack(counts, up_args)
     failed = True

@@ -9,7 +9,8 @@ import urllib.request
 
 import orjson
 
-from chronos.embedded import create_topics, free_port
+from chronos.console.launch import pick_metrics_base
+from chronos.embedded import create_topics
 from helpers import Collector, chronos_headers, producer
 from test_up import CHRONOS, Up, _clean_env
 
@@ -24,7 +25,8 @@ def status(up: Up) -> dict:
 
 
 def test_a_limited_topic_is_spread_at_its_rate_by_two_firers_while_another_fires_at_once(tmp_path):
-    metrics_port = free_port()
+    # every program's port free (one free port says nothing of base + 100, base + 101, ...)
+    metrics_port = pick_metrics_base({"consumer": 1, "firer": 2, "detector": 1})
     # two firers: the limit is theirs together (each with a bucket of its own would take half the time)
     up = Up(tmp_path, "--fire-rate-limits", f"fragile={RATE}", "--allowed-topics", "fragile|chronos.output",
             "--metrics-port", str(metrics_port), "--firers", "2")

@@ -25,8 +25,10 @@ import psycopg
 
 from benchmarks.procstat import CpuMeter, descendants
 from benchmarks.stack import OwnStack
-from chronos import codec, cron
-from chronos.store import Row, Store
+from chronos import codec
+from chronos.domain import cron
+from chronos.domain.model import Row
+from chronos.adapters.postgres.store import Store
 
 
 def console_pid(up_pid: int) -> int:

@@ -10,7 +10,7 @@ Phases, in this order, on one stack that is never restarted:
   steady        1,000 msg/s for 60 s
   burst 1..3    10,000 msg/s for 15 s, each followed by 40 s of quiet
   spike         200,000 messages all due at the same instant, sent in the 30 s before it
-  far-future    1,000,000 rows due in a year written in bulk (COPY through chronos.store), then 5,000 msg/s for 60 s
+  far-future    1,000,000 rows due in a year written in bulk (COPY through the PostgreSQL store), then 5,000 msg/s for 60 s
   VACUUM        5,000 msg/s for 60 s, a manual VACUUM of the table during it
   autovacuum    5,000 msg/s for 60 s and until an autovacuum of the table has run (its thresholds and
                 autovacuum_naptime lowered for the phase, then restored)
@@ -287,13 +287,13 @@ def table_lines(result: dict) -> list[str]:
 
 
 class Scraper:
-    """Scrapes every program's /metrics (port = base + role offset + process number, as chronos.metrics)."""
+    """Scrapes every program's /metrics (port = base + role offset + process number, as chronos.ops.metrics)."""
 
     def __init__(self, base: int | None, programs):
         self.base, self.programs = base, programs
 
     def scrape(self) -> dict[str, dict] | None:
-        from chronos.metrics import ROLE_OFFSETS
+        from chronos.ops.metrics import ROLE_OFFSETS
         if not self.base:
             return None
         out = {}
@@ -355,7 +355,8 @@ class StoreWatch(threading.Thread):
 def fill_far(url: str, rows: int, payload_bytes: int, tag: str) -> float:
     """Write `rows` messages due within a year from now, through the consumer's COPY path
     (`Store.insert`, FAR_CHUNK rows per transaction); returns the seconds it took."""
-    from chronos.store import Row, Store
+    from chronos.domain.model import Row
+    from chronos.adapters.postgres.store import Store
     store = Store(url)
     value = b"\xab" * payload_bytes
     start_us = time.time_ns() // 1000 + 365 * 86_400_000_000

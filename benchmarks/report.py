@@ -188,7 +188,7 @@ def code_version() -> dict:
         return {}
     # the working tree may hold uncommitted service changes: fingerprint what actually ran
     digest = hashlib.sha256()
-    for path in sorted([*root.glob("chronos/**/*.py"), *root.glob("chronos/sql/*.sql"), *root.glob("native/*.pyx")]):
+    for path in sorted([*root.glob("chronos/**/*.py"), *root.glob("chronos/**/*.sql"), *root.glob("native/*.pyx")]):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
     return {"git_commit": commit, "git_dirty": dirty, "service_tree_sha256": digest.hexdigest()[:16]}

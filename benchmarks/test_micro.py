@@ -15,7 +15,8 @@ import pytest
 
 from benchmarks.conftest import SPEEDUPS
 from chronos import codec
-from chronos.store import Row, Store
+from chronos.domain.model import Row
+from chronos.adapters.postgres.store import Store
 
 BATCH = 2000
 

@@ -18,7 +18,7 @@ from urllib.parse import unquote, urlsplit
 import orjson
 
 from chronos.errors import ConfigError
-from chronos.ratelimit import FireRateLimits, TopicRates, parse_rate, parse_topic_rates
+from chronos.domain.ratelimit import FireRateLimits, TopicRates, parse_rate, parse_topic_rates
 
 TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 

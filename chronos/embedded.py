@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from chronos.errors import EXIT_EMBEDDED, ChronosError
-from chronos.orphans import child_dies_with_us
+from chronos.runtime.orphans import child_dies_with_us
 
 log = logging.getLogger("chronos.embedded")
 

@@ -7,7 +7,7 @@ web console (unless --no-console or its extra is missing).
 
 One `chronos up` per data directory (a lock file). Everything it starts dies with it, even when
 it is killed outright, and the next one stops whatever an earlier killed one left behind (see
-chronos.orphans). An embedded PostgreSQL that dies is started again on the same port (crash
+chronos.runtime.orphans). An embedded PostgreSQL that dies is started again on the same port (crash
 recovery); the programs reconnect by themselves, and the memory-only broker keeps its messages.
 """
 
@@ -29,12 +29,16 @@ from typing import cast
 
 import orjson
 
-from chronos import config, orphans, store
+from chronos import config
+
+from chronos.runtime import orphans
+
+from chronos.adapters.postgres import store
 from chronos.config import Settings, redact_url
 from chronos.console.launch import ConsoleProcess, metrics_urls, pick_metrics_base
 from chronos.embedded import EmbeddedBroker, EmbeddedError, EmbeddedPostgres, create_topics
 from chronos.errors import EXIT_CONFIG, EXIT_EMBEDDED, EXIT_SCHEMA, ChronosError
-from chronos.store import Backoff
+from chronos.runtime.backoff import Backoff
 
 log = logging.getLogger("chronos.up")
 
@@ -73,7 +77,7 @@ def supervisord_conf() -> Path:
 
 
 def check_kafka(bootstrap: str, kafka_config: dict, timeout: float = 10.0, secrets: list[str] | None = None) -> None:
-    from chronos.kafka import check_reachable
+    from chronos.adapters.kafka import check_reachable
     check_reachable(bootstrap, kafka_config, timeout, secrets)
 
 
@@ -254,7 +258,7 @@ class Stack:
         """While running: stop on a program that exited for good, say when one was restarted.
 
         A crashed program is restarted by supervisord (and waits longer after each crash in a row:
-        chronos.runtime); one that exited with a configuration or schema error is not, and
+        chronos.runtime.process); one that exited with a configuration or schema error is not, and
         neither is one that could not be spawned (FATAL).
         """
         for info in infos:
@@ -393,7 +397,7 @@ def _describe_exit(code: int | None) -> str:
 
 def _admin_config(kafka_config: dict) -> dict:
     """The client properties an admin client accepts (TLS, SASL, ...), without consumer/producer ones."""
-    from chronos.kafka import CONSUMER_ONLY, PRODUCER_ONLY
+    from chronos.adapters.kafka import CONSUMER_ONLY, PRODUCER_ONLY
     return {k: v for k, v in kafka_config.items() if k not in CONSUMER_ONLY and k not in PRODUCER_ONLY}
 
 

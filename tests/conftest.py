@@ -41,7 +41,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 @pytest.fixture(scope="session")
 def pg_server(tmp_path_factory: pytest.TempPathFactory):
     from chronos.embedded import EmbeddedPostgres
-    from chronos.store import migrate
+    from chronos.adapters.postgres.store import migrate
     base = tmp_path_factory.mktemp("pg")
     server = EmbeddedPostgres(base / "data", fast=True, log_path=base / "postgres.log")
     server.start()

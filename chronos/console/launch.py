@@ -18,11 +18,13 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from chronos import config, orphans
+from chronos import config
+
+from chronos.runtime import orphans
 from chronos.config import Settings
 from chronos.console import INSTALL_HINT, missing_extra
 from chronos.errors import ConfigError
-from chronos.metrics import ROLE_OFFSETS
+from chronos.ops.metrics import ROLE_OFFSETS
 
 log = logging.getLogger("chronos.up")
 

@@ -1,4 +1,4 @@
-"""The console's messages pages and actions: a second face on `chronos.inspect`, the functions
+"""The console's messages pages and actions: a second face on `chronos.ops.inspect`, the functions
 behind `chronos show`, `list`, `cancel`, `fire-now` and `reschedule` (same parsing, same
 queries, same actions; nothing here talks SQL)."""
 
@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from chronos import inspect
+from chronos.ops import inspect
 from chronos.console.app import _console, check_action, read_form
 from chronos.console.views import id_from_path, message_url, show_bytes
 from chronos.errors import ChronosError, ConfigError

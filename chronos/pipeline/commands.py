@@ -115,7 +115,7 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
-    from chronos.intake import Rules
+    from chronos.domain.intake import Rules
     from chronos.pipeline import spark as sp
 
     sp.require_pyspark()

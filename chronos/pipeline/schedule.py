@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, TextIO
 
 from chronos.errors import InputError
-from chronos.intake import Rules
+from chronos.domain.intake import Rules
 from chronos.pipeline.rows import COLUMNS, OPTIONAL_COLUMNS, REQUIRED_COLUMNS, Stats, build
 from chronos.pipeline.spark import check_local_input, spark_errors
 
@@ -132,7 +132,7 @@ def validate_and_write(batches: Iterator["pa.RecordBatch"], *, url: str, rules: 
     """Executor side, one partition: store the valid rows, yield the invalid ones with their reason."""
     import pyarrow as pa
 
-    from chronos.store import Store
+    from chronos.adapters.postgres.store import Store
 
     stats = Stats()
     store: Store | None = None
@@ -276,7 +276,7 @@ def run(spark: "SparkSession", *, input_path: str, fmt: str, database_url: str, 
 
 def check_store(url: str) -> None:
     """Fail before Spark does any work when PostgreSQL is unreachable or not migrated."""
-    from chronos.store import check_schema, connect
+    from chronos.adapters.postgres.store import check_schema, connect
 
     with connect(url) as conn:
         check_schema(conn)

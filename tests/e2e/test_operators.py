@@ -18,7 +18,7 @@ import pytest
 
 from chronos.errors import EXIT_CONFIG, EXIT_SCHEMA, EXIT_UNAVAILABLE
 from chronos.stack import supervisord_conf
-from chronos.store import StoreUnavailable, connect
+from chronos.adapters.postgres.store import StoreUnavailable, connect
 
 CHRONOS = [sys.executable, "-m", "chronos"]
 DB_SECRET = "Db-S3cret-pw"

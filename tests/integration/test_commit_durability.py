@@ -10,9 +10,9 @@ import psycopg
 import pytest
 
 from chronos import config
-from chronos.consumer import ConsumerProcess
-from chronos.firer import FirerProcess
-from chronos.runtime import Lifecycle
+from chronos.roles.consumer import ConsumerProcess
+from chronos.roles.firer import FirerProcess
+from chronos.runtime.process import Lifecycle
 
 
 def synchronous_commit(store) -> str:

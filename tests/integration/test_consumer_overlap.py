@@ -11,8 +11,8 @@ import uuid
 import psycopg
 
 from chronos import config
-from chronos.consumer import ConsumerProcess
-from chronos.runtime import Lifecycle
+from chronos.roles.consumer import ConsumerProcess
+from chronos.runtime.process import Lifecycle
 from helpers import chronos_headers, producer
 
 TIMEOUT = 30.0

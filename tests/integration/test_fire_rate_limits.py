@@ -11,8 +11,9 @@ import uuid
 import psycopg
 import pytest
 
-from chronos.ratelimit import FireRateLimits, TopicRates
-from chronos.store import Row, Store
+from chronos.domain.ratelimit import FireRateLimits, TopicRates
+from chronos.domain.model import Row
+from chronos.adapters.postgres.store import Store
 
 OUT = "chronos.output"
 
@@ -168,7 +169,7 @@ def test_a_topic_claim_and_the_topic_list_use_the_topic_index(firers, database_u
     st = firers[0]
     st.insert([row(i, base + 3_600_000_000 + i, topic=f"t{i % 5}") for i in range(5000)])
     st.insert([row(f"o{i}", base + 3_600_000_000 + i) for i in range(5000)])
-    from chronos.store import QUERIES
+    from chronos.adapters.postgres.store import QUERIES
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("ANALYZE chronos_messages")
         conn.execute("SET plan_cache_mode = force_generic_plan")  # as the firer's prepared statement runs

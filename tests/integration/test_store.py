@@ -9,9 +9,10 @@ import uuid
 import psycopg
 import pytest
 
-from chronos import store
+from chronos.adapters.postgres import store
 from chronos.errors import SchemaError
-from chronos.store import Row, Store
+from chronos.domain.model import Row
+from chronos.adapters.postgres.store import Store
 
 
 def now_us() -> int:

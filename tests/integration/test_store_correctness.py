@@ -12,9 +12,10 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from chronos import cron
+from chronos.domain import cron
 from chronos.errors import StoreRejected, StoreUnavailable
-from chronos.store import Row, Store, connect, migrate
+from chronos.domain.model import Row
+from chronos.adapters.postgres.store import Store, connect, migrate
 
 
 def us(text: str) -> int:

@@ -9,9 +9,12 @@ import uuid
 import psycopg
 import pytest
 
-from chronos import codec, cron
-from chronos.kafka import PERMANENT_FAILURE, classify, produce
-from chronos.store import QUERIES, Parked, Row, Store
+from chronos import codec
+
+from chronos.domain import cron
+from chronos.adapters.kafka import PERMANENT_FAILURE, classify, produce
+from chronos.adapters.postgres.store import QUERIES, Store
+from chronos.domain.model import Parked, Row
 
 
 def now_us() -> int:

@@ -11,8 +11,11 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 import pytest
 
-from chronos import codec, cron
-from chronos.store import Row, Store
+from chronos import codec
+
+from chronos.domain import cron
+from chronos.domain.model import Row
+from chronos.adapters.postgres.store import Store
 
 
 def now_us() -> int:
@@ -210,7 +213,7 @@ def test_far_future_rows_do_not_slow_the_claim_plan(database_url, n):
         conn.execute("INSERT INTO chronos_messages (id, deadline) SELECT 'f' || g, now() + interval '2 years' "
                      "FROM generate_series(1, 20000) g")
         conn.execute("ANALYZE chronos_messages")
-        from chronos.store import QUERIES
+        from chronos.adapters.postgres.store import QUERIES
         plan = "\n".join(row[0] for row in conn.execute(
             "EXPLAIN " + QUERIES["claim"].replace("%(lookahead_ms)s", "0").replace("%(limit)s", "100")
             .replace("%(node)s", f"'{uuid.uuid4()}'")))
@@ -231,7 +234,7 @@ def test_deleting_fired_rows_goes_by_tid_even_under_a_generic_plan(database_url)
     s = store(database_url)
     s.insert([r(f"d{i}", now_us() - 1000) for i in range(3000)])
     held = s.claim(3000, 0)
-    from chronos.store import QUERIES
+    from chronos.adapters.postgres.store import QUERIES
     sql = (QUERIES["delete_fired"].replace("%(ctids)s", "$1").replace("%(ids)s", "$2")
            .replace("%(readied_at)s", "$3").replace("%(node)s", "$4"))
     with psycopg.connect(database_url, autocommit=True, cursor_factory=psycopg.ClientCursor) as conn:

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 import psycopg
 import pytest
 
-from chronos.store import QUERIES, Claimed, Row, Stale, Store
+from chronos.adapters.postgres.store import QUERIES, Store
+
+from chronos.domain.model import Claimed, Row, Stale
 
 TABLE = "chronos_messages"
 HOT_PATH = ("claim", "due_schedules", "insert_occurrence", "advance_schedule", "delete_fired", "release",

@@ -18,7 +18,7 @@ import pytest
 
 from chronos import codec
 from chronos.errors import InputError, SchemaError, StoreUnavailable
-from chronos.intake import Rules
+from chronos.domain.intake import Rules
 from chronos.pipeline import schedule
 from chronos.pipeline.rows import iso_micros
 

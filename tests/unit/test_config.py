@@ -8,7 +8,9 @@ import logging
 import orjson
 import pytest
 
-from chronos import config, logs
+from chronos import config
+
+from chronos.runtime import logs
 from chronos.errors import ConfigError
 
 

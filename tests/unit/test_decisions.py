@@ -8,10 +8,10 @@ import uuid
 import pytest
 
 from chronos import codec
-from chronos.consumer import commit_offsets, sort_batch
-from chronos.detector import suspected_nodes
-from chronos.firer import IDLE_WAIT, TICK, PublishTiming
-from chronos.intake import Rules, Verdict, decide
+from chronos.roles.consumer import commit_offsets, sort_batch
+from chronos.roles.detector import suspected_nodes
+from chronos.roles.firer import IDLE_WAIT, TICK, PublishTiming
+from chronos.domain.intake import Rules, Verdict, decide
 from chronos.cli import parse_duration
 from chronos.config import ConfigError
 
@@ -111,7 +111,7 @@ def test_publish_timing_never_advances_more_than_the_timing_advance():
 def test_firer_publishing_loop_sleeps_at_least_a_tick_between_close_deadlines():
     import time as _time
 
-    from chronos.firer import FirerProcess
+    from chronos.roles.firer import FirerProcess
     firer = FirerProcess.__new__(FirerProcess)
     firer.timing = PublishTiming(timing_advance_ms=50)
     due = _time.time() + firer.timing.advance + 0.0003  # the next row is 0.3 ms away
@@ -144,7 +144,7 @@ def test_parse_duration_rejects_garbage():
 
 
 def test_rows_postgres_refuses_are_dead_lettered_one_by_one():
-    from chronos.consumer import ConsumerProcess
+    from chronos.roles.consumer import ConsumerProcess
     from chronos.errors import StoreRejected
 
     class RefusingStore:
@@ -194,7 +194,7 @@ def test_recurring_schedule_fires_first_at_its_first_occurrence():
     batch = sort_batch([act("daily", None, chronosCron="0 9 * * *", chronosTimeZone="Europe/Paris")], NOW, RULES)
     (row,) = batch.of("insert")
     assert (row.cron, row.timezone) == ("0 9 * * *", "Europe/Paris")
-    from chronos import cron
+    from chronos.domain import cron
     first = cron.from_us(row.deadline_us)
     assert first.astimezone(cron.parse("* * * * *", "Europe/Paris").zone).hour == 9
     assert row.deadline_us >= NOW
@@ -215,7 +215,7 @@ def test_unknown_action_is_dead_lettered():
 def test_firer_store_thread_waits_out_a_postgres_outage_instead_of_spinning():
     import time as _time
 
-    from chronos.firer import StoreWorker
+    from chronos.roles.firer import StoreWorker
     worker = StoreWorker.__new__(StoreWorker)
     worker.down_until = _time.time() + 0.8
     worker.stopping, worker.next_clock_sync, worker.last_delete = False, 0.0, 0.0
@@ -232,7 +232,7 @@ def test_firer_stops_claiming_while_its_oldest_publish_waits_too_long_for_kafka(
     from collections import deque
     from types import SimpleNamespace
 
-    from chronos.firer import Claimer, FirerProcess
+    from chronos.roles.firer import Claimer, FirerProcess
 
     firer = FirerProcess.__new__(FirerProcess)
     firer.in_flight = 3
@@ -259,8 +259,8 @@ def test_firer_logs_a_claim_or_delete_slow_enough_to_hold_up_firing(caplog):
     import time as _time
     from types import SimpleNamespace
 
-    from chronos.firer import SLOW_STATEMENT, StoreWorker
-    from chronos.logs import Throttle
+    from chronos.roles.firer import SLOW_STATEMENT, StoreWorker
+    from chronos.runtime.logs import Throttle
 
     recorded = []
     worker = StoreWorker.__new__(StoreWorker)

@@ -8,7 +8,7 @@ import pytest
 
 from chronos import config
 from chronos.errors import ConfigError
-from chronos.ratelimit import capacity
+from chronos.domain.ratelimit import capacity
 
 
 def load(env=None, argv=None):
@@ -72,8 +72,8 @@ def test_bad_values_are_a_one_line_error(env, message):
 def test_status_shows_the_throttled_backlog_per_topic():
     from datetime import datetime, timezone
 
-    from chronos import status
-    from chronos.store import Overview, Throttled
+    from chronos.ops import status
+    from chronos.domain.model import Overview, Throttled
     at = datetime(2026, 11, 21, 9, 0, 5, tzinfo=timezone.utc)
     view = Overview.build(at, None, None, 0, 0, 0, [], None)
     d = status.to_dict(view, 5000, [Throttled("orders", 50.0, 1200, 12.5), Throttled("audit", 0.5, 0, 0.0)])
@@ -87,9 +87,9 @@ def test_status_shows_the_throttled_backlog_per_topic():
 def test_throttled_gauges_per_topic_and_a_drained_topic_drops_out():
     import uuid
 
-    from chronos import metrics
+    from chronos.ops import metrics
     from chronos.config import Settings
-    from chronos.store import Throttled
+    from chronos.domain.model import Throttled
     d = metrics.DetectorTelemetry(uuid.uuid4(), Settings())
     d.throttled_gauges([Throttled("orders", 50.0, 7, 3.0), Throttled("audit", 1.0, 2, 1.0)])
     d.throttled_gauges([Throttled("orders", 50.0, 5, 2.0)])

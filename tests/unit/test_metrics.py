@@ -10,10 +10,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.exposition import generate_latest
 
-from chronos import logs, metrics, status
+from chronos.runtime import logs
+
+from chronos.ops import metrics, status
 from chronos.config import Settings
 from chronos.errors import ConfigError
-from chronos.store import NodeLoad, Overview
+from chronos.domain.model import NodeLoad, Overview
 
 NODE = uuid.UUID("6f1c0d3e-8d0e-4c43-9a55-1f0b8c3a2e71")
 

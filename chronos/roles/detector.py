@@ -12,13 +12,14 @@ import logging
 import time
 import uuid
 
-from chronos import inspect
+from chronos.ops import inspect
 from chronos.config import Settings
 from chronos.errors import StoreRejected, StoreUnavailable
-from chronos.logs import Throttle
-from chronos.metrics import DetectorTelemetry
-from chronos.runtime import Lifecycle
-from chronos.store import Backoff, Store
+from chronos.runtime.logs import Throttle
+from chronos.ops.metrics import DetectorTelemetry
+from chronos.runtime.process import Lifecycle
+from chronos.runtime.backoff import Backoff
+from chronos.adapters.postgres.store import Store
 
 log = logging.getLogger("chronos.detector")
 

@@ -283,7 +283,7 @@ SELECT now(),
 -- name: count_cron_schedules
 SELECT count(*) FROM chronos_messages WHERE cron IS NOT NULL;
 
--- Operators: `chronos show`, `list`, `cancel`, `fire-now`, `reschedule` (chronos/inspect.py).
+-- Operators: `chronos show`, `list`, `cancel`, `fire-now`, `reschedule` (chronos/ops/inspect.py).
 
 -- name: show_message
 -- The value's size and its first bytes only: a value may be megabytes.
@@ -396,7 +396,7 @@ SELECT action, actions, messages FROM chronos_actions ORDER BY action;
 -- name: db_now
 SELECT now();
 
--- Fire-rate limits (chronos/ratelimit.py): used only when a limit is configured.
+-- Fire-rate limits (chronos/domain/ratelimit.py): used only when a limit is configured.
 
 -- name: waiting_topics
 -- The destination topics named by waiting rows (chronosTopic), one index probe per topic: a

@@ -11,7 +11,7 @@ from confluent_kafka import Consumer as KafkaConsumer
 
 from chronos.config import SECRET_KAFKA_KEYS, Settings
 from chronos.errors import ConfigError, UnavailableError
-from chronos.logs import RepeatFilter
+from chronos.runtime.logs import RepeatFilter
 
 log = logging.getLogger("chronos.kafka")
 # librdkafka's own log lines go through logging (one format, JSON included), each kind at most

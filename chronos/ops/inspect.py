@@ -31,7 +31,7 @@ import orjson
 
 from chronos import codec
 from chronos.errors import ChronosError, ConfigError, EXIT_CONFIRM, EXIT_IN_FLIGHT, EXIT_NOT_FOUND
-from chronos.store import QUERIES, Store
+from chronos.adapters.postgres.store import QUERIES, Store
 
 log = logging.getLogger("chronos.operator")
 

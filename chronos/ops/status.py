@@ -106,7 +106,7 @@ def render(d: dict[str, Any]) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from chronos.store import Store
+    from chronos.adapters.postgres.store import Store
     settings = config.load(args)
     store = Store(settings.require_database())
     clear = args.watch is not None and not args.json and sys.stdout.isatty()

@@ -26,12 +26,14 @@ import uuid
 from chronos import codec
 from chronos.config import Settings
 from chronos.errors import StoreUnavailable
-from chronos.kafka import (PERMANENT_FAILURE, UNANSWERED_FAILURE, classify, dead_letter_headers, failure_reason,
-                           make_producer, produce)
-from chronos.logs import Throttle
-from chronos.metrics import FirerTelemetry
-from chronos.runtime import Lifecycle
-from chronos.store import Backoff, Claimed, Store
+from chronos.adapters.kafka import (PERMANENT_FAILURE, UNANSWERED_FAILURE, classify, dead_letter_headers, failure_reason,
+                                    make_producer, produce)
+from chronos.runtime.logs import Throttle
+from chronos.ops.metrics import FirerTelemetry
+from chronos.runtime.process import Lifecycle
+from chronos.runtime.backoff import Backoff
+from chronos.domain.model import Claimed
+from chronos.adapters.postgres.store import Store
 
 log = logging.getLogger("chronos.firer")
 

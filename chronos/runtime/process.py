@@ -15,10 +15,13 @@ from typing import Callable
 import orjson
 import psycopg
 
-from chronos import codec, logs, orphans
+from chronos import codec
+
+from chronos.runtime import logs, orphans
 from chronos.config import Settings, redact_url
 from chronos.errors import SchemaError, StoreUnavailable
-from chronos.store import Backoff, check_schema, connect
+from chronos.runtime.backoff import Backoff
+from chronos.adapters.postgres.store import check_schema, connect
 
 log = logging.getLogger("chronos")
 

@@ -6,7 +6,7 @@ per second, or per minute or hour with `/min` or `/h`; `unlimited` exempts a top
 default. Each destination topic has its own token bucket in PostgreSQL (chronos_rate_limits),
 shared by every firer: it refills at the rate and holds at most one second of it (at least one
 message), so after a quiet spell a topic gets at most that burst before the rate applies.
-Pure logic here; the buckets are in chronos.store.
+Pure logic here; the buckets are in chronos.adapters.postgres.store.
 """
 
 from __future__ import annotations

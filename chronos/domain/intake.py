@@ -6,7 +6,7 @@ import enum
 import re
 from dataclasses import dataclass
 
-from chronos import cron
+from chronos.domain import cron
 from chronos.codec import Parsed
 
 

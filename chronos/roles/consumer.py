@@ -19,16 +19,20 @@ from typing import cast
 
 from confluent_kafka import KafkaError, Message, TopicPartition
 
-from chronos import codec, cron
+from chronos import codec
+
+from chronos.domain import cron
 from chronos.config import Settings
 from chronos.errors import StoreRejected, StoreUnavailable
-from chronos.intake import Decision, Rules, Verdict, decide
-from chronos.kafka import (PERMANENT_FAILURE, classify, dead_letter_headers, failure_reason,
-                           make_consumer, make_producer, produce)
-from chronos.logs import Throttle
-from chronos.metrics import ConsumerTelemetry
-from chronos.runtime import Lifecycle
-from chronos.store import Backoff, Parked, Row, Store
+from chronos.domain.intake import Decision, Rules, Verdict, decide
+from chronos.adapters.kafka import (PERMANENT_FAILURE, classify, dead_letter_headers, failure_reason, make_consumer,
+                                    make_producer, produce)
+from chronos.runtime.logs import Throttle
+from chronos.ops.metrics import ConsumerTelemetry
+from chronos.runtime.process import Lifecycle
+from chronos.runtime.backoff import Backoff
+from chronos.domain.model import Parked, Row
+from chronos.adapters.postgres.store import Store
 
 log = logging.getLogger("chronos.consumer")
 

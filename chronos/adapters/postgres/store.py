@@ -31,10 +31,28 @@ _NAME_RE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _MIGRATE_LOCK = 0x6368726F6E6F73
 
 
+# Statements that differ from another only in their topic filter are one body in queries.sql, with
+# the filter's place marked: the claim and the token bucket's refill, for any topic, for one topic
+# named by chronosTopic, and for the output topic (rows without one).
+_TOPIC_MARK = "/* topic filter */"
+_TOPIC_VARIANTS = {  # statement: (body, its topic filter)
+    "claim": ("claim", ""),
+    "claim_topic": ("claim", "AND topic = %(topic)s"),
+    "claim_output_topic": ("claim", "AND topic IS NULL"),
+    "take_tokens": ("take_tokens", "AND topic = %(topic)s"),
+    "take_output_tokens": ("take_tokens", "AND topic IS NULL"),
+}
+
+
 def _load_queries() -> dict[str, str]:
     text = (_SQL_DIR / "queries.sql").read_text()
     parts = _NAME_RE.split(text)
-    return {name: body.strip().rstrip(";") for name, body in zip(parts[1::2], parts[2::2])}
+    queries = {name: body.strip().rstrip(";") for name, body in zip(parts[1::2], parts[2::2])}
+    bodies = {body: queries[body] for body, _ in _TOPIC_VARIANTS.values()}
+    for name, (body, topic_filter) in _TOPIC_VARIANTS.items():
+        assert _TOPIC_MARK in bodies[body], f"queries.sql: {body} has no {_TOPIC_MARK} mark"
+        queries[name] = bodies[body].replace(_TOPIC_MARK, topic_filter)
+    return queries
 
 
 QUERIES = _load_queries()

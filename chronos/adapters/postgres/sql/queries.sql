@@ -91,9 +91,13 @@ SELECT set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan
 -- and the candidate before it of that key (such a row is no candidate; one index range probe per
 -- position), and so is every later candidate of the key. Rows are updated by TID (the CTE's
 -- ctid): with no usable index path the planner can only reach them one by one.
+-- With fire-rate limits the claim goes topic by topic: `claim_topic` (one topic named by
+-- chronosTopic, off the topic index, so a throttled backlog of one topic never stands in front of
+-- another's due rows) and `claim_output_topic` (rows without chronosTopic, off the due index) are
+-- this statement with a topic filter at the mark (chronos/adapters/postgres/store.py makes them).
 WITH candidates AS MATERIALIZED (
     SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq FROM chronos_messages
-    WHERE readied_at IS NULL AND cron IS NULL
+    WHERE readied_at IS NULL AND cron IS NULL /* topic filter */
       -- now(), not clock_timestamp(): a stable bound is an index condition, so the scan stops at
       -- the first row not yet due instead of filtering every far-future row (autocommit: now() is
       -- this statement's start)
@@ -411,27 +415,16 @@ WITH RECURSIVE t(topic) AS (
 SELECT topic FROM t WHERE topic IS NOT NULL;
 
 -- name: take_tokens
--- Refill the bucket of a topic named by chronosTopic for the time since its last refill (database
--- clock) and lock it until this transaction ends: a peer's take waits, then sees what this one
--- spent. No row (and no write) while none of the topic's rows is due. A firer whose transaction
--- started before the last refill adds nothing (greatest(0, ...)).
+-- Refill the bucket of a topic for the time since its last refill (database clock) and lock it
+-- until this transaction ends: a peer's take waits, then sees what this one spent. No row (and no
+-- write) while none of the topic's rows is due. A firer whose transaction started before the last
+-- refill adds nothing (greatest(0, ...)). `take_tokens` (a topic named by chronosTopic) and
+-- `take_output_tokens` (the output topic: rows without chronosTopic, its bucket named %(topic)s)
+-- put their topic filter at the mark.
 INSERT INTO chronos_rate_limits AS b (topic, rate, tokens, refilled_at)
 SELECT %(topic)s, %(rate)s, %(capacity)s, now()
 WHERE EXISTS (SELECT FROM chronos_messages
-              WHERE readied_at IS NULL AND cron IS NULL AND topic = %(topic)s AND deadline <= now())
-ON CONFLICT (topic) DO UPDATE SET
-    rate = EXCLUDED.rate,
-    tokens = least(%(capacity)s::float8,
-                   b.tokens + %(rate)s::float8 * greatest(0, extract(epoch FROM now() - b.refilled_at))::float8),
-    refilled_at = greatest(b.refilled_at, now())
-RETURNING tokens;
-
--- name: take_output_tokens
--- take_tokens for the output topic (rows without chronosTopic), named %(topic)s in the bucket.
-INSERT INTO chronos_rate_limits AS b (topic, rate, tokens, refilled_at)
-SELECT %(topic)s, %(rate)s, %(capacity)s, now()
-WHERE EXISTS (SELECT FROM chronos_messages
-              WHERE readied_at IS NULL AND cron IS NULL AND topic IS NULL AND deadline <= now())
+              WHERE readied_at IS NULL AND cron IS NULL /* topic filter */ AND deadline <= now())
 ON CONFLICT (topic) DO UPDATE SET
     rate = EXCLUDED.rate,
     tokens = least(%(capacity)s::float8,
@@ -441,87 +434,6 @@ RETURNING tokens;
 
 -- name: spend_tokens
 UPDATE chronos_rate_limits SET tokens = tokens - %(spent)s WHERE topic = %(topic)s;
-
--- name: claim_topic
--- The claim (see `claim`) of one destination topic named by chronosTopic, off the topic index, so
--- a throttled backlog of one topic never stands in front of another's due rows.
-WITH candidates AS MATERIALIZED (
-    SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq FROM chronos_messages
-    WHERE readied_at IS NULL AND cron IS NULL AND topic = %(topic)s
-      AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'
-    ORDER BY deadline, seq
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), keyed AS (
-    SELECT ctid, ordering_key, place, seq,
-           lag(place, 1, '-infinity') OVER w AS prev_place, lag(seq, 1, 0::bigint) OVER w AS prev_seq
-    FROM candidates
-    WHERE ordering_key IS NOT NULL
-    WINDOW w AS (PARTITION BY ordering_key ORDER BY place, seq)
-), held AS (
-    SELECT ctid, bool_or(
-               EXISTS (SELECT FROM chronos_messages AS e
-                       WHERE e.ordering_key = k.ordering_key AND e.cron IS NULL AND e.original_deadline IS NULL
-                         AND (e.deadline, e.seq) > (k.prev_place, k.prev_seq)
-                         AND (e.deadline, e.seq) < (k.place, k.seq))
-               OR EXISTS (SELECT FROM chronos_messages AS e
-                          WHERE e.ordering_key = k.ordering_key AND e.original_deadline IS NOT NULL
-                            AND (e.original_deadline, e.seq) > (k.prev_place, k.prev_seq)
-                            AND (e.original_deadline, e.seq) < (k.place, k.seq)))
-           OVER (PARTITION BY ordering_key ORDER BY place, seq) AS held
-    FROM keyed AS k
-), due AS (
-    SELECT ctid FROM candidates WHERE ordering_key IS NULL
-    UNION ALL
-    SELECT ctid FROM held WHERE NOT held
-)
-UPDATE chronos_messages AS m
-SET readied_at = now(), readied_by = %(node)s
-FROM due
-WHERE m.ctid = due.ctid
-RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers,
-          m.readied_at, m.seq,
-          m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint, m.ctid;
-
--- name: claim_output_topic
--- claim_topic for the output topic (rows without chronosTopic), off the due index.
-WITH candidates AS MATERIALIZED (
-    SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq FROM chronos_messages
-    WHERE readied_at IS NULL AND cron IS NULL AND topic IS NULL
-      AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'
-    ORDER BY deadline, seq
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), keyed AS (
-    SELECT ctid, ordering_key, place, seq,
-           lag(place, 1, '-infinity') OVER w AS prev_place, lag(seq, 1, 0::bigint) OVER w AS prev_seq
-    FROM candidates
-    WHERE ordering_key IS NOT NULL
-    WINDOW w AS (PARTITION BY ordering_key ORDER BY place, seq)
-), held AS (
-    SELECT ctid, bool_or(
-               EXISTS (SELECT FROM chronos_messages AS e
-                       WHERE e.ordering_key = k.ordering_key AND e.cron IS NULL AND e.original_deadline IS NULL
-                         AND (e.deadline, e.seq) > (k.prev_place, k.prev_seq)
-                         AND (e.deadline, e.seq) < (k.place, k.seq))
-               OR EXISTS (SELECT FROM chronos_messages AS e
-                          WHERE e.ordering_key = k.ordering_key AND e.original_deadline IS NOT NULL
-                            AND (e.original_deadline, e.seq) > (k.prev_place, k.prev_seq)
-                            AND (e.original_deadline, e.seq) < (k.place, k.seq)))
-           OVER (PARTITION BY ordering_key ORDER BY place, seq) AS held
-    FROM keyed AS k
-), due AS (
-    SELECT ctid FROM candidates WHERE ordering_key IS NULL
-    UNION ALL
-    SELECT ctid FROM held WHERE NOT held
-)
-UPDATE chronos_messages AS m
-SET readied_at = now(), readied_by = %(node)s
-FROM due
-WHERE m.ctid = due.ctid
-RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers,
-          m.readied_at, m.seq,
-          m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint, m.ctid;
 
 -- name: limited_topics
 -- Topics the firers applied a limit to within the last minute (they take tokens every poll while

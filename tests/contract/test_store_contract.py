@@ -95,7 +95,8 @@ def test_equal_deadlines_are_claimed_in_enqueue_order(s, backend):
     t = backend.now_us() - 1000
     insert(s, [row("b", t), row("a", t)])
     insert(s, [row("c", t)])
-    assert [r.id for r in s.claim(10, 0)] == ["b", "a", "c"]
+    assert [r.id for r in s.claim(1, 0)] == ["b"]
+    assert [r.id for r in s.claim(10, 0)] == ["a", "c"]
 
 
 def test_claim_lookahead_takes_rows_due_soon_and_never_a_later_one(s, backend):
@@ -306,7 +307,7 @@ def test_competing_firers_publish_each_key_in_enqueue_order(backend):
 # -- publish failures: retry later, park ---------------------------------------------------------------
 
 def test_retry_later_counts_the_failure_and_moves_the_row_out_of_the_claim(s, backend):
-    due = backend.now_us() - 1_000_000
+    due = backend.now_us() - 10_000_000  # earlier than make_due makes it
     insert(s, [row("bad", due, topic="t.x"), row("good", due + 1)])
     bad, good = s.claim(10, 0)
     assert (bad.attempts, bad.original_deadline_us) == (0, None)
@@ -374,7 +375,7 @@ def test_a_row_in_backoff_still_holds_back_later_rows_of_its_key(s, backend):
 
 
 def test_park_claimed_moves_the_row_with_its_deadline_as_scheduled(s, backend):
-    due = backend.now_us() - 1_000_000
+    due = backend.now_us() - 10_000_000  # earlier than make_due makes it
     headers = codec.encode_headers([("h", b"\x00\xff"), ("h", None)])
     insert(s, [row("big", due, key=None, value=b"x" * 1000, headers=headers), row("routed", due, topic="other",
                                                                                   value=None)])

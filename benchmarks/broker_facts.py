@@ -31,7 +31,8 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from chronos.embedded import EmbeddedBroker, create_topics
+from chronos.adapters.kafka.admin import create_topics
+from chronos.embedded.broker import EmbeddedBroker
 
 PROFILE = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500"}
 

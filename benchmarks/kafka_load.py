@@ -46,7 +46,7 @@ def quiet_interrupts() -> None:
 
 def client_configs(bootstrap: str, properties: dict, fetch_wait_ms: int, linger_ms: int) -> tuple[dict, dict]:
     """(producer, consumer) configurations: the stack's extra properties plus the harness's settings."""
-    from chronos.adapters.kafka import CONSUMER_ONLY, PRODUCER_ONLY
+    from chronos.adapters.kafka.clients import CONSUMER_ONLY, PRODUCER_ONLY
     base = {"bootstrap.servers": bootstrap}
     producer = {**PRODUCER_DEFAULTS, **{k: v for k, v in properties.items() if k not in CONSUMER_ONLY}, **base,
                 "linger.ms": str(linger_ms)}

@@ -66,7 +66,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_send(args: argparse.Namespace) -> int:
     from chronos.client import Scheduler
-    from chronos.adapters.kafka import check_reachable, producer_config
+    from chronos.adapters.kafka.admin import check_reachable
+    from chronos.adapters.kafka.clients import producer_config
     settings = config.load(args)
     if not settings.kafka_bootstrap_servers:
         raise config.ConfigError("no Kafka to send to: give --ready-file or --kafka-bootstrap-servers")
@@ -97,7 +98,8 @@ def cmd_tail(args: argparse.Namespace) -> int:
     from confluent_kafka import OFFSET_BEGINNING, Consumer
 
     from chronos import codec
-    from chronos.adapters.kafka import PRODUCER_ONLY, check_reachable
+    from chronos.adapters.kafka.admin import check_reachable
+    from chronos.adapters.kafka.clients import PRODUCER_ONLY
     settings = config.load(args)
     if not settings.kafka_bootstrap_servers:
         raise config.ConfigError("no Kafka to read from: give --ready-file or --kafka-bootstrap-servers")

@@ -33,10 +33,13 @@ from chronos import config
 
 from chronos.runtime import orphans
 
+from chronos.adapters.kafka.admin import check_reachable, create_topics
 from chronos.adapters.postgres import store
 from chronos.config import Settings, redact_url
 from chronos.console.launch import ConsoleProcess, metrics_urls, pick_metrics_base
-from chronos.embedded import EmbeddedBroker, EmbeddedError, EmbeddedPostgres, create_topics
+from chronos.embedded.broker import EmbeddedBroker
+from chronos.embedded.postgres import EmbeddedPostgres
+from chronos.embedded.procs import EmbeddedError
 from chronos.errors import EXIT_CONFIG, EXIT_EMBEDDED, EXIT_SCHEMA, ChronosError
 from chronos.runtime.backoff import Backoff
 
@@ -74,11 +77,6 @@ def supervisord_conf() -> Path:
     if beside.is_file():
         return beside
     return Path(str(resources.files("chronos") / "supervisord.conf"))
-
-
-def check_kafka(bootstrap: str, kafka_config: dict, timeout: float = 10.0, secrets: list[str] | None = None) -> None:
-    from chronos.adapters.kafka import check_reachable
-    check_reachable(bootstrap, kafka_config, timeout, secrets)
 
 
 @dataclass
@@ -149,7 +147,7 @@ class Stack:
         life_check()
         kafka_extra = dict(s.kafka_properties)
         if s.kafka_bootstrap_servers:
-            check_kafka(s.kafka_bootstrap_servers, s.kafka_config, secrets=s.secrets())
+            check_reachable(s.kafka_bootstrap_servers, s.kafka_config, secrets=s.secrets())
         else:
             self.broker = EmbeddedBroker(port=self.kafka_port, log_path=self.log_dir / "broker.log",
                                          die_with_parent=PARENT_DEATH_SIGNAL["broker"])
@@ -165,7 +163,7 @@ class Stack:
         life_check()
         create_topics(s.kafka_bootstrap_servers, {t: self.partitions for t in
                                                   (s.input_topic, s.output_topic, s.dlq_topic)},
-                      client_config=_admin_config(s.kafka_config))
+                      client_config=s.kafka_config)
         applied = store.migrate(s.database_url)
         print(f"schema at version {store.LATEST_VERSION}"
               + (f" (applied {', '.join(map(str, applied))})" if applied else ""), flush=True)
@@ -395,12 +393,6 @@ def _describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def _admin_config(kafka_config: dict) -> dict:
-    """The client properties an admin client accepts (TLS, SASL, ...), without consumer/producer ones."""
-    from chronos.adapters.kafka import CONSUMER_ONLY, PRODUCER_ONLY
-    return {k: v for k, v in kafka_config.items() if k not in CONSUMER_ONLY and k not in PRODUCER_ONLY}
-
-
 def _tail(path: Path, lines: int) -> str:
     try:
         return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
@@ -468,9 +460,6 @@ def run(args: argparse.Namespace) -> int:
         stack.watch(stopping)
     except KeyboardInterrupt:
         pass
-    except EmbeddedError as exc:
-        print(f"chronos up: {exc}", file=sys.stderr, flush=True)
-        code = EXIT_EMBEDDED
     except ChronosError as exc:
         print(f"chronos up: {exc}", file=sys.stderr, flush=True)
         code = exc.exit_code

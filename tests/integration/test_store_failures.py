@@ -12,7 +12,7 @@ import pytest
 from chronos import codec
 
 from chronos.domain import cron
-from chronos.adapters.kafka import PERMANENT_FAILURE, classify, produce
+from chronos.adapters.kafka.clients import PERMANENT_FAILURE, classify, produce
 from chronos.adapters.postgres.store import QUERIES, Store
 from chronos.domain.model import Parked, Row
 

@@ -1,4 +1,4 @@
-"""Kafka adapters: client configuration, outage logging, and a producer that survives fatal errors."""
+"""Kafka clients: configuration, outage logging, publishing and what a failed publish means."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka import Consumer as KafkaConsumer
 
 from chronos.config import SECRET_KAFKA_KEYS, Settings
-from chronos.errors import ConfigError, UnavailableError
+from chronos.errors import ConfigError
 from chronos.runtime.logs import RepeatFilter
 
 log = logging.getLogger("chronos.kafka")
@@ -107,7 +107,7 @@ def _make(cls, conf: dict[str, Any], settings: Settings, what: str):
     return _create(cls, conf, settings, what), outage
 
 
-def _error_text(exc: KafkaException, secrets: list[str]) -> str:
+def error_text(exc: KafkaException, secrets: list[str]) -> str:
     text = exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else str(exc)
     for secret in secrets:
         text = text.replace(secret, "***")
@@ -120,32 +120,8 @@ def _create(cls, conf: dict[str, Any], settings: Settings, what: str):
     try:
         return cls(conf)
     except KafkaException as exc:
-        raise ConfigError(f"Kafka settings of the {what} are not valid: {_error_text(exc, settings.secrets())}") \
+        raise ConfigError(f"Kafka settings of the {what} are not valid: {error_text(exc, settings.secrets())}") \
             from None
-
-
-def check_reachable(bootstrap: str, extra: dict[str, Any], timeout: float = 10.0,
-                    secrets: list[str] | None = None) -> None:
-    """Raise UnavailableError unless Kafka answers a metadata request within `timeout` seconds
-    (ConfigError if librdkafka refuses the settings). Quiet: the reconnect attempts are not printed."""
-    from confluent_kafka.admin import AdminClient
-    quiet = logging.getLogger("chronos.kafka.check")
-    quiet.propagate = False
-    if not quiet.handlers:
-        quiet.addHandler(logging.NullHandler())
-    errors: list[str] = []
-    conf = {"bootstrap.servers": bootstrap, **{k: v for k, v in extra.items()
-                                               if k not in CONSUMER_ONLY and k not in PRODUCER_ONLY},
-            "logger": quiet, "error_cb": lambda err: errors.append(err.str())}
-    try:
-        admin = AdminClient(conf)
-    except KafkaException as exc:
-        raise ConfigError(f"Kafka settings are not valid: {_error_text(exc, secrets or [])}") from None
-    try:
-        admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        reason = errors[-1] if errors else _error_text(exc, secrets or [])
-        raise UnavailableError(f"cannot reach Kafka at {bootstrap} within {timeout:.0f}s: {reason}") from None
 
 
 def produce(producer: Producer, topic: str, value: bytes | None, key: bytes | None,

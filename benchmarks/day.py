@@ -46,7 +46,7 @@ from benchmarks import kafka_load, report, sla
 from benchmarks.procstat import CpuMeter
 from benchmarks.records import ACKED, FAILED, Records
 from benchmarks.stack import External, OwnStack, StackFailed
-from chronos.console.launch import pick_metrics_base
+from chronos.ops.endpoints import pick_metrics_base
 
 TABLE = "chronos_messages"
 LATE_BOUND_S = 60.0
@@ -287,13 +287,13 @@ def table_lines(result: dict) -> list[str]:
 
 
 class Scraper:
-    """Scrapes every program's /metrics (port = base + role offset + process number, as chronos.ops.metrics)."""
+    """Scrapes every program's /metrics (port = base + role offset + process number, as chronos.ops.endpoints)."""
 
     def __init__(self, base: int | None, programs):
         self.base, self.programs = base, programs
 
     def scrape(self) -> dict[str, dict] | None:
-        from chronos.ops.metrics import ROLE_OFFSETS
+        from chronos.ops.endpoints import ROLE_OFFSETS
         if not self.base:
             return None
         out = {}

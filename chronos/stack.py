@@ -36,10 +36,11 @@ from chronos.runtime import orphans
 from chronos.adapters.kafka.admin import check_reachable, create_topics
 from chronos.adapters.postgres import store
 from chronos.config import Settings, redact_url
-from chronos.console.launch import ConsoleProcess, metrics_urls, pick_metrics_base
+from chronos.console.launch import ConsoleProcess
 from chronos.embedded.broker import EmbeddedBroker
 from chronos.embedded.postgres import EmbeddedPostgres
 from chronos.embedded.procs import EmbeddedError
+from chronos.ops.endpoints import metrics_urls, pick_metrics_base
 from chronos.errors import EXIT_CONFIG, EXIT_EMBEDDED, EXIT_SCHEMA, ChronosError
 from chronos.runtime.backoff import Backoff
 

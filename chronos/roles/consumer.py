@@ -28,7 +28,7 @@ from chronos.domain.intake import Decision, Rules, Verdict, decide
 from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, classify, dead_letter_headers, failure_reason, make_consumer,
                                     make_producer, produce)
 from chronos.runtime.logs import Throttle
-from chronos.ops.metrics import ConsumerTelemetry
+from chronos.ops.telemetry import ConsumerTelemetry
 from chronos.runtime.process import Lifecycle
 from chronos.runtime.backoff import Backoff
 from chronos.domain.model import Parked, Row

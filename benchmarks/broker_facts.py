@@ -32,9 +32,8 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Producer, To
 from confluent_kafka.admin import AdminClient
 
 from chronos.adapters.kafka.admin import create_topics
+from chronos.adapters.kafka.clients import EMBEDDED_GROUP_TIMEOUTS as PROFILE
 from chronos.embedded.broker import EmbeddedBroker
-
-PROFILE = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500"}
 
 
 def _consumer(bootstrap: str, **conf: Any) -> Consumer:

@@ -34,6 +34,7 @@ from chronos import config
 from chronos.runtime import orphans
 
 from chronos.adapters.kafka.admin import check_reachable, create_topics
+from chronos.adapters.kafka.clients import EMBEDDED_PROFILE
 from chronos.adapters.postgres import store
 from chronos.config import Settings, redact_url
 from chronos.console.launch import ConsoleProcess
@@ -55,17 +56,6 @@ PARENT_DEATH_SIGNAL = {"postgres": signal.SIGINT, "broker": signal.SIGINT, "supe
 PROGRAM_SETTLE_S = 2.0
 # exit codes of a program that restarting cannot help: it is not restarted (supervisord.conf)
 FINAL_EXITS = {EXIT_CONFIG: "a configuration error", EXIT_SCHEMA: "the database is not migrated"}
-
-# Client settings for the embedded broker only (see docs/embedded-broker.md): fast group joins, short fetch waits,
-# and larger produce batches, because its fetch cost grows with the number of stored batches (the
-# firer's measured advance makes up for the longer linger: measured 1,000 msg/s p99.9 jitter
-# 691-901 ms with linger 5 against 449-493 ms with 25, on the shared machine).
-EMBEDDED_KAFKA_PROFILE = {
-    "session.timeout.ms": "2000",
-    "heartbeat.interval.ms": "500",
-    "fetch.wait.max.ms": "25",
-    "linger.ms": "25",
-}
 
 
 class StackError(ChronosError):
@@ -153,7 +143,7 @@ class Stack:
             self.broker = EmbeddedBroker(port=self.kafka_port, log_path=self.log_dir / "broker.log",
                                          die_with_parent=PARENT_DEATH_SIGNAL["broker"])
             self.broker.start()
-            kafka_extra = {**EMBEDDED_KAFKA_PROFILE, **kafka_extra}
+            kafka_extra = {**EMBEDDED_PROFILE, **kafka_extra}
             s = config.replace(s, kafka_bootstrap_servers=self.broker.bootstrap_servers)
             print(f"started embedded Kafka-compatible broker on {self.broker.bootstrap_servers} "
                   f"(memory only)", flush=True)

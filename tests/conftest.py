@@ -16,11 +16,9 @@ from typing import Iterator
 
 import psycopg
 import pytest
+from helpers import EMBEDDED_KAFKA
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# Client settings for the embedded broker (see docs/embedded-broker.md); never production defaults.
-EMBEDDED_KAFKA = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500", "fetch.wait.max.ms": "10"}
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -25,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily
 
 from chronos import __version__, codec
 from chronos.config import Settings
+from chronos.domain.reasons import CONSUMER_REASONS, FIRER_REASONS, code_of
 from chronos.errors import ConfigError
 from chronos.ops.endpoints import metrics_port
 from chronos.ops.health import Health, KafkaProbe
@@ -41,14 +42,6 @@ DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 LATENESS_BUCKETS = (-0.05, -0.025, -0.01, -0.005, 0.0, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                     10.0, 30.0, 60.0)
 
-# Dead-letter reasons that exist whatever the input, initialised at 0 so rate() sees the first one.
-KNOWN_REASONS = ("bad_header_name", "unreadable_headers", "missing_id", "empty_id", "bad_id", "id_too_long",
-                 "missing_deadline", "bad_deadline",
-                 "duplicate_header", "bad_action", "bad_topic", "topic_not_allowed", "bad_ordering_key",
-                 "bad_cron", "too_late", "store_rejected", "too_large", "publish_failed")
-# What the firer dead-letters: a stored message whose publish failed for good, or whose destination
-# the allow-list no longer allows.
-FIRER_REASONS = ("too_large", "publish_failed", "topic_not_allowed")
 PARKED = ("chronos_messages_parked_total", "messages neither their destination nor the dead-letter topic accepted, "
           "kept in the chronos_parked table")
 
@@ -158,7 +151,7 @@ class Telemetry:
 
     def dead_lettered(self, reasons: Iterable[str]) -> None:
         """Count dead-lettered messages by reason code (the text before the first colon)."""
-        for reason, count in collections.Counter(r.split(":", 1)[0] for r in reasons).items():
+        for reason, count in collections.Counter(code_of(r) for r in reasons).items():
             self._dead.labels(self.role, self.node, reason).inc(count)
 
     def follow(self, totals: Callable[[], Mapping[str, int]]) -> None:
@@ -243,7 +236,7 @@ class ConsumerTelemetry(Telemetry):
 
     def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):
         super().__init__(node_id, settings, environ)
-        self.count_dead_letters(KNOWN_REASONS)
+        self.count_dead_letters(CONSUMER_REASONS)
 
 
 class FirerTelemetry(Telemetry):

@@ -208,15 +208,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     elif m is None:
         print(f"{args.id!r}: not_found")
     else:
-        lines = [("id", repr(m.id)), ("state", m.state)]
-        if m.state == "in_flight":
-            assert m.claimed_at is not None  # in flight means claimed: inspect.show sets both from readied_at
-            lines.append(("firer", f"{m.firer} since {inspect.iso(m.claimed_at)}"))
-        if m.state == "recurring":
-            lines += [("cron", f"{m.cron} ({m.timezone}" + (f", {m.dst_policy})" if m.dst_policy else ")")),
-                      ("next occurrence", inspect.iso(m.deadline))]
-        else:
-            lines.append(("deadline", inspect.iso(m.deadline)))
+        lines = [("id", repr(m.id)), ("state", m.state), *inspect.schedule_facts(m)]
         lines += [("topic", m.topic), ("key", inspect.safe_text(m.key)),
                   ("value", "null" if m.value_size is None else
                    f"{m.value_size:,} bytes {inspect.safe_text(m.value_preview)}"

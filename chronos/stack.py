@@ -360,12 +360,7 @@ class Stack:
             self.console.stop()
         if self.supervisord is not None and self.supervisord.poll() is None:
             print("stopping programs ...", flush=True)
-            self.supervisord.send_signal(signal.SIGTERM)
-            try:
-                self.supervisord.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.supervisord.pid, signal.SIGKILL)
-                self.supervisord.wait()
+            orphans.stop_child(self.supervisord, 60)
         if self.broker is not None:
             print("stopping the embedded broker ...", flush=True)
             self.broker.stop()

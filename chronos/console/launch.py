@@ -9,7 +9,6 @@ set, `chronos up` picks a base port whose every program port is free).
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import socket
 import subprocess
@@ -97,9 +96,4 @@ class ConsoleProcess:
             self.sock = None
         if self.proc is None or self.proc.poll() is not None:
             return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        orphans.stop_child(self.proc, 10)

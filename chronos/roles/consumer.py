@@ -25,8 +25,8 @@ from chronos.domain import cron
 from chronos.config import Settings
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.domain.intake import Decision, Rules, Verdict, decide
-from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, classify, dead_letter_headers, failure_reason, make_consumer,
-                                    make_producer, produce)
+from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, classify, dead_letter_headers, failure_reason,
+                                            make_consumer, make_producer, produce)
 from chronos.runtime.logs import Throttle
 from chronos.ops.telemetry import ConsumerTelemetry
 from chronos.runtime.process import Lifecycle

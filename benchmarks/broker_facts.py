@@ -31,9 +31,9 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from chronos.embedded import EmbeddedBroker, create_topics
-
-PROFILE = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500"}
+from chronos.adapters.kafka.admin import create_topics
+from chronos.adapters.kafka.clients import EMBEDDED_GROUP_TIMEOUTS as PROFILE
+from chronos.embedded.broker import EmbeddedBroker
 
 
 def _consumer(bootstrap: str, **conf: Any) -> Consumer:

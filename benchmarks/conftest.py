@@ -13,7 +13,7 @@ SPEEDUPS: dict[str, dict[str, float]] = {}
 
 @pytest.fixture(scope="session")
 def pg_url(tmp_path_factory: pytest.TempPathFactory):
-    from chronos.embedded import EmbeddedPostgres
+    from chronos.embedded.postgres import EmbeddedPostgres
     from chronos.adapters.postgres.store import migrate
     base = tmp_path_factory.mktemp("bench-pg")
     server = EmbeddedPostgres(base / "data", fast=True, log_path=base / "postgres.log")

@@ -46,7 +46,7 @@ from benchmarks import kafka_load, report, sla
 from benchmarks.procstat import CpuMeter
 from benchmarks.records import ACKED, FAILED, Records
 from benchmarks.stack import External, OwnStack, StackFailed
-from chronos.console.launch import pick_metrics_base
+from chronos.ops.endpoints import pick_metrics_base
 
 TABLE = "chronos_messages"
 LATE_BOUND_S = 60.0
@@ -287,13 +287,13 @@ def table_lines(result: dict) -> list[str]:
 
 
 class Scraper:
-    """Scrapes every program's /metrics (port = base + role offset + process number, as chronos.ops.metrics)."""
+    """Scrapes every program's /metrics (port = base + role offset + process number, as chronos.ops.endpoints)."""
 
     def __init__(self, base: int | None, programs):
         self.base, self.programs = base, programs
 
     def scrape(self) -> dict[str, dict] | None:
-        from chronos.ops.metrics import ROLE_OFFSETS
+        from chronos.ops.endpoints import ROLE_OFFSETS
         if not self.base:
             return None
         out = {}
@@ -506,12 +506,11 @@ class Day:
         return f"{self.tag}-{k}"
 
     def start_clients(self) -> None:
-        from chronos.embedded import create_topics
-        from chronos.stack import _admin_config
+        from chronos.adapters.kafka.admin import create_topics
         ctx, t = self.ctx, self.target
         t.probe_topic = f"chronos-bench-probe-{self.tag}"
         create_topics(self.info["bootstrap_servers"], {t.probe_topic: t.output_partitions()},
-                      client_config=_admin_config(self.info.get("kafka_properties") or {}))
+                      client_config=self.info.get("kafka_properties"))
         cap = int(6 * 3600 * 1000.0 / self.args.probe_interval_ms)  # six hours of samples
         t.probe_sent, t.probe_lat, t.probe_count = ctx.RawArray("d", cap), ctx.RawArray("d", cap), ctx.RawValue("d", 0)
         ready_r, ready_p = ctx.Event(), ctx.Event()

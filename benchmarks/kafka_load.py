@@ -20,12 +20,12 @@ import time
 from dataclasses import dataclass
 
 from benchmarks.records import ACKED, FAILED, SENT, Records
+from chronos.adapters.kafka.clients import EMBEDDED_GROUP_TIMEOUTS
 
 # Per docs/embedded-broker.md: short group timeouts for the embedded broker; the output reader stays at the
 # head of the log, so it may use a small fetch.wait.max.ms (its latency follows that setting).
 READER_DEFAULTS = {
-    "session.timeout.ms": "2000",
-    "heartbeat.interval.ms": "500",
+    **EMBEDDED_GROUP_TIMEOUTS,
     "enable.auto.commit": "false",
     "enable.partition.eof": "false",
     "auto.offset.reset": "earliest",
@@ -46,7 +46,7 @@ def quiet_interrupts() -> None:
 
 def client_configs(bootstrap: str, properties: dict, fetch_wait_ms: int, linger_ms: int) -> tuple[dict, dict]:
     """(producer, consumer) configurations: the stack's extra properties plus the harness's settings."""
-    from chronos.adapters.kafka import CONSUMER_ONLY, PRODUCER_ONLY
+    from chronos.adapters.kafka.clients import CONSUMER_ONLY, PRODUCER_ONLY
     base = {"bootstrap.servers": bootstrap}
     producer = {**PRODUCER_DEFAULTS, **{k: v for k, v in properties.items() if k not in CONSUMER_ONLY}, **base,
                 "linger.ms": str(linger_ms)}

@@ -210,12 +210,11 @@ class ChronosTarget(Target):
                 "stack": {k: v for k, v in self.info.items() if not k.endswith("_pid") and k != "pid"}}
 
     def start_consumers(self, ctx, tag, rec, stop):
-        from chronos.embedded import create_topics
-        from chronos.stack import _admin_config
+        from chronos.adapters.kafka.admin import create_topics
         self.probe_topic = f"chronos-bench-probe-{tag}"
         # as many partitions as the output topic, so the broker's per-partition work is alike
         create_topics(self.info["bootstrap_servers"], {self.probe_topic: self.output_partitions()},
-                      client_config=_admin_config(self.info.get("kafka_properties") or {}))
+                      client_config=self.info.get("kafka_properties"))
         ready_r, ready_p = ctx.Event(), ctx.Event()
         reader = ctx.Process(target=kafka_load.run_reader, name="bench-reader",
                              args=(self.reader_conf, self.info["output_topic"], tag, rec, ready_r, stop))
@@ -234,10 +233,8 @@ class ChronosTarget(Target):
         return [reader, probe]
 
     def output_partitions(self) -> int:
-        from confluent_kafka.admin import AdminClient
-        from chronos.stack import _admin_config
-        admin = AdminClient({**_admin_config(self.info.get("kafka_properties") or {}),
-                             "bootstrap.servers": self.info["bootstrap_servers"]})
+        from chronos.adapters.kafka.admin import admin_client
+        admin = admin_client(self.info["bootstrap_servers"], self.info.get("kafka_properties"))
         md = admin.list_topics(self.info["output_topic"], timeout=10)
         return max(1, len(md.topics[self.info["output_topic"]].partitions))
 
@@ -249,11 +246,9 @@ class ChronosTarget(Target):
     def drop_probe_topic(self) -> None:
         if not self.probe_topic:
             return
-        from confluent_kafka.admin import AdminClient
-        from chronos.stack import _admin_config
+        from chronos.adapters.kafka.admin import admin_client
         try:
-            admin = AdminClient({**_admin_config(self.info.get("kafka_properties") or {}),
-                                 "bootstrap.servers": self.info["bootstrap_servers"]})
+            admin = admin_client(self.info["bootstrap_servers"], self.info.get("kafka_properties"))
             for fut in admin.delete_topics([self.probe_topic], operation_timeout=10).values():
                 fut.result(10)
         except Exception as exc:  # noqa: BLE001 - the probe topic is small; leaving it behind is harmless

@@ -34,7 +34,7 @@ ROLES = ("consumer", "firer", "detector")
 
 
 def _descendants(pid: int) -> list[int]:
-    from chronos.embedded import _descendants as descendants
+    from chronos.embedded.procs import descendants
     return descendants(pid)
 
 

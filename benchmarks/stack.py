@@ -103,7 +103,7 @@ class OwnPostgres:
         self.server = None
 
     def start(self) -> dict:
-        from chronos.embedded import EmbeddedPostgres
+        from chronos.embedded.postgres import EmbeddedPostgres
         self.server = EmbeddedPostgres(self.dir / "pgdata", log_path=self.dir / "postgres.log")
         self.server.start()
         return {"database_url": self.server.url, "postgres_pid": self.server.pid, "data_dir": str(self.dir)}

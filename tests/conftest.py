@@ -16,11 +16,9 @@ from typing import Iterator
 
 import psycopg
 import pytest
+from helpers import EMBEDDED_KAFKA
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# Client settings for the embedded broker (see docs/embedded-broker.md); never production defaults.
-EMBEDDED_KAFKA = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500", "fetch.wait.max.ms": "10"}
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -40,7 +38,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def pg_server(tmp_path_factory: pytest.TempPathFactory):
-    from chronos.embedded import EmbeddedPostgres
+    from chronos.embedded.postgres import EmbeddedPostgres
     from chronos.adapters.postgres.store import migrate
     base = tmp_path_factory.mktemp("pg")
     server = EmbeddedPostgres(base / "data", fast=True, log_path=base / "postgres.log")
@@ -80,7 +78,7 @@ def empty_database_url(pg_server) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory):
-    from chronos.embedded import EmbeddedBroker
+    from chronos.embedded.broker import EmbeddedBroker
     base = tmp_path_factory.mktemp("broker")
     b = EmbeddedBroker(log_path=base / "broker.log")
     b.start()
@@ -91,7 +89,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture
 def topics(broker) -> dict[str, str]:
     """Fresh input, output and dead-letter topics (4 partitions each)."""
-    from chronos.embedded import create_topics
+    from chronos.adapters.kafka.admin import create_topics
     suffix = uuid.uuid4().hex[:8]
     names = {"input": f"in-{suffix}", "output": f"out-{suffix}", "dlq": f"dlq-{suffix}"}
     create_topics(broker.bootstrap_servers, {n: 4 for n in names.values()})

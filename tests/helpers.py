@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, Producer
 
-EMBEDDED_KAFKA = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500", "fetch.wait.max.ms": "10"}
+from chronos.adapters.kafka.clients import EMBEDDED_GROUP_TIMEOUTS
+
+EMBEDDED_KAFKA = {**EMBEDDED_GROUP_TIMEOUTS, "fetch.wait.max.ms": "10"}  # the tests' embedded profile
 
 
 def iso(epoch_s: float) -> str:

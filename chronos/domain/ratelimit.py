@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import Callable, Sequence, TypeVar
 
 from chronos.domain.model import Claimed
+from chronos.domain.topics import MAX_TOPIC_LENGTH, TOPIC_CHARS
 from chronos.errors import ConfigError
 
 T = TypeVar("T")
 
-_PATTERN_RE = re.compile(r"^[A-Za-z0-9._*-]{1,249}$")
+_PATTERN_RE = re.compile(f"[*{TOPIC_CHARS}]{{1,{MAX_TOPIC_LENGTH}}}")
 _RATE_RE = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)\s*(?:/\s*(s|sec|min|m|h))?$")
 _PER = {None: 1.0, "s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
 UNLIMITED = "unlimited"
@@ -65,7 +66,7 @@ def parse_topic_rates(name: str, raw: str) -> TopicRates:
         pattern = pattern.strip()
         if not sep:
             raise ConfigError(f"{name} must be a list of TOPIC=RATE pairs, got {item!r}")
-        if not _PATTERN_RE.match(pattern):
+        if not _PATTERN_RE.fullmatch(pattern):
             raise ConfigError(f"{name}: {pattern!r} is not a topic name or pattern (letters, digits, . _ - and *)")
         if any(p == pattern for p, _ in entries):
             raise ConfigError(f"{name}: {pattern!r} is given twice")

@@ -25,10 +25,10 @@ from chronos.domain import cron
 from chronos.config import Settings
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.domain.intake import Decision, Rules, Verdict, decide
-from chronos.adapters.kafka import (PERMANENT_FAILURE, classify, dead_letter_headers, failure_reason, make_consumer,
-                                    make_producer, produce)
+from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, classify, dead_letter_headers, failure_reason,
+                                            make_consumer, make_producer, produce)
 from chronos.runtime.logs import Throttle
-from chronos.ops.metrics import ConsumerTelemetry
+from chronos.ops.telemetry import ConsumerTelemetry
 from chronos.runtime.process import Lifecycle
 from chronos.runtime.backoff import Backoff
 from chronos.domain.model import Parked, Row
@@ -154,11 +154,7 @@ def commit_offsets(messages: list[Message]) -> list[TopicPartition]:
 class ConsumerProcess:
     def __init__(self, settings: Settings, node_id: uuid.UUID, life: Lifecycle):
         self.settings, self.node_id, self.life = settings, node_id, life
-        self.rules = Rules(timing_advance_us=settings.timing_advance_ms * 1000,
-                           output_topic=settings.output_topic,
-                           allowed_topics=settings.allowed_topics_re,
-                           max_lateness_us=None if settings.max_lateness_ms is None
-                           else settings.max_lateness_ms * 1000)
+        self.rules = Rules.from_settings(settings)
         self.store = Store(settings.require_database(), node_id=node_id, hot_path=True)
         self.db_backoff = Backoff()
         self.throttle = Throttle(log)

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from chronos.client import Scheduler
-from chronos.embedded import create_topics
+from chronos.adapters.kafka.admin import create_topics
 from helpers import Collector, chronos_headers, producer, send, start_consumer_and_doomed_firer
 
 

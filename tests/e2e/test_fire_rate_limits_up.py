@@ -9,8 +9,8 @@ import urllib.request
 
 import orjson
 
-from chronos.console.launch import pick_metrics_base
-from chronos.embedded import create_topics
+from chronos.ops.endpoints import pick_metrics_base
+from chronos.adapters.kafka.admin import create_topics
 from helpers import Collector, chronos_headers, producer
 from test_up import CHRONOS, Up, _clean_env
 

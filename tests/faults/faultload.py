@@ -29,8 +29,9 @@ import orjson
 import psycopg
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from chronos.adapters.kafka.clients import EMBEDDED_GROUP_TIMEOUTS as EMBEDDED_KAFKA
+
 CHRONOS = [sys.executable, "-m", "chronos"]
-EMBEDDED_KAFKA = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500"}
 TIMING_ADVANCE_S = 0.050   # chronos's default CHRONOS_TIMING_ADVANCE_MS
 LATE_S = 1.0               # a delivery later than this after its due time counts as delayed by a fault
 

@@ -10,7 +10,8 @@ import time
 import orjson
 import pytest
 
-from chronos.embedded import EmbeddedPostgres, free_port
+from chronos.embedded.postgres import EmbeddedPostgres
+from chronos.embedded.procs import free_port
 from faultchecks import check_common
 from faultload import Scenario
 

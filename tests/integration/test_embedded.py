@@ -12,9 +12,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from chronos import embedded
-from chronos.embedded import (EmbeddedBroker, EmbeddedError, EmbeddedPostgres, create_topics,
-                              free_port, port_in_use)
+from chronos.adapters.kafka.admin import create_topics
+from chronos.embedded import procs
+from chronos.embedded.broker import EmbeddedBroker
+from chronos.embedded.postgres import EmbeddedPostgres
+from chronos.embedded.procs import EmbeddedError, free_port, port_in_use
 
 
 def _gone(pid: int, timeout: float = 5.0) -> bool:
@@ -36,7 +38,7 @@ def _gone(pid: int, timeout: float = 5.0) -> bool:
 
 
 def _group_gone(pgid: int) -> bool:
-    return not embedded._group_alive(pgid)
+    return not procs.group_alive(pgid)
 
 
 @pytest.fixture
@@ -96,7 +98,7 @@ def test_postgres_restart_keeps_data_and_survives_kill(tmp_path):
     # SIGKILL (crash) leaves a stale postmaster.pid: the next start must not mind
     pid = pg.pid
     conn = psycopg.connect(pg.url)  # a backend (own session) that kill() must take down too
-    children = embedded._descendants(pid)
+    children = procs.descendants(pid)
     assert children
     pg.kill()
     conn.close()
@@ -169,7 +171,7 @@ def test_postgres_port_in_use(tmp_path, listener):
 
 def test_postgres_port_in_use_detected_from_log(tmp_path, listener, monkeypatch):
     # the port gets taken between our check and the server's bind
-    monkeypatch.setattr(embedded, "port_in_use", lambda port: False)
+    monkeypatch.setattr(procs, "port_in_use", lambda port: False)
     pg = EmbeddedPostgres(tmp_path / "data", port=listener, fast=True)
     t0 = time.monotonic()
     with pytest.raises(EmbeddedError, match=f"^port {listener} is already in use") as ei:
@@ -306,7 +308,7 @@ def test_broker_port_in_use(listener):
 
 
 def test_broker_port_in_use_detected_from_log(listener, monkeypatch):
-    monkeypatch.setattr(embedded, "port_in_use", lambda port: False)
+    monkeypatch.setattr(procs, "port_in_use", lambda port: False)
     broker = EmbeddedBroker(listener)
     t0 = time.monotonic()
     with pytest.raises(EmbeddedError, match=f"^port {listener} is already in use"):

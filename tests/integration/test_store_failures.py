@@ -10,7 +10,7 @@ import uuid
 import psycopg
 import pytest
 
-from chronos.adapters.kafka import PERMANENT_FAILURE, classify, produce
+from chronos.adapters.kafka.clients import PERMANENT_FAILURE, classify, produce
 from chronos.adapters.postgres.store import QUERIES, Store
 from chronos.domain.model import Row
 

@@ -87,10 +87,10 @@ def test_status_shows_the_throttled_backlog_per_topic():
 def test_throttled_gauges_per_topic_and_a_drained_topic_drops_out():
     import uuid
 
-    from chronos.ops import metrics
+    from chronos.ops import telemetry
     from chronos.config import Settings
     from chronos.domain.model import Throttled
-    d = metrics.DetectorTelemetry(uuid.uuid4(), Settings())
+    d = telemetry.DetectorTelemetry(uuid.uuid4(), Settings())
     d.throttled_gauges([Throttled("orders", 50.0, 7, 3.0), Throttled("audit", 1.0, 2, 1.0)])
     d.throttled_gauges([Throttled("orders", 50.0, 5, 2.0)])
     samples = {(s.name, s.labels["topic"]): s.value for f in d.registry.collect()

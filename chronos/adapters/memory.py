@@ -242,16 +242,12 @@ class MemoryStore:
                       lookahead_ms: int) -> tuple[list[Claimed], bool]:
         """The claim under fire-rate limits, topic by topic; a limited topic's due rows (no lookahead)
         only as many as its bucket holds. See the PostgreSQL store's `claim_limited`."""
-        topics: list[str | None] = [None, *self._run(lambda now: sorted(
-            {r.topic for r in self.db.rows.values() if r.topic is not None and r.readied_us is None}))]
-        rates = {t: limits.rate_for(t or output_topic) for t in topics}
-
-        def claim_topic(topic: str | None, share: int) -> list[Claimed]:
-            rate = rates[topic]
-            if rate is None:
-                return self._run(lambda now: self._claim(now, share, lookahead_ms, topic))
-            return self._run(lambda now: self._claim_granted(now, topic or output_topic, topic, rate, share))
-        return ratelimit.claim_in_shares(topics, lambda t: rates[t] is not None, limit, claim_topic)
+        topics = self._run(lambda now: sorted(
+            {r.topic for r in self.db.rows.values() if r.topic is not None and r.readied_us is None}))
+        return ratelimit.claim_by_topic(
+            limits, output_topic, topics, limit,
+            lambda topic, share: self._run(lambda now: self._claim(now, share, lookahead_ms, topic)),
+            lambda name, topic, rate, share: self._run(lambda now: self._claim_granted(now, name, topic, rate, share)))
 
     def _claim_granted(self, now: int, name: str, topic: str | None, rate: float, limit: int) -> list[Claimed]:
         """Refill the topic's bucket for the time since its last refill, claim what it grants, spend it."""

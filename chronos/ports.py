@@ -8,7 +8,7 @@ The roles take a store (or a factory of stores, one per thread) as a constructor
 from __future__ import annotations
 
 import uuid
-from typing import Protocol, Sequence
+from typing import Iterable, Protocol, Sequence
 
 from chronos.domain.model import Claimed, Overview, Parked, Row, Stale, Throttled
 from chronos.domain.ratelimit import FireRateLimits
@@ -30,6 +30,8 @@ class Store(Protocol):
               cancels: Sequence[str]) -> tuple[int, int, int, int]: ...
 
     def park(self, messages: Sequence[Parked]) -> None: ...
+
+    def waiting_ids(self, ids: Iterable[str]) -> set[str]: ...
 
     # firer
     def claim(self, limit: int, lookahead_ms: int) -> list[Claimed]: ...

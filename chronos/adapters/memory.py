@@ -21,7 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Iterable, Sequence, TypeVar
 
 from chronos import ports
 from chronos.domain import cron, ratelimit, schedules
@@ -197,6 +197,11 @@ class MemoryStore:
     def _new_row(self, r: Row, seq: int | None = None) -> StoredRow:
         return StoredRow(r.id, r.deadline_us, r.topic, r.key, r.value, r.headers, r.ordering_key, r.cron,
                          r.timezone, r.dst_policy, self.db.next_seq() if seq is None else seq, self.db.new_ctid())
+
+    def waiting_ids(self, ids: Iterable[str]) -> set[str]:
+        """Which of these ids the store holds (waiting, claimed or a recurring schedule)."""
+        wanted = set(ids)
+        return self._run(lambda now: wanted & self.db.rows.keys()) if wanted else set()
 
     def park(self, messages: Sequence[Parked]) -> None:
         """Keep messages no topic accepted."""

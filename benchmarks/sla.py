@@ -36,7 +36,8 @@ import orjson
 from benchmarks import kafka_load, report
 from benchmarks.procstat import CpuMeter
 from benchmarks.records import ACKED, Records
-from benchmarks.stack import External, OwnPostgres, OwnStack, StackFailed, database_url_for
+from benchmarks.stack import External, OwnPostgres, Stack, StackFailed, database_url_for, layout_args, run_on, \
+    supervisor
 
 PGQ_DATABASE = "chronos_bench_pgqueuer"
 GRAPHILE_DATABASE = "chronos_bench_graphile"
@@ -265,14 +266,10 @@ class ChronosTarget(Target):
 
     def programs(self) -> list[dict] | None:
         """supervisord's process list of the stack, or None when it cannot be asked."""
-        sock = self.info.get("supervisor_socket")
-        if not sock:
+        if not self.info.get("supervisor_socket"):
             return None
         try:
-            from supervisor.xmlrpc import SupervisorTransport
-            rpc = xmlrpc.client.ServerProxy("http://127.0.0.1",
-                                            transport=SupervisorTransport(None, None, f"unix://{sock}"))
-            return rpc.supervisor.getAllProcessInfo()
+            return supervisor(self.info).supervisor.getAllProcessInfo()
         except (OSError, xmlrpc.client.Error) as exc:
             print(f"cannot list the stack's programs: {exc}", flush=True)
             return None
@@ -713,38 +710,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or Path("benchmarks/out") / (datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
                                                 + f"-{args.target}")
-    counts = {"consumer": args.consumers, "firer": args.firers, "detector": args.detectors}
     try:
         TARGETS[args.target].prepare()
     except StackFailed as exc:
         print(f"benchmark failed: {exc}", file=sys.stderr, flush=True)
         return 3
     if args.ready_file:
-        stack = External(args.ready_file)
+        stack: Stack | OwnPostgres | External = External(args.ready_file)
     elif args.target == "chronos":
-        stack = OwnStack(counts, args.up_args)
+        stack = Stack(*layout_args(args.consumers, args.firers, args.detectors), *args.up_args)
     else:
         stack = OwnPostgres()
-    failed = True
-    try:
-        print(f"starting {'the stack' if isinstance(stack, OwnStack) else 'PostgreSQL'} ..."
-              if not isinstance(stack, External) else f"using the stack of {args.ready_file}", flush=True)
-        info = stack.start()
+
+    def run(info: dict) -> dict:
         target = TARGETS[args.target](args, info)
         if args.find_max:
-            summary = find_max(target, args, out, stack)
-        else:
-            summary = run_step(target, args, args.rate, args.duration, out, stack)
-        failed = False
-    except StackFailed as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr, flush=True)
-        return 3
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr, flush=True)
-        return 130
-    finally:
-        print("stopping ...", flush=True)
-        stack.stop(keep=failed)
+            return find_max(target, args, out, stack)
+        return run_step(target, args, args.rate, args.duration, out, stack)
+    code, summary = run_on(stack, run)
+    if summary is None:
+        return code
     return 0 if summary.get("sla_pass") else 1
 
 

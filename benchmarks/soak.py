@@ -11,7 +11,7 @@ jitter percentiles (arrival on the output topic − deadline, for messages sent 
 deadline), the recovery time of each kill, and each process's memory (RSS) at the start and the
 end, the embedded PostgreSQL (with its backends) and broker included.
 
-It uses the fault tests' harness (tests/faults/faultload.py), so the soak and the fault scenarios
+It uses the fault tests' harness (benchmarks/faultload.py), so the soak and the fault scenarios
 count the same way.
 """
 
@@ -26,16 +26,10 @@ from pathlib import Path
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "faults"))
-
-from faultload import Scenario, held_rows, rss_kb  # noqa: E402
+from benchmarks.faultload import Scenario, held_rows
+from benchmarks.procstat import descendants, rss_kb
 
 ROLES = ("consumer", "firer", "detector")
-
-
-def _descendants(pid: int) -> list[int]:
-    from chronos.embedded import _descendants as descendants
-    return descendants(pid)
 
 
 def memory(sc: Scenario) -> dict[str, dict]:
@@ -46,7 +40,7 @@ def memory(sc: Scenario) -> dict[str, dict]:
             out[name] = {"pid": info["pid"], "rss_kb": rss_kb(info["pid"])}
     pg = sc.info.get("postgres_pid")
     if pg:
-        out["postgres (all)"] = {"pid": pg, "rss_kb": sum(filter(None, (rss_kb(p) for p in [pg, *_descendants(pg)])))}
+        out["postgres (all)"] = {"pid": pg, "rss_kb": sum(filter(None, (rss_kb(p) for p in [pg, *descendants(pg)])))}
     broker = sc.info.get("broker_pid")
     if broker:
         out["broker"] = {"pid": broker, "rss_kb": rss_kb(broker)}
@@ -86,7 +80,7 @@ def run(args: argparse.Namespace) -> dict:
             elif role == "firer":
                 f = sc.kill_firer(name)
             else:
-                pid, at = sc.stack.kill(name)
+                pid, at = sc.stack.kill_program(name)
                 f = sc.fault(f"SIGKILL {name}", at)
                 f.back_running = sc.stack.wait_running(name, not_pid=pid)[1]
             kills.append(f)

@@ -12,7 +12,7 @@ import pytest
 
 from chronos.embedded import EmbeddedPostgres, free_port
 from faultchecks import check_common
-from faultload import Scenario
+from benchmarks.faultload import Scenario
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

@@ -23,6 +23,7 @@ import orjson
 import psycopg
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from benchmarks.report import percentiles
 from benchmarks.stack import Stack
 
 EMBEDDED_KAFKA = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500"}
@@ -280,13 +281,6 @@ class Report:
                 f"session_losses={r['session_losses']}")
 
 
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
-
-
 def analyse(scenario: str, load: Load, reader: Reader, faults: list[Fault], *, hold_s: float,
             window_explains: bool = False) -> Report:
     """The verdict of one run.
@@ -337,9 +331,9 @@ def analyse(scenario: str, load: Load, reader: Reader, faults: list[Fault], *, h
                 f = max(candidates, key=lambda f: f.start)
                 done[id(f)] = max(done[id(f)], min(arrivals[m]))
     recovery = max((done[id(f)] - f.ended() for f in injected), default=0.0)
-    values = list(lateness.values())
+    figures = percentiles(list(lateness.values())) or {"max": 0.0, "p99": 0.0}
     return Report(scenario, len(sent), len(set(arrivals) & set(sent)), lost, early, sum(dup_ids.values()),
-                  dup_ids, unexplained, recovery, max(values, default=0.0), _percentile(values, 0.99), injected)
+                  dup_ids, unexplained, recovery, figures["max"], figures["p99"], injected)
 
 
 class OffsetWatcher:

@@ -115,12 +115,11 @@ def parse_metrics(text: str) -> dict:
             step = sample.labels.get("step")
             node = sample.labels.get("node", node)
             if sample.name == "chronos_batch_duration_seconds_bucket":
-                steps.setdefault(step, {"count": 0.0, "le": {}, "max": 0.0})["le"][float(sample.labels["le"])] = \
-                    sample.value
+                steps.setdefault(step, _empty_step())["le"][float(sample.labels["le"])] = sample.value
             elif sample.name == "chronos_batch_duration_seconds_count":
-                steps.setdefault(step, {"count": 0.0, "le": {}, "max": 0.0})["count"] = sample.value
+                steps.setdefault(step, _empty_step())["count"] = sample.value
             elif sample.name == "chronos_batch_duration_max_seconds":
-                steps.setdefault(step, {"count": 0.0, "le": {}, "max": 0.0})["max"] = sample.value
+                steps.setdefault(step, _empty_step())["max"] = sample.value
             elif sample.name in COUNTERS.values():
                 counters[sample.name] = sample.value
     return {"node": node, "steps": steps, "counters": counters}

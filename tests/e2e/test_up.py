@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.procstat import descendants
 from benchmarks.stack import CHRONOS, Stack, clean_env
-from helpers import Collector
+from helpers import Collector, Received
 
 def _gone(pid: int) -> bool:
     try:
@@ -28,6 +28,16 @@ def send(info_file: Path, *args: str) -> str:
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
+
+
+def only_output(info: dict) -> Received:
+    """The one message on the stack's output topic (read from its start), once it is there."""
+    collect = Collector(info["bootstrap_servers"], [info["output_topic"]])
+    try:
+        (m,) = collect.until(lambda ms: len(ms) >= 1, timeout=30)
+    finally:
+        collect.close()
+    return m
 
 
 def test_up_send_receive_and_clean_stop(tmp_path):
@@ -69,10 +79,7 @@ def test_restart_keeps_waiting_messages(tmp_path):
         try:
             info = up2.wait_ready()
             assert info["console_url"] is None and info["console_pid"] is None and info["metrics_urls"] == []
-            collect = Collector(info["bootstrap_servers"], [info["output_topic"]])
-            (m,) = collect.until(lambda ms: len(ms) >= 1, timeout=30)
-            collect.close()
-            assert m.value == b"survives"
+            assert only_output(info).value == b"survives"
             assert up2.stop() == 0
         finally:
             up2.kill()
@@ -182,11 +189,8 @@ def test_a_killed_up_leaves_nothing_running_and_the_next_one_starts(tmp_path):
         try:
             info2 = up2.wait_ready()
             assert "left" not in up2.output()  # nothing was left behind to stop
-            collect = Collector(info2["bootstrap_servers"], [info2["output_topic"]])
             send(up.ready_file, "--delay", "1s", "--value", "after the kill")
-            (m,) = collect.until(lambda ms: len(ms) >= 1, timeout=30)
-            collect.close()
-            assert m.value == b"after the kill"
+            assert only_output(info2).value == b"after the kill"
             assert up2.stop() == 0
         finally:
             up2.kill()

@@ -45,7 +45,7 @@ import orjson
 from benchmarks import kafka_load, report, sla
 from benchmarks.procstat import CpuMeter
 from benchmarks.records import ACKED, FAILED, Records
-from benchmarks.stack import External, OwnStack, StackFailed
+from benchmarks.stack import External, Stack, StackFailed, layout_args, run_on
 from chronos.ops.endpoints import pick_metrics_base
 
 TABLE = "chronos_messages"
@@ -115,12 +115,11 @@ def parse_metrics(text: str) -> dict:
             step = sample.labels.get("step")
             node = sample.labels.get("node", node)
             if sample.name == "chronos_batch_duration_seconds_bucket":
-                steps.setdefault(step, {"count": 0.0, "le": {}, "max": 0.0})["le"][float(sample.labels["le"])] = \
-                    sample.value
+                steps.setdefault(step, _empty_step())["le"][float(sample.labels["le"])] = sample.value
             elif sample.name == "chronos_batch_duration_seconds_count":
-                steps.setdefault(step, {"count": 0.0, "le": {}, "max": 0.0})["count"] = sample.value
+                steps.setdefault(step, _empty_step())["count"] = sample.value
             elif sample.name == "chronos_batch_duration_max_seconds":
-                steps.setdefault(step, {"count": 0.0, "le": {}, "max": 0.0})["max"] = sample.value
+                steps.setdefault(step, _empty_step())["max"] = sample.value
             elif sample.name in COUNTERS.values():
                 counters[sample.name] = sample.value
     return {"node": node, "steps": steps, "counters": counters}
@@ -693,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
     up_args = list(args.up_args)
     metrics_base = args.metrics_port
     if args.ready_file:
-        stack = External(args.ready_file)
+        stack: Stack | External = External(args.ready_file)
     else:
         given = argparse.ArgumentParser(add_help=False)
         given.add_argument("--metrics-port", type=int)
@@ -703,26 +702,17 @@ def main(argv: list[str] | None = None) -> int:
         else:
             metrics_base = metrics_base or pick_metrics_base(counts)
             up_args += ["--metrics-port", str(metrics_base)]
-        stack = OwnStack(counts, up_args)
-    failed = True
-    try:
-        print("starting the stack ..." if isinstance(stack, OwnStack) else f"using the stack of {args.ready_file}",
-              flush=True)
-        info = stack.start()
+        stack = Stack(*layout_args(args.consumers, args.firers, args.detectors), *up_args)
+
+    def run(info: dict) -> tuple[str, str, dict]:
         day = Day(args, stack, info, metrics_base)
         layout = day.target.layout()
         date = report.now_iso()
-        result = day.run()
-        failed = False
-    except StackFailed as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr, flush=True)
-        return 3
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr, flush=True)
-        return 130
-    finally:
-        print("stopping ...", flush=True)
-        stack.stop(keep=failed)
+        return layout, date, day.run()
+    code, ran = run_on(stack, run)
+    if ran is None:
+        return code
+    layout, date, result = ran
     result = report.finite({
         "benchmark": "day", "layout": layout, "scale": args.scale, "date": date, **result,
         "targets_met": all(p["targets_met"] for p in result["phases"]),

@@ -1,7 +1,8 @@
-"""Shared fixtures: a real PostgreSQL and a real Kafka-protocol broker, started by the tests.
+"""Shared fixtures: a real Kafka-protocol broker and real chronos processes, started by the tests.
 
-One embedded PostgreSQL (fsync off) and one embedded broker per test session; each test gets a
-fresh database cloned from a migrated template, and fresh topic names.
+One embedded broker per test session; each test gets fresh topic names. The PostgreSQL fixtures
+(`pg_server`, `database_url`, `empty_database_url`) are the repository's conftest.py, shared with
+the micro benchmarks.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
-import psycopg
 import pytest
 from helpers import EMBEDDED_KAFKA
 
@@ -34,46 +34,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if psycopg.pq.__impl__ != "c":
         raise pytest.UsageError(f"psycopg's C implementation was expected but {psycopg.pq.__impl__!r} is loaded: "
                                 "set up the environment with `make test` (it builds psycopg[c])")
-
-
-@pytest.fixture(scope="session")
-def pg_server(tmp_path_factory: pytest.TempPathFactory):
-    from chronos.embedded.postgres import EmbeddedPostgres
-    from chronos.adapters.postgres.store import migrate
-    base = tmp_path_factory.mktemp("pg")
-    server = EmbeddedPostgres(base / "data", fast=True, log_path=base / "postgres.log")
-    server.start()
-    with psycopg.connect(server.url, autocommit=True) as conn:
-        conn.execute("CREATE DATABASE chronos_template")
-    migrate(server.url.rsplit("/", 1)[0] + "/chronos_template")
-    yield server
-    server.stop()
-
-
-def _db_url(server_url: str, name: str) -> str:
-    return server_url.rsplit("/", 1)[0] + "/" + name
-
-
-@pytest.fixture
-def database_url(pg_server) -> Iterator[str]:
-    """A fresh, migrated database for one test."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE chronos_template")
-    yield _db_url(pg_server.url, name)
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-
-@pytest.fixture
-def empty_database_url(pg_server) -> Iterator[str]:
-    """A fresh database with no schema at all."""
-    name = f"e_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    yield _db_url(pg_server.url, name)
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import pytest
 from chronos.embedded.postgres import EmbeddedPostgres
 from chronos.embedded.procs import free_port
 from faultchecks import check_common
-from faultload import Scenario
+from benchmarks.faultload import Scenario
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

@@ -30,7 +30,7 @@ from chronos.adapters.kafka import (PERMANENT_FAILURE, classify, dead_letter_hea
 from chronos.runtime.logs import Throttle
 from chronos.ops.metrics import ConsumerTelemetry
 from chronos.runtime.process import Lifecycle
-from chronos.runtime.backoff import Backoff
+from chronos.runtime.backoff import Backoff, Outage
 from chronos.domain.model import Parked, Row
 from chronos.adapters.postgres.store import Store
 
@@ -160,7 +160,7 @@ class ConsumerProcess:
                            max_lateness_us=None if settings.max_lateness_ms is None
                            else settings.max_lateness_ms * 1000)
         self.store = Store(settings.require_database(), node_id=node_id, hot_path=True)
-        self.db_backoff = Backoff()
+        self.db_outage = Outage(log)
         self.throttle = Throttle(log)
         self.producer, self.producer_outage = make_producer(settings, "consumer producer")
         self.consumer, self.consumer_outage = make_consumer(settings, "consumer", on_commit=self.on_committed)
@@ -240,7 +240,7 @@ class ConsumerProcess:
             except StoreUnavailable as exc:
                 if not self.wait_for_store(exc):
                     return False
-        self.db_recovered()
+        self.db_outage.ok()
         if batch.ops:
             self.metrics.batch("insert", len(batch.ops), time.perf_counter() - started)
         late = [(m, p) for m, p in batch.late if p.message_id not in waiting]
@@ -351,7 +351,7 @@ class ConsumerProcess:
             except StoreUnavailable as exc:
                 if not self.wait_for_store(exc):
                     return False
-        self.db_recovered()
+        self.db_outage.ok()
         self.stats["parked"] += len(parked)
         for p in parked:
             log.warning("parked the message at %s in chronos_parked: the dead-letter topic %s refused it (%s)",
@@ -385,22 +385,14 @@ class ConsumerProcess:
         try:
             self.store.db_clock_us()
         except StoreUnavailable as exc:
-            delay = self.db_backoff.failed()
-            self.throttle.warning("db", "postgres unavailable (%s); retrying in %.1fs", exc, delay)
-            self.next_ping = now + delay
+            self.next_ping = now + self.db_outage.failed(exc)
             return
-        self.db_recovered()
+        self.db_outage.ok()
         self.next_ping = now + 1.0
 
     def wait_for_store(self, exc: StoreUnavailable) -> bool:
-        delay = self.db_backoff.failed()
-        self.throttle.warning("db", "postgres unavailable (%s); retrying in %.1fs", exc, delay)
-        return self.life.sleep(delay)
-
-    def db_recovered(self) -> None:
-        lasted = self.db_backoff.succeeded()
-        if lasted is not None:
-            log.warning("postgres reachable again after %.1fs", lasted)
+        """Wait out a PostgreSQL outage's backoff; False if stopped meanwhile."""
+        return self.life.sleep(self.db_outage.failed(exc))
 
     def close(self) -> None:
         log.info("stopping: consumed %(consumed)d, enqueued %(enqueued)d, late %(late)d, dead-lettered %(dead)d, "

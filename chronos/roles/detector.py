@@ -18,7 +18,7 @@ from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.runtime.logs import Throttle
 from chronos.ops.metrics import DetectorTelemetry
 from chronos.runtime.process import Lifecycle
-from chronos.runtime.backoff import Backoff
+from chronos.runtime.backoff import Outage
 from chronos.adapters.postgres.store import Store
 
 log = logging.getLogger("chronos.detector")
@@ -35,7 +35,7 @@ class DetectorProcess:
     def __init__(self, settings: Settings, node_id: uuid.UUID, life: Lifecycle):
         self.settings, self.life = settings, life
         self.store = Store(settings.require_database(), node_id=node_id, hot_path=True)
-        self.backoff = Backoff()
+        self.outage = Outage(log)
         self.throttle = Throttle(log)
         self.total_reset = 0
         self.metrics = DetectorTelemetry(node_id, settings)
@@ -54,13 +54,10 @@ class DetectorProcess:
                     started = time.perf_counter()
                     self.metrics.batch("scan", self.scan(), time.perf_counter() - started)
                     self.refresh_gauges()
-                    lasted = self.backoff.succeeded()
-                    if lasted is not None:
-                        log.warning("postgres reachable again after %.1fs", lasted)
+                    self.outage.ok()
                     delay = interval
                 except StoreUnavailable as exc:
-                    delay = self.backoff.failed()
-                    self.throttle.warning("db", "postgres unavailable (%s); retrying in %.1fs", exc, delay)
+                    delay = self.outage.failed(exc)
                 self.life.sleep(delay)
         finally:
             log.info("stopping: reset %d rows in all", self.total_reset)

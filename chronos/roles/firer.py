@@ -31,7 +31,7 @@ from chronos.adapters.kafka import (PERMANENT_FAILURE, UNANSWERED_FAILURE, class
 from chronos.runtime.logs import Throttle
 from chronos.ops.metrics import FirerTelemetry
 from chronos.runtime.process import Lifecycle
-from chronos.runtime.backoff import Backoff
+from chronos.runtime.backoff import Outage
 from chronos.domain.model import Claimed
 from chronos.adapters.postgres.store import Store
 
@@ -124,7 +124,7 @@ class StoreThread(threading.Thread):
         self.store = Store(firer.settings.require_database(), node_id=firer.node_id, hot_path=True,
                            synchronous_commit=False)
         self.throttle = Throttle(log)
-        self.backoff = Backoff()
+        self.outage = Outage(log)
         self.crashed: BaseException | None = None
 
     def run(self) -> None:
@@ -147,11 +147,6 @@ class StoreThread(threading.Thread):
         if elapsed > SLOW_STATEMENT:
             self.throttle.warning("slow " + step, "slow %s: %.1fs for %d rows (%d rows held by this firer)",
                                   step, elapsed, rows, self.firer.held())
-
-    def store_ok(self) -> None:
-        lasted = self.backoff.succeeded()
-        if lasted is not None:
-            log.warning("postgres reachable again after %.1fs", lasted)
 
 
 class Claimer(StoreThread):
@@ -178,12 +173,11 @@ class Claimer(StoreThread):
             try:
                 self.claim(time.time())
                 wait = self.next_claim - time.time()
-                self.store_ok()
+                self.outage.ok()
             except StoreUnavailable as exc:
                 if self.stopped.is_set():  # the claim cancelled by stop()
                     return
-                wait = self.backoff.failed()
-                self.throttle.warning("db", "postgres unavailable (%s); retrying in %.1fs", exc, wait)
+                wait = self.outage.failed(exc)
             self.stopped.wait(max(0.0, wait))
 
     def stop(self) -> None:
@@ -273,17 +267,14 @@ class StoreWorker(StoreThread):
                     continue
                 if now >= self.next_clock_sync:
                     self.sync_clock(now)
-                self.store_ok()
+                self.outage.ok()
             except StoreUnavailable as exc:
-                if self.stopping and self.backoff.down_since is not None \
-                        and time.monotonic() - self.backoff.down_since > 5:
+                if self.stopping and self.outage.down_for() > 5:
                     log.warning("postgres unavailable at shutdown (%s): %d claimed rows will be taken over "
                                 "after the hold time", exc, len(self.acked) + len(self.release) + len(self.retry)
                                 + len(self.dead) + len(self.park))
                     return
-                delay = self.backoff.failed()
-                self.throttle.warning("db", "postgres unavailable (%s); retrying in %.1fs", exc, delay)
-                self.down_until = time.time() + delay
+                self.down_until = time.time() + self.outage.failed(exc)
 
     def wait_time(self) -> float:
         now = time.time()

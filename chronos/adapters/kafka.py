@@ -10,6 +10,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka import Consumer as KafkaConsumer
 
 from chronos.config import SECRET_KAFKA_KEYS, Settings
+from chronos.ports import Publisher
 from chronos.errors import ConfigError, UnavailableError
 from chronos.runtime.logs import RepeatFilter
 
@@ -148,7 +149,7 @@ def check_reachable(bootstrap: str, extra: dict[str, Any], timeout: float = 10.0
         raise UnavailableError(f"cannot reach Kafka at {bootstrap} within {timeout:.0f}s: {reason}") from None
 
 
-def produce(producer: Producer, topic: str, value: bytes | None, key: bytes | None,
+def produce(producer: Publisher, topic: str, value: bytes | None, key: bytes | None,
             headers: list | None, on_delivery: Callable) -> None:
     """Produce, waiting for queue space instead of failing when the local queue is full.
 

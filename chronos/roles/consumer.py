@@ -15,8 +15,9 @@ import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Callable, cast
 
+from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import KafkaError, Message, TopicPartition
 
 from chronos import codec
@@ -25,14 +26,15 @@ from chronos.domain import cron
 from chronos.config import Settings
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.domain.intake import Decision, Rules, Verdict, decide
-from chronos.adapters.kafka import (PERMANENT_FAILURE, classify, dead_letter_headers, failure_reason, make_consumer,
-                                    make_producer, produce)
+from chronos.adapters.kafka import (PERMANENT_FAILURE, OutageLog, classify, dead_letter_headers, failure_reason,
+                                    make_consumer, make_producer, produce)
 from chronos.runtime.logs import Throttle
 from chronos.ops.metrics import ConsumerTelemetry
 from chronos.runtime.process import Lifecycle
 from chronos.runtime.backoff import Backoff, Outage
 from chronos.domain.model import Parked, Row
-from chronos.adapters.postgres.store import Store
+from chronos.adapters.postgres.store import Store as PostgresStore
+from chronos.ports import Publisher, Store
 
 log = logging.getLogger("chronos.consumer")
 
@@ -152,23 +154,30 @@ def commit_offsets(messages: list[Message]) -> list[TopicPartition]:
 
 
 class ConsumerProcess:
-    def __init__(self, settings: Settings, node_id: uuid.UUID, life: Lifecycle):
-        self.settings, self.node_id, self.life = settings, node_id, life
+    """The consumer's loop: read a batch, sort it, make it durable, commit its offsets."""
+
+    def __init__(self, settings: Settings, life: Lifecycle, *, store: Store,
+                 producers: Callable[[], tuple[Publisher, OutageLog]],
+                 consumers: Callable[[Callable], tuple[KafkaConsumer, OutageLog]], telemetry: ConsumerTelemetry):
+        """`producers` makes a Kafka producer and the log of its outages (again after a fatal error);
+        `consumers(on_commit)` makes the input topic's consumer, reporting commits to `on_commit`."""
+        self.settings, self.life = settings, life
+        self.producers = producers
         self.rules = Rules(timing_advance_us=settings.timing_advance_ms * 1000,
                            output_topic=settings.output_topic,
                            allowed_topics=settings.allowed_topics_re,
                            max_lateness_us=None if settings.max_lateness_ms is None
                            else settings.max_lateness_ms * 1000)
-        self.store = Store(settings.require_database(), node_id=node_id, hot_path=True)
+        self.store = store
         self.db_outage = Outage(log)
         self.throttle = Throttle(log)
-        self.producer, self.producer_outage = make_producer(settings, "consumer producer")
-        self.consumer, self.consumer_outage = make_consumer(settings, "consumer", on_commit=self.on_committed)
+        self.producer, self.producer_outage = producers()
+        self.consumer, self.consumer_outage = consumers(self.on_committed)
         self.uncommitted: dict[tuple[str, int], TopicPartition] = {}
         self.last_batch: list[Message] | None = None
         self.stats = {"consumed": 0, "enqueued": 0, "late": 0, "dead": 0, "duplicates": 0, "replaced": 0,
                       "cancelled": 0, "cancelled_in_flight": 0, "cancel_unknown": 0, "parked": 0}
-        self.metrics = ConsumerTelemetry(node_id, settings)
+        self.metrics = telemetry
         self.metrics.follow(lambda: self.stats)
         self.next_ping = 0.0
 
@@ -325,7 +334,7 @@ class ConsumerProcess:
                 self.throttle.warning("publish", "%d publishes failed (%s); retrying", len(transient),
                                       transient[0][1].str())
                 if any(err.fatal() for _, err in transient):
-                    self.producer, self.producer_outage = make_producer(self.settings, "consumer producer")
+                    self.producer, self.producer_outage = self.producers()
                 outbox += [item for item, _ in transient]
                 if not self.life.sleep(backoff.failed()):
                     return None
@@ -410,5 +419,14 @@ class ConsumerProcess:
         self.store.close()
 
 
+def build(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> ConsumerProcess:
+    """The consumer with its real adapters: a PostgreSQL store and confluent-kafka clients."""
+    return ConsumerProcess(settings, life,
+                           store=PostgresStore(settings.require_database(), node_id=node_id, hot_path=True),
+                           producers=lambda: make_producer(settings, "consumer producer"),
+                           consumers=lambda on_commit: make_consumer(settings, "consumer", on_commit=on_commit),
+                           telemetry=ConsumerTelemetry(node_id, settings))
+
+
 def run(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> None:
-    ConsumerProcess(settings, node_id, life).run()
+    build(settings, node_id, life).run()

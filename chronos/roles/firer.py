@@ -22,18 +22,20 @@ import random
 import threading
 import time
 import uuid
+from typing import Callable
 
 from chronos import codec
 from chronos.config import Settings
 from chronos.errors import StoreUnavailable
-from chronos.adapters.kafka import (PERMANENT_FAILURE, UNANSWERED_FAILURE, classify, dead_letter_headers, failure_reason,
-                                    make_producer, produce)
+from chronos.adapters.kafka import (PERMANENT_FAILURE, UNANSWERED_FAILURE, OutageLog, classify, dead_letter_headers,
+                                    failure_reason, make_producer, produce)
 from chronos.runtime.logs import Throttle
 from chronos.ops.metrics import FirerTelemetry
 from chronos.runtime.process import Lifecycle
 from chronos.runtime.backoff import Outage
 from chronos.domain.model import Claimed
-from chronos.adapters.postgres.store import Store
+from chronos.adapters.postgres.store import Store as PostgresStore
+from chronos.ports import Publisher, Store
 
 log = logging.getLogger("chronos.firer")
 
@@ -120,9 +122,7 @@ class StoreThread(threading.Thread):
         super().__init__(name=name, daemon=True)
         self.firer = firer
         self.settings = firer.settings
-        # a lost claim, delete or hand-back only fires a row again: no need to wait for the WAL flush
-        self.store = Store(firer.settings.require_database(), node_id=firer.node_id, hot_path=True,
-                           synchronous_commit=False)
+        self.store: Store = firer.stores()
         self.throttle = Throttle(log)
         self.outage = Outage(log)
         self.crashed: BaseException | None = None
@@ -352,8 +352,7 @@ class StoreWorker(StoreThread):
 
     def sync_clock(self, now: float) -> None:
         self.next_clock_sync = now + CLOCK_SYNC_EVERY
-        if self.store.conn is None or self.store.conn.closed:
-            self.store.db_clock_us()  # connect first: a connect inside the measurement skews it
+        self.store.db_clock_us()  # (re)connect first if need be: a connect inside the measurement skews it
         before = time.time()
         db_us = self.store.db_clock_us()
         self.firer.timing.observe_clock(db_us, before, time.time())
@@ -362,9 +361,13 @@ class StoreWorker(StoreThread):
 class FirerProcess:
     """The publishing thread: keeps claimed rows in a heap by deadline and publishes each on time."""
 
-    def __init__(self, settings: Settings, node_id: uuid.UUID, life: Lifecycle):
-        self.settings, self.node_id, self.life = settings, node_id, life
-        self.producer, self.outage = make_producer(settings, "firer")
+    def __init__(self, settings: Settings, life: Lifecycle, *, stores: Callable[[], Store],
+                 producers: Callable[[], tuple[Publisher, OutageLog]], telemetry: FirerTelemetry):
+        """`stores` makes one store per thread (a store is one connection, not thread-safe);
+        `producers` makes a Kafka producer and the log of its outages, again after a fatal error."""
+        self.settings, self.life = settings, life
+        self.stores, self.producers = stores, producers
+        self.producer, self.outage = producers()
         self.timing = PublishTiming(settings.timing_advance_ms)
         self.throttle = Throttle(log)
         self.claimed: queue.SimpleQueue[list[Claimed]] = queue.SimpleQueue()
@@ -381,7 +384,7 @@ class FirerProcess:
         self.park: list[tuple[Claimed, str]] = []
         self.allowed = settings.allowed_topics_re
         self.stats = {"claimed": 0, "fired": 0, "vanished": 0, "released": 0, "retried": 0, "dead": 0, "parked": 0}
-        self.metrics = FirerTelemetry(node_id, settings)
+        self.metrics = telemetry
         self.worker = StoreWorker(self)
         self.claimer = Claimer(self)
         self.store = self.worker.store
@@ -562,7 +565,7 @@ class FirerProcess:
 
     def replace_producer(self) -> None:
         log.error("the producer hit a fatal error; replacing it (in-flight rows are handed back)")
-        self.producer, self.outage = make_producer(self.settings, "firer")
+        self.producer, self.outage = self.producers()
         self.in_flight = 0  # the old producer's rows stay claimed; the detector hands them back
         self.sent_at.clear()
 
@@ -600,5 +603,15 @@ class FirerProcess:
         self.claimer.store.close()
 
 
+def build(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> FirerProcess:
+    """The firer with its real adapters: PostgreSQL stores and a confluent-kafka producer."""
+    url = settings.require_database()
+    # a lost claim, delete or hand-back only fires a row again: no need to wait for the WAL flush
+    return FirerProcess(settings, life,
+                        stores=lambda: PostgresStore(url, node_id=node_id, hot_path=True, synchronous_commit=False),
+                        producers=lambda: make_producer(settings, "firer"),
+                        telemetry=FirerTelemetry(node_id, settings))
+
+
 def run(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> None:
-    FirerProcess(settings, node_id, life).run()
+    build(settings, node_id, life).run()

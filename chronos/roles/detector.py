@@ -25,7 +25,7 @@ from chronos.ports import Store
 
 log = logging.getLogger("chronos.detector")
 
-GAUGES_EVERY = 5.0  # seconds between reads of the store gauges (waiting, due, in flight) when serving metrics
+GAUGES_EVERY = 5.0  # seconds between reads of the store gauges (waiting, due, held) when serving metrics
 
 
 def suspected_nodes(reset_by: list[uuid.UUID]) -> list[tuple[uuid.UUID, int]]:
@@ -83,7 +83,7 @@ class DetectorProcess:
         return len(reset_by)
 
     def refresh_gauges(self) -> None:
-        """Read waiting, due and in-flight counts from the store for the gauges, now and then."""
+        """Read waiting, due and held counts from the store for the gauges, now and then."""
         now = time.monotonic()
         if not self.metrics.serving or now < self.next_gauges:
             return

@@ -35,13 +35,13 @@ def test_firer_commits_asynchronously_and_the_consumer_synchronously(durable_env
     firer = firer_role.build(settings, uuid.uuid4(), Lifecycle())
     consumer = consumer_role.build(settings, uuid.uuid4(), Lifecycle())
     try:
-        assert synchronous_commit(firer.worker.store) == "off"   # deletes, hand-backs, retries
+        assert synchronous_commit(firer.settler.store) == "off"   # deletes, hand-backs, retries
         assert synchronous_commit(firer.claimer.store) == "off"  # claims
         assert synchronous_commit(consumer.store) == "on"
         # a reconnection keeps the setting: it is made on every new session
-        firer.worker.store.close()
-        assert synchronous_commit(firer.worker.store) == "off"
+        firer.settler.store.close()
+        assert synchronous_commit(firer.settler.store) == "off"
     finally:
-        firer.worker.store.close()
+        firer.settler.store.close()
         firer.claimer.store.close()
         consumer.close()

@@ -10,7 +10,7 @@ import pytest
 
 from chronos.domain.model import Claimed
 from chronos.ops.metrics import FirerTelemetry
-from chronos.roles.firer import IDLE_WAIT, SLOW_STATEMENT, TICK, FirerProcess
+from chronos.roles.firer import IDLE_WAIT, SLOW_STATEMENT, TICK, FirerProcess, Outcomes
 from chronos.runtime.process import Lifecycle
 from kafka_double import FakePublisher, settings
 
@@ -52,30 +52,31 @@ def test_publishing_loop_sleeps_at_least_a_tick_between_close_deadlines():
     assert proc.wait_time() == IDLE_WAIT
 
 
-def test_store_thread_waits_out_a_postgres_outage_instead_of_spinning():
-    worker = firer().worker
-    worker.down_until = time.time() + 0.8
-    worker.next_clock_sync = time.time() + 60
-    worker.inbox.put(("acked", [claimed("a", 0)]))
-    worker.inbox.put(("release", [claimed("b", 0)]))
-    worker.receive(0)
-    assert worker.wait_time() > 0.5
-    worker.down_until = 0.0
-    assert worker.wait_time() == 0.0  # reachable again: hand back at once
+def test_settling_thread_waits_out_a_postgres_outage_instead_of_spinning():
+    settler = firer().settler
+    settler.down_until = time.time() + 0.8
+    settler.next_clock_sync = time.time() + 60
+    settler.inbox.put(Outcomes(acked=[claimed("a", 0)]))
+    settler.inbox.put(Outcomes(release=[claimed("b", 0)]))
+    settler.receive(0)
+    assert settler.wait_time() > 0.5
+    settler.down_until = 0.0
+    assert settler.wait_time() == 0.0  # reachable again: hand back at once
 
 
 def test_claiming_stops_while_the_oldest_publish_waits_too_long_for_kafka():
     """Acknowledgements still trickle in (an overloaded broker), but the oldest publish has waited
     past half the hold time: claiming more would only have rows handed to a peer and published twice."""
     proc = firer(CHRONOS_HOLD_TIME_MS="5000")
-    proc.in_flight = 3
-    proc.ack_progress = time.monotonic()  # an acknowledgement just came back
-    proc.sent_at.extend([time.monotonic() - 4.0, time.monotonic() - 0.1, time.monotonic()])
+    shared, now = proc.shared, time.monotonic()
+    for sent in (now - 4.0, now - 0.1, now):
+        shared.sending(sent)
+    shared.ack_progress = now  # an acknowledgement just came back
     proc.claimer.claim(time.time())  # NoStore: claiming would fail the test
     assert proc.claimer.claims_paused
-    assert proc.publish_age() == pytest.approx(4.0, abs=0.1)
-    proc.sent_at.popleft()  # acknowledged: the oldest in flight is now 0.1 s old
-    assert proc.publish_age() < 1.0
+    assert shared.stalled(now) == pytest.approx(4.0)
+    shared.delivered()  # acknowledged: the oldest in flight is now 0.1 s old
+    assert shared.stalled(now) == pytest.approx(0.1)
 
 
 def test_a_claim_or_delete_slow_enough_to_hold_up_firing_is_logged(caplog):
@@ -83,9 +84,9 @@ def test_a_claim_or_delete_slow_enough_to_hold_up_firing_is_logged(caplog):
     proc = firer()
     proc.metrics.batch = lambda *a: recorded.append(a[:2])
     caplog.set_level("WARNING", logger="chronos.firer")
-    proc.worker.measured("delete", 1000, time.perf_counter())
+    proc.settler.measured("delete", 1000, time.perf_counter())
     assert not caplog.records
-    proc.worker.measured("claim", 2000, time.perf_counter() - SLOW_STATEMENT - 0.5)
+    proc.claimer.measured("claim", 2000, time.perf_counter() - SLOW_STATEMENT - 0.5)
     (record,) = caplog.records
     assert record.getMessage().startswith("slow claim: 1.5s for 2000 rows")
     assert recorded == [("delete", 1000), ("claim", 2000)]

@@ -6,7 +6,8 @@ per second, or per minute or hour with `/min` or `/h`; `unlimited` exempts a top
 default. Each destination topic has its own token bucket in PostgreSQL (chronos_rate_limits),
 shared by every firer: it refills at the rate and holds at most one second of it (at least one
 message), so after a quiet spell a topic gets at most that burst before the rate applies.
-Pure logic here; the buckets are in chronos.adapters.postgres.store.
+Pure logic here (the rates, and how one batch is shared between topics); the buckets are in
+the store adapters.
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass
+from typing import Callable, Sequence, TypeVar
 
+from chronos.domain.model import Claimed
 from chronos.errors import ConfigError
+
+T = TypeVar("T")
 
 _PATTERN_RE = re.compile(r"^[A-Za-z0-9._*-]{1,249}$")
 _RATE_RE = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)\s*(?:/\s*(s|sec|min|m|h))?$")
@@ -97,3 +102,29 @@ class FireRateLimits:
 def capacity(rate: float) -> float:
     """How many tokens a topic's bucket holds at most: one second of its rate, at least one message."""
     return max(1.0, rate * BURST_SECONDS)
+
+
+def claim_in_shares(topics: Sequence[T], limited: Callable[[T], bool], limit: int,
+                    claim: Callable[[T, int], list[Claimed]]) -> tuple[list[Claimed], bool]:
+    """One batch of at most `limit` rows claimed topic by topic with `claim(topic, at_most)`.
+
+    Limited topics go first: their budgets keep them small, and what they leave goes to the others.
+    Each topic gets at most an even share of what remains of the batch, so a backlog of one topic
+    cannot starve the next; the topics that filled their share split what is left over. Returns
+    (the rows in deadline order, whether a topic's share of the batch rather than its budget or
+    its due rows ended its claim: a backlog to drain without sleeping)."""
+    claimed: list[Claimed] = []
+    order = sorted(topics, key=lambda t: not limited(t))
+    while order and len(claimed) < limit:
+        filled = []
+        for left, topic in zip(range(len(order), 0, -1), order):
+            share = -(-(limit - len(claimed)) // left)  # rounded up
+            if share <= 0:
+                break
+            rows = claim(topic, share)
+            if len(rows) == share:
+                filled.append(topic)
+            claimed += rows
+        order = filled
+    claimed.sort(key=lambda r: (r.scheduled_us, r.seq))
+    return claimed, bool(order)

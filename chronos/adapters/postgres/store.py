@@ -16,9 +16,9 @@ from typing import Any, Iterable, Sequence
 
 import psycopg
 
-from chronos import codec, ports
+from chronos import ports
 from chronos.config import database_passwords, redact_url
-from chronos.domain import cron, ratelimit
+from chronos.domain import cron, ratelimit, schedules
 from chronos.domain.model import (DUE_CAP, ESTIMATE_ABOVE, Claimed, NodeLoad, Overview, Parked, Row, Stale,
                                   Throttled)
 from chronos.errors import SchemaError, StoreRejected, StoreUnavailable, UnavailableError  # noqa: F401
@@ -310,30 +310,14 @@ class Store:
         topics: list[str | None] = [None, *self._run(lambda c: [r[0] for r in c.execute(QUERIES["waiting_topics"],
                                                                                           prepare=True)])]
         rates = {t: limits.rate_for(t or output_topic) for t in topics}
-        claimed: list[Claimed] = []
-        # Limited topics first: their budgets keep them small, and what they leave goes to the others.
-        # Each topic gets at most an even share of what remains of the batch, so a backlog of one
-        # topic cannot starve the next; the topics that filled their share split what is left over.
+
         # One _run per topic: a transaction run again after a rollback repeats only its own topic.
-        order = sorted(topics, key=lambda t: rates[t] is None)
-        while order and len(claimed) < limit:
-            filled = []
-            for left, topic in zip(range(len(order), 0, -1), order):
-                share = -(-(limit - len(claimed)) // left)  # rounded up
-                if share <= 0:
-                    break
-                rate = rates[topic]
-                if rate is None:
-                    rows = self._run(lambda c: self._claim_topic(c, topic, share, lookahead_ms))
-                else:
-                    rows = self._run(lambda c: self._claim_granted(c, topic or output_topic, topic, rate, share))
-                if len(rows) == share:
-                    filled.append(topic)
-                claimed += rows
-            order = filled
-        full = bool(order)
-        claimed.sort(key=lambda r: (r.scheduled_us, r.seq))
-        return claimed, full
+        def claim_topic(topic: str | None, share: int) -> list[Claimed]:
+            rate = rates[topic]
+            if rate is None:
+                return self._run(lambda c: self._claim_topic(c, topic, share, lookahead_ms))
+            return self._run(lambda c: self._claim_granted(c, topic or output_topic, topic, rate, share))
+        return ratelimit.claim_in_shares(topics, lambda t: rates[t] is not None, limit, claim_topic)
 
     def _claim_granted(self, conn: psycopg.Connection, name: str, topic: str | None, rate: float,
                        limit: int) -> list[Claimed]:
@@ -384,32 +368,21 @@ class Store:
                 due = conn.execute(QUERIES["due_schedules"], {"limit": limit, "lookahead_ms": lookahead_ms})
                 for (sid, deadline_us, expr, tz, topic, key, value, headers, okey, last_us, dst) in due.fetchall():
                     try:
-                        schedule = cron.parse(expr, tz, dst)
+                        step = schedules.step(sid, deadline_us, expr, tz, dst, headers, last_us, now_us)
                     except cron.CronError as exc:
                         log.error("recurring schedule %s has a bad expression (%s); cancelling it", sid, exc)
                         conn.execute(QUERIES["cancel"], {"ids": [sid]})
                         continue
-                    if last_us is not None and deadline_us <= last_us:
-                        nxt = schedule.next_after(cron.from_us(last_us))
-                        conn.execute(QUERIES["advance_schedule"],
-                                     {"id": sid, "next_us": cron.to_us(nxt), "last_us": None})
-                        continue
-                    # missed while nothing ran: only the latest missed occurrence fires
-                    horizon = max(now_us, deadline_us)
-                    latest, nxt = schedule.latest_until(cron.from_us(deadline_us), cron.from_us(horizon))
-                    occurrence_us = cron.to_us(latest) if latest is not None else deadline_us
-                    occurrence = cron.from_us(occurrence_us)
-                    stamp = occurrence.strftime("%Y-%m-%dT%H:%M:%S.") + f"{occurrence.microsecond:06d}Z"
-                    occ_headers = codec.encode_headers(codec.decode_headers(headers)
-                                                       + [("chronosOccurrence", stamp.encode())])
-                    row = conn.execute(QUERIES["insert_occurrence"], {
-                        "id": f"{sid}@{stamp}", "deadline_us": occurrence_us, "topic": topic, "key": key,
-                        "value": value, "headers": occ_headers, "ordering_key": okey,
-                        "node": self.node_id}).fetchone()
-                    if row is not None:
-                        claimed.append(Claimed(*row))
-                    conn.execute(QUERIES["advance_schedule"],
-                                 {"id": sid, "next_us": cron.to_us(nxt), "last_us": occurrence_us})
+                    occ = step.occurrence
+                    if occ is not None:
+                        row = conn.execute(QUERIES["insert_occurrence"], {
+                            "id": occ.id, "deadline_us": occ.deadline_us, "topic": topic, "key": key,
+                            "value": value, "headers": occ.headers, "ordering_key": okey,
+                            "node": self.node_id}).fetchone()
+                        if row is not None:
+                            claimed.append(Claimed(*row))
+                    conn.execute(QUERIES["advance_schedule"], {"id": sid, "next_us": step.next_us,
+                                                               "last_us": occ.deadline_us if occ else None})
             return claimed
         return self._run(run)
 

@@ -19,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 from chronos import ports
 from chronos.domain import cron, ratelimit, schedules
@@ -195,13 +195,6 @@ class MemoryStore:
                         in_flight += 1
             return inserted, replaced, cancelled, in_flight
         return self._run(run)
-
-    def waiting_ids(self, ids: Iterable[str]) -> set[str]:
-        """Which of these ids are in the store: waiting, held by a firer, or recurring."""
-        wanted = list(ids)
-        if not wanted:
-            return set()
-        return self._run(lambda now: {i for i in wanted if i in self.db.rows})
 
     def _new_row(self, r: Row, now: int, seq: int | None = None) -> StoredRow:
         return StoredRow(r.id, r.deadline_us, r.topic, r.key, r.value, r.headers, r.ordering_key, r.cron,

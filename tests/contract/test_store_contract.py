@@ -77,16 +77,6 @@ def test_replacing_a_row_a_firer_holds_hands_the_new_version_back(s, backend):
     assert again.value == b"v2"
 
 
-def test_waiting_ids_are_the_ids_in_the_store_waiting_held_or_recurring(s, backend):
-    """The consumer's check before publishing a late message: is its id taken?"""
-    now = backend.now_us()
-    insert(s, [row("waiting", now + 60_000_000), row("held", now - 1000),
-               row("daily", now + 60_000_000, cron="0 9 * * *", timezone="UTC")])
-    assert [r.id for r in s.claim(10, 0)] == ["held"]
-    assert s.waiting_ids(["waiting", "held", "daily", "unknown"]) == {"waiting", "held", "daily"}
-    assert s.waiting_ids([]) == set()
-
-
 # -- the claim -------------------------------------------------------------------------------------
 
 def test_claim_takes_due_rows_in_deadline_order_within_limit(s, backend):

@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-schedule", action="store_true", help="time the report only")
     args = parser.parse_args(argv)
 
-    from chronos.embedded import EmbeddedPostgres
+    from chronos.embedded.postgres import EmbeddedPostgres
     from chronos.domain.intake import Rules
     from chronos.pipeline import report, schedule
     from chronos.pipeline.spark import session

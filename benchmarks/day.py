@@ -45,8 +45,8 @@ import orjson
 from benchmarks import kafka_load, report, sla
 from benchmarks.procstat import CpuMeter
 from benchmarks.records import ACKED, FAILED, Records
-from benchmarks.stack import External, OwnStack, StackFailed
-from chronos.console.launch import pick_metrics_base
+from benchmarks.stack import External, Stack, StackFailed, layout_args, run_on
+from chronos.ops.endpoints import pick_metrics_base
 
 TABLE = "chronos_messages"
 LATE_BOUND_S = 60.0
@@ -115,12 +115,11 @@ def parse_metrics(text: str) -> dict:
             step = sample.labels.get("step")
             node = sample.labels.get("node", node)
             if sample.name == "chronos_batch_duration_seconds_bucket":
-                steps.setdefault(step, {"count": 0.0, "le": {}, "max": 0.0})["le"][float(sample.labels["le"])] = \
-                    sample.value
+                steps.setdefault(step, _empty_step())["le"][float(sample.labels["le"])] = sample.value
             elif sample.name == "chronos_batch_duration_seconds_count":
-                steps.setdefault(step, {"count": 0.0, "le": {}, "max": 0.0})["count"] = sample.value
+                steps.setdefault(step, _empty_step())["count"] = sample.value
             elif sample.name == "chronos_batch_duration_max_seconds":
-                steps.setdefault(step, {"count": 0.0, "le": {}, "max": 0.0})["max"] = sample.value
+                steps.setdefault(step, _empty_step())["max"] = sample.value
             elif sample.name in COUNTERS.values():
                 counters[sample.name] = sample.value
     return {"node": node, "steps": steps, "counters": counters}
@@ -287,13 +286,13 @@ def table_lines(result: dict) -> list[str]:
 
 
 class Scraper:
-    """Scrapes every program's /metrics (port = base + role offset + process number, as chronos.ops.metrics)."""
+    """Scrapes every program's /metrics (port = base + role offset + process number, as chronos.ops.endpoints)."""
 
     def __init__(self, base: int | None, programs):
         self.base, self.programs = base, programs
 
     def scrape(self) -> dict[str, dict] | None:
-        from chronos.ops.metrics import ROLE_OFFSETS
+        from chronos.ops.endpoints import ROLE_OFFSETS
         if not self.base:
             return None
         out = {}
@@ -506,12 +505,11 @@ class Day:
         return f"{self.tag}-{k}"
 
     def start_clients(self) -> None:
-        from chronos.embedded import create_topics
-        from chronos.stack import _admin_config
+        from chronos.adapters.kafka.admin import create_topics
         ctx, t = self.ctx, self.target
         t.probe_topic = f"chronos-bench-probe-{self.tag}"
         create_topics(self.info["bootstrap_servers"], {t.probe_topic: t.output_partitions()},
-                      client_config=_admin_config(self.info.get("kafka_properties") or {}))
+                      client_config=self.info.get("kafka_properties"))
         cap = int(6 * 3600 * 1000.0 / self.args.probe_interval_ms)  # six hours of samples
         t.probe_sent, t.probe_lat, t.probe_count = ctx.RawArray("d", cap), ctx.RawArray("d", cap), ctx.RawValue("d", 0)
         ready_r, ready_p = ctx.Event(), ctx.Event()
@@ -694,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
     up_args = list(args.up_args)
     metrics_base = args.metrics_port
     if args.ready_file:
-        stack = External(args.ready_file)
+        stack: Stack | External = External(args.ready_file)
     else:
         given = argparse.ArgumentParser(add_help=False)
         given.add_argument("--metrics-port", type=int)
@@ -704,26 +702,17 @@ def main(argv: list[str] | None = None) -> int:
         else:
             metrics_base = metrics_base or pick_metrics_base(counts)
             up_args += ["--metrics-port", str(metrics_base)]
-        stack = OwnStack(counts, up_args)
-    failed = True
-    try:
-        print("starting the stack ..." if isinstance(stack, OwnStack) else f"using the stack of {args.ready_file}",
-              flush=True)
-        info = stack.start()
+        stack = Stack(*layout_args(args.consumers, args.firers, args.detectors), *up_args)
+
+    def run(info: dict) -> tuple[str, str, dict]:
         day = Day(args, stack, info, metrics_base)
         layout = day.target.layout()
         date = report.now_iso()
-        result = day.run()
-        failed = False
-    except StackFailed as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr, flush=True)
-        return 3
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr, flush=True)
-        return 130
-    finally:
-        print("stopping ...", flush=True)
-        stack.stop(keep=failed)
+        return layout, date, day.run()
+    code, ran = run_on(stack, run)
+    if ran is None:
+        return code
+    layout, date, result = ran
     result = report.finite({
         "benchmark": "day", "layout": layout, "scale": args.scale, "date": date, **result,
         "targets_met": all(p["targets_met"] for p in result["phases"]),

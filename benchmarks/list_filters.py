@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--rebuild", action="store_true")
     args = parser.parse_args()
 
-    from chronos.embedded import EmbeddedPostgres
+    from chronos.embedded.postgres import EmbeddedPostgres
     base = Path(args.data_dir)
     server = EmbeddedPostgres(base / "data", fast=True, log_path=base / "postgres.log")
     server.start()

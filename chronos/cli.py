@@ -66,7 +66,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_send(args: argparse.Namespace) -> int:
     from chronos.client import Scheduler
-    from chronos.adapters.kafka import check_reachable, producer_config
+    from chronos.adapters.kafka.admin import check_reachable
+    from chronos.adapters.kafka.clients import producer_config
     settings = config.load(args)
     if not settings.kafka_bootstrap_servers:
         raise config.ConfigError("no Kafka to send to: give --ready-file or --kafka-bootstrap-servers")
@@ -97,7 +98,8 @@ def cmd_tail(args: argparse.Namespace) -> int:
     from confluent_kafka import OFFSET_BEGINNING, Consumer
 
     from chronos import codec
-    from chronos.adapters.kafka import PRODUCER_ONLY, check_reachable
+    from chronos.adapters.kafka.admin import check_reachable
+    from chronos.adapters.kafka.clients import PRODUCER_ONLY
     settings = config.load(args)
     if not settings.kafka_bootstrap_servers:
         raise config.ConfigError("no Kafka to read from: give --ready-file or --kafka-bootstrap-servers")
@@ -206,15 +208,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     elif m is None:
         print(f"{args.id!r}: not_found")
     else:
-        lines = [("id", repr(m.id)), ("state", m.state)]
-        if m.state == "in_flight":
-            assert m.claimed_at is not None  # in flight means claimed: inspect.show sets both from readied_at
-            lines.append(("firer", f"{m.firer} since {inspect.iso(m.claimed_at)}"))
-        if m.state == "recurring":
-            lines += [("cron", f"{m.cron} ({m.timezone}" + (f", {m.dst_policy})" if m.dst_policy else ")")),
-                      ("next occurrence", inspect.iso(m.deadline))]
-        else:
-            lines.append(("deadline", inspect.iso(m.deadline)))
+        lines = [("id", repr(m.id)), ("state", m.state), *inspect.schedule_facts(m)]
         lines += [("topic", m.topic), ("key", inspect.safe_text(m.key)),
                   ("value", "null" if m.value_size is None else
                    f"{m.value_size:,} bytes {inspect.safe_text(m.value_preview)}"

@@ -6,8 +6,10 @@ with the same observable semantics, for unit tests of the roles. Both pass one c
 and its clock (`now_us`, injected so that tests control time; PostgreSQL uses its own clock).
 `MemoryStore` is a handle on it, one per thread as a PostgreSQL `Store` is one connection. Every
 call runs as one statement under the database's lock, so handles in several threads behave like
-connections to one database. Setting `MemoryDatabase.unavailable` makes every statement fail as a
-lost connection does (`StoreUnavailable`), until it is cleared.
+connections to one database; where PostgreSQL's concurrent claims skip rows another one has
+locked, here one claim simply runs after the other. Setting `MemoryDatabase.unavailable` makes
+every statement fail as a lost connection does (`StoreUnavailable`), until it is cleared. There is
+no planner: the waiting count `overview` gives when it would estimate is the row count's.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Iterable, Sequence, TypeVar
 
 from chronos import ports
 from chronos.domain import cron, ratelimit, schedules
@@ -65,7 +67,6 @@ class StoredRow:
     timezone: str | None
     dst_policy: str | None
     seq: int
-    enqueued_us: int
     ctid: str                       # changes with every write, as a row version's place does in PostgreSQL
     readied_us: int | None = None   # claimed at (readied_at)
     readied_by: uuid.UUID | None = None
@@ -75,7 +76,7 @@ class StoredRow:
     last_occurrence_us: int | None = None
 
     @property
-    def place(self) -> tuple[int, int]:
+    def position(self) -> tuple[int, int]:
         """Where the row stands in its ordering key: the deadline as scheduled, then enqueue order."""
         return (self.deadline_us if self.original_deadline_us is None else self.original_deadline_us, self.seq)
 
@@ -86,7 +87,9 @@ class StoredRow:
 
 
 @dataclass(slots=True)
-class _Bucket:
+class Bucket:
+    """A destination topic's fire-rate bucket, as a row of chronos_rate_limits."""
+
     rate: float
     tokens: float
     refilled_us: int
@@ -100,7 +103,7 @@ class MemoryDatabase:
         self.lock = threading.Lock()
         self.rows: dict[str, StoredRow] = {}
         self.parked: list[Parked] = []
-        self.buckets: dict[str, _Bucket] = {}     # by destination topic name, as chronos_rate_limits
+        self.buckets: dict[str, Bucket] = {}     # by destination topic name, as chronos_rate_limits
         self.unavailable: str | None = None       # set: every statement fails with StoreUnavailable(this)
         self._seq = itertools.count(1)
         self._ctid = itertools.count(1)
@@ -113,10 +116,6 @@ class MemoryDatabase:
 
 
 _ANY_TOPIC = object()  # the claim's topic filter: none
-
-
-def _us(t: datetime) -> int:
-    return cron.to_us(t)
 
 
 class MemoryStore:
@@ -150,7 +149,7 @@ class MemoryStore:
     def _owned(self, row: StoredRow | None, claimed: Claimed) -> bool:
         """Whether this node still holds the row exactly as it claimed it (same claim time)."""
         return (row is not None and self.node_id is not None and row.readied_by == self.node_id
-                and row.readied_us == _us(claimed.readied_at))
+                and row.readied_us == cron.to_us(claimed.readied_at))
 
     def _as_claimed(self, row: StoredRow) -> Claimed:
         assert row.readied_us is not None
@@ -176,15 +175,14 @@ class MemoryStore:
             inserted = replaced = cancelled = in_flight = 0
             for r in inserts:
                 if r.id not in db.rows:
-                    db.rows[r.id] = self._new_row(r, now)
+                    db.rows[r.id] = self._new_row(r)
                     inserted += 1
             for r in replaces:
                 old = db.rows.get(r.id)
                 if old is None:
-                    db.rows[r.id] = self._new_row(r, now)
+                    db.rows[r.id] = self._new_row(r)
                 else:  # the new version, waiting, with no failed publishes; seq and last occurrence kept
-                    db.rows[r.id] = replace(self._new_row(r, now, seq=old.seq),
-                                            last_occurrence_us=old.last_occurrence_us)
+                    db.rows[r.id] = replace(self._new_row(r, seq=old.seq), last_occurrence_us=old.last_occurrence_us)
                 replaced += 1
             for mid in dict.fromkeys(cancels):
                 gone = db.rows.pop(mid, None)
@@ -196,10 +194,14 @@ class MemoryStore:
             return inserted, replaced, cancelled, in_flight
         return self._run(run)
 
-    def _new_row(self, r: Row, now: int, seq: int | None = None) -> StoredRow:
+    def _new_row(self, r: Row, seq: int | None = None) -> StoredRow:
         return StoredRow(r.id, r.deadline_us, r.topic, r.key, r.value, r.headers, r.ordering_key, r.cron,
-                         r.timezone, r.dst_policy, self.db.next_seq() if seq is None else seq, now,
-                         self.db.new_ctid())
+                         r.timezone, r.dst_policy, self.db.next_seq() if seq is None else seq, self.db.new_ctid())
+
+    def waiting_ids(self, ids: Iterable[str]) -> set[str]:
+        """Which of these ids the store holds (waiting, claimed or a recurring schedule)."""
+        wanted = set(ids)
+        return self._run(lambda now: wanted & self.db.rows.keys()) if wanted else set()
 
     def park(self, messages: Sequence[Parked]) -> None:
         """Keep messages no topic accepted."""
@@ -225,10 +227,10 @@ class MemoryStore:
         first_left: dict[str, tuple[int, int]] = {}  # per key, the earliest row not among the candidates
         for r in self.db.rows.values():
             if r.ordering_key in keys and r.cron is None and r.id not in chosen:
-                if r.ordering_key not in first_left or r.place < first_left[r.ordering_key]:
-                    first_left[r.ordering_key] = r.place
+                if r.ordering_key not in first_left or r.position < first_left[r.ordering_key]:
+                    first_left[r.ordering_key] = r.position
         due = [r for r in candidates
-               if r.ordering_key is None or r.ordering_key not in first_left or r.place < first_left[r.ordering_key]]
+               if r.ordering_key is None or r.ordering_key not in first_left or r.position < first_left[r.ordering_key]]
         if due:
             self._check_node()
         claimed = []
@@ -242,16 +244,12 @@ class MemoryStore:
                       lookahead_ms: int) -> tuple[list[Claimed], bool]:
         """The claim under fire-rate limits, topic by topic; a limited topic's due rows (no lookahead)
         only as many as its bucket holds. See the PostgreSQL store's `claim_limited`."""
-        topics: list[str | None] = [None, *self._run(lambda now: sorted(
-            {r.topic for r in self.db.rows.values() if r.topic is not None and r.readied_us is None}))]
-        rates = {t: limits.rate_for(t or output_topic) for t in topics}
-
-        def claim_topic(topic: str | None, share: int) -> list[Claimed]:
-            rate = rates[topic]
-            if rate is None:
-                return self._run(lambda now: self._claim(now, share, lookahead_ms, topic))
-            return self._run(lambda now: self._claim_granted(now, topic or output_topic, topic, rate, share))
-        return ratelimit.claim_in_shares(topics, lambda t: rates[t] is not None, limit, claim_topic)
+        topics = self._run(lambda now: sorted(
+            {r.topic for r in self.db.rows.values() if r.topic is not None and r.readied_us is None}))
+        return ratelimit.claim_by_topic(
+            limits, output_topic, topics, limit,
+            lambda topic, share: self._run(lambda now: self._claim(now, share, lookahead_ms, topic)),
+            lambda name, topic, rate, share: self._run(lambda now: self._claim_granted(now, name, topic, rate, share)))
 
     def _claim_granted(self, now: int, name: str, topic: str | None, rate: float, limit: int) -> list[Claimed]:
         """Refill the topic's bucket for the time since its last refill, claim what it grants, spend it."""
@@ -260,7 +258,7 @@ class MemoryStore:
         capacity = ratelimit.capacity(rate)
         bucket = self.db.buckets.get(name)
         if bucket is None:
-            bucket = self.db.buckets[name] = _Bucket(rate, capacity, now)
+            bucket = self.db.buckets[name] = Bucket(rate, capacity, now)
         else:
             bucket.tokens = min(capacity, bucket.tokens + rate * max(0, now - bucket.refilled_us) / 1e6)
             bucket.rate, bucket.refilled_us = rate, max(bucket.refilled_us, now)
@@ -308,7 +306,7 @@ class MemoryStore:
                 occ = step.occurrence
                 if occ is not None and occ.id not in db.rows:
                     db.rows[occ.id] = StoredRow(occ.id, occ.deadline_us, s.topic, s.key, s.value, occ.headers,
-                                                s.ordering_key, None, None, None, db.next_seq(), now, db.new_ctid(),
+                                                s.ordering_key, None, None, None, db.next_seq(), db.new_ctid(),
                                                 readied_us=now, readied_by=self.node_id)
                     claimed.append(self._as_claimed(db.rows[occ.id]))
                 s.deadline_us, s.ctid = step.next_us, db.new_ctid()
@@ -369,7 +367,7 @@ class MemoryStore:
                 if row is not None and self._owned(row, c):
                     del self.db.rows[c.id]
                     self.db.parked.append(Parked(row.id, f"store/{row.id}", row.topic or output_topic,
-                                                 cron.from_us(row.place[0]), row.key, row.value, row.headers,
+                                                 cron.from_us(row.position[0]), row.key, row.value, row.headers,
                                                  reason))
                     moved += 1
             return moved
@@ -396,7 +394,7 @@ class MemoryStore:
             for s in seen:
                 row = self.db.rows.get(s.id)
                 if (row is not None and row.ctid == s.ctid and row.readied_by == s.readied_by
-                        and row.readied_us == _us(s.readied_at)):
+                        and row.readied_us == cron.to_us(s.readied_at)):
                     row.readied_us, row.readied_by, row.ctid = None, None, self.db.new_ctid()
                     reset.append(s.readied_by)
             return reset

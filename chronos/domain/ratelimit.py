@@ -15,14 +15,13 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Sequence
 
 from chronos.domain.model import Claimed
+from chronos.domain.topics import MAX_TOPIC_LENGTH, TOPIC_CHARS
 from chronos.errors import ConfigError
 
-T = TypeVar("T")
-
-_PATTERN_RE = re.compile(r"^[A-Za-z0-9._*-]{1,249}$")
+_PATTERN_RE = re.compile(f"[*{TOPIC_CHARS}]{{1,{MAX_TOPIC_LENGTH}}}")
 _RATE_RE = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)\s*(?:/\s*(s|sec|min|m|h))?$")
 _PER = {None: 1.0, "s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
 UNLIMITED = "unlimited"
@@ -65,7 +64,7 @@ def parse_topic_rates(name: str, raw: str) -> TopicRates:
         pattern = pattern.strip()
         if not sep:
             raise ConfigError(f"{name} must be a list of TOPIC=RATE pairs, got {item!r}")
-        if not _PATTERN_RE.match(pattern):
+        if not _PATTERN_RE.fullmatch(pattern):
             raise ConfigError(f"{name}: {pattern!r} is not a topic name or pattern (letters, digits, . _ - and *)")
         if any(p == pattern for p, _ in entries):
             raise ConfigError(f"{name}: {pattern!r} is given twice")
@@ -104,24 +103,30 @@ def capacity(rate: float) -> float:
     return max(1.0, rate * BURST_SECONDS)
 
 
-def claim_in_shares(topics: Sequence[T], limited: Callable[[T], bool], limit: int,
-                    claim: Callable[[T, int], list[Claimed]]) -> tuple[list[Claimed], bool]:
-    """One batch of at most `limit` rows claimed topic by topic with `claim(topic, at_most)`.
+def claim_by_topic(limits: FireRateLimits, output_topic: str, topics: Sequence[str], limit: int,
+                   claim: Callable[[str | None, int], list[Claimed]],
+                   claim_granted: Callable[[str, str | None, float, int], list[Claimed]]) -> tuple[list[Claimed], bool]:
+    """One batch of at most `limit` rows under fire-rate limits, claimed topic by topic: the output
+    topic (rows without chronosTopic, `None` here) and `topics`, those named by waiting rows. An
+    unlimited topic's rows come from `claim(topic, at_most)`, a limited one's from
+    `claim_granted(its name, topic, rate, at_most)`, which claims no more than its bucket holds.
 
     Limited topics go first: their budgets keep them small, and what they leave goes to the others.
     Each topic gets at most an even share of what remains of the batch, so a backlog of one topic
     cannot starve the next; the topics that filled their share split what is left over. Returns
     (the rows in deadline order, whether a topic's share of the batch rather than its budget or
     its due rows ended its claim: a backlog to drain without sleeping)."""
+    rates = {t: limits.rate_for(t or output_topic) for t in (None, *topics)}
     claimed: list[Claimed] = []
-    order = sorted(topics, key=lambda t: not limited(t))
+    order = sorted(rates, key=lambda t: rates[t] is None)
     while order and len(claimed) < limit:
         filled = []
         for left, topic in zip(range(len(order), 0, -1), order):
             share = -(-(limit - len(claimed)) // left)  # rounded up
             if share <= 0:
                 break
-            rows = claim(topic, share)
+            rate = rates[topic]
+            rows = claim(topic, share) if rate is None else claim_granted(topic or output_topic, topic, rate, share)
             if len(rows) == share:
                 filled.append(topic)
             claimed += rows

@@ -30,7 +30,7 @@ from typing import Any, Iterator, Sequence
 import orjson
 
 from chronos import codec
-from chronos.errors import ChronosError, ConfigError, EXIT_CONFIRM, EXIT_IN_FLIGHT, EXIT_NOT_FOUND
+from chronos.errors import ConfigError, InFlightSkipped, NeedsConfirmation, NotFound
 from chronos.adapters.postgres.store import QUERIES, Store
 
 log = logging.getLogger("chronos.operator")
@@ -43,26 +43,6 @@ SAMPLE = 20             # ids a dry run shows
 
 _RELATIVE_RE = re.compile(r"^([+-]?)(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-# -- errors (each with its exit code) --------------------------------------------------------
-
-class NotFound(ChronosError):
-    """Some of the ids given are not in the store (not waiting, in flight or recurring)."""
-
-    exit_code = EXIT_NOT_FOUND
-
-
-class NeedsConfirmation(ChronosError):
-    """The action would change more messages than the confirmation threshold allows without --yes."""
-
-    exit_code = EXIT_CONFIRM
-
-
-class InFlightSkipped(ChronosError):
-    """The action left some messages alone because a firer is publishing them."""
-
-    exit_code = EXIT_IN_FLIGHT
 
 
 # -- parsing (pure) ----------------------------------------------------------------------------
@@ -494,6 +474,21 @@ def safe_text(data: bytes | None, limit: int = PREVIEW_BYTES) -> str:
     else:
         shown = "hex:" + data[:limit].hex()
     return shown + ("..." if len(data) > limit else "")
+
+
+def schedule_facts(m: Message) -> list[tuple[str, str]]:
+    """Where a message stands in time, as (label, text) lines for `chronos show` and the console: the
+    firer holding it (in flight), its cron and next occurrence (recurring), or its deadline."""
+    facts = []
+    if m.state == "in_flight":
+        assert m.claimed_at is not None  # in flight means claimed: show() sets both from readied_at
+        facts.append(("firer", f"{m.firer} since {iso(m.claimed_at)}"))
+    if m.state == "recurring":
+        facts += [("cron", f"{m.cron} ({m.timezone}" + (f", {m.dst_policy})" if m.dst_policy else ")")),
+                  ("next occurrence", iso(m.deadline))]
+    else:
+        facts.append(("deadline", iso(m.deadline)))
+    return facts
 
 
 def iso(when: datetime) -> str:

@@ -16,6 +16,7 @@ import orjson
 
 from chronos import codec
 from chronos.domain.intake import Rules, Verdict, decide
+from chronos.domain.reasons import code_of
 from chronos.domain.model import Row
 
 REQUIRED_COLUMNS = ("id", "deadline", "key", "value")
@@ -38,7 +39,7 @@ class Stats:
     rejected: dict[str, int] = field(default_factory=dict)  # reason code → rows
 
     def reject(self, reason: str) -> None:
-        code = reason.split(":", 1)[0]
+        code = code_of(reason)
         self.rejected[code] = self.rejected.get(code, 0) + 1
 
     def merge(self, other: "Stats") -> "Stats":

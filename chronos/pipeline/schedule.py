@@ -21,14 +21,13 @@ from typing import TYPE_CHECKING, Any, Iterator, TextIO
 from chronos.errors import InputError
 from chronos.domain.intake import Rules
 from chronos.pipeline.rows import COLUMNS, OPTIONAL_COLUMNS, REQUIRED_COLUMNS, Stats, build
-from chronos.pipeline.spark import check_local_input, spark_errors
+from chronos.pipeline.spark import load_input, spark_errors
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import DataType, StructType
 
-FORMATS = ("parquet", "csv", "json")
 REASON_COLUMN = "reason"
 CHUNK_ROWS = 50_000
 
@@ -47,24 +46,16 @@ class ScheduleResult:
 
 
 def read_input(spark: "SparkSession", path: str, fmt: str) -> "DataFrame":
-    """The input dataset; CSV has a header line, RFC 4180 quoting, and is read as text (the codec
-    parses it)."""
-    if fmt not in FORMATS:
-        raise InputError(f"unknown input format {fmt!r}: use one of {', '.join(FORMATS)}")
-    check_local_input(path)
-    reader = spark.read.format(fmt)
-    if fmt == "csv":
-        # RFC 4180 quoting ("" inside quotes), as Python's csv module, spreadsheets and databases write it
-        reader = reader.option("header", "true").option("inferSchema", "false").option("escape", '"')
-    with spark_errors(f"cannot read {path}", InputError):
-        df = reader.load(path)
-        if fmt == "json" and "headers" in df.schema.names and df.schema["headers"].dataType.typeName() == "struct":
-            # A JSON object of headers: read it as its raw text, which keeps each row's own keys
-            # in their order (an inferred struct would hold every key seen in any row).
-            from pyspark.sql import types as T
-            fields = [T.StructField(f.name, T.StringType()) if f.name == "headers" else f for f in df.schema.fields]
+    """The input dataset; CSV is read as text (the codec parses it)."""
+    df = load_input(spark, path, fmt, infer_schema=False)
+    if fmt == "json" and "headers" in df.schema.names and df.schema["headers"].dataType.typeName() == "struct":
+        # A JSON object of headers: read it as its raw text, which keeps each row's own keys
+        # in their order (an inferred struct would hold every key seen in any row).
+        from pyspark.sql import types as T
+        fields = [T.StructField(f.name, T.StringType()) if f.name == "headers" else f for f in df.schema.fields]
+        with spark_errors(f"cannot read {path}", InputError):
             df = spark.read.format(fmt).schema(T.StructType(fields)).load(path)
-        df.schema  # noqa: B018 - resolves the schema now, so a bad input fails here
+            df.schema  # noqa: B018 - resolves the schema now, so a bad input fails here
     return df
 
 

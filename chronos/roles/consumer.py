@@ -26,10 +26,10 @@ from chronos.domain import cron
 from chronos.config import Settings
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.domain.intake import Decision, Rules, Verdict, decide
-from chronos.adapters.kafka import (PERMANENT_FAILURE, OutageLog, classify, dead_letter_headers, failure_reason,
-                                    make_consumer, make_producer, produce)
+from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, OutageLog, classify, dead_letter_headers,
+                                            failure_reason, make_consumer, make_producer, produce)
 from chronos.runtime.logs import Throttle
-from chronos.ops.metrics import ConsumerTelemetry
+from chronos.ops.telemetry import ConsumerTelemetry
 from chronos.runtime.process import Lifecycle
 from chronos.runtime.backoff import Backoff, Outage
 from chronos.domain.model import Parked, Row
@@ -163,11 +163,7 @@ class ConsumerProcess:
         `consumers(on_commit)` makes the input topic's consumer, reporting commits to `on_commit`."""
         self.settings, self.life = settings, life
         self.producers = producers
-        self.rules = Rules(timing_advance_us=settings.timing_advance_ms * 1000,
-                           output_topic=settings.output_topic,
-                           allowed_topics=settings.allowed_topics_re,
-                           max_lateness_us=None if settings.max_lateness_ms is None
-                           else settings.max_lateness_ms * 1000)
+        self.rules = Rules.from_settings(settings)
         self.store = store
         self.db_outage = Outage(log)
         self.throttle = Throttle(log)

@@ -17,7 +17,7 @@ from chronos.ops import inspect
 from chronos.config import Settings
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.runtime.logs import Throttle
-from chronos.ops.metrics import DetectorTelemetry
+from chronos.ops.telemetry import DetectorTelemetry
 from chronos.runtime.process import Lifecycle
 from chronos.runtime.backoff import Outage
 from chronos.adapters.postgres.store import Store as PostgresStore

@@ -39,10 +39,10 @@ from typing import Callable
 from chronos import codec
 from chronos.config import Settings
 from chronos.errors import StoreUnavailable
-from chronos.adapters.kafka import (PERMANENT_FAILURE, UNANSWERED_FAILURE, OutageLog, classify, dead_letter_headers,
-                                    failure_reason, make_producer, produce)
+from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, UNANSWERED_FAILURE, OutageLog, classify,
+                                            dead_letter_headers, failure_reason, make_producer, produce)
 from chronos.runtime.logs import Throttle
-from chronos.ops.metrics import FirerTelemetry
+from chronos.ops.telemetry import FirerTelemetry
 from chronos.runtime.process import Lifecycle
 from chronos.runtime.backoff import Outage
 from chronos.domain.model import Claimed

@@ -17,6 +17,7 @@ import fcntl
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -76,6 +77,17 @@ def parent_alive_after_asking(sig: int) -> bool:
         return True
     # reparented (to init or a subreaper) before the request took effect: the parent is gone
     return parent != 1 and os.getppid() == parent
+
+
+def stop_child(proc: subprocess.Popen, timeout: float) -> None:
+    """Stop a child that leads its own process group: SIGTERM, then SIGKILL to the whole group if it
+    has not exited within `timeout` seconds."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 class StackLock:

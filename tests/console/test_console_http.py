@@ -21,7 +21,8 @@ from chronos.ops import inspect
 from chronos.domain.model import Parked, Row
 from chronos.adapters.postgres.store import Store
 
-from consolekit import TOKEN, Console, clean_env
+from benchmarks.stack import clean_env
+from consolekit import TOKEN, Console
 
 PASSWORD = "s3cret-db-password"
 SASL = "s3cret-sasl-password"

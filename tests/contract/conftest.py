@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import psycopg
 import pytest
@@ -175,11 +175,6 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
 
 
 @pytest.fixture
-def store_of(backend: Backend) -> Callable[..., ports.Store]:
-    """A new store handle with its own node id (a firer's, say)."""
-    return lambda: backend.store(uuid.uuid4())
-
-
-@pytest.fixture
-def s(store_of) -> ports.Store:
-    return store_of()
+def s(backend: Backend) -> ports.Store:
+    """A store handle with a node id of its own (a firer's, say)."""
+    return backend.store(uuid.uuid4())

@@ -55,6 +55,15 @@ def test_a_batch_replacing_one_id_twice_is_refused_whole(s, backend):
     assert s.apply([row("a", t)], [], []) == (1, 0, 0, 0)  # and the store goes on
 
 
+def test_waiting_ids_are_the_ids_the_store_holds_in_any_state(s, backend):
+    now = backend.now_us()
+    insert(s, [row("due", now - 1000), row("later", now + 60_000_000),
+               row("sched", now + 3_600_000_000, cron="0 0 1 1 *")])
+    s.claim(1, 0)
+    assert s.waiting_ids(iter(["due", "later", "sched", "gone"])) == {"due", "later", "sched"}
+    assert s.waiting_ids([]) == set()
+
+
 def test_a_cancel_of_a_claimed_row_is_counted_apart_and_still_deletes_it(s, backend):
     """A firer claimed `held` within its lookahead: the cancel deletes it (a detector reset cannot
     bring it back) but says it found it in flight, since that firer may still publish it."""

@@ -10,9 +10,10 @@ import uuid
 import psycopg
 import pytest
 
-from chronos.adapters.kafka import PERMANENT_FAILURE, classify, produce
+from chronos.adapters.kafka.clients import PERMANENT_FAILURE, classify, produce
 from chronos.adapters.postgres.store import QUERIES, Store
 from chronos.domain.model import Row
+from helpers import claim_plan
 
 
 def now_us() -> int:
@@ -68,9 +69,7 @@ def test_the_claim_s_ordering_check_stays_on_the_ordering_indexes(database_url):
                      "SELECT 'f' || g, now() + (g % 1000) * interval '1 hour', 'key-' || (g % 50) "
                      "FROM generate_series(1, 20000) g")
         conn.execute("ANALYZE chronos_messages")
-        plan = "\n".join(r[0] for r in conn.execute(
-            "EXPLAIN " + QUERIES["claim"].replace("%(lookahead_ms)s", "0").replace("%(limit)s", "100")
-            .replace("%(node)s", f"'{uuid.uuid4()}'")))
+        plan = claim_plan(conn)
     assert "using chronos_messages_ordering on" in plan, plan
     # both ends of the range between a candidate and the one before it of its key: index conditions
     assert "(ROW(deadline, seq) > ROW(k.prev_place, k.prev_seq)) AND (ROW(deadline, seq) < ROW(k.place, k.seq))" \

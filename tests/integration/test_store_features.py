@@ -11,6 +11,7 @@ import pytest
 
 from chronos.domain.model import Row
 from chronos.adapters.postgres.store import Store
+from helpers import claim_plan
 
 
 def now_us() -> int:
@@ -32,10 +33,7 @@ def test_far_future_rows_do_not_slow_the_claim_plan(database_url, n):
         conn.execute("INSERT INTO chronos_messages (id, deadline) SELECT 'f' || g, now() + interval '2 years' "
                      "FROM generate_series(1, 20000) g")
         conn.execute("ANALYZE chronos_messages")
-        from chronos.adapters.postgres.store import QUERIES
-        plan = "\n".join(row[0] for row in conn.execute(
-            "EXPLAIN " + QUERIES["claim"].replace("%(lookahead_ms)s", "0").replace("%(limit)s", "100")
-            .replace("%(node)s", f"'{uuid.uuid4()}'")))
+        plan = claim_plan(conn)
     assert "chronos_messages_due" in plan, plan
     # the deadline bound must be an index condition: as a filter, a claim that finds fewer rows
     # than its limit would read every far-future row

@@ -202,7 +202,7 @@ def test_database_errors(spark, dataset, empty_database_url, pg_server):
 
 
 def _closed_port() -> int:
-    from chronos.embedded import free_port
+    from chronos.embedded.procs import free_port
     return free_port()
 
 

@@ -9,7 +9,7 @@ from typing import Any, Callable
 from confluent_kafka import KafkaError
 
 from chronos import config
-from chronos.adapters.kafka import OutageLog
+from chronos.adapters.kafka.clients import OutageLog
 
 ENV = {"CHRONOS_DATABASE_URL": "postgresql://unused@127.0.0.1:1/unused",
        "CHRONOS_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1", "CHRONOS_METRICS_PORT": "0"}

@@ -13,7 +13,7 @@ from prometheus_client.exposition import generate_latest
 from benchmarks import day
 from benchmarks.records import ACKED, Records
 from chronos.config import Settings
-from chronos.ops.metrics import DetectorTelemetry, FirerTelemetry
+from chronos.ops.telemetry import DetectorTelemetry, FirerTelemetry
 
 
 def records(deadlines, delivered, copies=None) -> Records:

@@ -7,7 +7,7 @@ from confluent_kafka import KafkaError
 
 from chronos import codec
 from chronos.roles.firer import AfterFailure, after_failure, iso_us, retry_delay_ms
-from chronos.adapters.kafka import PERMANENT_FAILURE, REFUSED, UNANSWERED_FAILURE, classify, failure_reason
+from chronos.adapters.kafka.clients import PERMANENT_FAILURE, REFUSED, UNANSWERED_FAILURE, classify, failure_reason
 
 
 @pytest.mark.parametrize("code,kind", [

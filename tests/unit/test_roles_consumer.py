@@ -9,12 +9,12 @@ import time
 import uuid
 
 from chronos import codec
-from chronos.adapters.kafka import OutageLog
+from chronos.adapters.kafka.clients import OutageLog
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.domain.intake import Rules
 from chronos.domain.model import Row
 from chronos.errors import StoreRejected
-from chronos.ops.metrics import ConsumerTelemetry
+from chronos.ops.telemetry import ConsumerTelemetry
 from chronos.roles.consumer import ConsumerProcess, sort_batch
 from chronos.runtime.process import Lifecycle
 from kafka_double import FakePublisher, settings

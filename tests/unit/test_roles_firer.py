@@ -14,7 +14,7 @@ from confluent_kafka import KafkaError
 from chronos import codec
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.domain.model import Claimed, Row
-from chronos.ops.metrics import FirerTelemetry
+from chronos.ops.telemetry import FirerTelemetry
 from chronos.roles.firer import IDLE_WAIT, SLOW_STATEMENT, TICK, FirerProcess, Outcomes, Stop
 from chronos.runtime.process import Lifecycle
 from kafka_double import FakePublisher, settings

@@ -307,17 +307,12 @@ class Store:
         together keep to the rate. Returns (rows in deadline order, whether a topic's share of the
         batch rather than its budget or its due rows ended its claim: a backlog to drain without
         sleeping)."""
-        topics: list[str | None] = [None, *self._run(lambda c: [r[0] for r in c.execute(QUERIES["waiting_topics"],
-                                                                                          prepare=True)])]
-        rates = {t: limits.rate_for(t or output_topic) for t in topics}
-
+        topics = self._run(lambda c: [r[0] for r in c.execute(QUERIES["waiting_topics"], prepare=True)])
         # One _run per topic: a transaction run again after a rollback repeats only its own topic.
-        def claim_topic(topic: str | None, share: int) -> list[Claimed]:
-            rate = rates[topic]
-            if rate is None:
-                return self._run(lambda c: self._claim_topic(c, topic, share, lookahead_ms))
-            return self._run(lambda c: self._claim_granted(c, topic or output_topic, topic, rate, share))
-        return ratelimit.claim_in_shares(topics, lambda t: rates[t] is not None, limit, claim_topic)
+        return ratelimit.claim_by_topic(
+            limits, output_topic, topics, limit,
+            lambda topic, share: self._run(lambda c: self._claim_topic(c, topic, share, lookahead_ms)),
+            lambda name, topic, rate, share: self._run(lambda c: self._claim_granted(c, name, topic, rate, share)))
 
     def _claim_granted(self, conn: psycopg.Connection, name: str, topic: str | None, rate: float,
                        limit: int) -> list[Claimed]:

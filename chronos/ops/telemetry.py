@@ -1,9 +1,9 @@
-"""What an operator sees of a running process: Prometheus metrics and a health check.
+"""What an operator sees of a running process: its role's Prometheus metrics and its health.
 
 Every process has a `Telemetry` of its role: a registry of the role's metrics, all labelled
-with the role and the node id, and a `Health` record of when the process last ran its loop,
-reached PostgreSQL and reached Kafka. With `CHRONOS_METRICS_PORT` set, a small HTTP server
-thread serves `/metrics` (Prometheus text format) and `/healthz` (200 or 503, JSON) from them.
+with the role and the node id, and a `Health` record (chronos.ops.health) of when the process
+last ran its loop, reached PostgreSQL and reached Kafka. With `CHRONOS_METRICS_PORT` set
+(chronos.ops.endpoints), a `MetricsServer` (chronos.ops.http) serves `/metrics` and `/healthz`.
 
 The hot path stays cheap: the message counters are the processes' own running totals, read
 at scrape time; histograms are observed once per batch, except the fire lateness histogram,
@@ -14,32 +14,27 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
-import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterable, Mapping
 
-import orjson
 import psycopg
 from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram, Info, PlatformCollector,
                                ProcessCollector, disable_created_metrics)
 from prometheus_client.core import CounterMetricFamily
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from chronos import __version__, codec
 from chronos.config import Settings
+from chronos.domain.reasons import CONSUMER_REASONS, FIRER_REASONS, code_of
 from chronos.errors import ConfigError
+from chronos.ops.endpoints import metrics_port
+from chronos.ops.health import Health, KafkaProbe
+from chronos.ops.http import MetricsServer
 
 log = logging.getLogger("chronos.metrics")
 
 # `_created` series only double the output; rate() does not need them.
 disable_created_metrics()
-
-# Under supervisord (CHRONOS_PROCESS_NUM set) a process listens on base + role offset + process
-# number, so one CHRONOS_METRICS_PORT serves every program of a host without collisions.
-ROLE_OFFSETS = {"consumer": 0, "firer": 100, "detector": 200}
 
 SIZE_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -47,117 +42,8 @@ DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 LATENESS_BUCKETS = (-0.05, -0.025, -0.01, -0.005, 0.0, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                     10.0, 30.0, 60.0)
 
-# Dead-letter reasons that exist whatever the input, initialised at 0 so rate() sees the first one.
-KNOWN_REASONS = ("bad_header_name", "unreadable_headers", "missing_id", "empty_id", "bad_id", "id_too_long",
-                 "missing_deadline", "bad_deadline",
-                 "duplicate_header", "bad_action", "bad_topic", "topic_not_allowed", "bad_ordering_key",
-                 "bad_cron", "too_late", "store_rejected", "too_large", "publish_failed")
-# What the firer dead-letters: a stored message whose publish failed for good, or whose destination
-# the allow-list no longer allows.
-FIRER_REASONS = ("too_large", "publish_failed", "topic_not_allowed")
 PARKED = ("chronos_messages_parked_total", "messages neither their destination nor the dead-letter topic accepted, "
           "kept in the chronos_parked table")
-
-KAFKA_PROBE_TIMEOUT_S = 2.0
-
-
-def metrics_port(role: str, base: int, environ: Mapping[str, str] | None = None) -> int:
-    """The port this process serves on: 0 (off), the base, or base + role offset + process number."""
-    environ = os.environ if environ is None else environ
-    if base == 0:
-        return 0
-    num = environ.get("CHRONOS_PROCESS_NUM")
-    if num is None or num == "":
-        return base
-    try:
-        port = base + ROLE_OFFSETS[role] + int(num)
-    except ValueError:
-        raise ConfigError(f"CHRONOS_PROCESS_NUM must be a whole number, got {num!r}") from None
-    if port > 65535:
-        raise ConfigError(f"CHRONOS_METRICS_PORT {base} + {ROLE_OFFSETS[role]} ({role}) + process {num} "
-                          f"is past 65535")
-    return port
-
-
-class Health:
-    """When the process last did each thing it must keep doing; /healthz fails on any stale one.
-
-    Each check is a function returning a `time.monotonic()` timestamp of the last success (0 for
-    never), read from the HTTP thread; a plain float attribute read is enough there. A check that
-    never succeeded passes for one window after start, so a starting process is not reported sick.
-    """
-
-    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic):
-        self.window = window_s
-        self.clock = clock
-        self.started = clock()
-        self.checks: dict[str, tuple[float, Callable[[], float], Callable[[], str | None] | None]] = {}
-
-    def watch(self, name: str, last_ok: Callable[[], float], *, window_s: float | None = None,
-              detail: Callable[[], str | None] | None = None) -> None:
-        """Add a check; `detail` explains a failure (the last error seen), if it knows one."""
-        self.checks[name] = (window_s or self.window, last_ok, detail)
-
-    def report(self, now: float | None = None) -> tuple[bool, dict[str, Any]]:
-        now = self.clock() if now is None else now
-        checks: dict[str, Any] = {}
-        reasons = []
-        for name, (window, last_ok, detail) in self.checks.items():
-            last = last_ok()
-            age = now - (last or self.started)
-            ok = age <= window
-            entry: dict[str, Any] = {"ok": ok, "age_s": round(age, 3) if last else None}
-            if not ok:
-                why = f"{name}: " + (f"last ok {age:.1f}s ago" if last else f"never ok in {age:.1f}s") + \
-                      f" (window {window:g}s)"
-                extra = detail() if detail else None
-                if extra:
-                    why += f": {extra}"
-                    entry["error"] = extra
-                reasons.append(why)
-            checks[name] = entry
-        return not reasons, {"status": "ok" if not reasons else "unhealthy", "reason": "; ".join(reasons) or None,
-                             "checks": checks}
-
-
-class KafkaProbe:
-    """Asks Kafka for a topic's metadata every few seconds from a thread of its own.
-
-    An idle client says nothing about whether its brokers answer; a metadata request does, and
-    from this thread it never holds up the process's loop. librdkafka clients are thread-safe.
-    """
-
-    def __init__(self, client: Callable[[], Any], topic: str, every_s: float, timeout_s: float = KAFKA_PROBE_TIMEOUT_S):
-        self.client, self.topic, self.every, self.timeout = client, topic, every_s, timeout_s
-        self.last_ok = 0.0
-        self.error: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="chronos-kafka-probe", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop and wait for the thread, so the client can be closed safely afterwards."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(self.timeout + 1.0)
-
-    def probe(self) -> bool:
-        try:
-            self.client().list_topics(self.topic, timeout=self.timeout)
-        except Exception as exc:  # noqa: BLE001 - KafkaException or a closed client: either way not reachable
-            self.error = str(exc.args[0]) if exc.args else type(exc).__name__
-            return False
-        self.last_ok = time.monotonic()
-        self.error = None
-        return True
-
-    def _run(self) -> None:
-        while True:
-            self.probe()
-            if self._stop.wait(self.every):
-                return
 
 
 class _Totals:
@@ -210,40 +96,6 @@ class _ActionTotals:
         return [taken, changed]
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: "_Server"
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        path = self.path.split("?", 1)[0]
-        if path == "/metrics":
-            self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.server.telemetry.registry))
-        elif path in ("/healthz", "/health"):
-            ok, report = self.server.telemetry.health_report()
-            self._send(200 if ok else 503, "application/json", orjson.dumps(report) + b"\n")
-        else:
-            self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics or /healthz\n")
-
-    def _send(self, status: int, content_type: str, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - scrapes are not events worth a line
-        return
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, address: tuple[str, int], telemetry: "Telemetry"):
-        self.telemetry = telemetry
-        super().__init__(address, _Handler)
-
-
 class Telemetry:
     """One process's metrics, health record and HTTP server. Subclassed once per role."""
 
@@ -279,7 +131,7 @@ class Telemetry:
         self.healthy = self.gauge("chronos_healthy", "1 when /healthz would answer 200, else 0")
         self.healthy.set_function(lambda: 1.0 if self.health_report()[0] else 0.0)
         self.probe: KafkaProbe | None = None
-        self.server: _Server | None = None
+        self.server: MetricsServer | None = None
 
     # -- definitions -----------------------------------------------------------------------
 
@@ -299,7 +151,7 @@ class Telemetry:
 
     def dead_lettered(self, reasons: Iterable[str]) -> None:
         """Count dead-lettered messages by reason code (the text before the first colon)."""
-        for reason, count in collections.Counter(r.split(":", 1)[0] for r in reasons).items():
+        for reason, count in collections.Counter(code_of(r) for r in reasons).items():
             self._dead.labels(self.role, self.node, reason).inc(count)
 
     def follow(self, totals: Callable[[], Mapping[str, int]]) -> None:
@@ -345,21 +197,20 @@ class Telemetry:
             probe = self.probe = KafkaProbe(kafka, kafka_topic, every_s=max(1.0, self.health.window / 4))
             self.health.watch("kafka", lambda: probe.last_ok, detail=lambda: probe.error)
         try:
-            self.server = _Server((host, self.port), self)
+            self.server = MetricsServer((host, self.port), self.registry, self.health_report)
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on port {self.port} (CHRONOS_METRICS_PORT): {exc.strerror}") \
                 from None
         if self.probe is not None:
             self.probe.start()
-        threading.Thread(target=self.server.serve_forever, name="chronos-metrics", daemon=True).start()
+        self.server.start()
         log.info("serving /metrics and /healthz on port %d", self.port)
 
     def close(self) -> None:
         if self.probe is not None:
             self.probe.stop()
         if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+            self.server.close()
             self.server = None
 
 
@@ -385,7 +236,7 @@ class ConsumerTelemetry(Telemetry):
 
     def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):
         super().__init__(node_id, settings, environ)
-        self.count_dead_letters(KNOWN_REASONS)
+        self.count_dead_letters(CONSUMER_REASONS)
 
 
 class FirerTelemetry(Telemetry):

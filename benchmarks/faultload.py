@@ -1,8 +1,8 @@
 """The fault-test harness: a real `chronos up`, a steady load, a reader, and the accounting.
 
-Used by the fault scenarios (tests/faults) and the soak run (benchmarks/soak.py):
+Used by the fault scenarios (tests/faults) and the soak run (benchmarks/soak.py), on the stack of
+`benchmarks.stack` (`chronos up` as a subprocess, its supervisord over XML-RPC):
 
-- `Stack` runs `chronos up` as a subprocess and talks to its supervisord over XML-RPC.
 - `Load` produces a steady rate of messages from a thread (mixed delays, some already late);
   only messages the broker acknowledged count as sent.
 - `Reader` reads the output topic from a thread and stamps every arrival with the local clock.
@@ -12,16 +12,10 @@ Used by the fault scenarios (tests/faults) and the soak run (benchmarks/soak.py)
 
 from __future__ import annotations
 
-import os
 import random
-import re
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
-import xmlrpc.client
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,116 +23,14 @@ import orjson
 import psycopg
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-CHRONOS = [sys.executable, "-m", "chronos"]
-EMBEDDED_KAFKA = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500"}
+from benchmarks.report import percentiles
+from benchmarks.stack import Stack
+from chronos.adapters.kafka.clients import EMBEDDED_GROUP_TIMEOUTS as EMBEDDED_KAFKA
 TIMING_ADVANCE_S = 0.050   # chronos's default CHRONOS_TIMING_ADVANCE_MS
 LATE_S = 1.0               # a delivery later than this after its due time counts as delayed by a fault
 
 
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("CHRONOS_")}
-
-
-# -- the stack --------------------------------------------------------------------------------
-
-
-class Stack:
-    """`chronos up` in a subprocess, in its own data directory."""
-
-    def __init__(self, workdir: Path, *args: str, env: dict[str, str] | None = None):
-        self.workdir = Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.ready_file = self.workdir / "ready.json"
-        self.out = self.workdir / "up.out"
-        self.args = ["up", "--data-dir", str(self.workdir / "data"), "--ready-file", str(self.ready_file), *args]
-        self.env = {**clean_env(), **(env or {})}
-        self.proc: subprocess.Popen | None = None
-        self.info: dict = {}
-
-    def start(self, timeout: float = 90.0) -> dict:
-        self.proc = subprocess.Popen(CHRONOS + self.args, cwd=self.workdir, env=self.env,
-                                     stdout=open(self.out, "wb"), stderr=subprocess.STDOUT)
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.ready_file.exists():
-                self.info = orjson.loads(self.ready_file.read_bytes())
-                return self.info
-            if self.proc.poll() is not None:
-                raise AssertionError(f"chronos up exited {self.proc.returncode}:\n{self.output()}")
-            time.sleep(0.1)
-        raise AssertionError(f"chronos up not ready within {timeout}s:\n{self.output()}")
-
-    def output(self) -> str:
-        return self.out.read_text(errors="replace") if self.out.exists() else ""
-
-    @property
-    def log_dir(self) -> Path:
-        return Path(self.info["log_dir"])
-
-    def rpc(self) -> xmlrpc.client.ServerProxy:
-        from supervisor.xmlrpc import SupervisorTransport
-        transport = SupervisorTransport(None, None, f"unix://{self.info['supervisor_socket']}")
-        return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
-
-    def programs(self) -> dict[str, dict]:
-        """Supervisor's process info by name (`consumer_00`, `firer_01`, ...)."""
-        return {p["name"]: p for p in self.rpc().supervisor.getAllProcessInfo()}
-
-    def running(self, name: str) -> int | None:
-        info = self.programs()[name]
-        return info["pid"] if info["statename"] == "RUNNING" else None
-
-    def wait_running(self, name: str, not_pid: int | None = None, timeout: float = 30.0) -> tuple[int, float]:
-        """Wait until program `name` is RUNNING (with a pid other than `not_pid`) and has logged its
-        start (supervisord calls it RUNNING as soon as it is spawned): (pid, when)."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            info = self.programs()[name]
-            if info["statename"] == "RUNNING" and info["pid"] != not_pid \
-                    and f", pid {info['pid']}," in self.log(name):
-                return info["pid"], time.time()
-            if info["statename"] == "FATAL":
-                raise AssertionError(f"{name} is FATAL: {self.log(name)[-2000:]}")
-            time.sleep(0.1)
-        raise AssertionError(f"{name} not RUNNING again within {timeout}s: {self.programs()[name]}")
-
-    def all_running(self, except_names: tuple[str, ...] = ()) -> dict[str, str]:
-        """Names of programs not RUNNING (empty when all are), besides the ones expected to be stopped."""
-        return {n: p["statename"] for n, p in self.programs().items()
-                if n not in except_names and p["statename"] != "RUNNING"}
-
-    def kill(self, name: str) -> tuple[int, float]:
-        """SIGKILL program `name` (it must be RUNNING): (pid, when)."""
-        pid = self.running(name)
-        assert pid, f"{name} is not RUNNING: {self.programs()[name]}"
-        os.kill(pid, signal.SIGKILL)
-        return pid, time.time()
-
-    def log(self, name: str) -> str:
-        path = self.log_dir / f"{name}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-    def node_of(self, name: str, pid: int) -> str:
-        """The node id process `pid` of program `name` logged at start."""
-        end = time.monotonic() + 10
-        while time.monotonic() < end:
-            match = re.search(rf"starting: node ([0-9a-f-]{{36}}), pid {pid},", self.log(name))
-            if match:
-                return match.group(1)
-            time.sleep(0.05)
-        raise AssertionError(f"{name} pid {pid} logged no node id:\n{self.log(name)[-2000:]}")
-
-    def stop(self, timeout: float = 90.0) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+# -- the store -------------------------------------------------------------------------------
 
 
 def held_rows(database_url: str, node: str | None = None) -> dict[str, float]:
@@ -150,16 +42,6 @@ def held_rows(database_url: str, node: str | None = None) -> dict[str, float]:
         params = (node,)
     with psycopg.connect(database_url, autocommit=True, connect_timeout=5) as conn:
         return dict(conn.execute(sql, params).fetchall())
-
-
-def rss_kb(pid: int) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
 
 
 # -- load and reader --------------------------------------------------------------------------
@@ -398,13 +280,6 @@ class Report:
                 f"session_losses={r['session_losses']}")
 
 
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
-
-
 def analyse(scenario: str, load: Load, reader: Reader, faults: list[Fault], *, hold_s: float,
             window_explains: bool = False) -> Report:
     """The verdict of one run.
@@ -455,9 +330,9 @@ def analyse(scenario: str, load: Load, reader: Reader, faults: list[Fault], *, h
                 f = max(candidates, key=lambda f: f.start)
                 done[id(f)] = max(done[id(f)], min(arrivals[m]))
     recovery = max((done[id(f)] - f.ended() for f in injected), default=0.0)
-    values = list(lateness.values())
+    figures = percentiles(list(lateness.values())) or {"max": 0.0, "p99": 0.0}
     return Report(scenario, len(sent), len(set(arrivals) & set(sent)), lost, early, sum(dup_ids.values()),
-                  dup_ids, unexplained, recovery, max(values, default=0.0), _percentile(values, 0.99), injected)
+                  dup_ids, unexplained, recovery, figures["max"], figures["p99"], injected)
 
 
 class OffsetWatcher:
@@ -484,8 +359,8 @@ class Scenario:
                  partitions: int = 4, seed: int | None = None, linger_ms: int = 5, fetch_wait_ms: int = 10):
         self.name, self.rate, self.hold_s, self.partitions, self.seed = name, rate, hold_s, partitions, seed
         self.linger_ms, self.fetch_wait_ms = linger_ms, fetch_wait_ms
-        self.stack = Stack(workdir, "--hold-time-ms", str(int(hold_s * 1000)), "--partitions", str(partitions),
-                           *up_args)
+        self.stack = Stack("--hold-time-ms", str(int(hold_s * 1000)), "--partitions", str(partitions), *up_args,
+                           workdir=workdir)
         self.faults: list[Fault] = []
         self.load: Load | None = None
         self.reader: Reader | None = None
@@ -517,7 +392,7 @@ class Scenario:
 
     def kill_consumer(self, name: str) -> Fault:
         """SIGKILL a running consumer; record the committed offsets at that moment and its restart."""
-        pid, at = self.stack.kill(name)
+        pid, at = self.stack.kill_program(name)
         f = self.fault(f"SIGKILL {name}", at, committed=self.offsets.committed())
         _, f.back_running = self.stack.wait_running(name, not_pid=pid)
         return f
@@ -530,7 +405,7 @@ class Scenario:
         end = time.monotonic() + wait_held
         while not held_rows(url, node) and time.monotonic() < end:
             time.sleep(0.02)
-        pid, at = self.stack.kill(name)
+        pid, at = self.stack.kill_program(name)
         # its PostgreSQL backend may still finish a statement sent just before the kill
         time.sleep(0.5)
         f = self.fault(f"SIGKILL {name}", at, held=held_rows(url, node), node=node)

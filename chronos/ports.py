@@ -3,15 +3,30 @@
 `Store` is implemented by the PostgreSQL adapter (`chronos.adapters.postgres.store.Store`) and by
 its in-memory twin (`chronos.adapters.memory.MemoryStore`); both pass the same contract tests.
 The roles take a store (or a factory of stores, one per thread) as a constructor argument.
+
+`Publisher` is what the firer and the consumer need of a Kafka producer (confluent-kafka's
+`Producer` is one; unit tests use a double that acknowledges on `poll`).
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from chronos.domain.model import Claimed, Overview, Parked, Row, Stale, Throttled
 from chronos.domain.ratelimit import FireRateLimits
+
+
+class Publisher(Protocol):
+    """A Kafka producer: `produce` queues a message, and `poll`/`flush` serve its delivery
+    reports, calling `on_delivery(err, msg)` (err None once acknowledged) on the calling thread."""
+
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *,
+                on_delivery: Callable[[Any, Any], None] | None = None, headers: Any = None) -> None: ...
+
+    def poll(self, timeout: float = -1) -> int: ...
+
+    def flush(self, timeout: float = -1) -> int: ...
 
 
 class Store(Protocol):

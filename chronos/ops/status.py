@@ -20,7 +20,7 @@ from chronos.errors import EXIT_FAILURE, EXIT_UNAVAILABLE, ConfigError, StoreUna
 
 def add_parsers(sub: Any) -> None:
     """The `status` and `health` sub-commands."""
-    p = sub.add_parser("status", help="what the store holds: waiting, due, in flight per firer, overdue, "
+    p = sub.add_parser("status", help="what the store holds: waiting, due, held per firer, overdue, "
                                       "suspected failures, recurring schedules, throttled topics, next deadline",
                        description="Read the store and print what it holds. Runs against the same settings "
                                    "(or --ready-file) as every other command.")
@@ -77,7 +77,7 @@ def render(d: dict[str, Any]) -> str:
     lines = [f"chronos status at {d['at']}"]
     lines.append(row("waiting", d["waiting"], "(estimate)" if d["waiting_estimated"] else ""))
     lines.append(row("due now", d["due_now"], "not claimed yet" if d["due_now"] else ""))
-    lines.append(row("in flight", d["in_flight"]))
+    lines.append(row("held by firers", d["in_flight"], "claimed, not settled yet" if d["in_flight"] else ""))
     for n in d["in_flight_by_node"]:
         note = f"held up to {_seconds(n['held_for_s'])}"
         if n["past_hold_time"]:

@@ -229,7 +229,7 @@ class ConsumerTelemetry(Telemetry):
         "replaced": ("chronos_messages_replaced_total", "waiting messages replaced (chronosAction: replace)"),
         "cancelled": ("chronos_messages_cancelled_total", "waiting messages cancelled (chronosAction: cancel)"),
         "cancelled_in_flight": ("chronos_messages_cancelled_in_flight_total",
-                                "cancels that found the message already claimed by a firer: deleted, but it "
+                                "cancels that found the message already held by a firer: deleted, but it "
                                 "may still be delivered"),
         "parked": PARKED,
     }
@@ -248,7 +248,7 @@ class FirerTelemetry(Telemetry):
         "vanished": ("chronos_messages_vanished_total",
                      "published rows no longer this firer's to delete (a peer took them over)"),
         "released": ("chronos_messages_released_total",
-                     "claimed rows handed back unpublished (Kafka did not answer, or shutdown)"),
+                     "held rows handed back unpublished (Kafka did not answer, or shutdown)"),
         "retried": ("chronos_messages_retried_total",
                     "publishes refused by the destination, handed back to be tried again after a backoff"),
         "parked": PARKED,
@@ -261,8 +261,10 @@ class FirerTelemetry(Telemetry):
                                   "Kafka acknowledgement time minus deadline, per fired message",
                                   ("role", "node"), buckets=LATENESS_BUCKETS,
                                   registry=self.registry).labels(self.role, self.node)
-        self.outstanding = self.gauge("chronos_firer_outstanding_rows",
-                                      "rows this firer holds: claimed and waiting for their time, or in flight")
+        # the metric's name says "outstanding" (dashboards use it); the rows are "held"
+        self.held = self.gauge("chronos_firer_outstanding_rows",
+                               "rows this firer holds (claimed, not settled yet): waiting for their time, or "
+                               "published and waiting for Kafka's acknowledgement")
         self.publish_latency = self.gauge("chronos_firer_publish_latency_seconds",
                                           "moving average of publish-to-acknowledgement time (the advance used)")
         self.clock_offset = self.gauge("chronos_firer_clock_offset_seconds",
@@ -271,9 +273,9 @@ class FirerTelemetry(Telemetry):
     def loop_period(self) -> float:
         return max(1.0, self.settings.poll_interval_ms / 1000.0)
 
-    def follow_timing(self, outstanding: Callable[[], float], timing: Any) -> None:
+    def follow_timing(self, held: Callable[[], float], timing: Any) -> None:
         """Read the firer's own state at scrape time: rows it holds, and its `PublishTiming`."""
-        self.outstanding.set_function(outstanding)
+        self.held.set_function(held)
         self.publish_latency.set_function(lambda: timing.latency)
         self.clock_offset.set_function(lambda: timing.offset_us / 1e6)
 
@@ -290,9 +292,10 @@ class DetectorTelemetry(Telemetry):
         self.waiting_estimated = self.gauge("chronos_rows_waiting_estimated",
                                             "1 when chronos_rows_waiting is the planner's estimate")
         self.due = self.gauge("chronos_rows_due", "rows whose deadline has passed and no firer claimed yet")
-        self.in_flight = self.gauge("chronos_rows_in_flight", "rows claimed by a firer, not yet fired")
+        # named "in flight" (dashboards and alert rules use it): the rows held by the firers
+        self.held = self.gauge("chronos_rows_in_flight", "rows held by a firer: claimed, not fired or handed back yet")
         self.past_hold = self.gauge("chronos_rows_past_hold_time",
-                                    "claimed rows held longer than the hold time (suspected failures)")
+                                    "rows held longer than the hold time (suspected failures)")
         self.oldest_overdue = self.gauge("chronos_oldest_overdue_seconds",
                                          "how late the most overdue unfired row is (0 when none)")
         self.schedules = self.gauge("chronos_recurring_schedules", "recurring (cron) schedules in the store")
@@ -317,7 +320,7 @@ class DetectorTelemetry(Telemetry):
         self.waiting.set(overview.waiting)
         self.waiting_estimated.set(1 if overview.waiting_estimated else 0)
         self.due.set(overview.due)
-        self.in_flight.set(overview.in_flight)
+        self.held.set(overview.in_flight)
         self.past_hold.set(overview.past_hold_time)
         self.oldest_overdue.set(overview.oldest_overdue_s or 0.0)
         self.schedules.set(overview.schedules or 0)

@@ -15,8 +15,9 @@ import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Callable, cast
 
+from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import KafkaError, Message, TopicPartition
 
 from chronos import codec
@@ -25,14 +26,15 @@ from chronos.domain import cron
 from chronos.config import Settings
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.domain.intake import Decision, Rules, Verdict, decide
-from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, classify, dead_letter_headers, failure_reason,
-                                            make_consumer, make_producer, produce)
+from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, OutageLog, classify, dead_letter_headers,
+                                            failure_reason, make_consumer, make_producer, produce)
 from chronos.runtime.logs import Throttle
 from chronos.ops.telemetry import ConsumerTelemetry
 from chronos.runtime.process import Lifecycle
-from chronos.runtime.backoff import Backoff
+from chronos.runtime.backoff import Backoff, Outage
 from chronos.domain.model import Parked, Row
-from chronos.adapters.postgres.store import Store
+from chronos.adapters.postgres.store import Store as PostgresStore
+from chronos.ports import Publisher, Store
 
 log = logging.getLogger("chronos.consumer")
 
@@ -152,19 +154,26 @@ def commit_offsets(messages: list[Message]) -> list[TopicPartition]:
 
 
 class ConsumerProcess:
-    def __init__(self, settings: Settings, node_id: uuid.UUID, life: Lifecycle):
-        self.settings, self.node_id, self.life = settings, node_id, life
+    """The consumer's loop: read a batch, sort it, make it durable, commit its offsets."""
+
+    def __init__(self, settings: Settings, life: Lifecycle, *, store: Store,
+                 producers: Callable[[], tuple[Publisher, OutageLog]],
+                 consumers: Callable[[Callable], tuple[KafkaConsumer, OutageLog]], telemetry: ConsumerTelemetry):
+        """`producers` makes a Kafka producer and the log of its outages (again after a fatal error);
+        `consumers(on_commit)` makes the input topic's consumer, reporting commits to `on_commit`."""
+        self.settings, self.life = settings, life
+        self.producers = producers
         self.rules = Rules.from_settings(settings)
-        self.store = Store(settings.require_database(), node_id=node_id, hot_path=True)
-        self.db_backoff = Backoff()
+        self.store = store
+        self.db_outage = Outage(log)
         self.throttle = Throttle(log)
-        self.producer, self.producer_outage = make_producer(settings, "consumer producer")
-        self.consumer, self.consumer_outage = make_consumer(settings, "consumer", on_commit=self.on_committed)
+        self.producer, self.producer_outage = producers()
+        self.consumer, self.consumer_outage = consumers(self.on_committed)
         self.uncommitted: dict[tuple[str, int], TopicPartition] = {}
         self.last_batch: list[Message] | None = None
         self.stats = {"consumed": 0, "enqueued": 0, "late": 0, "dead": 0, "duplicates": 0, "replaced": 0,
                       "cancelled": 0, "cancelled_in_flight": 0, "cancel_unknown": 0, "parked": 0}
-        self.metrics = ConsumerTelemetry(node_id, settings)
+        self.metrics = telemetry
         self.metrics.follow(lambda: self.stats)
         self.next_ping = 0.0
 
@@ -236,7 +245,7 @@ class ConsumerProcess:
             except StoreUnavailable as exc:
                 if not self.wait_for_store(exc):
                     return False
-        self.db_recovered()
+        self.db_outage.ok()
         if batch.ops:
             self.metrics.batch("insert", len(batch.ops), time.perf_counter() - started)
         late = [(m, p) for m, p in batch.late if p.message_id not in waiting]
@@ -321,7 +330,7 @@ class ConsumerProcess:
                 self.throttle.warning("publish", "%d publishes failed (%s); retrying", len(transient),
                                       transient[0][1].str())
                 if any(err.fatal() for _, err in transient):
-                    self.producer, self.producer_outage = make_producer(self.settings, "consumer producer")
+                    self.producer, self.producer_outage = self.producers()
                 outbox += [item for item, _ in transient]
                 if not self.life.sleep(backoff.failed()):
                     return None
@@ -347,7 +356,7 @@ class ConsumerProcess:
             except StoreUnavailable as exc:
                 if not self.wait_for_store(exc):
                     return False
-        self.db_recovered()
+        self.db_outage.ok()
         self.stats["parked"] += len(parked)
         for p in parked:
             log.warning("parked the message at %s in chronos_parked: the dead-letter topic %s refused it (%s)",
@@ -381,22 +390,14 @@ class ConsumerProcess:
         try:
             self.store.db_clock_us()
         except StoreUnavailable as exc:
-            delay = self.db_backoff.failed()
-            self.throttle.warning("db", "postgres unavailable (%s); retrying in %.1fs", exc, delay)
-            self.next_ping = now + delay
+            self.next_ping = now + self.db_outage.failed(exc)
             return
-        self.db_recovered()
+        self.db_outage.ok()
         self.next_ping = now + 1.0
 
     def wait_for_store(self, exc: StoreUnavailable) -> bool:
-        delay = self.db_backoff.failed()
-        self.throttle.warning("db", "postgres unavailable (%s); retrying in %.1fs", exc, delay)
-        return self.life.sleep(delay)
-
-    def db_recovered(self) -> None:
-        lasted = self.db_backoff.succeeded()
-        if lasted is not None:
-            log.warning("postgres reachable again after %.1fs", lasted)
+        """Wait out a PostgreSQL outage's backoff; False if stopped meanwhile."""
+        return self.life.sleep(self.db_outage.failed(exc))
 
     def close(self) -> None:
         log.info("stopping: consumed %(consumed)d, enqueued %(enqueued)d, late %(late)d, dead-lettered %(dead)d, "
@@ -414,5 +415,14 @@ class ConsumerProcess:
         self.store.close()
 
 
+def build(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> ConsumerProcess:
+    """The consumer with its real adapters: a PostgreSQL store and confluent-kafka clients."""
+    return ConsumerProcess(settings, life,
+                           store=PostgresStore(settings.require_database(), node_id=node_id, hot_path=True),
+                           producers=lambda: make_producer(settings, "consumer producer"),
+                           consumers=lambda on_commit: make_consumer(settings, "consumer", on_commit=on_commit),
+                           telemetry=ConsumerTelemetry(node_id, settings))
+
+
 def run(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> None:
-    ConsumerProcess(settings, node_id, life).run()
+    build(settings, node_id, life).run()

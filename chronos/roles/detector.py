@@ -11,6 +11,7 @@ import collections
 import logging
 import time
 import uuid
+from typing import Callable, Mapping
 
 from chronos.ops import inspect
 from chronos.config import Settings
@@ -18,12 +19,13 @@ from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.runtime.logs import Throttle
 from chronos.ops.telemetry import DetectorTelemetry
 from chronos.runtime.process import Lifecycle
-from chronos.runtime.backoff import Backoff
-from chronos.adapters.postgres.store import Store
+from chronos.runtime.backoff import Outage
+from chronos.adapters.postgres.store import Store as PostgresStore
+from chronos.ports import Store
 
 log = logging.getLogger("chronos.detector")
 
-GAUGES_EVERY = 5.0  # seconds between reads of the store gauges (waiting, due, in flight) when serving metrics
+GAUGES_EVERY = 5.0  # seconds between reads of the store gauges (waiting, due, held) when serving metrics
 
 
 def suspected_nodes(reset_by: list[uuid.UUID]) -> list[tuple[uuid.UUID, int]]:
@@ -32,13 +34,18 @@ def suspected_nodes(reset_by: list[uuid.UUID]) -> list[tuple[uuid.UUID, int]]:
 
 
 class DetectorProcess:
-    def __init__(self, settings: Settings, node_id: uuid.UUID, life: Lifecycle):
+    """The detector's loop: scan for rows held past the hold time, hand them back, refresh the gauges."""
+
+    def __init__(self, settings: Settings, life: Lifecycle, *, store: Store, telemetry: DetectorTelemetry,
+                 action_totals: Callable[[], Mapping[str, tuple[int, int]]] = dict):
+        """`action_totals` reads the operators' action totals for their counters (none by default)."""
         self.settings, self.life = settings, life
-        self.store = Store(settings.require_database(), node_id=node_id, hot_path=True)
-        self.backoff = Backoff()
+        self.store = store
+        self.action_totals = action_totals
+        self.outage = Outage(log)
         self.throttle = Throttle(log)
         self.total_reset = 0
-        self.metrics = DetectorTelemetry(node_id, settings)
+        self.metrics = telemetry
         self.metrics.follow(lambda: {"reset": self.total_reset})
         self.next_gauges = 0.0
 
@@ -54,13 +61,10 @@ class DetectorProcess:
                     started = time.perf_counter()
                     self.metrics.batch("scan", self.scan(), time.perf_counter() - started)
                     self.refresh_gauges()
-                    lasted = self.backoff.succeeded()
-                    if lasted is not None:
-                        log.warning("postgres reachable again after %.1fs", lasted)
+                    self.outage.ok()
                     delay = interval
                 except StoreUnavailable as exc:
-                    delay = self.backoff.failed()
-                    self.throttle.warning("db", "postgres unavailable (%s); retrying in %.1fs", exc, delay)
+                    delay = self.outage.failed(exc)
                 self.life.sleep(delay)
         finally:
             log.info("stopping: reset %d rows in all", self.total_reset)
@@ -79,7 +83,7 @@ class DetectorProcess:
         return len(reset_by)
 
     def refresh_gauges(self) -> None:
-        """Read waiting, due and in-flight counts from the store for the gauges, now and then."""
+        """Read waiting, due and held counts from the store for the gauges, now and then."""
         now = time.monotonic()
         if not self.metrics.serving or now < self.next_gauges:
             return
@@ -87,10 +91,17 @@ class DetectorProcess:
         try:
             self.metrics.store_gauges(self.store.overview(self.settings.hold_time_ms))
             self.metrics.throttled_gauges(self.store.throttled(self.settings.output_topic))
-            self.metrics.actions = inspect.action_totals(self.store)
+            self.metrics.actions = self.action_totals()
         except StoreRejected as exc:  # a gauge is not worth stopping the detector for
             self.throttle.warning("gauges", "cannot read the store gauges: %s", exc)
 
 
+def build(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> DetectorProcess:
+    """The detector with its real adapter, a PostgreSQL store."""
+    store = PostgresStore(settings.require_database(), node_id=node_id, hot_path=True)
+    return DetectorProcess(settings, life, store=store, telemetry=DetectorTelemetry(node_id, settings),
+                           action_totals=lambda: inspect.action_totals(store))
+
+
 def run(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> None:
-    DetectorProcess(settings, node_id, life).run()
+    build(settings, node_id, life).run()

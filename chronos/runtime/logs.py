@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
 import orjson
 
@@ -96,13 +96,13 @@ class RepeatFilter(logging.Filter):
 class Throttle:
     """Aggregates a repeated warning: logs the first, then at most once per `interval` with a count."""
 
-    def __init__(self, logger: logging.Logger, interval: float = 10.0):
-        self.logger, self.interval = logger, interval
+    def __init__(self, logger: logging.Logger, interval: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        self.logger, self.interval, self.clock = logger, interval, clock
         self.last: dict[str, float] = {}
         self.suppressed: dict[str, int] = {}
 
     def warning(self, key: str, msg: str, *args: object) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if now - self.last.get(key, -1e9) >= self.interval:
             count = self.suppressed.pop(key, 0)
             suffix = f" (and {count} more like it)" if count else ""

@@ -20,7 +20,7 @@ from chronos import codec
 from chronos.runtime import logs, orphans
 from chronos.config import Settings, redact_url
 from chronos.errors import SchemaError, StoreUnavailable
-from chronos.runtime.backoff import Backoff
+from chronos.runtime.backoff import Outage
 from chronos.adapters.postgres.store import check_schema, connect
 
 log = logging.getLogger("chronos")
@@ -68,19 +68,15 @@ def wait_for_schema(settings: Settings, life: Lifecycle) -> bool:
 
     An unmigrated database raises SchemaError: waiting would not fix it.
     """
-    backoff = Backoff(first=0.5, cap=10.0)
+    outage = Outage(log, first=0.5, cap=10.0)
     while life.running:
         try:
             with connect(settings.require_database()) as conn:
                 check_schema(conn)
-            lasted = backoff.succeeded()
-            if lasted is not None:
-                log.warning("postgres reachable after %.1fs", lasted)
+            outage.ok()
             return True
         except StoreUnavailable as exc:
-            delay = backoff.failed()
-            log.warning("postgres unavailable (%s); retrying in %.1fs", exc, delay)
-            life.sleep(delay)
+            life.sleep(outage.failed(exc))
     return False
 
 

@@ -12,6 +12,7 @@ from confluent_kafka import Consumer as KafkaConsumer
 from chronos.config import SECRET_KAFKA_KEYS, Settings
 from chronos.domain.reasons import PUBLISH_FAILED, TOO_LARGE
 from chronos.errors import ConfigError
+from chronos.ports import Publisher
 from chronos.runtime.logs import RepeatFilter
 
 log = logging.getLogger("chronos.kafka")
@@ -133,7 +134,7 @@ def _create(cls, conf: dict[str, Any], settings: Settings, what: str):
             from None
 
 
-def produce(producer: Producer, topic: str, value: bytes | None, key: bytes | None,
+def produce(producer: Publisher, topic: str, value: bytes | None, key: bytes | None,
             headers: list | None, on_delivery: Callable) -> None:
     """Produce, waiting for queue space instead of failing when the local queue is full.
 

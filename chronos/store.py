@@ -12,7 +12,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from importlib import resources
 from typing import Any, Iterable, Sequence
 
@@ -50,6 +50,7 @@ def migrations() -> list[tuple[int, str, str]]:
 
 
 LATEST_VERSION = migrations()[-1][0]
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 @dataclass(slots=True)
@@ -286,29 +287,49 @@ class Store:
 
     def apply(self, inserts: Sequence[Row], replaces: Sequence[Row],
               cancels: Sequence[str]) -> tuple[int, int, int, int]:
-        """One consumer batch in one transaction: COPY into the session's staging table, then
-        insert new ids, insert-or-replace, and cancel. Returns (inserted, replaced, cancelled,
+        """One consumer batch in one transaction: COPY the inserts straight into the table (if an id
+        is waiting already, the batch is written again with the inserts staged like the replaces,
+        and only new ids inserted), COPY the replaces into the session's staging table and
+        insert-or-replace from it, and cancel. Returns (inserted, replaced, cancelled,
         cancelled in flight): a cancelled row that a firer had already claimed is deleted all the
         same (nothing hands it back), but that firer may still publish it."""
         if not (inserts or replaces or cancels):
             return 0, 0, 0, 0
 
         def run(conn: psycopg.Connection) -> tuple[int, int, int, int]:
-            if not self._staging_ready:
+            if inserts:
+                try:
+                    return write(conn, direct=True)
+                except psycopg.errors.UniqueViolation:
+                    pass  # an id of the batch is waiting already: insert only the others, below
+            return write(conn, direct=False)
+
+        def write(conn: psycopg.Connection, direct: bool) -> tuple[int, int, int, int]:
+            staged = (("u", replaces),) if direct else (("i", inserts), ("u", replaces))
+            if not self._staging_ready and (replaces or not direct):
                 conn.execute(QUERIES["create_staging"])
                 self._staging_ready = True
             inserted = replaced = cancelled = in_flight = 0
             with conn.transaction():
                 with conn.cursor() as cur:
-                    if inserts or replaces:
+                    if direct:
+                        with cur.copy(QUERIES["copy_messages"]) as copy:
+                            copy.set_types(["text", "timestamptz", "text", "bytea", "bytea", "bytea", "text",
+                                            "text", "text", "text"])
+                            for r in inserts:
+                                copy.write_row((r.id, _EPOCH + timedelta(microseconds=r.deadline_us), r.topic,
+                                                r.key, r.value, r.headers, r.ordering_key, r.cron, r.timezone,
+                                                r.dst_policy))
+                        inserted = len(inserts)
+                    if replaces or not direct:
                         with cur.copy(QUERIES["copy_staging_full"]) as copy:
                             copy.set_types(["text", "int8", "text", "bytea", "bytea", "bytea", "text", "text",
                                             "text", "text", "text"])
-                            for op, rows in (("i", inserts), ("u", replaces)):
+                            for op, rows in staged:
                                 for r in rows:
                                     copy.write_row((r.id, r.deadline_us, r.topic, r.key, r.value, r.headers,
                                                     r.ordering_key, r.cron, r.timezone, op, r.dst_policy))
-                    if inserts:
+                    if inserts and not direct:
                         cur.execute(QUERIES["insert_from_staging"])
                         inserted = cur.rowcount
                     if replaces:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 import uuid
 from pathlib import Path
@@ -31,9 +30,10 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from chronos.embedded import EmbeddedBroker, create_topics
-
-PROFILE = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500"}
+from benchmarks.report import percentiles
+from chronos.adapters.kafka.admin import create_topics
+from chronos.adapters.kafka.clients import EMBEDDED_GROUP_TIMEOUTS as PROFILE
+from chronos.embedded.broker import EmbeddedBroker
 
 
 def _consumer(bootstrap: str, **conf: Any) -> Consumer:
@@ -87,7 +87,7 @@ def latest_offsets(bootstrap: str, messages: int) -> dict[str, int]:
             "read_after_offset_end": end_reads}
 
 
-def fetch_latency(bootstrap: str, wait_ms: int, seconds: float, interval: float = 0.025) -> dict[str, float]:
+def fetch_latency(bootstrap: str, wait_ms: int, seconds: float, interval: float = 0.025) -> dict | None:
     """produce→readable latency (ms) of a message every `interval` s, read by a consumer at the head."""
     topic = f"facts.latency.{uuid.uuid4().hex[:6]}"
     create_topics(bootstrap, {topic: 1})
@@ -108,7 +108,7 @@ def fetch_latency(bootstrap: str, wait_ms: int, seconds: float, interval: float 
             lat.append((time.time() - float(m.value())) * 1000)
     c.close()
     p.flush(5)
-    return _percentiles(lat)
+    return percentiles(lat)
 
 
 def many_batches(bootstrap: str, batches: int, wait_ms: int) -> dict[str, float]:
@@ -166,17 +166,6 @@ def deleted_topic(bootstrap: str) -> dict[str, Any]:
     c.close()
     return {"produced_after_delete": 20, "acknowledged": results.count("ok"),
             "errors": sorted(set(r for r in results if r != "ok")), "readable_afterwards": found}
-
-
-def _percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"count": 0}
-    values = sorted(values)
-
-    def q(p: float) -> float:
-        return round(values[min(len(values) - 1, int(p * (len(values) - 1) + 0.5))], 2)
-    return {"count": len(values), "p50": q(0.5), "p99": q(0.99), "p999": q(0.999), "max": round(values[-1], 2),
-            "mean": round(statistics.fmean(values), 2)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -82,7 +82,7 @@ def write_records(path: Path, n: int, seed: int = 2) -> None:
 
 
 def fresh_database(server_url: str, name: str) -> str:
-    from chronos.store import migrate
+    from chronos.adapters.postgres.store import migrate
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name}")
         conn.execute(f"CREATE DATABASE {name}")
@@ -122,7 +122,7 @@ def metered(pg_pid: int, fn):
 def single_process(path: Path, url: str, rules) -> dict:
     """The same rows through the same validation and COPY path, from one process, no Spark."""
     from chronos.pipeline.rows import build
-    from chronos.store import Store
+    from chronos.adapters.postgres.store import Store
 
     store = Store(url)
     now_us = time.time_ns() // 1000
@@ -160,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-schedule", action="store_true", help="time the report only")
     args = parser.parse_args(argv)
 
-    from chronos.embedded import EmbeddedPostgres
-    from chronos.intake import Rules
+    from chronos.embedded.postgres import EmbeddedPostgres
+    from chronos.domain.intake import Rules
     from chronos.pipeline import report, schedule
     from chronos.pipeline.spark import session
 

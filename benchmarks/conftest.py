@@ -1,29 +1,9 @@
-"""Fixtures of the micro benchmarks: an embedded PostgreSQL (fsync off) with the Chronos schema.
-
-Kept apart from tests/conftest.py on purpose: `make bench` collects only this folder.
-"""
+"""The micro benchmarks' summary of the codec's speed-up. Their PostgreSQL (`database_url`) is
+the repository's conftest.py, shared with the tests."""
 
 from __future__ import annotations
 
-import psycopg
-import pytest
-
 SPEEDUPS: dict[str, dict[str, float]] = {}
-
-
-@pytest.fixture(scope="session")
-def pg_url(tmp_path_factory: pytest.TempPathFactory):
-    from chronos.embedded import EmbeddedPostgres
-    from chronos.store import migrate
-    base = tmp_path_factory.mktemp("bench-pg")
-    server = EmbeddedPostgres(base / "data", fast=True, log_path=base / "postgres.log")
-    server.start()
-    with psycopg.connect(server.url, autocommit=True) as conn:
-        conn.execute("CREATE DATABASE chronos_bench")
-    url = server.url.rsplit("/", 1)[0] + "/chronos_bench"
-    migrate(url)
-    yield url
-    server.stop()
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

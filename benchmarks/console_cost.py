@@ -24,9 +24,11 @@ import orjson
 import psycopg
 
 from benchmarks.procstat import CpuMeter, descendants
-from benchmarks.stack import OwnStack
-from chronos import codec, cron
-from chronos.store import Row, Store
+from benchmarks.stack import Stack, layout_args
+from chronos import codec
+from chronos.domain import cron
+from chronos.domain.model import Row
+from chronos.adapters.postgres.store import Store
 
 
 def console_pid(up_pid: int) -> int:
@@ -110,7 +112,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--rows", type=int, default=100_000, help="far-future messages in the store (default 100,000)")
     args = p.parse_args()
-    stack = OwnStack({"consumer": 1, "firer": 1, "detector": 1}, ["--console-port", "0"])
+    stack = Stack(*layout_args(1, 1, 1), "--console-port", "0")
     info = stack.start()
     try:
         fill(info["database_url"], args.rows)

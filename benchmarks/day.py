@@ -10,7 +10,7 @@ Phases, in this order, on one stack that is never restarted:
   steady        1,000 msg/s for 60 s
   burst 1..3    10,000 msg/s for 15 s, each followed by 40 s of quiet
   spike         200,000 messages all due at the same instant, sent in the 30 s before it
-  far-future    1,000,000 rows due in a year written in bulk (COPY through chronos.store), then 5,000 msg/s for 60 s
+  far-future    1,000,000 rows due in a year written in bulk (COPY through the PostgreSQL store), then 5,000 msg/s for 60 s
   VACUUM        5,000 msg/s for 60 s, a manual VACUUM of the table during it
   autovacuum    5,000 msg/s for 60 s and until an autovacuum of the table has run (its thresholds and
                 autovacuum_naptime lowered for the phase, then restored)
@@ -45,8 +45,8 @@ import orjson
 from benchmarks import kafka_load, report, sla
 from benchmarks.procstat import CpuMeter
 from benchmarks.records import ACKED, FAILED, Records
-from benchmarks.stack import External, OwnStack, StackFailed
-from chronos.console.launch import pick_metrics_base
+from benchmarks.stack import External, Stack, StackFailed, layout_args, run_on
+from chronos.ops.endpoints import pick_metrics_base
 
 TABLE = "chronos_messages"
 LATE_BOUND_S = 60.0
@@ -115,12 +115,11 @@ def parse_metrics(text: str) -> dict:
             step = sample.labels.get("step")
             node = sample.labels.get("node", node)
             if sample.name == "chronos_batch_duration_seconds_bucket":
-                steps.setdefault(step, {"count": 0.0, "le": {}, "max": 0.0})["le"][float(sample.labels["le"])] = \
-                    sample.value
+                steps.setdefault(step, _empty_step())["le"][float(sample.labels["le"])] = sample.value
             elif sample.name == "chronos_batch_duration_seconds_count":
-                steps.setdefault(step, {"count": 0.0, "le": {}, "max": 0.0})["count"] = sample.value
+                steps.setdefault(step, _empty_step())["count"] = sample.value
             elif sample.name == "chronos_batch_duration_max_seconds":
-                steps.setdefault(step, {"count": 0.0, "le": {}, "max": 0.0})["max"] = sample.value
+                steps.setdefault(step, _empty_step())["max"] = sample.value
             elif sample.name in COUNTERS.values():
                 counters[sample.name] = sample.value
     return {"node": node, "steps": steps, "counters": counters}
@@ -210,6 +209,9 @@ def phase_figures(rec: Records, *, window: tuple[float, float], probe: tuple[np.
         "early_published": early_published,
         "late_over_60s": int(np.count_nonzero(jitter > LATE_BOUND_S * 1000.0)) + lost,
         "jitter_ms": report.percentiles(jitter),
+        # when the firer published (the output message's CreateTime) minus the deadline: the
+        # scheduler's own share of the jitter, apart from what the broker and the reader add
+        "publish_lateness_ms": report.percentiles((created_at[has_created] - deadline[has_created]) * 1000.0),
         "broker_floor_ms": None,
     }
     if probe is not None:
@@ -253,11 +255,13 @@ def _slowest(st: dict | None) -> str:
 
 def table_lines(result: dict) -> list[str]:
     """The per-phase table as printed (Markdown, so the README can take it as it is)."""
-    head = ["phase", "msg/s", "sent", "jitter p50 / p99 / p99.9 ms", "floor p99.9 ms", "slowest claim s",
+    head = ["phase", "msg/s", "sent", "jitter p50 / p99 / p99.9 ms", "publish lateness p99.9 ms", "floor p99.9 ms",
+            "slowest claim s",
             "slowest delete s", "slowest scan s", "dup", ">60 s late", "lost", "notes"]
     rows = [head, ["---"] * len(head)]
     for p in result["phases"]:
         j, f, st = p.get("jitter_ms") or {}, p.get("broker_floor_ms") or {}, p.get("statements") or {}
+        pub = p.get("publish_lateness_ms") or {}
         notes = []
         if "spike" in p:
             notes.append(f"drain {p['spike']['drain_s']:.1f} s at {p['spike']['fire_rate']:,.0f}/s")
@@ -276,7 +280,8 @@ def table_lines(result: dict) -> list[str]:
             notes.append("missed: " + ",".join(k for k, v in p["targets"].items() if not v))
         rate = "all due at once" if "spike" in p else f"{p['rate']:,.0f}"
         rows.append([p["name"], rate, f"{p['sent']:,}",
-                     f"{_ms(j.get('p50'))} / {_ms(j.get('p99'))} / {_ms(j.get('p999'))}", _ms(f.get("p999")),
+                     f"{_ms(j.get('p50'))} / {_ms(j.get('p99'))} / {_ms(j.get('p999'))}", _ms(pub.get("p999")),
+                     _ms(f.get("p999")),
                      _slowest(st.get("claim")), _slowest(st.get("delete")), _slowest(st.get("scan")),
                      str(p["duplicates"]), str(p["late_over_60s"]), str(p["lost"]), "; ".join(notes)])
     return ["| " + " | ".join(r) + " |" for r in rows]
@@ -287,13 +292,13 @@ def table_lines(result: dict) -> list[str]:
 
 
 class Scraper:
-    """Scrapes every program's /metrics (port = base + role offset + process number, as chronos.metrics)."""
+    """Scrapes every program's /metrics (port = base + role offset + process number, as chronos.ops.endpoints)."""
 
     def __init__(self, base: int | None, programs):
         self.base, self.programs = base, programs
 
     def scrape(self) -> dict[str, dict] | None:
-        from chronos.metrics import ROLE_OFFSETS
+        from chronos.ops.endpoints import ROLE_OFFSETS
         if not self.base:
             return None
         out = {}
@@ -355,7 +360,8 @@ class StoreWatch(threading.Thread):
 def fill_far(url: str, rows: int, payload_bytes: int, tag: str) -> float:
     """Write `rows` messages due within a year from now, through the consumer's COPY path
     (`Store.insert`, FAR_CHUNK rows per transaction); returns the seconds it took."""
-    from chronos.store import Row, Store
+    from chronos.domain.model import Row
+    from chronos.adapters.postgres.store import Store
     store = Store(url)
     value = b"\xab" * payload_bytes
     start_us = time.time_ns() // 1000 + 365 * 86_400_000_000
@@ -505,12 +511,11 @@ class Day:
         return f"{self.tag}-{k}"
 
     def start_clients(self) -> None:
-        from chronos.embedded import create_topics
-        from chronos.stack import _admin_config
+        from chronos.adapters.kafka.admin import create_topics
         ctx, t = self.ctx, self.target
         t.probe_topic = f"chronos-bench-probe-{self.tag}"
         create_topics(self.info["bootstrap_servers"], {t.probe_topic: t.output_partitions()},
-                      client_config=_admin_config(self.info.get("kafka_properties") or {}))
+                      client_config=self.info.get("kafka_properties"))
         cap = int(6 * 3600 * 1000.0 / self.args.probe_interval_ms)  # six hours of samples
         t.probe_sent, t.probe_lat, t.probe_count = ctx.RawArray("d", cap), ctx.RawArray("d", cap), ctx.RawValue("d", 0)
         ready_r, ready_p = ctx.Event(), ctx.Event()
@@ -693,7 +698,7 @@ def main(argv: list[str] | None = None) -> int:
     up_args = list(args.up_args)
     metrics_base = args.metrics_port
     if args.ready_file:
-        stack = External(args.ready_file)
+        stack: Stack | External = External(args.ready_file)
     else:
         given = argparse.ArgumentParser(add_help=False)
         given.add_argument("--metrics-port", type=int)
@@ -703,26 +708,17 @@ def main(argv: list[str] | None = None) -> int:
         else:
             metrics_base = metrics_base or pick_metrics_base(counts)
             up_args += ["--metrics-port", str(metrics_base)]
-        stack = OwnStack(counts, up_args)
-    failed = True
-    try:
-        print("starting the stack ..." if isinstance(stack, OwnStack) else f"using the stack of {args.ready_file}",
-              flush=True)
-        info = stack.start()
+        stack = Stack(*layout_args(args.consumers, args.firers, args.detectors), *up_args)
+
+    def run(info: dict) -> tuple[str, str, dict]:
         day = Day(args, stack, info, metrics_base)
         layout = day.target.layout()
         date = report.now_iso()
-        result = day.run()
-        failed = False
-    except StackFailed as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr, flush=True)
-        return 3
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr, flush=True)
-        return 130
-    finally:
-        print("stopping ...", flush=True)
-        stack.stop(keep=failed)
+        return layout, date, day.run()
+    code, ran = run_on(stack, run)
+    if ran is None:
+        return code
+    layout, date, result = ran
     result = report.finite({
         "benchmark": "day", "layout": layout, "scale": args.scale, "date": date, **result,
         "targets_met": all(p["targets_met"] for p in result["phases"]),

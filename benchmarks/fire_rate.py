@@ -20,7 +20,8 @@ from pathlib import Path
 import orjson
 import psycopg
 
-from benchmarks.stack import OwnStack
+from benchmarks.procstat import rss_kb
+from benchmarks.stack import Stack, layout_args, supervisor
 
 FAR_CHUNK = 1_000_000
 
@@ -61,18 +62,11 @@ def remaining(conn: psycopg.Connection) -> int:
 
 def rss_mb(info: dict) -> dict[str, float]:
     """Resident memory (MB) of every supervisord program of the stack."""
-    import xmlrpc.client
-
-    from supervisor.xmlrpc import SupervisorTransport
-    transport = SupervisorTransport(None, None, f"unix://{info['supervisor_socket']}")
-    rpc = xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
     out = {}
-    for proc in rpc.supervisor.getAllProcessInfo():
-        if not proc["pid"]:
-            continue
-        for line in Path(f"/proc/{proc['pid']}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                out[proc["name"]] = round(int(line.split()[1]) / 1024, 1)
+    for proc in supervisor(info).supervisor.getAllProcessInfo():
+        kb = rss_kb(proc["pid"]) if proc["pid"] else None
+        if kb is not None:
+            out[proc["name"]] = round(kb / 1024, 1)
     return out
 
 
@@ -87,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("up_args", nargs="*", help="after `--`: extra `chronos up` arguments")
     args = p.parse_args(argv)
 
-    stack = OwnStack({"consumer": 0, "firer": args.firers, "detector": 1}, args.up_args)
+    stack = Stack(*layout_args(0, args.firers, 1), *args.up_args)
     info = stack.start()
     url = info["database_url"]
     result: dict = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {_cores()} cores",

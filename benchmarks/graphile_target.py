@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.kafka_load import LoadPlan, quiet_interrupts
-from benchmarks.records import ACKED, FAILED, SENT, Records
+from benchmarks.kafka_load import LoadPlan, quiet_interrupts, take_due
+from benchmarks.records import ACKED, FAILED, Records
 from benchmarks.stack import StackFailed
 
 HERE = Path(__file__).resolve().parent / "graphile"
@@ -134,28 +134,18 @@ def run_producer(url: str, plan: LoadPlan, rec: Records, tick: float = 0.005) ->
     conn = psycopg.connect(url, autocommit=True)
     rng = random.Random(plan.seed)
     pad = random.Random(plan.seed + 1).randbytes(plan.payload_bytes).hex()[:plan.payload_bytes]
-    deadline, sent_at, state = rec.raw["deadline"], rec.raw["sent_at"], rec.raw["state"]
+    state = rec.raw["state"]
     n, rate, t0 = plan.count, plan.rate, plan.t0
-    dmin, dspan = plan.delay_min, plan.delay_max - plan.delay_min
     acked = failed = i = 0
     while time.time() < t0:
         time.sleep(min(0.01, max(0.0, t0 - time.time())))
     rec.set("t_first", time.time())
     while i < n:
-        due = min(n, int((time.time() - t0) * rate) + 1)
-        if due > i:
-            ids, targets = list(range(i, due)), []
-            for k in ids:
-                t = time.time()
-                target = int((t + dmin + rng.random() * dspan) * 1000) / 1000.0
-                deadline[k] = target
-                sent_at[k] = t
-                state[k] = SENT
-                targets.append(target)
-            i = due
-            rec.set("sent", i)
+        ids, targets = take_due(plan, rec, rng, i)
+        if ids:
+            i = ids.stop
             try:
-                conn.execute(_ADD_JOBS, {"task": TASK, "tag": plan.tag, "pad": pad, "ids": ids, "at": targets})
+                conn.execute(_ADD_JOBS, {"task": TASK, "tag": plan.tag, "pad": pad, "ids": list(ids), "at": targets})
                 for k in ids:
                     state[k] = ACKED
                 acked += len(ids)

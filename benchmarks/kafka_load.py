@@ -20,12 +20,12 @@ import time
 from dataclasses import dataclass
 
 from benchmarks.records import ACKED, FAILED, SENT, Records
+from chronos.adapters.kafka.clients import EMBEDDED_GROUP_TIMEOUTS
 
 # Per docs/embedded-broker.md: short group timeouts for the embedded broker; the output reader stays at the
 # head of the log, so it may use a small fetch.wait.max.ms (its latency follows that setting).
 READER_DEFAULTS = {
-    "session.timeout.ms": "2000",
-    "heartbeat.interval.ms": "500",
+    **EMBEDDED_GROUP_TIMEOUTS,
     "enable.auto.commit": "false",
     "enable.partition.eof": "false",
     "auto.offset.reset": "earliest",
@@ -46,7 +46,7 @@ def quiet_interrupts() -> None:
 
 def client_configs(bootstrap: str, properties: dict, fetch_wait_ms: int, linger_ms: int) -> tuple[dict, dict]:
     """(producer, consumer) configurations: the stack's extra properties plus the harness's settings."""
-    from chronos.kafka import CONSUMER_ONLY, PRODUCER_ONLY
+    from chronos.adapters.kafka.clients import CONSUMER_ONLY, PRODUCER_ONLY
     base = {"bootstrap.servers": bootstrap}
     producer = {**PRODUCER_DEFAULTS, **{k: v for k, v in properties.items() if k not in CONSUMER_ONLY}, **base,
                 "linger.ms": str(linger_ms)}
@@ -69,6 +69,25 @@ class LoadPlan:
     seed: int
     # every deadline at this instant (epoch seconds) instead of send time + delay: a spike
     deadline_at: float | None = None
+
+
+def take_due(plan: LoadPlan, rec: Records, rng: random.Random, sent: int) -> tuple[range, list[float]]:
+    """For a peer's producer (one batched enqueue per tick): the messages of `plan` due by now after
+    the first `sent`, and their deadlines (send time + delay, at millisecond precision), each one
+    recorded as sent now."""
+    due = max(sent, min(plan.count, int((time.time() - plan.t0) * plan.rate) + 1))
+    ids = range(sent, due)
+    deadline, sent_at, state = rec.raw["deadline"], rec.raw["sent_at"], rec.raw["state"]
+    dmin, dspan = plan.delay_min, plan.delay_max - plan.delay_min
+    targets = []
+    for k in ids:
+        t = time.time()
+        target = int((t + dmin + rng.random() * dspan) * 1000) / 1000.0
+        deadline[k], sent_at[k], state[k] = target, t, SENT
+        targets.append(target)
+    if ids:
+        rec.set("sent", due)
+    return ids, targets
 
 
 def run_producer(conf: dict, topic: str, plan: LoadPlan, rec: Records, stop=None) -> None:
@@ -164,12 +183,7 @@ def run_phases_reader(conf: dict, topic: str, runs: dict[str, Records], ready, s
                             [0, 0, 0]) for tag, rec in runs.items()}   # counts: delivered, duplicates, foreign
     isnan = math.isnan
     while not stop.is_set():
-        first = consumer.poll(0.1)
-        if first is None:
-            continue
-        batch = consumer.consume(100000, 0)
-        now = time.time()
-        batch.insert(0, first)
+        batch, now = _next_batch(consumer, 100000)
         for msg in batch:
             if msg.error() is not None:
                 continue
@@ -199,6 +213,18 @@ def run_phases_reader(conf: dict, topic: str, runs: dict[str, Records], ready, s
             rec.set("duplicates", counts[1])
             rec.set("foreign", counts[2])
     consumer.close()
+
+
+def _next_batch(consumer, most: int) -> tuple[list, float]:
+    """The messages that came within 0.1 s and all the client had queued behind them (at most `most`),
+    with the time they were handed over: one receive time per batch, an upper bound for each."""
+    first = consumer.poll(0.1)
+    if first is None:
+        return [], time.time()
+    batch = consumer.consume(most, 0)
+    now = time.time()
+    batch.insert(0, first)
+    return batch, now
 
 
 def _end_offsets(consumer, topic: str) -> list:
@@ -234,12 +260,7 @@ def run_probe(producer_conf: dict, consumer_conf: dict, topic: str, interval: fl
 
     def read() -> None:
         while not stop.is_set():
-            first = consumer.poll(0.1)
-            if first is None:
-                continue
-            batch = consumer.consume(10000, 0)
-            now = time.time()
-            batch.insert(0, first)
+            batch, now = _next_batch(consumer, 10000)
             for msg in batch:
                 if msg.error() is not None or msg.value() is None or len(msg.value()) != 8:
                     continue

@@ -5,7 +5,7 @@
 Builds the rows once in an embedded PostgreSQL under --data-dir (kept, so a second run reuses them;
 `--rebuild` starts again): deadlines spread over a year, 1% sent to another topic, keys unique,
 1% with one of 100,000 ordering keys, 1,000 recurring schedules, 1,000 rows in flight. Then, for
-each filter, runs `chronos.inspect.list_messages` (the CLI's and the console's query) --repeat
+each filter, runs `chronos.ops.inspect.list_messages` (the CLI's and the console's query) --repeat
 times and prints the median and the worst time of the first page of 50, and of the page after it.
 Target: under 100 ms for every filter with 10 million rows.
 """
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import psycopg
 
-from chronos import inspect
-from chronos.inspect import Filters
-from chronos.store import Store, migrate
+from chronos.ops import inspect
+from chronos.ops.inspect import Filters
+from chronos.adapters.postgres.store import Store, migrate
 
 OUT = "chronos.output"
 
@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--rebuild", action="store_true")
     args = parser.parse_args()
 
-    from chronos.embedded import EmbeddedPostgres
+    from chronos.embedded.postgres import EmbeddedPostgres
     base = Path(args.data_dir)
     server = EmbeddedPostgres(base / "data", fast=True, log_path=base / "postgres.log")
     server.start()

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
-from benchmarks.kafka_load import LoadPlan, quiet_interrupts
-from benchmarks.records import ACKED, FAILED, SENT, Records
+from benchmarks.kafka_load import LoadPlan, quiet_interrupts, take_due
+from benchmarks.records import ACKED, FAILED, Records
 
 ENTRYPOINT = "chronos_bench"
 TABLE = "pgqueuer"
@@ -82,29 +82,17 @@ def run_producer(url: str, plan: LoadPlan, rec: Records, tick: float = 0.005) ->
         rng = random.Random(plan.seed)
         pad = random.Random(plan.seed + 1).randbytes(plan.payload_bytes)
         tag = plan.tag.encode()
-        deadline, sent_at, state = rec.raw["deadline"], rec.raw["sent_at"], rec.raw["state"]
+        state = rec.raw["state"]
         n, rate, t0 = plan.count, plan.rate, plan.t0
-        dmin, dspan = plan.delay_min, plan.delay_max - plan.delay_min
         acked = failed = i = 0
         while time.time() < t0:
             await asyncio.sleep(min(0.01, max(0.0, t0 - time.time())))
         rec.set("t_first", time.time())
         while i < n:
-            now = time.time()
-            due = min(n, int((now - t0) * rate) + 1)
-            if due > i:
-                idx = range(i, due)
-                payloads, targets = [], []
-                for k in idx:
-                    t = time.time()
-                    target = int((t + dmin + rng.random() * dspan) * 1000) / 1000.0
-                    deadline[k] = target
-                    sent_at[k] = t
-                    state[k] = SENT
-                    targets.append(target)
-                    payloads.append(b"%s|%d|%s" % (tag, k, pad))
-                i = due
-                rec.set("sent", i)
+            idx, targets = take_due(plan, rec, rng, i)
+            if idx:
+                payloads = [b"%s|%d|%s" % (tag, k, pad) for k in idx]
+                i = idx.stop
                 now = time.time()
                 try:
                     await queries.enqueue([ENTRYPOINT] * len(payloads), payloads, [0] * len(payloads),

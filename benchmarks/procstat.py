@@ -23,7 +23,19 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(st[11]) + int(st[12])) / _TICK  # utime, stime
 
 
+def rss_kb(pid: int) -> int | None:
+    """Resident memory of process `pid` (kB), or None when it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
 def descendants(pid: int) -> list[int]:
+    """Every process below `pid`: its children and all their descendants."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():

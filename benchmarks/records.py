@@ -22,6 +22,16 @@ _COUNTERS = ("sent", "acked", "failed", "delivered", "duplicates", "foreign", "t
              "producer_done")
 
 
+class _Column:
+    """One of the shared per-message arrays (`raw[name]`), read and written as a float64 numpy array."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, rec: "Records", owner: type | None = None) -> np.ndarray:
+        return np.frombuffer(rec.raw[self.name], dtype=np.float64)
+
+
 @dataclass
 class Records:
     """Shared per-message arrays (float64, epoch seconds) and counters for one load step."""
@@ -46,32 +56,13 @@ class Records:
     def __setstate__(self, state):
         self.capacity, self.raw = state["capacity"], state["raw"]
 
-    def _array(self, name: str) -> np.ndarray:
-        return np.frombuffer(self.raw[name], dtype=np.float64)
-
-    @property
-    def deadline(self) -> np.ndarray:
-        return self._array("deadline")
-
-    @property
-    def sent_at(self) -> np.ndarray:
-        return self._array("sent_at")
-
-    @property
-    def state(self) -> np.ndarray:
-        return self._array("state")
-
-    @property
-    def delivered_at(self) -> np.ndarray:
-        return self._array("delivered_at")
-
-    @property
-    def created_at(self) -> np.ndarray:
-        return self._array("created_at")
-
-    @property
-    def copies(self) -> np.ndarray:
-        return self._array("copies")
+    # the shared arrays, each seen as a numpy array without a copy
+    deadline = _Column()
+    sent_at = _Column()
+    state = _Column()
+    delivered_at = _Column()
+    created_at = _Column()
+    copies = _Column()
 
     def get(self, counter: str) -> float:
         return self.raw[counter].value

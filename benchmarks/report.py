@@ -26,6 +26,7 @@ import platform
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -35,7 +36,11 @@ SLA_P999_MS = 500.0
 BACKLOG_GRACE = SLA_P999_MS / 1000.0
 
 
-def percentiles(values: np.ndarray) -> dict | None:
+def percentiles(values: np.ndarray | Sequence[float]) -> dict | None:
+    """p50, p90, p99, p99.9, max, min, mean and count of `values` (None when there are none): the one
+    definition every harness reports. Each percentile is a value that occurred (numpy's "higher"
+    method: the next value up from the exact rank), never one interpolated between two."""
+    values = np.asarray(values, dtype=float)
     if values.size == 0:
         return None
     pct = np.percentile(values, [50, 90, 99, 99.9], method="higher")
@@ -188,7 +193,7 @@ def code_version() -> dict:
         return {}
     # the working tree may hold uncommitted service changes: fingerprint what actually ran
     digest = hashlib.sha256()
-    for path in sorted([*root.glob("chronos/**/*.py"), *root.glob("chronos/sql/*.sql"), *root.glob("native/*.pyx")]):
+    for path in sorted([*root.glob("chronos/**/*.py"), *root.glob("chronos/**/*.sql"), *root.glob("native/*.pyx")]):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
     return {"git_commit": commit, "git_dirty": dirty, "service_tree_sha256": digest.hexdigest()[:16]}

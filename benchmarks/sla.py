@@ -36,7 +36,8 @@ import orjson
 from benchmarks import kafka_load, report
 from benchmarks.procstat import CpuMeter
 from benchmarks.records import ACKED, Records
-from benchmarks.stack import External, OwnPostgres, OwnStack, StackFailed, database_url_for
+from benchmarks.stack import External, OwnPostgres, Stack, StackFailed, database_url_for, layout_args, run_on, \
+    supervisor
 
 PGQ_DATABASE = "chronos_bench_pgqueuer"
 GRAPHILE_DATABASE = "chronos_bench_graphile"
@@ -210,12 +211,11 @@ class ChronosTarget(Target):
                 "stack": {k: v for k, v in self.info.items() if not k.endswith("_pid") and k != "pid"}}
 
     def start_consumers(self, ctx, tag, rec, stop):
-        from chronos.embedded import create_topics
-        from chronos.stack import _admin_config
+        from chronos.adapters.kafka.admin import create_topics
         self.probe_topic = f"chronos-bench-probe-{tag}"
         # as many partitions as the output topic, so the broker's per-partition work is alike
         create_topics(self.info["bootstrap_servers"], {self.probe_topic: self.output_partitions()},
-                      client_config=_admin_config(self.info.get("kafka_properties") or {}))
+                      client_config=self.info.get("kafka_properties"))
         ready_r, ready_p = ctx.Event(), ctx.Event()
         reader = ctx.Process(target=kafka_load.run_reader, name="bench-reader",
                              args=(self.reader_conf, self.info["output_topic"], tag, rec, ready_r, stop))
@@ -234,10 +234,8 @@ class ChronosTarget(Target):
         return [reader, probe]
 
     def output_partitions(self) -> int:
-        from confluent_kafka.admin import AdminClient
-        from chronos.stack import _admin_config
-        admin = AdminClient({**_admin_config(self.info.get("kafka_properties") or {}),
-                             "bootstrap.servers": self.info["bootstrap_servers"]})
+        from chronos.adapters.kafka.admin import admin_client
+        admin = admin_client(self.info["bootstrap_servers"], self.info.get("kafka_properties"))
         md = admin.list_topics(self.info["output_topic"], timeout=10)
         return max(1, len(md.topics[self.info["output_topic"]].partitions))
 
@@ -249,11 +247,9 @@ class ChronosTarget(Target):
     def drop_probe_topic(self) -> None:
         if not self.probe_topic:
             return
-        from confluent_kafka.admin import AdminClient
-        from chronos.stack import _admin_config
+        from chronos.adapters.kafka.admin import admin_client
         try:
-            admin = AdminClient({**_admin_config(self.info.get("kafka_properties") or {}),
-                                 "bootstrap.servers": self.info["bootstrap_servers"]})
+            admin = admin_client(self.info["bootstrap_servers"], self.info.get("kafka_properties"))
             for fut in admin.delete_topics([self.probe_topic], operation_timeout=10).values():
                 fut.result(10)
         except Exception as exc:  # noqa: BLE001 - the probe topic is small; leaving it behind is harmless
@@ -265,14 +261,10 @@ class ChronosTarget(Target):
 
     def programs(self) -> list[dict] | None:
         """supervisord's process list of the stack, or None when it cannot be asked."""
-        sock = self.info.get("supervisor_socket")
-        if not sock:
+        if not self.info.get("supervisor_socket"):
             return None
         try:
-            from supervisor.xmlrpc import SupervisorTransport
-            rpc = xmlrpc.client.ServerProxy("http://127.0.0.1",
-                                            transport=SupervisorTransport(None, None, f"unix://{sock}"))
-            return rpc.supervisor.getAllProcessInfo()
+            return supervisor(self.info).supervisor.getAllProcessInfo()
         except (OSError, xmlrpc.client.Error) as exc:
             print(f"cannot list the stack's programs: {exc}", flush=True)
             return None
@@ -297,23 +289,49 @@ class ChronosTarget(Target):
         return format_layout(self.counts())
 
 
-class PgqueuerTarget(Target):
-    name = "pgqueuer"
-    table = "pgqueuer"
+class PeerTarget(Target):
+    """A PostgreSQL queue compared with Chronos: its own database on the stack's server, its producer
+    and workers from its module (`run_producer`, `run_worker`), no broker and so no probe."""
+
+    database = ""
 
     def __init__(self, args, info):
         super().__init__(args, info)
-        from benchmarks import pgq_target
-        self.pgq = pgq_target
-        self.settings = pgq_target.WorkerSettings(batch_size=args.pgq_batch_size,
-                                                  dequeue_timeout=args.pgq_dequeue_timeout)
-        self._url = database_url_for(info["database_url"], PGQ_DATABASE)
-        _ensure_database(info["database_url"], PGQ_DATABASE)
-        self.version = pgq_target.install(self._url)
+        self._url = database_url_for(info["database_url"], self.database)
+        _ensure_database(info["database_url"], self.database)
 
     @property
     def database_url(self) -> str:
         return self._url
+
+    def module(self):
+        raise NotImplementedError
+
+    def producer(self, ctx, plan, rec):
+        return ctx.Process(target=self.module().run_producer, name=f"bench-{self.name}-producer",
+                           args=(self._url, plan, rec))
+
+    def probe(self):
+        return None
+
+    def drop_probe_topic(self):
+        pass
+
+
+class PgqueuerTarget(PeerTarget):
+    name = "pgqueuer"
+    table = "pgqueuer"
+    database = PGQ_DATABASE
+
+    def __init__(self, args, info):
+        super().__init__(args, info)
+        self.settings = self.module().WorkerSettings(batch_size=args.pgq_batch_size,
+                                                     dequeue_timeout=args.pgq_dequeue_timeout)
+        self.version = self.module().install(self._url)
+
+    def module(self):
+        from benchmarks import pgq_target
+        return pgq_target
 
     def config(self) -> dict:
         return {"pgqueuer_version": self.version, "driver": "asyncpg", "durability": "balanced",
@@ -325,7 +343,7 @@ class PgqueuerTarget(Target):
         procs = []
         for k in range(self.args.pgq_workers):
             ready = ctx.Event()
-            proc = ctx.Process(target=self.pgq.run_worker, name=f"bench-pgq-worker-{k}",
+            proc = ctx.Process(target=self.module().run_worker, name=f"bench-pgq-worker-{k}",
                                args=(self._url, tag, rec, self.settings, ready, stop))
             proc.start()
             procs.append((proc, ready))
@@ -333,48 +351,36 @@ class PgqueuerTarget(Target):
         self.workers = [p for p, _ in procs]
         return self.workers
 
-    def producer(self, ctx, plan, rec):
-        return ctx.Process(target=self.pgq.run_producer, name="bench-pgq-producer", args=(self._url, plan, rec))
-
-    def probe(self):
-        return None
-
-    def drop_probe_topic(self):
-        pass
-
     def layout(self):
         return f"{self.args.pgq_workers} worker{'s' if self.args.pgq_workers > 1 else ''}"
 
 
-class GraphileTarget(Target):
+class GraphileTarget(PeerTarget):
     name = "graphile"
     table = "graphile_worker._private_jobs"
+    database = GRAPHILE_DATABASE
 
     def __init__(self, args, info):
         super().__init__(args, info)
-        from benchmarks import graphile_target
-        self.gw = graphile_target
-        self.settings = graphile_target.WorkerSettings(concurrency=args.gw_concurrency,
-                                                       max_pool_size=args.gw_concurrency + 1,
-                                                       poll_interval_ms=args.gw_poll_interval_ms,
-                                                       local_queue_size=args.gw_local_queue_size)
-        self._url = database_url_for(info["database_url"], GRAPHILE_DATABASE)
-        _ensure_database(info["database_url"], GRAPHILE_DATABASE)
-        self.version = graphile_target.install_schema(self._url, self.settings)
+        self.settings = self.module().WorkerSettings(concurrency=args.gw_concurrency,
+                                                     max_pool_size=args.gw_concurrency + 1,
+                                                     poll_interval_ms=args.gw_poll_interval_ms,
+                                                     local_queue_size=args.gw_local_queue_size)
+        self.version = self.module().install_schema(self._url, self.settings)
         self.node_pids: list = []
+
+    def module(self):
+        from benchmarks import graphile_target
+        return graphile_target
 
     @staticmethod
     def prepare():
         from benchmarks import graphile_target
         graphile_target.ensure_installed()
 
-    @property
-    def database_url(self) -> str:
-        return self._url
-
     def config(self) -> dict:
         s = self.settings
-        return {"graphile_worker_version": self.version, "node_version": self.gw.node_version(),
+        return {"graphile_worker_version": self.version, "node_version": self.module().node_version(),
                 "workers": self.args.gw_workers, "concurrent_jobs": s.concurrency, "max_pool_size": s.max_pool_size,
                 "poll_interval_ms": s.poll_interval_ms, "local_queue_size": s.local_queue_size,
                 "complete_job_batch_delay_ms": s.complete_job_batch_delay_ms, "prepared_statements": True,
@@ -385,7 +391,7 @@ class GraphileTarget(Target):
         self.node_pids = []
         for k in range(self.args.gw_workers):
             ready, pid = ctx.Event(), ctx.RawValue("i", 0)
-            proc = ctx.Process(target=self.gw.run_worker, name=f"bench-graphile-reader-{k}",
+            proc = ctx.Process(target=self.module().run_worker, name=f"bench-graphile-reader-{k}",
                                args=(self._url, tag, rec, self.settings, pid, ready, stop))
             proc.start()
             procs.append((proc, ready))
@@ -398,15 +404,6 @@ class GraphileTarget(Target):
         for k, pid in enumerate(self.node_pids):
             groups[f"graphile-worker-{k} (node)"] = (pid.value, False)
         return groups
-
-    def producer(self, ctx, plan, rec):
-        return ctx.Process(target=self.gw.run_producer, name="bench-graphile-producer", args=(self._url, plan, rec))
-
-    def probe(self):
-        return None
-
-    def drop_probe_topic(self):
-        pass
 
     def layout(self):
         n = self.args.gw_workers
@@ -713,38 +710,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or Path("benchmarks/out") / (datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
                                                 + f"-{args.target}")
-    counts = {"consumer": args.consumers, "firer": args.firers, "detector": args.detectors}
     try:
         TARGETS[args.target].prepare()
     except StackFailed as exc:
         print(f"benchmark failed: {exc}", file=sys.stderr, flush=True)
         return 3
     if args.ready_file:
-        stack = External(args.ready_file)
+        stack: Stack | OwnPostgres | External = External(args.ready_file)
     elif args.target == "chronos":
-        stack = OwnStack(counts, args.up_args)
+        stack = Stack(*layout_args(args.consumers, args.firers, args.detectors), *args.up_args)
     else:
         stack = OwnPostgres()
-    failed = True
-    try:
-        print(f"starting {'the stack' if isinstance(stack, OwnStack) else 'PostgreSQL'} ..."
-              if not isinstance(stack, External) else f"using the stack of {args.ready_file}", flush=True)
-        info = stack.start()
+
+    def run(info: dict) -> dict:
         target = TARGETS[args.target](args, info)
         if args.find_max:
-            summary = find_max(target, args, out, stack)
-        else:
-            summary = run_step(target, args, args.rate, args.duration, out, stack)
-        failed = False
-    except StackFailed as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr, flush=True)
-        return 3
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr, flush=True)
-        return 130
-    finally:
-        print("stopping ...", flush=True)
-        stack.stop(keep=failed)
+            return find_max(target, args, out, stack)
+        return run_step(target, args, args.rate, args.duration, out, stack)
+    code, summary = run_on(stack, run)
+    if summary is None:
+        return code
     return 0 if summary.get("sla_pass") else 1
 
 

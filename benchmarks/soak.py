@@ -11,7 +11,7 @@ jitter percentiles (arrival on the output topic − deadline, for messages sent 
 deadline), the recovery time of each kill, and each process's memory (RSS) at the start and the
 end, the embedded PostgreSQL (with its backends) and broker included.
 
-It uses the fault tests' harness (tests/faults/faultload.py), so the soak and the fault scenarios
+It uses the fault tests' harness (benchmarks/faultload.py), so the soak and the fault scenarios
 count the same way.
 """
 
@@ -26,16 +26,11 @@ from pathlib import Path
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "faults"))
-
-from faultload import Scenario, held_rows, rss_kb  # noqa: E402
+from benchmarks.faultload import Scenario, held_rows
+from benchmarks.procstat import descendants, rss_kb
+from benchmarks.report import percentiles
 
 ROLES = ("consumer", "firer", "detector")
-
-
-def _descendants(pid: int) -> list[int]:
-    from chronos.embedded import _descendants as descendants
-    return descendants(pid)
 
 
 def memory(sc: Scenario) -> dict[str, dict]:
@@ -46,20 +41,16 @@ def memory(sc: Scenario) -> dict[str, dict]:
             out[name] = {"pid": info["pid"], "rss_kb": rss_kb(info["pid"])}
     pg = sc.info.get("postgres_pid")
     if pg:
-        out["postgres (all)"] = {"pid": pg, "rss_kb": sum(filter(None, (rss_kb(p) for p in [pg, *_descendants(pg)])))}
+        out["postgres (all)"] = {"pid": pg, "rss_kb": sum(filter(None, (rss_kb(p) for p in [pg, *descendants(pg)])))}
     broker = sc.info.get("broker_pid")
     if broker:
         out["broker"] = {"pid": broker, "rss_kb": rss_kb(broker)}
     return out
 
 
-def percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    v = sorted(values)
-    pick = lambda q: round(v[min(len(v) - 1, int(q * len(v)))] * 1000, 1)  # noqa: E731
-    return {"min_ms": round(v[0] * 1000, 1), "p50_ms": pick(0.5), "p90_ms": pick(0.9), "p99_ms": pick(0.99),
-            "p99.9_ms": pick(0.999), "max_ms": round(v[-1] * 1000, 1)}
+def _ms(seconds: list[float]) -> dict | None:
+    """Percentiles (in ms) of durations given in seconds."""
+    return percentiles([v * 1000.0 for v in seconds])
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -86,7 +77,7 @@ def run(args: argparse.Namespace) -> dict:
             elif role == "firer":
                 f = sc.kill_firer(name)
             else:
-                pid, at = sc.stack.kill(name)
+                pid, at = sc.stack.kill_program(name)
                 f = sc.fault(f"SIGKILL {name}", at)
                 f.back_running = sc.stack.wait_running(name, not_pid=pid)[1]
             kills.append(f)
@@ -113,11 +104,11 @@ def run(args: argparse.Namespace) -> dict:
     result = {
         "minutes": args.minutes, "rate": args.rate, "kill_every_s": args.kill_every, "kills": len(kills),
         **{k: v for k, v in report.row().items() if k not in ("scenario", "faults")},
-        "jitter": percentiles(jitter),
-        "jitter_away_from_kills": percentiles(steady),
-        "produced_vs_deadline": percentiles(produced_late),
-        "read_vs_produced": percentiles(read_after),
-        "already_late_publish_delay": percentiles(late_sent),
+        "jitter": _ms(jitter),
+        "jitter_away_from_kills": _ms(steady),
+        "produced_vs_deadline": _ms(produced_late),
+        "read_vs_produced": _ms(read_after),
+        "already_late_publish_delay": _ms(late_sent),
         "running_again_s": {f"{i} {f.what}": round((f.back_running or f.start) - f.start, 2) for i, f in enumerate(kills)},
         "memory_kb": {"start": mem_start, "end": mem_end},
         "input_lag": lags,
@@ -129,19 +120,19 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
+def _line(figures: dict | None) -> str:
+    return "  ".join(f"{k} {v}" for k, v in figures.items()) if figures else "none"
+
+
 def print_result(r: dict) -> None:
     print(f"\nsent {r['sent']}  delivered {r['delivered']}  lost {r['lost']} (found on the output topic when read "
           f"again: {r['lost_found_on_reread']})  early {r['early']}  "
           f"duplicates {r['duplicates']} (unexplained {r['unexplained_duplicates']})  kills {r['kills']}")
-    print("jitter (arrival - deadline): " + "  ".join(f"{k} {v}" for k, v in r["jitter"].items()))
-    print("  the same, messages due more than 4 s before or 15 s after any kill: "
-          + "  ".join(f"{k} {v}" for k, v in r["jitter_away_from_kills"].items()))
-    print("  of which Chronos producing it (CreateTime - deadline, ms resolution): "
-          + "  ".join(f"{k} {v}" for k, v in r["produced_vs_deadline"].items()))
-    print("  and the broker and reader (read - CreateTime): "
-          + "  ".join(f"{k} {v}" for k, v in r["read_vs_produced"].items()))
-    print("already-late messages, send → arrival: "
-          + "  ".join(f"{k} {v}" for k, v in r["already_late_publish_delay"].items()))
+    print("jitter (arrival - deadline, ms): " + _line(r["jitter"]))
+    print("  the same, messages due more than 4 s before or 15 s after any kill: " + _line(r["jitter_away_from_kills"]))
+    print("  of which Chronos producing it (CreateTime - deadline, ms resolution): " + _line(r["produced_vs_deadline"]))
+    print("  and the broker and reader (read - CreateTime): " + _line(r["read_vs_produced"]))
+    print("already-late messages, send → arrival: " + _line(r["already_late_publish_delay"]))
     print(f"recovery (until the last message a kill delayed arrived): max {r['recovery_s']}s"
           f"; max lateness {r['max_lateness_s']}s")
     print("input lag (messages past the group's committed offsets) every kill: "

@@ -10,12 +10,12 @@ import itertools
 import time
 import uuid
 
-import psycopg
 import pytest
 
 from benchmarks.conftest import SPEEDUPS
 from chronos import codec
-from chronos.store import Row, Store
+from chronos.domain.model import Row
+from chronos.adapters.postgres.store import Store
 
 BATCH = 2000
 
@@ -115,10 +115,8 @@ def _rows(n: int, deadline_us: int) -> list[Row]:
 
 
 @pytest.fixture
-def store(pg_url):
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute("TRUNCATE chronos_messages")
-    s = Store(pg_url, node_id=uuid.uuid4())
+def store(database_url):
+    s = Store(database_url, node_id=uuid.uuid4())
     yield s
     s.close()
 

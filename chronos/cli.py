@@ -37,19 +37,19 @@ def parse_at(text: str) -> datetime:
 # -- commands ------------------------------------------------------------------------------
 
 def cmd_process(args: argparse.Namespace) -> int:
-    from chronos import runtime
+    from chronos.runtime import process as runtime
     settings = config.load(args)
     if args.command == "consumer":
-        from chronos.consumer import run
+        from chronos.roles.consumer import run
     elif args.command == "firer":
-        from chronos.firer import run
+        from chronos.roles.firer import run
     else:
-        from chronos.detector import run
+        from chronos.roles.detector import run
     return runtime.run_process(args.command, settings, run)
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from chronos import store
+    from chronos.adapters.postgres import store
     settings = config.load(args)
     applied = store.migrate(settings.require_database())
     if applied:
@@ -66,7 +66,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_send(args: argparse.Namespace) -> int:
     from chronos.client import Scheduler
-    from chronos.kafka import check_reachable, producer_config
+    from chronos.adapters.kafka.admin import check_reachable
+    from chronos.adapters.kafka.clients import producer_config
     settings = config.load(args)
     if not settings.kafka_bootstrap_servers:
         raise config.ConfigError("no Kafka to send to: give --ready-file or --kafka-bootstrap-servers")
@@ -97,7 +98,8 @@ def cmd_tail(args: argparse.Namespace) -> int:
     from confluent_kafka import OFFSET_BEGINNING, Consumer
 
     from chronos import codec
-    from chronos.kafka import PRODUCER_ONLY, check_reachable
+    from chronos.adapters.kafka.admin import check_reachable
+    from chronos.adapters.kafka.clients import PRODUCER_ONLY
     settings = config.load(args)
     if not settings.kafka_bootstrap_servers:
         raise config.ConfigError("no Kafka to read from: give --ready-file or --kafka-bootstrap-servers")
@@ -147,8 +149,8 @@ def cmd_schedules(args: argparse.Namespace) -> int:
     """List recurring schedules with their next occurrence."""
     import orjson
 
-    from chronos import cron
-    from chronos.store import Store
+    from chronos.domain import cron
+    from chronos.adapters.postgres.store import Store
     settings = config.load(args)
     store = Store(settings.require_database())
     rows = store.list_schedules()
@@ -170,10 +172,10 @@ def cmd_schedules(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- operators: show, list, cancel, fire-now, reschedule (chronos/inspect.py does the work) ---
+# -- operators: show, list, cancel, fire-now, reschedule (chronos/ops/inspect.py does the work) ---
 
 def _operator_store(args: argparse.Namespace):
-    from chronos.store import Store
+    from chronos.adapters.postgres.store import Store
     settings = config.load(args)
     return settings, Store(settings.require_database())
 
@@ -184,7 +186,7 @@ def _print_json(data) -> None:
 
 
 def _filters(args: argparse.Namespace, settings: config.Settings, now: datetime):
-    from chronos import inspect
+    from chronos.ops import inspect
     return inspect.filters_for(
         output_topic=settings.output_topic,
         due_after=inspect.parse_time(args.due_after, now, "--due-after") if args.due_after else None,
@@ -195,7 +197,7 @@ def _filters(args: argparse.Namespace, settings: config.Settings, now: datetime)
 
 def cmd_show(args: argparse.Namespace) -> int:
     """One message or schedule, everything the store knows; exit 1 when it is not there."""
-    from chronos import inspect
+    from chronos.ops import inspect
     settings, store = _operator_store(args)
     try:
         m = inspect.show(store, args.id, output_topic=settings.output_topic)
@@ -206,15 +208,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     elif m is None:
         print(f"{args.id!r}: not_found")
     else:
-        lines = [("id", repr(m.id)), ("state", m.state)]
-        if m.state == "in_flight":
-            assert m.claimed_at is not None  # in flight means claimed: inspect.show sets both from readied_at
-            lines.append(("firer", f"{m.firer} since {inspect.iso(m.claimed_at)}"))
-        if m.state == "recurring":
-            lines += [("cron", f"{m.cron} ({m.timezone}" + (f", {m.dst_policy})" if m.dst_policy else ")")),
-                      ("next occurrence", inspect.iso(m.deadline))]
-        else:
-            lines.append(("deadline", inspect.iso(m.deadline)))
+        lines = [("id", repr(m.id)), ("state", m.state), *inspect.schedule_facts(m)]
         lines += [("topic", m.topic), ("key", inspect.safe_text(m.key)),
                   ("value", "null" if m.value_size is None else
                    f"{m.value_size:,} bytes {inspect.safe_text(m.value_preview)}"
@@ -233,7 +227,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     """A page of waiting, in-flight and recurring messages matching the filters, with the next cursor."""
-    from chronos import inspect
+    from chronos.ops import inspect
     settings, store = _operator_store(args)
     try:
         limit = config._positive_int("--limit", args.limit)
@@ -257,7 +251,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_act(args: argparse.Namespace) -> int:
     """cancel, fire-now, reschedule: by ids or by --filter; --dry-run; --yes above the threshold."""
-    from chronos import inspect, logs
+    from chronos.ops import inspect
+    from chronos.runtime import logs
     action = args.command.replace("-", "_")
     settings, store = _operator_store(args)
     logs.setup("operator", str(uuid.uuid4()), settings.log_level, settings.log_format, settings.secrets())
@@ -417,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     from chronos.pipeline.commands import add_parsers as pipeline_parsers
     pipeline_parsers(p)
 
-    from chronos.status import add_parsers as operating_parsers
+    from chronos.ops.status import add_parsers as operating_parsers
     operating_parsers(sub)
     add_operator_parsers(sub)
 

@@ -15,6 +15,7 @@ from typing import Any, Iterable
 
 from confluent_kafka import Producer
 
+from chronos.adapters.kafka.clients import PRODUCER_DEFAULTS
 from chronos.codec import (HEADER_ACTION, HEADER_DEADLINE, HEADER_ID, HEADER_ORDERING_KEY, HEADER_TOPIC,
                            MAX_ID_LENGTH)
 
@@ -49,9 +50,9 @@ class Scheduler:
         if producer is None:
             if bootstrap_servers is None:
                 raise ValueError("give bootstrap_servers or a producer")
-            producer = Producer({"bootstrap.servers": bootstrap_servers, "acks": "all",
-                                 "enable.idempotence": "true", "partitioner": "murmur2_random",
-                                 **(config or {})})
+            # Chronos's own producer settings: acknowledged by all replicas, idempotent, and the Java
+            # client's partitioner, so a key lands where a Java producer would put it
+            producer = Producer({**PRODUCER_DEFAULTS, "bootstrap.servers": bootstrap_servers, **(config or {})})
         self.producer = producer
         self.input_topic = input_topic
         self.errors: list[str] = []

@@ -18,9 +18,9 @@ from urllib.parse import unquote, urlsplit
 import orjson
 
 from chronos.errors import ConfigError
-from chronos.ratelimit import FireRateLimits, TopicRates, parse_rate, parse_topic_rates
+from chronos.domain.ratelimit import FireRateLimits, TopicRates, parse_rate, parse_topic_rates
+from chronos.domain.topics import is_topic_name
 
-TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 # librdkafka properties whose values are secrets: never logged, redacted from messages.
 SECRET_KAFKA_KEYS = ("sasl.password", "ssl.key.password", "ssl.keystore.password",
@@ -61,7 +61,7 @@ def _port(name: str, raw: str) -> int:
 
 
 def _topic(name: str, raw: str) -> str:
-    if not TOPIC_RE.match(raw) or raw in (".", ".."):
+    if not is_topic_name(raw):
         raise ConfigError(f"{name} is not a valid Kafka topic name: {raw!r}")
     return raw
 

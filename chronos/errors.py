@@ -39,5 +39,23 @@ class StoreRejected(ChronosError):
     """PostgreSQL refused the data itself (not the connection): retrying the same data cannot help."""
 
 
+class NotFound(ChronosError):
+    """An operator action named ids that are not in the store (not waiting, in flight or recurring)."""
+
+    exit_code = EXIT_NOT_FOUND
+
+
+class NeedsConfirmation(ChronosError):
+    """An operator action would change more messages than the confirmation threshold allows without --yes."""
+
+    exit_code = EXIT_CONFIRM
+
+
+class InFlightSkipped(ChronosError):
+    """An operator action left some messages alone because a firer is publishing them."""
+
+    exit_code = EXIT_IN_FLIGHT
+
+
 class InputError(ConfigError):
     """A pipeline job's input is missing or has the wrong schema (exit code 2, like a bad flag)."""

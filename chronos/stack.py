@@ -7,7 +7,7 @@ web console (unless --no-console or its extra is missing).
 
 One `chronos up` per data directory (a lock file). Everything it starts dies with it, even when
 it is killed outright, and the next one stops whatever an earlier killed one left behind (see
-chronos.orphans). An embedded PostgreSQL that dies is started again on the same port (crash
+chronos.runtime.orphans). An embedded PostgreSQL that dies is started again on the same port (crash
 recovery); the programs reconnect by themselves, and the memory-only broker keeps its messages.
 """
 
@@ -29,12 +29,21 @@ from typing import cast
 
 import orjson
 
-from chronos import config, orphans, store
+from chronos import config
+
+from chronos.runtime import orphans
+
+from chronos.adapters.kafka.admin import check_reachable, create_topics
+from chronos.adapters.kafka.clients import EMBEDDED_PROFILE
+from chronos.adapters.postgres import store
 from chronos.config import Settings, redact_url
-from chronos.console.launch import ConsoleProcess, metrics_urls, pick_metrics_base
-from chronos.embedded import EmbeddedBroker, EmbeddedError, EmbeddedPostgres, create_topics
+from chronos.console.launch import ConsoleProcess
+from chronos.embedded.broker import EmbeddedBroker
+from chronos.embedded.postgres import EmbeddedPostgres
+from chronos.embedded.procs import EmbeddedError
+from chronos.ops.endpoints import metrics_urls, pick_metrics_base
 from chronos.errors import EXIT_CONFIG, EXIT_EMBEDDED, EXIT_SCHEMA, ChronosError
-from chronos.store import Backoff
+from chronos.runtime.backoff import Backoff
 
 log = logging.getLogger("chronos.up")
 
@@ -48,17 +57,6 @@ PROGRAM_SETTLE_S = 2.0
 # exit codes of a program that restarting cannot help: it is not restarted (supervisord.conf)
 FINAL_EXITS = {EXIT_CONFIG: "a configuration error", EXIT_SCHEMA: "the database is not migrated"}
 
-# Client settings for the embedded broker only (see docs/embedded-broker.md): fast group joins, short fetch waits,
-# and larger produce batches, because its fetch cost grows with the number of stored batches (the
-# firer's measured advance makes up for the longer linger: measured 1,000 msg/s p99.9 jitter
-# 691-901 ms with linger 5 against 449-493 ms with 25, on the shared machine).
-EMBEDDED_KAFKA_PROFILE = {
-    "session.timeout.ms": "2000",
-    "heartbeat.interval.ms": "500",
-    "fetch.wait.max.ms": "25",
-    "linger.ms": "25",
-}
-
 
 class StackError(ChronosError):
     exit_code = EXIT_EMBEDDED
@@ -70,11 +68,6 @@ def supervisord_conf() -> Path:
     if beside.is_file():
         return beside
     return Path(str(resources.files("chronos") / "supervisord.conf"))
-
-
-def check_kafka(bootstrap: str, kafka_config: dict, timeout: float = 10.0, secrets: list[str] | None = None) -> None:
-    from chronos.kafka import check_reachable
-    check_reachable(bootstrap, kafka_config, timeout, secrets)
 
 
 @dataclass
@@ -145,12 +138,12 @@ class Stack:
         life_check()
         kafka_extra = dict(s.kafka_properties)
         if s.kafka_bootstrap_servers:
-            check_kafka(s.kafka_bootstrap_servers, s.kafka_config, secrets=s.secrets())
+            check_reachable(s.kafka_bootstrap_servers, s.kafka_config, secrets=s.secrets())
         else:
             self.broker = EmbeddedBroker(port=self.kafka_port, log_path=self.log_dir / "broker.log",
                                          die_with_parent=PARENT_DEATH_SIGNAL["broker"])
             self.broker.start()
-            kafka_extra = {**EMBEDDED_KAFKA_PROFILE, **kafka_extra}
+            kafka_extra = {**EMBEDDED_PROFILE, **kafka_extra}
             s = config.replace(s, kafka_bootstrap_servers=self.broker.bootstrap_servers)
             print(f"started embedded Kafka-compatible broker on {self.broker.bootstrap_servers} "
                   f"(memory only)", flush=True)
@@ -161,7 +154,7 @@ class Stack:
         life_check()
         create_topics(s.kafka_bootstrap_servers, {t: self.partitions for t in
                                                   (s.input_topic, s.output_topic, s.dlq_topic)},
-                      client_config=_admin_config(s.kafka_config))
+                      client_config=s.kafka_config)
         applied = store.migrate(s.database_url)
         print(f"schema at version {store.LATEST_VERSION}"
               + (f" (applied {', '.join(map(str, applied))})" if applied else ""), flush=True)
@@ -254,7 +247,7 @@ class Stack:
         """While running: stop on a program that exited for good, say when one was restarted.
 
         A crashed program is restarted by supervisord (and waits longer after each crash in a row:
-        chronos.runtime); one that exited with a configuration or schema error is not, and
+        chronos.runtime.process); one that exited with a configuration or schema error is not, and
         neither is one that could not be spawned (FATAL).
         """
         for info in infos:
@@ -367,12 +360,7 @@ class Stack:
             self.console.stop()
         if self.supervisord is not None and self.supervisord.poll() is None:
             print("stopping programs ...", flush=True)
-            self.supervisord.send_signal(signal.SIGTERM)
-            try:
-                self.supervisord.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.supervisord.pid, signal.SIGKILL)
-                self.supervisord.wait()
+            orphans.stop_child(self.supervisord, 60)
         if self.broker is not None:
             print("stopping the embedded broker ...", flush=True)
             self.broker.stop()
@@ -389,12 +377,6 @@ def _describe_exit(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
-
-
-def _admin_config(kafka_config: dict) -> dict:
-    """The client properties an admin client accepts (TLS, SASL, ...), without consumer/producer ones."""
-    from chronos.kafka import CONSUMER_ONLY, PRODUCER_ONLY
-    return {k: v for k, v in kafka_config.items() if k not in CONSUMER_ONLY and k not in PRODUCER_ONLY}
 
 
 def _tail(path: Path, lines: int) -> str:
@@ -464,9 +446,6 @@ def run(args: argparse.Namespace) -> int:
         stack.watch(stopping)
     except KeyboardInterrupt:
         pass
-    except EmbeddedError as exc:
-        print(f"chronos up: {exc}", file=sys.stderr, flush=True)
-        code = EXIT_EMBEDDED
     except ChronosError as exc:
         print(f"chronos up: {exc}", file=sys.stderr, flush=True)
         code = exc.exit_code

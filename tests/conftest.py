@@ -1,7 +1,8 @@
-"""Shared fixtures: a real PostgreSQL and a real Kafka-protocol broker, started by the tests.
+"""Shared fixtures: a real Kafka-protocol broker and real chronos processes, started by the tests.
 
-One embedded PostgreSQL (fsync off) and one embedded broker per test session; each test gets a
-fresh database cloned from a migrated template, and fresh topic names.
+One embedded broker per test session; each test gets fresh topic names. The PostgreSQL fixtures
+(`pg_server`, `database_url`, `empty_database_url`) are the repository's conftest.py, shared with
+the micro benchmarks.
 """
 
 from __future__ import annotations
@@ -14,13 +15,10 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
-import psycopg
 import pytest
+from helpers import EMBEDDED_KAFKA
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# Client settings for the embedded broker (see docs/embedded-broker.md); never production defaults.
-EMBEDDED_KAFKA = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500", "fetch.wait.max.ms": "10"}
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -39,48 +37,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="session")
-def pg_server(tmp_path_factory: pytest.TempPathFactory):
-    from chronos.embedded import EmbeddedPostgres
-    from chronos.store import migrate
-    base = tmp_path_factory.mktemp("pg")
-    server = EmbeddedPostgres(base / "data", fast=True, log_path=base / "postgres.log")
-    server.start()
-    with psycopg.connect(server.url, autocommit=True) as conn:
-        conn.execute("CREATE DATABASE chronos_template")
-    migrate(server.url.rsplit("/", 1)[0] + "/chronos_template")
-    yield server
-    server.stop()
-
-
-def _db_url(server_url: str, name: str) -> str:
-    return server_url.rsplit("/", 1)[0] + "/" + name
-
-
-@pytest.fixture
-def database_url(pg_server) -> Iterator[str]:
-    """A fresh, migrated database for one test."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE chronos_template")
-    yield _db_url(pg_server.url, name)
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-
-@pytest.fixture
-def empty_database_url(pg_server) -> Iterator[str]:
-    """A fresh database with no schema at all."""
-    name = f"e_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    yield _db_url(pg_server.url, name)
-    with psycopg.connect(pg_server.url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-
-@pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory):
-    from chronos.embedded import EmbeddedBroker
+    from chronos.embedded.broker import EmbeddedBroker
     base = tmp_path_factory.mktemp("broker")
     b = EmbeddedBroker(log_path=base / "broker.log")
     b.start()
@@ -91,7 +49,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture
 def topics(broker) -> dict[str, str]:
     """Fresh input, output and dead-letter topics (4 partitions each)."""
-    from chronos.embedded import create_topics
+    from chronos.adapters.kafka.admin import create_topics
     suffix = uuid.uuid4().hex[:8]
     names = {"input": f"in-{suffix}", "output": f"out-{suffix}", "dlq": f"dlq-{suffix}"}
     create_topics(broker.bootstrap_servers, {n: 4 for n in names.values()})

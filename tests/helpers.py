@@ -1,4 +1,5 @@
-"""Kafka helpers for tests: produce messages with Chronos headers, collect what comes out."""
+"""Helpers for tests: produce messages with Chronos headers, collect what comes out, wait for a
+condition, read the claim's plan."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, Producer
 
-EMBEDDED_KAFKA = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500", "fetch.wait.max.ms": "10"}
+from chronos.adapters.kafka.clients import EMBEDDED_GROUP_TIMEOUTS
+
+EMBEDDED_KAFKA = {**EMBEDDED_GROUP_TIMEOUTS, "fetch.wait.max.ms": "10"}  # the tests' embedded profile
 
 
 def iso(epoch_s: float) -> str:
@@ -101,3 +104,21 @@ def wait_for(condition, timeout: float = 30.0, what: str = "condition", every: f
             return last
         time.sleep(every)
     raise AssertionError(f"{what} not met within {timeout}s (last: {last!r})")
+
+
+def settings(env: dict | None = None, argv: list[str] | None = None):
+    """Chronos's settings from these environment variables and flags only (nothing of this process's)."""
+    import argparse
+
+    from chronos import config
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    return config.load(parser.parse_args(argv or []), environ=env or {})
+
+
+def claim_plan(conn) -> str:
+    """PostgreSQL's plan (EXPLAIN) of the claim statement, for 100 rows due now, on connection `conn`."""
+    from chronos.adapters.postgres.store import QUERIES
+    sql = QUERIES["claim"].replace("%(lookahead_ms)s", "0").replace("%(limit)s", "100") \
+        .replace("%(node)s", f"'{uuid.uuid4()}'")
+    return "\n".join(row[0] for row in conn.execute("EXPLAIN " + sql))

@@ -46,6 +46,7 @@ from chronos.codec.types import (
     MAX_ORDERING_KEY_LENGTH,
     MAX_TOPIC_LENGTH,
     MIN_DEADLINE_US,
+    TOPIC_CHARS,
     Parsed,
     bad_header_name,
     escape_header_name,
@@ -73,7 +74,7 @@ _ISO = re.compile(
     rb"(?::([0-9]{2})(?:[.,]([0-9]{1,9}))?)?"
     rb"(?:[Zz]|([+-])([0-9]{2})(?::?([0-9]{2}))?)?"
 )
-_TOPIC_RE = re.compile(rb"[A-Za-z0-9._-]{1,%d}" % MAX_TOPIC_LENGTH)
+_TOPIC_RE = re.compile(rb"[%s]{1,%d}" % (TOPIC_CHARS.encode(), MAX_TOPIC_LENGTH))
 
 _U32 = struct.Struct(">I")
 _I32 = struct.Struct(">i")

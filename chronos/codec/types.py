@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple, Protocol
 
+from chronos.domain.topics import MAX_TOPIC_LENGTH, TOPIC_CHARS
+
 __all__ = [
     "Parsed",
     "Codec",
@@ -84,7 +86,6 @@ ACTION_CANCEL = "cancel"
 ACTION_REPLACE = "replace"
 
 MAX_ID_LENGTH = 128
-MAX_TOPIC_LENGTH = 249
 MAX_ORDERING_KEY_LENGTH = 256
 #: 9999-12-31T23:59:59.999Z in epoch milliseconds (largest integer deadline).
 MAX_DEADLINE_MS = 253402300799999
@@ -123,10 +124,7 @@ ERR_BAD_DEADLINE = (
     "bad_deadline: chronosDeadline is neither epoch milliseconds nor an "
     "ISO-8601 timestamp within 0001-01-01..9999-12-31 UTC"
 )
-ERR_BAD_TOPIC = (
-    "bad_topic: chronosTopic must be 1-249 characters of [A-Za-z0-9._-] "
-    "and not '.' or '..'"
-)
+ERR_BAD_TOPIC = f"bad_topic: chronosTopic must be 1-{MAX_TOPIC_LENGTH} characters of [{TOPIC_CHARS}] and not '.' or '..'"
 ERR_BAD_ORDERING_KEY = (
     "bad_ordering_key: chronosOrderingKey must be non-empty UTF-8 of at most "
     "256 characters"

@@ -47,7 +47,6 @@ def cmd_console(args: argparse.Namespace) -> int:
     if missing:
         raise ConfigError(f"the console needs the console extra ({missing} is not installed): {INSTALL_HINT}")
     settings = config.load(args)
-    if not settings.database_url:
-        raise ConfigError("CHRONOS_DATABASE_URL is not set: give --database-url or --ready-file")
+    settings.require_database()
     from chronos.console.server import serve
     return serve(settings, fd=args.fd)

@@ -23,7 +23,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from chronos import cron
+from chronos.domain import cron
 from chronos.config import Settings
 from chronos.console.auth import COOKIE, Auth, same_origin
 from chronos.console.live import MetricsSampler, StoreReader, histogram_svg, rates_svg
@@ -288,7 +288,7 @@ async def server_error(request: Request, exc: Exception) -> Response:
 # -- the application ---------------------------------------------------------------------------
 
 def create_app(settings: Settings, store: Any, *, metrics_urls: tuple[str, ...] = ()) -> Starlette:
-    """The console for these settings over this store (a `chronos.store.Store`)."""
+    """The console for these settings over this store (a `chronos.adapters.postgres.store.Store`)."""
     console = Console(settings, store, metrics_urls=metrics_urls)
 
     @contextlib.asynccontextmanager

@@ -2,15 +2,13 @@
 
 `chronos up` binds the console's socket itself and hands it to a `chronos console` child, so a
 taken port is found before anything starts and never raced for. The console's rates and
-lateness come from the programs' /metrics: when CHRONOS_METRICS_PORT is not set, `chronos up`
-picks a base port whose every program port is free.
+lateness come from the programs' /metrics (chronos.ops.endpoints: when CHRONOS_METRICS_PORT is not
+set, `chronos up` picks a base port whose every program port is free).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import random
 import signal
 import socket
 import subprocess
@@ -18,27 +16,14 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from chronos import config, orphans
+from chronos import config
+
+from chronos.runtime import orphans
 from chronos.config import Settings
 from chronos.console import INSTALL_HINT, missing_extra
 from chronos.errors import ConfigError
-from chronos.metrics import ROLE_OFFSETS
 
 log = logging.getLogger("chronos.up")
-
-# Picked below the kernel's ephemeral range (32768-60999), where the embedded services' ports go.
-_AUTO_METRICS_PORTS = (20000, 30000)
-
-
-def _free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
-
 
 def listen_socket(host: str, port: int) -> socket.socket:
     """A listening socket for the console, or a one-line configuration error when the address is taken."""
@@ -53,26 +38,6 @@ def listen_socket(host: str, port: int) -> socket.socket:
             from None
     sock.listen(128)
     return sock
-
-
-def program_ports(base: int, counts: Mapping[str, int]) -> list[int]:
-    """The metrics port of every program supervisord runs, for a CHRONOS_METRICS_PORT base."""
-    return [base + ROLE_OFFSETS[role] + n for role, count in counts.items() for n in range(count)]
-
-
-def pick_metrics_base(counts: Mapping[str, int], rng: random.Random | None = None) -> int:
-    """A base port whose program ports are all free now."""
-    rng = rng or random.Random()
-    low, high = _AUTO_METRICS_PORTS
-    for _ in range(100):
-        base = rng.randrange(low, high - max(ROLE_OFFSETS.values()) - 64)
-        if all(_free(p) for p in program_ports(base, counts)):
-            return base
-    raise ConfigError("found no free ports for the programs' /metrics: set CHRONOS_METRICS_PORT")
-
-
-def metrics_urls(base: int, counts: Mapping[str, int]) -> tuple[str, ...]:
-    return tuple(f"http://127.0.0.1:{p}/metrics" for p in program_ports(base, counts))
 
 
 class ConsoleProcess:
@@ -131,9 +96,4 @@ class ConsoleProcess:
             self.sock = None
         if self.proc is None or self.proc.poll() is not None:
             return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        orphans.stop_child(self.proc, 10)

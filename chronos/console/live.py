@@ -20,7 +20,7 @@ from xml.sax.saxutils import escape
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from chronos import status
+from chronos.ops import status
 from chronos.errors import ChronosError
 
 log = logging.getLogger("chronos.console")

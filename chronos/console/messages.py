@@ -1,21 +1,21 @@
-"""The console's messages pages and actions: a second face on `chronos.inspect`, the functions
+"""The console's messages pages and actions: a second face on `chronos.ops.inspect`, the functions
 behind `chronos show`, `list`, `cancel`, `fire-now` and `reschedule` (same parsing, same
 queries, same actions; nothing here talks SQL)."""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 from urllib.parse import urlencode
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from chronos import inspect
+from chronos.ops import inspect
 from chronos.console.app import _console, check_action, read_form
 from chronos.console.views import id_from_path, message_url, show_bytes
-from chronos.errors import ChronosError, ConfigError
+from chronos.errors import ChronosError, ConfigError, NeedsConfirmation
 
 FILTER_FIELDS = ("id_prefix", "key", "topic", "ordering_key", "state", "due_after", "due_before")
 DEFAULT_LIMIT = 50
@@ -87,14 +87,7 @@ async def detail(request: Request) -> Response:
         return console.page(request, "error.html", 404, title="Not found",
                             message=f"No message or schedule with the id {message_id!r} is in the store "
                                     "(it may have fired or been cancelled).")
-    facts: list[tuple[str, str]] = []
-    if m.state == "in_flight":
-        facts.append(("firer", f"{m.firer} since {inspect.iso(m.claimed_at)}"))
-    if m.state == "recurring":
-        facts += [("cron", f"{m.cron} ({m.timezone}" + (f", {m.dst_policy})" if m.dst_policy else ")")),
-                  ("next occurrence", inspect.iso(m.deadline))]
-    else:
-        facts.append(("deadline", inspect.iso(m.deadline)))
+    facts = inspect.schedule_facts(m)
     if m.original_deadline is not None:
         facts.append(("scheduled for", inspect.iso(m.original_deadline)))
     if m.attempts:
@@ -126,31 +119,45 @@ def _when(form: Mapping[str, str], action: str, now: datetime) -> datetime | Non
     return inspect.parse_time(at, now, "new deadline") if at else now + inspect.parse_delay(delay)
 
 
-async def _action_form(request: Request) -> tuple[Any, Any, str]:
-    """The console, the posted form and its action; the form is a refusal page (403) when the
-    request may not act (read-only, no session, another origin, a wrong form token)."""
+class _Action(NamedTuple):
+    """An action form the request may post, read: what it acts on and, for a reschedule, the new time."""
+
+    console: Any
+    form: Mapping[str, str]
+    action: str
+    target: dict[str, Any]
+    at: datetime | None
+
+
+async def _action_form(request: Request) -> _Action | Response:
+    """The posted action form, or a refusal page (403) when the request may not act (read-only, no
+    session, another origin, a wrong form token); 400 when the form names no valid action or target."""
     console = _console(request)
     form = await read_form(request)
     refused = check_action(request, form)
     if refused:
-        return console, console.page(request, "error.html", 403, title="Refused", message=refused), ""
+        return console.page(request, "error.html", 403, title="Refused", message=refused)
     action = form.get("action", "")
     if action not in VERBS:
         raise HTTPException(400, f"unknown action {action!r}")
-    return console, form, action
+    try:
+        now = datetime.now(timezone.utc)
+        target = _target(form, console.settings.output_topic, now)
+        at = _when(form, action, now)
+    except ChronosError as exc:
+        raise HTTPException(400, str(exc)) from None
+    return _Action(console, form, action, target, at)
 
 
 async def preview(request: Request) -> Response:
     """The confirmation page: what the action would change, counted by a dry run, before anything changes."""
-    console, form, action = await _action_form(request)
-    if isinstance(form, Response):
-        return form
-    output_topic = console.settings.output_topic
+    posted = await _action_form(request)
+    if isinstance(posted, Response):
+        return posted
+    console, form, action, target, at = posted
     try:
-        now = datetime.now(timezone.utc)
-        target, at = _target(form, output_topic, now), _when(form, action, now)
-        result = await console.reader.call(lambda s: inspect.act(s, action, output_topic=output_topic, at=at,
-                                                                 dry_run=True, **target))
+        result = await console.reader.call(lambda s: inspect.act(
+            s, action, output_topic=console.settings.output_topic, at=at, dry_run=True, **target))
     except ChronosError as exc:
         raise HTTPException(400, str(exc)) from None
     fields = [("action", action)] + ([("id", form["id"])] if "ids" in target else
@@ -168,22 +175,20 @@ async def preview(request: Request) -> Response:
 
 async def apply(request: Request) -> Response:
     """Take a confirmed action; refuses when more messages match now than were confirmed."""
-    console, form, action = await _action_form(request)
-    if isinstance(form, Response):
-        return form
-    output_topic = console.settings.output_topic
+    posted = await _action_form(request)
+    if isinstance(posted, Response):
+        return posted
+    console, form, action, target, at = posted
     try:
-        now = datetime.now(timezone.utc)
-        target, at = _target(form, output_topic, now), _when(form, action, now)
         expected = int(form.get("expected", ""))
         typed = form.get("typed", "").replace(",", "").strip()
         if expected > console.settings.confirm_above and typed != str(expected):
             # above CHRONOS_CONFIRM_ABOVE, as the CLI wants --yes: the count typed, not only a click
             raise ConfigError(f"this changes more than {console.settings.confirm_above:,} messages "
                               f"(CHRONOS_CONFIRM_ABOVE): type the count, {expected:,}, to confirm")
-        result = await console.reader.call(lambda s: inspect.act(s, action, output_topic=output_topic, at=at,
-                                                                 confirm_above=expected, **target))
-    except inspect.NeedsConfirmation:
+        result = await console.reader.call(lambda s: inspect.act(
+            s, action, output_topic=console.settings.output_topic, at=at, confirm_above=expected, **target))
+    except NeedsConfirmation:
         raise HTTPException(409, "More messages match now than you confirmed: nothing was changed. "
                                  "Review the action again.") from None
     except ValueError:

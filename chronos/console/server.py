@@ -9,11 +9,11 @@ import uuid
 
 import uvicorn
 
-from chronos import logs
+from chronos.runtime import logs
 from chronos.config import Settings, redact_url
 from chronos.console.app import create_app
 from chronos.console.launch import listen_socket
-from chronos.store import Store
+from chronos.adapters.postgres.store import Store
 
 log = logging.getLogger("chronos.console")
 

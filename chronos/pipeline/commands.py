@@ -115,7 +115,7 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
-    from chronos.intake import Rules
+    from chronos.domain.intake import Rules
     from chronos.pipeline import spark as sp
 
     sp.require_pyspark()
@@ -125,9 +125,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     database_url = settings.require_database()
     if args.partitions is not None and args.partitions <= 0:
         raise ConfigError("--partitions must be greater than 0")
-    rules = Rules(timing_advance_us=settings.timing_advance_ms * 1000, output_topic=settings.output_topic,
-                  allowed_topics=settings.allowed_topics_re,
-                  max_lateness_us=None if settings.max_lateness_ms is None else settings.max_lateness_ms * 1000)
+    rules = Rules.from_settings(settings)
     fmt = args.format or _guess_format(args.input)
     # What can be checked without Spark is checked before it starts (several seconds).
     sp.check_local_input(args.input)

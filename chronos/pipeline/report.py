@@ -23,13 +23,12 @@ from typing import TYPE_CHECKING, Any, Sequence
 import orjson
 
 from chronos.errors import InputError
-from chronos.pipeline.spark import check_local_input, spark_errors
+from chronos.pipeline.spark import load_input, spark_errors
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Row, SparkSession
     from pyspark.sql.types import DataType
 
-FORMATS = ("parquet", "csv", "json")
 REQUIRED_COLUMNS = ("id", "deadline", "delivered_at")
 OPTIONAL_COLUMNS = ("sent_at", "node", "copies")
 TIME_COLUMNS = ("deadline", "delivered_at", "sent_at")
@@ -73,15 +72,8 @@ def read_records(spark: "SparkSession", path: str, fmt: str) -> "DataFrame":
     sent_us, copies, jitter_ms."""
     from pyspark.sql import functions as F
 
-    if fmt not in FORMATS:
-        raise InputError(f"unknown input format {fmt!r}: use one of {', '.join(FORMATS)}")
-    check_local_input(path)
-    reader = spark.read.format(fmt)
-    if fmt == "csv":
-        reader = reader.option("header", "true").option("inferSchema", "true").option("escape", '"')
-    with spark_errors(f"cannot read {path}", InputError):
-        df = reader.load(path)
-        schema = df.schema
+    df = load_input(spark, path, fmt, infer_schema=True)
+    schema = df.schema
     missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
     if missing:
         raise InputError(f"{path} has the wrong schema: missing column(s) {', '.join(missing)} (expected "

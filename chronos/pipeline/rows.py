@@ -2,7 +2,7 @@
 
 The columns are turned into the Chronos headers a producer would have sent (`chronosMessageId`,
 `chronosDeadline`, `chronosTopic`, `chronosOrderingKey`, then the row's own headers), and those go
-through the header codec's parser and `chronos.intake.decide`. There is no second copy of the
+through the header codec's parser and `chronos.domain.intake.decide`. There is no second copy of the
 rules here: only the mapping from columns to headers. Pure: no Spark, no I/O, `now` passed in.
 """
 
@@ -15,8 +15,9 @@ from typing import Any
 import orjson
 
 from chronos import codec
-from chronos.intake import Rules, Verdict, decide
-from chronos.store import Row
+from chronos.domain.intake import Rules, Verdict, decide
+from chronos.domain.reasons import code_of
+from chronos.domain.model import Row
 
 REQUIRED_COLUMNS = ("id", "deadline", "key", "value")
 OPTIONAL_COLUMNS = ("topic", "headers", "ordering_key")
@@ -38,7 +39,7 @@ class Stats:
     rejected: dict[str, int] = field(default_factory=dict)  # reason code → rows
 
     def reject(self, reason: str) -> None:
-        code = reason.split(":", 1)[0]
+        code = code_of(reason)
         self.rejected[code] = self.rejected.get(code, 0) + 1
 
     def merge(self, other: "Stats") -> "Stats":

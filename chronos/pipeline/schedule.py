@@ -19,16 +19,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, TextIO
 
 from chronos.errors import InputError
-from chronos.intake import Rules
+from chronos.domain.intake import Rules
 from chronos.pipeline.rows import COLUMNS, OPTIONAL_COLUMNS, REQUIRED_COLUMNS, Stats, build
-from chronos.pipeline.spark import check_local_input, spark_errors
+from chronos.pipeline.spark import load_input, spark_errors
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import DataType, StructType
 
-FORMATS = ("parquet", "csv", "json")
 REASON_COLUMN = "reason"
 CHUNK_ROWS = 50_000
 
@@ -47,24 +46,16 @@ class ScheduleResult:
 
 
 def read_input(spark: "SparkSession", path: str, fmt: str) -> "DataFrame":
-    """The input dataset; CSV has a header line, RFC 4180 quoting, and is read as text (the codec
-    parses it)."""
-    if fmt not in FORMATS:
-        raise InputError(f"unknown input format {fmt!r}: use one of {', '.join(FORMATS)}")
-    check_local_input(path)
-    reader = spark.read.format(fmt)
-    if fmt == "csv":
-        # RFC 4180 quoting ("" inside quotes), as Python's csv module, spreadsheets and databases write it
-        reader = reader.option("header", "true").option("inferSchema", "false").option("escape", '"')
-    with spark_errors(f"cannot read {path}", InputError):
-        df = reader.load(path)
-        if fmt == "json" and "headers" in df.schema.names and df.schema["headers"].dataType.typeName() == "struct":
-            # A JSON object of headers: read it as its raw text, which keeps each row's own keys
-            # in their order (an inferred struct would hold every key seen in any row).
-            from pyspark.sql import types as T
-            fields = [T.StructField(f.name, T.StringType()) if f.name == "headers" else f for f in df.schema.fields]
+    """The input dataset; CSV is read as text (the codec parses it)."""
+    df = load_input(spark, path, fmt, infer_schema=False)
+    if fmt == "json" and "headers" in df.schema.names and df.schema["headers"].dataType.typeName() == "struct":
+        # A JSON object of headers: read it as its raw text, which keeps each row's own keys
+        # in their order (an inferred struct would hold every key seen in any row).
+        from pyspark.sql import types as T
+        fields = [T.StructField(f.name, T.StringType()) if f.name == "headers" else f for f in df.schema.fields]
+        with spark_errors(f"cannot read {path}", InputError):
             df = spark.read.format(fmt).schema(T.StructType(fields)).load(path)
-        df.schema  # noqa: B018 - resolves the schema now, so a bad input fails here
+            df.schema  # noqa: B018 - resolves the schema now, so a bad input fails here
     return df
 
 
@@ -132,7 +123,7 @@ def validate_and_write(batches: Iterator["pa.RecordBatch"], *, url: str, rules: 
     """Executor side, one partition: store the valid rows, yield the invalid ones with their reason."""
     import pyarrow as pa
 
-    from chronos.store import Store
+    from chronos.adapters.postgres.store import Store
 
     stats = Stats()
     store: Store | None = None
@@ -276,7 +267,7 @@ def run(spark: "SparkSession", *, input_path: str, fmt: str, database_url: str, 
 
 def check_store(url: str) -> None:
     """Fail before Spark does any work when PostgreSQL is unreachable or not migrated."""
-    from chronos.store import check_schema, connect
+    from chronos.adapters.postgres.store import check_schema, connect
 
     with connect(url) as conn:
         check_schema(conn)

@@ -20,7 +20,7 @@ from chronos import errors
 from chronos.errors import ChronosError, ConfigError, InputError, UnavailableError
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger("chronos.pipeline")
 
@@ -164,3 +164,22 @@ def check_local_input(path: str) -> None:
         return  # a glob: Spark expands it
     if not os.path.exists(local):
         raise InputError(f"input {path} does not exist")
+
+
+FORMATS = ("parquet", "csv", "json")
+
+
+def load_input(spark: "SparkSession", path: str, fmt: str, *, infer_schema: bool) -> "DataFrame":
+    """A dataset in one of FORMATS, its schema resolved now so that a bad input fails here (InputError).
+    CSV has a header line and RFC 4180 quoting ("" inside quotes), as Python's csv module, spreadsheets
+    and databases write it; `infer_schema=False` reads its columns as text."""
+    if fmt not in FORMATS:
+        raise InputError(f"unknown input format {fmt!r}: use one of {', '.join(FORMATS)}")
+    check_local_input(path)
+    reader = spark.read.format(fmt)
+    if fmt == "csv":
+        reader = reader.option("header", "true").option("inferSchema", str(infer_schema).lower()).option("escape", '"')
+    with spark_errors(f"cannot read {path}", InputError):
+        df = reader.load(path)
+        df.schema  # noqa: B018 - resolves the schema now
+    return df

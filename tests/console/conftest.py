@@ -8,35 +8,26 @@ tests with a message saying how to install it, it never skips them.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 from typing import Iterator
 
-import orjson
 import pytest
 
-from consolekit import CHROMIUM, CHROMIUM_ARGS, TOKEN, Console, clean_env, wait_for
+from benchmarks.stack import Stack, clean_env
+from consolekit import CHROMIUM, CHROMIUM_ARGS, TOKEN, Console
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[dict]:
     """`chronos up` with a console token; its ready file's contents."""
-    workdir = tmp_path_factory.mktemp("console-up")
-    ready = workdir / "ready.json"
-    out = workdir / "up.out"
-    proc = subprocess.Popen([sys.executable, "-m", "chronos", "up", "--ready-file", str(ready),
-                             "--console-port", "0"], cwd=workdir, stdout=open(out, "wb"),
-                            stderr=subprocess.STDOUT, env=clean_env(CHRONOS_CONSOLE_TOKEN=TOKEN))
+    up = Stack("--console-port", "0", workdir=tmp_path_factory.mktemp("console-up"),
+               env={"CHRONOS_CONSOLE_TOKEN": TOKEN})
     try:
-        info = wait_for(lambda: ready.exists() and orjson.loads(ready.read_bytes()), 90, "ready", proc, out)
-        info["ready_file"] = str(ready)
-        info["workdir"] = workdir
+        info = up.start()
+        info["ready_file"] = str(up.ready_file)
+        info["workdir"] = up.workdir
         yield info
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
+        up.stop(60)
 
 
 @pytest.fixture(scope="module")

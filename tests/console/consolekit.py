@@ -17,12 +17,6 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 TOKEN = "console-test-token-0123456789"
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOS_")}
-    env.update(extra)
-    return env
-
-
 def wait_for(condition, timeout: float, what: str, proc: subprocess.Popen | None = None, log: Path | None = None):
     end = time.monotonic() + timeout
     while time.monotonic() < end:

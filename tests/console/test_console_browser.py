@@ -6,8 +6,11 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from chronos import codec, cron
-from chronos.store import Row, Store
+from chronos import codec
+
+from chronos.domain import cron
+from chronos.domain.model import Row
+from chronos.adapters.postgres.store import Store
 
 from consolekit import TOKEN
 
@@ -176,7 +179,7 @@ def test_detail_page_shows_headers_and_the_script_value_as_text(stack, known, pa
 
 
 def test_search_then_cancel_from_the_message_page_removes_it_from_the_store(stack, known, page):
-    from chronos import inspect
+    from chronos.ops import inspect
     sign_in(page, stack["console_url"])
     assert search(page, stack["console_url"], id_prefix="known-005") == ["known-005"]
     page.click("#results td.id a")
@@ -194,7 +197,7 @@ def test_search_then_cancel_from_the_message_page_removes_it_from_the_store(stac
 
 
 def test_reschedule_every_message_a_search_matches_after_seeing_the_count(stack, known, page):
-    from chronos import inspect
+    from chronos.ops import inspect
     sign_in(page, stack["console_url"])
     matched = search(page, stack["console_url"], key="key-3")
     assert len(matched) == 5
@@ -215,7 +218,7 @@ def test_reschedule_every_message_a_search_matches_after_seeing_the_count(stack,
 
 def test_a_form_on_another_origin_cannot_act_even_with_the_session_and_its_form_token(stack, known, page):
     """127.0.0.1 on another port is the same site: the SameSite cookie goes along, the Origin check stops it."""
-    from chronos import inspect
+    from chronos.ops import inspect
     sign_in(page, stack["console_url"])
     page.goto(stack["console_url"] + "messages/known-007")
     form_token = page.locator("input[name=form_token]").first.get_attribute("value")

@@ -15,10 +15,14 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from chronos import codec, inspect
-from chronos.store import Parked, Row, Store
+from chronos import codec
 
-from consolekit import TOKEN, Console, clean_env
+from chronos.ops import inspect
+from chronos.domain.model import Parked, Row
+from chronos.adapters.postgres.store import Store
+
+from benchmarks.stack import clean_env
+from consolekit import TOKEN, Console
 
 PASSWORD = "s3cret-db-password"
 SASL = "s3cret-sasl-password"
@@ -297,7 +301,7 @@ def test_the_overview_shows_the_backlog_a_fire_rate_limit_holds_back(console, st
     due = time.time_ns() // 1000 - 5_000_000
     store.insert([Row(f"slow-{i}", due + i, "slow.topic", b"k", b"v", codec.encode_headers([])) for i in range(3)])
     with psycopg.connect(database_url, autocommit=True) as conn:
-        # the bucket a firer limiting slow.topic to 2/s keeps (chronos.ratelimit): empty now
+        # the bucket a firer limiting slow.topic to 2/s keeps (chronos.domain.ratelimit): empty now
         conn.execute("INSERT INTO chronos_rate_limits (topic, rate, tokens, refilled_at) "
                      "VALUES ('slow.topic', 2, 0, now())")
     status, _, text = request(console.url, "/api/overview")

@@ -10,7 +10,7 @@ import time
 import psycopg
 import pytest
 
-from helpers import Collector, chronos_headers, producer, send, start_consumer_and_doomed_firer
+from helpers import Collector, chronos_headers, producer, send, start_consumer_and_doomed_firer, wait_for
 
 ADVANCE_S = 0.050  # default CHRONOS_TIMING_ADVANCE_MS
 
@@ -125,7 +125,7 @@ def test_killed_firer_rows_are_fired_by_a_peer_after_the_hold_time(processes, br
     for i in range(20):
         send(p, topics["input"], b"k", f"v{i}".encode(), chronos_headers(f"held-{i}", deadline))
     p.flush(10)
-    _wait_until(lambda: _count(url, "readied_at IS NOT NULL") == 20, 20)
+    wait_for(lambda: _count(url, "readied_at IS NOT NULL") == 20, 20, "20 rows claimed", every=0.05)
     os.kill(doomed.pid, signal.SIGKILL)
     killed_at = time.time()
     detector = processes.start("detector")
@@ -158,15 +158,6 @@ def _count(url, where="true") -> int:
         return conn.execute(f"SELECT count(*) FROM chronos_messages WHERE {where}").fetchone()[0]
 
 
-def _wait_until(predicate, timeout) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
 def _wait_rows(url, n, timeout=20) -> None:
-    _wait_until(lambda: _count(url) >= n, timeout)
+    wait_for(lambda: _count(url) >= n, timeout, f"{n} rows stored", every=0.05)
 

@@ -16,8 +16,8 @@ import psycopg
 import pytest
 
 from chronos.client import Scheduler
-from chronos.embedded import create_topics
-from helpers import Collector, chronos_headers, producer, send, start_consumer_and_doomed_firer
+from chronos.adapters.kafka.admin import create_topics
+from helpers import Collector, chronos_headers, producer, send, start_consumer_and_doomed_firer, wait_for
 
 
 def start_all(processes, firers=1, **env):
@@ -31,15 +31,6 @@ def start_all(processes, firers=1, **env):
 def rows(url, where="true"):
     with psycopg.connect(url) as conn:
         return conn.execute(f"SELECT id FROM chronos_messages WHERE {where} ORDER BY id").fetchall()
-
-
-def wait_until(predicate, timeout=20):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 @pytest.fixture
@@ -77,7 +68,7 @@ def test_send_later_cancel_replace_and_a_two_year_delay(processes, broker, topic
     changed = scheduler.send_later("k3", "original", delay=2.0)
     far = scheduler.send_later("k4", "in two years", when=datetime.now(timezone.utc) + timedelta(days=730))
     scheduler.flush()
-    wait_until(lambda: len(rows(url)) == 4)
+    wait_for(lambda: len(rows(url)) == 4, 20, "4 rows stored", every=0.05)
     scheduler.cancel(gone)
     scheduler.cancel("never-scheduled")                      # ignored and counted
     scheduler.replace("k3", "replaced", delay=1.0, message_id=changed)
@@ -131,7 +122,7 @@ def test_ordering_keys_hold_with_several_firers_and_a_firer_killed_mid_batch(pro
             send(p, topics["input"], k.encode(), f"{k}:{i}".encode(),
                  chronos_headers(f"{k}-{i}", deadline, [("chronosOrderingKey", k.encode())]))
     p.flush(10)
-    wait_until(lambda: len(rows(url, "readied_at IS NOT NULL")) > 0, 20)
+    wait_for(lambda: rows(url, "readied_at IS NOT NULL"), 20, "a row claimed", every=0.05)
     os.kill(doomed.pid, signal.SIGKILL)
     for _ in range(3):
         processes.start("firer")
@@ -158,7 +149,7 @@ def test_recurring_schedule_fires_occurrences_and_can_be_cancelled(processes, br
                                             ("chronosTimeZone", b"Europe/Paris"), ("x", b"1")])
     send(p, topics["input"], b"k", b"bad", [("chronosMessageId", b"bad"), ("chronosCron", b"99 * * * *")])
     p.flush(10)
-    wait_until(lambda: rows(url, "cron IS NOT NULL") == [("every-minute",)])
+    wait_for(lambda: rows(url, "cron IS NOT NULL") == [("every-minute",)], 20, "the schedule stored", every=0.05)
     # instead of waiting for the next minute: make the schedule due, as if an occurrence came
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("UPDATE chronos_messages SET deadline = date_trunc('minute', now()) WHERE id = 'every-minute'")
@@ -178,7 +169,7 @@ def test_recurring_schedule_fires_occurrences_and_can_be_cancelled(processes, br
     assert listed["id"] == "every-minute" and listed["cron"] == "* * * * *" and listed["timezone"] == "Europe/Paris"
     send(p, topics["input"], None, None, [("chronosMessageId", b"every-minute"), ("chronosAction", b"cancel")])
     p.flush(10)
-    wait_until(lambda: rows(url, "cron IS NOT NULL") == [])
+    wait_for(lambda: rows(url, "cron IS NOT NULL") == [], 20, "the schedule cancelled", every=0.05)
     collect.close()
 
 
@@ -189,7 +180,7 @@ def test_missed_occurrences_fire_once_after_an_outage(processes, broker, topics,
     p = producer(broker.bootstrap_servers)
     send(p, topics["input"], b"k", b"tick", [("chronosMessageId", b"ten"), ("chronosCron", b"*/10 * * * *")])
     p.flush(10)
-    wait_until(lambda: rows(url, "cron IS NOT NULL") == [("ten",)])
+    wait_for(lambda: rows(url, "cron IS NOT NULL") == [("ten",)], 20, "the schedule stored", every=0.05)
     with psycopg.connect(url, autocommit=True) as conn:   # nothing fired for five hours
         conn.execute("UPDATE chronos_messages SET deadline = date_trunc('hour', now()) - interval '5 hours'")
     collect = Collector(broker.bootstrap_servers, [topics["output"]])

@@ -19,8 +19,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from chronos import codec
-from chronos.embedded import EmbeddedPostgres, free_port
-from chronos.store import Row, Store, migrate
+from chronos.embedded.postgres import EmbeddedPostgres
+from chronos.embedded.procs import free_port
+from chronos.domain.model import Row
+from chronos.adapters.postgres.store import Store, migrate
 from helpers import Collector, chronos_headers, producer, send
 from helpers import wait_for as poll
 

@@ -13,7 +13,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from chronos.embedded import free_port
+from chronos.embedded.procs import free_port
 from helpers import Collector, chronos_headers, producer, send, wait_for
 
 WEIRD = ["it's", 'say "hi"', "back\\slash", "100%", "naïve-日本-🚀"]

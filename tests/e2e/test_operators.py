@@ -10,15 +10,15 @@ import socket
 import subprocess
 import sys
 import time
-import xmlrpc.client
 from pathlib import Path
 
 import orjson
 import pytest
 
+from benchmarks.stack import supervisor
 from chronos.errors import EXIT_CONFIG, EXIT_SCHEMA, EXIT_UNAVAILABLE
 from chronos.stack import supervisord_conf
-from chronos.store import StoreUnavailable, connect
+from chronos.adapters.postgres.store import StoreUnavailable, connect
 
 CHRONOS = [sys.executable, "-m", "chronos"]
 DB_SECRET = "Db-S3cret-pw"
@@ -196,12 +196,9 @@ def _supervise(tmp_path: Path, **env: str) -> tuple[subprocess.Popen, Path]:
 
 
 def _programs(proc: subprocess.Popen, run_dir: Path) -> list[dict]:
-    from supervisor.xmlrpc import SupervisorTransport
     assert proc.poll() is None, "supervisord exited"
-    rpc = xmlrpc.client.ServerProxy("http://127.0.0.1", transport=SupervisorTransport(
-        None, None, f"unix://{run_dir / 'supervisor.sock'}"))
     try:
-        return rpc.supervisor.getAllProcessInfo()
+        return supervisor({"supervisor_socket": run_dir / "supervisor.sock"}).supervisor.getAllProcessInfo()
     except OSError:  # not listening yet
         return []
 

@@ -14,9 +14,12 @@ import time
 import psycopg
 from confluent_kafka import Producer
 
-from chronos import codec, status
-from chronos.firer import iso_us
-from chronos.store import Row, Store
+from chronos import codec
+
+from chronos.ops import status
+from chronos.roles.firer import iso_us
+from chronos.domain.model import Row
+from chronos.adapters.postgres.store import Store
 
 from helpers import Collector, chronos_headers, wait_for
 

@@ -7,6 +7,8 @@ import sys
 
 from rdkafka_raw import RawProducer
 
+from chronos.adapters.kafka.clients import EMBEDDED_GROUP_TIMEOUTS
+
 
 def test_tail_reads_past_a_header_name_that_is_not_utf8(broker, topics):
     raw = RawProducer(broker.bootstrap_servers)
@@ -20,7 +22,7 @@ def test_tail_reads_past_a_header_name_that_is_not_utf8(broker, topics):
                           "--timeout", "60", "--kafka-bootstrap-servers", broker.bootstrap_servers,
                           "--output-topic", topics["output"],
                           # the embedded broker's group join waits half the session timeout
-                          "--kafka-properties", "session.timeout.ms=2000,heartbeat.interval.ms=500"],
+                          "--kafka-properties", ",".join(f"{k}={v}" for k, v in EMBEDDED_GROUP_TIMEOUTS.items())],
                          capture_output=True, text=True, timeout=90)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()

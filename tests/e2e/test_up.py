@@ -2,65 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
-import sys
 import time
-import xmlrpc.client
 from pathlib import Path
 
 import orjson
 import pytest
 
-from helpers import Collector
-
-CHRONOS = [sys.executable, "-m", "chronos"]
-
-
-def _clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("CHRONOS_")}
-
-
-class Up:
-    def __init__(self, workdir: Path, *extra: str):
-        self.workdir = workdir
-        self.ready = workdir / "ready.json"
-        self.out = workdir / f"up-{time.monotonic_ns()}.out"
-        self.proc = subprocess.Popen(CHRONOS + ["up", "--ready-file", str(self.ready), *extra], cwd=workdir,
-                                     env=_clean_env(), stdout=open(self.out, "wb"), stderr=subprocess.STDOUT)
-
-    def wait_ready(self, timeout: float = 60) -> dict:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            info = orjson.loads(self.ready.read_bytes()) if self.ready.exists() else {}
-            if info.get("pid") == self.proc.pid:  # not one a killed `chronos up` left behind
-                return info
-            if self.proc.poll() is not None:
-                raise AssertionError(f"chronos up exited {self.proc.returncode}:\n{self.output()}")
-            time.sleep(0.1)
-        raise AssertionError(f"not ready within {timeout}s:\n{self.output()}")
-
-    def output(self) -> str:
-        return self.out.read_text(errors="replace")
-
-    def program_pids(self, info: dict) -> list[int]:
-        from supervisor.xmlrpc import SupervisorTransport
-        transport = SupervisorTransport(None, None, f"unix://{info['supervisor_socket']}")
-        rpc = xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
-        return [p["pid"] for p in rpc.supervisor.getAllProcessInfo() if p["pid"]]
-
-    def stop(self, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
+from benchmarks.procstat import descendants
+from benchmarks.stack import CHRONOS, Stack, clean_env
+from helpers import Collector, Received
 
 def _gone(pid: int) -> bool:
     try:
@@ -71,25 +24,35 @@ def _gone(pid: int) -> bool:
 
 
 def send(info_file: Path, *args: str) -> str:
-    out = subprocess.run(CHRONOS + ["send", "--ready-file", str(info_file), *args], env=_clean_env(),
+    out = subprocess.run(CHRONOS + ["send", "--ready-file", str(info_file), *args], env=clean_env(),
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
 
+def only_output(info: dict) -> Received:
+    """The one message on the stack's output topic (read from its start), once it is there."""
+    collect = Collector(info["bootstrap_servers"], [info["output_topic"]])
+    try:
+        (m,) = collect.until(lambda ms: len(ms) >= 1, timeout=30)
+    finally:
+        collect.close()
+    return m
+
+
 def test_up_send_receive_and_clean_stop(tmp_path):
-    up = Up(tmp_path)
+    up = Stack(workdir=tmp_path).launch()
     try:
         info = up.wait_ready()
         assert "\nready bootstrap_servers=" in "\n" + up.output()
         assert {"bootstrap_servers", "database_url", "input_topic", "output_topic", "dlq_topic"} <= set(info)
         pids = [info["supervisord_pid"], info["postgres_pid"], info["broker_pid"], info["console_pid"],
-                *up.program_pids(info)]
+                *up.program_pids()]
         assert len(pids) == 7
         assert info["console_url"].startswith("http://127.0.0.1:") and len(info["metrics_urls"]) == 3
         collect = Collector(info["bootstrap_servers"], [info["output_topic"]])
         sent_at = time.time()
-        message_id = send(up.ready, "--delay", "2s", "--key", "K", "--value", "V", "--header", "h=1")
+        message_id = send(up.ready_file, "--delay", "2s", "--key", "K", "--value", "V", "--header", "h=1")
         assert len(message_id) == 36
         (m,) = collect.until(lambda ms: len(ms) >= 1, timeout=30)
         collect.close()
@@ -99,27 +62,24 @@ def test_up_send_receive_and_clean_stop(tmp_path):
         assert up.stop() == 0
         assert "stopped" in up.output()
         assert all(_gone(pid) for pid in pids), up.output()
-        assert not up.ready.exists()
+        assert not up.ready_file.exists()
     finally:
         up.kill()
 
 
 def test_restart_keeps_waiting_messages(tmp_path):
-    up = Up(tmp_path)
+    up = Stack(workdir=tmp_path).launch()
     try:
         up.wait_ready()
-        send(up.ready, "--delay", "12s", "--value", "survives", "--id", "keep-me")
+        send(up.ready_file, "--delay", "12s", "--value", "survives", "--id", "keep-me")
         time.sleep(0.2)
         _wait_stored(tmp_path, "keep-me")
         assert up.stop() == 0
-        up2 = Up(tmp_path, "--no-console")
+        up2 = Stack("--no-console", workdir=tmp_path).launch()
         try:
             info = up2.wait_ready()
             assert info["console_url"] is None and info["console_pid"] is None and info["metrics_urls"] == []
-            collect = Collector(info["bootstrap_servers"], [info["output_topic"]])
-            (m,) = collect.until(lambda ms: len(ms) >= 1, timeout=30)
-            collect.close()
-            assert m.value == b"survives"
+            assert only_output(info).value == b"survives"
             assert up2.stop() == 0
         finally:
             up2.kill()
@@ -148,25 +108,28 @@ def busy_port():
     s.close()
 
 
-@pytest.mark.parametrize("flag", ["--pg-port", "--kafka-port"])
-def test_occupied_port_is_a_clear_error(tmp_path, busy_port, flag):
-    up = Up(tmp_path, flag, str(busy_port))
+def refused(workdir: Path, *args: str, timeout: float = 60) -> tuple[int, str]:
+    """`chronos up ARGS` that is expected to give up by itself: (exit code, output)."""
+    up = Stack(*args, workdir=workdir).launch()
     try:
-        assert up.proc.wait(60) == 5
-        assert f"port {busy_port} is already in use" in up.output()
-        assert not up.ready.exists()
+        return up.proc.wait(timeout), up.output()
     finally:
         up.kill()
+
+
+@pytest.mark.parametrize("flag", ["--pg-port", "--kafka-port"])
+def test_occupied_port_is_a_clear_error(tmp_path, busy_port, flag):
+    code, out = refused(tmp_path, flag, str(busy_port))
+    assert code == 5
+    assert f"port {busy_port} is already in use" in out
+    assert not (tmp_path / "ready.json").exists()
 
 
 def test_a_named_console_port_in_use_is_a_clear_error_before_anything_starts(tmp_path, busy_port):
-    up = Up(tmp_path, "--console-port", str(busy_port))
-    try:
-        assert up.proc.wait(30) == 2
-        assert f"the console cannot listen on 127.0.0.1:{busy_port}" in up.output()
-        assert "started embedded PostgreSQL" not in up.output()
-    finally:
-        up.kill()
+    code, out = refused(tmp_path, "--console-port", str(busy_port), timeout=30)
+    assert code == 2
+    assert f"the console cannot listen on 127.0.0.1:{busy_port}" in out
+    assert "started embedded PostgreSQL" not in out
 
 
 def test_unreachable_database_url_is_a_clear_error(tmp_path, busy_port):
@@ -175,53 +138,31 @@ def test_unreachable_database_url_is_a_clear_error(tmp_path, busy_port):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    up = Up(tmp_path, "--database-url", f"postgresql://app:topsecret@127.0.0.1:{port}/db")
-    try:
-        assert up.proc.wait(60) == 3
-        out = up.output()
-        assert "cannot connect to PostgreSQL" in out
-        assert "topsecret" not in out
-    finally:
-        up.kill()
+    code, out = refused(tmp_path, "--database-url", f"postgresql://app:topsecret@127.0.0.1:{port}/db")
+    assert code == 3
+    assert "cannot connect to PostgreSQL" in out
+    assert "topsecret" not in out
 
 
 def test_bad_configuration_value_is_a_clear_error(tmp_path):
-    up = Up(tmp_path, "--hold-time-ms", "soon")
-    try:
-        assert up.proc.wait(30) == 2
-        assert "CHRONOS_HOLD_TIME_MS must be a whole number" in up.output()
-    finally:
-        up.kill()
+    code, out = refused(tmp_path, "--hold-time-ms", "soon", timeout=30)
+    assert code == 2
+    assert "CHRONOS_HOLD_TIME_MS must be a whole number" in out
 
 
 def test_broken_data_directory_is_a_clear_error(tmp_path):
     pgdata = tmp_path / ".chronos" / "pgdata"
     pgdata.mkdir(parents=True)
     (pgdata / "junk").write_text("not a database")
-    up = Up(tmp_path)
-    try:
-        assert up.proc.wait(60) == 5
-        assert "pgdata" in up.output()
-    finally:
-        up.kill()
+    code, out = refused(tmp_path)
+    assert code == 5
+    assert "pgdata" in out
 
 
-def _stack_pids(up: Up, info: dict) -> set[int]:
+def _stack_pids(up: Stack, info: dict) -> set[int]:
     """Every process of a running `chronos up`: its children and all their descendants."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    tree, todo = set(), [up.proc.pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            tree.add(child)
-            todo.append(child)
-    named = {info["supervisord_pid"], info["postgres_pid"], info["broker_pid"], *up.program_pids(info)}
+    tree = set(descendants(up.proc.pid))
+    named = {info["supervisord_pid"], info["postgres_pid"], info["broker_pid"], *up.program_pids()}
     assert named <= tree, (named, tree)
     return tree
 
@@ -236,7 +177,7 @@ def _wait_all_gone(pids: set[int], timeout: float) -> set[int]:
 
 
 def test_a_killed_up_leaves_nothing_running_and_the_next_one_starts(tmp_path):
-    up = Up(tmp_path)
+    up = Stack(workdir=tmp_path).launch()
     try:
         info = up.wait_ready()
         pids = _stack_pids(up, info)
@@ -244,15 +185,12 @@ def test_a_killed_up_leaves_nothing_running_and_the_next_one_starts(tmp_path):
         up.kill()  # SIGKILL: no chance to stop anything itself
         survivors = _wait_all_gone(pids, timeout=30)
         assert not survivors, [Path(f"/proc/{p}/cmdline").read_bytes() for p in survivors if not _gone(p)]
-        up2 = Up(tmp_path)
+        up2 = Stack(workdir=tmp_path).launch()
         try:
             info2 = up2.wait_ready()
             assert "left" not in up2.output()  # nothing was left behind to stop
-            collect = Collector(info2["bootstrap_servers"], [info2["output_topic"]])
-            send(up.ready, "--delay", "1s", "--value", "after the kill")
-            (m,) = collect.until(lambda ms: len(ms) >= 1, timeout=30)
-            collect.close()
-            assert m.value == b"after the kill"
+            send(up.ready_file, "--delay", "1s", "--value", "after the kill")
+            assert only_output(info2).value == b"after the kill"
             assert up2.stop() == 0
         finally:
             up2.kill()
@@ -263,9 +201,9 @@ def test_a_killed_up_leaves_nothing_running_and_the_next_one_starts(tmp_path):
 def test_processes_a_killed_up_left_behind_are_stopped_by_the_next_one(tmp_path):
     # a survivor that no parent-death signal reached, as on another OS: it carries the stack's mark
     data_dir = (tmp_path / ".chronos").resolve()
-    env = {**_clean_env(), "CHRONOS_STACK_DIR": str(data_dir)}
+    env = clean_env(CHRONOS_STACK_DIR=str(data_dir))
     survivor = subprocess.Popen(["sleep", "300"], env=env)
-    up = Up(tmp_path)
+    up = Stack(workdir=tmp_path).launch()
     try:
         up.wait_ready(timeout=90)
         assert survivor.wait(5) == -signal.SIGTERM
@@ -280,14 +218,14 @@ def test_processes_a_killed_up_left_behind_are_stopped_by_the_next_one(tmp_path)
 
 
 def test_a_second_up_on_a_data_directory_in_use_refuses_and_touches_nothing(tmp_path):
-    up = Up(tmp_path)
+    up = Stack(workdir=tmp_path).launch()
     try:
         info = up.wait_ready()
-        second = Up(tmp_path)
-        assert second.proc.wait(60) == 5
+        code, out = refused(tmp_path)
+        assert code == 5
         assert (f"the data directory {(tmp_path / '.chronos').resolve()} is in use by another chronos up "
-                f"(pid {up.proc.pid})") in second.output()
-        assert orjson.loads(up.ready.read_bytes()) == info
+                f"(pid {up.proc.pid})") in out
+        assert orjson.loads(up.ready_file.read_bytes()) == info
         assert up.proc.poll() is None
         assert up.stop() == 0
     finally:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from faultload import Scenario
+from benchmarks.faultload import Scenario
 from test_fault_firer import HOLD_S, finish_after_firer_kills
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
@@ -19,12 +19,12 @@ def test_detector_sigkilled_and_two_detectors(tmp_path, fault_report):
         kills = []
         for detector, firer in (("detector_00", "firer_00"), ("detector_01", "firer_01")):
             # the detector dies with the firer: the other detector must hand the firer's rows back
-            pid, at = sc.stack.kill(detector)
+            pid, at = sc.stack.kill_program(detector)
             f = sc.fault(f"SIGKILL {detector}", at)
             kills.append(sc.kill_firer(firer))
             _, f.back_running = sc.stack.wait_running(detector, not_pid=pid)
             time.sleep(HOLD_S + 4)
-        pid, at = sc.stack.kill("detector_00")  # and alone, while nothing is stale
+        pid, at = sc.stack.kill_program("detector_00")  # and alone, while nothing is stale
         sc.fault("SIGKILL detector_00", at).back_running = sc.stack.wait_running("detector_00", not_pid=pid)[1]
         time.sleep(3)
         # two detectors at once: every held row was handed back exactly once, by one of them

@@ -10,9 +10,10 @@ import time
 import orjson
 import pytest
 
-from chronos.embedded import EmbeddedPostgres, free_port
+from chronos.embedded.postgres import EmbeddedPostgres
+from chronos.embedded.procs import free_port
 from faultchecks import check_common
-from faultload import Scenario
+from benchmarks.faultload import Scenario
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

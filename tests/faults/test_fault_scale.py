@@ -7,7 +7,7 @@ import time
 import pytest
 
 from faultchecks import check_common
-from faultload import Scenario
+from benchmarks.faultload import Scenario
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -18,6 +18,10 @@ def test_two_of_each_then_remove_one_of_each(tmp_path, fault_report):
     with Scenario("6 2 of each, remove 1 each", tmp_path, "--consumers", "2", "--firers", "2",
                   "--detectors", "2") as sc:
         time.sleep(8)
+        # each has started (logged its node) before it is stopped: on a loaded machine a process can
+        # take longer than the sleep to get there, and would then log nothing to check
+        for name in REMOVED:
+            sc.stack.wait_running(name, timeout=60)
         rpc = sc.stack.rpc()
         for name in REMOVED:
             at = time.time()

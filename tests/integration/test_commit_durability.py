@@ -10,9 +10,9 @@ import psycopg
 import pytest
 
 from chronos import config
-from chronos.consumer import ConsumerProcess
-from chronos.firer import FirerProcess
-from chronos.runtime import Lifecycle
+from chronos.roles import consumer as consumer_role
+from chronos.roles import firer as firer_role
+from chronos.runtime.process import Lifecycle
 
 
 def synchronous_commit(store) -> str:
@@ -32,16 +32,16 @@ def durable_env(chronos_env):
 
 def test_firer_commits_asynchronously_and_the_consumer_synchronously(durable_env):
     settings = config.load(environ=durable_env, default_ready_file=False)
-    firer = FirerProcess(settings, uuid.uuid4(), Lifecycle())
-    consumer = ConsumerProcess(settings, uuid.uuid4(), Lifecycle())
+    firer = firer_role.build(settings, uuid.uuid4(), Lifecycle())
+    consumer = consumer_role.build(settings, uuid.uuid4(), Lifecycle())
     try:
-        assert synchronous_commit(firer.worker.store) == "off"   # deletes, hand-backs, retries
+        assert synchronous_commit(firer.settler.store) == "off"   # deletes, hand-backs, retries
         assert synchronous_commit(firer.claimer.store) == "off"  # claims
         assert synchronous_commit(consumer.store) == "on"
         # a reconnection keeps the setting: it is made on every new session
-        firer.worker.store.close()
-        assert synchronous_commit(firer.worker.store) == "off"
+        firer.settler.store.close()
+        assert synchronous_commit(firer.settler.store) == "off"
     finally:
-        firer.worker.store.close()
+        firer.settler.store.close()
         firer.claimer.store.close()
         consumer.close()

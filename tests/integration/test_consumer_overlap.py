@@ -11,8 +11,8 @@ import uuid
 import psycopg
 
 from chronos import config
-from chronos.consumer import ConsumerProcess
-from chronos.runtime import Lifecycle
+from chronos.roles import consumer as consumer_role
+from chronos.runtime.process import Lifecycle
 from helpers import chronos_headers, producer
 
 TIMEOUT = 30.0
@@ -52,7 +52,7 @@ def test_next_batch_is_read_while_one_is_written_and_offsets_wait_for_it(chronos
     settings = config.load(environ=chronos_env, default_ready_file=False)
     url = settings.database_url
     life = Lifecycle()
-    proc = ConsumerProcess(settings, uuid.uuid4(), life)
+    proc = consumer_role.build(settings, uuid.uuid4(), life)
     spy = proc.consumer = ConsumeSpy(proc.consumer)
     commits: list[tuple[dict[int, int], set[str]]] = []  # (offsets committed, ids stored at that moment)
     real_commit = proc.commit

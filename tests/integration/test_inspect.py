@@ -1,4 +1,4 @@
-"""Operators' queries and actions (chronos/inspect.py) against a real PostgreSQL: every new SQL path,
+"""Operators' queries and actions (chronos/ops/inspect.py) against a real PostgreSQL: every new SQL path,
 what actions do to in-flight rows, and the plans of the list filters on a 10-million-row table."""
 
 from __future__ import annotations
@@ -11,9 +11,12 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 import pytest
 
-from chronos import codec, inspect
-from chronos.inspect import Filters
-from chronos.store import Row, Store
+from chronos import codec
+
+from chronos.ops import inspect
+from chronos.ops.inspect import Filters
+from chronos.domain.model import Row
+from chronos.adapters.postgres.store import Store
 
 OUT = "chronos.output"
 WEIRD = ["it's", 'say "hi"', "back\\slash", "100%", "%(x)s", "naïve-日本-🚀", "under_score", "a,b", "{x}"]
@@ -273,7 +276,7 @@ def forge_statistics(conn) -> None:
 
 
 def plan(conn, f: Filters, after: str | None = None) -> str:
-    from chronos.store import QUERIES
+    from chronos.adapters.postgres.store import QUERIES
     params = inspect._params(f, 50, cursor=inspect.decode_cursor(after) if after else None)
     sql = QUERIES["list_by_id" if f.id_prefix else "list_by_deadline"]
     with conn.cursor() as cur:
@@ -336,7 +339,7 @@ def test_a_schedules_dst_policy_is_stored_replaced_and_followed(s):
 
 
 def test_show_tells_failed_publishes_and_parked_messages_are_listed_newest_first(s):
-    from chronos.store import Parked
+    from chronos.domain.model import Parked
     due = now_us() - 1000
     s.insert([r("refused", due)])
     (claimed,) = s.claim(10, 0)

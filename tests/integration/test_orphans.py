@@ -1,4 +1,4 @@
-"""chronos.orphans with real processes: children that die with their parent, the data directory
+"""chronos.runtime.orphans with real processes: children that die with their parent, the data directory
 lock, and stopping what a killed `chronos up` left behind."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from chronos import orphans
+from chronos.runtime import orphans
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc")
 
@@ -34,7 +34,7 @@ def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
 
 PARENT = """
 import signal, subprocess, sys
-from chronos.orphans import child_dies_with_us
+from chronos.runtime.orphans import child_dies_with_us
 child = subprocess.Popen(["sleep", "300"], preexec_fn=child_dies_with_us(signal.SIGTERM))
 print(child.pid, flush=True)
 sys.stdin.read()
@@ -56,7 +56,7 @@ def test_a_child_dies_with_its_parent_killed_outright():
 HOLDER = """
 import sys
 from pathlib import Path
-from chronos.orphans import StackLock
+from chronos.runtime.orphans import StackLock
 assert StackLock(Path(sys.argv[1])).acquire()
 print("held", flush=True)
 sys.stdin.read()

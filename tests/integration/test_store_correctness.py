@@ -1,6 +1,6 @@
-"""Exact deadlines at the edges of the calendar, a replace racing a recurring occurrence, a
-cancel of a row already in flight, and driver errors without passwords: the store against a real
-PostgreSQL (or a closed port), with a chosen `now`."""
+"""Exact deadlines at the edges of the calendar and driver errors without passwords: the store
+against a real PostgreSQL (or a closed port). (A replace racing a recurring occurrence and a cancel
+of a row in flight are in the contract suite, tests/contract.)"""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from chronos import cron
+from chronos.domain import cron
 from chronos.errors import StoreRejected, StoreUnavailable
-from chronos.store import Row, Store, connect, migrate
+from chronos.domain.model import Row
+from chronos.adapters.postgres.store import Store, connect, migrate
 
 
 def us(text: str) -> int:
@@ -72,82 +73,6 @@ def test_status_works_with_far_future_deadlines(database_url):
     assert view.in_flight == 2 and cron.to_us(view.by_node[0].oldest_deadline) == EDGES["2300-odd-micros"]
 
 
-
-# -- a replace racing a recurring occurrence ------------------------------------------------------
-
-LOOKAHEAD_MS = 300_000  # covers the schedule's next occurrence (at most ~3 minutes away), not the one after
-
-
-def hourly_soon(now: int) -> tuple[str, int]:
-    """An hourly expression whose next occurrence is 2-3 minutes after `now` (the one after is an
-    hour later, outside the lookahead), and that occurrence."""
-    minute = (cron.from_us(now).minute + 3) % 60
-    expr = f"{minute} * * * *"
-    return expr, cron.first_occurrence(expr, None, None, now)
-
-
-def test_a_replace_after_the_occurrence_was_created_does_not_create_it_again(database_url):
-    """The firer created occurrence `id@T` within its lookahead and published it; then a replace
-    arrives before T: the replacement's first occurrence from now is T again. It must not be
-    created a second time (with the new value); the replacement applies from the next one."""
-    s = store(database_url)
-    now = time.time_ns() // 1000
-    expr, due = hourly_soon(now)
-    s.insert([row("report", due, b"old", cron=expr)])
-    first = s.claim_schedules(10, LOOKAHEAD_MS, now)
-    assert [(c.id, c.value, c.deadline_us) for c in first] == [(f"report@{cron.from_us(due):%Y-%m-%dT%H:%M}:00.000000Z",
-                                                                b"old", due)]
-    s.delete_fired(first)  # published and acknowledged before the replace is stored
-    replace_at = now + 1000
-    s.apply([], [row("report", cron.first_occurrence(expr, None, None, replace_at), b"new", cron=expr)], [])
-    assert s.claim_schedules(10, LOOKAHEAD_MS, replace_at) == []
-    [(sid, _, _, next_us, *_)] = s.list_schedules()
-    assert (sid, next_us) == ("report", due + 3_600_000_000)
-    # the replacement fires from the next occurrence on
-    [occ] = s.claim_schedules(10, 2 * 3_600_000, replace_at)
-    assert (occ.value, occ.deadline_us) == (b"new", due + 3_600_000_000)
-
-def test_a_replace_before_the_occurrence_is_created_applies_to_it(database_url):
-    s = store(database_url)
-    now = time.time_ns() // 1000
-    expr, due = hourly_soon(now)
-    s.insert([row("report", due, b"old", cron=expr)])
-    s.apply([], [row("report", due, b"new", cron=expr)], [])
-    [occ] = s.claim_schedules(10, LOOKAHEAD_MS, now)
-    assert (occ.value, occ.deadline_us) == (b"new", due)
-
-
-def test_a_replace_with_another_expression_skips_only_the_occurrences_already_created(database_url):
-    """The new expression's occurrences after the created one fire, even before the old next one."""
-    s = store(database_url)
-    now = time.time_ns() // 1000
-    expr, due = hourly_soon(now)
-    s.insert([row("report", due, b"old", cron=expr)])
-    [occ] = s.claim_schedules(10, LOOKAHEAD_MS, now)
-    s.delete_fired([occ])
-    every_minute = "* * * * *"
-    s.apply([], [row("report", cron.first_occurrence(every_minute, None, None, now), b"new",
-                     cron=every_minute)], [])
-    assert s.claim_schedules(10, LOOKAHEAD_MS, now) == []  # skips to the first minute after `due`
-    [occ] = s.claim_schedules(10, LOOKAHEAD_MS, now)
-    assert (occ.value, occ.deadline_us) == (b"new", due + 60_000_000)
-
-
-# -- a cancel of a row already in flight ----------------------------------------------------------
-
-def test_a_cancel_of_a_claimed_row_is_counted_apart_and_still_deletes_it(database_url):
-    """A firer claimed `held` within its lookahead: the cancel deletes it (a detector reset cannot
-    bring it back) but says it found it in flight, since that firer may still publish it."""
-    s = store(database_url)
-    now = time.time_ns() // 1000
-    s.insert([row("held", now + 100_000), row("waiting", now + 60_000_000)])
-    [held] = s.claim(10, 300)
-    assert held.id == "held"
-    assert s.apply([], [], ["held", "waiting", "unknown"]) == (0, 0, 1, 1)
-    assert s.find_stale(-60_000) == []  # nothing left for a detector to hand back
-    assert s.delete_fired([held]) == 0
-
-
 # -- driver errors -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("url", ["postgresql://app:pw/x@127.0.0.1:1/db", "postgresql://app:s3@cret@127.0.0.1:1/db",
@@ -162,7 +87,6 @@ def test_driver_errors_never_carry_the_password(url):
     text = str(caught.value)
     for secret in ("pw", "s3cret", "cret"):
         assert secret not in text, text
-
 
 
 def test_a_migration_postgres_refuses_is_one_line_without_the_password(database_url):

@@ -1,5 +1,6 @@
-"""The SQL of publish failures against a real PostgreSQL: retry with backoff, parking, and their plans;
-and `kafka.produce` against the real broker when librdkafka refuses a message in `produce()`."""
+"""The plans of the publish failures' statements (retry with backoff, parking) against a real
+PostgreSQL, and `kafka.produce` against the real broker when librdkafka refuses a message in
+`produce()`. (What retry and parking do, both stores alike, is in the contract suite, tests/contract.)"""
 
 from __future__ import annotations
 
@@ -9,119 +10,14 @@ import uuid
 import psycopg
 import pytest
 
-from chronos import codec, cron
-from chronos.kafka import PERMANENT_FAILURE, classify, produce
-from chronos.store import QUERIES, Parked, Row, Store
+from chronos.adapters.kafka.clients import PERMANENT_FAILURE, classify, produce
+from chronos.adapters.postgres.store import QUERIES, Store
+from chronos.domain.model import Row
+from helpers import claim_plan
 
 
 def now_us() -> int:
     return time.time_ns() // 1000
-
-
-@pytest.fixture
-def s(database_url):
-    st = Store(database_url, node_id=uuid.uuid4())
-    yield st
-    st.close()
-
-
-def fetch(url, sql, *args):
-    with psycopg.connect(url) as conn:
-        return conn.execute(sql, args).fetchall()
-
-
-def test_retry_later_counts_the_failure_and_moves_the_row_out_of_the_claim(s, database_url):
-    due = now_us() - 1_000_000
-    s.insert([Row("bad", due, "t.x", b"k", b"v", b""), Row("good", due + 1, None, b"k", b"v", b"")])
-    bad, good = s.claim(10, 0)
-    assert (bad.attempts, bad.original_deadline_us) == (0, None)
-    assert s.retry_later([(bad, "TOPIC_EXCEPTION: Broker: Invalid topic", 60_000)]) == 1
-    s.release([good])
-    # the failing row left the head of the claim: the row behind it is claimed, the failing one is not
-    assert [r.id for r in s.claim(10, 0)] == ["good"]
-    (attempts, error, original, moved), = fetch(
-        database_url, "SELECT attempts, last_error, (extract(epoch FROM original_deadline) * 1000000)::bigint, "
-                      "extract(epoch FROM deadline - now()) FROM chronos_messages WHERE id = 'bad'")
-    assert (attempts, error, original) == (1, "TOPIC_EXCEPTION: Broker: Invalid topic", due)
-    assert 55 < moved <= 60
-    # due again: claimed with its count and its deadline as scheduled, which a second retry keeps
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("UPDATE chronos_messages SET deadline = now() - interval '1 second' WHERE id = 'bad'")
-    again, = s.claim(10, 0)
-    assert (again.attempts, again.original_deadline_us, again.scheduled_us) == (1, due, due)
-    assert s.retry_later([(again, "e2", 1000)]) == 1
-    assert fetch(database_url, "SELECT attempts, (extract(epoch FROM original_deadline) * 1000000)::bigint "
-                               "FROM chronos_messages WHERE id = 'bad'") == [(2, due)]
-
-
-def test_a_replace_starts_the_new_version_with_no_failed_publishes(s, database_url):
-    due = now_us() - 1_000_000
-    s.insert([Row("r", due, "t.bad", None, b"v1", b"")])
-    held, = s.claim(10, 0)
-    s.retry_later([(held, "TOPIC_EXCEPTION", 60_000)])
-    s.apply([], [Row("r", due + 5, "t.good", None, b"v2", b"")], [])
-    # the new version is due as sent, with none of the old version's failures or backoff
-    again, = s.claim(10, 0)
-    assert (again.value, again.attempts, again.original_deadline_us, again.scheduled_us) == (b"v2", 0, None, due + 5)
-    assert fetch(database_url, "SELECT last_error FROM chronos_messages") == [(None,)]
-
-
-def test_retry_later_touches_only_rows_still_held_as_claimed(database_url):
-    a, b = Store(database_url, node_id=uuid.uuid4()), Store(database_url, node_id=uuid.uuid4())
-    a.insert([Row("m", now_us() - 1000, None, None, b"v", b"")])
-    held = a.claim(10, 0)
-    with psycopg.connect(database_url, autocommit=True) as conn:  # a detector handed it to a peer
-        conn.execute("UPDATE chronos_messages SET readied_at = NULL, readied_by = NULL")
-    b.claim(10, 0)
-    assert a.retry_later([(held[0], "late news", 1000)]) == 0
-    assert a.park_claimed([(held[0], "too_large: x")], "out") == 0
-    assert fetch(database_url, "SELECT attempts FROM chronos_messages") == [(0,)]
-
-
-def test_a_row_in_backoff_still_holds_back_later_rows_of_its_key(s):
-    t = now_us() - 2_000_000
-    rows = [Row(f"o-{i}", t + i * 1000, None, None, b"v", b"", ordering_key="K") for i in range(3)]
-    s.insert(rows + [Row("free", t + 5000, None, None, b"v", b"")])
-    claimed = s.claim(10, 0)
-    assert [r.id for r in claimed] == ["o-0", "o-1", "o-2", "free"]
-    first = claimed[0]
-    s.retry_later([(first, "refused", 60_000)])   # o-0 now waits a minute, its deadline moved past o-1's
-    s.release(claimed[1:])
-    assert [r.id for r in s.claim(10, 0)] == ["free"]
-    assert s.claim(10, 0) == []
-    # its backoff over: the key goes on in the order as scheduled, o-0 first
-    with psycopg.connect(s.url, autocommit=True) as conn:
-        conn.execute("UPDATE chronos_messages SET deadline = now() - interval '1 second' WHERE id = 'o-0'")
-    assert [r.id for r in s.claim(10, 0)] == ["o-0", "o-1", "o-2"]
-
-
-def test_park_claimed_moves_the_row_in_one_statement(s, database_url):
-    due = now_us() - 1_000_000
-    headers = codec.encode_headers([("h", b"\x00\xff"), ("h", None)])
-    s.insert([Row("big", due, None, None, b"x" * 1000, headers), Row("routed", due, "other", b"k", None, b"")])
-    big, routed = s.claim(10, 0)
-    s.retry_later([(big, "refused", 0)])  # parked after a retry: with the deadline as scheduled
-    s.release([routed])
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("UPDATE chronos_messages SET deadline = now() - interval '1 second' WHERE id = 'big'")
-    big, routed = sorted(s.claim(10, 0), key=lambda r: r.id)
-    assert s.park_claimed([(big, "too_large: a; dead-letter topic: b"), (routed, "topic_not_allowed: c")],
-                          "out") == 2
-    assert fetch(database_url, "SELECT count(*) FROM chronos_messages") == [(0,)]
-    got = fetch(database_url, "SELECT message_id, source, topic, (extract(epoch FROM deadline) * 1000000)::bigint, "
-                              "key, value, headers, reason FROM chronos_parked ORDER BY message_id")
-    assert got == [("big", "store/big", "out", due, None, b"x" * 1000, headers, "too_large: a; dead-letter topic: b"),
-                   ("routed", "store/routed", "other", due, b"k", None, b"", "topic_not_allowed: c")]
-    assert s.overview(5000).parked == 2
-
-
-def test_park_keeps_a_consumer_message(s, database_url):
-    s.park([Parked(None, "in/0/7", "dlq", None, None, b"v", codec.encode_headers([("a", b"b")]), "bad_id: x; y"),
-            Parked("m-1", "in/1/3", "out", cron.from_us(1_700_000_000_000_001), b"k", b"v", b"", "too_large: z")])
-    assert fetch(database_url, "SELECT message_id, source, (extract(epoch FROM deadline) * 1000000)::bigint "
-                               "FROM chronos_parked ORDER BY id") == [(None, "in/0/7", None),
-                                                                       ("m-1", "in/1/3", 1_700_000_000_000_001)]
-    assert s.overview(5000).parked == 2
 
 
 @pytest.mark.parametrize("query,types,extra,expect", [
@@ -173,9 +69,7 @@ def test_the_claim_s_ordering_check_stays_on_the_ordering_indexes(database_url):
                      "SELECT 'f' || g, now() + (g % 1000) * interval '1 hour', 'key-' || (g % 50) "
                      "FROM generate_series(1, 20000) g")
         conn.execute("ANALYZE chronos_messages")
-        plan = "\n".join(r[0] for r in conn.execute(
-            "EXPLAIN " + QUERIES["claim"].replace("%(lookahead_ms)s", "0").replace("%(limit)s", "100")
-            .replace("%(node)s", f"'{uuid.uuid4()}'")))
+        plan = claim_plan(conn)
     assert "using chronos_messages_ordering on" in plan, plan
     # both ends of the range between a candidate and the one before it of its key: index conditions
     assert "(ROW(deadline, seq) > ROW(k.prev_place, k.prev_seq)) AND (ROW(deadline, seq) < ROW(k.place, k.seq))" \

@@ -18,7 +18,7 @@ import pytest
 
 from chronos import codec
 from chronos.errors import InputError, SchemaError, StoreUnavailable
-from chronos.intake import Rules
+from chronos.domain.intake import Rules
 from chronos.pipeline import schedule
 from chronos.pipeline.rows import iso_micros
 
@@ -202,7 +202,7 @@ def test_database_errors(spark, dataset, empty_database_url, pg_server):
 
 
 def _closed_port() -> int:
-    from chronos.embedded import free_port
+    from chronos.embedded.procs import free_port
     return free_port()
 
 

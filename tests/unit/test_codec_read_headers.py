@@ -15,8 +15,8 @@ import pytest
 from confluent_kafka import Message
 
 from chronos.codec import implementation, librdkafka
-from chronos.consumer import sort_batch
-from chronos.intake import Rules
+from chronos.roles.consumer import sort_batch
+from chronos.domain.intake import Rules
 from rdkafka_raw import message_with_headers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,7 +101,7 @@ def _batch_of(*headers_lists):
 
 
 def test_sort_batch_dead_letters_bad_names_and_keeps_the_rest(impl, monkeypatch):
-    from chronos import consumer
+    from chronos.roles import consumer
     monkeypatch.setattr(consumer.codec, "read_headers", impl.read_headers)
     far = str(NOW_US // 1000 + 60_000).encode()
     ok = [(b"chronosMessageId", b"ok-1"), (b"chronosDeadline", far)]
@@ -155,8 +155,8 @@ print("first", impl.read_headers(msg))
 print("next", impl.read_headers(message_with_headers([(b"c", b"3")])))
 # with the raw path off, a name confluent-kafka cannot convert costs that one message only
 import re
-from chronos import consumer
-from chronos.intake import Rules
+from chronos.roles import consumer
+from chronos.domain.intake import Rules
 consumer.codec.read_headers = impl.read_headers
 ok = [(b"chronosMessageId", b"ok"), (b"chronosDeadline", b"99999999999999")]
 batch = consumer.sort_batch([message_with_headers([(b"\\xff", b"x")] + ok), message_with_headers(ok)], 0,

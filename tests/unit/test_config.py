@@ -2,36 +2,32 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 
 import orjson
 import pytest
 
-from chronos import config, logs
+from chronos import config
+
+from chronos.runtime import logs
 from chronos.errors import ConfigError
-
-
-def load(env=None, argv=None):
-    parser = argparse.ArgumentParser()
-    config.add_arguments(parser)
-    return config.load(parser.parse_args(argv or []), environ=env or {})
+from helpers import settings
 
 
 def test_defaults_are_the_chronos_reference_values():
-    s = load()
+    s = settings()
     assert (s.input_topic, s.output_topic, s.dlq_topic) == ("chronos.input", "chronos.output", "chronos.dlq")
     assert (s.timing_advance_ms, s.hold_time_ms, s.poll_interval_ms, s.failure_detection_interval_ms) == \
         (50, 5000, 100, 500)
     assert s.max_lateness_ms is None
     assert s.max_publish_attempts == 10
-    assert load(argv=["--max-publish-attempts", "3"]).max_publish_attempts == 3
+    assert settings(argv=["--max-publish-attempts", "3"]).max_publish_attempts == 3
 
 
 def test_flag_wins_over_environment():
-    s = load({"CHRONOS_HOLD_TIME_MS": "9000"}, ["--hold-time-ms", "7000"])
+    s = settings({"CHRONOS_HOLD_TIME_MS": "9000"}, ["--hold-time-ms", "7000"])
     assert s.hold_time_ms == 7000
-    assert load({"CHRONOS_HOLD_TIME_MS": "9000"}).hold_time_ms == 9000
+    assert settings({"CHRONOS_HOLD_TIME_MS": "9000"}).hold_time_ms == 9000
 
 
 @pytest.mark.parametrize("env,message", [
@@ -48,16 +44,27 @@ def test_flag_wins_over_environment():
     ({"CHRONOS_MAX_PUBLISH_ATTEMPTS": "0"}, "CHRONOS_MAX_PUBLISH_ATTEMPTS must be greater than 0"),
     ({"CHRONOS_MAX_PUBLISH_ATTEMPTS": "many"}, "CHRONOS_MAX_PUBLISH_ATTEMPTS must be a whole number"),
     ({"CHRONOS_KAFKA_PROPERTIES_FILE": "/nonexistent/x.properties"}, "cannot read"),
+    ({"CHRONOS_FIRE_RATE_LIMITS": "orders"}, "CHRONOS_FIRE_RATE_LIMITS must be a list of TOPIC=RATE pairs"),
+    ({"CHRONOS_FIRE_RATE_LIMITS": "orders=fast"}, "'fast' is not a rate"),
+    ({"CHRONOS_FIRE_RATE_LIMITS": "orders=-5"}, "is not a rate"),
+    ({"CHRONOS_FIRE_RATE_LIMITS": "orders=0"}, "a rate must be more than 0"),
+    ({"CHRONOS_FIRE_RATE_LIMITS": "orders=5/day"}, "is not a rate"),
+    ({"CHRONOS_FIRE_RATE_LIMITS": "bad topic=5"}, "not a topic name or pattern"),
+    ({"CHRONOS_FIRE_RATE_LIMITS": "=5"}, "not a topic name or pattern"),
+    ({"CHRONOS_FIRE_RATE_LIMITS": "a=1,a=2"}, "'a' is given twice"),
+    ({"CHRONOS_FIRE_RATE_DEFAULT": "lots"}, "CHRONOS_FIRE_RATE_DEFAULT: 'lots' is not a rate"),
+    ({"CHRONOS_FIRE_RATE_DEFAULT": "0/s"}, "more than 0"),
 ])
-def test_bad_values_give_a_clear_error(env, message):
-    with pytest.raises(ConfigError, match=message):
-        load(env)
+def test_bad_values_give_a_clear_one_line_error(env, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        settings(env)
+    assert "\n" not in str(err.value)
 
 
 def test_kafka_properties_from_file_and_inline(tmp_path):
     f = tmp_path / "kafka.properties"
     f.write_text("# TLS\nsecurity.protocol=SASL_SSL\nsasl.password=s3cret=x\nssl.ca.location=/ca.pem\n")
-    s = load({"CHRONOS_KAFKA_PROPERTIES_FILE": str(f), "CHRONOS_KAFKA_PROPERTIES": "ssl.ca.location=/other.pem"})
+    s = settings({"CHRONOS_KAFKA_PROPERTIES_FILE": str(f), "CHRONOS_KAFKA_PROPERTIES": "ssl.ca.location=/other.pem"})
     assert s.kafka_config == {"security.protocol": "SASL_SSL", "sasl.password": "s3cret=x",
                               "ssl.ca.location": "/other.pem"}
     assert "s3cret=x" in s.secrets()
@@ -67,15 +74,15 @@ def test_ready_file_fills_in_services(tmp_path):
     ready = tmp_path / "ready.json"
     ready.write_bytes(orjson.dumps({"bootstrap_servers": "127.0.0.1:1", "database_url": "postgresql://h/db",
                                     "input_topic": "in", "output_topic": "out", "dlq_topic": "dlq"}))
-    s = load(argv=["--ready-file", str(ready)])
+    s = settings(argv=["--ready-file", str(ready)])
     assert (s.kafka_bootstrap_servers, s.database_url, s.input_topic) == ("127.0.0.1:1", "postgresql://h/db", "in")
     with pytest.raises(ConfigError, match="does not exist"):
-        load(argv=["--ready-file", str(tmp_path / "missing.json")])
+        settings(argv=["--ready-file", str(tmp_path / "missing.json")])
 
 
 def test_missing_services_are_named():
     with pytest.raises(ConfigError, match="CHRONOS_DATABASE_URL is not set"):
-        load().require_services()
+        settings().require_services()
 
 
 def test_redact_url_hides_the_password():

@@ -138,7 +138,7 @@ def test_any_number_of_pages_cost_one_store_read_a_second():
     import threading
 
     from chronos.console.live import StoreReader
-    from chronos.store import Overview
+    from chronos.domain.model import Overview
 
     class CountingStore:
         calls = 0

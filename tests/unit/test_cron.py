@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from chronos import cron
+from chronos.domain import cron
 
 UTC = timezone.utc
 

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from chronos import cron
+from chronos.domain import cron
 
 UTC = timezone.utc
 
@@ -103,7 +103,7 @@ def _decide(**kw):
     import re as _re
 
     from chronos import codec
-    from chronos.intake import Rules, decide
+    from chronos.domain.intake import Rules, decide
     base = dict(error=None, message_id="m", deadline_us=None, topic=None, ordering_key=None, action=None,
                 cron="30 2 * * *", timezone="Europe/Paris", headers=[], dst_policy=None)
     base.update(kw)
@@ -126,7 +126,7 @@ def test_a_schedule_with_a_policy_starts_at_its_policys_first_occurrence():
      "chronosDstPolicy without chronosCron"),
 ])
 def test_a_bad_policy_is_dead_lettered_as_bad_cron(kw, detail):
-    from chronos.intake import Verdict
+    from chronos.domain.intake import Verdict
     d = _decide(**kw)
     assert d.verdict is Verdict.INVALID and d.reason.startswith("bad_cron: ") and detail in d.reason
 

@@ -13,7 +13,7 @@ from prometheus_client.exposition import generate_latest
 from benchmarks import day
 from benchmarks.records import ACKED, Records
 from chronos.config import Settings
-from chronos.metrics import DetectorTelemetry, FirerTelemetry
+from chronos.ops.telemetry import DetectorTelemetry, FirerTelemetry
 
 
 def records(deadlines, delivered, copies=None) -> Records:
@@ -66,6 +66,9 @@ def test_phase_figures_jitter_losses_duplicates_and_messages_over_60s_late():
     assert f["late_over_60s"] == 2
     assert f["jitter_ms"]["p50"] == pytest.approx(10.0, abs=1e-6)
     assert f["jitter_ms"]["max"] == pytest.approx(61000.0)
+    # the firer's own share: published (CreateTime) 1 ms before each arrival
+    assert f["publish_lateness_ms"]["p50"] == pytest.approx(9.0, abs=1e-6)
+    assert f["publish_lateness_ms"]["count"] == 999
     # the floor of this phase only: the probe samples sent inside its window
     assert f["broker_floor_ms"]["count"] == 3 and f["broker_floor_ms"]["max"] == pytest.approx(30.0)
     assert "spike" not in f
@@ -123,6 +126,7 @@ def test_statement_figures_over_processes_restarts_and_counters():
 
 def test_targets_and_the_printed_table():
     base = {"jitter_ms": {"p50": 5.0, "p99": 90.0, "p999": 700.0}, "broker_floor_ms": {"p999": 20.0},
+            "publish_lateness_ms": {"p999": 640.0},
             "late_over_60s": 0, "duplicates": 0, "lost": 0, "early": 0, "sent": 10, "rate": 1000.0,
             "statements": {"claim": {"count": 3, "over_1s": 1, "slowest_s": 1.5, "exact": True},
                            "delete": {"count": 3, "over_1s": 0, "slowest_s": 0.25, "exact": False}}}
@@ -138,5 +142,5 @@ def test_targets_and_the_printed_table():
         p["targets_met"] = all(p["targets"].values())
     lines = day.table_lines({"phases": [steady, spike]})
     assert len(lines) == 4 and lines[0].startswith("| phase |")
-    assert "| 5.0 / 90.0 / 700 | 20.0 | 1.500 (1>1s) | ≤0.250 |" in lines[2]
+    assert "| 5.0 / 90.0 / 700 | 640 | 20.0 | 1.500 (1>1s) | ≤0.250 |" in lines[2]
     assert "drain 12.5 s at 16,000/s" in lines[3] and "all due at once" in lines[3]

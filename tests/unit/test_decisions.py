@@ -8,10 +8,10 @@ import uuid
 import pytest
 
 from chronos import codec
-from chronos.consumer import commit_offsets, sort_batch
-from chronos.detector import suspected_nodes
-from chronos.firer import IDLE_WAIT, TICK, PublishTiming
-from chronos.intake import Rules, Verdict, decide
+from chronos.roles.consumer import commit_offsets, sort_batch
+from chronos.roles.detector import suspected_nodes
+from chronos.roles.firer import TICK, PublishTiming
+from chronos.domain.intake import Rules, Verdict, decide
 from chronos.cli import parse_duration
 from chronos.config import ConfigError
 
@@ -108,19 +108,6 @@ def test_publish_timing_never_advances_more_than_the_timing_advance():
     assert t2.advance == pytest.approx(0.004 + TICK, rel=0.05)  # the acknowledgement time, plus one loop tick
 
 
-def test_firer_publishing_loop_sleeps_at_least_a_tick_between_close_deadlines():
-    import time as _time
-
-    from chronos.firer import FirerProcess
-    firer = FirerProcess.__new__(FirerProcess)
-    firer.timing = PublishTiming(timing_advance_ms=50)
-    due = _time.time() + firer.timing.advance + 0.0003  # the next row is 0.3 ms away
-    firer.heap = [(due, 0, 0, "row")]
-    assert firer.wait_time() >= TICK
-    firer.heap = [(due + 0.5, 0, 0, "row")]
-    assert firer.wait_time() == IDLE_WAIT
-
-
 def test_publish_timing_follows_the_database_clock():
     t = PublishTiming(timing_advance_ms=50)
     t.observe_clock(db_us=1_000_002_000_000, before=1_000_000.0, after=1_000_000.002)
@@ -141,26 +128,6 @@ def test_parse_duration(text, seconds):
 def test_parse_duration_rejects_garbage():
     with pytest.raises(ConfigError):
         parse_duration("soon")
-
-
-def test_rows_postgres_refuses_are_dead_lettered_one_by_one():
-    from chronos.consumer import ConsumerProcess
-    from chronos.errors import StoreRejected
-
-    class RefusingStore:
-        def apply(self, inserts, replaces, cancels):
-            if any(r.id == "poison" for r in inserts):
-                raise StoreRejected("invalid byte sequence")
-            return len(inserts), len(replaces), len(cancels), 0
-
-    now_ms = NOW // 1000
-    msgs = [FakeMessage(hdrs("good", now_ms + 60_000)), FakeMessage(hdrs("poison", now_ms + 60_000))]
-    batch = sort_batch(msgs, NOW, RULES)
-    proc = ConsumerProcess.__new__(ConsumerProcess)
-    proc.store = RefusingStore()
-    assert proc.apply_one_by_one(batch, StoreRejected("x")) == (1, 0, 0, 0)
-    assert list(batch.rows) == ["good"]
-    assert [(h[0][1], r.split(":")[0]) for _, r, h in batch.dead] == [(b"poison", "store_rejected")]
 
 
 def act(mid, deadline_ms, action=None, **extra):
@@ -194,7 +161,7 @@ def test_recurring_schedule_fires_first_at_its_first_occurrence():
     batch = sort_batch([act("daily", None, chronosCron="0 9 * * *", chronosTimeZone="Europe/Paris")], NOW, RULES)
     (row,) = batch.of("insert")
     assert (row.cron, row.timezone) == ("0 9 * * *", "Europe/Paris")
-    from chronos import cron
+    from chronos.domain import cron
     first = cron.from_us(row.deadline_us)
     assert first.astimezone(cron.parse("* * * * *", "Europe/Paris").zone).hour == 9
     assert row.deadline_us >= NOW
@@ -210,66 +177,3 @@ def test_bad_cron_is_dead_lettered(extra):
 def test_unknown_action_is_dead_lettered():
     batch = sort_batch([act("x", NOW // 1000 + 1000, "postpone")], NOW, RULES)
     assert [r.split(":")[0] for _, r, _ in batch.dead] == ["bad_action"]
-
-
-def test_firer_store_thread_waits_out_a_postgres_outage_instead_of_spinning():
-    import time as _time
-
-    from chronos.firer import StoreWorker
-    worker = StoreWorker.__new__(StoreWorker)
-    worker.down_until = _time.time() + 0.8
-    worker.stopping, worker.next_clock_sync, worker.last_delete = False, 0.0, 0.0
-    worker.acked, worker.release = ["acked row"], ["row to hand back"]
-    assert worker.wait_time() > 0.5
-    worker.down_until = 0.0
-    assert worker.wait_time() == 0.0  # reachable again: hand back at once
-
-
-def test_firer_stops_claiming_while_its_oldest_publish_waits_too_long_for_kafka():
-    """Acknowledgements still trickle in (an overloaded broker), but the oldest publish has waited
-    past half the hold time: claiming more would only have rows handed to a peer and published twice."""
-    import time as _time
-    from collections import deque
-    from types import SimpleNamespace
-
-    from chronos.firer import Claimer, FirerProcess
-
-    firer = FirerProcess.__new__(FirerProcess)
-    firer.in_flight = 3
-    firer.ack_progress = _time.monotonic()  # an acknowledgement just came back
-    firer.sent_at = deque([_time.monotonic() - 4.0, _time.monotonic() - 0.1, _time.monotonic()])
-    worker = Claimer.__new__(Claimer)
-    worker.firer, worker.claims_paused = firer, False
-    worker.settings = SimpleNamespace(hold_time_ms=5000)
-
-    class NoClaims:
-        def claim(self, *args):
-            raise AssertionError("claimed while Kafka lags")
-
-    worker.store = NoClaims()
-    worker.claim(_time.time())
-    assert worker.claims_paused
-    assert firer.publish_age() == pytest.approx(4.0, abs=0.1)
-    firer.sent_at.popleft()  # acknowledged: the oldest in flight is now 0.1 s old
-    assert firer.publish_age() < 1.0
-
-
-def test_firer_logs_a_claim_or_delete_slow_enough_to_hold_up_firing(caplog):
-    import logging
-    import time as _time
-    from types import SimpleNamespace
-
-    from chronos.firer import SLOW_STATEMENT, StoreWorker
-    from chronos.logs import Throttle
-
-    recorded = []
-    worker = StoreWorker.__new__(StoreWorker)
-    worker.firer = SimpleNamespace(metrics=SimpleNamespace(batch=lambda *a: recorded.append(a[:2])), held=lambda: 2000)
-    worker.throttle = Throttle(logging.getLogger("chronos.firer"))
-    caplog.set_level("WARNING", logger="chronos.firer")
-    worker.measured("delete", 1000, _time.perf_counter())
-    assert not caplog.records
-    worker.measured("claim", 2000, _time.perf_counter() - SLOW_STATEMENT - 0.5)
-    (record,) = caplog.records
-    assert record.getMessage().startswith("slow claim: 1.5s for 2000 rows")
-    assert recorded == [("delete", 1000), ("claim", 2000)]

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from chronos import inspect
+from chronos.ops import inspect
 from chronos.errors import ConfigError
 
 NOW = datetime(2026, 11, 23, 9, 0, tzinfo=timezone.utc)

@@ -10,42 +10,45 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.exposition import generate_latest
 
-from chronos import logs, metrics, status
+from chronos.runtime import logs
+
+from chronos.ops import endpoints, status, telemetry
+from chronos.ops.health import Health
 from chronos.config import Settings
 from chronos.errors import ConfigError
-from chronos.store import NodeLoad, Overview
+from chronos.domain.model import NodeLoad, Overview
 
 NODE = uuid.UUID("6f1c0d3e-8d0e-4c43-9a55-1f0b8c3a2e71")
 
 
-def samples(telemetry: metrics.Telemetry) -> dict[tuple[str, frozenset], float]:
-    text = generate_latest(telemetry.registry).decode()
+def samples(t: telemetry.Telemetry) -> dict[tuple[str, frozenset], float]:
+    text = generate_latest(t.registry).decode()
     return {(s.name, frozenset(s.labels.items())): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def value(telemetry: metrics.Telemetry, name: str, **labels: str) -> float:
-    want = {"role": telemetry.role, "node": telemetry.node, **labels}
-    return samples(telemetry)[(name, frozenset(want.items()))]
+def value(t: telemetry.Telemetry, name: str, **labels: str) -> float:
+    want = {"role": t.role, "node": t.node, **labels}
+    return samples(t)[(name, frozenset(want.items()))]
 
 
 # -- ports ---------------------------------------------------------------------------------------
 
 
 def test_metrics_port_off_plain_and_under_supervisord():
-    assert metrics.metrics_port("firer", 0, {"CHRONOS_PROCESS_NUM": "3"}) == 0
-    assert metrics.metrics_port("firer", 9400, {}) == 9400
-    assert metrics.metrics_port("consumer", 9400, {"CHRONOS_PROCESS_NUM": "0"}) == 9400
-    assert metrics.metrics_port("consumer", 9400, {"CHRONOS_PROCESS_NUM": "1"}) == 9401
-    assert metrics.metrics_port("firer", 9400, {"CHRONOS_PROCESS_NUM": "0"}) == 9500
-    assert metrics.metrics_port("detector", 9400, {"CHRONOS_PROCESS_NUM": "2"}) == 9602
+    assert endpoints.metrics_port("firer", 0, {"CHRONOS_PROCESS_NUM": "3"}) == 0
+    assert endpoints.metrics_port("firer", 9400, {}) == 9400
+    assert endpoints.metrics_port("consumer", 9400, {"CHRONOS_PROCESS_NUM": "0"}) == 9400
+    assert endpoints.metrics_port("consumer", 9400, {"CHRONOS_PROCESS_NUM": "1"}) == 9401
+    assert endpoints.metrics_port("firer", 9400, {"CHRONOS_PROCESS_NUM": "0"}) == 9500
+    assert endpoints.metrics_port("detector", 9400, {"CHRONOS_PROCESS_NUM": "2"}) == 9602
 
 
 def test_metrics_port_errors():
     with pytest.raises(ConfigError, match="PROCESS_NUM"):
-        metrics.metrics_port("firer", 9400, {"CHRONOS_PROCESS_NUM": "x"})
+        endpoints.metrics_port("firer", 9400, {"CHRONOS_PROCESS_NUM": "x"})
     with pytest.raises(ConfigError, match="65535"):
-        metrics.metrics_port("detector", 65400, {"CHRONOS_PROCESS_NUM": "0"})
+        endpoints.metrics_port("detector", 65400, {"CHRONOS_PROCESS_NUM": "0"})
 
 
 # -- health --------------------------------------------------------------------------------------
@@ -61,7 +64,7 @@ class Clock:
 
 def test_health_passes_while_starting_then_fails_on_the_stale_check_with_its_reason():
     clock = Clock()
-    health = metrics.Health(10.0, clock=clock)
+    health = Health(10.0, clock=clock)
     seen = {"loop": 0.0, "postgres": 0.0}
     health.watch("loop", lambda: seen["loop"])
     health.watch("postgres", lambda: seen["postgres"], detail=lambda: "connection refused")
@@ -85,7 +88,7 @@ def test_health_passes_while_starting_then_fails_on_the_stale_check_with_its_rea
 
 def test_health_never_ok_after_the_window_fails():
     clock = Clock()
-    health = metrics.Health(2.0, clock=clock)
+    health = Health(2.0, clock=clock)
     health.watch("kafka", lambda: 0.0)
     clock.now += 3
     ok, report = health.report()
@@ -94,24 +97,24 @@ def test_health_never_ok_after_the_window_fails():
 
 def test_check_with_its_own_window():
     clock = Clock()
-    health = metrics.Health(2.0, clock=clock)
+    health = Health(2.0, clock=clock)
     health.watch("loop", lambda: 1000.0, window_s=30.0)
     clock.now += 20
     assert health.report()[0]
 
 
 def test_loop_window_follows_a_slow_detector():
-    t = metrics.DetectorTelemetry(NODE, Settings(failure_detection_interval_ms=20000))
+    t = telemetry.DetectorTelemetry(NODE, Settings(failure_detection_interval_ms=20000))
     window, _, _ = t.health.checks["loop"]
     assert window == 60.0
-    assert metrics.FirerTelemetry(NODE, Settings()).health.checks["loop"][0] == 10.0
+    assert telemetry.FirerTelemetry(NODE, Settings()).health.checks["loop"][0] == 10.0
 
 
 # -- metrics -------------------------------------------------------------------------------------
 
 
 def test_consumer_counters_are_its_running_totals_read_at_scrape_time():
-    t = metrics.ConsumerTelemetry(NODE, Settings())
+    t = telemetry.ConsumerTelemetry(NODE, Settings())
     stats = {"consumed": 0, "enqueued": 0, "late": 0, "duplicates": 0}
     t.follow(lambda: stats)
     assert value(t, "chronos_messages_consumed_total") == 0
@@ -127,7 +130,7 @@ def test_consumer_counters_are_its_running_totals_read_at_scrape_time():
 
 
 def test_dead_lettered_by_reason_code_known_reasons_start_at_zero():
-    t = metrics.ConsumerTelemetry(NODE, Settings())
+    t = telemetry.ConsumerTelemetry(NODE, Settings())
     assert value(t, "chronos_messages_dead_lettered_total", reason="too_late") == 0
     t.dead_lettered(["missing_deadline: no chronosDeadline header", "bad_deadline: 'x'", "bad_deadline: 'y'",
                      "new_reason"])
@@ -137,7 +140,7 @@ def test_dead_lettered_by_reason_code_known_reasons_start_at_zero():
 
 
 def test_batch_histograms_by_step():
-    t = metrics.FirerTelemetry(NODE, Settings())
+    t = telemetry.FirerTelemetry(NODE, Settings())
     t.batch("claim", 120, 0.004)
     t.batch("claim", 0, 0.001)
     assert value(t, "chronos_batch_size_count", step="claim") == 2
@@ -155,7 +158,7 @@ def test_firer_lateness_and_timing_gauges():
     class Timing:
         latency, offset_us = 0.004, -1500
 
-    t = metrics.FirerTelemetry(NODE, Settings())
+    t = telemetry.FirerTelemetry(NODE, Settings())
     held = [1, 2, 3]
     t.follow_timing(lambda: len(held), Timing())
     t.lateness.observe(-0.01)
@@ -169,12 +172,12 @@ def test_firer_lateness_and_timing_gauges():
 
 
 def test_roles_export_only_their_own_metrics_and_an_info_line():
-    d = metrics.DetectorTelemetry(NODE, Settings())
+    d = telemetry.DetectorTelemetry(NODE, Settings())
     d.follow(lambda: {"reset": 4})
     names = {name for name, _ in samples(d)}
     assert "chronos_messages_reset_total" in names
     assert "chronos_messages_consumed_total" not in names and "chronos_fire_lateness_seconds_count" not in names
-    assert value(d, "chronos_info", version=metrics.__version__, codec=__import__("chronos.codec").codec.IMPL,
+    assert value(d, "chronos_info", version=telemetry.__version__, codec=__import__("chronos.codec").codec.IMPL,
                  psycopg=__import__("psycopg").pq.__impl__) == 1
     assert value(d, "chronos_healthy") == 1
     assert "process_cpu_seconds_total" in names
@@ -205,7 +208,7 @@ def test_overview_estimate_leaves_out_in_flight_rows_and_schedules():
 
 def test_detector_gauges_from_an_overview():
     at = datetime(2026, 11, 21, 9, 0, 5, tzinfo=timezone.utc)
-    d = metrics.DetectorTelemetry(NODE, Settings())
+    d = telemetry.DetectorTelemetry(NODE, Settings())
     d.store_gauges(_overview(at, schedules=2))
     assert value(d, "chronos_rows_waiting") == 12
     assert value(d, "chronos_rows_due") == 2
@@ -276,20 +279,20 @@ def test_parked_messages_in_status_and_the_detector_gauge():
     assert "parked                           3   no topic accepted them: see the chronos_parked table" in \
         status.render(d)
     assert "parked                           -" in status.render(status.to_dict(_overview(at), 5000))
-    detector = metrics.DetectorTelemetry(NODE, Settings())
+    detector = telemetry.DetectorTelemetry(NODE, Settings())
     detector.store_gauges(_overview(at, parked=3))
     assert value(detector, "chronos_rows_parked") == 3
 
 
 def test_firer_and_consumer_count_dead_letters_and_parked_messages():
-    firer = metrics.FirerTelemetry(NODE, Settings())
+    firer = telemetry.FirerTelemetry(NODE, Settings())
     firer.follow(lambda: {"parked": 2, "retried": 5})
     firer.dead_lettered(["too_large: x", "publish_failed: y", "publish_failed: z"])
     assert value(firer, "chronos_messages_parked_total") == 2
     assert value(firer, "chronos_messages_retried_total") == 5
     assert value(firer, "chronos_messages_dead_lettered_total", reason="publish_failed") == 2
     assert value(firer, "chronos_messages_dead_lettered_total", reason="topic_not_allowed") == 0
-    consumer = metrics.ConsumerTelemetry(NODE, Settings())
+    consumer = telemetry.ConsumerTelemetry(NODE, Settings())
     consumer.follow(lambda: {"parked": 1})
     assert value(consumer, "chronos_messages_parked_total") == 1
     assert value(consumer, "chronos_messages_dead_lettered_total", reason="too_large") == 0

@@ -6,8 +6,8 @@ import pytest
 from confluent_kafka import KafkaError
 
 from chronos import codec
-from chronos.firer import DEAD, RELEASE, RETRY, after_failure, iso_us, retry_delay_ms
-from chronos.kafka import PERMANENT_FAILURE, REFUSED, UNANSWERED_FAILURE, classify, failure_reason
+from chronos.roles.firer import AfterFailure, after_failure, iso_us, retry_delay_ms
+from chronos.adapters.kafka.clients import PERMANENT_FAILURE, REFUSED, UNANSWERED_FAILURE, classify, failure_reason
 
 
 @pytest.mark.parametrize("code,kind", [
@@ -43,12 +43,12 @@ def test_retry_delay_doubles_up_to_a_cap():
 
 
 @pytest.mark.parametrize("kind,failures,action", [
-    (PERMANENT_FAILURE, 1, DEAD),      # at once, whatever the attempts left
-    (REFUSED, 1, RETRY),
-    (REFUSED, 2, RETRY),
-    (REFUSED, 3, DEAD),                # the last allowed attempt failed
-    (REFUSED, 7, DEAD),
-    (UNANSWERED_FAILURE, 3, RELEASE),  # an outage never exhausts a row's attempts
+    (PERMANENT_FAILURE, 1, AfterFailure.DEAD),      # at once, whatever the attempts left
+    (REFUSED, 1, AfterFailure.RETRY),
+    (REFUSED, 2, AfterFailure.RETRY),
+    (REFUSED, 3, AfterFailure.DEAD),                # the last allowed attempt failed
+    (REFUSED, 7, AfterFailure.DEAD),
+    (UNANSWERED_FAILURE, 3, AfterFailure.RELEASE),  # an outage never exhausts a row's attempts
 ])
 def test_after_failure(kind, failures, action):
     assert after_failure(kind, failures, max_attempts=3) == action

@@ -1,10 +1,10 @@
-"""How long a program under supervisord waits after crashes in a row (chronos.runtime.crash_wait)."""
+"""How long a program under supervisord waits after crashes in a row (chronos.runtime.process.crash_wait)."""
 
 from __future__ import annotations
 
 import pytest
 
-from chronos.runtime import CRASH_WAIT_CAP_S, STABLE_RUN_S, crash_wait
+from chronos.runtime.process import CRASH_WAIT_CAP_S, STABLE_RUN_S, crash_wait
 
 NOW = 1_800_000_000.0
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from psycopg.conninfo import conninfo_to_dict
 
 from chronos import cli, config
-from chronos.kafka import consumer_config, describe, producer_config
+from chronos.adapters.kafka.clients import consumer_config, describe, producer_config
 from chronos.stack import Stack
 
 SASL_SSL = {

@@ -1,0 +1,1 @@
+"""Adapters: PostgreSQL (the store, its SQL and migrations), Kafka (clients, topics)."""

@@ -1,0 +1,113 @@
+"""Kafka's admin side: is the cluster reachable, and the topics Chronos needs created."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from chronos.adapters.kafka.clients import CONSUMER_ONLY, PRODUCER_ONLY, error_text
+from chronos.errors import ConfigError, UnavailableError
+
+log = logging.getLogger("chronos.kafka")
+_ADMIN_LOG = logging.getLogger("chronos.kafka.admin")
+
+
+def admin_client(bootstrap: str, extra: dict[str, Any] | None = None, *, logger: logging.Logger = _ADMIN_LOG,
+                 error_cb: Callable[[KafkaError], None] | None = None, secrets: list[str] | None = None) -> AdminClient:
+    """An admin client for `bootstrap` with the client properties an admin client accepts (TLS, SASL, ...)
+    of `extra`, consumer- and producer-only ones left out. Reconnects quickly: it is used to wait for a
+    broker that is starting. A one-line ConfigError if librdkafka refuses the settings."""
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "socket.connection.setup.timeout.ms": 5000,
+        "reconnect.backoff.ms": 20,
+        "reconnect.backoff.max.ms": 500,
+        **{k: v for k, v in (extra or {}).items() if k not in CONSUMER_ONLY and k not in PRODUCER_ONLY},
+        "logger": logger,
+        "error_cb": error_cb or (lambda err: logger.debug("admin client: %s", err)),
+    }
+    try:
+        return AdminClient(conf)
+    except KafkaException as exc:
+        raise ConfigError(f"Kafka settings are not valid: {error_text(exc, secrets or [])}") from None
+
+
+def check_reachable(bootstrap: str, extra: dict[str, Any], timeout: float = 10.0,
+                    secrets: list[str] | None = None) -> None:
+    """Raise UnavailableError unless Kafka answers a metadata request within `timeout` seconds
+    (ConfigError if librdkafka refuses the settings). Quiet: the reconnect attempts are not printed."""
+    quiet = logging.getLogger("chronos.kafka.check")
+    quiet.propagate = False
+    if not quiet.handlers:
+        quiet.addHandler(logging.NullHandler())
+    errors: list[str] = []
+    admin = admin_client(bootstrap, extra, logger=quiet, error_cb=lambda err: errors.append(err.str()),
+                         secrets=secrets)
+    try:
+        admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        reason = errors[-1] if errors else error_text(exc, secrets or [])
+        raise UnavailableError(f"cannot reach Kafka at {bootstrap} within {timeout:.0f}s: {reason}") from None
+
+
+def create_topics(bootstrap_servers: str, topics: dict[str, int], config: dict | None = None,
+                  timeout: float = 30, client_config: dict | None = None) -> None:
+    """Create the topics (name -> partition count) that are missing, then wait until all of
+    them are visible in the cluster metadata. An existing topic is left as it is (a warning is
+    logged if its partition count differs). UnavailableError if Kafka does not answer or refuses."""
+    for name, partitions in topics.items():
+        if not isinstance(partitions, int) or partitions < 1:
+            raise ValueError(f"topic {name!r}: partition count must be a positive int, "
+                             f"not {partitions!r}")
+    if not topics:
+        return
+    deadline = time.monotonic() + timeout
+    topic_config = {str(k): str(v) for k, v in (config or {}).items()}
+    admin = admin_client(bootstrap_servers, client_config)
+
+    def remaining() -> float:
+        return max(0.1, deadline - time.monotonic())
+
+    def metadata():
+        try:
+            return admin.list_topics(timeout=min(remaining(), 10))
+        except KafkaException as e:
+            raise UnavailableError(f"cannot read metadata from {bootstrap_servers}: {e}") from None
+
+    existing = metadata().topics
+    # replication_factor -1: the broker's default (1 on a single-node broker)
+    missing = [NewTopic(name, num_partitions=n, config=topic_config)
+               for name, n in topics.items() if name not in existing]
+    if missing:
+        log.info("creating topics %s", ", ".join(t.topic for t in missing))
+        op_timeout = min(remaining(), 60.0)
+        futures = admin.create_topics(missing, operation_timeout=op_timeout,
+                                      request_timeout=op_timeout)
+        for name, fut in futures.items():
+            try:
+                fut.result(timeout=remaining())
+            except KafkaException as e:
+                err = e.args[0] if e.args else None
+                if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    continue
+                raise UnavailableError(f"cannot create topic {name!r}: {e}") from None
+            except Exception as e:  # e.g. concurrent.futures.TimeoutError
+                raise UnavailableError(f"cannot create topic {name!r}: {e!r}") from None
+    while True:
+        md = metadata().topics
+        pending = [n for n in topics if n not in md or md[n].error is not None
+                   or not md[n].partitions]
+        if not pending:
+            break
+        if time.monotonic() >= deadline:
+            raise UnavailableError(f"topics {', '.join(pending)} did not appear in the metadata "
+                                   f"of {bootstrap_servers} within {timeout}s")
+        time.sleep(0.05)
+    for name, n in topics.items():
+        have = len(md[name].partitions)
+        if have != n:
+            log.warning("topic %s has %s partitions, not the %s asked for", name, have, n)

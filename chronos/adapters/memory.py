@@ -1,0 +1,444 @@
+"""The in-memory store: a twin of the PostgreSQL store (`chronos.adapters.postgres.store.Store`)
+with the same observable semantics, for unit tests of the roles. Both pass one contract suite
+(tests/contract).
+
+`MemoryDatabase` is the shared state of one database: its rows, parked messages, fire-rate buckets
+and its clock (`now_us`, injected so that tests control time; PostgreSQL uses its own clock).
+`MemoryStore` is a handle on it, one per thread as a PostgreSQL `Store` is one connection. Every
+call runs as one statement under the database's lock, so handles in several threads behave like
+connections to one database; where PostgreSQL's concurrent claims skip rows another one has
+locked, here one claim simply runs after the other. Setting `MemoryDatabase.unavailable` makes
+every statement fail as a lost connection does (`StoreUnavailable`), until it is cleared. There is
+no planner: the waiting count `overview` gives when it would estimate is the row count's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Callable, Iterable, Sequence, TypeVar
+
+from chronos import ports
+from chronos.domain import cron, ratelimit, schedules
+from chronos.domain.model import (DUE_CAP, ESTIMATE_ABOVE, Claimed, NodeLoad, Overview, Parked, Row, Stale,
+                                  Throttled)
+from chronos.errors import StoreRejected, StoreUnavailable
+
+log = logging.getLogger("chronos.store")
+
+T = TypeVar("T")
+
+
+def wall_clock_us() -> int:
+    """Epoch microseconds now, by this machine's clock."""
+    return time.time_ns() // 1000
+
+
+class ManualClock:
+    """A clock for tests: epoch microseconds that move only when `advance` is called."""
+
+    def __init__(self, start_us: int | None = None):
+        self.now_us = wall_clock_us() if start_us is None else start_us
+
+    def __call__(self) -> int:
+        return self.now_us
+
+    def advance(self, seconds: float) -> None:
+        self.now_us += round(seconds * 1_000_000)
+
+
+@dataclass(slots=True)
+class StoredRow:
+    """One row of chronos_messages, as the twin keeps it (times in epoch microseconds)."""
+
+    id: str
+    deadline_us: int
+    topic: str | None
+    key: bytes | None
+    value: bytes | None
+    headers: bytes
+    ordering_key: str | None
+    cron: str | None
+    timezone: str | None
+    dst_policy: str | None
+    seq: int
+    ctid: str                       # changes with every write, as a row version's place does in PostgreSQL
+    readied_us: int | None = None   # claimed at (readied_at)
+    readied_by: uuid.UUID | None = None
+    attempts: int = 0
+    last_error: str | None = None
+    original_deadline_us: int | None = None
+    last_occurrence_us: int | None = None
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """Where the row stands in its ordering key: the deadline as scheduled, then enqueue order."""
+        return (self.deadline_us if self.original_deadline_us is None else self.original_deadline_us, self.seq)
+
+    @property
+    def waiting(self) -> bool:
+        """Unclaimed and not a recurring schedule: what the claim and the counts of waiting rows see."""
+        return self.readied_us is None and self.cron is None
+
+
+@dataclass(slots=True)
+class Bucket:
+    """A destination topic's fire-rate bucket, as a row of chronos_rate_limits."""
+
+    rate: float
+    tokens: float
+    refilled_us: int
+
+
+class MemoryDatabase:
+    """The shared state behind any number of `MemoryStore` handles: one database."""
+
+    def __init__(self, now_us: Callable[[], int] = wall_clock_us):
+        self.now_us = now_us
+        self.lock = threading.Lock()
+        self.rows: dict[str, StoredRow] = {}
+        self.parked: list[Parked] = []
+        self.buckets: dict[str, Bucket] = {}     # by destination topic name, as chronos_rate_limits
+        self.unavailable: str | None = None       # set: every statement fails with StoreUnavailable(this)
+        self._seq = itertools.count(1)
+        self._ctid = itertools.count(1)
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    def new_ctid(self) -> str:
+        return f"(0,{next(self._ctid)})"
+
+
+_ANY_TOPIC = object()  # the claim's topic filter: none
+
+
+class MemoryStore:
+    """A handle on a `MemoryDatabase` (a fresh one when none is given), for one thread."""
+
+    def __init__(self, db: MemoryDatabase | None = None, *, node_id: uuid.UUID | None = None):
+        self.db = db if db is not None else MemoryDatabase()
+        self.node_id = node_id
+        self.last_ok = 0.0
+
+    def close(self) -> None:
+        """Nothing to close: the database outlives its handles."""
+
+    def cancel(self) -> None:
+        """Nothing to cancel: a statement here never waits on I/O."""
+
+    def _run(self, fn: Callable[[int], T]) -> T:
+        """Run fn(now_us) as one statement: under the database's lock, at one time of its clock."""
+        with self.db.lock:
+            if self.db.unavailable is not None:
+                raise StoreUnavailable(self.db.unavailable)
+            result = fn(self.db.now_us())
+        self.last_ok = time.monotonic()
+        return result
+
+    def _check_node(self) -> None:
+        """A claim names its node (PostgreSQL's check constraint refuses a claimed row without one)."""
+        if self.node_id is None:
+            raise StoreRejected("a row cannot be claimed by a store without a node id")
+
+    def _owned(self, row: StoredRow | None, claimed: Claimed) -> bool:
+        """Whether this node still holds the row exactly as it claimed it (same claim time)."""
+        return (row is not None and self.node_id is not None and row.readied_by == self.node_id
+                and row.readied_us == cron.to_us(claimed.readied_at))
+
+    def _as_claimed(self, row: StoredRow) -> Claimed:
+        assert row.readied_us is not None
+        return Claimed(row.id, row.deadline_us, row.topic, row.key, row.value, row.headers,
+                       cron.from_us(row.readied_us), row.seq, row.attempts, row.original_deadline_us, row.ctid)
+
+    # -- consumer --------------------------------------------------------------------------
+
+    def apply(self, inserts: Sequence[Row], replaces: Sequence[Row],
+              cancels: Sequence[str]) -> tuple[int, int, int, int]:
+        """One consumer batch, all or nothing: insert new ids, insert-or-replace, cancel. Returns
+        (inserted, replaced, cancelled, cancelled in flight), as the PostgreSQL store does."""
+        if not (inserts or replaces or cancels):
+            return 0, 0, 0, 0
+        seen: set[str] = set()
+        for r in replaces:
+            if r.id in seen:  # PostgreSQL refuses the whole batch the same way
+                raise StoreRejected(f"ON CONFLICT DO UPDATE command cannot affect row a second time (id {r.id!r})")
+            seen.add(r.id)
+
+        def run(now: int) -> tuple[int, int, int, int]:
+            db = self.db
+            inserted = replaced = cancelled = in_flight = 0
+            for r in inserts:
+                if r.id not in db.rows:
+                    db.rows[r.id] = self._new_row(r)
+                    inserted += 1
+            for r in replaces:
+                old = db.rows.get(r.id)
+                if old is None:
+                    db.rows[r.id] = self._new_row(r)
+                else:  # the new version, waiting, with no failed publishes; seq and last occurrence kept
+                    db.rows[r.id] = replace(self._new_row(r, seq=old.seq), last_occurrence_us=old.last_occurrence_us)
+                replaced += 1
+            for mid in dict.fromkeys(cancels):
+                gone = db.rows.pop(mid, None)
+                if gone is not None:
+                    if gone.readied_us is None:
+                        cancelled += 1
+                    else:
+                        in_flight += 1
+            return inserted, replaced, cancelled, in_flight
+        return self._run(run)
+
+    def _new_row(self, r: Row, seq: int | None = None) -> StoredRow:
+        return StoredRow(r.id, r.deadline_us, r.topic, r.key, r.value, r.headers, r.ordering_key, r.cron,
+                         r.timezone, r.dst_policy, self.db.next_seq() if seq is None else seq, self.db.new_ctid())
+
+    def waiting_ids(self, ids: Iterable[str]) -> set[str]:
+        """Which of these ids the store holds (waiting, claimed or a recurring schedule)."""
+        wanted = set(ids)
+        return self._run(lambda now: wanted & self.db.rows.keys()) if wanted else set()
+
+    def park(self, messages: Sequence[Parked]) -> None:
+        """Keep messages no topic accepted."""
+        if messages:
+            self._run(lambda now: self.db.parked.extend(replace(m) for m in messages))
+
+    # -- firer -----------------------------------------------------------------------------
+
+    def claim(self, limit: int, lookahead_ms: int) -> list[Claimed]:
+        """Claim due rows and rows due within the lookahead, in (deadline, seq) order, at most `limit`."""
+        return self._run(lambda now: self._claim(now, limit, lookahead_ms, _ANY_TOPIC))
+
+    def _claim(self, now: int, limit: int, lookahead_ms: int, topic: object) -> list[Claimed]:
+        """The claim's rule (see `claim` in queries.sql): a keyed candidate is claimed only when
+        every earlier row of its key (by deadline as scheduled, then seq) is a candidate of this
+        same claim; a row held by a peer or still waiting holds back the later rows of its key."""
+        bound = now + lookahead_ms * 1000
+        candidates = sorted((r for r in self.db.rows.values()
+                             if r.waiting and r.deadline_us <= bound and (topic is _ANY_TOPIC or r.topic == topic)),
+                            key=lambda r: (r.deadline_us, r.seq))[:limit]
+        chosen = {r.id for r in candidates}
+        keys = {r.ordering_key for r in candidates if r.ordering_key is not None}
+        first_left: dict[str, tuple[int, int]] = {}  # per key, the earliest row not among the candidates
+        for r in self.db.rows.values():
+            if r.ordering_key in keys and r.cron is None and r.id not in chosen:
+                if r.ordering_key not in first_left or r.position < first_left[r.ordering_key]:
+                    first_left[r.ordering_key] = r.position
+        due = [r for r in candidates
+               if r.ordering_key is None or r.ordering_key not in first_left or r.position < first_left[r.ordering_key]]
+        if due:
+            self._check_node()
+        claimed = []
+        for r in due:
+            r.readied_us, r.readied_by, r.ctid = now, self.node_id, self.db.new_ctid()
+            claimed.append(self._as_claimed(r))
+        claimed.sort(key=lambda c: (c.scheduled_us, c.seq))
+        return claimed
+
+    def claim_limited(self, limits: ratelimit.FireRateLimits, output_topic: str, limit: int,
+                      lookahead_ms: int) -> tuple[list[Claimed], bool]:
+        """The claim under fire-rate limits, topic by topic; a limited topic's due rows (no lookahead)
+        only as many as its bucket holds. See the PostgreSQL store's `claim_limited`."""
+        topics = self._run(lambda now: sorted(
+            {r.topic for r in self.db.rows.values() if r.topic is not None and r.readied_us is None}))
+        return ratelimit.claim_by_topic(
+            limits, output_topic, topics, limit,
+            lambda topic, share: self._run(lambda now: self._claim(now, share, lookahead_ms, topic)),
+            lambda name, topic, rate, share: self._run(lambda now: self._claim_granted(now, name, topic, rate, share)))
+
+    def _claim_granted(self, now: int, name: str, topic: str | None, rate: float, limit: int) -> list[Claimed]:
+        """Refill the topic's bucket for the time since its last refill, claim what it grants, spend it."""
+        if not any(r.waiting and r.topic == topic and r.deadline_us <= now for r in self.db.rows.values()):
+            return []  # nothing due: the bucket is neither made nor refilled
+        capacity = ratelimit.capacity(rate)
+        bucket = self.db.buckets.get(name)
+        if bucket is None:
+            bucket = self.db.buckets[name] = Bucket(rate, capacity, now)
+        else:
+            bucket.tokens = min(capacity, bucket.tokens + rate * max(0, now - bucket.refilled_us) / 1e6)
+            bucket.rate, bucket.refilled_us = rate, max(bucket.refilled_us, now)
+        grant = min(int(bucket.tokens), limit)
+        rows = self._claim(now, grant, 0, topic) if grant > 0 else []
+        bucket.tokens -= len(rows)
+        return rows
+
+    def throttled(self, output_topic: str) -> list[Throttled]:
+        """Per topic with a bucket refilled within the last minute: due rows not claimed, and lateness."""
+        def run(now: int) -> list[Throttled]:
+            found = []
+            for name in sorted(self.db.buckets):
+                bucket = self.db.buckets[name]
+                if bucket.refilled_us <= now - 60_000_000:
+                    continue
+                topic = None if name == output_topic else name
+                due = [r.deadline_us for r in self.db.rows.values()
+                       if r.waiting and r.topic == topic and r.deadline_us <= now]
+                lateness = max(0.0, (now - min(due)) / 1e6) if due else 0.0
+                found.append(Throttled(name, bucket.rate, min(len(due), DUE_CAP), lateness))
+            return found
+        return self._run(run)
+
+    def claim_schedules(self, limit: int, lookahead_ms: int, now_us: int) -> list[Claimed]:
+        """Fire due recurring schedules: each due occurrence created as a row claimed by this node,
+        the schedule moved to its next occurrence (`chronos.domain.schedules.step`)."""
+        def run(now: int) -> list[Claimed]:
+            db = self.db
+            due = sorted((r for r in db.rows.values()
+                          if r.cron is not None and r.deadline_us <= now + lookahead_ms * 1000),
+                         key=lambda r: r.deadline_us)[:limit]
+            if due:
+                self._check_node()
+            claimed = []
+            for s in due:
+                assert s.cron is not None
+                try:
+                    step = schedules.step(s.id, s.deadline_us, s.cron, s.timezone, s.dst_policy, s.headers,
+                                          s.last_occurrence_us, now_us)
+                except cron.CronError as exc:
+                    log.error("recurring schedule %s has a bad expression (%s); cancelling it", s.id, exc)
+                    del db.rows[s.id]
+                    continue
+                occ = step.occurrence
+                if occ is not None and occ.id not in db.rows:
+                    db.rows[occ.id] = StoredRow(occ.id, occ.deadline_us, s.topic, s.key, s.value, occ.headers,
+                                                s.ordering_key, None, None, None, db.next_seq(), db.new_ctid(),
+                                                readied_us=now, readied_by=self.node_id)
+                    claimed.append(self._as_claimed(db.rows[occ.id]))
+                s.deadline_us, s.ctid = step.next_us, db.new_ctid()
+                if occ is not None:
+                    s.last_occurrence_us = occ.deadline_us
+            return claimed
+        return self._run(run)
+
+    def delete_fired(self, done: Sequence[Claimed]) -> int:
+        """Delete exactly these rows if this node still owns them as claimed; returns how many."""
+        def run(now: int) -> int:
+            deleted = 0
+            for c in done:
+                row = self.db.rows.get(c.id)
+                if row is not None and row.ctid == c.ctid and self._owned(row, c):
+                    del self.db.rows[c.id]
+                    deleted += 1
+            return deleted
+        return self._run(run) if done else 0
+
+    def release(self, rows: Sequence[Claimed]) -> int:
+        """Hand claimed rows back so any firer takes them; returns how many were still this node's."""
+        def run(now: int) -> int:
+            released = 0
+            for c in rows:
+                row = self.db.rows.get(c.id)
+                if row is not None and row.ctid == c.ctid and self._owned(row, c):
+                    row.readied_us, row.readied_by, row.ctid = None, None, self.db.new_ctid()
+                    released += 1
+            return released
+        return self._run(run) if rows else 0
+
+    def retry_later(self, failed: Sequence[tuple[Claimed, str, int]]) -> int:
+        """Hand back rows whose publish was refused, each (row, error, delay_ms): the failure counted,
+        the deadline moved by the delay, the deadline as scheduled kept."""
+        def run(now: int) -> int:
+            moved = 0
+            for c, error, delay_ms in failed:
+                row = self.db.rows.get(c.id)
+                if row is not None and self._owned(row, c):
+                    if row.original_deadline_us is None:
+                        row.original_deadline_us = row.deadline_us
+                    row.deadline_us = max(row.deadline_us, now) + delay_ms * 1000
+                    row.attempts += 1
+                    row.last_error = error
+                    row.readied_us, row.readied_by, row.ctid = None, None, self.db.new_ctid()
+                    moved += 1
+            return moved
+        return self._run(run) if failed else 0
+
+    def park_claimed(self, rows: Sequence[tuple[Claimed, str]], output_topic: str) -> int:
+        """Move claimed rows, each (row, reason), to the parked messages; returns how many were still
+        this node's."""
+        def run(now: int) -> int:
+            moved = 0
+            for c, reason in rows:
+                row = self.db.rows.get(c.id)
+                if row is not None and self._owned(row, c):
+                    del self.db.rows[c.id]
+                    self.db.parked.append(Parked(row.id, f"store/{row.id}", row.topic or output_topic,
+                                                 cron.from_us(row.position[0]), row.key, row.value, row.headers,
+                                                 reason))
+                    moved += 1
+            return moved
+        return self._run(run) if rows else 0
+
+    def db_clock_us(self) -> int:
+        return self._run(lambda now: now)
+
+    # -- detector --------------------------------------------------------------------------
+
+    def find_stale(self, hold_ms: int, limit: int = 10000) -> list[Stale]:
+        """Rows claimed longer ago than the hold time, oldest claim first."""
+        def run(now: int) -> list[Stale]:
+            held = sorted((r for r in self.db.rows.values()
+                           if r.readied_us is not None and r.readied_us < now - hold_ms * 1000),
+                          key=lambda r: _readied(r))[:limit]
+            return [Stale(r.id, cron.from_us(_readied(r)), _holder(r), r.ctid) for r in held]
+        return self._run(run)
+
+    def reset_stale(self, seen: Sequence[Stale]) -> list[uuid.UUID]:
+        """Reset the rows whose claim is still what the detector saw; returns their holders."""
+        def run(now: int) -> list[uuid.UUID]:
+            reset = []
+            for s in seen:
+                row = self.db.rows.get(s.id)
+                if (row is not None and row.ctid == s.ctid and row.readied_by == s.readied_by
+                        and row.readied_us == cron.to_us(s.readied_at)):
+                    row.readied_us, row.readied_by, row.ctid = None, None, self.db.new_ctid()
+                    reset.append(s.readied_by)
+            return reset
+        return self._run(run) if seen else []
+
+    # -- status ----------------------------------------------------------------------------
+
+    def overview(self, hold_ms: int, *, exact: bool | None = None) -> Overview:
+        """What `chronos status` shows; the waiting count is exact below ESTIMATE_ABOVE rows (or
+        with exact=True), else the row count less the claimed rows and schedules, as PostgreSQL's
+        estimate would be."""
+        def run(now: int) -> Overview:
+            rows = list(self.db.rows.values())
+            by_node: dict[uuid.UUID, list[StoredRow]] = {}
+            for r in rows:
+                if r.readied_us is not None:
+                    by_node.setdefault(_holder(r), []).append(r)
+            nodes = [NodeLoad(node, len(held), sum(1 for r in held if _readied(r) < now - hold_ms * 1000),
+                              (now - min(_readied(r) for r in held)) / 1e6,
+                              cron.from_us(min(r.deadline_us for r in held)))
+                     for node, held in by_node.items()]
+            nodes.sort(key=lambda n: (-n.rows, n.node))
+            waiting = [r.deadline_us for r in rows if r.waiting]
+            later = [d for d in waiting if d > now]
+            count = exact if exact is not None else len(rows) < ESTIMATE_ABOVE
+            return Overview.build(cron.from_us(now), _first(waiting), _first(later), len(waiting) if count else None,
+                                  len(rows), min(DUE_CAP, len(waiting) - len(later)), nodes,
+                                  sum(1 for r in rows if r.cron is not None), len(self.db.parked))
+        return self._run(run)
+
+
+def _readied(row: StoredRow) -> int:
+    assert row.readied_us is not None
+    return row.readied_us
+
+
+def _holder(row: StoredRow) -> uuid.UUID:
+    assert row.readied_by is not None
+    return row.readied_by
+
+
+def _first(deadlines: list[int]) -> datetime | None:
+    return cron.from_us(min(deadlines)) if deadlines else None
+
+
+# held to the port by the type checker, as the PostgreSQL store is
+_PORT: type[ports.Store] = MemoryStore

@@ -1,0 +1,462 @@
+-- All SQL the processes run, one statement per `-- name: x` block.
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) FROM chronos_schema_version;
+
+-- name: migrate_lock
+-- One migrator at a time, until its transaction ends.
+SELECT pg_advisory_xact_lock(%(lock)s);
+
+-- name: create_schema_version
+-- Before the first migration: the table of applied migrations itself.
+CREATE TABLE IF NOT EXISTS chronos_schema_version (
+    version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: record_migration
+INSERT INTO chronos_schema_version (version, name) VALUES (%(version)s, %(name)s);
+
+-- name: has_schema_version
+SELECT to_regclass('chronos_schema_version') IS NOT NULL;
+
+-- name: create_staging
+-- op: 'i' insert unless the id is waiting, 'u' insert or replace; ord keeps the input order.
+CREATE TEMP TABLE IF NOT EXISTS chronos_staging (
+    id text, deadline_us bigint, topic text, key bytea, value bytea, headers bytea, ordering_key text,
+    cron text, timezone text, op text NOT NULL DEFAULT 'i', ord bigint GENERATED ALWAYS AS IDENTITY,
+    dst_policy text
+) ON COMMIT DELETE ROWS;
+
+-- name: insert_from_staging
+-- Epoch microseconds to timestamptz in whole seconds plus the remainder: `interval * number`
+-- multiplies in float8, so `deadline_us * interval '1 microsecond'` rounded deadlines after about
+-- 2255 and made 9999-12-31T23:59:59.999999 year 10000; each of these two products is exact.
+-- The way back, `(extract(epoch FROM deadline) * 1000000)::bigint`, is numeric (PostgreSQL 14+): exact.
+INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone,
+                              dst_policy)
+SELECT id, timestamptz 'epoch' + (deadline_us / 1000000) * interval '1 second'
+                  + mod(deadline_us, 1000000) * interval '1 microsecond',
+       topic, key, value, headers, ordering_key, cron, timezone, dst_policy
+FROM chronos_staging
+WHERE op = 'i'
+ORDER BY ord
+ON CONFLICT (id) DO NOTHING;
+
+-- name: copy_messages
+-- The consumer's inserts straight into the table, in input order (seq follows it): no staging
+-- table, no INSERT ... SELECT, no speculative insertion. An id already waiting makes the whole COPY
+-- fail (unique violation); the batch is then written again through the staging table, whose insert
+-- leaves waiting ids alone (a batch read again after a crash).
+COPY chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone, dst_policy)
+FROM STDIN (FORMAT BINARY);
+
+-- name: copy_staging_full
+COPY chronos_staging (id, deadline_us, topic, key, value, headers, ordering_key, cron, timezone, op, dst_policy)
+FROM STDIN (FORMAT BINARY);
+
+-- name: upsert_from_staging
+-- chronosAction: replace. A replaced row that a firer holds is handed back, so the new version
+-- fires (the firer's delete then finds the row changed and leaves it), with no failed publishes
+-- counted against it. A replaced recurring schedule
+-- keeps its last_occurrence: the firer skips occurrences already created by the old version.
+INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone,
+                              dst_policy)
+SELECT id, timestamptz 'epoch' + (deadline_us / 1000000) * interval '1 second'
+                  + mod(deadline_us, 1000000) * interval '1 microsecond',
+       topic, key, value, headers, ordering_key, cron, timezone, dst_policy
+FROM chronos_staging
+WHERE op = 'u'
+ORDER BY ord
+ON CONFLICT (id) DO UPDATE SET
+    deadline = EXCLUDED.deadline, topic = EXCLUDED.topic, key = EXCLUDED.key, value = EXCLUDED.value,
+    headers = EXCLUDED.headers, ordering_key = EXCLUDED.ordering_key, cron = EXCLUDED.cron,
+    timezone = EXCLUDED.timezone, readied_at = NULL, readied_by = NULL, enqueued_at = now(),
+    dst_policy = EXCLUDED.dst_policy, attempts = 0, last_error = NULL, original_deadline = NULL;
+
+-- name: cancel
+-- Whether each deleted row was in flight: a firer holding it may still publish it.
+DELETE FROM chronos_messages WHERE id = ANY(%(ids)s)
+RETURNING readied_at IS NOT NULL;
+
+-- name: waiting_ids
+SELECT id FROM chronos_messages WHERE id = ANY(%(ids)s);
+
+-- name: hot_path_settings
+-- For the firer's, consumer's and detector's own connections. Their statements reach rows through
+-- an index condition or by TID; with sequential and bitmap scans disabled, no statistics (a table
+-- analyzed while empty, a generic plan cached then, a bloated or huge table) can make the planner
+-- prefer a plan that reads the whole table, since PostgreSQL picks the plan with the fewest
+-- disabled nodes before comparing costs. (Where a statement has no other way, the scan still runs.)
+SELECT set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false);
+
+-- name: claim
+-- A row with an ordering key is claimable only if every earlier row of its key (by deadline,
+-- then enqueue order) is claimed by this same statement: a row held by a peer, locked by a
+-- concurrent claim (skipped) or still waiting holds back the later rows of its key only. A row's
+-- place in its key is (coalesce(original_deadline, deadline), seq): a retry's backoff moves the
+-- deadline only later, so that is also the earliest of its two positions. The check compares no
+-- rows with each other: a candidate is held back when a row of its key lies strictly between it
+-- and the candidate before it of that key (such a row is no candidate; one index range probe per
+-- position), and so is every later candidate of the key. Rows are updated by TID (the CTE's
+-- ctid): with no usable index path the planner can only reach them one by one.
+-- With fire-rate limits the claim goes topic by topic: `claim_topic` (one topic named by
+-- chronosTopic, off the topic index, so a throttled backlog of one topic never stands in front of
+-- another's due rows) and `claim_output_topic` (rows without chronosTopic, off the due index) are
+-- this statement with a topic filter at the mark (chronos/adapters/postgres/store.py makes them).
+WITH candidates AS MATERIALIZED (
+    SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq FROM chronos_messages
+    WHERE readied_at IS NULL AND cron IS NULL /* topic filter */
+      -- now(), not clock_timestamp(): a stable bound is an index condition, so the scan stops at
+      -- the first row not yet due instead of filtering every far-future row (autocommit: now() is
+      -- this statement's start)
+      AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'
+    ORDER BY deadline, seq
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), keyed AS (
+    SELECT ctid, ordering_key, place, seq,
+           lag(place, 1, '-infinity') OVER w AS prev_place, lag(seq, 1, 0::bigint) OVER w AS prev_seq
+    FROM candidates
+    WHERE ordering_key IS NOT NULL
+    WINDOW w AS (PARTITION BY ordering_key ORDER BY place, seq)
+), held AS (
+    SELECT ctid, bool_or(
+               EXISTS (SELECT FROM chronos_messages AS e
+                       WHERE e.ordering_key = k.ordering_key AND e.cron IS NULL AND e.original_deadline IS NULL
+                         AND (e.deadline, e.seq) > (k.prev_place, k.prev_seq)
+                         AND (e.deadline, e.seq) < (k.place, k.seq))
+               OR EXISTS (SELECT FROM chronos_messages AS e
+                          WHERE e.ordering_key = k.ordering_key AND e.original_deadline IS NOT NULL
+                            AND (e.original_deadline, e.seq) > (k.prev_place, k.prev_seq)
+                            AND (e.original_deadline, e.seq) < (k.place, k.seq)))
+           OVER (PARTITION BY ordering_key ORDER BY place, seq) AS held
+    FROM keyed AS k
+), due AS (
+    SELECT ctid FROM candidates WHERE ordering_key IS NULL
+    UNION ALL
+    SELECT ctid FROM held WHERE NOT held
+)
+UPDATE chronos_messages AS m
+SET readied_at = now(), readied_by = %(node)s
+FROM due
+WHERE m.ctid = due.ctid
+RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers,
+          m.readied_at, m.seq,
+          m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint, m.ctid;
+
+-- name: due_schedules
+SELECT id, (extract(epoch FROM deadline) * 1000000)::bigint, cron, timezone, topic, key, value, headers,
+       ordering_key, (extract(epoch FROM last_occurrence) * 1000000)::bigint, dst_policy
+FROM chronos_messages
+WHERE cron IS NOT NULL AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'
+ORDER BY deadline
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: insert_occurrence
+-- One occurrence of a recurring schedule, created already claimed by this firer.
+INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, readied_at, readied_by)
+VALUES (%(id)s, timestamptz 'epoch' + (%(deadline_us)s::bigint / 1000000) * interval '1 second'
+        + mod(%(deadline_us)s::bigint, 1000000) * interval '1 microsecond', %(topic)s, %(key)s, %(value)s,
+        %(headers)s, %(ordering_key)s, now(), %(node)s)
+ON CONFLICT (id) DO NOTHING
+RETURNING id, (extract(epoch FROM deadline) * 1000000)::bigint, topic, key, value, headers, readied_at, seq,
+          0, NULL::bigint, ctid;
+
+-- name: advance_schedule
+-- %(last_us)s: the occurrence just created, or NULL when none was (the latest one stays).
+UPDATE chronos_messages
+SET deadline = timestamptz 'epoch' + (%(next_us)s::bigint / 1000000) * interval '1 second'
+               + mod(%(next_us)s::bigint, 1000000) * interval '1 microsecond',
+    last_occurrence = coalesce(timestamptz 'epoch' + (%(last_us)s::bigint / 1000000) * interval '1 second'
+                               + mod(%(last_us)s::bigint, 1000000) * interval '1 microsecond', last_occurrence)
+WHERE id = %(id)s;
+
+-- name: list_schedules
+SELECT id, cron, coalesce(timezone, 'UTC'), (extract(epoch FROM deadline) * 1000000)::bigint, topic,
+       ordering_key, enqueued_at
+FROM chronos_messages WHERE cron IS NOT NULL ORDER BY deadline, id;
+
+-- name: delete_fired
+-- Exactly the rows as this node claimed them, reached by the TID the claim returned: (ctid, id,
+-- readied_at) triples. A row updated since (handed to a peer, replaced) has moved and is left
+-- alone. The id and readied_at are compared with `IS NOT DISTINCT FROM` (never null here, so
+-- the same as `=`) so that they offer the planner no index path, and no way round the TID.
+DELETE FROM chronos_messages AS m
+USING unnest(%(ctids)s::tid[], %(ids)s::text[], %(readied_at)s::timestamptz[]) AS f(ctid, id, readied_at)
+WHERE m.ctid = f.ctid AND m.id IS NOT DISTINCT FROM f.id AND m.readied_by = %(node)s
+  AND m.readied_at IS NOT DISTINCT FROM f.readied_at;
+
+-- name: release
+-- (by TID: see delete_fired)
+UPDATE chronos_messages AS m
+SET readied_at = NULL, readied_by = NULL
+FROM unnest(%(ctids)s::tid[], %(ids)s::text[], %(readied_at)s::timestamptz[]) AS f(ctid, id, readied_at)
+WHERE m.ctid = f.ctid AND m.id IS NOT DISTINCT FROM f.id AND m.readied_by = %(node)s
+  AND m.readied_at IS NOT DISTINCT FROM f.readied_at;
+
+-- name: retry_later
+-- A publish the destination refused: hand the row back with the failure counted and its deadline
+-- moved by the backoff, so it leaves the head of the claim and other due rows fire meanwhile; the
+-- deadline as scheduled is kept in original_deadline. (IS NOT DISTINCT FROM: see delete_fired)
+UPDATE chronos_messages AS m
+SET readied_at = NULL, readied_by = NULL, attempts = m.attempts + 1, last_error = f.error,
+    original_deadline = coalesce(m.original_deadline, m.deadline),
+    deadline = greatest(m.deadline, now()) + f.delay_ms * interval '1 millisecond'
+FROM unnest(%(ids)s::text[], %(readied_at)s::timestamptz[], %(errors)s::text[], %(delay_ms)s::bigint[])
+     AS f(id, readied_at, error, delay_ms)
+WHERE m.id = f.id AND m.readied_by = %(node)s AND m.readied_at IS NOT DISTINCT FROM f.readied_at;
+
+-- name: park_claimed
+-- Rows that neither their destination nor the dead-letter topic accept: moved, in this one
+-- statement, from the store to chronos_parked, exactly as this node claimed them.
+WITH moved AS (
+    DELETE FROM chronos_messages AS m
+    USING unnest(%(ids)s::text[], %(readied_at)s::timestamptz[], %(reasons)s::text[]) AS f(id, readied_at, reason)
+    WHERE m.id = f.id AND m.readied_by = %(node)s AND m.readied_at IS NOT DISTINCT FROM f.readied_at
+    RETURNING m.id, m.topic, coalesce(m.original_deadline, m.deadline) AS deadline, m.key, m.value, m.headers,
+              f.reason
+)
+INSERT INTO chronos_parked (message_id, source, topic, deadline, key, value, headers, reason)
+SELECT id, 'store/' || id, coalesce(topic, %(output_topic)s), deadline, key, value, headers, reason FROM moved;
+
+-- name: park_message
+-- A message from the input topic that no topic accepted (its destination nor the dead-letter topic).
+INSERT INTO chronos_parked (message_id, source, topic, deadline, key, value, headers, reason)
+VALUES (%(message_id)s, %(source)s, %(topic)s, %(deadline)s, %(key)s, %(value)s, %(headers)s, %(reason)s);
+
+-- name: has_parked
+SELECT to_regclass('chronos_parked') IS NOT NULL;
+
+-- name: count_parked
+SELECT count(*) FROM chronos_parked;
+
+-- name: find_stale
+SELECT id, readied_at, readied_by, ctid FROM chronos_messages
+WHERE readied_at IS NOT NULL AND readied_at < now() - %(hold_ms)s * interval '1 millisecond'
+ORDER BY readied_at
+LIMIT %(limit)s;
+
+-- name: reset_stale
+-- (by TID: see delete_fired)
+UPDATE chronos_messages AS m
+SET readied_at = NULL, readied_by = NULL
+FROM unnest(%(ctids)s::tid[], %(ids)s::text[], %(readied_at)s::timestamptz[], %(readied_by)s::uuid[])
+     AS s(ctid, id, readied_at, readied_by)
+WHERE m.ctid = s.ctid AND m.id IS NOT DISTINCT FROM s.id AND m.readied_by IS NOT DISTINCT FROM s.readied_by
+  AND m.readied_at IS NOT DISTINCT FROM s.readied_at
+RETURNING s.readied_by;
+
+-- name: async_commit
+-- The firer's sessions only: a claim, delete or hand-back lost in a crash only fires a row again
+-- (at-least-once), so they need not wait for the WAL flush. The consumer's stay synchronous.
+SET synchronous_commit = off;
+
+-- name: db_clock
+SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+
+-- name: overview_features
+-- What this schema holds, for `chronos status`: recurring schedules as rows with a `cron` column
+-- (not before migration 0002); and the planner's row estimate (-1 before the first ANALYZE).
+SELECT EXISTS (SELECT FROM pg_attribute
+               WHERE attrelid = 'chronos_messages'::regclass AND attname = 'cron' AND NOT attisdropped),
+       (SELECT reltuples FROM pg_class WHERE oid = 'chronos_messages'::regclass)::bigint;
+
+-- name: overview_in_flight
+-- Claimed rows per firer node, off the partial index on readied_at (in-flight rows are few).
+SELECT readied_by, count(*),
+       count(*) FILTER (WHERE readied_at < now() - %(hold_ms)s * interval '1 millisecond'),
+       extract(epoch FROM now() - min(readied_at))::float8, min(deadline)
+FROM chronos_messages
+WHERE readied_at IS NOT NULL
+GROUP BY readied_by
+ORDER BY count(*) DESC, readied_by;
+
+-- name: overview_waiting
+-- Unclaimed rows. The first and next deadlines come off the partial due index; the count runs
+-- only when %(exact)s (else the caller uses the estimate); the due count stops at %(due_cap)s.
+SELECT now(),
+       (SELECT min(deadline) FROM chronos_messages WHERE readied_at IS NULL),
+       (SELECT min(deadline) FROM chronos_messages WHERE readied_at IS NULL AND deadline > now()),
+       CASE WHEN %(exact)s THEN (SELECT count(*) FROM chronos_messages WHERE readied_at IS NULL) END,
+       (SELECT count(*) FROM (SELECT FROM chronos_messages WHERE readied_at IS NULL AND deadline <= now()
+                              LIMIT %(due_cap)s) AS due);
+
+-- name: overview_waiting_cron
+-- overview_waiting on a schema where rows with a `cron` expression are recurring schedules.
+SELECT now(),
+       (SELECT min(deadline) FROM chronos_messages WHERE readied_at IS NULL AND cron IS NULL),
+       (SELECT min(deadline) FROM chronos_messages WHERE readied_at IS NULL AND cron IS NULL AND deadline > now()),
+       CASE WHEN %(exact)s THEN (SELECT count(*) FROM chronos_messages WHERE readied_at IS NULL AND cron IS NULL) END,
+       (SELECT count(*) FROM (SELECT FROM chronos_messages
+                              WHERE readied_at IS NULL AND cron IS NULL AND deadline <= now()
+                              LIMIT %(due_cap)s) AS due);
+
+-- name: count_cron_schedules
+SELECT count(*) FROM chronos_messages WHERE cron IS NOT NULL;
+
+-- Operators: `chronos show`, `list`, `cancel`, `fire-now`, `reschedule` (chronos/ops/inspect.py).
+
+-- name: show_message
+-- The value's size and its first bytes only: a value may be megabytes.
+SELECT id, deadline, readied_at, readied_by, topic, key, octet_length(value), substring(value FROM 1 FOR %(preview)s),
+       headers, ordering_key, enqueued_at, cron, timezone, dst_policy, attempts, last_error, original_deadline
+FROM chronos_messages WHERE id = %(id)s;
+
+-- name: list_parked
+-- Parked messages, newest first, a page at a time after a cursor (the primary key: no scan).
+SELECT id, message_id, source, topic, deadline, key, octet_length(value), substring(value FROM 1 FOR %(preview)s),
+       headers, reason, parked_at
+FROM chronos_parked
+WHERE %(before)s::bigint IS NULL OR id < %(before)s::bigint
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: list_by_deadline
+-- One page in (deadline, seq) order, after the keyset cursor. Every filter is optional (NULL: none).
+-- Run unprepared, so each call is planned for its own values: `NULL IS NULL OR ...` folds away and
+-- what remains picks the index. One branch per state, each off its own partial index (due,
+-- in-flight, schedules), or the ordering, topic or key index when that filter is given.
+SELECT * FROM (
+    (SELECT 'waiting' AS state, id, deadline, seq, topic, key, ordering_key, readied_by, cron
+     FROM chronos_messages
+     WHERE readied_at IS NULL AND cron IS NULL AND coalesce(%(state)s::text, 'waiting') = 'waiting'
+       AND (%(due_after)s::timestamptz IS NULL OR deadline > %(due_after)s)
+       AND (%(due_before)s::timestamptz IS NULL OR deadline < %(due_before)s)
+       AND (%(not_at)s::timestamptz IS NULL OR deadline <> %(not_at)s)
+       AND (%(topic)s::text IS NULL OR topic = %(topic)s) AND (NOT %(output_topic)s::bool OR topic IS NULL)
+       AND (%(key)s::bytea IS NULL OR key = %(key)s)
+       AND (%(ordering_key)s::text IS NULL OR ordering_key = %(ordering_key)s)
+       AND (%(after_deadline)s::timestamptz IS NULL OR (deadline, seq) > (%(after_deadline)s, %(after_seq)s::bigint))
+     ORDER BY deadline, seq LIMIT %(limit)s)
+    UNION ALL
+    (SELECT 'in_flight', id, deadline, seq, topic, key, ordering_key, readied_by, cron
+     FROM chronos_messages
+     WHERE readied_at IS NOT NULL AND coalesce(%(state)s::text, 'in_flight') = 'in_flight'
+       AND (%(due_after)s::timestamptz IS NULL OR deadline > %(due_after)s)
+       AND (%(due_before)s::timestamptz IS NULL OR deadline < %(due_before)s)
+       AND (%(not_at)s::timestamptz IS NULL OR deadline <> %(not_at)s)
+       AND (%(topic)s::text IS NULL OR topic = %(topic)s) AND (NOT %(output_topic)s::bool OR topic IS NULL)
+       AND (%(key)s::bytea IS NULL OR key = %(key)s)
+       AND (%(ordering_key)s::text IS NULL OR ordering_key = %(ordering_key)s)
+       AND (%(after_deadline)s::timestamptz IS NULL OR (deadline, seq) > (%(after_deadline)s, %(after_seq)s::bigint))
+     ORDER BY deadline, seq LIMIT %(limit)s)
+    UNION ALL
+    (SELECT 'recurring', id, deadline, seq, topic, key, ordering_key, readied_by, cron
+     FROM chronos_messages
+     WHERE cron IS NOT NULL AND coalesce(%(state)s::text, 'recurring') = 'recurring'
+       AND (%(due_after)s::timestamptz IS NULL OR deadline > %(due_after)s)
+       AND (%(due_before)s::timestamptz IS NULL OR deadline < %(due_before)s)
+       AND (%(not_at)s::timestamptz IS NULL OR deadline <> %(not_at)s)
+       AND (%(topic)s::text IS NULL OR topic = %(topic)s) AND (NOT %(output_topic)s::bool OR topic IS NULL)
+       AND (%(key)s::bytea IS NULL OR key = %(key)s)
+       AND (%(ordering_key)s::text IS NULL OR ordering_key = %(ordering_key)s)
+       AND (%(after_deadline)s::timestamptz IS NULL OR (deadline, seq) > (%(after_deadline)s, %(after_seq)s::bigint))
+     ORDER BY deadline, seq LIMIT %(limit)s)
+) AS page
+ORDER BY deadline, seq LIMIT %(limit)s;
+
+-- name: list_by_id
+-- `--id-prefix`: one page in id order off the primary key. starts_with() becomes a range condition
+-- on the key where the column's collation is C (the embedded PostgreSQL's); under another
+-- collation it is correct but a scan. The other filters as in list_by_deadline.
+SELECT CASE WHEN cron IS NOT NULL THEN 'recurring' WHEN readied_at IS NOT NULL THEN 'in_flight' ELSE 'waiting' END,
+       id, deadline, seq, topic, key, ordering_key, readied_by, cron
+FROM chronos_messages
+WHERE starts_with(id, %(id_prefix)s) AND (%(after_id)s::text IS NULL OR id > %(after_id)s)
+  AND (%(state)s::text IS NULL
+       OR CASE %(state)s::text WHEN 'waiting' THEN readied_at IS NULL AND cron IS NULL
+                               WHEN 'in_flight' THEN readied_at IS NOT NULL
+                               ELSE cron IS NOT NULL END)
+  AND (%(due_after)s::timestamptz IS NULL OR deadline > %(due_after)s)
+  AND (%(due_before)s::timestamptz IS NULL OR deadline < %(due_before)s)
+  AND (%(not_at)s::timestamptz IS NULL OR deadline <> %(not_at)s)
+  AND (%(topic)s::text IS NULL OR topic = %(topic)s) AND (NOT %(output_topic)s::bool OR topic IS NULL)
+  AND (%(key)s::bytea IS NULL OR key = %(key)s)
+  AND (%(ordering_key)s::text IS NULL OR ordering_key = %(ordering_key)s)
+ORDER BY id LIMIT %(limit)s;
+
+-- name: act_cancel
+-- Actions change only rows no firer holds: a claimed row is being published from a firer's memory
+-- at the deadline it was claimed with, and nothing here could stop that. A concurrent claim locks
+-- the row first; this statement then re-reads it, finds it claimed and leaves it.
+DELETE FROM chronos_messages WHERE id = ANY(%(ids)s::text[]) AND readied_at IS NULL RETURNING id;
+
+-- name: act_fire_now
+-- Due now by the database clock; a deadline already past stays as it is. For a recurring schedule
+-- this fires one occurrence now, then the schedule goes on from its expression.
+UPDATE chronos_messages SET deadline = least(deadline, %(at)s::timestamptz)
+WHERE id = ANY(%(ids)s::text[]) AND readied_at IS NULL RETURNING id;
+
+-- name: act_reschedule
+UPDATE chronos_messages SET deadline = %(at)s::timestamptz
+WHERE id = ANY(%(ids)s::text[]) AND readied_at IS NULL RETURNING id;
+
+-- name: present_ids
+-- Which of these ids exist, and whether a firer holds them (for the actions' report).
+SELECT id, readied_at IS NOT NULL FROM chronos_messages WHERE id = ANY(%(ids)s::text[]);
+
+-- name: count_action
+INSERT INTO chronos_actions (action, actions, messages, last_at)
+VALUES (%(action)s, %(actions)s, %(messages)s, now())
+ON CONFLICT (action) DO UPDATE SET actions = chronos_actions.actions + EXCLUDED.actions,
+    messages = chronos_actions.messages + EXCLUDED.messages, last_at = now();
+
+-- name: action_totals
+SELECT action, actions, messages FROM chronos_actions ORDER BY action;
+
+-- name: db_now
+SELECT now();
+
+-- Fire-rate limits (chronos/domain/ratelimit.py): used only when a limit is configured.
+
+-- name: waiting_topics
+-- The destination topics named by waiting rows (chronosTopic), one index probe per topic: a
+-- skip scan of the topic index instead of reading every waiting row.
+WITH RECURSIVE t(topic) AS (
+    (SELECT topic FROM chronos_messages WHERE topic IS NOT NULL AND readied_at IS NULL ORDER BY topic LIMIT 1)
+    UNION ALL
+    SELECT (SELECT m.topic FROM chronos_messages AS m
+            WHERE m.topic > t.topic AND m.readied_at IS NULL ORDER BY m.topic LIMIT 1)
+    FROM t WHERE t.topic IS NOT NULL
+)
+SELECT topic FROM t WHERE topic IS NOT NULL;
+
+-- name: take_tokens
+-- Refill the bucket of a topic for the time since its last refill (database clock) and lock it
+-- until this transaction ends: a peer's take waits, then sees what this one spent. No row (and no
+-- write) while none of the topic's rows is due. A firer whose transaction started before the last
+-- refill adds nothing (greatest(0, ...)). `take_tokens` (a topic named by chronosTopic) and
+-- `take_output_tokens` (the output topic: rows without chronosTopic, its bucket named %(topic)s)
+-- put their topic filter at the mark.
+INSERT INTO chronos_rate_limits AS b (topic, rate, tokens, refilled_at)
+SELECT %(topic)s, %(rate)s, %(capacity)s, now()
+WHERE EXISTS (SELECT FROM chronos_messages
+              WHERE readied_at IS NULL AND cron IS NULL /* topic filter */ AND deadline <= now())
+ON CONFLICT (topic) DO UPDATE SET
+    rate = EXCLUDED.rate,
+    tokens = least(%(capacity)s::float8,
+                   b.tokens + %(rate)s::float8 * greatest(0, extract(epoch FROM now() - b.refilled_at))::float8),
+    refilled_at = greatest(b.refilled_at, now())
+RETURNING tokens;
+
+-- name: spend_tokens
+UPDATE chronos_rate_limits SET tokens = tokens - %(spent)s WHERE topic = %(topic)s;
+
+-- name: limited_topics
+-- Topics the firers applied a limit to within the last minute (they take tokens every poll while
+-- the topic has due rows; a bucket left by a limit since removed drops out).
+SELECT topic, rate FROM chronos_rate_limits WHERE refilled_at > now() - interval '1 minute' ORDER BY topic;
+
+-- name: throttled_topic
+-- Due rows of a limited topic no firer claimed yet (at most %(cap)s counted), and the oldest deadline.
+SELECT count(*), min(deadline) FROM (
+    SELECT deadline FROM chronos_messages
+    WHERE readied_at IS NULL AND cron IS NULL AND topic = %(topic)s AND deadline <= now()
+    LIMIT %(cap)s) AS due;
+
+-- name: throttled_output_topic
+SELECT count(*), min(deadline) FROM (
+    SELECT deadline FROM chronos_messages
+    WHERE readied_at IS NULL AND cron IS NULL AND topic IS NULL AND deadline <= now()
+    LIMIT %(cap)s) AS due;

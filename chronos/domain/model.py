@@ -1,0 +1,122 @@
+"""The domain's types: what the consumer stores, what a firer claims, what operators see.
+
+Plain data, no I/O: the store adapters (PostgreSQL, the in-memory twin) build and take them."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+
+@dataclass(slots=True)
+class Row:
+    """A message to store (consumer side)."""
+
+    id: str
+    deadline_us: int
+    topic: str | None
+    key: bytes | None
+    value: bytes | None
+    headers: bytes
+    ordering_key: str | None = None
+    cron: str | None = None
+    timezone: str | None = None
+    dst_policy: str | None = None
+
+
+@dataclass(slots=True)
+class Claimed:
+    """A row this firer claimed: published from memory at its deadline, then deleted."""
+
+    id: str
+    deadline_us: int
+    topic: str | None
+    key: bytes | None
+    value: bytes | None
+    headers: bytes | None
+    readied_at: datetime
+    seq: int = 0
+    attempts: int = 0                        # failed publishes so far
+    original_deadline_us: int | None = None  # the deadline as scheduled, when a retry moved it
+    ctid: str = ""  # where the claimed version of the row lies: delete and hand-back reach it by TID
+
+    @property
+    def scheduled_us(self) -> int:
+        """The deadline as scheduled: lateness, ordering and the dead letter go by it."""
+        return self.deadline_us if self.original_deadline_us is None else self.original_deadline_us
+
+
+@dataclass(slots=True)
+class Parked:
+    """A message to keep in chronos_parked: neither its destination nor the dead-letter topic took it."""
+
+    message_id: str | None
+    source: str
+    topic: str
+    deadline: datetime | None
+    key: bytes | None
+    value: bytes | None
+    headers: bytes
+    reason: str
+
+
+@dataclass(slots=True)
+class Stale:
+    id: str
+    readied_at: datetime
+    readied_by: uuid.UUID
+    ctid: str = ""
+
+
+ESTIMATE_ABOVE = 1_000_000   # rows: above this, the waiting count is the planner's estimate
+DUE_CAP = 1_000_000          # the due-now count stops here
+
+
+@dataclass(slots=True)
+class NodeLoad:
+    """Rows one firer node holds claimed."""
+
+    node: uuid.UUID
+    rows: int
+    past_hold_time: int
+    held_for_s: float           # since its oldest claim
+    oldest_deadline: datetime
+
+
+@dataclass(slots=True)
+class Throttled:
+    """A destination topic under a fire-rate limit: its due rows not yet claimed, and their lateness."""
+
+    topic: str
+    rate: float                 # messages per second
+    rows: int                   # due and not claimed (at most DUE_CAP)
+    lateness_s: float           # how late the oldest of them is (0 when none)
+
+
+@dataclass(slots=True)
+class Overview:
+    at: datetime                # database clock
+    waiting: int                # unclaimed rows (recurring schedules not included)
+    waiting_estimated: bool
+    due: int                    # unclaimed rows past their deadline (at most DUE_CAP)
+    in_flight: int
+    past_hold_time: int         # claimed longer ago than the hold time: suspected failures
+    by_node: list[NodeLoad]
+    oldest_overdue_s: float | None   # lateness of the most overdue unfired row, claimed or not
+    next_deadline: datetime | None   # first deadline still in the future
+    schedules: int | None            # recurring schedules, None when the schema has none
+    parked: int | None = None        # messages no topic accepted, None when the schema has no such table
+
+    @classmethod
+    def build(cls, at: datetime, first: datetime | None, next_deadline: datetime | None, waiting: int | None,
+              estimate: int, due: int, nodes: list[NodeLoad], schedules: int | None,
+              parked: int | None = None) -> "Overview":
+        in_flight = sum(n.rows for n in nodes)
+        overdue = [d for d in [first, *(n.oldest_deadline for n in nodes)] if d is not None and d <= at]
+        return cls(at=at,
+                   waiting=waiting if waiting is not None else max(0, estimate - in_flight - (schedules or 0)),
+                   waiting_estimated=waiting is None, due=due, in_flight=in_flight,
+                   past_hold_time=sum(n.past_hold_time for n in nodes), by_node=nodes,
+                   oldest_overdue_s=(at - min(overdue)).total_seconds() if overdue else None,
+                   next_deadline=next_deadline, schedules=schedules, parked=parked)

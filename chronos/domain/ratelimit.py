@@ -1,0 +1,135 @@
+"""Fire-rate limits: how fast the firers together may publish to each destination topic.
+
+`CHRONOS_FIRE_RATE_LIMITS` lists `PATTERN=RATE` pairs (`orders=500,payments.*=100/min`);
+`CHRONOS_FIRE_RATE_DEFAULT` is the RATE of every topic no pattern matches. A RATE is messages
+per second, or per minute or hour with `/min` or `/h`; `unlimited` exempts a topic from the
+default. Each destination topic has its own token bucket in PostgreSQL (chronos_rate_limits),
+shared by every firer: it refills at the rate and holds at most one second of it (at least one
+message), so after a quiet spell a topic gets at most that burst before the rate applies.
+Pure logic here (the rates, and how one batch is shared between topics); the buckets are in
+the store adapters.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from chronos.domain.model import Claimed
+from chronos.domain.topics import MAX_TOPIC_LENGTH, TOPIC_CHARS
+from chronos.errors import ConfigError
+
+_PATTERN_RE = re.compile(f"[*{TOPIC_CHARS}]{{1,{MAX_TOPIC_LENGTH}}}")
+_RATE_RE = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)\s*(?:/\s*(s|sec|min|m|h))?$")
+_PER = {None: 1.0, "s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
+UNLIMITED = "unlimited"
+BURST_SECONDS = 1.0   # a bucket holds this much of its rate
+
+
+def parse_rate(name: str, raw: str) -> float | None:
+    """A RATE as messages per second; None for `unlimited` or an empty value."""
+    text = raw.strip().lower()
+    if text in ("", UNLIMITED):
+        return None
+    match = _RATE_RE.match(text)
+    if not match:
+        raise ConfigError(f"{name}: {raw!r} is not a rate (messages per second like 500, or 100/min, 10/h, "
+                          f"or unlimited)")
+    rate = float(match.group(1)) / _PER[match.group(2)]
+    if rate <= 0:
+        raise ConfigError(f"{name}: a rate must be more than 0, got {raw!r} (use `unlimited` for no limit)")
+    return rate
+
+
+@dataclass(frozen=True)
+class TopicRates:
+    """`PATTERN=RATE` pairs in the order given; `str()` gives them back as the setting reads them."""
+
+    entries: tuple[tuple[str, float | None], ...] = ()
+
+    def __str__(self) -> str:
+        return ",".join(f"{p}={UNLIMITED if r is None else f'{r:.17g}'}" for p, r in self.entries)
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+
+def parse_topic_rates(name: str, raw: str) -> TopicRates:
+    """`orders=500,payments.*=100/min,audit=unlimited`: a topic name or a pattern with `*`, then a RATE."""
+    entries: list[tuple[str, float | None]] = []
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        pattern, sep, rate = item.partition("=")
+        pattern = pattern.strip()
+        if not sep:
+            raise ConfigError(f"{name} must be a list of TOPIC=RATE pairs, got {item!r}")
+        if not _PATTERN_RE.fullmatch(pattern):
+            raise ConfigError(f"{name}: {pattern!r} is not a topic name or pattern (letters, digits, . _ - and *)")
+        if any(p == pattern for p, _ in entries):
+            raise ConfigError(f"{name}: {pattern!r} is given twice")
+        entries.append((pattern, parse_rate(name, rate)))
+    return TopicRates(tuple(entries))
+
+
+@dataclass(frozen=True)
+class FireRateLimits:
+    """The rate of each destination topic: its exact name first, then the first matching pattern,
+    then the default. None means unlimited."""
+
+    topics: TopicRates = TopicRates()
+    default: float | None = None
+
+    def __bool__(self) -> bool:
+        """Whether any topic may be limited (else the firers claim as if this feature did not exist)."""
+        return self.default is not None or any(r is not None for _, r in self.topics.entries)
+
+    def __str__(self) -> str:
+        default = "unlimited" if self.default is None else f"{self.default:g}/s"
+        return f"{self.topics or 'none'} (messages per second), default {default}"
+
+    def rate_for(self, topic: str) -> float | None:
+        for pattern, rate in self.topics.entries:
+            if pattern == topic:
+                return rate
+        for pattern, rate in self.topics.entries:
+            if "*" in pattern and fnmatch.fnmatchcase(topic, pattern):
+                return rate
+        return self.default
+
+
+def capacity(rate: float) -> float:
+    """How many tokens a topic's bucket holds at most: one second of its rate, at least one message."""
+    return max(1.0, rate * BURST_SECONDS)
+
+
+def claim_by_topic(limits: FireRateLimits, output_topic: str, topics: Sequence[str], limit: int,
+                   claim: Callable[[str | None, int], list[Claimed]],
+                   claim_granted: Callable[[str, str | None, float, int], list[Claimed]]) -> tuple[list[Claimed], bool]:
+    """One batch of at most `limit` rows under fire-rate limits, claimed topic by topic: the output
+    topic (rows without chronosTopic, `None` here) and `topics`, those named by waiting rows. An
+    unlimited topic's rows come from `claim(topic, at_most)`, a limited one's from
+    `claim_granted(its name, topic, rate, at_most)`, which claims no more than its bucket holds.
+
+    Limited topics go first: their budgets keep them small, and what they leave goes to the others.
+    Each topic gets at most an even share of what remains of the batch, so a backlog of one topic
+    cannot starve the next; the topics that filled their share split what is left over. Returns
+    (the rows in deadline order, whether a topic's share of the batch rather than its budget or
+    its due rows ended its claim: a backlog to drain without sleeping)."""
+    rates = {t: limits.rate_for(t or output_topic) for t in (None, *topics)}
+    claimed: list[Claimed] = []
+    order = sorted(rates, key=lambda t: rates[t] is None)
+    while order and len(claimed) < limit:
+        filled = []
+        for left, topic in zip(range(len(order), 0, -1), order):
+            share = -(-(limit - len(claimed)) // left)  # rounded up
+            if share <= 0:
+                break
+            rate = rates[topic]
+            rows = claim(topic, share) if rate is None else claim_granted(topic or output_topic, topic, rate, share)
+            if len(rows) == share:
+                filled.append(topic)
+            claimed += rows
+        order = filled
+    claimed.sort(key=lambda r: (r.scheduled_us, r.seq))
+    return claimed, bool(order)

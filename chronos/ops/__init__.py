@@ -1,0 +1,1 @@
+"""Operations: metrics and health, status, operators' queries and actions."""

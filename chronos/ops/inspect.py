@@ -1,0 +1,503 @@
+"""What operators ask of the store and do to it: show, list, cancel, fire-now, reschedule.
+
+Pure functions over a `Store`, returning typed results; `chronos show|list|cancel|fire-now|
+reschedule` (chronos/cli.py) is one face on them, and `to_json` gives every result as plain JSON.
+
+States: `waiting` (not claimed, due at `deadline`), `in_flight` (claimed by a firer, which
+publishes it from memory at the deadline it was claimed with), `recurring` (a cron schedule;
+`deadline` is its next occurrence).
+
+In-flight rows: no action changes them. The firer that holds the row publishes it at the deadline
+in force when it claimed it and then deletes it; changing or deleting the row under it could not
+stop that publish, only make the result lie. Each action reports such rows as `in_flight`, and the
+operator can act again once they fired (or, if their firer died, once a detector handed them back
+after the hold time). A later input message with the same id follows the usual rule: ignored while
+the id is waiting or in flight (so after fire-now or reschedule too), scheduled anew once the id is
+gone (after cancel, or after it fired).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import logging
+import re
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterator, Sequence
+
+import orjson
+
+from chronos import codec
+from chronos.errors import ConfigError, InFlightSkipped, NeedsConfirmation, NotFound
+from chronos.adapters.postgres.store import QUERIES, Store
+
+log = logging.getLogger("chronos.operator")
+
+STATES = ("waiting", "in_flight", "recurring")
+ACTIONS = ("cancel", "fire_now", "reschedule")
+PREVIEW_BYTES = 64
+BATCH = 1000            # rows per transaction when an action walks a filter
+SAMPLE = 20             # ids a dry run shows
+
+_RELATIVE_RE = re.compile(r"^([+-]?)(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+# -- parsing (pure) ----------------------------------------------------------------------------
+
+def parse_time(text: str, now: datetime, what: str = "time") -> datetime:
+    """ISO-8601 (no offset means UTC) or relative to `now`: `10m`, `-2h`, `+1d`, `500ms`."""
+    raw = text.strip()
+    match = _RELATIVE_RE.match(raw)
+    if match:
+        delta = timedelta(seconds=float(match.group(2)) * _UNITS[match.group(3)])
+        return now - delta if match.group(1) == "-" else now + delta
+    try:
+        when = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"{what} is neither ISO-8601 nor relative like 10m, -2h, 1d: {text!r}") from None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+def parse_delay(text: str) -> timedelta:
+    """A delay from now for `reschedule --delay`: `500ms`, `30s`, `10m`, `2h`, `1d`, `1w`; never negative."""
+    raw = text.strip()
+    match = _RELATIVE_RE.match(raw)
+    if not match:
+        raise ConfigError(f"--delay is not a duration like 500ms, 30s, 10m, 2h, 1d: {text!r}")
+    if match.group(1) == "-":
+        raise ConfigError(f"--delay must not be negative: {text!r} (use fire-now, or --at for a past time)")
+    return timedelta(seconds=float(match.group(2)) * _UNITS[match.group(3)])
+
+
+def parse_state(text: str | None) -> str | None:
+    if text is None:
+        return None
+    state = text.strip().lower().replace("-", "_")
+    if state not in STATES:
+        raise ConfigError(f"unknown state {text!r}: use one of {', '.join(STATES)}")
+    return state
+
+
+def parse_key(text: str | None) -> bytes | None:
+    """A message key as given on the command line: UTF-8 text, or `hex:` followed by hex digits."""
+    if text is None:
+        return None
+    if text.startswith("hex:"):
+        try:
+            return bytes.fromhex(text[4:])
+        except ValueError:
+            raise ConfigError(f"--key {text!r} is not hex after 'hex:'") from None
+    return text.encode()
+
+
+@dataclass(frozen=True)
+class Filters:
+    """What `list` and the filtered actions select; None means no condition."""
+
+    due_after: datetime | None = None
+    due_before: datetime | None = None
+    topic: str | None = None            # a destination other than the output topic
+    output_topic: bool = False          # only messages for the output topic (stored as NULL)
+    key: bytes | None = None
+    ordering_key: str | None = None
+    id_prefix: str | None = None
+    state: str | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self == Filters()
+
+
+def filters_for(*, output_topic: str, due_after: datetime | None = None, due_before: datetime | None = None,
+                topic: str | None = None, key: bytes | None = None, ordering_key: str | None = None,
+                id_prefix: str | None = None, state: str | None = None) -> Filters:
+    """Filters as an operator gives them: the output topic is stored as NULL, so it becomes a flag."""
+    if due_after is not None and due_before is not None and due_after >= due_before:
+        raise ConfigError("--due-after must be before --due-before")
+    if id_prefix == "":
+        raise ConfigError("--id-prefix must not be empty")
+    return Filters(due_after=due_after, due_before=due_before,
+                   topic=None if topic == output_topic else topic, output_topic=topic == output_topic,
+                   key=key, ordering_key=ordering_key, id_prefix=id_prefix, state=parse_state(state))
+
+
+def encode_cursor(order: str, values: Sequence[Any]) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps([order, *values])).decode().rstrip("=")
+
+
+def decode_cursor(text: str) -> tuple[str, list[Any]]:
+    """(order, values) of a cursor printed with a page; a cursor that is not ours is a bad flag."""
+    try:
+        data = orjson.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+        order, values = data[0], data[1:]
+        if order == "d" and len(values) == 2 and all(isinstance(v, int) for v in values):
+            return order, values
+        if order == "i" and len(values) == 1 and isinstance(values[0], str):
+            return order, values
+    except (ValueError, TypeError, IndexError, orjson.JSONDecodeError):
+        pass
+    raise ConfigError(f"--after is not a cursor printed by `chronos list`: {text!r}")
+
+
+# -- results -----------------------------------------------------------------------------------
+
+@dataclass
+class Message:
+    """Everything `chronos show` tells about one message or schedule."""
+
+    id: str
+    state: str                      # waiting, in_flight, recurring
+    deadline: datetime              # for a recurring schedule: its next occurrence
+    topic: str                      # the destination (the output topic unless overridden)
+    key: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    value_size: int | None          # None: a null value (tombstone)
+    value_preview: bytes
+    ordering_key: str | None
+    enqueued_at: datetime
+    firer: uuid.UUID | None = None          # in flight: the firer's node id
+    claimed_at: datetime | None = None      # in flight: since when
+    cron: str | None = None
+    timezone: str | None = None
+    dst_policy: str | None = None
+    attempts: int = 0                       # failed publishes so far (retried after a backoff)
+    last_error: str | None = None           # why the last publish failed
+    original_deadline: datetime | None = None   # as scheduled, when a retry's backoff moved `deadline`
+
+
+@dataclass
+class Parked:
+    """A message no topic accepted (neither its destination nor the dead-letter topic), kept in
+    chronos_parked."""
+
+    number: int                     # its row in chronos_parked (the page's cursor)
+    message_id: str | None          # None when the message had no usable id
+    source: str                     # `store/<id>`, or `<topic>/<partition>/<offset>` of the input
+    topic: str                      # where it was going
+    deadline: datetime | None
+    key: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    value_size: int | None
+    value_preview: bytes
+    reason: str
+    parked_at: datetime
+
+
+@dataclass
+class ParkedPage:
+    items: list[Parked]
+    cursor: int | None              # pass as `before` for the next (older) page; None on the last
+
+
+@dataclass
+class Listed:
+    state: str
+    id: str
+    deadline: datetime
+    seq: int
+    topic: str
+    key: bytes | None
+    ordering_key: str | None
+    firer: uuid.UUID | None
+    cron: str | None
+
+
+@dataclass
+class Page:
+    items: list[Listed]
+    cursor: str | None              # pass as `after` for the next page; None when this is the last
+
+
+@dataclass
+class ActionResult:
+    action: str                     # cancel, fire_now, reschedule
+    dry_run: bool
+    changed: int = 0                # rows changed (a dry run: rows that would change)
+    in_flight: list[str] = field(default_factory=list)      # left alone: a firer holds them
+    not_found: list[str] = field(default_factory=list)      # ids given that are not in the store
+    sample: list[str] = field(default_factory=list)         # first ids changed (or that would be)
+    at: datetime | None = None      # fire-now / reschedule: the new deadline
+
+    def check(self) -> None:
+        """Raise the error an incomplete action exits with (unknown ids first)."""
+        if self.not_found:
+            raise NotFound(f"{len(self.not_found)} of the ids are not in the store: "
+                           + ", ".join(repr(i) for i in self.not_found[:5]) + (" ..." if len(self.not_found) > 5 else ""))
+        if self.in_flight:
+            raise InFlightSkipped(f"{len(self.in_flight)} messages are in flight (a firer is publishing them) and "
+                                  "were left alone: " + ", ".join(repr(i) for i in self.in_flight[:5])
+                                  + (" ..." if len(self.in_flight) > 5 else ""))
+
+
+# -- queries -------------------------------------------------------------------------------------
+
+def show(store: Store, message_id: str, *, output_topic: str) -> Message | None:
+    """The message or schedule with this id, or None."""
+    row = store.run(lambda c: c.execute(QUERIES["show_message"], {"id": message_id, "preview": PREVIEW_BYTES})
+                    .fetchone())
+    if row is None:
+        return None
+    (mid, deadline, readied_at, readied_by, topic, key, size, preview, headers, okey, enqueued_at, cron, tz,
+     dst, attempts, last_error, original_deadline) = row
+    state = "recurring" if cron is not None else "in_flight" if readied_at is not None else "waiting"
+    return Message(id=mid, state=state, deadline=deadline, topic=topic or output_topic, key=key,
+                   headers=codec.decode_headers(headers) if headers else [],
+                   value_size=size, value_preview=b"" if preview is None else bytes(preview),
+                   ordering_key=okey, enqueued_at=enqueued_at, firer=readied_by, claimed_at=readied_at,
+                   cron=cron, timezone=(tz or "UTC") if cron is not None else None, dst_policy=dst,
+                   attempts=attempts, last_error=last_error, original_deadline=original_deadline)
+
+
+def _params(f: Filters, limit: int, *, cursor: tuple[str, list[Any]] | None = None,
+            not_at: datetime | None = None) -> dict[str, Any]:
+    order, values = cursor if cursor is not None else ("", [])
+    return {"state": f.state, "due_after": f.due_after, "due_before": f.due_before, "not_at": not_at,
+            "topic": f.topic, "output_topic": f.output_topic, "key": f.key, "ordering_key": f.ordering_key,
+            "id_prefix": f.id_prefix, "limit": limit,
+            "after_deadline": _from_us(values[0]) if order == "d" else None,
+            "after_seq": values[1] if order == "d" else None,
+            "after_id": values[0] if order == "i" else None}
+
+
+def list_messages(store: Store, f: Filters, *, output_topic: str, limit: int = 50, after: str | None = None,
+                  not_at: datetime | None = None) -> Page:
+    """One page of what matches, in deadline order (id order with an id prefix), after a cursor."""
+    if limit <= 0:
+        raise ConfigError(f"--limit must be greater than 0, got {limit}")
+    cursor = decode_cursor(after) if after else None
+    by_id = f.id_prefix is not None
+    if cursor is not None and (cursor[0] == "i") != by_id:
+        raise ConfigError("--after is a cursor of a listing with other filters (--id-prefix changes the order)")
+    params = _params(f, limit, cursor=cursor, not_at=not_at)
+    # prepare=False: planned for these values every time (see list_by_deadline)
+    rows = store.run(lambda c: c.execute(QUERIES["list_by_id" if by_id else "list_by_deadline"], params,
+                                          prepare=False).fetchall())
+    items = [Listed(state=s, id=i, deadline=d, seq=q, topic=t or output_topic, key=k, ordering_key=o, firer=r,
+                    cron=cr) for s, i, d, q, t, k, o, r, cr in rows]
+    next_cursor = None
+    if len(items) == limit:
+        last = items[-1]
+        next_cursor = encode_cursor("i", [last.id]) if by_id else encode_cursor("d", [_to_us(last.deadline), last.seq])
+    return Page(items, next_cursor)
+
+
+def list_parked(store: Store, *, limit: int = 50, before: int | None = None) -> ParkedPage:
+    """One page of parked messages, newest first, older than the cursor `before`."""
+    if limit <= 0:
+        raise ConfigError(f"--limit must be greater than 0, got {limit}")
+    rows = store.run(lambda c: c.execute(QUERIES["list_parked"], {"before": before, "limit": limit,
+                                                                  "preview": PREVIEW_BYTES}).fetchall())
+    items = [Parked(number=n, message_id=mid, source=src, topic=topic, deadline=deadline, key=key,
+                    headers=codec.decode_headers(headers) if headers else [], value_size=size,
+                    value_preview=b"" if preview is None else bytes(preview), reason=reason, parked_at=at)
+             for n, mid, src, topic, deadline, key, size, preview, headers, reason, at in rows]
+    return ParkedPage(items, items[-1].number if len(items) == limit else None)
+
+
+def action_totals(store: Store) -> dict[str, tuple[int, int]]:
+    """action -> (times taken, messages changed), over the store's life."""
+    rows = store.run(lambda c: c.execute(QUERIES["action_totals"]).fetchall())
+    return {a: (n, m) for a, n, m in rows}
+
+
+# -- actions -------------------------------------------------------------------------------------
+
+def act(store: Store, action: str, *, ids: Sequence[str] = (), filters: Filters | None = None,
+        output_topic: str, at: datetime | None = None, dry_run: bool = False,
+        confirm_above: int | None = None, yes: bool = False, batch: int = BATCH) -> ActionResult:
+    """Cancel, fire now or reschedule (to `at`) the messages with these ids, or every message matching
+    `filters`, in transactions of at most `batch` rows. In-flight rows are left alone and reported.
+
+    Changing more than `confirm_above` messages needs `yes` (raises NeedsConfirmation before changing
+    anything). Every action that changes something, and its count, is logged once and added to the
+    store's action totals (in the transaction of each change).
+    """
+    if action not in ACTIONS:
+        raise ConfigError(f"unknown action {action!r}")
+    if (filters is None) == (not ids):
+        raise ConfigError("give message ids, or --filter with filters, not both")
+    if action == "reschedule" and at is None:
+        raise ConfigError("reschedule needs --at or --delay")
+    if action == "fire_now":
+        at = store.run(lambda c: c.execute(QUERIES["db_now"]).fetchone()[0])
+    result = ActionResult(action=action, dry_run=dry_run, at=at if action != "cancel" else None)
+    if filters is None:
+        batches = _id_batches(store, list(dict.fromkeys(ids)), batch, result)
+    else:
+        # rows this action moved must not come round again in the walk: fire-now walks only rows not
+        # yet due (they move to `at`), reschedule skips rows already at `at`
+        f = filters
+        not_at = None
+        if action == "fire_now":
+            assert at is not None  # read from the database clock above
+            f = dataclasses.replace(f, due_after=max(f.due_after or at, at))
+        elif action == "reschedule":
+            not_at = at
+        batches = _filter_batches(store, f, batch, output_topic, not_at, result)
+
+    pending: list[list[str]] = []
+    if not dry_run:
+        # how many would change, up to the threshold, before changing anything
+        if confirm_above is not None and not yes:
+            seen = 0
+            for chunk in batches:
+                pending.append(chunk)
+                seen += len(chunk)
+                if seen > confirm_above:
+                    raise NeedsConfirmation(f"{action.replace('_', '-')} would change more than {confirm_above} "
+                                            f"messages (CHRONOS_CONFIRM_ABOVE): give --yes, or --dry-run to see them")
+            batches = iter(pending)
+    first = True
+    for chunk in batches:
+        if dry_run:
+            changed = chunk
+        else:
+            changed = _apply(store, action, chunk, at, count_action=first)
+            first = False
+            # rows claimed between the read and the change
+            held = set(chunk) - set(changed)
+            result.in_flight.extend(i for i in chunk if i in held)
+        result.changed += len(changed)
+        room = SAMPLE - len(result.sample)
+        if room > 0:
+            result.sample.extend(changed[:room])
+    if not dry_run:
+        if first:
+            _apply(store, action, [], at, count_action=True)   # counted even when nothing matched
+        # one line per action that changed something (an action that changed nothing is counted, not logged:
+        # its outcome is the command's own output or error line)
+        log.log(logging.INFO if result.changed else logging.DEBUG,
+                "%s: %d messages %s%s%s", action.replace("_", "-"), result.changed, _DONE[action],
+                 f" to {at.isoformat()}" if action == "reschedule" and at else "",
+                 "".join(f", {n} {what}" for n, what in ((len(result.in_flight), "in flight left alone"),
+                                                        (len(result.not_found), "not found")) if n))
+    return result
+
+
+_DONE = {"cancel": "cancelled", "fire_now": "made due now", "reschedule": "rescheduled"}
+
+
+def _id_batches(store: Store, ids: list[str], batch: int, result: ActionResult) -> Iterator[list[str]]:
+    """The ids given that no firer holds, in batches; records the unknown and in-flight ones."""
+    for start in range(0, len(ids), batch):
+        chunk = ids[start:start + batch]
+        found = dict(store.run(lambda c: c.execute(QUERIES["present_ids"], {"ids": chunk}).fetchall()))
+        result.not_found.extend(i for i in chunk if i not in found)
+        result.in_flight.extend(i for i in chunk if found.get(i))
+        ready = [i for i in chunk if found.get(i) is False]
+        if ready:
+            yield ready
+
+
+def _filter_batches(store: Store, f: Filters, batch: int, output_topic: str, not_at: datetime | None,
+                    result: ActionResult) -> Iterator[list[str]]:
+    """Ids of the rows matching the filters, a page at a time; records the in-flight ones."""
+    after = None
+    while True:
+        page = list_messages(store, f, output_topic=output_topic, limit=batch, after=after, not_at=not_at)
+        result.in_flight.extend(m.id for m in page.items if m.state == "in_flight")
+        ready = [m.id for m in page.items if m.state != "in_flight"]
+        if ready:
+            yield ready
+        if page.cursor is None:
+            return
+        after = page.cursor
+
+
+def _apply(store: Store, action: str, ids: list[str], at: datetime | None, *, count_action: bool) -> list[str]:
+    """Change these rows (those no firer holds) and count it, in one transaction; returns the ids changed."""
+    def run(conn: Any) -> list[str]:
+        with conn.transaction():
+            changed: list[str] = []
+            if ids:
+                changed = [r[0] for r in conn.execute(QUERIES[f"act_{action}"], {"ids": ids, "at": at})]
+            conn.execute(QUERIES["count_action"], {"action": action, "actions": 1 if count_action else 0,
+                                                   "messages": len(changed)})
+            return changed
+    return store.run(run)
+
+
+# -- JSON ----------------------------------------------------------------------------------------
+
+def to_json(result: Message | Page | ActionResult | None) -> Any:
+    """A result as plain JSON values: times ISO-8601 UTC, bytes as UTF-8 text when they are, plus hex."""
+    if result is None:
+        return {"state": "not_found"}
+    if isinstance(result, Page):
+        return {"messages": [_listed_json(m) for m in result.items], "next": result.cursor}
+    if isinstance(result, ActionResult):
+        return {"action": result.action.replace("_", "-"), "dry_run": result.dry_run, "changed": result.changed,
+                "in_flight": result.in_flight, "not_found": result.not_found, "sample": result.sample,
+                "at": iso(result.at) if result.at else None}
+    m = result
+    return {"id": m.id, "state": m.state, "deadline": iso(m.deadline), "topic": m.topic, "key": bytes_json(m.key),
+            "headers": [[k, bytes_json(v)] for k, v in m.headers], "value_size": m.value_size,
+            "value_preview": None if m.value_size is None else bytes_json(m.value_preview),
+            "value_truncated": bool(m.value_size and m.value_size > PREVIEW_BYTES),
+            "ordering_key": m.ordering_key, "enqueued_at": iso(m.enqueued_at),
+            "firer": str(m.firer) if m.firer else None, "claimed_at": iso(m.claimed_at) if m.claimed_at else None,
+            "cron": m.cron, "timezone": m.timezone, "dst_policy": m.dst_policy,
+            "next_occurrence": iso(m.deadline) if m.state == "recurring" else None,
+            "attempts": m.attempts, "last_error": m.last_error,
+            "original_deadline": iso(m.original_deadline) if m.original_deadline else None}
+
+
+def _listed_json(m: Listed) -> dict[str, Any]:
+    return {"id": m.id, "state": m.state, "deadline": iso(m.deadline), "topic": m.topic, "key": bytes_json(m.key),
+            "ordering_key": m.ordering_key, "firer": str(m.firer) if m.firer else None, "cron": m.cron}
+
+
+def bytes_json(data: bytes | None) -> dict[str, Any] | None:
+    """{"text": the UTF-8 text or None, "hex": ...}: a script never has to guess which it got."""
+    if data is None:
+        return None
+    return {"text": text_or_none(data), "hex": data.hex()}
+
+
+def text_or_none(data: bytes) -> str | None:
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def safe_text(data: bytes | None, limit: int = PREVIEW_BYTES) -> str:
+    """Bytes for a terminal: printable UTF-8 as a quoted, escaped string, anything else as hex."""
+    if data is None:
+        return "null"
+    text = text_or_none(data[:limit])
+    if text is not None and text.isprintable():
+        shown = repr(text)
+    else:
+        shown = "hex:" + data[:limit].hex()
+    return shown + ("..." if len(data) > limit else "")
+
+
+def schedule_facts(m: Message) -> list[tuple[str, str]]:
+    """Where a message stands in time, as (label, text) lines for `chronos show` and the console: the
+    firer holding it (in flight), its cron and next occurrence (recurring), or its deadline."""
+    facts = []
+    if m.state == "in_flight":
+        assert m.claimed_at is not None  # in flight means claimed: show() sets both from readied_at
+        facts.append(("firer", f"{m.firer} since {iso(m.claimed_at)}"))
+    if m.state == "recurring":
+        facts += [("cron", f"{m.cron} ({m.timezone}" + (f", {m.dst_policy})" if m.dst_policy else ")")),
+                  ("next occurrence", iso(m.deadline))]
+    else:
+        facts.append(("deadline", iso(m.deadline)))
+    return facts
+
+
+def iso(when: datetime) -> str:
+    return when.astimezone(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _to_us(t: datetime) -> int:
+    return (t - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
+
+
+def _from_us(us: int) -> datetime:
+    return datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=us)

@@ -1,0 +1,185 @@
+"""`chronos status` (what the store holds, at a glance) and `chronos health` (ask a process's /healthz)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import urllib.error
+import urllib.request
+from datetime import datetime, timezone
+from typing import Any, Sequence
+
+import orjson
+
+from chronos import config
+from chronos.errors import EXIT_FAILURE, EXIT_UNAVAILABLE, ConfigError, StoreUnavailable
+
+
+def add_parsers(sub: Any) -> None:
+    """The `status` and `health` sub-commands."""
+    p = sub.add_parser("status", help="what the store holds: waiting, due, held per firer, overdue, "
+                                      "suspected failures, recurring schedules, throttled topics, next deadline",
+                       description="Read the store and print what it holds. Runs against the same settings "
+                                   "(or --ready-file) as every other command.")
+    config.add_arguments(p, only=("database_url", "hold_time_ms", "output_topic"))
+    p.add_argument("--json", action="store_true", help="one JSON object (one per line with --watch)")
+    p.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
+                   help="refresh every SECONDS (default 2) until Ctrl-C")
+    p.add_argument("--exact", action="store_true",
+                   help="count waiting rows exactly even on a very large table (slower)")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("health", help="ask a process's /healthz; exit 0 when healthy",
+                       description="GET a process's /healthz and print its JSON report. Exit 0 when healthy, "
+                                   "1 when the process reports a problem, 3 when it does not answer.")
+    config.add_arguments(p, only=("metrics_port",))
+    p.add_argument("--url", default=None,
+                   help="health URL (default: http://127.0.0.1:CHRONOS_METRICS_PORT/healthz)")
+    p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for an answer (default 3)")
+    p.set_defaults(func=cmd_health)
+
+
+# -- status --------------------------------------------------------------------------------
+
+def to_dict(view: Any, hold_time_ms: int, throttled: Sequence[Any] = ()) -> dict[str, Any]:
+    """A `store.Overview` (and the `store.Throttled` of each rate-limited topic) as plain JSON-ready
+    values (times in ISO-8601 UTC, durations in seconds)."""
+    return {
+        "at": _iso(view.at),
+        "waiting": view.waiting,
+        "waiting_estimated": view.waiting_estimated,
+        "due_now": view.due,
+        "in_flight": view.in_flight,
+        "in_flight_by_node": [{"node": str(n.node), "rows": n.rows, "past_hold_time": n.past_hold_time,
+                               "held_for_s": round(n.held_for_s, 3)} for n in view.by_node],
+        "oldest_overdue_s": None if view.oldest_overdue_s is None else round(view.oldest_overdue_s, 3),
+        "past_hold_time": view.past_hold_time,
+        "hold_time_ms": hold_time_ms,
+        "recurring_schedules": view.schedules,
+        "parked": view.parked,
+        "throttled": [{"topic": t.topic, "rate_per_s": t.rate, "rows": t.rows, "lateness_s": round(t.lateness_s, 3)}
+                      for t in throttled],
+        "next_deadline": _iso(view.next_deadline) if view.next_deadline else None,
+        "next_deadline_in_s": round((view.next_deadline - view.at).total_seconds(), 3) if view.next_deadline
+        else None,
+    }
+
+
+def render(d: dict[str, Any]) -> str:
+    """The human-readable status."""
+    def row(label: str, value: Any, note: str = "") -> str:
+        text = f"{value:,}" if isinstance(value, int) else str(value)
+        return f"{label:<22}{text:>12}" + (f"   {note}" if note else "")
+
+    lines = [f"chronos status at {d['at']}"]
+    lines.append(row("waiting", d["waiting"], "(estimate)" if d["waiting_estimated"] else ""))
+    lines.append(row("due now", d["due_now"], "not claimed yet" if d["due_now"] else ""))
+    lines.append(row("held by firers", d["in_flight"], "claimed, not settled yet" if d["in_flight"] else ""))
+    for n in d["in_flight_by_node"]:
+        note = f"held up to {_seconds(n['held_for_s'])}"
+        if n["past_hold_time"]:
+            note += f", {n['past_hold_time']:,} past the hold time"
+        lines.append(row(f"  firer {n['node'][:8]}", n["rows"], note))
+    overdue = d["oldest_overdue_s"]
+    lines.append(row("oldest overdue", "-" if overdue is None else _seconds(overdue),
+                     "late, not fired yet" if overdue is not None else ""))
+    lines.append(row("past hold time", d["past_hold_time"],
+                     f"suspected failures (hold time {d['hold_time_ms']:,} ms)" if d["past_hold_time"] else ""))
+    schedules = d["recurring_schedules"]
+    lines.append(row("recurring schedules", "-" if schedules is None else schedules))
+    parked = d["parked"]
+    lines.append(row("parked", "-" if parked is None else parked,
+                     "no topic accepted them: see the chronos_parked table" if parked else ""))
+    for t in d.get("throttled", []):
+        limit = f"limit {t['rate_per_s']:g}/s"
+        lines.append(row(f"  throttled {t['topic']}", t["rows"],
+                         f"due, held back by the {limit}, oldest {_seconds(t['lateness_s'])} late" if t["rows"]
+                         else f"{limit}, nothing held back"))
+    if d["next_deadline"]:
+        lines.append(row("next deadline", f"in {_seconds(d['next_deadline_in_s'])}", d["next_deadline"]))
+    else:
+        lines.append(row("next deadline", "-"))
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from chronos.adapters.postgres.store import Store
+    settings = config.load(args)
+    store = Store(settings.require_database())
+    clear = args.watch is not None and not args.json and sys.stdout.isatty()
+    stop = threading.Event()
+    if args.watch is not None:
+        # Ctrl-C or SIGTERM end a watch, even where SIGINT came in ignored (a shell's background job)
+        # and even if the interrupt lands where a library swallows it: the loop checks the flag too
+        def interrupt(_signum, _frame) -> None:
+            stop.set()
+            raise KeyboardInterrupt
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, interrupt)
+    try:
+        while not stop.is_set():
+            try:
+                d = to_dict(store.overview(settings.hold_time_ms, exact=True if args.exact else None),
+                            settings.hold_time_ms, store.throttled(settings.output_topic))
+            except StoreUnavailable as exc:
+                if args.watch is None:
+                    raise
+                print(f"postgres unavailable: {exc}", file=sys.stderr, flush=True)
+            else:
+                if args.json:
+                    out = orjson.dumps(d, option=0 if args.watch is not None else orjson.OPT_INDENT_2).decode()
+                else:
+                    out = ("\x1b[H\x1b[2J" if clear else "") + render(d) + ("" if clear else "\n")
+                print(out, flush=True)
+            if args.watch is None:
+                return 0
+            stop.wait(max(0.1, args.watch))
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # `chronos status --watch | head`: the reader is done
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    finally:
+        store.close()
+
+
+def _iso(when: datetime) -> str:
+    return when.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _seconds(value: float) -> str:
+    if abs(value) < 60:
+        return f"{value:.3f}s"
+    if abs(value) < 3600:
+        return f"{value / 60:.1f}m"
+    if abs(value) < 86400 * 2:
+        return f"{value / 3600:.1f}h"
+    return f"{value / 86400:.1f}d"
+
+
+# -- health --------------------------------------------------------------------------------
+
+def cmd_health(args: argparse.Namespace) -> int:
+    url = args.url
+    if url is None:
+        settings = config.load(args, default_ready_file=False)
+        if not settings.metrics_port:
+            raise ConfigError("give --url, or --metrics-port / CHRONOS_METRICS_PORT of the process to ask")
+        url = f"http://127.0.0.1:{settings.metrics_port}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout) as response:
+            body, status = response.read(), response.status
+    except urllib.error.HTTPError as exc:
+        body, status = exc.read(), exc.code
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        print(f"chronos health: no answer from {url}: {reason}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    sys.stdout.write(body.decode(errors="replace"))
+    if not body.endswith(b"\n"):
+        sys.stdout.write("\n")
+    return 0 if status == 200 else EXIT_FAILURE

@@ -1,0 +1,337 @@
+"""What an operator sees of a running process: its role's Prometheus metrics and its health.
+
+Every process has a `Telemetry` of its role: a registry of the role's metrics, all labelled
+with the role and the node id, and a `Health` record (chronos.ops.health) of when the process
+last ran its loop, reached PostgreSQL and reached Kafka. With `CHRONOS_METRICS_PORT` set
+(chronos.ops.endpoints), a `MetricsServer` (chronos.ops.http) serves `/metrics` and `/healthz`.
+
+The hot path stays cheap: the message counters are the processes' own running totals, read
+at scrape time; histograms are observed once per batch, except the fire lateness histogram,
+observed per message (under a microsecond).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+import uuid
+from typing import Any, Callable, Iterable, Mapping
+
+import psycopg
+from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram, Info, PlatformCollector,
+                               ProcessCollector, disable_created_metrics)
+from prometheus_client.core import CounterMetricFamily
+
+from chronos import __version__, codec
+from chronos.config import Settings
+from chronos.domain.reasons import CONSUMER_REASONS, FIRER_REASONS, code_of
+from chronos.errors import ConfigError
+from chronos.ops.endpoints import metrics_port
+from chronos.ops.health import Health, KafkaProbe
+from chronos.ops.http import MetricsServer
+
+log = logging.getLogger("chronos.metrics")
+
+# `_created` series only double the output; rate() does not need them.
+disable_created_metrics()
+
+SIZE_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Negative: published early, within the timing advance.
+LATENESS_BUCKETS = (-0.05, -0.025, -0.01, -0.005, 0.0, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0, 60.0)
+
+PARKED = ("chronos_messages_parked_total", "messages neither their destination nor the dead-letter topic accepted, "
+          "kept in the chronos_parked table")
+
+
+class _Totals:
+    """Counters read at scrape time from a process's own running totals: no work on the hot path."""
+
+    def __init__(self, role: str, node: str, names: Mapping[str, tuple[str, str]],
+                 totals: Callable[[], Mapping[str, int]]):
+        self.labels = (role, node)
+        self.names, self.totals = names, totals
+
+    def describe(self) -> Iterable[CounterMetricFamily]:
+        for name, doc in self.names.values():
+            yield CounterMetricFamily(name, doc, labels=("role", "node"))
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        values = self.totals()
+        for key, (name, doc) in self.names.items():
+            family = CounterMetricFamily(name, doc, labels=("role", "node"))
+            family.add_metric(self.labels, values.get(key, 0))
+            yield family
+
+
+class _ActionTotals:
+    """Operator actions (cancel, fire-now, reschedule) as counted in the store's chronos_actions table:
+    the CLI that takes them lives for a second, so the detector exports the store's totals."""
+
+    ACTIONS = ("cancel", "fire_now", "reschedule")
+
+    def __init__(self, role: str, node: str, totals: Callable[[], Mapping[str, tuple[int, int]]]):
+        self.labels = (role, node)
+        self.totals = totals
+
+    def describe(self) -> Iterable[CounterMetricFamily]:
+        return self._families({})
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        return self._families(self.totals())
+
+    def _families(self, totals: Mapping[str, tuple[int, int]]) -> list[CounterMetricFamily]:
+        taken = CounterMetricFamily("chronos_operator_actions_total",
+                                    "operator actions taken (chronos cancel, fire-now, reschedule), from the store",
+                                    labels=("role", "node", "action"))
+        changed = CounterMetricFamily("chronos_operator_action_messages_total",
+                                      "messages changed by operator actions, from the store",
+                                      labels=("role", "node", "action"))
+        for action in sorted(set(self.ACTIONS) | set(totals)):
+            n, m = totals.get(action, (0, 0))
+            taken.add_metric([*self.labels, action], n)
+            changed.add_metric([*self.labels, action], m)
+        return [taken, changed]
+
+
+class Telemetry:
+    """One process's metrics, health record and HTTP server. Subclassed once per role."""
+
+    role = "process"
+    steps: tuple[str, ...] = ()
+    # the process's running totals (its `stats`) that are exported as counters: key -> (name, help)
+    totals: dict[str, tuple[str, str]] = {}
+
+    def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):
+        self.node = str(node_id)
+        self.settings = settings
+        self.port = metrics_port(self.role, settings.metrics_port, environ)
+        self.registry = CollectorRegistry()
+        for collector in (ProcessCollector, PlatformCollector, GCCollector):
+            collector(registry=self.registry)
+        Info("chronos", "Chronos version and header codec of this process", ("role", "node"),
+             registry=self.registry).labels(self.role, self.node).info({"version": __version__, "codec": codec.IMPL,
+                                                                   "psycopg": psycopg.pq.__impl__})
+        self.health = Health(settings.health_window_ms / 1000.0)
+        self.last_loop = time.monotonic()
+        self.health.watch("loop", lambda: self.last_loop, window_s=max(self.health.window, 3 * self.loop_period()))
+        size = Histogram("chronos_batch_size", "rows or messages per batch of a step (claim, insert, publish, ...)",
+                         ("role", "node", "step"), buckets=SIZE_BUCKETS, registry=self.registry)
+        duration = Histogram("chronos_batch_duration_seconds", "time one batch of a step took",
+                             ("role", "node", "step"), buckets=DURATION_BUCKETS, registry=self.registry)
+        # The slowest batch is what an operator (and the day-in-the-life benchmark) asks about; the
+        # histogram only bounds it by a bucket.
+        slowest = Gauge("chronos_batch_duration_max_seconds", "the slowest batch of a step since the process started",
+                        ("role", "node", "step"), registry=self.registry)
+        self._steps = {s: (size.labels(self.role, self.node, s), duration.labels(self.role, self.node, s),
+                           slowest.labels(self.role, self.node, s)) for s in self.steps}
+        self._slowest = dict.fromkeys(self.steps, 0.0)
+        self.healthy = self.gauge("chronos_healthy", "1 when /healthz would answer 200, else 0")
+        self.healthy.set_function(lambda: 1.0 if self.health_report()[0] else 0.0)
+        self.probe: KafkaProbe | None = None
+        self.server: MetricsServer | None = None
+
+    # -- definitions -----------------------------------------------------------------------
+
+    def gauge(self, name: str, doc: str) -> Any:
+        return Gauge(name, doc, ("role", "node"), registry=self.registry).labels(self.role, self.node)
+
+    def loop_period(self) -> float:
+        """How long one pass of the role's loop may take when all is well."""
+        return 1.0
+
+    def count_dead_letters(self, reasons: Iterable[str]) -> None:
+        """Define the dead-letter counter, with these reasons at 0 so rate() sees the first one."""
+        self._dead = Counter("chronos_messages_dead_lettered_total", "messages sent to the dead-letter topic, by reason",
+                             ("role", "node", "reason"), registry=self.registry)
+        for reason in reasons:
+            self._dead.labels(self.role, self.node, reason)
+
+    def dead_lettered(self, reasons: Iterable[str]) -> None:
+        """Count dead-lettered messages by reason code (the text before the first colon)."""
+        for reason, count in collections.Counter(code_of(r) for r in reasons).items():
+            self._dead.labels(self.role, self.node, reason).inc(count)
+
+    def follow(self, totals: Callable[[], Mapping[str, int]]) -> None:
+        """Export the process's running totals (see `totals`), read at each scrape."""
+        self.registry.register(_Totals(self.role, self.node, self.totals, totals))
+
+    # -- the hot path ----------------------------------------------------------------------
+
+    def beat(self) -> None:
+        """The main loop ran."""
+        self.last_loop = time.monotonic()
+
+    def batch(self, step: str, size: int, seconds: float) -> None:
+        size_hist, duration_hist, slowest = self._steps[step]
+        size_hist.observe(size)
+        duration_hist.observe(seconds)
+        if seconds > self._slowest[step]:
+            self._slowest[step] = seconds
+            slowest.set(seconds)
+
+    # -- serving ---------------------------------------------------------------------------
+
+    @property
+    def serving(self) -> bool:
+        return self.server is not None
+
+    def health_report(self) -> tuple[bool, dict[str, Any]]:
+        ok, report = self.health.report()
+        report.update(role=self.role, node=self.node)
+        return ok, report
+
+    def serve(self, *, postgres: Callable[[], float], kafka: Callable[[], Any] | None = None,
+              kafka_topic: str | None = None, host: str = "0.0.0.0") -> None:
+        """Start the HTTP server (if a port is set) and the health checks of PostgreSQL and Kafka.
+
+        `postgres` returns when the process last reached PostgreSQL; `kafka` returns the process's
+        current Kafka client, which a probe thread asks for `kafka_topic`'s metadata.
+        """
+        if not self.port:
+            return
+        self.health.watch("postgres", postgres)
+        if kafka is not None and kafka_topic is not None:
+            probe = self.probe = KafkaProbe(kafka, kafka_topic, every_s=max(1.0, self.health.window / 4))
+            self.health.watch("kafka", lambda: probe.last_ok, detail=lambda: probe.error)
+        try:
+            self.server = MetricsServer((host, self.port), self.registry, self.health_report)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve metrics on port {self.port} (CHRONOS_METRICS_PORT): {exc.strerror}") \
+                from None
+        if self.probe is not None:
+            self.probe.start()
+        self.server.start()
+        log.info("serving /metrics and /healthz on port %d", self.port)
+
+    def close(self) -> None:
+        if self.probe is not None:
+            self.probe.stop()
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+
+FIRED = ("chronos_messages_fired_total", "messages published to their destination and acknowledged by Kafka "
+         "(by a consumer: messages already due on arrival)")
+
+
+class ConsumerTelemetry(Telemetry):
+    role = "consumer"
+    steps = ("insert", "publish")
+    totals = {
+        "consumed": ("chronos_messages_consumed_total", "messages read from the input topic"),
+        "enqueued": ("chronos_messages_enqueued_total", "messages written to the store (new ids)"),
+        "late": FIRED,
+        "duplicates": ("chronos_messages_duplicate_total", "messages ignored because their id was already waiting"),
+        "replaced": ("chronos_messages_replaced_total", "waiting messages replaced (chronosAction: replace)"),
+        "cancelled": ("chronos_messages_cancelled_total", "waiting messages cancelled (chronosAction: cancel)"),
+        "cancelled_in_flight": ("chronos_messages_cancelled_in_flight_total",
+                                "cancels that found the message already held by a firer: deleted, but it "
+                                "may still be delivered"),
+        "parked": PARKED,
+    }
+
+    def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):
+        super().__init__(node_id, settings, environ)
+        self.count_dead_letters(CONSUMER_REASONS)
+
+
+class FirerTelemetry(Telemetry):
+    role = "firer"
+    steps = ("claim", "publish", "delete")
+    totals = {
+        "claimed": ("chronos_messages_claimed_total", "rows claimed from the store"),
+        "fired": FIRED,
+        "vanished": ("chronos_messages_vanished_total",
+                     "published rows no longer this firer's to delete (a peer took them over)"),
+        "released": ("chronos_messages_released_total",
+                     "held rows handed back unpublished (Kafka did not answer, or shutdown)"),
+        "retried": ("chronos_messages_retried_total",
+                    "publishes refused by the destination, handed back to be tried again after a backoff"),
+        "parked": PARKED,
+    }
+
+    def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):
+        super().__init__(node_id, settings, environ)
+        self.count_dead_letters(FIRER_REASONS)
+        self.lateness = Histogram("chronos_fire_lateness_seconds",
+                                  "Kafka acknowledgement time minus deadline, per fired message",
+                                  ("role", "node"), buckets=LATENESS_BUCKETS,
+                                  registry=self.registry).labels(self.role, self.node)
+        # the metric's name says "outstanding" (dashboards use it); the rows are "held"
+        self.held = self.gauge("chronos_firer_outstanding_rows",
+                               "rows this firer holds (claimed, not settled yet): waiting for their time, or "
+                               "published and waiting for Kafka's acknowledgement")
+        self.publish_latency = self.gauge("chronos_firer_publish_latency_seconds",
+                                          "moving average of publish-to-acknowledgement time (the advance used)")
+        self.clock_offset = self.gauge("chronos_firer_clock_offset_seconds",
+                                       "database clock minus local clock, as last measured")
+
+    def loop_period(self) -> float:
+        return max(1.0, self.settings.poll_interval_ms / 1000.0)
+
+    def follow_timing(self, held: Callable[[], float], timing: Any) -> None:
+        """Read the firer's own state at scrape time: rows it holds, and its `PublishTiming`."""
+        self.held.set_function(held)
+        self.publish_latency.set_function(lambda: timing.latency)
+        self.clock_offset.set_function(lambda: timing.offset_us / 1e6)
+
+
+class DetectorTelemetry(Telemetry):
+    role = "detector"
+    steps = ("scan",)
+    totals = {"reset": ("chronos_messages_reset_total", "rows held past the hold time and handed back to the firers")}
+
+    def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):
+        super().__init__(node_id, settings, environ)
+        self.waiting = self.gauge("chronos_rows_waiting", "rows waiting for their deadline, not claimed "
+                                  "(an estimate on a very large table, see chronos_rows_waiting_estimated)")
+        self.waiting_estimated = self.gauge("chronos_rows_waiting_estimated",
+                                            "1 when chronos_rows_waiting is the planner's estimate")
+        self.due = self.gauge("chronos_rows_due", "rows whose deadline has passed and no firer claimed yet")
+        # named "in flight" (dashboards and alert rules use it): the rows held by the firers
+        self.held = self.gauge("chronos_rows_in_flight", "rows held by a firer: claimed, not fired or handed back yet")
+        self.past_hold = self.gauge("chronos_rows_past_hold_time",
+                                    "rows held longer than the hold time (suspected failures)")
+        self.oldest_overdue = self.gauge("chronos_oldest_overdue_seconds",
+                                         "how late the most overdue unfired row is (0 when none)")
+        self.schedules = self.gauge("chronos_recurring_schedules", "recurring (cron) schedules in the store")
+        self.parked = self.gauge("chronos_rows_parked", "messages kept in chronos_parked: neither their destination "
+                                 "nor the dead-letter topic accepted them (an operator should look)")
+        self.throttled = Gauge("chronos_throttled_rows", "due rows of a rate-limited destination topic held back "
+                               "by its fire-rate limit (not claimed yet)", ("role", "node", "topic"),
+                               registry=self.registry)
+        self.throttled_lateness = Gauge("chronos_throttled_lateness_seconds", "how late the oldest held-back row "
+                                        "of a rate-limited destination topic is (0 when none)",
+                                        ("role", "node", "topic"), registry=self.registry)
+        self.store_read = self.gauge("chronos_store_gauges_timestamp_seconds",
+                                     "when the chronos_rows_* gauges were last read from the store (unix time)")
+        self.actions: Mapping[str, tuple[int, int]] = {}   # read with the store gauges
+        self.registry.register(_ActionTotals(self.role, self.node, lambda: self.actions))
+
+    def loop_period(self) -> float:
+        return max(1.0, self.settings.failure_detection_interval_ms / 1000.0)
+
+    def store_gauges(self, overview: Any) -> None:
+        """Set the store gauges from a `store.Overview`."""
+        self.waiting.set(overview.waiting)
+        self.waiting_estimated.set(1 if overview.waiting_estimated else 0)
+        self.due.set(overview.due)
+        self.held.set(overview.in_flight)
+        self.past_hold.set(overview.past_hold_time)
+        self.oldest_overdue.set(overview.oldest_overdue_s or 0.0)
+        self.schedules.set(overview.schedules or 0)
+        self.parked.set(overview.parked or 0)
+        self.store_read.set(time.time())
+
+    def throttled_gauges(self, throttled: Iterable[Any]) -> None:
+        """Set the per-topic throttled gauges from `store.Throttled` values; a topic no longer
+        listed (no firer limited it in the last minute) drops out."""
+        self.throttled.clear()
+        self.throttled_lateness.clear()
+        for t in throttled:
+            self.throttled.labels(self.role, self.node, t.topic).set(t.rows)
+            self.throttled_lateness.labels(self.role, self.node, t.topic).set(t.lateness_s)

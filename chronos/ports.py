@@ -1,0 +1,76 @@
+"""The ports: what the roles need from the outside world, as Protocols.
+
+`Store` is implemented by the PostgreSQL adapter (`chronos.adapters.postgres.store.Store`) and by
+its in-memory twin (`chronos.adapters.memory.MemoryStore`); both pass the same contract tests.
+The roles take a store (or a factory of stores, one per thread) as a constructor argument.
+
+`Publisher` is what the firer and the consumer need of a Kafka producer (confluent-kafka's
+`Producer` is one; unit tests use a double that acknowledges on `poll`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Callable, Iterable, Protocol, Sequence
+
+from chronos.domain.model import Claimed, Overview, Parked, Row, Stale, Throttled
+from chronos.domain.ratelimit import FireRateLimits
+
+
+class Publisher(Protocol):
+    """A Kafka producer: `produce` queues a message, and `poll`/`flush` serve its delivery
+    reports, calling `on_delivery(err, msg)` (err None once acknowledged) on the calling thread."""
+
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *,
+                on_delivery: Callable[[Any, Any], None] | None = None, headers: Any = None) -> None: ...
+
+    def poll(self, timeout: float = -1) -> int: ...
+
+    def flush(self, timeout: float = -1) -> int: ...
+
+
+class Store(Protocol):
+    """The scheduler's table of waiting messages. One per thread: an implementation need not be
+    thread-safe, except `cancel`, which another thread may call to stop a statement running."""
+
+    node_id: uuid.UUID | None
+    last_ok: float  # time.monotonic() of the last statement the store answered (for /healthz)
+
+    def close(self) -> None: ...
+
+    def cancel(self) -> None: ...
+
+    # consumer
+    def apply(self, inserts: Sequence[Row], replaces: Sequence[Row],
+              cancels: Sequence[str]) -> tuple[int, int, int, int]: ...
+
+    def park(self, messages: Sequence[Parked]) -> None: ...
+
+    def waiting_ids(self, ids: Iterable[str]) -> set[str]: ...
+
+    # firer
+    def claim(self, limit: int, lookahead_ms: int) -> list[Claimed]: ...
+
+    def claim_limited(self, limits: FireRateLimits, output_topic: str, limit: int,
+                      lookahead_ms: int) -> tuple[list[Claimed], bool]: ...
+
+    def claim_schedules(self, limit: int, lookahead_ms: int, now_us: int) -> list[Claimed]: ...
+
+    def delete_fired(self, done: Sequence[Claimed]) -> int: ...
+
+    def release(self, rows: Sequence[Claimed]) -> int: ...
+
+    def retry_later(self, failed: Sequence[tuple[Claimed, str, int]]) -> int: ...
+
+    def park_claimed(self, rows: Sequence[tuple[Claimed, str]], output_topic: str) -> int: ...
+
+    def db_clock_us(self) -> int: ...
+
+    # detector
+    def find_stale(self, hold_ms: int, limit: int = 10000) -> list[Stale]: ...
+
+    def reset_stale(self, seen: Sequence[Stale]) -> list[uuid.UUID]: ...
+
+    def overview(self, hold_ms: int, *, exact: bool | None = None) -> Overview: ...
+
+    def throttled(self, output_topic: str) -> list[Throttled]: ...

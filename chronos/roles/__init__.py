@@ -1,0 +1,1 @@
+"""The three roles, each its own OS process: consumer, firer, failure detector."""

@@ -1,0 +1,428 @@
+"""`chronos consumer`: input topic → store (or straight to the output when already late).
+
+Per poll: parse every message's headers, dead-letter the invalid ones, publish the late ones,
+write the rest in one COPY batch. A late message its destination refuses for good (too large,
+say) is dead-lettered; a dead letter the dead-letter topic refuses for good is parked in
+PostgreSQL (`chronos_parked`). Offsets are committed only after every message of the batch is
+durable somewhere (the store, its destination, the dead-letter topic or parked), so a crash at
+any point loses nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, cast
+
+from confluent_kafka import Consumer as KafkaConsumer
+from confluent_kafka import KafkaError, Message, TopicPartition
+
+from chronos import codec
+
+from chronos.domain import cron
+from chronos.config import Settings
+from chronos.errors import StoreRejected, StoreUnavailable
+from chronos.domain.intake import Decision, Rules, Verdict, decide
+from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, OutageLog, classify, dead_letter_headers,
+                                            failure_reason, make_consumer, make_producer, produce)
+from chronos.runtime.logs import Throttle
+from chronos.ops.telemetry import ConsumerTelemetry
+from chronos.runtime.process import Lifecycle
+from chronos.runtime.backoff import Backoff, Outage
+from chronos.domain.model import Parked, Row
+from chronos.adapters.postgres.store import Store as PostgresStore
+from chronos.ports import Publisher, Store
+
+log = logging.getLogger("chronos.consumer")
+
+INSERT, REPLACE, CANCEL = "insert", "replace", "cancel"
+
+
+@dataclass
+class Batch:
+    """The outcome of sorting one poll's messages; built by `sort_batch`, a pure function.
+
+    `ops` holds one final store operation per id, so that a batch that schedules, replaces
+    and cancels the same id has the same effect as those messages applied one by one.
+    """
+
+    ops: dict[str, tuple[str, Row | None]] = field(default_factory=dict)
+    sources: dict[str, tuple[Message, list]] = field(default_factory=dict)
+    late: list[tuple[Message, codec.Parsed]] = field(default_factory=list)
+    # (message, reason, the headers to carry: as read, a name the client cannot produce escaped)
+    dead: list[tuple[Message, str, list]] = field(default_factory=list)
+    duplicates: int = 0
+
+    def of(self, op: str) -> list:
+        return [row if op != CANCEL else mid for mid, (o, row) in self.ops.items() if o == op]
+
+    @property
+    def rows(self) -> dict[str, Row]:
+        return {mid: row for mid, (op, row) in self.ops.items() if row is not None}
+
+
+def _row(mid: str, parsed: codec.Parsed, decision: Decision, msg: Message, rules: Rules) -> Row:
+    assert decision.deadline_us is not None  # every ENQUEUE and LATE decision has one
+    topic = parsed.topic if parsed.topic != rules.output_topic else None
+    return Row(mid, decision.deadline_us, topic, msg.key(), msg.value(),
+               codec.encode_headers(parsed.headers), parsed.ordering_key, parsed.cron,
+               parsed.timezone if parsed.cron is not None else None,
+               parsed.dst_policy if parsed.cron is not None else None)
+
+
+def sort_batch(messages: list[Message], now_us: int, rules: Rules) -> Batch:
+    batch = Batch()
+    ops = batch.ops
+    for msg in messages:
+        try:
+            headers, bad_name = codec.read_headers(msg)
+        except Exception as exc:  # noqa: BLE001 - no header content may stop the consumer; this message only
+            log.error("could not read the headers of %s/%s/%s (%s: %s); dead-lettering it without them",
+                      msg.topic(), msg.partition(), msg.offset(), type(exc).__name__, exc)
+            batch.dead.append((msg, f"unreadable_headers: {type(exc).__name__}: {exc}", []))
+            continue
+        headers = headers or []
+        if bad_name is not None:
+            batch.dead.append((msg, bad_name, headers))
+            continue
+        parsed = codec.parse_headers(headers)
+        decision: Decision = decide(parsed, now_us, rules)
+        verdict, mid = decision.verdict, parsed.message_id
+        if verdict is Verdict.INVALID:
+            batch.dead.append((msg, decision.reason or "invalid", headers))
+            continue
+        assert mid is not None  # headers without a valid id are INVALID
+        previous = ops.get(mid, (None, None))[0]
+        if verdict is Verdict.CANCEL:
+            ops[mid] = (CANCEL, None)
+        elif verdict is Verdict.LATE:
+            if decision.replace:
+                ops[mid] = (CANCEL, None)  # the replacement fires now; the waiting version goes
+                batch.late.append((msg, parsed))
+            elif previous in (INSERT, REPLACE):
+                batch.duplicates += 1      # its id is waiting (scheduled earlier in this batch)
+            else:
+                batch.late.append((msg, parsed))
+        elif decision.replace or previous == CANCEL:
+            ops[mid] = (REPLACE, _row(mid, parsed, decision, msg, rules))
+            batch.sources[mid] = (msg, headers)
+        elif previous in (INSERT, REPLACE):
+            batch.duplicates += 1
+        else:
+            ops[mid] = (INSERT, _row(mid, parsed, decision, msg, rules))
+            batch.sources[mid] = (msg, headers)
+    return batch
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """One publish of a consumer batch: a late message to its destination (no `reason`), or a dead
+    letter (`reason` set; `parsed` too when it is a late message its destination refused)."""
+
+    topic: str
+    msg: Message
+    parsed: codec.Parsed | None = None
+    reason: str | None = None
+    carried: list | None = None  # a dead letter's headers as read (a name the client cannot produce escaped)
+
+    def original_headers(self) -> list:
+        """The message's headers as read, Chronos headers included."""
+        if self.carried is None:
+            self.carried = codec.read_headers(self.msg)[0] or []
+        return self.carried
+
+    def headers(self) -> list:
+        if self.reason is None and self.parsed is not None:
+            return self.parsed.headers
+        return dead_letter_headers(list(self.original_headers()), self.reason or "",
+                                   f"{self.msg.topic()}/{self.msg.partition()}/{self.msg.offset()}")
+
+
+def commit_offsets(messages: list[Message]) -> list[TopicPartition]:
+    """The next offset to read for every partition in the batch."""
+    top: dict[tuple[str, int], int] = {}
+    for msg in messages:
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        assert topic is not None and partition is not None and offset is not None  # consumed, not an event
+        tp = (topic, partition)
+        if offset + 1 > top.get(tp, -1):
+            top[tp] = offset + 1
+    return [TopicPartition(t, p, o) for (t, p), o in top.items()]
+
+
+class ConsumerProcess:
+    """The consumer's loop: read a batch, sort it, make it durable, commit its offsets."""
+
+    def __init__(self, settings: Settings, life: Lifecycle, *, store: Store,
+                 producers: Callable[[], tuple[Publisher, OutageLog]],
+                 consumers: Callable[[Callable], tuple[KafkaConsumer, OutageLog]], telemetry: ConsumerTelemetry):
+        """`producers` makes a Kafka producer and the log of its outages (again after a fatal error);
+        `consumers(on_commit)` makes the input topic's consumer, reporting commits to `on_commit`."""
+        self.settings, self.life = settings, life
+        self.producers = producers
+        self.rules = Rules.from_settings(settings)
+        self.store = store
+        self.db_outage = Outage(log)
+        self.throttle = Throttle(log)
+        self.producer, self.producer_outage = producers()
+        self.consumer, self.consumer_outage = consumers(self.on_committed)
+        self.uncommitted: dict[tuple[str, int], TopicPartition] = {}
+        self.last_batch: list[Message] | None = None
+        self.stats = {"consumed": 0, "enqueued": 0, "late": 0, "dead": 0, "duplicates": 0, "replaced": 0,
+                      "cancelled": 0, "cancelled_in_flight": 0, "cancel_unknown": 0, "parked": 0}
+        self.metrics = telemetry
+        self.metrics.follow(lambda: self.stats)
+        self.next_ping = 0.0
+
+    def run(self) -> None:
+        """Read batch N+1 (and sort it) while batch N is written on the writer thread; commit N's
+        offsets once N is durable, and never before, so offsets are committed in order."""
+        self.consumer.subscribe([self.settings.input_topic])
+        log.info("consuming %s (group %s), batch %d", self.settings.input_topic, self.settings.consumer_group,
+                 self.settings.batch_size)
+        # the producer answers metadata requests at once; the group consumer may take seconds
+        self.metrics.serve(postgres=lambda: self.store.last_ok, kafka=lambda: self.producer,
+                           kafka_topic=self.settings.input_topic)
+        # the store, the producer and the stats are the writer's while a batch is pending
+        writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="consumer-writer")
+        pending: tuple[Future, list[Message]] | None = None
+        try:
+            while self.life.running:
+                messages = self.consumer.consume(num_messages=self.settings.batch_size, timeout=0.05)
+                self.metrics.beat()
+                real = self.readable(messages)
+                batch = sort_batch(real, time.time_ns() // 1000, self.rules) if real else None
+                if pending is not None and (real or pending[0].done()):
+                    done, pending = pending, None
+                    if not self.finish(*done):
+                        break  # stopped before that batch was durable: it is read again
+                if batch is not None:
+                    self.consumer_outage.ok()
+                    pending = (writer.submit(self.write, real, batch), real)
+                elif pending is None and not messages:
+                    self.keep_alive()
+            if pending is not None:
+                self.finish(*pending)
+        finally:
+            writer.shutdown(wait=True)
+            self.close()
+
+    def readable(self, messages: list[Message]) -> list[Message]:
+        """The messages of a poll without its errors (a partition's end is not one)."""
+        real = []
+        for msg in messages:
+            err = msg.error()
+            if err is None:
+                real.append(msg)
+            elif err.code() != KafkaError._PARTITION_EOF:
+                self.throttle.warning("consume", "consume error: %s", err.str())
+        return real
+
+    def finish(self, written: Future, messages: list[Message]) -> bool:
+        """Wait for a batch's write; commit its offsets if it is durable. False if it is not."""
+        if not written.result():
+            return False
+        self.commit(messages)
+        self.last_batch = messages
+        return True
+
+    def write(self, messages: list[Message], batch: Batch) -> bool:
+        """Make one sorted batch durable and acknowledged; False if stopped before it was."""
+        while True:
+            try:
+                started = time.perf_counter()
+                try:
+                    inserted, replaced, cancelled, in_flight = self.store.apply(
+                        batch.of(INSERT), batch.of(REPLACE), batch.of(CANCEL))
+                except StoreRejected as exc:
+                    inserted, replaced, cancelled, in_flight = self.apply_one_by_one(batch, exc)
+                # late messages passed `decide`, so their headers are valid and carry an id
+                waiting = self.store.waiting_ids(cast(str, p.message_id) for _, p in batch.late)
+                break
+            except StoreUnavailable as exc:
+                if not self.wait_for_store(exc):
+                    return False
+        self.db_outage.ok()
+        if batch.ops:
+            self.metrics.batch("insert", len(batch.ops), time.perf_counter() - started)
+        late = [(m, p) for m, p in batch.late if p.message_id not in waiting]
+        started = time.perf_counter()
+        refused = self.publish(late, batch.dead)
+        if refused is None:
+            return False
+        if late or batch.dead:
+            self.metrics.batch("publish", len(late) + len(batch.dead), time.perf_counter() - started)
+        if refused:
+            self.metrics.dead_lettered(refused)
+        s = self.stats
+        s["consumed"] += len(messages)
+        s["enqueued"] += inserted
+        s["late"] += len(late) - len(refused)
+        s["dead"] += len(batch.dead) + len(refused)
+        s["duplicates"] += batch.duplicates + (len(batch.of(INSERT)) - inserted) + (len(batch.late) - len(late))
+        s["replaced"] += replaced
+        s["cancelled"] += cancelled
+        s["cancelled_in_flight"] += in_flight
+        s["cancel_unknown"] += len(batch.of(CANCEL)) - cancelled - in_flight
+        if batch.dead:
+            self.metrics.dead_lettered(r for _, r, _ in batch.dead)
+            reasons = sorted({r.split(":", 1)[0] for _, r, _ in batch.dead})
+            self.throttle.warning("dead", "%d invalid messages sent to %s (%s)", len(batch.dead),
+                                  self.settings.dlq_topic, ", ".join(reasons))
+        return True
+
+    def apply_one_by_one(self, batch: Batch, exc: StoreRejected) -> tuple[int, int, int, int]:
+        """PostgreSQL refused the batch: find the rows it refuses and dead-letter only those."""
+        log.warning("postgres refused a batch of %d operations (%s); applying them one by one", len(batch.ops), exc)
+        totals = [0, 0, 0, 0]
+        for message_id, (op, row) in list(batch.ops.items()):
+            try:
+                rows = [row] if row is not None else []  # only a cancel has no row
+                done = self.store.apply(rows if op == INSERT else [], rows if op == REPLACE else [],
+                                        [message_id] if op == CANCEL else [])
+            except StoreRejected as row_exc:
+                del batch.ops[message_id]
+                msg, headers = batch.sources[message_id]
+                batch.dead.append((msg, f"store_rejected: {row_exc}", headers))
+                continue
+            totals = [a + b for a, b in zip(totals, done)]
+        return totals[0], totals[1], totals[2], totals[3]
+
+    def publish(self, late: list[tuple[Message, codec.Parsed]], dead: list[tuple[Message, str, list]]) -> list[str] | None:
+        """Publish late and dead-lettered messages and wait for every acknowledgement, retrying failures
+        that may pass with backoff. A late message refused for good is dead-lettered, a dead letter
+        refused for good is parked. Returns the reasons of the late messages dead-lettered, or None
+        when stopped first."""
+        outbox = [Outgoing(parsed.topic or self.settings.output_topic, msg, parsed=parsed) for msg, parsed in late]
+        outbox += [Outgoing(self.settings.dlq_topic, msg, reason=reason, carried=carried)
+                   for msg, reason, carried in dead]
+        refused: list[str] = []
+        backoff = Backoff(first=0.5, cap=10.0)
+        while outbox:
+            failed: list = []
+            for item in outbox:
+                produce(self.producer, item.topic, item.msg.value(), item.msg.key(), item.headers(),
+                        lambda err, _m, item=item: failed.append((item, err)) if err is not None else None)
+            while self.producer.flush(1.0) > 0:
+                if not self.life.running and self.life.hard_stop:
+                    return None
+            if not failed:
+                self.producer_outage.ok()
+                return refused
+            outbox, parked, transient = [], [], []
+            for item, err in failed:
+                if classify(err) != PERMANENT_FAILURE:
+                    transient.append((item, err))
+                elif item.reason is None and item.parsed is not None:  # a late message refused for good
+                    reason = failure_reason(err)
+                    refused.append(reason)
+                    self.throttle.warning("refused", "publish of late message %s to %s failed for good (%s); "
+                                          "to the dead-letter topic", item.parsed.message_id, item.topic, reason)
+                    outbox.append(Outgoing(self.settings.dlq_topic, item.msg, parsed=item.parsed, reason=reason))
+                else:
+                    parked.append(self.parked(item, err))
+            if parked and not self.park(parked):
+                return None
+            if transient:
+                self.throttle.warning("publish", "%d publishes failed (%s); retrying", len(transient),
+                                      transient[0][1].str())
+                if any(err.fatal() for _, err in transient):
+                    self.producer, self.producer_outage = self.producers()
+                outbox += [item for item, _ in transient]
+                if not self.life.sleep(backoff.failed()):
+                    return None
+        return refused
+
+    def parked(self, item: Outgoing, err: KafkaError) -> Parked:
+        """What to keep of a dead letter the dead-letter topic refused for good: the message as it was
+        read, where it was going, and both reasons."""
+        msg, parsed = item.msg, item.parsed
+        return Parked(message_id=parsed.message_id if parsed else None,
+                      source=f"{msg.topic()}/{msg.partition()}/{msg.offset()}",
+                      topic=(parsed.topic or self.settings.output_topic) if parsed else self.settings.dlq_topic,
+                      deadline=cron.from_us(parsed.deadline_us) if parsed and parsed.deadline_us is not None else None,
+                      key=msg.key(), value=msg.value(), headers=codec.encode_headers(item.original_headers()),
+                      reason=f"{item.reason}; dead-letter topic: {err.name()}: {err.str()}")
+
+    def park(self, parked: list[Parked]) -> bool:
+        """Keep in PostgreSQL what no topic accepted; False if stopped before it was kept."""
+        while True:
+            try:
+                self.store.park(parked)
+                break
+            except StoreUnavailable as exc:
+                if not self.wait_for_store(exc):
+                    return False
+        self.db_outage.ok()
+        self.stats["parked"] += len(parked)
+        for p in parked:
+            log.warning("parked the message at %s in chronos_parked: the dead-letter topic %s refused it (%s)",
+                        p.source, self.settings.dlq_topic, p.reason)
+        return True
+
+    def commit(self, messages: list[Message], *, wait: bool = False) -> None:
+        """Commit the batch's offsets. Asynchronous while running (the batch is already durable, so a
+        lost commit only means a re-read, which the store ignores); the last one is waited for."""
+        offsets = commit_offsets(messages)
+        self.uncommitted.update({(tp.topic, tp.partition): tp for tp in offsets})
+        try:
+            pending = list(self.uncommitted.values())
+            if wait:  # two calls: the client's overloads take `asynchronous` as a literal
+                self.consumer.commit(offsets=pending, asynchronous=False)
+            else:
+                self.consumer.commit(offsets=pending, asynchronous=True)
+            self.uncommitted.clear()
+        except Exception as exc:  # noqa: BLE001 - a failed commit only means a re-read; the store is idempotent
+            self.throttle.warning("commit", "offset commit failed (%s); the batch may be read again", exc)
+
+    def on_committed(self, err, partitions) -> None:
+        if err is not None:
+            self.throttle.warning("commit", "offset commit failed (%s); the batch may be read again", err)
+
+    def keep_alive(self) -> None:
+        """While idle, ask PostgreSQL the time now and then, so /healthz knows it is reachable."""
+        now = time.monotonic()
+        if not self.metrics.serving or now < self.next_ping or now - self.store.last_ok < 1.0:
+            return
+        try:
+            self.store.db_clock_us()
+        except StoreUnavailable as exc:
+            self.next_ping = now + self.db_outage.failed(exc)
+            return
+        self.db_outage.ok()
+        self.next_ping = now + 1.0
+
+    def wait_for_store(self, exc: StoreUnavailable) -> bool:
+        """Wait out a PostgreSQL outage's backoff; False if stopped meanwhile."""
+        return self.life.sleep(self.db_outage.failed(exc))
+
+    def close(self) -> None:
+        log.info("stopping: consumed %(consumed)d, enqueued %(enqueued)d, late %(late)d, dead-lettered %(dead)d, "
+                 "duplicates %(duplicates)d, replaced %(replaced)d, cancelled %(cancelled)d, cancelled in flight "
+                 "(may still be delivered) %(cancelled_in_flight)d, cancels of ids not waiting %(cancel_unknown)d",
+                 self.stats)
+        self.metrics.close()  # first: its probe thread uses a Kafka client
+        if self.last_batch:
+            self.commit(self.last_batch, wait=True)
+        try:
+            self.consumer.close()
+        except Exception as exc:  # noqa: BLE001 - closing is best effort; offsets are already committed
+            log.warning("closing the Kafka consumer: %s", exc)
+        self.producer.flush(5.0)
+        self.store.close()
+
+
+def build(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> ConsumerProcess:
+    """The consumer with its real adapters: a PostgreSQL store and confluent-kafka clients."""
+    return ConsumerProcess(settings, life,
+                           store=PostgresStore(settings.require_database(), node_id=node_id, hot_path=True),
+                           producers=lambda: make_producer(settings, "consumer producer"),
+                           consumers=lambda on_commit: make_consumer(settings, "consumer", on_commit=on_commit),
+                           telemetry=ConsumerTelemetry(node_id, settings))
+
+
+def run(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> None:
+    build(settings, node_id, life).run()

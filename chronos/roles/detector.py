@@ -1,0 +1,107 @@
+"""`chronos detector`: hands back rows a firer claimed and did not fire within the hold time.
+
+Every failure-detection interval it reads the rows readied longer ago than the hold time,
+then resets exactly those whose readied_at/readied_by are still what it read, so a row a
+firer deleted or a peer re-claimed in between is left alone. Two detectors at once are safe.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+import uuid
+from typing import Callable, Mapping
+
+from chronos.ops import inspect
+from chronos.config import Settings
+from chronos.errors import StoreRejected, StoreUnavailable
+from chronos.runtime.logs import Throttle
+from chronos.ops.telemetry import DetectorTelemetry
+from chronos.runtime.process import Lifecycle
+from chronos.runtime.backoff import Outage
+from chronos.adapters.postgres.store import Store as PostgresStore
+from chronos.ports import Store
+
+log = logging.getLogger("chronos.detector")
+
+GAUGES_EVERY = 5.0  # seconds between reads of the store gauges (waiting, due, held) when serving metrics
+
+
+def suspected_nodes(reset_by: list[uuid.UUID]) -> list[tuple[uuid.UUID, int]]:
+    """(node, rows reset) per suspected node, most rows first."""
+    return collections.Counter(reset_by).most_common()
+
+
+class DetectorProcess:
+    """The detector's loop: scan for rows held past the hold time, hand them back, refresh the gauges."""
+
+    def __init__(self, settings: Settings, life: Lifecycle, *, store: Store, telemetry: DetectorTelemetry,
+                 action_totals: Callable[[], Mapping[str, tuple[int, int]]] = dict):
+        """`action_totals` reads the operators' action totals for their counters (none by default)."""
+        self.settings, self.life = settings, life
+        self.store = store
+        self.action_totals = action_totals
+        self.outage = Outage(log)
+        self.throttle = Throttle(log)
+        self.total_reset = 0
+        self.metrics = telemetry
+        self.metrics.follow(lambda: {"reset": self.total_reset})
+        self.next_gauges = 0.0
+
+    def run(self) -> None:
+        interval = self.settings.failure_detection_interval_ms / 1000.0
+        log.info("watching for rows held longer than %d ms, every %d ms", self.settings.hold_time_ms,
+                 self.settings.failure_detection_interval_ms)
+        self.metrics.serve(postgres=lambda: self.store.last_ok)
+        try:
+            while self.life.running:
+                self.metrics.beat()
+                try:
+                    started = time.perf_counter()
+                    self.metrics.batch("scan", self.scan(), time.perf_counter() - started)
+                    self.refresh_gauges()
+                    self.outage.ok()
+                    delay = interval
+                except StoreUnavailable as exc:
+                    delay = self.outage.failed(exc)
+                self.life.sleep(delay)
+        finally:
+            log.info("stopping: reset %d rows in all", self.total_reset)
+            self.metrics.close()
+            self.store.close()
+
+    def scan(self) -> int:
+        stale = self.store.find_stale(self.settings.hold_time_ms)
+        if not stale:
+            return 0
+        reset_by = self.store.reset_stale(stale)
+        for node, count in suspected_nodes(reset_by):
+            log.warning("suspected failure of %s: %d rows held past %d ms handed back", node, count,
+                        self.settings.hold_time_ms)
+        self.total_reset += len(reset_by)
+        return len(reset_by)
+
+    def refresh_gauges(self) -> None:
+        """Read waiting, due and held counts from the store for the gauges, now and then."""
+        now = time.monotonic()
+        if not self.metrics.serving or now < self.next_gauges:
+            return
+        self.next_gauges = now + GAUGES_EVERY
+        try:
+            self.metrics.store_gauges(self.store.overview(self.settings.hold_time_ms))
+            self.metrics.throttled_gauges(self.store.throttled(self.settings.output_topic))
+            self.metrics.actions = self.action_totals()
+        except StoreRejected as exc:  # a gauge is not worth stopping the detector for
+            self.throttle.warning("gauges", "cannot read the store gauges: %s", exc)
+
+
+def build(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> DetectorProcess:
+    """The detector with its real adapter, a PostgreSQL store."""
+    store = PostgresStore(settings.require_database(), node_id=node_id, hot_path=True)
+    return DetectorProcess(settings, life, store=store, telemetry=DetectorTelemetry(node_id, settings),
+                           action_totals=lambda: inspect.action_totals(store))
+
+
+def run(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> None:
+    build(settings, node_id, life).run()

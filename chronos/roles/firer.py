@@ -1,0 +1,705 @@
+"""`chronos firer`: store → output topic at each message's deadline.
+
+Claims due rows (and rows due within the lookahead) in batches with one
+`UPDATE ... RETURNING`, publishes each from memory at its deadline less the measured
+publish latency (never more than the timing advance), waits for Kafka's acknowledgement,
+then deletes exactly the acknowledged rows it still owns. Unpublished rows are handed back
+on shutdown. A publish that fails goes through one path (`publish_failed`): a refusal that may
+pass is retried with exponential backoff, kept in PostgreSQL (the row's `attempts` and moved
+`deadline`), up to CHRONOS_MAX_PUBLISH_ATTEMPTS; a permanent one (too large, invalid), an
+exhausted one and a destination the allow-list no longer allows go to the dead-letter topic;
+what even the dead-letter topic refuses is parked in `chronos_parked`.
+
+Three threads, each on what it alone owns; what they read of each other is in `Shared`:
+
+- `Claimer` claims rows (pacing, back-pressure, the cap on held rows, recurring schedules) on a
+  store of its own and hands them to the publishing thread;
+- `FirerProcess`, the publishing thread, keeps them in a heap by deadline, publishes them and
+  sends their outcomes (`Outcomes`, then `Stop`) to the settling thread;
+- `Settler` settles them on a store of its own: deletes, hands back, retries later, parks.
+
+A row is *held* from its claim until it is settled; the SQL marks it with `readied_at`.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+import logging
+import queue
+import random
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from chronos import codec
+from chronos.config import Settings
+from chronos.errors import StoreUnavailable
+from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, UNANSWERED_FAILURE, OutageLog, classify,
+                                            dead_letter_headers, failure_reason, make_producer, produce)
+from chronos.runtime.logs import Throttle
+from chronos.ops.telemetry import FirerTelemetry
+from chronos.runtime.process import Lifecycle
+from chronos.runtime.backoff import Outage
+from chronos.domain.model import Claimed
+from chronos.adapters.postgres.store import Store as PostgresStore
+from chronos.ports import Publisher, Store
+
+log = logging.getLogger("chronos.firer")
+
+DELETE_BATCH = 1000          # acknowledged rows deleted in one statement at most
+DELETE_EVERY = 0.02          # seconds between deletes while acknowledgements trickle in
+CLOCK_SYNC_EVERY = 10.0      # seconds between measurements of the database clock offset
+IDLE_WAIT = 0.005            # the publishing thread looks for newly claimed rows this often
+SLOW_STATEMENT = 1.0         # seconds: a claim or delete slower than this is logged (aggregated)
+TICK = 0.001                 # the publishing thread sleeps at least this long: rows due within it go together
+RETRY_FIRST_MS = 1000        # backoff after a row's first refused publish; doubled after each further one
+RETRY_CAP_MS = 60_000        # and never longer than this
+
+
+class AfterFailure(enum.Enum):
+    """What becomes of a row whose publish failed."""
+
+    RELEASE = "release"  # handed back as it is
+    RETRY = "retry"      # kept, published again after a backoff
+    DEAD = "dead"        # to the dead-letter topic
+
+
+def retry_delay_ms(failures_before: int) -> int:
+    """How long a row waits before its next publish, given how many of its publishes failed before
+    this one: 1 s, 2 s, 4 s, ... up to a minute."""
+    return min(RETRY_CAP_MS, RETRY_FIRST_MS << min(failures_before, 16))
+
+
+def after_failure(kind: str, failures: int, max_attempts: int) -> AfterFailure:
+    """What to do with a row whose publish failed (`kind` from `kafka.classify`; `failures`
+    counts this one): dead-letter it, retry it after a backoff, or hand it back as it is (Kafka
+    did not answer: that says nothing about the message, and the firer stops claiming meanwhile)."""
+    if kind == PERMANENT_FAILURE:
+        return AfterFailure.DEAD
+    if kind == UNANSWERED_FAILURE:
+        return AfterFailure.RELEASE
+    return AfterFailure.DEAD if failures >= max_attempts else AfterFailure.RETRY
+
+
+def iso_us(us: int) -> str:
+    """Epoch microseconds as ISO-8601 UTC with microseconds (a chronosDeadline the consumer reads)."""
+    seconds, micros = divmod(us, 1_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micros:06d}Z"
+
+
+class PublishTiming:
+    """When to publish a row so that it lands on the output topic at its deadline.
+
+    `offset_us` is the database clock minus the local clock (deadlines are in database time);
+    `latency` is a moving average of produce→acknowledgement time, used as the advance (plus one
+    tick of the publishing loop), capped at the configured timing advance so nothing is ever
+    published earlier than that.
+    """
+
+    def __init__(self, timing_advance_ms: int):
+        self.cap = timing_advance_ms / 1000.0
+        self.latency = 0.0
+        self.offset_us = 0
+        self._best_rtt: float | None = None
+
+    def observe_ack(self, seconds: float) -> None:
+        self.latency += 0.05 * (seconds - self.latency)
+
+    def observe_clock(self, db_us: int, before: float, after: float) -> None:
+        rtt = after - before
+        # keep the sample with the tightest round trip; re-accept slightly worse ones so drift is followed
+        if self._best_rtt is None or rtt <= self._best_rtt * 2:
+            self._best_rtt = rtt if self._best_rtt is None else min(rtt, self._best_rtt)
+            # the database read its clock somewhere in [before, after]: assuming the latest moment
+            # (the smallest offset) means a slow round trip can make firing late, never early
+            self.offset_us = db_us - int(after * 1e6)
+
+    @property
+    def advance(self) -> float:
+        """How long before its deadline a row is published. The publishing loop wakes once per tick
+        at most and publishes what falls due before the next tick, so rows go out between
+        latency + tick and latency before their deadline."""
+        return min(self.latency + TICK, self.cap)
+
+    def local_deadline(self, deadline_us: int) -> float:
+        """The deadline (database time) on the local wall clock, in seconds."""
+        return (deadline_us - self.offset_us) / 1e6
+
+
+class FirerTotals:
+    """The firer's running totals, exported as counters (`FirerTelemetry.totals`) and logged at
+    the end. `claimed` is written by the claiming thread; the others by the settling thread, and
+    `released` also by the publishing thread at shutdown, once the settling thread has ended."""
+
+    __slots__ = ("claimed", "fired", "vanished", "released", "retried", "dead", "parked")
+
+    def __init__(self) -> None:
+        self.claimed = self.fired = self.vanished = self.released = self.retried = self.dead = self.parked = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class Shared:
+    """What the firer's three threads know of each other. Every field has one writer; the others
+    only read it (an int or a float, read whole under the GIL).
+
+    A row is *held* from its claim (SQL: `readied_at` set) until it is settled: deleted once
+    fired or dead-lettered, handed back, put off for a retry, or parked.
+
+    - the claiming thread writes `totals.claimed`, the rows it ever claimed;
+    - the settling thread writes `settled`, the rows it ever settled, and `timing.offset_us`;
+    - the publishing thread writes `in_flight`, `ack_progress`, `sent_at` and `timing.latency`.
+    """
+
+    def __init__(self, timing: PublishTiming):
+        self.totals = FirerTotals()
+        self.settled = 0
+        self.timing = timing
+        self.in_flight = 0        # publishes waiting for Kafka's acknowledgement
+        self.ack_progress = 0.0   # monotonic: the last acknowledgement, or the first publish since none was in flight
+        self.sent_at: deque[float] = deque()  # monotonic send time of each publish in flight, oldest first
+
+    def held(self) -> int:
+        """Rows claimed by this firer and not settled yet."""
+        return self.totals.claimed - self.settled
+
+    def stalled(self, now: float) -> float:
+        """How long Kafka has kept the firer waiting (`now` monotonic): since the last acknowledgement
+        while publishes are in flight, or the age of the oldest publish in flight, whichever is
+        longer. Acknowledgements come back about in publish order, so one send time is dropped from
+        the front per acknowledgement."""
+        stalled = now - self.ack_progress if self.in_flight else 0.0
+        try:
+            return max(stalled, now - self.sent_at[0])
+        except IndexError:  # emptied by the publishing thread meanwhile
+            return stalled
+
+    # -- written by the publishing thread -----------------------------------------------------
+
+    def sending(self, sent: float) -> None:
+        if not self.in_flight:
+            self.ack_progress = time.monotonic()
+        self.in_flight += 1
+        self.sent_at.append(sent)
+
+    def delivered(self) -> None:
+        self.in_flight -= 1
+        if self.sent_at:
+            self.sent_at.popleft()
+        self.ack_progress = time.monotonic()
+
+    def forget_in_flight(self) -> None:
+        """The producer was replaced: its publishes will never be acknowledged."""
+        self.in_flight = 0
+        self.sent_at.clear()
+
+
+@dataclass
+class Outcomes:
+    """What became of held rows, sent by the publishing thread to the settling thread, which
+    settles them in the store."""
+
+    acked: list[Claimed] = field(default_factory=list)                  # acknowledged: to delete
+    release: list[Claimed] = field(default_factory=list)                # not published: to hand back as they are
+    retry: list[tuple[Claimed, str, int]] = field(default_factory=list)  # (row, error, delay_ms): refused, try later
+    dead: list[tuple[Claimed, str]] = field(default_factory=list)        # (row, reason): dead-lettered, to delete
+    park: list[tuple[Claimed, str]] = field(default_factory=list)        # (row, reason): the dead-letter topic refused
+
+    def __bool__(self) -> bool:
+        return bool(self.acked or self.pending())
+
+    def pending(self) -> bool:
+        """Rows settled at once (acknowledged rows are deleted in batches)."""
+        return bool(self.release or self.retry or self.dead or self.park)
+
+    def add(self, other: "Outcomes") -> None:
+        self.acked += other.acked
+        self.release += other.release
+        self.retry += other.retry
+        self.dead += other.dead
+        self.park += other.park
+
+    def count(self) -> int:
+        return len(self.acked) + len(self.release) + len(self.retry) + len(self.dead) + len(self.park)
+
+
+class Stop:
+    """Sent to the settling thread after the last `Outcomes`: settle them all, then end."""
+
+
+class StoreThread(threading.Thread):
+    """A thread of the firer that talks to PostgreSQL, on a `Store` of its own (a Store is one
+    connection, not thread-safe), which it closes when it ends. psycopg releases the GIL while it
+    waits on the network, so no statement of these threads delays a publish that is due."""
+
+    def __init__(self, name: str, store: Store, settings: Settings, shared: Shared, telemetry: FirerTelemetry,
+                 life: Lifecycle):
+        super().__init__(name=name, daemon=True)
+        self.store, self.settings, self.shared, self.metrics, self.life = store, settings, shared, telemetry, life
+        self.throttle = Throttle(log)
+        self.outage = Outage(log)
+        self.crashed: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.loop()
+        except BaseException as exc:  # noqa: BLE001 - the process stops as a whole when this thread dies
+            log.exception("the %s thread failed; stopping the firer", self.name)
+            self.crashed = exc
+            self.life.stop()
+        finally:
+            self.store.close()
+
+    def loop(self) -> None:
+        raise NotImplementedError
+
+    def measured(self, step: str, rows: int, started: float) -> None:
+        """Record a statement's duration; one slow enough to hold up firing is also logged, since
+        while a claim runs nothing more is claimed, and while a delete runs held rows age towards the
+        hold time."""
+        elapsed = time.perf_counter() - started
+        self.metrics.batch(step, rows, elapsed)
+        if elapsed > SLOW_STATEMENT:
+            self.throttle.warning("slow " + step, "slow %s: %.1fs for %d rows (%d rows held by this firer)",
+                                  step, elapsed, rows, self.shared.held())
+
+
+class Claimer(StoreThread):
+    """Where rows are claimed: due rows (within each rate-limited topic's budget) and recurring
+    schedules' occurrences, handed to the publishing thread through `outbox`. It paces itself:
+    at once again while a claim comes back full (a backlog), otherwise after the poll interval;
+    it claims nothing while Kafka keeps publishes waiting (back-pressure) nor beyond `max_held`
+    rows held. On a thread and connection of its own, apart from the settling (`Settler`): a
+    claim that runs long (a lock, a plan gone bad) stops only further claims, and the rows
+    already held keep being deleted once published, so none of them ages past the hold time into
+    a peer's hands."""
+
+    def __init__(self, store: Store, settings: Settings, shared: Shared, telemetry: FirerTelemetry, life: Lifecycle,
+                 outbox: "queue.SimpleQueue[list[Claimed]]"):
+        super().__init__("firer-claim", store, settings, shared, telemetry, life)
+        self.outbox = outbox
+        self.limit = settings.batch_size
+        self.limits = settings.fire_rates
+        if self.limits:
+            log.info("fire-rate limits: %s", self.limits)
+        self.max_held = settings.batch_size * 4
+        self.stopped = threading.Event()
+        self.claims_paused = False
+        self.next_claim = 0.0
+        self.next_schedules = 0.0
+
+    def loop(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                self.claim(time.time())
+                wait = self.next_claim - time.time()
+                self.outage.ok()
+            except StoreUnavailable as exc:
+                if self.stopped.is_set():  # the claim cancelled by stop()
+                    return
+                wait = self.outage.failed(exc)
+            self.stopped.wait(max(0.0, wait))
+
+    def stop(self) -> None:
+        """Stop claiming (called from the publishing thread): a claim running now is cancelled, so a
+        SIGTERM does not wait for a slow one. A cancelled claim rolls back and holds nothing."""
+        self.stopped.set()
+        self.store.cancel()
+
+    def claim(self, now: float) -> None:
+        """Claim what is due now (wall-clock `now`), unless Kafka lags or enough rows are held, and
+        set `next_claim`."""
+        # Kafka does not acknowledge, or acknowledges so slowly that publishes wait for seconds (an
+        # overloaded broker): rows claimed now would only wait, be handed to a peer after the hold time
+        # and be published again by it, over and over; claim nothing until Kafka catches up
+        stalled = self.shared.stalled(time.monotonic())
+        if stalled > self.settings.hold_time_ms / 2000.0:
+            if not self.claims_paused:
+                self.claims_paused = True
+                log.warning("a publish has waited %.1fs for Kafka's acknowledgement: claiming nothing until "
+                            "Kafka catches up", stalled)
+            self.next_claim = now + 0.05
+            return
+        if self.claims_paused:
+            self.claims_paused = False
+            log.warning("Kafka acknowledges again: claiming rows")
+        held = self.shared.held()
+        if held >= self.max_held:
+            self.next_claim = now + 0.005  # wait for acknowledgements before claiming more
+            return
+        limit = min(self.limit, self.max_held - held)
+        started = time.perf_counter()
+        if self.limits:  # fire-rate limits: topic by topic, within each limited topic's budget
+            rows, backlog = self.store.claim_limited(self.limits, self.settings.output_topic, limit,
+                                                     self.settings.lookahead_ms)
+        else:
+            rows = self.store.claim(limit, self.settings.lookahead_ms)
+            backlog = len(rows) == limit
+        self.hand_to_publisher(rows)  # before the schedules' claim, which may be the slow one
+        occurrences = []
+        if now >= self.next_schedules:  # recurring schedules: once per poll interval, even in a backlog
+            self.next_schedules = now + self.settings.poll_interval_ms / 1000.0
+            occurrences = self.store.claim_schedules(limit, self.settings.lookahead_ms, time.time_ns() // 1000)
+            self.hand_to_publisher(occurrences)
+        self.measured("claim", len(rows) + len(occurrences), started)
+        if backlog:
+            self.next_claim = now  # a backlog: drain it without sleeping
+        else:
+            interval = self.settings.poll_interval_ms / 1000.0
+            self.next_claim = now + interval * random.uniform(0.9, 1.1)
+
+    def hand_to_publisher(self, rows: list[Claimed]) -> None:
+        if rows:
+            self.shared.totals.claimed += len(rows)
+            self.outbox.put(rows)
+
+
+class Settler(StoreThread):
+    """Settles held rows as the publishing thread reports their outcomes (`inbox`): deletes the
+    acknowledged ones in batches, hands back, retries later, deletes as dead-lettered or parks
+    the others; and measures the database clock. On its own thread and connection: never behind
+    a claim (`Claimer`)."""
+
+    def __init__(self, store: Store, settings: Settings, shared: Shared, telemetry: FirerTelemetry, life: Lifecycle):
+        super().__init__("firer-store", store, settings, shared, telemetry, life)
+        self.inbox: queue.SimpleQueue[Outcomes | Stop] = queue.SimpleQueue()
+        self.todo = Outcomes()
+        self.stopping = False
+        self.next_clock_sync = 0.0
+        self.last_delete = 0.0
+        self.down_until = 0.0
+
+    def loop(self) -> None:
+        while True:
+            self.receive(self.wait_time())
+            now = time.time()
+            if now < self.down_until:
+                continue
+            try:
+                self.settle(now)
+                if self.stopping:
+                    if not self.todo:
+                        return
+                    continue
+                if now >= self.next_clock_sync:
+                    self.sync_clock(now)
+                self.outage.ok()
+            except StoreUnavailable as exc:
+                if self.stopping and self.outage.down_for() > 5:
+                    log.warning("postgres unavailable at shutdown (%s): %d held rows will be taken over "
+                                "after the hold time", exc, self.todo.count())
+                    return
+                self.down_until = time.time() + self.outage.failed(exc)
+
+    def wait_time(self) -> float:
+        now = time.time()
+        if now < self.down_until:  # PostgreSQL is away: nothing to do before the next try
+            return min(self.down_until - now, 1.0)
+        wake = now + 1.0 if self.stopping else self.next_clock_sync
+        if self.todo.acked:
+            wake = min(wake, self.last_delete + DELETE_EVERY)
+        if self.todo.pending() or (self.stopping and self.todo.acked):
+            wake = now
+        return max(0.0, min(wake - now, 1.0))
+
+    def receive(self, timeout: float) -> None:
+        """Take what the publishing thread sent: outcomes, or the stop."""
+        try:
+            item = self.inbox.get(timeout=timeout) if timeout > 0 else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if isinstance(item, Stop):
+                self.stopping = True
+            else:
+                self.todo.add(item)
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def settle(self, now: float) -> None:
+        """Delete acknowledged rows in batches, hand back rows that will not be published, and settle
+        failed ones: retried later, deleted once dead-lettered, or parked."""
+        todo, totals = self.todo, self.shared.totals
+        if todo.release:
+            totals.released += self.store.release(todo.release)
+            self.shared.settled += len(todo.release)
+            todo.release = []
+        if todo.retry:
+            totals.retried += self.store.retry_later(todo.retry)
+            self.shared.settled += len(todo.retry)
+            todo.retry = []
+        if todo.dead:
+            totals.dead += self.store.delete_fired([row for row, _ in todo.dead])
+            self.metrics.dead_lettered(reason for _, reason in todo.dead)
+            self.shared.settled += len(todo.dead)
+            todo.dead = []
+        if todo.park:
+            totals.parked += self.store.park_claimed(todo.park, self.settings.output_topic)
+            for row, reason in todo.park:
+                log.warning("parked %s in chronos_parked: neither %s nor the dead-letter topic %s took it (%s)",
+                            row.id, row.topic or self.settings.output_topic, self.settings.dlq_topic, reason)
+            self.shared.settled += len(todo.park)
+            todo.park = []
+        if not todo.acked or (len(todo.acked) < DELETE_BATCH and now - self.last_delete < DELETE_EVERY
+                              and not self.stopping):
+            return
+        self.last_delete = now
+        while todo.acked:
+            done = todo.acked[:DELETE_BATCH]
+            started = time.perf_counter()
+            deleted = self.store.delete_fired(done)
+            del todo.acked[:DELETE_BATCH]
+            self.shared.settled += len(done)
+            self.measured("delete", len(done), started)
+            totals.fired += len(done)
+            if deleted < len(done):
+                totals.vanished += len(done) - deleted
+                self.throttle.warning("vanished", "%d published rows were no longer ours to delete "
+                                      "(taken over by a peer after the hold time)", len(done) - deleted)
+
+    def sync_clock(self, now: float) -> None:
+        self.next_clock_sync = now + CLOCK_SYNC_EVERY
+        self.store.db_clock_us()  # (re)connect first if need be: a connect inside the measurement skews it
+        before = time.time()
+        db_us = self.store.db_clock_us()
+        self.shared.timing.observe_clock(db_us, before, time.time())
+
+
+class FirerProcess:
+    """The publishing thread: keeps held rows in a heap by deadline and publishes each on time.
+    Starts the claiming (`Claimer`) and settling (`Settler`) threads and stops them at the end."""
+
+    def __init__(self, settings: Settings, life: Lifecycle, *, stores: Callable[[], Store],
+                 producers: Callable[[], tuple[Publisher, OutageLog]], telemetry: FirerTelemetry):
+        """`stores` makes one store per thread (a store is one connection, not thread-safe);
+        `producers` makes a Kafka producer and the log of its outages, again after a fatal error."""
+        self.settings, self.life = settings, life
+        self.stores, self.producers = stores, producers
+        self.producer, self.outage = producers()
+        self.shared = Shared(PublishTiming(settings.timing_advance_ms))
+        self.timing = self.shared.timing
+        self.throttle = Throttle(log)
+        self.claimed: queue.SimpleQueue[list[Claimed]] = queue.SimpleQueue()
+        self.heap: list[tuple[float, int, int, Claimed]] = []
+        self.seq = itertools.count()
+        self.done = Outcomes()                            # settled outcomes not handed to the settler yet
+        self.to_dead: list[tuple[Claimed, str]] = []      # to publish on the dead-letter topic
+        self.allowed = settings.allowed_topics_re
+        self.metrics = telemetry
+        self.settler = Settler(stores(), settings, self.shared, telemetry, life)
+        self.claimer = Claimer(stores(), settings, self.shared, telemetry, life, self.claimed)
+        self.metrics.follow(self.shared.totals.as_dict)
+        self.metrics.follow_timing(lambda: len(self.heap) + self.shared.in_flight, self.timing)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        log.info("firing from the store to %s: batch %d, lookahead %d ms, poll %d ms, timing advance %d ms",
+                 self.settings.output_topic, self.settings.batch_size, self.settings.lookahead_ms,
+                 self.settings.poll_interval_ms, self.settings.timing_advance_ms)
+        # `last_ok` is a float the store threads write: reading it uses no connection
+        self.metrics.serve(postgres=lambda: max(self.settler.store.last_ok, self.claimer.store.last_ok),
+                           kafka=lambda: self.producer, kafka_topic=self.settings.output_topic)
+        self.settler.start()
+        self.claimer.start()
+        try:
+            while self.life.running:
+                self.metrics.beat()
+                self.take_claimed()
+                self.publish_due()
+                self.send_dead()
+                self.producer.poll(self.wait_time())
+                self.hand_over()
+        finally:
+            self.shutdown()
+        for thread in (self.settler, self.claimer):
+            if thread.crashed is not None:
+                raise RuntimeError(f"the firer's {thread.name} thread failed") from thread.crashed
+
+    def take_claimed(self) -> None:
+        while True:
+            try:
+                rows = self.claimed.get_nowait()
+            except queue.Empty:
+                return
+            # deadline, then enqueue order: rows of one ordering key are published in that order
+            for row in rows:
+                # by the deadline as scheduled: a retried row goes out as soon as its backoff let it be
+                # claimed, ahead of the later rows of its key claimed with it
+                heapq.heappush(self.heap, (self.timing.local_deadline(row.scheduled_us), row.seq, next(self.seq), row))
+
+    def wait_time(self) -> float:
+        """Until the next publish is due; new claims are looked at every few milliseconds. Never
+        less than a tick: at 1,000 msg/s deadlines are a millisecond apart, and waking for each one
+        (librdkafka's poll rounds a sub-millisecond wait down to none) spun a whole core."""
+        wait = IDLE_WAIT
+        if self.heap:
+            wait = min(wait, self.heap[0][0] - self.timing.advance - time.time())
+        return max(TICK, wait)
+
+    def hand_over(self) -> None:
+        """Send the outcomes of publishes to the settling thread."""
+        if self.done:
+            if self.done.acked:
+                self.outage.ok()
+            self.settler.inbox.put(self.done)
+            self.done = Outcomes()
+
+    def publish_due(self) -> None:
+        if not self.heap:
+            return
+        horizon = time.time() + self.timing.advance
+        started, before = time.perf_counter(), len(self.heap)
+        while self.heap and self.heap[0][0] <= horizon:
+            row = heapq.heappop(self.heap)[-1]
+            self.publish(row)
+        if len(self.heap) < before:
+            self.metrics.batch("publish", before - len(self.heap), time.perf_counter() - started)
+
+    def publish(self, row: Claimed) -> None:
+        # the allow-list in force now, not the one the message was accepted under
+        if row.topic is not None and row.topic != self.settings.output_topic and not self.allowed.fullmatch(row.topic):
+            self.to_dead.append((row, f"topic_not_allowed: {row.topic!r} does not match CHRONOS_ALLOWED_TOPICS"))
+            return
+        sent = time.monotonic()
+
+        def delivered(err, _msg):
+            self.shared.delivered()
+            if err is None:
+                self.timing.observe_ack(time.monotonic() - sent)
+                self.metrics.lateness.observe(time.time() - self.timing.local_deadline(row.scheduled_us))
+                self.done.acked.append(row)
+            else:
+                self.publish_failed(row, err)
+
+        self.shared.sending(sent)
+        produce(self.producer, row.topic or self.settings.output_topic, row.value, row.key,
+                codec.decode_headers(row.headers), delivered)
+
+    def publish_failed(self, row: Claimed, err) -> None:
+        """The one path of a failed publish, whether librdkafka refused it in `produce()` or in the
+        delivery report: hand it back, retry it after a backoff, or dead-letter it."""
+        failures = row.attempts + 1
+        action = after_failure(classify(err), failures, self.settings.max_publish_attempts)
+        topic = row.topic or self.settings.output_topic
+        if action is AfterFailure.RELEASE:
+            self.throttle.warning("publish", "publish of %s failed: %s; handing it back", row.id, err.str())
+            self.done.release.append(row)
+        elif action is AfterFailure.RETRY:
+            delay = retry_delay_ms(row.attempts)
+            self.throttle.warning("retry", "publish of %s to %s failed (%s): attempt %d of %d, next in %.1fs",
+                                  row.id, topic, err.str(), failures, self.settings.max_publish_attempts,
+                                  delay / 1000)
+            self.done.retry.append((row, f"{err.name()}: {err.str()}", delay))
+        else:
+            reason = failure_reason(err)
+            if classify(err) != PERMANENT_FAILURE:
+                reason += f" ({failures} attempts)"
+            self.throttle.warning("dead", "publish of %s to %s failed for good: %s; to the dead-letter topic",
+                                  row.id, topic, reason)
+            self.to_dead.append((row, reason))
+        if err.fatal():
+            self.replace_producer()
+
+    def send_dead(self) -> None:
+        """Publish the rows to dead-letter, each with its original id, deadline (as scheduled) and
+        destination, plus chronosError and chronosSource `store/<id>`."""
+        pending, self.to_dead = self.to_dead, []
+        for row, reason in pending:
+            headers = [("chronosMessageId", row.id.encode()), ("chronosDeadline", iso_us(row.scheduled_us).encode())]
+            if row.topic is not None:
+                headers.append(("chronosTopic", row.topic.encode()))
+            headers = dead_letter_headers(headers + codec.decode_headers(row.headers), reason, f"store/{row.id}")
+
+            def delivered(err, _msg, row=row, reason=reason):
+                self.shared.delivered()
+                if err is None:
+                    self.done.dead.append((row, reason))
+                elif classify(err) == PERMANENT_FAILURE:
+                    self.done.park.append((row, f"{reason}; dead-letter topic: {err.name()}: {err.str()}"))
+                elif classify(err) == UNANSWERED_FAILURE:
+                    self.done.release.append(row)
+                else:  # the dead-letter topic refuses for now: the whole row is tried again after a backoff
+                    self.throttle.warning("dead retry", "dead-lettering %s failed (%s); trying it again later",
+                                          row.id, err.str())
+                    self.done.retry.append((row, f"dead-letter topic: {err.name()}: {err.str()}",
+                                            retry_delay_ms(row.attempts)))
+                if err is not None and err.fatal():
+                    self.replace_producer()
+
+            self.shared.sending(time.monotonic())
+            produce(self.producer, self.settings.dlq_topic, row.value, row.key, headers, delivered)
+
+    # -- failures and shutdown -----------------------------------------------------------------
+
+    def replace_producer(self) -> None:
+        log.error("the producer hit a fatal error; replacing it (its unacknowledged rows stay held until a detector "
+                  "hands them back)")
+        self.producer, self.outage = self.producers()
+        self.shared.forget_in_flight()  # the old producer's rows stay held; the detector hands them back
+
+    def shutdown(self) -> None:
+        """Stop claiming (a claim running is cancelled), hand back what was not published, wait for
+        acknowledgements, delete what was fired."""
+        self.claimer.stop()
+        if self.claimer.is_alive():
+            self.claimer.join(10.0)
+        self.take_claimed()
+        self.done.release += [entry[-1] for entry in self.heap] + [row for row, _ in self.to_dead]
+        self.heap.clear()
+        self.to_dead = []
+        self.hand_over()
+        deadline = time.monotonic() + 10.0
+        while self.shared.in_flight > 0 and time.monotonic() < deadline and not self.life.hard_stop:
+            self.producer.poll(0.1)
+        # failed for good while stopping: a peer dead-letters them
+        self.done.release += [row for row, _ in self.to_dead]
+        self.to_dead = []
+        self.hand_over()
+        self.settler.inbox.put(Stop())
+        self.settler.join(30.0)
+        self.take_claimed()  # claimed after the stop was asked (a claim that would not end): hand those back too
+        self.release_leftovers([entry[-1] for entry in self.heap])
+        log.info("stopping: claimed %(claimed)d, fired %(fired)d, vanished %(vanished)d, handed back %(released)d, "
+                 "retried later %(retried)d, dead-lettered %(dead)d, parked %(parked)d", self.shared.totals.as_dict())
+        self.metrics.close()
+
+    def release_leftovers(self, rows: list[Claimed]) -> None:
+        """Hand back rows claimed after the settling thread was told to stop, on a store of this
+        thread's own; if the settling thread has not ended, leave them to the detector."""
+        if not rows:
+            return
+        if self.settler.is_alive():
+            log.warning("the store thread has not ended: %d held rows will be taken over after the hold time",
+                        len(rows))
+            return
+        store = self.stores()
+        try:
+            self.shared.totals.released += store.release(rows)
+        except StoreUnavailable as exc:
+            log.warning("postgres unavailable at shutdown (%s): %d held rows will be taken over after the hold time",
+                        exc, len(rows))
+        finally:
+            store.close()
+
+
+def build(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> FirerProcess:
+    """The firer with its real adapters: PostgreSQL stores and a confluent-kafka producer."""
+    url = settings.require_database()
+    # a lost claim, delete or hand-back only fires a row again: no need to wait for the WAL flush
+    return FirerProcess(settings, life,
+                        stores=lambda: PostgresStore(url, node_id=node_id, hot_path=True, synchronous_commit=False),
+                        producers=lambda: make_producer(settings, "firer"),
+                        telemetry=FirerTelemetry(node_id, settings))
+
+
+def run(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> None:
+    build(settings, node_id, life).run()

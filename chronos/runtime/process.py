@@ -1,0 +1,179 @@
+"""What every long-running process shares: node id, signals, logging, waiting for the store,
+and, under supervisord, dying with it and waiting longer after each crash in a row."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+import orjson
+import psycopg
+
+from chronos import codec
+
+from chronos.runtime import logs, orphans
+from chronos.config import Settings, redact_url
+from chronos.errors import SchemaError, StoreUnavailable
+from chronos.runtime.backoff import Outage
+from chronos.adapters.postgres.store import check_schema, connect
+
+log = logging.getLogger("chronos")
+
+# Crash backoff under supervisord, which restarts a crashed program at once, every time: the
+# first restart after a crash is immediate, each further crash in a row doubles the wait, and a
+# run that lasted STABLE_RUN_S ends the series.
+STABLE_RUN_S = 60.0
+CRASH_WAIT_FIRST_S = 1.0
+CRASH_WAIT_CAP_S = 60.0
+
+
+class Lifecycle:
+    """The first SIGTERM/SIGINT asks for a graceful stop; the second makes it hard."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self.hard_stop = False
+
+    @property
+    def running(self) -> bool:
+        return not self._stop.is_set()
+
+    def stop(self, hard: bool = False) -> None:
+        if self._stop.is_set():
+            self.hard_stop = True
+        self.hard_stop = self.hard_stop or hard
+        self._stop.set()
+
+    def sleep(self, seconds: float) -> bool:
+        """Sleep unless stopped; returns whether the process is still running."""
+        return not self._stop.wait(seconds)
+
+    def install_signals(self) -> None:
+        def handler(signum, _frame):
+            log.info("received %s: %s", signal.Signals(signum).name,
+                     "stopping now" if self._stop.is_set() else "finishing the current batch and stopping")
+            self.stop()
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+
+def wait_for_schema(settings: Settings, life: Lifecycle) -> bool:
+    """Block until PostgreSQL answers with the right schema (retrying with backoff while it is down).
+
+    An unmigrated database raises SchemaError: waiting would not fix it.
+    """
+    outage = Outage(log, first=0.5, cap=10.0)
+    while life.running:
+        try:
+            with connect(settings.require_database()) as conn:
+                check_schema(conn)
+            outage.ok()
+            return True
+        except StoreUnavailable as exc:
+            life.sleep(outage.failed(exc))
+    return False
+
+
+def crash_wait(previous: dict | None, now: float) -> tuple[int, float]:
+    """(crashes in a row, seconds to wait before working) for a program starting at `now`.
+
+    `previous` is what the last start recorded: {"started": epoch s, "crashes": n, "clean": bool}.
+    A run that did not record a clean end crashed (an unhandled error, a signal, a SIGKILL after
+    supervisord's stopwaitsecs).
+    """
+    if not previous or previous.get("clean", True):
+        return 0, 0.0
+    crashes = 1
+    if now - float(previous.get("started", 0.0)) < STABLE_RUN_S:
+        crashes += int(previous.get("crashes", 0))
+    if crashes == 1:
+        return 1, 0.0
+    return crashes, min(CRASH_WAIT_CAP_S, CRASH_WAIT_FIRST_S * 2 ** (crashes - 2))
+
+
+class RunRecord:
+    """What a program under supervisord remembers of its last start, in CHRONOS_RUN_DIR."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    @classmethod
+    def under_supervisord(cls) -> "RunRecord | None":
+        name, run_dir = os.environ.get("SUPERVISOR_PROCESS_NAME"), os.environ.get("CHRONOS_RUN_DIR")
+        if not name or not run_dir or not os.environ.get("SUPERVISOR_ENABLED"):
+            return None
+        return cls(Path(run_dir) / f"{name}.run.json")
+
+    def read(self) -> dict | None:
+        try:
+            return orjson.loads(self.path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, orjson.JSONDecodeError) as exc:
+            log.warning("cannot read %s (%s): counting no crash", self.path, exc)
+            return None
+
+    def write(self, record: dict) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        try:
+            tmp.write_bytes(orjson.dumps(record))
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("cannot write %s (%s): crashes in a row will not be counted", self.path, exc)
+
+
+def _begin(record: RunRecord) -> tuple[dict, float]:
+    """Record this start: (the record, seconds to wait first for the crashes in a row before it).
+
+    Its start is when the work begins, after the wait, so a run that crashes right after a long
+    wait still counts as short; it is written before waiting, so a crash meanwhile counts too.
+    """
+    now = time.time()
+    crashes, wait = crash_wait(record.read(), now)
+    current = {"started": now + wait, "crashes": crashes, "clean": False}
+    record.write(current)
+    return current, wait
+
+
+def run_process(role: str, settings: Settings, body: Callable[[Settings, uuid.UUID, Lifecycle], None]) -> int:
+    settings.require_services()
+    node_id = uuid.uuid4()
+    logs.setup(role, str(node_id), settings.log_level, settings.log_format, settings.secrets())
+    life = Lifecycle()
+    life.install_signals()
+    record = RunRecord.under_supervisord()
+    # a program never outlives its supervisord: orphaned, nobody could stop or restart it
+    if record is not None and not orphans.parent_alive_after_asking(signal.SIGTERM):
+        log.warning("%s: supervisord is gone; not starting", role)
+        return 0
+    current, wait = _begin(record) if record is not None else (None, 0.0)
+    log.info("%s starting: node %s, pid %d, database %s, kafka %s, header codec %s, psycopg %s (libpq %s)",
+             role, node_id, os.getpid(), redact_url(settings.database_url or ""), settings.kafka_bootstrap_servers,
+             codec.IMPL, psycopg.pq.__impl__, psycopg.pq.version())
+    if current is not None and current["crashes"]:
+        log.warning("the previous run ended in a crash (%d in a row)%s", current["crashes"],
+                    f": waiting {wait:.0f}s before starting" if wait else "")
+    code = _run(role, settings, node_id, life, body) if life.sleep(wait) else 0
+    if record is not None and current is not None:
+        record.write({**current, "clean": True})
+    return code
+
+
+def _run(role: str, settings: Settings, node_id: uuid.UUID, life: Lifecycle,
+         body: Callable[[Settings, uuid.UUID, Lifecycle], None]) -> int:
+    try:
+        if not wait_for_schema(settings, life):
+            return 0
+    except SchemaError as exc:
+        log.error("%s", exc)
+        return exc.exit_code
+    started = time.monotonic()
+    body(settings, node_id, life)
+    log.info("%s stopped after %.0fs", role, time.monotonic() - started)
+    return 0

@@ -1,0 +1,63 @@
+"""A test double of the Kafka port (`chronos.ports.Publisher`) for unit tests of the roles' logic,
+and the settings those tests run with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from confluent_kafka import KafkaError
+
+from chronos import config
+from chronos.adapters.kafka.clients import OutageLog
+
+ENV = {"CHRONOS_DATABASE_URL": "postgresql://unused@127.0.0.1:1/unused",
+       "CHRONOS_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1", "CHRONOS_METRICS_PORT": "0"}
+
+
+def settings(**env: str) -> config.Settings:
+    """Settings from CHRONOS_* variables (these over the defaults); no service is reached."""
+    return config.load(environ={**ENV, **env}, default_ready_file=False)
+
+
+@dataclass
+class Produced:
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: list | None
+
+
+class FakePublisher:
+    """Records every `produce()`; `poll()` and `flush()` report each delivery, acknowledged unless
+    `refuse(topic, value)` returns a KafkaError, or not at all while `answering` is False (Kafka
+    is away)."""
+
+    def __init__(self, refuse: Callable[[str, bytes | None], KafkaError | None] | None = None):
+        self.produced: list[Produced] = []
+        self.pending: list[tuple[Produced, Callable[[Any, Any], None] | None]] = []
+        self.refuse = refuse
+        self.answering = True
+
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *,
+                on_delivery: Callable[[Any, Any], None] | None = None, headers: Any = None) -> None:
+        message = Produced(topic, key, value, headers)
+        self.produced.append(message)
+        self.pending.append((message, on_delivery))
+
+    def poll(self, timeout: float = -1) -> int:
+        if not self.answering:
+            return 0
+        pending, self.pending = self.pending, []
+        for message, on_delivery in pending:
+            if on_delivery is not None:
+                on_delivery(self.refuse(message.topic, message.value) if self.refuse else None, None)
+        return len(pending)
+
+    def flush(self, timeout: float = -1) -> int:
+        self.poll(0)
+        return len(self.pending)
+
+    def factory(self) -> Callable[[], tuple["FakePublisher", OutageLog]]:
+        """A `producers` argument of the roles that always hands out this publisher."""
+        return lambda: (self, OutageLog("test producer"))

@@ -1,0 +1,82 @@
+"""The detector's loop on the in-memory store: rows held past the hold time are handed back, and
+only those; a PostgreSQL outage is waited out."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+from chronos import codec
+from chronos.adapters.memory import ManualClock, MemoryDatabase, MemoryStore
+from chronos.domain.model import Row
+from chronos.ops.telemetry import DetectorTelemetry
+from chronos.roles.detector import DetectorProcess
+from chronos.runtime.process import Lifecycle
+from kafka_double import settings
+
+TIMEOUT = 10.0
+
+
+def detector(db: MemoryDatabase, life: Lifecycle | None = None, **env: str) -> DetectorProcess:
+    s = settings(CHRONOS_HOLD_TIME_MS="5000", **env)
+    node = uuid.uuid4()
+    return DetectorProcess(s, life or Lifecycle(), store=MemoryStore(db, node_id=node),
+                           telemetry=DetectorTelemetry(node, s))
+
+
+def add_due(db: MemoryDatabase, *ids: str) -> None:
+    MemoryStore(db).apply([Row(i, db.now_us() - 1_000_000, None, None, b"v", codec.encode_headers([])) for i in ids],
+                          [], [])
+
+
+def state(db: MemoryDatabase) -> dict[str, uuid.UUID | None]:
+    """id -> the node holding it (None: waiting)."""
+    return {r.id: r.readied_by for r in db.rows.values()}
+
+
+def test_a_scan_hands_back_only_the_rows_held_past_the_hold_time_and_names_their_firer(caplog):
+    clock = ManualClock()
+    db = MemoryDatabase(clock)
+    dead, alive = uuid.uuid4(), uuid.uuid4()
+    add_due(db, "a", "b", "c")
+    assert len(MemoryStore(db, node_id=dead).claim(2, 0)) == 2
+    clock.advance(4.0)
+    assert len(MemoryStore(db, node_id=alive).claim(10, 0)) == 1
+    clock.advance(1.5)  # the first claim is 5.5 s old, the second 1.5 s
+    caplog.set_level("WARNING", logger="chronos.detector")
+    proc = detector(db)
+    assert proc.scan() == 2
+    assert state(db) == {"a": None, "b": None, "c": alive}
+    assert [r.getMessage() for r in caplog.records] == [
+        f"suspected failure of {dead}: 2 rows held past 5000 ms handed back"]
+    assert proc.scan() == 0 and proc.total_reset == 2
+
+
+def test_the_loop_waits_out_a_postgres_outage_and_scans_again(caplog):
+    clock = ManualClock()
+    db = MemoryDatabase(clock)
+    add_due(db, "a")
+    MemoryStore(db, node_id=uuid.uuid4()).claim(1, 0)
+    clock.advance(6.0)  # claimed 6 s ago, by a firer that died since
+    db.unavailable = "connection refused"
+    life = Lifecycle()
+    proc = detector(db, life, CHRONOS_FAILURE_DETECTION_INTERVAL_MS="10")
+    caplog.set_level("WARNING", logger="chronos.detector")
+    thread = threading.Thread(target=proc.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not any("postgres unavailable" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "no outage logged"
+            time.sleep(0.005)
+        assert state(db)["a"] is not None
+        db.unavailable = None
+        while state(db)["a"] is not None:
+            assert time.monotonic() < deadline, "the row was not handed back"
+            time.sleep(0.005)
+    finally:
+        life.stop()
+        thread.join(TIMEOUT)
+    assert not thread.is_alive()
+    assert any(r.getMessage().startswith("postgres reachable again after") for r in caplog.records)

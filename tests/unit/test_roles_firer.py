@@ -1,0 +1,277 @@
+"""The firer's three threads on the in-memory store and a Kafka double: claim pacing, back-pressure,
+the cap on held rows, settling, and the hand-back at shutdown."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+
+import pytest
+from confluent_kafka import KafkaError
+
+from chronos import codec
+from chronos.adapters.memory import MemoryDatabase, MemoryStore
+from chronos.domain.model import Claimed, Row
+from chronos.ops.telemetry import FirerTelemetry
+from chronos.roles.firer import IDLE_WAIT, SLOW_STATEMENT, TICK, FirerProcess, Outcomes, Stop
+from chronos.runtime.process import Lifecycle
+from kafka_double import FakePublisher, settings
+
+TIMEOUT = 10.0
+
+
+class Firer:
+    """A firer on an in-memory database, with its parts at hand."""
+
+    def __init__(self, publisher: FakePublisher | None = None, store_class: type[MemoryStore] = MemoryStore,
+                 **env: str):
+        self.store_class = store_class
+        self.db = MemoryDatabase()
+        self.node = uuid.uuid4()
+        self.publisher = publisher or FakePublisher()
+        self.settings = settings(**env)
+        self.life = Lifecycle()
+        self.proc = FirerProcess(self.settings, self.life, stores=self.store, producers=self.publisher.factory(),
+                                 telemetry=FirerTelemetry(self.node, self.settings))
+
+    def store(self) -> MemoryStore:
+        return self.store_class(self.db, node_id=self.node)
+
+    def add(self, *ids: str, due_in: float = -1.0, topic: str | None = None) -> None:
+        """Waiting rows, due `due_in` seconds from now (already due by default)."""
+        deadline = int((time.time() + due_in) * 1e6)
+        MemoryStore(self.db).apply([Row(i, deadline, topic, b"k", i.encode(), codec.encode_headers([]))
+                                    for i in ids], [], [])
+
+    def state(self) -> dict[str, str]:
+        """id -> waiting or held, of the rows in the database."""
+        return {r.id: "waiting" if r.readied_us is None else "held" for r in self.db.rows.values()}
+
+
+def wait_for(predicate, what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def claimed(mid: str, deadline_s: float) -> Claimed:
+    return Claimed(mid, int(deadline_s * 1e6), None, b"k", mid.encode(), None, datetime.now(timezone.utc))
+
+
+def test_a_full_claim_claims_again_at_once_and_a_partial_one_after_the_poll_interval():
+    f = Firer(CHRONOS_BATCH_SIZE="2", CHRONOS_POLL_INTERVAL_MS="200")
+    f.add("a", "b", "c")
+    claimer, now = f.proc.claimer, time.time()
+    claimer.claim(now)
+    assert f.proc.shared.held() == 2 and claimer.next_claim == now  # a backlog: drain it without sleeping
+    claimer.claim(now)
+    assert f.state() == {"a": "held", "b": "held", "c": "held"}
+    assert now + 0.18 <= claimer.next_claim <= now + 0.22  # the poll interval, jittered by 10%
+    assert [len(rows) for rows in (f.proc.claimed.get_nowait(), f.proc.claimed.get_nowait())] == [2, 1]
+
+
+def test_no_more_than_four_batches_are_held_and_claiming_resumes_as_rows_are_settled():
+    f = Firer(CHRONOS_BATCH_SIZE="2")
+    f.add(*(f"m{i}" for i in range(12)))
+    claimer = f.proc.claimer
+    for _ in range(6):
+        claimer.claim(time.time())
+    assert f.proc.shared.held() == 8 and list(f.state().values()).count("held") == 8
+    now = time.time()
+    claimer.claim(now)
+    assert claimer.next_claim == now + 0.005  # waits for acknowledgements
+    f.proc.shared.settled += 1  # one row settled: room for one more, not a whole batch
+    claimer.claim(time.time())
+    assert f.proc.shared.held() == 8 and list(f.state().values()).count("held") == 9
+
+
+def test_nothing_is_claimed_while_the_oldest_publish_waits_too_long_for_kafka(caplog):
+    """Acknowledgements still trickle in (an overloaded broker), but the oldest publish has waited
+    past half the hold time: claiming more would only have rows handed to a peer and published twice."""
+    f = Firer(CHRONOS_HOLD_TIME_MS="5000")
+    f.add("a")
+    shared, now = f.proc.shared, time.monotonic()
+    for sent in (now - 4.0, now - 0.1, now):
+        shared.sending(sent)
+    shared.ack_progress = now  # an acknowledgement just came back
+    caplog.set_level("WARNING", logger="chronos.firer")
+    f.proc.claimer.claim(time.time())
+    assert f.proc.claimer.claims_paused and f.state() == {"a": "waiting"}
+    assert shared.stalled(now) == pytest.approx(4.0)
+    shared.delivered()  # acknowledged: the oldest in flight is now 0.1 s old
+    assert shared.stalled(now) == pytest.approx(0.1)
+    f.proc.claimer.claim(time.time())
+    assert f.state() == {"a": "held"}
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "a publish has waited 4.0s for Kafka's acknowledgement", "Kafka acknowledges again"]
+
+
+def test_claiming_stops_while_kafka_does_not_acknowledge_at_all():
+    f = Firer(CHRONOS_HOLD_TIME_MS="1000")
+    f.add("a")
+    f.proc.shared.sending(time.monotonic() - 0.6)  # unanswered for longer than half the hold time
+    f.proc.claimer.claim(time.time())
+    assert f.state() == {"a": "waiting"}
+
+
+def test_rows_are_published_in_deadline_order_and_deleted_once_acknowledged():
+    f = Firer()
+    f.add("late", due_in=-1.0)
+    f.add("later", due_in=-0.5)
+    f.add("elsewhere", due_in=-2.0, topic="billing.eu")  # not allowed by the default allow-list
+    f.proc.claimer.claim(time.time())
+    f.proc.take_claimed()
+    f.proc.publish_due()
+    f.proc.send_dead()
+    f.publisher.poll()
+    f.proc.hand_over()
+    f.proc.settler.receive(0)
+    f.proc.settler.settle(time.time() + 1)
+    assert [(p.topic, p.value) for p in f.publisher.produced] == [
+        (f.settings.output_topic, b"late"), (f.settings.output_topic, b"later"), (f.settings.dlq_topic, b"elsewhere")]
+    dead_headers = dict(f.publisher.produced[-1].headers)
+    assert dead_headers["chronosError"].startswith(b"topic_not_allowed")
+    assert f.state() == {} and f.proc.shared.held() == 0
+    totals = f.proc.shared.totals
+    assert (totals.claimed, totals.fired, totals.dead) == (3, 2, 1)
+
+
+def test_a_published_row_a_peer_took_over_meanwhile_is_left_to_it_and_counted(caplog):
+    f = Firer()
+    f.add("slow")
+    f.proc.claimer.claim(time.time())
+    f.proc.take_claimed()
+    f.proc.publish_due()
+    detector, peer = MemoryStore(f.db, node_id=uuid.uuid4()), MemoryStore(f.db, node_id=uuid.uuid4())
+    detector.reset_stale(detector.find_stale(-60_000))  # held past the hold time: handed back
+    assert [r.id for r in peer.claim(10, 0)] == ["slow"]
+    f.publisher.poll()
+    f.proc.hand_over()
+    f.proc.settler.receive(0)
+    caplog.set_level("WARNING", logger="chronos.firer")
+    f.proc.settler.settle(time.time() + 1)
+    assert f.db.rows["slow"].readied_by == peer.node_id  # the peer's claim stands
+    totals = f.proc.shared.totals
+    assert (totals.fired, totals.vanished, f.proc.shared.held()) == (1, 1, 0)
+    assert [r.getMessage() for r in caplog.records] == [
+        "1 published rows were no longer ours to delete (taken over by a peer after the hold time)"]
+
+
+def test_a_publish_refused_for_now_is_retried_later_and_one_refused_for_good_is_dead_lettered_then_parked():
+    def refuse(topic, value):
+        if value == b"later":
+            return KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
+        if value == b"huge":
+            return KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)  # on its destination and on the dead-letter topic
+        return None
+    f = Firer(FakePublisher(refuse))
+    f.add("later", "huge")
+    f.proc.claimer.claim(time.time())
+    f.proc.take_claimed()
+    f.proc.publish_due()
+    f.publisher.poll()
+    f.proc.send_dead()
+    f.publisher.poll()
+    f.proc.hand_over()
+    f.proc.settler.receive(0)
+    f.proc.settler.settle(time.time())
+    assert [(p.topic, p.value) for p in f.publisher.produced] == [
+        (f.settings.output_topic, b"later"), (f.settings.output_topic, b"huge"), (f.settings.dlq_topic, b"huge")]
+    assert f.state() == {"later": "waiting"} and f.db.rows["later"].attempts == 1
+    assert [p.message_id for p in f.db.parked] == ["huge"]
+    assert f.proc.shared.held() == 0
+
+
+def test_shutdown_hands_back_unpublished_rows_and_deletes_acknowledged_ones():
+    f = Firer(CHRONOS_LOOKAHEAD_MS="60000", CHRONOS_HOLD_TIME_MS="130000")
+    f.add("now")
+    f.add("in-30s", due_in=30.0)  # claimed within the lookahead, published only at its deadline
+    thread = threading.Thread(target=f.proc.run)
+    thread.start()
+    try:
+        wait_for(lambda: f.proc.shared.totals.fired == 1, "the due row to be fired")
+        assert f.state() == {"in-30s": "held"}
+    finally:
+        f.life.stop()
+        thread.join(TIMEOUT)
+    assert not thread.is_alive()
+    assert f.state() == {"in-30s": "waiting"}
+    assert [p.value for p in f.publisher.produced] == [b"now"]
+    totals = f.proc.shared.totals
+    assert (totals.claimed, totals.fired, totals.released) == (2, 1, 1)
+
+
+def test_rows_claimed_after_the_settling_thread_ended_are_handed_back_on_a_store_of_the_publishing_thread():
+    f = Firer()
+    f.add("late claim")
+    rows = MemoryStore(f.db, node_id=f.node).claim(10, 0)
+    f.proc.release_leftovers(rows)  # the settling thread never ran: it has ended
+    assert f.state() == {"late claim": "waiting"} and f.proc.shared.totals.released == 1
+
+
+def test_rows_left_while_the_settling_thread_is_stuck_are_left_to_the_detector(caplog):
+    stuck = threading.Event()
+    unstuck = threading.Event()
+
+    class StuckStore(MemoryStore):
+        """A hand-back that hangs (PostgreSQL stuck) until the test lets it go."""
+
+        def release(self, rows):
+            stuck.set()
+            unstuck.wait(TIMEOUT)
+            return super().release(rows)
+
+    f = Firer(store_class=StuckStore)
+    f.add("a", "b")
+    rows = MemoryStore(f.db, node_id=f.node).claim(10, 0)
+    settler = f.proc.settler
+    settler.start()
+    settler.inbox.put(Outcomes(release=rows[:1]))
+    settler.inbox.put(Stop())
+    assert stuck.wait(TIMEOUT)
+    caplog.set_level("WARNING", logger="chronos.firer")
+    f.proc.release_leftovers(rows[1:])
+    assert [r.getMessage() for r in caplog.records] == [
+        "the store thread has not ended: 1 held rows will be taken over after the hold time"]
+    unstuck.set()
+    settler.join(TIMEOUT)
+    assert f.state() == {"a": "waiting", "b": "held"}
+
+
+def test_settling_thread_waits_out_a_postgres_outage_instead_of_spinning():
+    settler = Firer().proc.settler
+    settler.down_until = time.time() + 0.8
+    settler.next_clock_sync = time.time() + 60
+    settler.inbox.put(Outcomes(acked=[claimed("a", 0)]))
+    settler.inbox.put(Outcomes(release=[claimed("b", 0)]))
+    settler.receive(0)
+    assert settler.wait_time() > 0.5
+    settler.down_until = 0.0
+    assert settler.wait_time() == 0.0  # reachable again: hand back at once
+
+
+def test_publishing_loop_sleeps_at_least_a_tick_between_close_deadlines():
+    proc = Firer().proc
+    proc.claimed.put([claimed("a", time.time() + proc.timing.advance + 0.0003)])  # due 0.3 ms from now
+    proc.take_claimed()
+    assert proc.wait_time() >= TICK
+    proc = Firer().proc
+    proc.claimed.put([claimed("a", time.time() + 0.5)])
+    proc.take_claimed()
+    assert proc.wait_time() == IDLE_WAIT
+
+
+def test_a_claim_or_delete_slow_enough_to_hold_up_firing_is_logged(caplog):
+    recorded = []
+    proc = Firer().proc
+    proc.metrics.batch = lambda *a: recorded.append(a[:2])
+    caplog.set_level("WARNING", logger="chronos.firer")
+    proc.settler.measured("delete", 1000, time.perf_counter())
+    assert not caplog.records
+    proc.claimer.measured("claim", 2000, time.perf_counter() - SLOW_STATEMENT - 0.5)
+    (record,) = caplog.records
+    assert record.getMessage().startswith("slow claim: 1.5s for 2000 rows")
+    assert recorded == [("delete", 1000), ("claim", 2000)]

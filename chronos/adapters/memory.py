@@ -151,6 +151,12 @@ class MemoryStore:
         return (row is not None and self.node_id is not None and row.readied_by == self.node_id
                 and row.readied_us == cron.to_us(claimed.readied_at))
 
+    def _held(self, claimed: Claimed) -> StoredRow | None:
+        """The row as this node claimed it, if it still holds it: the same version (ctid, as
+        PostgreSQL's statements reach it by TID) and the same claim."""
+        row = self.db.rows.get(claimed.id)
+        return row if row is not None and row.ctid == claimed.ctid and self._owned(row, claimed) else None
+
     def _as_claimed(self, row: StoredRow) -> Claimed:
         assert row.readied_us is not None
         return Claimed(row.id, row.deadline_us, row.topic, row.key, row.value, row.headers,
@@ -320,8 +326,7 @@ class MemoryStore:
         def run(now: int) -> int:
             deleted = 0
             for c in done:
-                row = self.db.rows.get(c.id)
-                if row is not None and row.ctid == c.ctid and self._owned(row, c):
+                if self._held(c) is not None:
                     del self.db.rows[c.id]
                     deleted += 1
             return deleted
@@ -332,8 +337,7 @@ class MemoryStore:
         def run(now: int) -> int:
             released = 0
             for c in rows:
-                row = self.db.rows.get(c.id)
-                if row is not None and row.ctid == c.ctid and self._owned(row, c):
+                if (row := self._held(c)) is not None:
                     row.readied_us, row.readied_by, row.ctid = None, None, self.db.new_ctid()
                     released += 1
             return released
@@ -345,8 +349,7 @@ class MemoryStore:
         def run(now: int) -> int:
             moved = 0
             for c, error, delay_ms in failed:
-                row = self.db.rows.get(c.id)
-                if row is not None and self._owned(row, c):
+                if (row := self._held(c)) is not None:
                     if row.original_deadline_us is None:
                         row.original_deadline_us = row.deadline_us
                     row.deadline_us = max(row.deadline_us, now) + delay_ms * 1000
@@ -363,8 +366,7 @@ class MemoryStore:
         def run(now: int) -> int:
             moved = 0
             for c, reason in rows:
-                row = self.db.rows.get(c.id)
-                if row is not None and self._owned(row, c):
+                if (row := self._held(c)) is not None:
                     del self.db.rows[c.id]
                     self.db.parked.append(Parked(row.id, f"store/{row.id}", row.topic or output_topic,
                                                  cron.from_us(row.position[0]), row.key, row.value, row.headers,

@@ -22,7 +22,7 @@ from confluent_kafka import KafkaError, Message, TopicPartition
 
 from chronos import codec
 
-from chronos.domain import cron
+from chronos.domain import cron, reasons
 from chronos.config import Settings
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.domain.intake import Decision, Rules, Verdict, decide
@@ -82,7 +82,7 @@ def sort_batch(messages: list[Message], now_us: int, rules: Rules) -> Batch:
         except Exception as exc:  # noqa: BLE001 - no header content may stop the consumer; this message only
             log.error("could not read the headers of %s/%s/%s (%s: %s); dead-lettering it without them",
                       msg.topic(), msg.partition(), msg.offset(), type(exc).__name__, exc)
-            batch.dead.append((msg, f"unreadable_headers: {type(exc).__name__}: {exc}", []))
+            batch.dead.append((msg, f"{reasons.UNREADABLE_HEADERS}: {type(exc).__name__}: {exc}", []))
             continue
         headers = headers or []
         if bad_name is not None:
@@ -286,7 +286,7 @@ class ConsumerProcess:
             except StoreRejected as row_exc:
                 del batch.ops[message_id]
                 msg, headers = batch.sources[message_id]
-                batch.dead.append((msg, f"store_rejected: {row_exc}", headers))
+                batch.dead.append((msg, f"{reasons.STORE_REJECTED}: {row_exc}", headers))
                 continue
             totals = [a + b for a, b in zip(totals, done)]
         return totals[0], totals[1], totals[2], totals[3]

@@ -45,6 +45,7 @@ from chronos.runtime.logs import Throttle
 from chronos.ops.telemetry import FirerTelemetry
 from chronos.runtime.process import Lifecycle
 from chronos.runtime.backoff import Outage
+from chronos.domain import reasons
 from chronos.domain.model import Claimed
 from chronos.adapters.postgres.store import Store as PostgresStore
 from chronos.ports import Publisher, Store
@@ -567,7 +568,7 @@ class FirerProcess:
     def publish(self, row: Claimed) -> None:
         # the allow-list in force now, not the one the message was accepted under
         if row.topic is not None and row.topic != self.settings.output_topic and not self.allowed.fullmatch(row.topic):
-            self.to_dead.append((row, f"topic_not_allowed: {row.topic!r} does not match CHRONOS_ALLOWED_TOPICS"))
+            self.to_dead.append((row, f"{reasons.TOPIC_NOT_ALLOWED}: {row.topic!r} does not match CHRONOS_ALLOWED_TOPICS"))
             return
         sent = time.monotonic()
 

@@ -127,15 +127,22 @@ def test_dashboard_and_rules_name_only_what_running_processes_export(chronos_env
                                            env={**os.environ, **chronos_env, "CHRONOS_METRICS_PORT": str(port)},
                                            stdout=open(log, "wb"), stderr=subprocess.STDOUT), log))
             ports.append(port)
-        exported: dict[str, set[str]] = {}
         deadline = time.monotonic() + 60
         for (proc, log), port in zip(procs, ports):
             while f"serving /metrics and /healthz on port {port}" not in log.read_text(errors="replace"):
                 assert proc.poll() is None, log.read_text(errors="replace")
                 assert time.monotonic() < deadline, log.read_text(errors="replace")
                 time.sleep(0.1)
-            for name, labels in scrape(port).items():
-                exported.setdefault(name, set()).update(labels)
+        # serving starts before a process's first pass: the detector's per-topic gauges appear after its
+        # first refresh of the store gauges, so scrape until every name is there (or the deadline says not)
+        while True:
+            exported: dict[str, set[str]] = {}
+            for port in ports:
+                for name, labels in scrape(port).items():
+                    exported.setdefault(name, set()).update(labels)
+            if not unknown_names(exported) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         assert "chronos_operator_actions_total" in exported, sorted(exported)
         assert unknown_names(exported) == []
     finally:

@@ -53,6 +53,14 @@ def listener():
 
 # -- helpers -------------------------------------------------------------------------------------
 
+def _start_and_find_data(pg, what: str) -> None:
+    """Start PostgreSQL again on its data directory and find the row written before."""
+    t0 = time.monotonic()
+    pg.start()
+    print(f"postgres {what}: {time.monotonic() - t0:.2f}s")
+    with psycopg.connect(pg.url) as conn:
+        assert conn.execute("select x from kept").fetchall() == [(42,)]
+
 
 def test_free_port_and_port_in_use(listener):
     port = free_port()
@@ -89,11 +97,7 @@ def test_postgres_restart_keeps_data_and_survives_kill(tmp_path):
     assert not (data / "postmaster.pid").exists()
 
     # restart on the same data directory: data kept
-    t0 = time.monotonic()
-    pg.start()
-    print(f"postgres restart: {time.monotonic() - t0:.2f}s")
-    with psycopg.connect(pg.url) as conn:
-        assert conn.execute("select x from kept").fetchall() == [(42,)]
+    _start_and_find_data(pg, "restart")
 
     # SIGKILL (crash) leaves a stale postmaster.pid: the next start must not mind
     pid = pg.pid
@@ -106,11 +110,7 @@ def test_postgres_restart_keeps_data_and_survives_kill(tmp_path):
     assert _gone(pid) and _group_gone(pid)
     assert all(_gone(c, timeout=0.5) for c in children)
     assert (data / "postmaster.pid").exists()
-    t0 = time.monotonic()
-    pg.start()
-    print(f"postgres start after kill: {time.monotonic() - t0:.2f}s")
-    with psycopg.connect(pg.url) as conn:
-        assert conn.execute("select x from kept").fetchall() == [(42,)]
+    _start_and_find_data(pg, "start after kill")
     pid = pg.pid
     pg.kill()
 

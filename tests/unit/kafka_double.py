@@ -61,3 +61,18 @@ class FakePublisher:
     def factory(self) -> Callable[[], tuple["FakePublisher", OutageLog]]:
         """A `producers` argument of the roles that always hands out this publisher."""
         return lambda: (self, OutageLog("test producer"))
+
+
+class FakeMessage:
+    """Stands in for confluent_kafka.Message."""
+
+    def __init__(self, headers, key=b"k", value=b"v", offset=0, partition=0, topic="in"):
+        self._h, self._k, self._v, self._o, self._p, self._t = headers, key, value, offset, partition, topic
+
+    def headers(self): return self._h
+    def key(self): return self._k
+    def value(self): return self._v
+    def offset(self): return self._o
+    def partition(self): return self._p
+    def topic(self): return self._t
+    def error(self): return None

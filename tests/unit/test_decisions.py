@@ -14,6 +14,7 @@ from chronos.roles.firer import TICK, PublishTiming
 from chronos.domain.intake import Rules, Verdict, decide
 from chronos.cli import parse_duration
 from chronos.config import ConfigError
+from kafka_double import FakeMessage
 
 NOW = 1_800_000_000_000_000
 RULES = Rules(timing_advance_us=50_000, output_topic="out", allowed_topics=re.compile("out|billing\\..*"))
@@ -55,18 +56,6 @@ def test_max_lateness():
     assert d.verdict is Verdict.INVALID and d.reason.startswith("too_late")
 
 
-class FakeMessage:
-    """Stands in for confluent_kafka.Message in a pure unit test."""
-
-    def __init__(self, headers, key=b"k", value=b"v", offset=0, partition=0, topic="in"):
-        self._h, self._k, self._v, self._o, self._p, self._t = headers, key, value, offset, partition, topic
-
-    def headers(self): return self._h
-    def key(self): return self._k
-    def value(self): return self._v
-    def offset(self): return self._o
-    def partition(self): return self._p
-    def topic(self): return self._t
 
 
 def hdrs(mid, deadline_ms, *extra):

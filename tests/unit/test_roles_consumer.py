@@ -17,26 +17,13 @@ from chronos.errors import StoreRejected
 from chronos.ops.telemetry import ConsumerTelemetry
 from chronos.roles.consumer import ConsumerProcess, sort_batch
 from chronos.runtime.process import Lifecycle
-from kafka_double import FakePublisher, settings
+from kafka_double import FakeMessage, FakePublisher, settings
 
 NOW = 1_800_000_000_000_000
 RULES = Rules(timing_advance_us=50_000, output_topic="out", allowed_topics=re.compile("out"))
 TIMEOUT = 10.0
 
 
-class FakeMessage:
-    """Stands in for confluent_kafka.Message."""
-
-    def __init__(self, headers, key=b"k", value=b"v", offset=0, partition=0, topic="in"):
-        self._h, self._k, self._v, self._o, self._p, self._t = headers, key, value, offset, partition, topic
-
-    def headers(self): return self._h
-    def key(self): return self._k
-    def value(self): return self._v
-    def offset(self): return self._o
-    def partition(self): return self._p
-    def topic(self): return self._t
-    def error(self): return None
 
 
 class FakeConsumer:

@@ -27,7 +27,8 @@ from chronos.errors import SchemaError, StoreRejected, StoreUnavailable, Unavail
 log = logging.getLogger("chronos.store")
 
 _SQL_DIR = resources.files("chronos.adapters.postgres.sql")
-_NAME_RE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_NAME_RE = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.MULTILINE)
+_INCLUDE_RE = re.compile(r"/\* include: (\w+) \*/")
 # Postgres advisory lock key that serialises concurrent `chronos migrate` runs.
 _MIGRATE_LOCK = 0x6368726F6E6F73
 
@@ -48,7 +49,12 @@ _TOPIC_VARIANTS = {  # statement: (body, its topic filter)
 def _load_queries() -> dict[str, str]:
     text = (_SQL_DIR / "queries.sql").read_text()
     parts = _NAME_RE.split(text)
-    queries = {name: body.strip().rstrip(";") for name, body in zip(parts[1::2], parts[2::2])}
+    blocks = {(kind, name): body.strip().rstrip(";") for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3])}
+    # a fragment is a piece of SQL several statements share, put where they say /* include: NAME */
+    fragments = {name: "\n".join(line for line in body.splitlines() if not line.startswith("--"))
+                 for (kind, name), body in blocks.items() if kind == "fragment"}
+    queries = {name: _INCLUDE_RE.sub(lambda m: fragments[m.group(1)], body)
+               for (kind, name), body in blocks.items() if kind == "name"}
     bodies = {body: queries[body] for body, _ in _TOPIC_VARIANTS.values()}
     for name, (body, topic_filter) in _TOPIC_VARIANTS.items():
         assert _TOPIC_MARK in bodies[body], f"queries.sql: {body} has no {_TOPIC_MARK} mark"

@@ -312,6 +312,16 @@ WHERE %(before)s::bigint IS NULL OR id < %(before)s::bigint
 ORDER BY id DESC
 LIMIT %(limit)s;
 
+-- fragment: message_filters
+-- The operators' filters (every one optional: NULL, none) of list_by_deadline and list_by_id, put
+-- where a statement says `/* include: message_filters */`.
+AND (%(due_after)s::timestamptz IS NULL OR deadline > %(due_after)s)
+AND (%(due_before)s::timestamptz IS NULL OR deadline < %(due_before)s)
+AND (%(not_at)s::timestamptz IS NULL OR deadline <> %(not_at)s)
+AND (%(topic)s::text IS NULL OR topic = %(topic)s) AND (NOT %(output_topic)s::bool OR topic IS NULL)
+AND (%(key)s::bytea IS NULL OR key = %(key)s)
+AND (%(ordering_key)s::text IS NULL OR ordering_key = %(ordering_key)s)
+
 -- name: list_by_deadline
 -- One page in (deadline, seq) order, after the keyset cursor. Every filter is optional (NULL: none).
 -- Run unprepared, so each call is planned for its own values: `NULL IS NULL OR ...` folds away and
@@ -321,36 +331,21 @@ SELECT * FROM (
     (SELECT 'waiting' AS state, id, deadline, seq, topic, key, ordering_key, readied_by, cron
      FROM chronos_messages
      WHERE readied_at IS NULL AND cron IS NULL AND coalesce(%(state)s::text, 'waiting') = 'waiting'
-       AND (%(due_after)s::timestamptz IS NULL OR deadline > %(due_after)s)
-       AND (%(due_before)s::timestamptz IS NULL OR deadline < %(due_before)s)
-       AND (%(not_at)s::timestamptz IS NULL OR deadline <> %(not_at)s)
-       AND (%(topic)s::text IS NULL OR topic = %(topic)s) AND (NOT %(output_topic)s::bool OR topic IS NULL)
-       AND (%(key)s::bytea IS NULL OR key = %(key)s)
-       AND (%(ordering_key)s::text IS NULL OR ordering_key = %(ordering_key)s)
+       /* include: message_filters */
        AND (%(after_deadline)s::timestamptz IS NULL OR (deadline, seq) > (%(after_deadline)s, %(after_seq)s::bigint))
      ORDER BY deadline, seq LIMIT %(limit)s)
     UNION ALL
     (SELECT 'in_flight', id, deadline, seq, topic, key, ordering_key, readied_by, cron
      FROM chronos_messages
      WHERE readied_at IS NOT NULL AND coalesce(%(state)s::text, 'in_flight') = 'in_flight'
-       AND (%(due_after)s::timestamptz IS NULL OR deadline > %(due_after)s)
-       AND (%(due_before)s::timestamptz IS NULL OR deadline < %(due_before)s)
-       AND (%(not_at)s::timestamptz IS NULL OR deadline <> %(not_at)s)
-       AND (%(topic)s::text IS NULL OR topic = %(topic)s) AND (NOT %(output_topic)s::bool OR topic IS NULL)
-       AND (%(key)s::bytea IS NULL OR key = %(key)s)
-       AND (%(ordering_key)s::text IS NULL OR ordering_key = %(ordering_key)s)
+       /* include: message_filters */
        AND (%(after_deadline)s::timestamptz IS NULL OR (deadline, seq) > (%(after_deadline)s, %(after_seq)s::bigint))
      ORDER BY deadline, seq LIMIT %(limit)s)
     UNION ALL
     (SELECT 'recurring', id, deadline, seq, topic, key, ordering_key, readied_by, cron
      FROM chronos_messages
      WHERE cron IS NOT NULL AND coalesce(%(state)s::text, 'recurring') = 'recurring'
-       AND (%(due_after)s::timestamptz IS NULL OR deadline > %(due_after)s)
-       AND (%(due_before)s::timestamptz IS NULL OR deadline < %(due_before)s)
-       AND (%(not_at)s::timestamptz IS NULL OR deadline <> %(not_at)s)
-       AND (%(topic)s::text IS NULL OR topic = %(topic)s) AND (NOT %(output_topic)s::bool OR topic IS NULL)
-       AND (%(key)s::bytea IS NULL OR key = %(key)s)
-       AND (%(ordering_key)s::text IS NULL OR ordering_key = %(ordering_key)s)
+       /* include: message_filters */
        AND (%(after_deadline)s::timestamptz IS NULL OR (deadline, seq) > (%(after_deadline)s, %(after_seq)s::bigint))
      ORDER BY deadline, seq LIMIT %(limit)s)
 ) AS page
@@ -368,12 +363,7 @@ WHERE starts_with(id, %(id_prefix)s) AND (%(after_id)s::text IS NULL OR id > %(a
        OR CASE %(state)s::text WHEN 'waiting' THEN readied_at IS NULL AND cron IS NULL
                                WHEN 'in_flight' THEN readied_at IS NOT NULL
                                ELSE cron IS NOT NULL END)
-  AND (%(due_after)s::timestamptz IS NULL OR deadline > %(due_after)s)
-  AND (%(due_before)s::timestamptz IS NULL OR deadline < %(due_before)s)
-  AND (%(not_at)s::timestamptz IS NULL OR deadline <> %(not_at)s)
-  AND (%(topic)s::text IS NULL OR topic = %(topic)s) AND (NOT %(output_topic)s::bool OR topic IS NULL)
-  AND (%(key)s::bytea IS NULL OR key = %(key)s)
-  AND (%(ordering_key)s::text IS NULL OR ordering_key = %(ordering_key)s)
+  /* include: message_filters */
 ORDER BY id LIMIT %(limit)s;
 
 -- name: act_cancel

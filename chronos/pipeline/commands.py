@@ -17,9 +17,9 @@ MASTER_ENV = "CHRONOS_SPARK_MASTER"
 
 SCHEDULE_HELP = """\
 Validate a dataset of messages by the consumer's rules and write the valid ones into the store,
-in parallel on Spark: one COPY stream per partition into a staging table, then INSERT ... ON
-CONFLICT (id) DO NOTHING, so running it again schedules nothing twice. The running firers then
-fire them like any other message.
+in parallel on Spark: one COPY stream per partition; a chunk with ids already waiting goes through
+a staging table and INSERT ... ON CONFLICT (id) DO NOTHING, so running it again schedules nothing
+twice. The running firers then fire them like any other message.
 
 Columns:
   id            text (or a whole number)              chronosMessageId

@@ -1,9 +1,10 @@
 """Bulk scheduling: a dataset of messages → the store, in parallel, idempotently.
 
 Each Spark partition is validated by the consumer's rules (`chronos.pipeline.rows`) and written
-by its executor over its own PostgreSQL connection: COPY into the connection's temporary staging
-table, then `INSERT ... ON CONFLICT (id) DO NOTHING` (the store's `insert`, one transaction per
-chunk). A row whose id is waiting already is left alone, so running the job twice, or Spark
+by its executor over its own PostgreSQL connection with the store's `insert` (one transaction per
+chunk): one COPY into the table, or, when an id of the chunk is waiting already, COPY into the
+connection's temporary staging table, then `INSERT ... ON CONFLICT (id) DO NOTHING`. A row whose
+id is waiting already is left alone, so running the job twice, or Spark
 retrying a task, schedules nothing twice. No JDBC driver is involved: psycopg does the COPY.
 
 Invalid rows come back from the executors with their reason and are written to the rejects

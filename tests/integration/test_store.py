@@ -64,6 +64,21 @@ def test_insert_keeps_microsecond_deadlines(s, database_url):
                             ).fetchone()[0] == t
 
 
+def test_new_ids_are_copied_straight_in_and_a_batch_read_again_inserts_only_its_new_ids(s, database_url):
+    """The common batch (no id waiting yet) goes into the table with one COPY: the session never
+    creates the staging table. A batch read again (some ids waiting) is written through it instead,
+    inserting the new ids only, in input order, and leaving the waiting rows as they are."""
+    t = now_us() + 60_000_000
+    assert s.insert([row(3, t), row(1, t), row(2, t)]) == 3
+    assert s.conn.execute("SELECT to_regclass('pg_temp.chronos_staging')").fetchone()[0] is None
+    assert s.insert([row(5, t), row(1, t + 5, value=b"again"), row(4, t)]) == 2
+    with psycopg.connect(database_url) as conn:
+        got = conn.execute("SELECT id, value, deadline = (SELECT deadline FROM chronos_messages WHERE id = 'm-3') "
+                           "FROM chronos_messages ORDER BY seq").fetchall()
+    assert got == [("m-3", b"v", True), ("m-1", b"v", True), ("m-2", b"v", True), ("m-5", b"v", True),
+                   ("m-4", b"v", True)]
+
+
 def test_ids_with_quotes_backslashes_percent_and_unicode_are_stored_verbatim(s):
     ids = ["it's", 'say "hi"', "back\\slash", "100%s", "%(x)s", "naïve-日本-🚀", "a;DROP TABLE x",
            "{braces}", "a,b", "NULL", "", " spaced ", "\\\"", "tab\tnew\nline"]

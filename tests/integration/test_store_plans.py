@@ -184,6 +184,9 @@ def exercise(admin, firer: Store, consumer: Store, detector: Store, *, times: in
         inserts = [Row(f"in-{tag}-{j}", t + 60_000_000 + j, None, b"k", b"v", b"") for j in range(200)]
         replaces = [Row(f"in-{tag}-{j}", t + 90_000_000, None, b"k", b"w", b"") for j in range(50)]
         consumer.apply(inserts, replaces, [f"in-{tag}-{j}" for j in range(50, 100)])
+        # a batch read again (ids already waiting): the inserts go through the staging table
+        consumer.apply(inserts[150:] + [Row(f"again-{tag}-{j}", t + j, None, b"k", b"v", b"") for j in range(50)],
+                       [], [])
         consumer.waiting_ids([f"in-{tag}-{j}" for j in range(0, 400, 2)])
 
 

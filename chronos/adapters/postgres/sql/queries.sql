@@ -42,6 +42,14 @@ WHERE op = 'i'
 ORDER BY ord
 ON CONFLICT (id) DO NOTHING;
 
+-- name: copy_messages
+-- The consumer's inserts straight into the table, in input order (seq follows it): no staging
+-- table, no INSERT ... SELECT, no speculative insertion. An id already waiting makes the whole COPY
+-- fail (unique violation); the batch is then written again through the staging table, whose insert
+-- leaves waiting ids alone (a batch read again after a crash).
+COPY chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone, dst_policy)
+FROM STDIN (FORMAT BINARY);
+
 -- name: copy_staging_full
 COPY chronos_staging (id, deadline_us, topic, key, value, headers, ordering_key, cron, timezone, op, dst_policy)
 FROM STDIN (FORMAT BINARY);

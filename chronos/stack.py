@@ -14,6 +14,7 @@ recovery); the programs reconnect by themselves, and the memory-only broker keep
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import os
 import signal
@@ -70,6 +71,22 @@ def supervisord_conf() -> Path:
     return Path(str(resources.files("chronos") / "supervisord.conf"))
 
 
+SOCKET_PATH_MAX = 100  # bytes: a Unix socket's path must fit sun_path (108 on Linux, 104 on BSDs)
+
+
+def short_run_dir(run_dir: Path) -> Path:
+    """Where supervisord may put its socket: the run directory, or, when the socket's path there
+    would be too long for a Unix socket (a deep data directory), a short link to it in /tmp named
+    after it. supervisord cannot bind a longer path at all, and says only "AF_UNIX path too long"."""
+    if len(os.fsencode(run_dir / "supervisor.sock")) <= SOCKET_PATH_MAX:
+        return run_dir
+    link = Path("/tmp") / f"chronos-run-{hashlib.sha256(os.fsencode(run_dir.resolve())).hexdigest()[:16]}"
+    if link.is_symlink() or link.exists():
+        link.unlink()  # a link a killed `chronos up` of this data directory left
+    link.symlink_to(run_dir.resolve(), target_is_directory=True)
+    return link
+
+
 @dataclass
 class Stack:
     settings: Settings
@@ -85,12 +102,14 @@ class Stack:
     supervisord: subprocess.Popen | None = None
     console: ConsoleProcess | None = None
     run_dir: Path = field(init=False)
+    supervisor_dir: Path = field(init=False)  # the run directory, by a short link when its path is too long
     log_dir: Path = field(init=False)
     lock: orphans.StackLock = field(init=False)
     program_pids: dict[str, int] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.run_dir = self.data_dir / "run"
+        self.supervisor_dir = self.run_dir
         self.log_dir = self.data_dir / "logs"
         self.lock = orphans.StackLock(self.run_dir / "up.lock")
 
@@ -107,6 +126,7 @@ class Stack:
             raise StackError(f"the data directory {self.data_dir} is in use by another chronos up "
                              f"(pid {self.lock.owner()}); stop it first, or give another --data-dir")
         os.environ[orphans.STACK_ENV] = str(self.data_dir)
+        self.supervisor_dir = short_run_dir(self.run_dir)
         left = orphans.leftovers(self.data_dir)
         if left:
             print(f"an earlier chronos up of {self.data_dir} was killed and left {len(left)} processes "
@@ -179,7 +199,7 @@ class Stack:
         env.update(config.to_environ(self.settings))
         env.update({
             "CHRONOS_BIN": f"{sys.executable} -m chronos",
-            "CHRONOS_RUN_DIR": str(self.run_dir),
+            "CHRONOS_RUN_DIR": str(self.supervisor_dir),
             "CHRONOS_LOG_DIR": str(self.log_dir),
             "CHRONOS_CONSUMERS": str(max(1, self.counts["consumer"])),
             "CHRONOS_FIRERS": str(max(1, self.counts["firer"])),
@@ -193,7 +213,7 @@ class Stack:
         return env
 
     def start_supervisord(self) -> None:
-        sock = self.run_dir / "supervisor.sock"
+        sock = self.supervisor_dir / "supervisor.sock"
         if sock.exists():
             sock.unlink()
         self.supervisord = subprocess.Popen(
@@ -203,7 +223,7 @@ class Stack:
 
     def rpc(self) -> xmlrpc.client.ServerProxy:
         from supervisor.xmlrpc import SupervisorTransport
-        transport = SupervisorTransport(None, None, f"unix://{self.run_dir / 'supervisor.sock'}")
+        transport = SupervisorTransport(None, None, f"unix://{self.supervisor_dir / 'supervisor.sock'}")
         return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
 
     def program_states(self) -> list[dict]:
@@ -272,7 +292,7 @@ class Stack:
         info = {"bootstrap_servers": s.kafka_bootstrap_servers, "database_url": s.database_url,
                 "input_topic": s.input_topic, "output_topic": s.output_topic, "dlq_topic": s.dlq_topic,
                 "data_dir": str(self.data_dir), "log_dir": str(self.log_dir),
-                "supervisor_socket": str(self.run_dir / "supervisor.sock"),
+                "supervisor_socket": str(self.supervisor_dir / "supervisor.sock"),
                 "supervisord_pid": self.supervisord.pid if self.supervisord else None,
                 "postgres_pid": self.postgres.pid if self.postgres else None,
                 "broker_pid": self.broker.pid if self.broker else None,
@@ -367,6 +387,8 @@ class Stack:
         if self.postgres is not None:
             print("stopping the embedded PostgreSQL ...", flush=True)
             self.postgres.stop()
+        if self.supervisor_dir != self.run_dir:
+            self.supervisor_dir.unlink(missing_ok=True)
         self.lock.release()
 
 

@@ -12,7 +12,8 @@ import orjson
 import pytest
 
 from benchmarks.procstat import descendants
-from benchmarks.stack import CHRONOS, Stack, clean_env
+from benchmarks.stack import CHRONOS, Stack, clean_env, supervisor
+from chronos.stack import SOCKET_PATH_MAX
 from helpers import Collector, Received
 
 def _gone(pid: int) -> bool:
@@ -228,5 +229,24 @@ def test_a_second_up_on_a_data_directory_in_use_refuses_and_touches_nothing(tmp_
         assert orjson.loads(up.ready_file.read_bytes()) == info
         assert up.proc.poll() is None
         assert up.stop() == 0
+    finally:
+        up.kill()
+
+
+def test_a_data_directory_too_deep_for_a_unix_socket(tmp_path):
+    """supervisord cannot bind a socket whose path passes sun_path's ~107 bytes: under a deep data
+    directory its socket goes through a short link in /tmp, removed when the stack stops."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    assert len(str(deep / "run" / "supervisor.sock")) > SOCKET_PATH_MAX
+    up = Stack("--no-console", "--data-dir", str(deep), workdir=tmp_path)
+    try:
+        info = up.start()
+        link = Path(info["supervisor_socket"]).parent
+        assert link.is_symlink() and link.resolve() == (deep / "run").resolve()
+        assert {p["statename"] for p in supervisor(info).supervisor.getAllProcessInfo()} == {"RUNNING"}
+        send(up.ready_file, "--delay", "1s", "--value", "deep")
+        assert only_output(info).value == b"deep"
+        assert up.stop() == 0
+        assert not link.exists() and not link.is_symlink()
     finally:
         up.kill()

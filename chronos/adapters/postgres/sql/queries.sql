@@ -322,6 +322,11 @@ AND (%(topic)s::text IS NULL OR topic = %(topic)s) AND (NOT %(output_topic)s::bo
 AND (%(key)s::bytea IS NULL OR key = %(key)s)
 AND (%(ordering_key)s::text IS NULL OR ordering_key = %(ordering_key)s)
 
+-- fragment: deadline_page
+-- The rest of each branch of list_by_deadline: after the keyset cursor, one page in (deadline, seq) order.
+AND (%(after_deadline)s::timestamptz IS NULL OR (deadline, seq) > (%(after_deadline)s, %(after_seq)s::bigint))
+ORDER BY deadline, seq LIMIT %(limit)s
+
 -- name: list_by_deadline
 -- One page in (deadline, seq) order, after the keyset cursor. Every filter is optional (NULL: none).
 -- Run unprepared, so each call is planned for its own values: `NULL IS NULL OR ...` folds away and
@@ -331,23 +336,17 @@ SELECT * FROM (
     (SELECT 'waiting' AS state, id, deadline, seq, topic, key, ordering_key, readied_by, cron
      FROM chronos_messages
      WHERE readied_at IS NULL AND cron IS NULL AND coalesce(%(state)s::text, 'waiting') = 'waiting'
-       /* include: message_filters */
-       AND (%(after_deadline)s::timestamptz IS NULL OR (deadline, seq) > (%(after_deadline)s, %(after_seq)s::bigint))
-     ORDER BY deadline, seq LIMIT %(limit)s)
+       /* include: message_filters */ /* include: deadline_page */)
     UNION ALL
     (SELECT 'in_flight', id, deadline, seq, topic, key, ordering_key, readied_by, cron
      FROM chronos_messages
      WHERE readied_at IS NOT NULL AND coalesce(%(state)s::text, 'in_flight') = 'in_flight'
-       /* include: message_filters */
-       AND (%(after_deadline)s::timestamptz IS NULL OR (deadline, seq) > (%(after_deadline)s, %(after_seq)s::bigint))
-     ORDER BY deadline, seq LIMIT %(limit)s)
+       /* include: message_filters */ /* include: deadline_page */)
     UNION ALL
     (SELECT 'recurring', id, deadline, seq, topic, key, ordering_key, readied_by, cron
      FROM chronos_messages
      WHERE cron IS NOT NULL AND coalesce(%(state)s::text, 'recurring') = 'recurring'
-       /* include: message_filters */
-       AND (%(after_deadline)s::timestamptz IS NULL OR (deadline, seq) > (%(after_deadline)s, %(after_seq)s::bigint))
-     ORDER BY deadline, seq LIMIT %(limit)s)
+       /* include: message_filters */ /* include: deadline_page */)
 ) AS page
 ORDER BY deadline, seq LIMIT %(limit)s;
 

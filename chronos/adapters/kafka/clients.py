@@ -31,7 +31,7 @@ PRODUCER_DEFAULTS = {
     "compression.type": "none",
     "queue.buffering.max.messages": "500000",
 }
-# The embedded broker's client profile (docs/embedded-broker.md), never for a real cluster: a consumer
+# The embedded broker's client profile (docs/operations/embedded-stack.md), never for a real cluster: a consumer
 # group's first join waits about half the session timeout, so short group timeouts; a waiting fetch is
 # not woken when data arrives, so a short fetch wait; and larger produce batches, because its fetch cost
 # grows with the number of stored batches (the firer's measured advance makes up for the longer linger:

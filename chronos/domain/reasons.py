@@ -39,7 +39,7 @@ DESCRIPTIONS: dict[str, str] = {
     "bad_action": "`chronosAction` is neither `cancel` nor `replace`",
     "missing_deadline": "no `chronosDeadline` header (a cancel needs none)",
     "bad_deadline": "`chronosDeadline` is empty, null, or neither epoch milliseconds nor an ISO-8601 time within "
-                    "0001-01-01..9999-12-31 UTC (a leap second included)",
+                    "0001-01-01..9999-12-31 UTC (a leap second, `23:59:60`, is one)",
     "bad_topic": "`chronosTopic` is not a valid Kafka topic name",
     "bad_ordering_key": "`chronosOrderingKey` is not non-empty UTF-8 of at most 256 characters",
     BAD_CRON: "`chronosCron` is not an expression that ever fires, `chronosTimeZone` is not an IANA time zone, or "

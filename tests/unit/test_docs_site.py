@@ -43,19 +43,21 @@ def _copy_of_the_site(tmp_path: Path) -> Path:
 
 def test_a_broken_link_fails_the_build(tmp_path):
     config = _copy_of_the_site(tmp_path)
+    missing = "no-such-figure.png"
     with open(tmp_path / "docs" / "guide" / "ids.md", "a") as page:
-        page.write("\nSee [the missing page](no-such-page.md).\n")
+        page.write(f"\n![A figure that is not there]({missing})\n")
     done = build(config, tmp_path / "site")
     assert done.returncode != 0
-    assert "no-such-page.md" in done.stdout + done.stderr
+    assert missing in done.stdout + done.stderr
 
 
 def test_a_page_missing_from_the_navigation_fails_the_build(tmp_path):
     config = _copy_of_the_site(tmp_path)
-    (tmp_path / "docs" / "guide" / "orphan.md").write_text("# An orphan\n")
+    orphan = (tmp_path / "docs" / "guide" / "orphan").with_suffix(".md")
+    orphan.write_text("# An orphan\n")
     done = build(config, tmp_path / "site")
     assert done.returncode != 0
-    assert "orphan.md" in done.stdout + done.stderr
+    assert orphan.name in done.stdout + done.stderr
 
 
 def test_the_data_path_figure_draws(tmp_path):

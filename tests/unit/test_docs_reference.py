@@ -103,3 +103,22 @@ def test_every_exit_code_is_described(hooks):
     listed = hooks.exit_codes()
     assert {name: code for code, name, _ in listed} == constants
     assert all(doc for _, _, doc in listed)
+
+
+def test_every_variable_the_docs_name_exists():
+    """A `CHRONOS_*` variable named in the README or docs/ is a setting, or one of the variables the
+    configuration page lists outside the settings table (so a renamed setting cannot linger in the guide)."""
+    configuration = (ROOT / "docs" / "operations" / "configuration.md").read_text()
+    outside = configuration.split("Variables outside the settings table:", 1)[1].split("\n## ", 1)[0]
+    known = {opt.env for opt in config.OPTIONS} | set(re.findall(r"`(CHRONOS_[A-Z_]+)`", outside))
+    pages = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
+    named = {v for page in pages for v in re.findall(r"\bCHRONOS_[A-Z_]*[A-Z]", page.read_text())}
+    assert named - known == set()
+
+
+def test_the_defaults_the_configuration_page_gives_are_the_codes():
+    configuration = (ROOT / "docs" / "operations" / "configuration.md").read_text()
+    rows = re.findall(r"^\| `(CHRONOS_[A-Z_]+)` \| (\d+) \|", configuration, re.M)
+    assert len(rows) >= 6
+    defaults = {opt.env: opt.default for opt in config.OPTIONS}
+    assert {env: value for env, value in rows} == {env: defaults[env] for env, _ in rows}

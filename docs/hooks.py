@@ -135,12 +135,19 @@ def metric_families() -> dict[str, dict[str, Any]]:
     """Every Chronos metric of the three roles' registries: name -> type, help, labels, roles."""
     from types import SimpleNamespace
 
+    from chronos.adapters.kafka.watch import ProducerWatch
     from chronos.config import Settings
     from chronos.ops import telemetry
     found: dict[str, dict[str, Any]] = {}
     for cls in (telemetry.ConsumerTelemetry, telemetry.FirerTelemetry, telemetry.DetectorTelemetry):
         t = cls("00000000-0000-0000-0000-000000000000", Settings(), environ={})
+        # what each role's run() attaches to its telemetry (chronos/roles/*.py); a process's real scrape is
+        # checked against this list by tests/e2e/test_ops_files.py
         t.follow(dict)
+        if isinstance(t, (telemetry.ConsumerTelemetry, telemetry.FirerTelemetry)):
+            t.follow_producer(ProducerWatch(t.role, stall_s=10.0, now=0.0))
+        if isinstance(t, telemetry.FirerTelemetry):
+            t.follow_timing(lambda: 0, SimpleNamespace(latency=0.0, offset_us=0))
         if isinstance(t, telemetry.DetectorTelemetry):  # per-topic gauges have no series until a topic is limited
             t.throttled_gauges([SimpleNamespace(topic="t", rows=0, lateness_s=0.0)])
         for family in t.registry.collect():

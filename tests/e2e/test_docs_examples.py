@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import orjson
@@ -71,8 +72,10 @@ def show(home: Path, message_id: str) -> dict:
 @pytest.mark.timeout(120)
 def test_every_marked_example_runs(reader_dir):
     home, _ = reader_dir
-    for where, lang, code in EXAMPLES:
-        done = run(home, lang, code)
+    # the blocks are independent (each names its own ids), so they run side by side: the test stays short
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda example: run(home, example[1], example[2]), EXAMPLES))
+    for (where, _, code), done in zip(EXAMPLES, results):
         assert done.returncode == 0, f"the example at {where} failed:\n{code}\n{done.stdout}\n{done.stderr}"
         if "chronos tail" in code or "consumer.poll" in code:  # the examples that receive: something arrived
             assert done.stdout.strip(), f"{where}: nothing arrived\n{done.stderr}"

@@ -67,3 +67,13 @@ def test_the_data_path_figure_draws(tmp_path):
     spec.loader.exec_module(figures)
     out = figures.draw(tmp_path / "data-path.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_readme_is_a_front_page():
+    """Short, with the two set-up commands the Makefile's header names, and links into the docs."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) < 300
+    header = (ROOT / "Makefile").read_text().split("\n\n", 1)[0]
+    for command in ("make up", "make test"):
+        assert command in header and f"\n{command} " in readme
+    assert "](docs/guide/scheduling.md)" in readme and "](docs/reference/settings.md)" in readme

@@ -35,6 +35,19 @@ class StoreUnavailable(ChronosError):
     exit_code = EXIT_UNAVAILABLE
 
 
+class StoreRefused(StoreUnavailable):
+    """PostgreSQL refused this client (its password, its TLS settings or the server's certificate):
+    retrying with the same settings cannot help. A process exits on it at start (exit code 2); once
+    running, it waits and retries like through any outage, since the settings may be in rotation."""
+
+    exit_code = EXIT_CONFIG
+
+
+class KafkaRefused(ConfigError):
+    """Kafka refused this client's TLS or SASL settings (or this client refused the broker's certificate):
+    retrying with the same settings cannot help."""
+
+
 class StoreRejected(ChronosError):
     """PostgreSQL refused the data itself (not the connection): retrying the same data cannot help."""
 

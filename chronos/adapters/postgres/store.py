@@ -22,7 +22,7 @@ from chronos.config import database_passwords, redact_url
 from chronos.domain import cron, ratelimit, schedules
 from chronos.domain.model import (DUE_CAP, ESTIMATE_ABOVE, Claimed, NodeLoad, Overview, Parked, Row, Stale,
                                   Throttled)
-from chronos.errors import SchemaError, StoreRejected, StoreUnavailable, UnavailableError  # noqa: F401
+from chronos.errors import SchemaError, StoreRefused, StoreRejected, StoreUnavailable, UnavailableError  # noqa: F401
 
 log = logging.getLogger("chronos.store")
 
@@ -91,11 +91,30 @@ class _EpochUsDumper(psycopg.adapt.Dumper):
         return self._pack(obj - 946_684_800_000_000)
 
 
+# What libpq says when the server refused this client, rather than could not be reached: its
+# authentication (a wrong password, no pg_hba.conf entry) and the TLS checks either side makes. A failed
+# connection carries no SQLSTATE: the words are all there is.
+_REFUSED = ("password authentication failed", "no pg_hba.conf entry", "pg_hba.conf rejects", "no password supplied",
+            "certificate verify failed", "does not match host name", "root certificate file", "certificate file",
+            "private key file", "SSL is not supported", "SSL was required", "sslmode value", "tlsv1 alert",
+            "wrong version number")
+
+
+def refused(exc: psycopg.Error) -> bool:
+    """Whether a failed connection was a refusal of this client's credentials or TLS settings (or of the
+    server's certificate by this client): something only new settings fix."""
+    return any(words in str(exc) for words in _REFUSED)
+
+
 def connect(url: str, *, autocommit: bool = True, connect_timeout: int = 5) -> psycopg.Connection:
+    """A connection to `url`: StoreRefused when PostgreSQL refuses this client (password, TLS),
+    StoreUnavailable when it cannot be reached; both one line without the password."""
     try:
         return psycopg.connect(url, autocommit=autocommit, connect_timeout=connect_timeout,
                                application_name="chronos")
     except psycopg.Error as exc:
+        if refused(exc):
+            raise StoreRefused(f"PostgreSQL at {redact_url(url)} refused the connection: {_short(exc, url)}") from None
         raise StoreUnavailable(f"cannot connect to PostgreSQL at {redact_url(url)}: {_short(exc, url)}") from None
 
 

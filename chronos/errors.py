@@ -4,7 +4,7 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_CONFIG = 2        # bad configuration value or flag
 EXIT_UNAVAILABLE = 3   # a service (PostgreSQL, Kafka) cannot be reached at start
-EXIT_SCHEMA = 4        # database not migrated (or migrated by a newer version)
+EXIT_SCHEMA = 4        # database not migrated (or migrated by a newer version, or too old a PostgreSQL)
 EXIT_EMBEDDED = 5      # an embedded service (PostgreSQL, broker, supervisord) failed to start
 EXIT_NOT_FOUND = 6     # an operator action named ids that are not in the store
 EXIT_CONFIRM = 7       # an operator action would change more messages than allowed without --yes
@@ -27,6 +27,10 @@ class UnavailableError(ChronosError):
 
 class SchemaError(ChronosError):
     exit_code = EXIT_SCHEMA
+
+
+class UnsupportedServer(SchemaError):
+    """PostgreSQL is older than the oldest version Chronos supports."""
 
 
 class StoreUnavailable(ChronosError):

@@ -1,5 +1,7 @@
-"""TLS for the tests: certificate authorities and certificates made on the spot, and a TLS-terminating
-proxy (Debian's stunnel, which the Makefile installs) in front of the embedded broker.
+"""TLS for the tests: certificate authorities and certificates made on the spot, Debian's PostgreSQL 15
+(the embedded PostgreSQL has no TLS) with the least-privilege role production runs Chronos as, and a
+TLS-terminating proxy (Debian's stunnel) in front of the embedded broker. The Makefile installs both
+Debian packages.
 
 The embedded broker's own TLS cannot be switched on: its command line accepts `--cert` or `--key` but
 refuses both together, and starts TLS only with both. Its SASL (SCRAM only) cannot be used either: it

@@ -4,10 +4,11 @@ TLS-terminating proxy (Debian's stunnel) in front of the embedded broker. The Ma
 Debian packages.
 
 The embedded broker's own TLS cannot be switched on: its command line accepts `--cert` or `--key` but
-refuses both together, and starts TLS only with both. Its SASL (SCRAM only) cannot be used either: it
-keeps users in its memory store, and with authentication required it refuses the request that creates
-the first one. So the Kafka TLS tests put stunnel, a real TLS server, in front of it, and the broker
-advertises the proxy's address so that clients reconnect through the proxy too.
+refuses both together, and starts TLS only with both. Its SASL cannot log anyone in: it offers SCRAM
+only, its storage engine (the only one built in) accepts a new user and keeps nothing, and with
+authentication required it refuses even the request that would create one. So the Kafka TLS tests put
+stunnel, a real TLS server, in front of it, the broker advertising the proxy's address so that clients
+reconnect through the proxy too; with authentication required it serves the tests of a refused login.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Chronos and Kafka over TLS, from the documented settings (CHRONOS_KAFKA_PROPERTIES_FILE): the three
 processes, `chronos send` and `tail`, and `chronos up` against external services (PostgreSQL over TLS
-too, with `status` and the console); a certificate no trusted authority signed or one for another host
-is one line and a final exit; a rotated server certificate is picked up without a restart.
+too, with `status` and the console); a certificate no trusted authority signed, one for another host, or
+a refused SASL login is one line and a final exit; a rotated server certificate is picked up without a
+restart.
 
 The broker is the embedded one behind stunnel (tests/tlskit.py says why), advertising the proxy's
 address, so every connection the clients make, the first and the ones metadata points them to, is TLS.
@@ -24,7 +25,8 @@ from helpers import EMBEDDED_KAFKA, wait_for
 from tlskit import APP_PASSWORD, Authority, TlsProxy, app_url
 
 from chronos.adapters.kafka.admin import create_topics
-from chronos.embedded.broker import EmbeddedBroker
+from chronos.embedded.broker import BROKER_STORAGE, EmbeddedBroker, broker_bin
+from chronos.embedded.procs import free_port, tcp_accepts
 from chronos.errors import EXIT_CONFIG
 
 CHRONOS = [sys.executable, "-m", "chronos"]
@@ -132,6 +134,46 @@ def test_an_untrusted_certificate_is_one_line_and_final_for_every_command(proces
         if command in ("send", "tail"):
             assert len(text.strip().splitlines()) == 1, text
     assert time.monotonic() - started < 30  # refused at once, not after the 10 s wait for an unreachable Kafka
+
+
+@pytest.fixture(scope="module")
+def sasl_proxy(tmp_path_factory: pytest.TempPathFactory, authority: Authority):
+    """stunnel's TLS in front of the embedded broker with authentication required. It refuses every
+    login: it offers SCRAM only, and its storage keeps no users (creating one is accepted and dropped)."""
+    base = tmp_path_factory.mktemp("sasl-broker")
+    port = free_port()
+    proxy = TlsProxy(base, port, *authority.issue("kafka-sasl"))
+    url, advertised = f"tcp://127.0.0.1:{port}", f"tcp://{proxy.address}"
+    broker = subprocess.Popen([broker_bin(), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
+                               "--storage-engine", BROKER_STORAGE, "--authentication"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: broker.poll() is not None or tcp_accepts(port), 30, "the broker listening", every=0.05)
+        assert broker.poll() is None, "the broker exited"
+        proxy.start()
+        yield proxy
+    finally:
+        proxy.stop()
+        broker.send_signal(signal.SIGINT)
+        broker.wait(10)
+
+
+def test_a_refused_sasl_login_is_one_line_and_final(processes, tls_env, sasl_proxy, authority, tmp_path):
+    """SASL over TLS (SASL_SSL, SCRAM-SHA-512, the secrets in the properties file) to a broker that refuses
+    the login, as a wrong password is refused: `send`, `tail`, the consumer and the firer end at once with one
+    line saying so (exit 2), and the password never shows."""
+    props = _properties(tmp_path / "sasl.properties", authority.ca_file, **{"security.protocol": "SASL_SSL",
+                                                                           "sasl.mechanism": "SCRAM-SHA-512"})
+    env = {**tls_env, "CHRONOS_KAFKA_PROPERTIES_FILE": str(props), "CHRONOS_KAFKA_BOOTSTRAP_SERVERS": sasl_proxy.address}
+    runs = {command: subprocess.Popen(CHRONOS + [command], env=_env(**env), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True) for command in ("send", "tail")}
+    runs.update({role: processes.start(role, **env) for role in ("consumer", "firer")})
+    for command, proc in runs.items():
+        code = proc.wait(60)
+        text = processes.log_of(proc) if command in ("consumer", "firer") else "".join(proc.communicate())
+        assert code == EXIT_CONFIG, (command, text)
+        assert text.count("refused the connection") == 1 and "SASL authentication error" in text, (command, text)
+        assert "Traceback" not in text and KAFKA_SECRET not in text, command
 
 
 def test_chronos_up_runs_against_external_services_over_tls(tmp_path, tls_env, authority, database_url):

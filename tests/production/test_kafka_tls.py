@@ -28,6 +28,7 @@ from chronos.adapters.kafka.admin import create_topics
 from chronos.embedded.broker import BROKER_STORAGE, EmbeddedBroker, broker_bin
 from chronos.embedded.procs import free_port, tcp_accepts
 from chronos.errors import EXIT_CONFIG
+from chronos.stack import supervisord_conf
 
 CHRONOS = [sys.executable, "-m", "chronos"]
 ROLES = ("consumer", "firer", "detector")
@@ -176,9 +177,11 @@ def test_a_refused_sasl_login_is_one_line_and_final(processes, tls_env, sasl_pro
         assert "Traceback" not in text and KAFKA_SECRET not in text, command
 
 
-def test_chronos_up_runs_against_external_services_over_tls(tmp_path, tls_env, authority, database_url):
+def test_chronos_up_runs_against_external_services_over_tls(tmp_path, tls_env, tls_broker, authority, database_url):
     """`chronos up` with a TLS broker and PostgreSQL over verified TLS as the least-privilege role (migrated
-    beforehand by its owner): the programs, `send`, `tail`, `status` and the console all work."""
+    beforehand by its owner): the programs, `send`, `tail`, `status` and the console all work. When the
+    broker's certificate moves to a new authority, the programs take the new CA file once restarted
+    through supervisord (librdkafka reads it when a client is made), without restarting `chronos up`."""
     url = app_url(database_url, authority.ca_file)
     ready = tmp_path / "ready.json"
     env = _env(**{k: v for k, v in tls_env.items() if k != "CHRONOS_DATABASE_URL"}, CHRONOS_DATABASE_URL=url,
@@ -198,10 +201,22 @@ def test_chronos_up_runs_against_external_services_over_tls(tmp_path, tls_env, a
             with urllib.request.urlopen(info["console_url"], timeout=10) as page:
                 assert page.status == 200
         assert APP_PASSWORD not in status.stdout + status.stderr
+
+        new_authority = Authority("rotated", tmp_path / "rotated")
+        bundle = tmp_path / "cas.pem"
+        bundle.write_bytes(authority.ca_file.read_bytes() + new_authority.ca_file.read_bytes())
+        _properties(Path(tls_env["CHRONOS_KAFKA_PROPERTIES_FILE"]), bundle)
+        tls_broker[1].restart(*new_authority.issue("kafka-new-ca"))
+        restart = subprocess.run([sys.executable, "-m", "supervisor.supervisorctl", "-c", str(supervisord_conf()),
+                                  "restart", "all"], capture_output=True, text=True, timeout=90,
+                                 env={**env, "CHRONOS_RUN_DIR": str(Path(info["supervisor_socket"]).parent)})
+        assert restart.returncode == 0, restart.stdout + restart.stderr
+        _send_and_tail(env, "after-new-ca", nth=2)
         # the ready file hands the database URL to the other commands: only its owner may read it, and the
         # properties file's secrets are not copied into it
         assert ready.stat().st_mode & 0o077 == 0 and KAFKA_SECRET not in ready.read_text()
     finally:
+        tls_broker[1].restart(*authority.issue("kafka"))
         up.send_signal(signal.SIGTERM)
         out = up.communicate(timeout=90)[0]
     assert up.returncode == 0, out

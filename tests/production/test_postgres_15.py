@@ -7,8 +7,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 from test_core import collect  # noqa: F401  (the fixture the core tests below use)
-from test_core import (test_killed_firer_rows_are_fired_by_a_peer_after_the_hold_time,  # noqa: F401
-                       test_mixed_delays_all_arrive_once_never_early)
+from test_core import test_killed_firer_rows_are_fired_by_a_peer_after_the_hold_time  # noqa: F401
+import test_core as core
 import test_store_plans as plans
 
 from chronos.adapters.postgres import store
@@ -46,3 +46,8 @@ def test_a_server_older_than_the_oldest_supported_is_refused(monkeypatch, databa
 @pytest.mark.parametrize("condition", [c for c in plans.CONDITIONS if c != "ten_million_rows"])
 def test_every_hot_path_statement_reads_only_what_it_touches(database_url, condition):
     plans.test_every_hot_path_statement_reads_only_what_it_touches(database_url, condition)
+
+
+def test_mixed_delays_all_arrive_once_never_early(processes, broker, topics, collect):  # noqa: F811
+    """The core test with the native codec (the codec does not meet PostgreSQL: one is enough here)."""
+    core.test_mixed_delays_all_arrive_once_never_early(processes, broker, topics, collect, "native")

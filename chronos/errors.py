@@ -1,7 +1,7 @@
 """The project's exception tree and the process exit codes that go with it."""
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
+EXIT_OK = 0            # success
+EXIT_FAILURE = 1       # unexpected error (and `chronos show`: no such message)
 EXIT_CONFIG = 2        # bad configuration value or flag
 EXIT_UNAVAILABLE = 3   # a service (PostgreSQL, Kafka) cannot be reached at start
 EXIT_SCHEMA = 4        # database not migrated (or migrated by a newer version, or too old a PostgreSQL)

@@ -34,10 +34,13 @@ stunnel:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq stunnel4; \
 	  else echo "make test: the Kafka TLS tests need Debian's stunnel at $(STUNNEL): sudo apt-get install stunnel4" >&2; exit 1; fi; }
 
+# postgresql-common first, told not to create (and start) a default cluster: the tests make their own.
 PG15_BIN ?= /usr/lib/postgresql/15/bin
 postgresql-15:
 	@test -x $(PG15_BIN)/postgres || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-common && \
+	    sed -ri 's/^#?\s*(create_main_cluster)\s*=.*$$/\1 = false/' /etc/postgresql-common/createcluster.conf && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15; \
 	  else echo "make test: the PostgreSQL 15 tests need Debian's server in $(PG15_BIN): sudo apt-get install postgresql-15" >&2; exit 1; fi; }
 
 bench: $(VENV)/.installed

@@ -45,7 +45,7 @@ def cmd_process(args: argparse.Namespace) -> int:
         from chronos.roles.firer import run
     else:
         from chronos.roles.detector import run
-    return runtime.run_process(args.command, settings, run)
+    return runtime.run_process(args.command, settings, run, kafka=args.command != "detector")
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

@@ -190,7 +190,7 @@ def test_health_fails_when_postgres_stops_and_recovers(processes, tmp_path):
                                   what=f"{role} healthy")
             assert report["role"] == role and report["status"] == "ok"
             assert set(report["checks"]) == ({"loop", "postgres"} if role == "detector"
-                                             else {"loop", "postgres", "kafka"})
+                                             else {"loop", "postgres", "kafka", "publishing"})
         ok = run_cli("health", "--url", f"http://127.0.0.1:{ports['firer']}/healthz")
         assert ok.returncode == 0 and orjson.loads(ok.stdout)["status"] == "ok"
 

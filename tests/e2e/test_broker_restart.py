@@ -1,0 +1,90 @@
+"""`chronos up` whose embedded broker is killed: it starts it again on the same port, recreates the
+topics, says what the memory-only broker lost, and the stack goes on firing."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+import psycopg
+from confluent_kafka.admin import AdminClient
+
+from benchmarks.stack import CHRONOS, Stack, clean_env
+from chronos.embedded.watch import read_stats
+from helpers import Collector, chronos_headers, producer, wait_for
+
+UNREAD = 5
+
+
+def send(info_file: Path, *args: str) -> str:
+    out = subprocess.run(CHRONOS + ["send", "--ready-file", str(info_file), *args], env=clean_env(),
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def stored(database_url: str, message_id: str) -> bool:
+    with psycopg.connect(database_url) as conn:
+        return conn.execute("SELECT 1 FROM chronos_messages WHERE id = %s", (message_id,)).fetchone() is not None
+
+
+def test_a_killed_broker_is_started_again_and_says_what_it_lost(tmp_path):
+    up = Stack("--no-console", "--partitions", "3", workdir=tmp_path).launch()
+    try:
+        info = up.wait_ready()
+        stats_file = Path(info["broker_stats_file"])
+        # a message stored before the kill, due after it
+        send(up.ready_file, "--delay", "25s", "--value", "stored before", "--id", "stored-before")
+        wait_for(lambda: stored(info["database_url"], "stored-before"), what="the message stored")
+        # input messages nobody reads: the consumer is stopped
+        up.rpc().supervisor.stopProcess("consumer:consumer_00", True)
+        p = producer(info["bootstrap_servers"])
+        for i in range(UNREAD):
+            p.produce(info["input_topic"], f"unread {i}".encode(),
+                      headers=chronos_headers(f"unread-{i}-{uuid.uuid4()}", time.time() + 1))
+        assert p.flush(10) == 0
+        produced = time.time()
+        wait_for(lambda: (s := read_stats(stats_file)) and s["sampled_at"] and s["sampled_at"] > produced
+                 and s["input_unread"] == UNREAD, timeout=30, what="a sample that counts the unread messages")
+        killed = info["broker_pid"]
+        os.kill(killed, signal.SIGKILL)
+        wait_for(lambda: "started again on port" in up.output(), timeout=60, what="the restart line")
+        up.check_alive()
+        out = up.output()
+        port = int(info["bootstrap_servers"].rsplit(":", 1)[1])
+        line = re.search(rf"the embedded broker \(pid {killed}\) stopped unexpectedly \(killed by SIGKILL\); "
+                         rf"started again on port {port}; it kept messages in memory only: about {UNREAD} input "
+                         r"messages not yet read by the consumer group were lost \(last seen \d\d:\d\d:\d\d.*"
+                         r"messages waiting in PostgreSQL are safe and fire as the programs reconnect", out)
+        assert line, out
+        assert line.group(0) in (up.log_dir / "broker.log").read_text(errors="replace")
+        # the topics are there again, with the partitions asked for
+        admin = AdminClient({"bootstrap.servers": info["bootstrap_servers"]})
+        topics = admin.list_topics(timeout=10).topics
+        for name in (info["input_topic"], info["output_topic"], info["dlq_topic"]):
+            assert len(topics[name].partitions) == 3, (name, topics.get(name))
+        # the ready file and the stats file follow
+        again = orjson.loads(up.ready_file.read_bytes())
+        assert again["broker_pid"] not in (None, killed) and again["bootstrap_servers"] == info["bootstrap_servers"]
+        stats = read_stats(stats_file)
+        assert stats is not None and stats["restarts"] == 1 and stats["lost_input"] == UNREAD, stats
+        assert stats["pid"] == again["broker_pid"]
+        # the stack goes on: a message sent now fires, and so does the one stored before the kill
+        up.rpc().supervisor.startProcess("consumer:consumer_00", True)
+        collect = Collector(info["bootstrap_servers"], [info["output_topic"]])
+        try:
+            send(up.ready_file, "--delay", "1s", "--value", "sent after")
+            got = collect.until(lambda ms: {b"sent after", b"stored before"} <= {m.value for m in ms}, timeout=60)
+        finally:
+            collect.close()
+        assert not any(m.value.startswith(b"unread") for m in got if m.value)
+        assert up.stop() == 0
+        assert not stats_file.exists()
+    finally:
+        up.kill()

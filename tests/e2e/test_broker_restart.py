@@ -11,12 +11,16 @@ import time
 import uuid
 from pathlib import Path
 
+import urllib.request
+
 import orjson
 import psycopg
 from confluent_kafka.admin import AdminClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.stack import CHRONOS, Stack, clean_env
 from chronos.embedded.watch import read_stats
+from chronos.ops.endpoints import pick_metrics_base
 from helpers import Collector, chronos_headers, producer, wait_for
 
 UNREAD = 5
@@ -34,8 +38,24 @@ def stored(database_url: str, message_id: str) -> bool:
         return conn.execute("SELECT 1 FROM chronos_messages WHERE id = %s", (message_id,)).fetchone() is not None
 
 
+def broker_metrics(port: int) -> dict[str, float]:
+    """The detector's chronos_embedded_broker_* samples by name."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name.startswith("chronos_embedded_broker")}
+
+
+def status_text(ready_file: Path) -> str:
+    out = subprocess.run(CHRONOS + ["status", "--ready-file", str(ready_file)], env=clean_env(),
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def test_a_killed_broker_is_started_again_and_says_what_it_lost(tmp_path):
-    up = Stack("--no-console", "--partitions", "3", workdir=tmp_path).launch()
+    base = pick_metrics_base({"consumer": 1, "firer": 1, "detector": 1})
+    up = Stack("--no-console", "--partitions", "3", workdir=tmp_path, env={"CHRONOS_METRICS_PORT": str(base)}).launch()
     try:
         info = up.wait_ready()
         stats_file = Path(info["broker_stats_file"])
@@ -52,6 +72,15 @@ def test_a_killed_broker_is_started_again_and_says_what_it_lost(tmp_path):
         produced = time.time()
         wait_for(lambda: (s := read_stats(stats_file)) and s["sampled_at"] and s["sampled_at"] > produced
                  and s["input_unread"] == UNREAD, timeout=30, what="a sample that counts the unread messages")
+        # what it holds and its memory, where operators look
+        before = broker_metrics(base + 200)
+        assert before["chronos_embedded_broker_unread_input_messages"] == UNREAD
+        assert before["chronos_embedded_broker_messages"] == UNREAD + 1
+        assert before["chronos_embedded_broker_rss_bytes"] > 1_000_000
+        assert before["chronos_embedded_broker_restarts_total"] == 0
+        shown = status_text(up.ready_file)
+        assert re.search(r"embedded broker +[\d.,]+ MB   pid \d+, memory only", shown), shown
+        assert re.search(rf"  messages held +{UNREAD + 1}   all topics; {UNREAD} input not read yet", shown), shown
         killed = info["broker_pid"]
         os.kill(killed, signal.SIGKILL)
         wait_for(lambda: "started again on port" in up.output(), timeout=60, what="the restart line")
@@ -75,6 +104,10 @@ def test_a_killed_broker_is_started_again_and_says_what_it_lost(tmp_path):
         stats = read_stats(stats_file)
         assert stats is not None and stats["restarts"] == 1 and stats["lost_input"] == UNREAD, stats
         assert stats["pid"] == again["broker_pid"]
+        after = broker_metrics(base + 200)
+        assert after["chronos_embedded_broker_restarts_total"] == 1
+        assert after["chronos_embedded_broker_lost_input_messages_total"] == UNREAD
+        assert re.search(rf"  broker restarts +1   about {UNREAD} unread input messages lost", status_text(up.ready_file))
         # the stack goes on: a message sent now fires, and so does the one stored before the kill
         up.rpc().supervisor.startProcess("consumer:consumer_00", True)
         collect = Collector(info["bootstrap_servers"], [info["output_topic"]])

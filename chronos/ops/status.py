@@ -81,9 +81,10 @@ def _broker(stats: dict[str, Any]) -> dict[str, Any]:
             "lost_input": stats.get("lost_input", 0)}
 
 
-def broker_stats(args: argparse.Namespace, environ: Any = None) -> dict[str, Any] | None:
-    """The embedded broker's stats of the `chronos up` these settings name (its ready file), with its
-    memory read now when it runs on this machine; None without an embedded broker."""
+def broker_stats(args: argparse.Namespace | None, environ: Any = None) -> dict[str, Any] | None:
+    """The embedded broker's stats of the `chronos up` these settings name (its ready file; under
+    `chronos up`, the file it names in the environment), with its memory read now when it runs on
+    this machine; None without an embedded broker."""
     environ = os.environ if environ is None else environ
     path = environ.get(STATS_ENV)
     if not path:

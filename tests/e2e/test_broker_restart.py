@@ -55,7 +55,9 @@ def status_text(ready_file: Path) -> str:
 
 def test_a_killed_broker_is_started_again_and_says_what_it_lost(tmp_path):
     base = pick_metrics_base({"consumer": 1, "firer": 1, "detector": 1})
-    up = Stack("--no-console", "--partitions", "3", workdir=tmp_path, env={"CHRONOS_METRICS_PORT": str(base)}).launch()
+    # a threshold of 1 MB: the broker is above it from the start
+    up = Stack("--no-console", "--partitions", "3", "--broker-memory-warning-mb", "1", workdir=tmp_path,
+               env={"CHRONOS_METRICS_PORT": str(base)}).launch()
     try:
         info = up.wait_ready()
         stats_file = Path(info["broker_stats_file"])
@@ -78,8 +80,13 @@ def test_a_killed_broker_is_started_again_and_says_what_it_lost(tmp_path):
         assert before["chronos_embedded_broker_messages"] == UNREAD + 1
         assert before["chronos_embedded_broker_rss_bytes"] > 1_000_000
         assert before["chronos_embedded_broker_restarts_total"] == 0
+        assert before["chronos_embedded_broker_memory_warning_bytes"] == 2 ** 20
+        warning = f"warning: the embedded broker (pid {info['broker_pid']}) uses "
+        assert warning in up.output() and "above the warning threshold of 1 MB" in up.output(), up.output()
+        assert warning in (up.log_dir / "broker.log").read_text(errors="replace")
         shown = status_text(up.ready_file)
-        assert re.search(r"embedded broker +[\d.,]+ MB   pid \d+, memory only", shown), shown
+        assert re.search(r"embedded broker +[\d.,]+ MB   pid \d+, memory only, frees no message; ABOVE the warning "
+                         r"threshold \(1 MB\)", shown), shown
         assert re.search(rf"  messages held +{UNREAD + 1}   all topics; {UNREAD} input not read yet", shown), shown
         killed = info["broker_pid"]
         os.kill(killed, signal.SIGKILL)

@@ -212,7 +212,8 @@ class Stack:
         warning = self.broker_warning_bytes or default_warning_bytes(machine_memory_bytes())
         self.broker_watch = BrokerWatch(
             self.run_dir / "broker-stats.json", s.input_topic, say=self.say, warning_bytes=warning,
-            reader=lambda: OffsetReader(bootstrap, s.consumer_group, s.input_topic, s.kafka_config))
+            reader=lambda: OffsetReader(bootstrap, s.consumer_group, s.input_topic, s.kafka_config,
+                                        secrets=s.secrets()))
         self.broker_watch.started(self.broker.pid, self.broker.port)
 
     def say(self, line: str) -> None:

@@ -145,10 +145,10 @@ class OffsetReader:
     """
 
     def __init__(self, bootstrap: str, group: str, topic: str, extra: dict[str, Any] | None = None,
-                 timeout: float = 2.0):
+                 timeout: float = 2.0, secrets: list[str] | None = None):
         from confluent_kafka import Consumer, TopicPartition
         self._partition = TopicPartition
-        self.topic, self.timeout = topic, timeout
+        self.topic, self.timeout, self.secrets = topic, timeout, secrets or []
         quiet = logging.getLogger("chronos.kafka.offsets")
         quiet.propagate = False
         if not quiet.handlers:
@@ -164,7 +164,7 @@ class OffsetReader:
         try:
             self.consumer = Consumer(conf)
         except KafkaException as exc:
-            raise ConfigError(f"Kafka settings are not valid: {error_text(exc, [])}") from None
+            raise ConfigError(f"Kafka settings are not valid: {error_text(exc, self.secrets)}") from None
 
     def read(self) -> BrokerOffsets:
         """Offsets of every topic now. UnavailableError if the broker does not answer."""
@@ -182,7 +182,7 @@ class OffsetReader:
             committed = {(tp.topic, tp.partition): tp.offset for tp in
                          (self.consumer.committed(mine, timeout=self.timeout) if mine else []) if tp.offset >= 0}
         except KafkaException as exc:
-            raise UnavailableError(f"cannot read the broker's offsets: {exc}") from None
+            raise UnavailableError(f"cannot read the broker's offsets: {error_text(exc, self.secrets)}") from None
         return BrokerOffsets(ends, committed, exact)
 
     def _exact_ends(self, ends: dict[tuple[str, int], tuple[int, int]]) -> bool:

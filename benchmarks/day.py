@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from benchmarks import kafka_load, report, sla
+from benchmarks import accounting, kafka_load, report, sla
 from benchmarks.procstat import CpuMeter
 from benchmarks.records import ACKED, FAILED, Records
 from benchmarks.stack import External, Stack, StackFailed, layout_args, run_on
@@ -603,6 +603,7 @@ class Day:
             for k, ph in enumerate(self.plan):
                 done.append(self.run_phase(k, ph))
             self.final_drain()
+            undelivered = self.account()
         finally:
             self.stop.set()
             for proc in self.helpers:
@@ -628,7 +629,7 @@ class Day:
             d["targets_met"] = all(d["targets"].values())
             d["phase"] = asdict(ph)
         sent = probe[0]
-        return {"phases": done, "seconds": round(time.time() - started, 1),
+        return {"phases": done, "seconds": round(time.time() - started, 1), "undelivered": undelivered,
                 "probe": {"samples": int(sent.size),
                           "last_sample_s": round(float(sent.max()) - started, 1) if sent.size else None}}
 
@@ -734,6 +735,13 @@ class Day:
               f"overdue>0.5s (every phase so far) {overdue:>7}  store ~{live if live is not None else '?'} rows  "
               f"probe samples {int(self.target.probe_count.value)}",
               flush=True)
+
+    def account(self) -> dict:
+        """Where every message acknowledged on the input and never seen delivered is, by the end."""
+        ids = [i for k, rec in enumerate(self.recs) for i in accounting.undelivered_ids(rec, self.phase_tag(k))]
+        accounted = accounting.account_stack(ids, self.info)
+        print(accounting.render(accounted), flush=True)
+        return accounted
 
     def final_drain(self) -> None:
         """Wait for every phase's stragglers, up to the drain timeout past the last deadline."""

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from benchmarks import kafka_load, report
+from benchmarks import accounting, kafka_load, report
 from benchmarks.procstat import CpuMeter
 from benchmarks.records import ACKED, Records
 from benchmarks.stack import External, OwnPostgres, Stack, StackFailed, database_url_for, layout_args, run_on, \
@@ -530,6 +530,9 @@ def run_step(target: Target, args: argparse.Namespace, rate: float, duration: fl
                                timing_advance_ms=args.timing_advance_ms, probe=probe,
                                store_samples=sampler.samples, drain_timeout=args.drain_timeout, t0=t0)
     summary["drained"] = drained
+    if summary["lost"] and isinstance(target, ChronosTarget):  # where each undelivered message is
+        summary["undelivered"] = accounting.account_stack(accounting.undelivered_ids(rec, tag), target.info)
+        print(accounting.render(summary["undelivered"]), flush=True)
     summary["layout"] = layout
     summary["cpu"] = cpu
     summary["config"] = {"delay": f"{dmin:g}:{dmax:g}", "payload_bytes": args.payload_bytes, "seed": seed,

@@ -194,6 +194,9 @@ OPTIONS: tuple[Option, ...] = (
            _optional_non_negative_int, ""),
     Option("max_publish_attempts", "a message its destination keeps refusing goes to the dead-letter topic after "
            "this many failed publishes (retried with exponential backoff in between)", _positive_int, "10"),
+    Option("publish_stall_ms", "a firer or consumer whose publishes get no acknowledgement for this long while "
+           "messages wait replaces its Kafka producer, says so once in its log, and fails /healthz until one "
+           "is acknowledged", _positive_int, "10000"),
     Option("log_level", "log level", _choice("debug", "info", "warning", "error"), "info"),
     Option("log_format", "log format", _choice("text", "json"), "text"),
     Option("metrics_port", "port of /metrics and /healthz (0: off); under supervisord, base + role offset "
@@ -235,6 +238,7 @@ class Settings:
     allowed_topics: str | None = None
     max_lateness_ms: int | None = None
     max_publish_attempts: int = 10
+    publish_stall_ms: int = 10000
     log_level: str = "info"
     log_format: str = "text"
     metrics_port: int = 0

@@ -19,7 +19,8 @@ from chronos.domain.ratelimit import FireRateLimits
 
 class Publisher(Protocol):
     """A Kafka producer: `produce` queues a message, and `poll`/`flush` serve its delivery
-    reports, calling `on_delivery(err, msg)` (err None once acknowledged) on the calling thread."""
+    reports, calling `on_delivery(err, msg)` (err None once acknowledged) on the calling thread.
+    `purge` fails what it has not had acknowledged (reported as purged at the next `poll`/`flush`)."""
 
     def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *,
                 on_delivery: Callable[[Any, Any], None] | None = None, headers: Any = None) -> None: ...
@@ -27,6 +28,8 @@ class Publisher(Protocol):
     def poll(self, timeout: float = -1) -> int: ...
 
     def flush(self, timeout: float = -1) -> int: ...
+
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None: ...
 
 
 class Store(Protocol):

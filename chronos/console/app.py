@@ -108,8 +108,13 @@ class Console:
         lateness = history.lateness()
         rates = history.rates()
         shown = display(store, rates, lateness)
-        shown.update(metrics_answering=str(history.sources_up), store_error=error or "")
-        return {"store": store, "store_error": error, "rates": rates,
+        stalled, longest = history.stalled()
+        publishing_stalled = (f"{stalled} process{'es' if stalled > 1 else ''} published nothing Kafka acknowledged "
+                              f"for up to {_seconds_text(longest)}: their producers are being replaced; see their logs"
+                              if stalled else "")
+        shown.update(metrics_answering=str(history.sources_up), store_error=error or "",
+                     publishing_stalled=publishing_stalled)
+        return {"store": store, "store_error": error, "rates": rates, "publishing_stalled": publishing_stalled,
                 "lateness": None if lateness is None else {k: lateness[k] for k in
                                                           ("count", "window_s", "p50", "p99", "p999")},
                 "metrics": {"sources": len(self.sampler.urls), "answering": history.sources_up},

@@ -29,7 +29,8 @@ IN = "chronos_messages_consumed_total"
 FIRED = "chronos_messages_fired_total"
 DEAD = "chronos_messages_dead_lettered_total"
 LATENESS = "chronos_fire_lateness_seconds_bucket"
-_WANTED = (IN, FIRED, DEAD, LATENESS)
+STALLED = "chronos_publishing_stalled_seconds"
+_WANTED = (IN, FIRED, DEAD, LATENESS, STALLED)
 
 WINDOW_S = 300.0        # the lateness distribution and the rate chart cover the last 5 minutes
 RATE_OVER_S = 5.0       # the rates shown are averaged over about this long
@@ -46,6 +47,7 @@ class Scrape:
     fired: float = 0.0
     dead: float = 0.0
     buckets: tuple[tuple[float, float], ...] = ()   # (upper bound, cumulative count), +Inf last
+    stalled: float = 0.0                             # seconds its publishing has stalled (0: it has not)
 
 
 def parse_scrape(text: str) -> Scrape:
@@ -53,14 +55,17 @@ def parse_scrape(text: str) -> Scrape:
     lines = "\n".join(line for line in text.splitlines() if line.startswith(_WANTED))
     totals = {IN: 0.0, FIRED: 0.0, DEAD: 0.0}
     buckets: dict[float, float] = {}
+    stalled = 0.0
     for family in text_string_to_metric_families(lines + "\n"):
         for sample in family.samples:
             if sample.name in totals:
                 totals[sample.name] += sample.value
+            elif sample.name == STALLED:
+                stalled = max(stalled, sample.value)
             elif sample.name == LATENESS:
                 bound = float(sample.labels["le"])
                 buckets[bound] = buckets.get(bound, 0.0) + sample.value
-    return Scrape(totals[IN], totals[FIRED], totals[DEAD], tuple(sorted(buckets.items())))
+    return Scrape(totals[IN], totals[FIRED], totals[DEAD], tuple(sorted(buckets.items())), stalled)
 
 
 # -- history of scrapes ------------------------------------------------------------------------
@@ -146,6 +151,12 @@ class History:
         seconds = sum(s.seconds for s in recent) or 1.0
         return {"in": sum(s.consumed for s in recent) / seconds, "fired": sum(s.fired for s in recent) / seconds,
                 "dead": sum(s.dead for s in recent) / seconds}
+
+    def stalled(self) -> tuple[int, float]:
+        """How many processes said, when last asked, that their publishing has stalled, and the
+        longest stall."""
+        stalls = [scrape.stalled for _, scrape in self.last.values() if scrape.stalled > 0]
+        return len(stalls), max(stalls, default=0.0)
 
     def series(self) -> list[tuple[float, float, float]]:
         """(time, in per second, fired per second) of every step in the window, for the chart."""

@@ -140,6 +140,27 @@ class _EmbeddedBroker:
         return family
 
 
+class _ProducerReplacements:
+    """How often a process replaced its Kafka producer, by why: `fault` (the producer itself was refused:
+    fenced, forgotten, ...) or `stall` (nothing acknowledged for CHRONOS_PUBLISH_STALL_MS)."""
+
+    NAME = "chronos_producer_replacements_total"
+    HELP = "Kafka producers replaced: fault (the broker refused the producer itself), stall (nothing acknowledged)"
+
+    def __init__(self, role: str, node: str, replacements: Mapping[str, int]):
+        self.labels = (role, node)
+        self.replacements = replacements
+
+    def describe(self) -> Iterable[CounterMetricFamily]:
+        yield CounterMetricFamily(self.NAME, self.HELP, labels=("role", "node", "reason"))
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        family = CounterMetricFamily(self.NAME, self.HELP, labels=("role", "node", "reason"))
+        for reason, count in sorted(self.replacements.items()):
+            family.add_metric([*self.labels, reason], count)
+        yield family
+
+
 class Telemetry:
     """One process's metrics, health record and HTTP server. Subclassed once per role."""
 
@@ -201,6 +222,19 @@ class Telemetry:
     def follow(self, totals: Callable[[], Mapping[str, int]]) -> None:
         """Export the process's running totals (see `totals`), read at each scrape."""
         self.registry.register(_Totals(self.role, self.node, self.totals, totals))
+
+    def follow_producer(self, watch: Any) -> None:
+        """Export the Kafka producer's watchdog (`kafka.watch.ProducerWatch`): its replacements, and how
+        long publishing has stalled; /healthz fails while it has."""
+        self.registry.register(_ProducerReplacements(self.role, self.node, watch.replacements))
+        clock = self.health.clock
+        self.gauge("chronos_publishing_stalled_seconds",
+                   "how long nothing was acknowledged while messages wait to be published, once that is at least "
+                   "CHRONOS_PUBLISH_STALL_MS; else 0").set_function(lambda: watch.stalled_for(clock()))
+        self.health.watch("publishing", lambda: watch.since if watch.stalled_for(clock()) else clock(),
+                          window_s=watch.stall_s,
+                          detail=lambda: f"nothing acknowledged by Kafka while messages wait ({watch.replacements['stall']} "
+                                         f"producers replaced for it so far)")
 
     # -- the hot path ----------------------------------------------------------------------
 

@@ -26,8 +26,9 @@ from chronos.domain import cron, reasons
 from chronos.config import Settings
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.domain.intake import Decision, Rules, Verdict, decide
-from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, OutageLog, classify, dead_letter_headers,
+from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, PRODUCER_FAILURE, OutageLog, dead_letter_headers,
                                             failure_reason, make_consumer, make_producer, produce)
+from chronos.adapters.kafka.watch import ProducerWatch, retire
 from chronos.runtime.logs import Throttle
 from chronos.ops.telemetry import ConsumerTelemetry
 from chronos.runtime.process import Lifecycle
@@ -168,6 +169,7 @@ class ConsumerProcess:
         self.db_outage = Outage(log)
         self.throttle = Throttle(log)
         self.producer, self.producer_outage = producers()
+        self.watch = ProducerWatch("the consumer", settings.publish_stall_ms / 1000.0, time.monotonic())
         self.consumer, self.consumer_outage = consumers(self.on_committed)
         self.uncommitted: dict[tuple[str, int], TopicPartition] = {}
         self.last_batch: list[Message] | None = None
@@ -175,6 +177,7 @@ class ConsumerProcess:
                       "cancelled": 0, "cancelled_in_flight": 0, "cancel_unknown": 0, "parked": 0}
         self.metrics = telemetry
         self.metrics.follow(lambda: self.stats)
+        self.metrics.follow_producer(self.watch)
         self.next_ping = 0.0
 
     def run(self) -> None:
@@ -302,19 +305,32 @@ class ConsumerProcess:
         refused: list[str] = []
         backoff = Backoff(first=0.5, cap=10.0)
         while outbox:
-            failed: list = []
+            reports: dict[int, KafkaError | None] = {}  # id(item) -> its delivery report's error
+
+            def delivered(err, _msg, item: Outgoing) -> None:
+                reports[id(item)] = err
+                if err is None:
+                    self.watch.acked(time.monotonic())
             for item in outbox:
                 produce(self.producer, item.topic, item.msg.value(), item.msg.key(), item.headers(),
-                        lambda err, _m, item=item: failed.append((item, err)) if err is not None else None)
+                        lambda err, msg, item=item: delivered(err, msg, item))
+            self.watch.working(True, time.monotonic())
             while self.producer.flush(1.0) > 0:
                 if not self.life.running and self.life.hard_stop:
                     return None
+                self.look_after_producer()  # a producer that hangs: its publishes are purged, failed, retried
+            # a replaced producer that never reported a publish: published again (at least once)
+            unreported = KafkaError(KafkaError._PURGE_INFLIGHT, "no delivery report from a replaced producer")
+            failed = [(item, err, self.watch.failed(err, item.topic, time.monotonic()))
+                      for item in outbox if (err := reports.get(id(item), unreported)) is not None]
+            self.look_after_producer()
             if not failed:
+                self.watch.working(False, time.monotonic())
                 self.producer_outage.ok()
                 return refused
             outbox, parked, transient = [], [], []
-            for item, err in failed:
-                if classify(err) != PERMANENT_FAILURE:
+            for item, err, kind in failed:
+                if kind != PERMANENT_FAILURE:
                     transient.append((item, err))
                 elif item.reason is None and item.parsed is not None:  # a late message refused for good
                     reason = failure_reason(err)
@@ -329,12 +345,24 @@ class ConsumerProcess:
             if transient:
                 self.throttle.warning("publish", "%d publishes failed (%s); retrying", len(transient),
                                       transient[0][1].str())
-                if any(err.fatal() for _, err in transient):
-                    self.producer, self.producer_outage = self.producers()
                 outbox += [item for item, _ in transient]
+                if any(kind == PRODUCER_FAILURE for _, _, kind in failed):
+                    self.look_after_producer()
                 if not self.life.sleep(backoff.failed()):
                     return None
         return refused
+
+    def look_after_producer(self) -> None:
+        """Replace the producer when `ProducerWatch` says it is at fault or has stalled. The old one's
+        unacknowledged publishes are purged: they come back as failed and are published again."""
+        now = time.monotonic()
+        why = self.watch.due(now)
+        if why is None:
+            return
+        old = self.producer
+        self.watch.replaced(why, now)
+        self.producer, self.producer_outage = self.producers()
+        retire(old)
 
     def parked(self, item: Outgoing, err: KafkaError) -> Parked:
         """What to keep of a dead letter the dead-letter topic refused for good: the message as it was

@@ -39,8 +39,9 @@ from typing import Callable
 from chronos import codec
 from chronos.config import Settings
 from chronos.errors import StoreUnavailable
-from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, UNANSWERED_FAILURE, OutageLog, classify,
+from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, PRODUCER_FAILURE, UNANSWERED_FAILURE, OutageLog,
                                             dead_letter_headers, failure_reason, make_producer, produce)
+from chronos.adapters.kafka.watch import ProducerWatch, retire
 from chronos.runtime.logs import Throttle
 from chronos.ops.telemetry import FirerTelemetry
 from chronos.runtime.process import Lifecycle
@@ -77,12 +78,13 @@ def retry_delay_ms(failures_before: int) -> int:
 
 
 def after_failure(kind: str, failures: int, max_attempts: int) -> AfterFailure:
-    """What to do with a row whose publish failed (`kind` from `kafka.classify`; `failures`
+    """What to do with a row whose publish failed (`kind` from `ProducerWatch.failed`; `failures`
     counts this one): dead-letter it, retry it after a backoff, or hand it back as it is (Kafka
-    did not answer: that says nothing about the message, and the firer stops claiming meanwhile)."""
+    did not answer, or the producer itself is at fault: that says nothing about the message, and
+    the firer stops claiming meanwhile)."""
     if kind == PERMANENT_FAILURE:
         return AfterFailure.DEAD
-    if kind == UNANSWERED_FAILURE:
+    if kind in (UNANSWERED_FAILURE, PRODUCER_FAILURE):
         return AfterFailure.RELEASE
     return AfterFailure.DEAD if failures >= max_attempts else AfterFailure.RETRY
 
@@ -155,7 +157,8 @@ class Shared:
 
     - the claiming thread writes `totals.claimed`, the rows it ever claimed;
     - the settling thread writes `settled`, the rows it ever settled, and `timing.offset_us`;
-    - the publishing thread writes `in_flight`, `ack_progress`, `sent_at` and `timing.latency`.
+    - the publishing thread writes `in_flight`, `ack_progress`, `sent_at`, `timing.latency` and
+      `claims_resume_at`.
     """
 
     def __init__(self, timing: PublishTiming):
@@ -165,6 +168,7 @@ class Shared:
         self.in_flight = 0        # publishes waiting for Kafka's acknowledgement
         self.ack_progress = 0.0   # monotonic: the last acknowledgement, or the first publish since none was in flight
         self.sent_at: deque[float] = deque()  # monotonic send time of each publish in flight, oldest first
+        self.claims_resume_at = 0.0  # monotonic: rows were handed back for a producer fault; claim none before
 
     def held(self) -> int:
         """Rows claimed by this firer and not settled yet."""
@@ -194,11 +198,6 @@ class Shared:
         if self.sent_at:
             self.sent_at.popleft()
         self.ack_progress = time.monotonic()
-
-    def forget_in_flight(self) -> None:
-        """The producer was replaced: its publishes will never be acknowledged."""
-        self.in_flight = 0
-        self.sent_at.clear()
 
 
 @dataclass
@@ -330,6 +329,9 @@ class Claimer(StoreThread):
         if self.claims_paused:
             self.claims_paused = False
             log.warning("Kafka acknowledges again: claiming rows")
+        if time.monotonic() < self.shared.claims_resume_at:  # the producer is being replaced: rows would bounce
+            self.next_claim = now + 0.05
+            return
         held = self.shared.held()
         if held >= self.max_held:
             self.next_claim = now + 0.005  # wait for acknowledgements before claiming more
@@ -485,6 +487,9 @@ class FirerProcess:
         self.settings, self.life = settings, life
         self.stores, self.producers = stores, producers
         self.producer, self.outage = producers()
+        self.generation = 0                    # of the producer: reports of a replaced one only hand rows back
+        self.retired: list[Publisher] = []    # replaced producers with delivery reports still to serve
+        self.watch = ProducerWatch("the firer", settings.publish_stall_ms / 1000.0, time.monotonic())
         self.shared = Shared(PublishTiming(settings.timing_advance_ms))
         self.timing = self.shared.timing
         self.throttle = Throttle(log)
@@ -499,6 +504,7 @@ class FirerProcess:
         self.claimer = Claimer(stores(), settings, self.shared, telemetry, life, self.claimed)
         self.metrics.follow(self.shared.totals.as_dict)
         self.metrics.follow_timing(lambda: len(self.heap) + self.shared.in_flight, self.timing)
+        self.metrics.follow_producer(self.watch)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -518,6 +524,7 @@ class FirerProcess:
                 self.publish_due()
                 self.send_dead()
                 self.producer.poll(self.wait_time())
+                self.look_after_producer()
                 self.hand_over()
         finally:
             self.shutdown()
@@ -570,27 +577,40 @@ class FirerProcess:
         if row.topic is not None and row.topic != self.settings.output_topic and not self.allowed.fullmatch(row.topic):
             self.to_dead.append((row, f"{reasons.TOPIC_NOT_ALLOWED}: {row.topic!r} does not match CHRONOS_ALLOWED_TOPICS"))
             return
-        sent = time.monotonic()
+        sent, generation = time.monotonic(), self.generation
 
         def delivered(err, _msg):
             self.shared.delivered()
             if err is None:
-                self.timing.observe_ack(time.monotonic() - sent)
+                now = time.monotonic()
+                self.timing.observe_ack(now - sent)
+                self.watch.acked(now)
                 self.metrics.lateness.observe(time.time() - self.timing.local_deadline(row.scheduled_us))
                 self.done.acked.append(row)
             else:
-                self.publish_failed(row, err)
+                self.publish_failed(row, err, generation)
 
         self.shared.sending(sent)
         produce(self.producer, row.topic or self.settings.output_topic, row.value, row.key,
                 codec.decode_headers(row.headers), delivered)
 
-    def publish_failed(self, row: Claimed, err) -> None:
+    def failure_kind(self, err, topic: str, generation: int) -> str:
+        """What a failed publish means (`ProducerWatch.failed`); a report of a producer replaced since
+        says nothing more about the message (purged, or failed like the rest): hand it back."""
+        if generation != self.generation:
+            return PRODUCER_FAILURE
+        kind = self.watch.failed(err, topic, time.monotonic())
+        if kind == PRODUCER_FAILURE:  # replaced at the next pass of the loop; claim nothing meanwhile
+            self.shared.claims_resume_at = time.monotonic() + 0.2
+        return kind
+
+    def publish_failed(self, row: Claimed, err, generation: int) -> None:
         """The one path of a failed publish, whether librdkafka refused it in `produce()` or in the
         delivery report: hand it back, retry it after a backoff, or dead-letter it."""
         failures = row.attempts + 1
-        action = after_failure(classify(err), failures, self.settings.max_publish_attempts)
         topic = row.topic or self.settings.output_topic
+        kind = self.failure_kind(err, topic, generation)
+        action = after_failure(kind, failures, self.settings.max_publish_attempts)
         if action is AfterFailure.RELEASE:
             self.throttle.warning("publish", "publish of %s failed: %s; handing it back", row.id, err.str())
             self.done.release.append(row)
@@ -602,13 +622,11 @@ class FirerProcess:
             self.done.retry.append((row, f"{err.name()}: {err.str()}", delay))
         else:
             reason = failure_reason(err)
-            if classify(err) != PERMANENT_FAILURE:
+            if kind != PERMANENT_FAILURE:
                 reason += f" ({failures} attempts)"
             self.throttle.warning("dead", "publish of %s to %s failed for good: %s; to the dead-letter topic",
                                   row.id, topic, reason)
             self.to_dead.append((row, reason))
-        if err.fatal():
-            self.replace_producer()
 
     def send_dead(self) -> None:
         """Publish the rows to dead-letter, each with its original id, deadline (as scheduled) and
@@ -620,32 +638,52 @@ class FirerProcess:
                 headers.append(("chronosTopic", row.topic.encode()))
             headers = dead_letter_headers(headers + codec.decode_headers(row.headers), reason, f"store/{row.id}")
 
-            def delivered(err, _msg, row=row, reason=reason):
+            def delivered(err, _msg, row=row, reason=reason, generation=self.generation):
                 self.shared.delivered()
                 if err is None:
+                    self.watch.acked(time.monotonic())
                     self.done.dead.append((row, reason))
-                elif classify(err) == PERMANENT_FAILURE:
+                    return
+                kind = self.failure_kind(err, self.settings.dlq_topic, generation)
+                if kind == PERMANENT_FAILURE:
                     self.done.park.append((row, f"{reason}; dead-letter topic: {err.name()}: {err.str()}"))
-                elif classify(err) == UNANSWERED_FAILURE:
+                elif kind in (UNANSWERED_FAILURE, PRODUCER_FAILURE):
                     self.done.release.append(row)
                 else:  # the dead-letter topic refuses for now: the whole row is tried again after a backoff
                     self.throttle.warning("dead retry", "dead-lettering %s failed (%s); trying it again later",
                                           row.id, err.str())
                     self.done.retry.append((row, f"dead-letter topic: {err.name()}: {err.str()}",
                                             retry_delay_ms(row.attempts)))
-                if err is not None and err.fatal():
-                    self.replace_producer()
 
             self.shared.sending(time.monotonic())
             produce(self.producer, self.settings.dlq_topic, row.value, row.key, headers, delivered)
 
     # -- failures and shutdown -----------------------------------------------------------------
 
-    def replace_producer(self) -> None:
-        log.error("the producer hit a fatal error; replacing it (its unacknowledged rows stay held until a detector "
-                  "hands them back)")
+    def look_after_producer(self) -> None:
+        """Replace the producer when `ProducerWatch` says it is at fault or has stalled, and serve what
+        replaced producers still have to report. Between delivery reports, never inside one."""
+        now = time.monotonic()
+        self.watch.working(self.shared.in_flight > 0, now)
+        why = self.watch.due(now)
+        if why is not None:
+            self.replace_producer(why, now)
+        self.serve_retired()
+
+    def serve_retired(self) -> None:
+        """Serve the reports replaced producers still owe; drop each once it owes none."""
+        if self.retired:
+            self.retired = [old for old in self.retired if old.flush(0)]
+
+    def replace_producer(self, why: str, now: float) -> None:
+        """A new producer; the old one's unacknowledged publishes are purged and their rows handed back
+        (or kept, if acknowledged after all) as their reports come."""
+        old = self.producer
+        self.generation += 1
+        self.watch.replaced(why, now)
         self.producer, self.outage = self.producers()
-        self.shared.forget_in_flight()  # the old producer's rows stay held; the detector hands them back
+        if retire(old):
+            self.retired.append(old)
 
     def shutdown(self) -> None:
         """Stop claiming (a claim running is cancelled), hand back what was not published, wait for
@@ -661,6 +699,7 @@ class FirerProcess:
         deadline = time.monotonic() + 10.0
         while self.shared.in_flight > 0 and time.monotonic() < deadline and not self.life.hard_stop:
             self.producer.poll(0.1)
+            self.serve_retired()
         # failed for good while stopping: a peer dead-letters them
         self.done.release += [row for row, _ in self.to_dead]
         self.to_dead = []

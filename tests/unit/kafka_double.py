@@ -31,11 +31,13 @@ class Produced:
 class FakePublisher:
     """Records every `produce()`; `poll()` and `flush()` report each delivery, acknowledged unless
     `refuse(topic, value)` returns a KafkaError, or not at all while `answering` is False (Kafka
-    is away)."""
+    is away). `purge()` makes the next `poll()` report every pending publish as purged, answering
+    or not."""
 
     def __init__(self, refuse: Callable[[str, bytes | None], KafkaError | None] | None = None):
         self.produced: list[Produced] = []
         self.pending: list[tuple[Produced, Callable[[Any, Any], None] | None]] = []
+        self.purged: list[tuple[Produced, Callable[[Any, Any], None] | None]] = []
         self.refuse = refuse
         self.answering = True
 
@@ -46,8 +48,12 @@ class FakePublisher:
         self.pending.append((message, on_delivery))
 
     def poll(self, timeout: float = -1) -> int:
+        purged, self.purged = self.purged, []
+        for _, on_delivery in purged:
+            if on_delivery is not None:
+                on_delivery(KafkaError(KafkaError._PURGE_QUEUE), None)
         if not self.answering:
-            return 0
+            return len(purged)
         pending, self.pending = self.pending, []
         for message, on_delivery in pending:
             if on_delivery is not None:
@@ -58,9 +64,26 @@ class FakePublisher:
         self.poll(0)
         return len(self.pending)
 
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
+        self.purged += self.pending
+        self.pending = []
+
     def factory(self) -> Callable[[], tuple["FakePublisher", OutageLog]]:
         """A `producers` argument of the roles that always hands out this publisher."""
         return lambda: (self, OutageLog("test producer"))
+
+
+class FakePublishers:
+    """A `producers` argument that hands out a new publisher each time, made by `make(n)` for the
+    n-th one (0 first): a producer the broker refuses, then one it takes, say."""
+
+    def __init__(self, make: Callable[[int], FakePublisher]):
+        self.make = make
+        self.made: list[FakePublisher] = []
+
+    def __call__(self) -> tuple[FakePublisher, OutageLog]:
+        self.made.append(self.make(len(self.made)))
+        return self.made[-1], OutageLog("test producer")
 
 
 class FakeMessage:

@@ -34,6 +34,16 @@ def test_parse_scrape_sums_what_the_overview_needs():
     assert s.buckets == ((-0.05, 0.0), (0.0, 10.0), (0.01, 100.0), (float("inf"), 120.0))
 
 
+def test_a_process_whose_publishing_stalled_is_counted_until_it_recovers():
+    stalled = SCRAPE + 'chronos_publishing_stalled_seconds{node="a",role="firer"} 12.5\n'
+    assert parse_scrape(stalled).stalled == 12.5 and parse_scrape(SCRAPE).stalled == 0.0
+    h = History()
+    h.add(0.0, {"a": parse_scrape(stalled), "b": parse_scrape(SCRAPE)})
+    assert h.stalled() == (1, 12.5)
+    h.add(1.0, {"a": parse_scrape(SCRAPE), "b": parse_scrape(SCRAPE)})
+    assert h.stalled() == (0, 0.0)
+
+
 def _scrape(fired: float, cumulative: list[float]) -> Scrape:
     bounds = (0.0, 0.01, float("inf"))
     return Scrape(consumed=fired * 2, fired=fired, dead=0.0, buckets=tuple(zip(bounds, cumulative)))

@@ -7,7 +7,8 @@ from confluent_kafka import KafkaError
 
 from chronos import codec
 from chronos.roles.firer import AfterFailure, after_failure, iso_us, retry_delay_ms
-from chronos.adapters.kafka.clients import PERMANENT_FAILURE, REFUSED, UNANSWERED_FAILURE, classify, failure_reason
+from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, PRODUCER_FAILURE, REFUSED, UNANSWERED_FAILURE, classify,
+                                            failure_reason)
 
 
 @pytest.mark.parametrize("code,kind", [
@@ -25,7 +26,7 @@ def test_errors_are_classified(code, kind):
 
 
 def test_a_fatal_error_is_not_the_message_s_fault():
-    assert classify(KafkaError(KafkaError._FATAL, "fatal", fatal=True)) == UNANSWERED_FAILURE
+    assert classify(KafkaError(KafkaError._FATAL, "fatal", fatal=True)) == PRODUCER_FAILURE
 
 
 def test_failure_reasons_name_the_size_or_the_error():
@@ -49,6 +50,7 @@ def test_retry_delay_doubles_up_to_a_cap():
     (REFUSED, 3, AfterFailure.DEAD),                # the last allowed attempt failed
     (REFUSED, 7, AfterFailure.DEAD),
     (UNANSWERED_FAILURE, 3, AfterFailure.RELEASE),  # an outage never exhausts a row's attempts
+    (PRODUCER_FAILURE, 9, AfterFailure.RELEASE),    # nor does a producer at fault
 ])
 def test_after_failure(kind, failures, action):
     assert after_failure(kind, failures, max_attempts=3) == action

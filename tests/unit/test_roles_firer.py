@@ -8,10 +8,13 @@ import time
 import uuid
 from datetime import datetime, timezone
 
+from typing import Callable
+
 import pytest
 from confluent_kafka import KafkaError
 
 from chronos import codec
+from chronos.adapters.kafka.clients import OutageLog
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.domain.model import Claimed, Row
 from chronos.ops.telemetry import FirerTelemetry
@@ -26,14 +29,15 @@ class Firer:
     """A firer on an in-memory database, with its parts at hand."""
 
     def __init__(self, publisher: FakePublisher | None = None, store_class: type[MemoryStore] = MemoryStore,
-                 **env: str):
+                 producers: Callable[[], tuple[FakePublisher, OutageLog]] | None = None, **env: str):
         self.store_class = store_class
         self.db = MemoryDatabase()
         self.node = uuid.uuid4()
         self.publisher = publisher or FakePublisher()
         self.settings = settings(**env)
         self.life = Lifecycle()
-        self.proc = FirerProcess(self.settings, self.life, stores=self.store, producers=self.publisher.factory(),
+        self.proc = FirerProcess(self.settings, self.life, stores=self.store,
+                                 producers=producers or self.publisher.factory(),
                                  telemetry=FirerTelemetry(self.node, self.settings))
 
     def store(self) -> MemoryStore:

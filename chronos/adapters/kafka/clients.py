@@ -155,28 +155,56 @@ def produce(producer: Publisher, topic: str, value: bytes | None, key: bytes | N
 
 
 # Refusals that no retry can change: the message is too large or malformed for the producer or the
-# broker. (An invalid or unknown topic, an authorization error: refused, retried a bounded number of
-# times, since a topic can be created and a permission granted.)
+# broker.
 PERMANENT = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD})
 SIZE_ERRORS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
+# Refusals about the message's topic that may pass: an invalid or unknown topic, a denied write, a
+# partition without enough replicas. Retried a bounded number of times, since a topic can be created
+# and a permission granted.
+TOPIC_REFUSALS = frozenset({
+    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION,
+    KafkaError.TOPIC_EXCEPTION, KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.POLICY_VIOLATION,
+    KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND, KafkaError.INVALID_TIMESTAMP,
+    KafkaError.LEADER_NOT_AVAILABLE, KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.KAFKA_STORAGE_ERROR,
+    KafkaError._INVALID_ARG})
 # Failures that say nothing about the message: Kafka did not answer in time (an outage). The firer
 # already stops claiming while acknowledgements stall, so these are handed back, not counted.
 UNANSWERED = frozenset({KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
                         KafkaError._ALL_BROKERS_DOWN, KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+# Failures about the producer's own identity or state at the broker, whatever the message: fenced
+# (a broker that lost track of a topic's producers fences them all: seen when a topic was deleted and
+# created again), an epoch or producer id it no longer knows (a broker restarted), a broken sequence,
+# no permission to write idempotently. The producer is replaced and the message handed back uncounted.
+PRODUCER_STATE = frozenset({
+    KafkaError.PRODUCER_FENCED, KafkaError._FENCED, KafkaError.INVALID_PRODUCER_EPOCH, KafkaError.UNKNOWN_PRODUCER_ID,
+    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError.DUPLICATE_SEQUENCE_NUMBER,
+    KafkaError.INVALID_PRODUCER_ID_MAPPING, KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError._FATAL,
+    KafkaError._INCONSISTENT, KafkaError._GAPLESS_GUARANTEE, KafkaError._STATE})
 
 PERMANENT_FAILURE, REFUSED, UNANSWERED_FAILURE = "permanent", "refused", "unanswered"
+PRODUCER_FAILURE, UNCLEAR_FAILURE = "producer", "unclear"
 
 
 def classify(err: KafkaError) -> str:
-    """What a failed publish means: `permanent` (dead-letter it now), `unanswered` (an outage or a
-    fatal producer error: try again, it says nothing about the message), or `refused` (the broker
-    refused it for a reason that may pass, such as an unknown topic or an authorization error:
-    retry with backoff, a bounded number of times)."""
-    if err.code() in PERMANENT:
+    """What a failed publish means, from its error alone:
+
+    - `permanent`: the message can never be published (dead-letter it now);
+    - `refused`: its topic refuses it for a reason that may pass (retry with backoff, a bounded number
+      of times);
+    - `unanswered`: Kafka did not answer (an outage: hand it back, it says nothing about the message);
+    - `producer`: the producer itself is at fault (replace it, hand the message back uncounted);
+    - `unclear`: any other error (`watch.ProducerWatch` decides: the producer's fault unless it was
+      acknowledged lately)."""
+    code = err.code()
+    if code in PERMANENT:
         return PERMANENT_FAILURE
-    if err.code() in UNANSWERED or err.fatal():
+    if code in UNANSWERED:
         return UNANSWERED_FAILURE
-    return REFUSED
+    if code in PRODUCER_STATE or err.fatal():
+        return PRODUCER_FAILURE
+    if code in TOPIC_REFUSALS:
+        return REFUSED
+    return UNCLEAR_FAILURE
 
 
 def failure_reason(err: KafkaError) -> str:

@@ -15,6 +15,8 @@
     });
     const error = document.getElementById("store-error");
     if (error) error.hidden = !data.store_error;
+    const stalled = document.getElementById("publishing-stalled");
+    if (stalled) stalled.hidden = !data.publishing_stalled;
     root.querySelectorAll("[data-rows]").forEach(function (table) {
       const body = table.querySelector("tbody");
       const rows = (data[table.dataset.rows] || []).map(function (cells) {

@@ -119,3 +119,65 @@ def test_a_bad_memory_threshold_is_a_clear_error(value):
     with pytest.raises(ConfigError, match="must be a positive whole number of MB"):
         _positive_mb(value)
     assert _positive_mb("512") == 512 and _positive_mb(None) is None
+
+
+class FlakyBroker:
+    """An embedded broker that died (SIGKILL) and does not start at the first attempt."""
+
+    port, pid, returncode = 9092, 111, -9
+
+    def __init__(self, failures: int):
+        self.failures, self.notes = failures, []
+
+    def start(self, timeout: float) -> None:
+        from chronos.embedded.procs import EmbeddedError
+        if self.failures:
+            self.failures -= 1
+            raise EmbeddedError("port 9092 is already in use")
+        self.pid = 222
+
+    def note(self, line: str) -> None:
+        self.notes.append(line)
+
+
+class NoWait:
+    """A stop event that is never set and does not wait (the backoff's pauses take no time here)."""
+
+    def __init__(self) -> None:
+        self.waited: list[float] = []
+
+    def is_set(self) -> bool:
+        return False
+
+    def wait(self, delay: float) -> bool:
+        self.waited.append(delay)
+        return False
+
+
+def test_a_dead_broker_is_started_again_with_backoff_then_its_topics_and_the_ready_file(tmp_path, monkeypatch,
+                                                                                         capsys):
+    import orjson
+
+    from chronos import stack
+    from chronos.config import Settings
+    created = []
+    monkeypatch.setattr(stack, "create_topics", lambda bootstrap, topics, **kw: created.append(topics))
+    st = stack.Stack(Settings(kafka_bootstrap_servers="127.0.0.1:9092"), tmp_path, {"consumer": 1, "firer": 1,
+                     "detector": 1}, partitions=3, ready_file=tmp_path / "ready.json")
+    st.broker = FlakyBroker(failures=2)
+    st.run_dir.mkdir(parents=True)
+    st.broker_watch = BrokerWatch(st.run_dir / "stats.json", "in", reader=Reader, say=st.say,
+                                  warning_bytes=MB)
+    st.broker_watch.record(FakeOffsets(100, 7), 1000.0)
+    stopping = NoWait()
+    st.restart_broker(stopping)
+    out = capsys.readouterr().out
+    assert "the embedded broker (pid 111) stopped unexpectedly (killed by SIGKILL); starting it again on port 9092" \
+        in out
+    assert out.count("the embedded broker does not start again (port 9092 is already in use); retrying in") == 2
+    assert stopping.waited == [1.0, 2.0]
+    assert "started again on port 9092; it kept messages in memory only: about 7 input messages" in out
+    assert created == [{"chronos.input": 3, "chronos.output": 3, "chronos.dlq": 3}]
+    assert orjson.loads((tmp_path / "ready.json").read_bytes())["broker_pid"] == 222
+    assert st.broker.notes and "about 7 input messages" in st.broker.notes[-1]
+    assert read_stats(st.broker_watch.path)["restarts"] == 1

@@ -9,9 +9,9 @@ One `chronos up` per data directory (a lock file). Everything it starts dies wit
 it is killed outright, and the next one stops whatever an earlier killed one left behind (see
 chronos.runtime.orphans). An embedded PostgreSQL that dies is started again on the same port (crash
 recovery); the programs reconnect by themselves, and the memory-only broker keeps its messages. An
-embedded broker that dies is started again on the same port with the topics recreated; it had its
-messages in memory only, and `chronos up` says how many input messages not yet read were lost with it
-(from the offsets it samples every few seconds: chronos.embedded.watch).
+embedded broker that dies is started again on the same port with the topics recreated, and the
+programs with it; it had its messages in memory only, and `chronos up` says how many input messages
+not yet read were lost with it (from the offsets it samples every few seconds: chronos.embedded.watch).
 """
 
 from __future__ import annotations
@@ -408,19 +408,26 @@ class Stack:
         self.write_ready_file(self.ready_info())
 
     def restart_broker(self, stopping: threading.Event) -> None:
-        """Start the embedded broker again on its port and recreate the topics, retrying with backoff.
+        """Start the embedded broker again on its port and recreate the topics, retrying with backoff;
+        the programs are stopped meanwhile and started afresh after.
 
         It kept everything in memory: topics, messages, the groups' committed offsets are gone. The
         line it prints says how many input messages not yet read by the consumer group were lost, from
-        the last sample of the offsets. The programs reconnect by themselves; the messages waiting in
-        PostgreSQL are safe.
+        the last sample of the offsets. The messages waiting in PostgreSQL are safe.
+
+        The programs are restarted rather than left to reconnect because a restarted broker hands out
+        idempotent producer ids again from the start: a producer that kept an id of the dead broker
+        shares it with a new one, and its next message, taken for a duplicate, is acknowledged and
+        stored nowhere (measured). While the broker is down they can do nothing anyway: the firer
+        hands its claimed rows back as it stops.
         """
         broker, watch = self.broker, self.broker_watch
         assert broker is not None and watch is not None
         how = _describe_exit(broker.returncode)
         old_pid = broker.pid
-        print(f"the embedded broker (pid {old_pid}) stopped unexpectedly ({how}); starting it again on port "
-              f"{broker.port}", flush=True)
+        print(f"the embedded broker (pid {old_pid}) stopped unexpectedly ({how}); stopping the programs and "
+              f"starting it again on port {broker.port}", flush=True)
+        self.stop_programs()
         backoff = Backoff(first=1.0, cap=30.0)
         while not stopping.is_set():
             try:
@@ -433,8 +440,25 @@ class Stack:
                 stopping.wait(delay)
         else:
             return
+        self.start_programs()
         self.say(watch.restarted(old_pid, how, broker.pid, broker.port, time.time()))
         self.write_ready_file(self.ready_info())
+
+    def stop_programs(self) -> None:
+        """Stop every program (gracefully, as supervisord.conf says) and wait until they stopped."""
+        try:
+            self.rpc().supervisor.stopAllProcesses(True)
+        except (OSError, xmlrpc.client.Fault) as exc:
+            log.warning("cannot stop the programs through supervisord: %s", exc)
+
+    def start_programs(self) -> None:
+        """Start the programs of every role that runs (not those asked for 0) and note their new pids."""
+        try:
+            for group in self.live_counts():
+                self.rpc().supervisor.startProcessGroup(group, True)
+            self.program_pids = {i["name"]: i["pid"] for i in self.program_states() if i["pid"]}
+        except (OSError, xmlrpc.client.Fault) as exc:
+            log.warning("cannot start the programs through supervisord: %s", exc)
 
     def stop(self) -> None:
         if not self.lock.held:

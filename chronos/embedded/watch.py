@@ -115,7 +115,7 @@ def loss_line(pid: int | None, how: str, port: int, stats: BrokerStats, now: flo
         lost = (f"{about} {stats.input_unread:,} input messages not yet read by the consumer group were lost "
                 f"(last seen {seen}, {now - stats.sampled_at:.0f}s before; {stats.messages or 0:,} messages on "
                 "all its topics, read or not, are gone)")
-    return head + lost + "; messages waiting in PostgreSQL are safe and fire as the programs reconnect"
+    return head + lost + "; messages waiting in PostgreSQL are safe and fire as the programs start again"
 
 
 @dataclass

@@ -39,11 +39,16 @@ def stored(database_url: str, message_id: str) -> bool:
 
 
 def broker_metrics(port: int) -> dict[str, float]:
-    """The detector's chronos_embedded_broker_* samples by name."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
-            if s.name.startswith("chronos_embedded_broker")}
+    """The detector's chronos_embedded_broker_* samples by name, once it serves them (it may be starting)."""
+    def scrape() -> dict[str, float] | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return None
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name.startswith("chronos_embedded_broker")} or None
+    return wait_for(scrape, what=f"the detector's /metrics on port {port}")
 
 
 def status_text(ready_file: Path) -> str:
@@ -89,6 +94,7 @@ def test_a_killed_broker_is_started_again_and_says_what_it_lost(tmp_path):
                          r"threshold \(1 MB\)", shown), shown
         assert re.search(rf"  messages held +{UNREAD + 1}   all topics; {UNREAD} input not read yet", shown), shown
         killed = info["broker_pid"]
+        pids = {name: p["pid"] for name, p in up.programs().items()}
         os.kill(killed, signal.SIGKILL)
         wait_for(lambda: "started again on port" in up.output(), timeout=60, what="the restart line")
         up.check_alive()
@@ -97,7 +103,7 @@ def test_a_killed_broker_is_started_again_and_says_what_it_lost(tmp_path):
         line = re.search(rf"the embedded broker \(pid {killed}\) stopped unexpectedly \(killed by SIGKILL\); "
                          rf"started again on port {port}; it kept messages in memory only: about {UNREAD} input "
                          r"messages not yet read by the consumer group were lost \(last seen \d\d:\d\d:\d\d.*"
-                         r"messages waiting in PostgreSQL are safe and fire as the programs reconnect", out)
+                         r"messages waiting in PostgreSQL are safe and fire as the programs start again", out)
         assert line, out
         assert line.group(0) in (up.log_dir / "broker.log").read_text(errors="replace")
         # the topics are there again, with the partitions asked for (the default, 4, which is also the
@@ -116,8 +122,15 @@ def test_a_killed_broker_is_started_again_and_says_what_it_lost(tmp_path):
         assert after["chronos_embedded_broker_restarts_total"] == 1
         assert after["chronos_embedded_broker_lost_input_messages_total"] == UNREAD
         assert re.search(rf"  broker restarts +1   about {UNREAD} unread input messages lost", status_text(up.ready_file))
+        # the programs were started afresh (the consumer too, which the test had stopped): their
+        # producers take ids of the new broker
+        assert f"the embedded broker (pid {killed}) stopped unexpectedly (killed by SIGKILL); stopping the programs " \
+               f"and starting it again on port {port}" in out
+        assert up.all_running() == {}, up.programs()
+        again_pids = {name: p["pid"] for name, p in up.programs().items()}
+        assert all(again_pids[name] != pid for name, pid in pids.items()), (pids, again_pids)
+        assert "was restarted by supervisord" not in up.output()
         # the stack goes on: a message sent now fires, and so does the one stored before the kill
-        up.rpc().supervisor.startProcess("consumer:consumer_00", True)
         collect = Collector(info["bootstrap_servers"], [info["output_topic"]])
         try:
             send(up.ready_file, "--delay", "1s", "--value", "sent after")

@@ -59,7 +59,7 @@ def test_a_restart_reports_the_last_sample_and_counts_the_loss(tmp_path):
                            "on port 9092; it kept messages in memory only: about 40 input messages not yet read by "
                            "the consumer group were lost (last seen ")
     assert "7s before; 1,000 messages on all its topics" in line
-    assert line.endswith("messages waiting in PostgreSQL are safe and fire as the programs reconnect")
+    assert line.endswith("messages waiting in PostgreSQL are safe and fire as the programs start again")
     stats = read_stats(w.path)
     assert (stats["restarts"], stats["lost_input"], stats["pid"], stats["input_unread"]) == (1, 40, 456, None)
     assert stats["last_restart"]["lost_input"] == 40 and stats["last_restart"]["old_pid"] == 123
@@ -160,8 +160,11 @@ def test_a_dead_broker_is_started_again_with_backoff_then_its_topics_and_the_rea
 
     from chronos import stack
     from chronos.config import Settings
-    created = []
-    monkeypatch.setattr(stack, "create_topics", lambda bootstrap, topics, **kw: created.append(topics))
+    created, steps = [], []
+    monkeypatch.setattr(stack, "create_topics", lambda bootstrap, topics, **kw: steps.append("topics") or
+                        created.append(topics))
+    monkeypatch.setattr(stack.Stack, "stop_programs", lambda self: steps.append("stop programs"))
+    monkeypatch.setattr(stack.Stack, "start_programs", lambda self: steps.append("start programs"))
     st = stack.Stack(Settings(kafka_bootstrap_servers="127.0.0.1:9092"), tmp_path, {"consumer": 1, "firer": 1,
                      "detector": 1}, partitions=3, ready_file=tmp_path / "ready.json")
     st.broker = FlakyBroker(failures=2)
@@ -172,8 +175,10 @@ def test_a_dead_broker_is_started_again_with_backoff_then_its_topics_and_the_rea
     stopping = NoWait()
     st.restart_broker(stopping)
     out = capsys.readouterr().out
-    assert "the embedded broker (pid 111) stopped unexpectedly (killed by SIGKILL); starting it again on port 9092" \
-        in out
+    assert "the embedded broker (pid 111) stopped unexpectedly (killed by SIGKILL); stopping the programs and " \
+           "starting it again on port 9092" in out
+    # no program runs while the broker is down and until its topics are back
+    assert steps == ["stop programs", "topics", "start programs"]
     assert out.count("the embedded broker does not start again (port 9092 is already in use); retrying in") == 2
     assert stopping.waited == [1.0, 2.0]
     assert "started again on port 9092; it kept messages in memory only: about 7 input messages" in out

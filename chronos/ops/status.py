@@ -90,6 +90,7 @@ def broker_stats(args: argparse.Namespace | None, environ: Any = None) -> dict[s
     if not path:
         ready = config.find_ready_file(args, environ, default=not (getattr(args, "database_url", None)
                                                                     or environ.get("CHRONOS_DATABASE_URL")))
+        # the ready file is JSON too, read as leniently: a status without the broker's lines beats none
         path = (read_stats(ready) or {}).get("broker_stats_file") if ready else None
     stats = read_stats(path) if path else None
     if stats is not None and stats.get("pid"):
@@ -147,8 +148,8 @@ def render_broker(b: dict[str, Any], row: Any) -> list[str]:
     held, unread = b["messages"], b["input_unread"]
     bound = "" if b["exact"] else "at least "
     lines.append(row("  messages held", "-" if held is None else held,
-                     "" if held is None else f"{bound}all topics; {bound}{unread:,} input not read yet "
-                     f"(sampled {b['sampled_at']})"))
+                     "" if held is None or unread is None else f"{bound}all topics; {bound}{unread:,} input not "
+                     f"read yet (sampled {b['sampled_at']})"))
     if b["restarts"]:
         lines.append(row("  broker restarts", b["restarts"],
                          f"about {b['lost_input']:,} unread input messages lost with it"))

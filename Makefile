@@ -5,12 +5,12 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test bench clean chromium
+.PHONY: up test bench clean chromium stunnel postgresql-15
 
 up: $(VENV)/.installed
 	$(BIN)/chronos up $(ARGS)
 
-test: $(VENV)/.installed $(BIN)/promtool chromium
+test: $(VENV)/.installed $(BIN)/promtool chromium stunnel postgresql-15
 	$(BIN)/ruff check chronos benchmarks tests
 	$(BIN)/lint-imports
 	$(BIN)/mypy chronos
@@ -23,6 +23,25 @@ chromium:
 	@test -x $(CHROMIUM) || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	  else echo "make test: the console's browser tests need Debian's chromium at $(CHROMIUM): sudo apt-get install chromium" >&2; exit 1; fi; }
+
+# The Kafka TLS tests put Debian's stunnel in front of the embedded broker, whose own TLS cannot be
+# switched on (tests/tlskit.py); the PostgreSQL 15 tests run Debian's postgresql-15 server, the version
+# production databases run (tests/pg15). Installed here when missing, like chromium; without them
+# those tests fail with what to install.
+STUNNEL ?= /usr/bin/stunnel4
+stunnel:
+	@test -x $(STUNNEL) || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq stunnel4; \
+	  else echo "make test: the Kafka TLS tests need Debian's stunnel at $(STUNNEL): sudo apt-get install stunnel4" >&2; exit 1; fi; }
+
+# postgresql-common first, told not to create (and start) a default cluster: the tests make their own.
+PG15_BIN ?= /usr/lib/postgresql/15/bin
+postgresql-15:
+	@test -x $(PG15_BIN)/postgres || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-common && \
+	    sed -ri 's/^#?\s*(create_main_cluster)\s*=.*$$/\1 = false/' /etc/postgresql-common/createcluster.conf && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15; \
+	  else echo "make test: the PostgreSQL 15 tests need Debian's server in $(PG15_BIN): sudo apt-get install postgresql-15" >&2; exit 1; fi; }
 
 bench: $(VENV)/.installed
 	$(BIN)/python -m pytest benchmarks --benchmark-only $(ARGS)

@@ -33,9 +33,13 @@ EXAMPLES = 5
 
 
 def scan(bootstrap: str, topic: str, wanted: set[bytes], conf: dict | None = None,
-         idle_s: float = 3.0) -> dict[bytes, tuple[int, int, str | None]]:
-    """Read `topic` from the beginning until nothing more comes for `idle_s`: the messages whose
-    chronosMessageId is in `wanted`, as id -> (partition, offset, chronosError or None)."""
+         idle_s: float = 30.0) -> dict[bytes, tuple[int, int, str | None]]:
+    """Read `topic` from the beginning to its end: the messages whose chronosMessageId is in `wanted`,
+    as id -> (partition, offset, chronosError or None).
+
+    The end is each partition's high watermark as the fetches report it (the embedded broker's
+    ListOffsets answer is short of the true end), reached with a second's quiet; a broker that
+    serves nothing for `idle_s` ends the scan where it is."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"chronos-accounting-{uuid.uuid4().hex[:8]}",
@@ -45,23 +49,30 @@ def scan(bootstrap: str, topic: str, wanted: set[bytes], conf: dict | None = Non
         meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
         if meta is None or meta.error is not None:
             return found
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions])
+        partitions = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions]
+        consumer.assign(partitions)
+        position = {p: 0 for p in meta.partitions}
         quiet_since = time.monotonic()
-        while time.monotonic() - quiet_since < idle_s:
+        while True:
             batch = consumer.consume(num_messages=10000, timeout=0.5)
+            now = time.monotonic()
             if batch:
-                quiet_since = time.monotonic()
+                quiet_since = now
             for msg in batch:
                 if msg.error() is not None:
                     continue
+                position[msg.partition()] = msg.offset() + 1
                 headers = dict(msg.headers() or ())
                 mid = headers.get("chronosMessageId")
                 if mid in wanted:
                     error = headers.get("chronosError")
                     found[mid] = (msg.partition(), msg.offset(), error.decode(errors="replace") if error else None)
+            ends = [consumer.get_watermark_offsets(tp, cached=True)[1] for tp in partitions]
+            at_end = all(0 <= end <= position[tp.partition] for tp, end in zip(partitions, ends))  # -1001: no fetch yet
+            if (at_end and now - quiet_since >= 1.0) or now - quiet_since >= idle_s:
+                return found
     finally:
         consumer.close()
-    return found
 
 
 def committed(bootstrap: str, group: str, topic: str, partitions: Iterable[int], conf: dict | None = None) -> dict[int, int]:

@@ -1,4 +1,4 @@
-"""Measure how the embedded broker behaves, for docs/embedded-broker.md.
+"""Measure how the embedded broker behaves, for docs/operations/embedded-stack.md.
 
     python -m benchmarks.broker_facts [--out benchmarks/results/broker_facts.json] [--quick]
 

@@ -283,7 +283,7 @@ def _slowest(st: dict | None) -> str:
 
 
 def table_lines(result: dict) -> list[str]:
-    """The per-phase table as printed (Markdown, so the README can take it as it is)."""
+    """The per-phase table as printed (Markdown, so docs/benchmarks can take it as it is)."""
     head = ["phase", "msg/s", "sent", "jitter p50 / p99 / p99.9 ms", "publish lateness p99.9 ms", "floor p99.9 ms",
             "intake lag max msgs", "broker msgs through / held", "broker RSS MB end / max", "broker CPU",
             "slowest claim s",

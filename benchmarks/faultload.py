@@ -436,7 +436,7 @@ class Scenario:
         report.session_losses = len(observed)
         if report.lost:
             # The reader at the head of the output topic has been seen to skip a few messages that
-            # are on the topic (the embedded broker's fetches; docs/embedded-broker.md): what counts is the topic.
+            # are on the topic (the embedded broker's fetches; docs/operations/embedded-stack.md): what counts is the topic.
             found = reread(self.info["bootstrap_servers"], self.info["output_topic"], set(report.lost))
             report.lost_found_on_reread = sorted(found)
             report.lost = [m for m in report.lost if m not in found]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from benchmarks.records import ACKED, FAILED, SENT, Records
 from chronos.adapters.kafka.clients import EMBEDDED_GROUP_TIMEOUTS
 
-# Per docs/embedded-broker.md: short group timeouts for the embedded broker; the output reader stays at the
+# Per docs/operations/embedded-stack.md: short group timeouts for the embedded broker; the output reader stays at the
 # head of the log, so it may use a small fetch.wait.max.ms (its latency follows that setting).
 READER_DEFAULTS = {
     **EMBEDDED_GROUP_TIMEOUTS,
@@ -174,7 +174,8 @@ def run_phases_reader(conf: dict, topic: str, runs: dict[str, Records], ready, s
     from confluent_kafka import Consumer
 
     quiet_interrupts()
-    # assign(), not subscribe(): no group join (docs/embedded-broker.md, behaviour 1); the group id is required all the same
+    # assign(), not subscribe(): no group join (docs/operations/embedded-stack.md, behaviour 1); the group id is
+    # required all the same
     consumer = Consumer({**conf, "group.id": f"chronos-bench-{min(runs)}"})
     consumer.assign(_end_offsets(consumer, topic))
     consumer.poll(0.2)  # connect and start fetching before the load begins
@@ -230,7 +231,7 @@ def _next_batch(consumer, most: int) -> tuple[list, float]:
 def _end_offsets(consumer, topic: str) -> list:
     """Every partition of `topic` at its high watermark.
 
-    The embedded broker may report a high watermark a little short of the true end (docs/embedded-broker.md,
+    The embedded broker may report a high watermark a little short of the true end (docs/operations/embedded-stack.md,
     behaviour 2); that only means re-reading a few older messages, which the run tag filters out.
     """
     from confluent_kafka import TopicPartition

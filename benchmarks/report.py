@@ -1,6 +1,6 @@
 """From the per-message records of one step to its figures: summary.json, records.parquet, jitter.png.
 
-Definitions (also in the README's Benchmarks section):
+Definitions (also in docs/benchmarks/index.md):
 - jitter = time the message was readable by the output reader (its local clock, stamped when the
   client handed it over) − its deadline. For pgqueuer: when the job's handler ran − the
   `execute_after` the queue stored.

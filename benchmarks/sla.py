@@ -74,10 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--timing-advance-ms", type=float, default=50.0,
                    help="the stack's timing advance: earlier than deadline - this counts as early (default 50)")
     g.add_argument("--fetch-wait-ms", type=int, default=5,
-                   help="fetch.wait.max.ms of the output reader and the probe (default 5; see docs/embedded-broker.md)")
+                   help="fetch.wait.max.ms of the output reader and the probe (default 5; see docs/operations/embedded-stack.md)")
     g.add_argument("--linger-ms", type=int, default=25,
-                   help="linger.ms of the load producer (default 25: batched produces, as docs/embedded-broker.md explains; "
-                        "with 5 its many small batches made the embedded broker's fetches slow for everyone)")
+                   help="linger.ms of the load producer (default 25: batched produces, as "
+                        "docs/operations/embedded-stack.md explains; with 5 its many small batches made the embedded "
+                        "broker's fetches slow for everyone)")
     g.add_argument("--probe-linger-ms", type=int, default=0,
                    help="linger.ms of the probe (default 0: the floor is the broker's own produce→readable time)")
     g.add_argument("--probe-interval-ms", type=float, default=25.0,
@@ -640,7 +641,7 @@ def find_max(target: Target, args: argparse.Namespace, out: Path, stack) -> dict
     lo = hi = None
     best: dict | None = None
     rate = args.start_rate
-    # The embedded broker's fetches slow down as its topics fill (docs/embedded-broker.md), so on one stack
+    # The embedded broker's fetches slow down as its topics fill (docs/operations/embedded-stack.md), so on one stack
     # each step would inherit the previous steps' load; a stack the harness owns is renewed.
     fresh = not args.reuse_stack and hasattr(stack, "restart")
     steps = []

@@ -56,7 +56,7 @@ def _ms(seconds: list[float]) -> dict | None:
 def run(args: argparse.Namespace) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="chronos-soak-"))
     print(f"soak: {args.minutes} min at {args.rate} msg/s, a kill every {args.kill_every} s; in {workdir}", flush=True)
-    # batched produces (linger 50 ms) and reads (fetch wait 50 ms), as docs/embedded-broker.md explains for the embedded
+    # batched produces (linger 50 ms) and reads (fetch wait 50 ms), as docs/operations/embedded-stack.md explains for the embedded
     # broker: its fetch cost grows with the number of stored batches
     with Scenario("soak", workdir, "--consumers", "2", "--firers", "2", "--detectors", "2",
                   rate=args.rate, hold_s=3.0, linger_ms=args.linger_ms, fetch_wait_ms=50) as sc:

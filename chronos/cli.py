@@ -45,7 +45,7 @@ def cmd_process(args: argparse.Namespace) -> int:
         from chronos.roles.firer import run
     else:
         from chronos.roles.detector import run
-    return runtime.run_process(args.command, settings, run)
+    return runtime.run_process(args.command, settings, run, kafka=args.command != "detector")
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -302,7 +302,7 @@ def _add_filter_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--due-after", default=None, metavar="TIME", help="deadline after TIME")
     g.add_argument("--topic", default=None, help="destination topic")
     g.add_argument("--key", default=None, help="message key: UTF-8 text, or hex:0a1b...")
-    g.add_argument("--ordering-key", default=None)
+    g.add_argument("--ordering-key", default=None, help="ordering key (chronosOrderingKey)")
     g.add_argument("--id-prefix", default=None, help="ids starting with this (lists in id order)")
     g.add_argument("--state", default=None, help="waiting, in_flight or recurring")
 
@@ -313,7 +313,7 @@ def add_operator_parsers(sub) -> None:
     p = sub.add_parser("show", help="one message or schedule: state, deadline, topic, key, headers, value",
                        description="Print everything the store holds about one id. Exit 1 when it is not there.")
     config.add_arguments(p, only=settings_used)
-    p.add_argument("id")
+    p.add_argument("id", help="the message or schedule id")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.set_defaults(func=cmd_show)
 
@@ -334,7 +334,7 @@ def add_operator_parsers(sub) -> None:
                            "Messages a firer holds (in flight) are left alone and reported (exit 8); unknown ids "
                            "exit 6; more than CHRONOS_CONFIRM_ABOVE messages need --yes (exit 7 without).")
         config.add_arguments(p, only=settings_used + ("confirm_above", "log_level", "log_format"))
-        p.add_argument("ids", nargs="*", metavar="ID")
+        p.add_argument("ids", nargs="*", metavar="ID", help="ids of the messages or schedules (or --filter)")
         p.add_argument("--filter", action="store_true", help="act on every message matching the filters")
         _add_filter_arguments(p)
         if name == "reschedule":
@@ -384,11 +384,11 @@ def build_parser() -> argparse.ArgumentParser:
                                   "kafka_properties_file"))
     p.add_argument("--delay", default="5s", help="delay from now, e.g. 500ms, 5s, 2m (default 5s)")
     p.add_argument("--at", default=None, help="deadline as ISO-8601 instead of --delay")
-    p.add_argument("--key", default=None)
-    p.add_argument("--value", default="")
+    p.add_argument("--key", default=None, help="message key, as UTF-8 (default: a null key)")
+    p.add_argument("--value", default="", help="message value, as UTF-8 (default: empty)")
     p.add_argument("--id", default=None, help="message id (default: a new UUID)")
     p.add_argument("--topic", default=None, help="destination topic (chronosTopic), default the output topic")
-    p.add_argument("--ordering-key", default=None)
+    p.add_argument("--ordering-key", default=None, help="ordering key (chronosOrderingKey)")
     p.add_argument("--header", action="append", metavar="KEY=VALUE", help="extra header (repeatable)")
     p.set_defaults(func=cmd_send)
 
@@ -401,7 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_arguments(p, only=("kafka_bootstrap_servers", "output_topic", "kafka_properties",
                                   "kafka_properties_file"))
     p.add_argument("--topic", default=None, help="topic to read (default: the output topic)")
-    p.add_argument("--from-beginning", action="store_true")
+    p.add_argument("--from-beginning", action="store_true",
+                   help="read the topic from its start (default: what arrives from now on)")
     p.add_argument("--count", type=int, default=None, help="stop after this many messages")
     p.add_argument("--timeout", type=float, default=None, help="stop after this many seconds")
     p.set_defaults(func=cmd_tail)

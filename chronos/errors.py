@@ -1,10 +1,10 @@
 """The project's exception tree and the process exit codes that go with it."""
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
+EXIT_OK = 0            # success
+EXIT_FAILURE = 1       # unexpected error (and `chronos show`: no such message)
 EXIT_CONFIG = 2        # bad configuration value or flag
 EXIT_UNAVAILABLE = 3   # a service (PostgreSQL, Kafka) cannot be reached at start
-EXIT_SCHEMA = 4        # database not migrated (or migrated by a newer version)
+EXIT_SCHEMA = 4        # database not migrated (or migrated by a newer version, or too old a PostgreSQL)
 EXIT_EMBEDDED = 5      # an embedded service (PostgreSQL, broker, supervisord) failed to start
 EXIT_NOT_FOUND = 6     # an operator action named ids that are not in the store
 EXIT_CONFIRM = 7       # an operator action would change more messages than allowed without --yes
@@ -29,10 +29,27 @@ class SchemaError(ChronosError):
     exit_code = EXIT_SCHEMA
 
 
+class UnsupportedServer(SchemaError):
+    """PostgreSQL is older than the oldest version Chronos supports."""
+
+
 class StoreUnavailable(ChronosError):
     """PostgreSQL could not be reached or the connection broke mid-operation."""
 
     exit_code = EXIT_UNAVAILABLE
+
+
+class StoreRefused(StoreUnavailable):
+    """PostgreSQL refused this client (its password, its TLS settings or the server's certificate):
+    retrying with the same settings cannot help. A process exits on it at start (exit code 2); once
+    running, it waits and retries like through any outage, since the settings may be in rotation."""
+
+    exit_code = EXIT_CONFIG
+
+
+class KafkaRefused(ConfigError):
+    """Kafka refused this client's TLS or SASL settings (or this client refused the broker's certificate):
+    retrying with the same settings cannot help."""
 
 
 class StoreRejected(ChronosError):

@@ -57,6 +57,10 @@ ROLES = ("consumer", "firer", "detector")
 # What each child gets when `chronos up` dies: PostgreSQL a fast shutdown, the broker (memory
 # only, nothing to save) its immediate exit, supervisord a graceful stop of the programs.
 PARENT_DEATH_SIGNAL = {"postgres": signal.SIGINT, "broker": signal.SIGINT, "supervisord": signal.SIGTERM}
+# Partitions of the topics `chronos up` creates: one on the embedded broker, whose every fetch lists all the
+# batches a partition holds (docs/operations/embedded-stack.md: fewer partitions, fewer batches to list per
+# fetch: measured by benchmarks.broker_growth); four on a real Kafka, so several consumers share the input.
+EMBEDDED_PARTITIONS, EXTERNAL_PARTITIONS = 1, 4
 # a program is taken as started once it has run this long (it checked its settings and the schema)
 PROGRAM_SETTLE_S = 2.0
 # exit codes of a program that restarting cannot help: it is not restarted (supervisord.conf)
@@ -96,7 +100,7 @@ class Stack:
     settings: Settings
     data_dir: Path
     counts: dict[str, int]
-    partitions: int = 4
+    partitions: int | None = None  # None: EMBEDDED_PARTITIONS or EXTERNAL_PARTITIONS, by the broker
     pg_port: int | None = None
     kafka_port: int | None = None
     ready_file: Path | None = None
@@ -178,6 +182,8 @@ class Stack:
         # both were given or the embedded services were started above
         assert s.kafka_bootstrap_servers is not None and s.database_url is not None
         life_check()
+        if self.partitions is None:
+            self.partitions = EXTERNAL_PARTITIONS if self.broker is None else EMBEDDED_PARTITIONS
         self.create_topics()
         if self.broker is not None:
             self.watch_broker()
@@ -200,6 +206,7 @@ class Stack:
     def create_topics(self) -> None:
         s = self.settings
         assert s.kafka_bootstrap_servers is not None  # given, or the embedded broker's
+        assert self.partitions is not None  # chosen by start()
         create_topics(s.kafka_bootstrap_servers, {t: self.partitions for t in
                                                   (s.input_topic, s.output_topic, s.dlq_topic)},
                       client_config=s.kafka_config)
@@ -522,7 +529,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for role in ROLES:
         parser.add_argument(f"--{role}s", type=int, default=1, dest=f"n_{role}",
                             help=f"number of {role} processes (default 1)")
-    parser.add_argument("--partitions", type=int, default=4, help="partitions of topics created (default 4)")
+    parser.add_argument("--partitions", type=int, default=None,
+                        help=f"partitions of the topics it creates (default {EMBEDDED_PARTITIONS} on the embedded broker, "
+                             f"whose fetches slow with every batch a partition holds; {EXTERNAL_PARTITIONS} on a real Kafka)")
     parser.add_argument("--pg-port", type=int, default=None, help="port of the embedded PostgreSQL (default: free)")
     parser.add_argument("--kafka-port", type=int, default=None, help="port of the embedded broker (default: free)")
     parser.add_argument("--broker-memory-warning-mb", metavar="MB",
@@ -545,7 +554,7 @@ def run(args: argparse.Namespace) -> int:
     for role, n in counts.items():
         if n < 0 or n > 64:
             raise config.ConfigError(f"--{role}s must be between 0 and 64, got {n}")
-    if args.partitions < 1:
+    if args.partitions is not None and args.partitions < 1:
         raise config.ConfigError(f"--partitions must be at least 1, got {args.partitions}")
     warning_mb = _positive_mb(args.broker_memory_warning_mb)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

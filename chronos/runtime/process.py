@@ -19,8 +19,9 @@ from chronos import codec
 
 from chronos.runtime import logs, orphans
 from chronos.config import Settings, redact_url
-from chronos.errors import SchemaError, StoreUnavailable
+from chronos.errors import KafkaRefused, SchemaError, StoreRefused, StoreUnavailable
 from chronos.runtime.backoff import Outage
+from chronos.adapters.kafka.admin import probe
 from chronos.adapters.postgres.store import check_schema, connect
 
 log = logging.getLogger("chronos")
@@ -66,7 +67,8 @@ class Lifecycle:
 def wait_for_schema(settings: Settings, life: Lifecycle) -> bool:
     """Block until PostgreSQL answers with the right schema (retrying with backoff while it is down).
 
-    An unmigrated database raises SchemaError: waiting would not fix it.
+    An unmigrated database raises SchemaError, a refused password or certificate StoreRefused:
+    waiting would not fix them.
     """
     outage = Outage(log, first=0.5, cap=10.0)
     while life.running:
@@ -75,6 +77,8 @@ def wait_for_schema(settings: Settings, life: Lifecycle) -> bool:
                 check_schema(conn)
             outage.ok()
             return True
+        except StoreRefused:
+            raise
         except StoreUnavailable as exc:
             life.sleep(outage.failed(exc))
     return False
@@ -141,7 +145,10 @@ def _begin(record: RunRecord) -> tuple[dict, float]:
     return current, wait
 
 
-def run_process(role: str, settings: Settings, body: Callable[[Settings, uuid.UUID, Lifecycle], None]) -> int:
+def run_process(role: str, settings: Settings, body: Callable[[Settings, uuid.UUID, Lifecycle], None], *,
+                kafka: bool = True) -> int:
+    """Run a role's `body` as this process's work, from start (logging, signals, crash waits, the schema
+    and, if it uses `kafka`, Kafka's acceptance of its TLS and SASL settings) to a clean end: the exit code."""
     settings.require_services()
     node_id = uuid.uuid4()
     logs.setup(role, str(node_id), settings.log_level, settings.log_format, settings.secrets())
@@ -159,18 +166,29 @@ def run_process(role: str, settings: Settings, body: Callable[[Settings, uuid.UU
     if current is not None and current["crashes"]:
         log.warning("the previous run ended in a crash (%d in a row)%s", current["crashes"],
                     f": waiting {wait:.0f}s before starting" if wait else "")
-    code = _run(role, settings, node_id, life, body) if life.sleep(wait) else 0
+    code = _run(role, settings, node_id, life, body, kafka) if life.sleep(wait) else 0
     if record is not None and current is not None:
         record.write({**current, "clean": True})
     return code
 
 
+# How long a process waits at start for Kafka to answer before it goes on anyway: its clients then keep
+# retrying (an outage), while a refusal of its TLS or SASL settings ends it at once.
+KAFKA_CHECK_S = 5.0
+
+
 def _run(role: str, settings: Settings, node_id: uuid.UUID, life: Lifecycle,
-         body: Callable[[Settings, uuid.UUID, Lifecycle], None]) -> int:
+         body: Callable[[Settings, uuid.UUID, Lifecycle], None], kafka: bool) -> int:
     try:
         if not wait_for_schema(settings, life):
             return 0
-    except SchemaError as exc:
+        if kafka:
+            assert settings.kafka_bootstrap_servers is not None  # require_services()
+            reason = probe(settings.kafka_bootstrap_servers, settings.kafka_config, KAFKA_CHECK_S,
+                           settings.secrets(), what=role)
+            if reason is not None:
+                log.warning("kafka does not answer yet (%s); starting anyway, the clients keep retrying", reason)
+    except (SchemaError, StoreRefused, KafkaRefused) as exc:
         log.error("%s", exc)
         return exc.exit_code
     started = time.monotonic()

@@ -1,4 +1,4 @@
-"""The embedded broker's documented behaviours (docs/embedded-broker.md) still hold.
+"""The embedded broker's documented behaviours (docs/operations/embedded-stack.md) still hold.
 
 Runs `benchmarks.broker_facts --quick` against its own broker. The facts checked here are the
 ones the embedded profile and the docs rely on and that do not depend on the machine's speed; a

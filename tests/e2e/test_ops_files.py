@@ -3,6 +3,7 @@ the running processes export, and the rules pass promtool."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -89,6 +90,23 @@ def scrape(port: int) -> dict[str, set[str]]:
     return out
 
 
+def exported_families(port: int) -> set[str]:
+    """The names of the chronos_* metric families a process serves, as the reference names them."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        body = response.read().decode()
+    return {f.name + "_total" if f.type == "counter" else f.name
+            for f in text_string_to_metric_families(body) if f.name.startswith("chronos_")}
+
+
+def documented_metrics() -> set[str]:
+    """The metrics of the generated reference page (docs/hooks.py)."""
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    assert spec is not None and spec.loader is not None
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    return set(hooks.metric_families())
+
+
 def test_the_checker_catches_a_wrong_metric_and_a_wrong_label():
     exported = {"chronos_rows_due": {"role", "node"}}
     assert names_used('sum by (reason) (rate(chronos_x_total{topic="a"}[5m]))', ["node"]) == (
@@ -152,6 +170,8 @@ def test_dashboard_and_rules_name_only_what_running_processes_export(chronos_env
         assert "chronos_operator_actions_total" in exported, sorted(exported)
         assert "chronos_embedded_broker_rss_bytes" in exported, sorted(exported)
         assert unknown_names(exported) == []
+        # and the metrics reference of the docs lists every family they serve
+        assert set().union(*(exported_families(port) for port in ports)) - documented_metrics() == set()
     finally:
         for proc, _ in procs:
             proc.terminate()

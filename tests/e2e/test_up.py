@@ -51,6 +51,10 @@ def test_up_send_receive_and_clean_stop(tmp_path):
                 *up.program_pids()]
         assert len(pids) == 7
         assert info["console_url"].startswith("http://127.0.0.1:") and len(info["metrics_urls"]) == 3
+        # the embedded broker's topics have one partition: its fetches list every batch a partition holds
+        from chronos.adapters.kafka.admin import admin_client
+        topics = admin_client(info["bootstrap_servers"]).list_topics(timeout=10).topics
+        assert {len(topics[info[t]].partitions) for t in ("input_topic", "output_topic", "dlq_topic")} == {1}
         collect = Collector(info["bootstrap_servers"], [info["output_topic"]])
         sent_at = time.time()
         message_id = send(up.ready_file, "--delay", "2s", "--key", "K", "--value", "V", "--header", "h=1")

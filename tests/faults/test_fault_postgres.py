@@ -13,6 +13,7 @@ import pytest
 from chronos.embedded.postgres import EmbeddedPostgres
 from chronos.embedded.procs import free_port
 from faultchecks import check_common
+from tlskit import Authority, require_pg15
 from benchmarks.faultload import Scenario
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
@@ -20,18 +21,28 @@ pytestmark = [pytest.mark.faults, pytest.mark.slow]
 PROGRAMS = ("consumer_00", "firer_00", "firer_01", "detector_00")
 
 
-@pytest.fixture
-def postgres(tmp_path):
-    """A PostgreSQL this test owns, so it can stop and start it under a running stack."""
-    pg = EmbeddedPostgres(tmp_path / "pg", port=free_port(), fast=True, log_path=tmp_path / "pg.log")
+@pytest.fixture(params=["embedded", "15 over TLS"])
+def postgres(request, tmp_path):
+    """A PostgreSQL this test owns, so it can stop and start it under a running stack, and its URL: the
+    embedded one, or Debian's PostgreSQL 15 reached over TLS that checks its certificate (the processes
+    reconnect through the TLS handshake after the restart)."""
+    if request.param == "embedded":
+        pg = EmbeddedPostgres(tmp_path / "pg", port=free_port(), fast=True, log_path=tmp_path / "pg.log")
+        url = pg.url
+    else:
+        authority = Authority("fault", tmp_path / "ca")
+        pg = EmbeddedPostgres(tmp_path / "pg", port=free_port(), fast=True, log_path=tmp_path / "pg.log",
+                              bin_dir=require_pg15(), tls=authority.issue("postgres"))
+        url = f"{pg.url}?sslmode=verify-full&sslrootcert={authority.ca_file}"
     pg.start()
-    yield pg
+    yield pg, url
     pg.stop()
 
 
-def test_postgres_restarted_mid_load(tmp_path, postgres, fault_report):
-    with Scenario("4 PostgreSQL restart 5 s", tmp_path / "stack", "--firers", "2",
-                  "--database-url", postgres.url) as sc:
+def test_postgres_restarted_mid_load(tmp_path, postgres, fault_report, request):
+    postgres, url = postgres
+    name = "4 PostgreSQL restart 5 s" + (" TLS" if "TLS" in request.node.callspec.id else "")
+    with Scenario(name, tmp_path / "stack", "--firers", "2", "--database-url", url) as sc:
         time.sleep(8)
         down = time.time()
         postgres.stop()

@@ -10,15 +10,16 @@ from typing import Any, Callable
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from chronos.adapters.kafka.clients import CONSUMER_ONLY, PRODUCER_ONLY, error_text
-from chronos.errors import ConfigError, UnavailableError
+from chronos.adapters.kafka.clients import CONSUMER_ONLY, PRODUCER_ONLY, REFUSED_CONNECTION, error_text
+from chronos.errors import ConfigError, KafkaRefused, UnavailableError
 
 log = logging.getLogger("chronos.kafka")
 _ADMIN_LOG = logging.getLogger("chronos.kafka.admin")
 
 
 def admin_client(bootstrap: str, extra: dict[str, Any] | None = None, *, logger: logging.Logger = _ADMIN_LOG,
-                 error_cb: Callable[[KafkaError], None] | None = None, secrets: list[str] | None = None) -> AdminClient:
+                 error_cb: Callable[[KafkaError], None] | None = None, secrets: list[str] | None = None,
+                 what: str | None = None) -> AdminClient:
     """An admin client for `bootstrap` with the client properties an admin client accepts (TLS, SASL, ...)
     of `extra`, consumer- and producer-only ones left out. Reconnects quickly: it is used to wait for a
     broker that is starting. A one-line ConfigError if librdkafka refuses the settings."""
@@ -34,25 +35,48 @@ def admin_client(bootstrap: str, extra: dict[str, Any] | None = None, *, logger:
     try:
         return AdminClient(conf)
     except KafkaException as exc:
-        raise ConfigError(f"Kafka settings are not valid: {error_text(exc, secrets or [])}") from None
+        whose = f" of the {what}" if what else ""
+        raise ConfigError(f"Kafka settings{whose} are not valid: {error_text(exc, secrets or [])}") from None
+
+
+def probe(bootstrap: str, extra: dict[str, Any], timeout: float = 10.0, secrets: list[str] | None = None,
+          what: str | None = None) -> str | None:
+    """Ask Kafka for metadata until it answers or `timeout` seconds pass: None once it answered, else what
+    went wrong last. KafkaRefused at once when the broker refuses this client's TLS or SASL settings (or
+    this client the broker's certificate); ConfigError if librdkafka refuses the settings. Quiet: the
+    reconnect attempts are not printed."""
+    quiet = logging.getLogger("chronos.kafka.check")
+    quiet.propagate = False
+    if not quiet.handlers:
+        quiet.addHandler(logging.NullHandler())
+    errors: list[KafkaError] = []
+    admin = admin_client(bootstrap, extra, logger=quiet, error_cb=errors.append, secrets=secrets, what=what)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            # short requests, so that a refused handshake ends the wait as soon as it is reported
+            admin.list_topics(timeout=max(0.1, min(0.5, deadline - time.monotonic())))
+            return None
+        except KafkaException as exc:
+            reason = error_text(exc, secrets or [])
+        admin.poll(0)  # serves error_cb
+        for err in errors:
+            if err.code() in REFUSED_CONNECTION:
+                raise KafkaRefused(f"Kafka at {bootstrap} refused the connection: "
+                                   f"{error_text(KafkaException(err), secrets or [])}")
+        if errors:
+            reason = error_text(KafkaException(errors[-1]), secrets or [])
+        if time.monotonic() >= deadline:
+            return reason
 
 
 def check_reachable(bootstrap: str, extra: dict[str, Any], timeout: float = 10.0,
                     secrets: list[str] | None = None) -> None:
     """Raise UnavailableError unless Kafka answers a metadata request within `timeout` seconds
-    (ConfigError if librdkafka refuses the settings). Quiet: the reconnect attempts are not printed."""
-    quiet = logging.getLogger("chronos.kafka.check")
-    quiet.propagate = False
-    if not quiet.handlers:
-        quiet.addHandler(logging.NullHandler())
-    errors: list[str] = []
-    admin = admin_client(bootstrap, extra, logger=quiet, error_cb=lambda err: errors.append(err.str()),
-                         secrets=secrets)
-    try:
-        admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        reason = errors[-1] if errors else error_text(exc, secrets or [])
-        raise UnavailableError(f"cannot reach Kafka at {bootstrap} within {timeout:.0f}s: {reason}") from None
+    (KafkaRefused, a ConfigError, at once if it refuses this client's TLS or SASL settings)."""
+    reason = probe(bootstrap, extra, timeout, secrets)
+    if reason is not None:
+        raise UnavailableError(f"cannot reach Kafka at {bootstrap} within {timeout:.0f}s: {reason}")
 
 
 def create_topics(bootstrap_servers: str, topics: dict[str, int], config: dict | None = None,

@@ -31,7 +31,7 @@ PRODUCER_DEFAULTS = {
     "compression.type": "none",
     "queue.buffering.max.messages": "500000",
 }
-# The embedded broker's client profile (docs/embedded-broker.md), never for a real cluster: a consumer
+# The embedded broker's client profile (docs/operations/embedded-stack.md), never for a real cluster: a consumer
 # group's first join waits about half the session timeout, so short group timeouts; a waiting fetch is
 # not woken when data arrives, so a short fetch wait; and larger produce batches, because its fetch cost
 # grows with the number of stored batches (the firer's measured advance makes up for the longer linger:
@@ -55,15 +55,31 @@ PRODUCER_ONLY = ("acks", "enable.idempotence", "linger.ms", "batch.size", "compr
                   "delivery.timeout.ms", "batch.num.messages", "retries", "retry.backoff.ms")
 
 
+# librdkafka's errors for a broker that refused this client's TLS or SASL settings, or whose certificate
+# this client refused: new settings fix them, retrying with the same ones does not.
+REFUSED_CONNECTION = frozenset({KafkaError._SSL, KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED})
+UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE})
+
+
 class OutageLog:
-    """librdkafka reports a down broker every few ms: log it once per outage, and the recovery."""
+    """librdkafka reports a down broker, or a refused handshake, at every reconnect attempt: log it once
+    per outage, and the recovery."""
 
     def __init__(self, what: str):
         self.what = what
         self.down_since: float | None = None
 
     def error(self, err: KafkaError) -> None:
-        if err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE):
+        if err.code() in REFUSED_CONNECTION:
+            if self.down_since is None:
+                self.down_since = time.monotonic()
+            # a refusal that follows the outage's first error (a connection dropped, then refused) is
+            # still worth its own line: it says what to fix
+            if not self.refused:
+                self.refused = True
+                log.error("kafka refused the connection of the %s (%s): check its TLS and SASL settings; "
+                          "librdkafka keeps retrying", self.what, err.str())
+        elif err.code() in UNREACHABLE:
             if self.down_since is None:
                 self.down_since = time.monotonic()
                 log.warning("kafka unavailable for %s (%s); librdkafka keeps retrying", self.what, err.str())
@@ -72,10 +88,13 @@ class OutageLog:
         else:
             log.warning("kafka error in %s: %s", self.what, err.str())
 
+    refused = False  # a refusal was logged in the outage going on
+
     def ok(self) -> None:
         if self.down_since is not None:
             log.warning("kafka reachable again for %s after %.1fs", self.what, time.monotonic() - self.down_since)
             self.down_since = None
+            self.refused = False
 
 
 def base_config(settings: Settings) -> dict[str, Any]:

@@ -22,7 +22,8 @@ from chronos.config import database_passwords, redact_url
 from chronos.domain import cron, ratelimit, schedules
 from chronos.domain.model import (DUE_CAP, ESTIMATE_ABOVE, Claimed, NodeLoad, Overview, Parked, Row, Stale,
                                   Throttled)
-from chronos.errors import SchemaError, StoreRejected, StoreUnavailable, UnavailableError  # noqa: F401
+from chronos.errors import (SchemaError, StoreRefused, StoreRejected, StoreUnavailable,  # noqa: F401
+                            UnavailableError, UnsupportedServer)
 
 log = logging.getLogger("chronos.store")
 
@@ -91,11 +92,30 @@ class _EpochUsDumper(psycopg.adapt.Dumper):
         return self._pack(obj - 946_684_800_000_000)
 
 
+# What libpq says when the server refused this client, rather than could not be reached: its
+# authentication (a wrong password, no pg_hba.conf entry) and the TLS checks either side makes. A failed
+# connection carries no SQLSTATE: the words are all there is.
+_REFUSED = ("password authentication failed", "no pg_hba.conf entry", "pg_hba.conf rejects", "no password supplied",
+            "certificate verify failed", "does not match host name", "root certificate file", "certificate file",
+            "private key file", "SSL is not supported", "SSL was required", "sslmode value", "tlsv1 alert",
+            "wrong version number")
+
+
+def refused(exc: psycopg.Error) -> bool:
+    """Whether a failed connection was a refusal of this client's credentials or TLS settings (or of the
+    server's certificate by this client): something only new settings fix."""
+    return any(words in str(exc) for words in _REFUSED)
+
+
 def connect(url: str, *, autocommit: bool = True, connect_timeout: int = 5) -> psycopg.Connection:
+    """A connection to `url`: StoreRefused when PostgreSQL refuses this client (password, TLS),
+    StoreUnavailable when it cannot be reached; both one line without the password."""
     try:
         return psycopg.connect(url, autocommit=autocommit, connect_timeout=connect_timeout,
                                application_name="chronos")
     except psycopg.Error as exc:
+        if refused(exc):
+            raise StoreRefused(f"PostgreSQL at {redact_url(url)} refused the connection: {_short(exc, url)}") from None
         raise StoreUnavailable(f"cannot connect to PostgreSQL at {redact_url(url)}: {_short(exc, url)}") from None
 
 
@@ -124,18 +144,37 @@ def _short(exc: BaseException, url: str | None = None) -> str:
     return redact_url(text, database_passwords(url) if url else ())
 
 
+# The oldest PostgreSQL Chronos supports: the oldest its tests run against (Debian's PostgreSQL 15, beside
+# the embedded 18). Older servers are refused by `chronos migrate` and by the processes at start.
+MIN_SERVER_VERSION = 150000  # server_version_num
+
+
+def check_server_version(conn: psycopg.Connection) -> None:
+    """UnsupportedServer if the server is older than MIN_SERVER_VERSION."""
+    version = conn.info.server_version
+    if version < MIN_SERVER_VERSION:
+        raise UnsupportedServer(f"PostgreSQL {version // 10000}.{version % 10000} is older than the oldest this "
+                                f"chronos supports ({MIN_SERVER_VERSION // 10000}): upgrade the server")
+
+
 def migrate(url: str) -> list[int]:
-    """Apply every migration not yet applied; safe to run concurrently and repeatedly."""
+    """Apply every migration not yet applied; safe to run concurrently and repeatedly. A database already
+    at the latest version is left untouched, so a role without the right to create tables (the one the
+    processes run as) may run it too."""
     applied: list[int] = []
     try:
         with connect(url, autocommit=False) as conn:
+            check_server_version(conn)
             with conn.transaction():
                 conn.execute(QUERIES["migrate_lock"], {"lock": _MIGRATE_LOCK})
-                conn.execute(QUERIES["create_schema_version"])
-                current = _one(conn.execute(QUERIES["schema_version"]))[0]
+                exists = _one(conn.execute(QUERIES["has_schema_version"]))[0]
+                current = _one(conn.execute(QUERIES["schema_version"]))[0] if exists else 0
                 if current > LATEST_VERSION:
                     raise SchemaError(f"database schema is at version {current}, newer than this chronos "
                                       f"({LATEST_VERSION}): upgrade chronos")
+                if current == LATEST_VERSION:
+                    return []
+                conn.execute(QUERIES["create_schema_version"])
                 for version, name, text in migrations():
                     if version <= current:
                         continue
@@ -157,6 +196,8 @@ def _one(cursor: psycopg.Cursor) -> tuple[Any, ...]:
 
 
 def check_schema(conn: psycopg.Connection) -> None:
+    """SchemaError unless the database is migrated to this chronos's version on a supported server."""
+    check_server_version(conn)
     try:
         exists = _one(conn.execute(QUERIES["has_schema_version"]))[0]
         current = _one(conn.execute(QUERIES["schema_version"]))[0] if exists else 0

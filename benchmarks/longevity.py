@@ -1,0 +1,101 @@
+"""`python -m benchmarks.longevity`: ONE stack, the same steady load step after step, until it has
+carried millions of messages: does it keep its promises as it ages?
+
+    python -m benchmarks.longevity --rate 4000 --duration 90 --steps 6          # the embedded default, 1/1/1
+    python -m benchmarks.longevity --rate 4000 --steps 6 -- --consumers 2 --firers 2 --detectors 2
+    python -m benchmarks.longevity --rate 1000 --duration 300 --steps 12        # an hour at 1,000 msg/s
+    python -m benchmarks.longevity --rate 4000 --steps 6 -- --partitions 4     # any `chronos up` argument
+
+Every step is a step of the SLA harness (benchmarks/sla.py: its load generator, output reader, broker
+probe and report) on the stack the steps before it aged; between steps the stack is not touched. Per
+step: messages carried so far (sent to the input topic), p99.9 jitter, the broker's floor p99.9 in the same
+step, the firer's publish lateness (CreateTime - deadline) p50 and p99.9, the embedded broker's RSS,
+lost messages (accounted for: benchmarks/accounting.py). Results: a printed table and
+benchmarks/results/<date>/longevity-<layout>-<rate>.json (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import orjson
+
+from benchmarks import report, sla
+from benchmarks.stack import External, Stack, layout_args, run_on
+
+
+def rss_mb(pid: int | None) -> float | None:
+    """A process's resident memory (MB), None if it is not there."""
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return round(int(f.read().split()[1]) * 4096 / 2**20, 1)
+    except OSError:
+        return None
+
+
+def row(k: int, carried: int, s: dict, rss: float | None) -> dict:
+    jitter, floor, publish = s.get("jitter_ms") or {}, s.get("broker_floor_ms") or {}, s.get("publish_lateness_ms") or {}
+    return {"step": k, "messages_carried": carried, "sent": s["sent"], "jitter_p50_ms": jitter.get("p50"),
+            "jitter_p999_ms": jitter.get("p999"), "floor_p999_ms": floor.get("p999"),
+            "publish_p50_ms": publish.get("p50"), "publish_p999_ms": publish.get("p999"), "broker_rss_mb": rss,
+            "lost": s["lost"], "fire_rate": s["fire_rate"], "sla_pass": s["sla_pass"],
+            "undelivered": (s.get("undelivered") or {}).get("by_state")}
+
+
+def table(rows: list[dict]) -> list[str]:
+    head = ["step", "messages through the stack", "p99.9 jitter ms", "floor p99.9 ms",
+            "publish lateness p50 / p99.9 ms", "broker RSS MB", "lost", "SLA"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        lines.append(f"| {r['step']} | {r['messages_carried'] / 1e6:.2f} M | {r['jitter_p999_ms']} | {r['floor_p999_ms']} "
+                     f"| {r['publish_p50_ms']} / {r['publish_p999_ms']} | {r['broker_rss_mb']} | {r['lost']} "
+                     f"| {'pass' if r['sla_pass'] else 'fail'} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    steps_parser = argparse.ArgumentParser(add_help=False)
+    steps_parser.add_argument("--steps", type=int, default=6)
+    own, rest = steps_parser.parse_known_args(argv)
+    args = sla.parse_args(rest)
+    if own.steps < 1 or args.rate <= 0 or args.duration <= 0:
+        print("--steps, --rate and --duration must be positive", file=sys.stderr)
+        return 2
+    stack: Stack | External = External(args.ready_file) if args.ready_file else \
+        Stack(*layout_args(args.consumers, args.firers, args.detectors), *args.up_args)
+    date = report.now_iso()
+    base = args.out or Path("benchmarks/out") / (datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-longevity")
+
+    def run(info: dict) -> dict:
+        target = sla.ChronosTarget(args, info)
+        rows: list[dict] = []
+        carried = 0
+        for k in range(1, own.steps + 1):
+            summary = sla.run_step(target, args, args.rate, args.duration, base / f"step-{k:02d}", stack)
+            carried += summary["sent"]
+            rows.append(row(k, carried, summary, rss_mb(info.get("broker_pid"))))
+            print("\n".join(table(rows)[-1:]), flush=True)
+        return {"layout": target.layout(), "rows": rows}
+    code, result = run_on(stack, run)
+    if result is None:
+        return code
+    out = {"benchmark": "longevity", "date": date, "rate": args.rate, "step_duration_s": args.duration,
+           "layout": result["layout"], "chronos_up_args": args.up_args, "rows": result["rows"],
+           "machine": report.machine_info(), "code": report.code_version()}
+    print(f"\nlongevity, layout {result['layout']}, {args.rate:g} msg/s in steps of {args.duration:g} s:")
+    print("\n".join(table(result["rows"])), flush=True)
+    path = base / "longevity.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(orjson.dumps(report.finite(out), option=orjson.OPT_INDENT_2))
+    print(f"wrote {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,7 +17,10 @@ Phases, in this order, on one stack that is never restarted:
 
 Per phase: jitter p50/p99/p99.9 and the broker floor of the same phase (the SLA harness's probe), the
 slowest claim, delete, detector scan and consumer insert (from the processes' /metrics), duplicates,
-messages more than 60 s late, lost ones; the spike adds its drain time and fire rate. The load
+messages more than 60 s late, lost ones; the spike adds its drain time and fire rate. With the embedded
+broker (the stats file `chronos up` writes): the messages it held at the phase's end and how many went
+through it during the phase, its memory (RSS) at the end and the most, its CPU, and the intake lag (the
+most input messages the consumer group had not read yet, sampled every few seconds). The load
 generator, output reader and probe are the SLA harness's (benchmarks/kafka_load.py); see
 benchmarks/report.py for how jitter and the floor are measured. Results: a printed table and
 benchmarks/results/<date>/day-<layout>.json (or --out).
@@ -226,6 +229,28 @@ def phase_figures(rec: Records, *, window: tuple[float, float], probe: tuple[np.
     return out
 
 
+def broker_figures(samples: list[tuple[float, int | None, int | None, int | None]], start: float, end: float,
+                   cpu: dict | None) -> dict | None:
+    """The embedded broker during [start, end) from samples (time, rss bytes, messages held, input
+    messages not read yet; None where unknown) and the phase's CPU figures (its "broker" group): the
+    messages held at the end and how many went through it (held at the end - held before the phase),
+    the RSS at the end and the most, its CPU cores, the most input messages not read yet. None without
+    samples in the phase (no embedded broker)."""
+    inside = [x for x in samples if start <= x[0] < end]
+    if not inside:
+        return None
+    before = [x for x in samples if x[0] < start and x[2] is not None][-1:]
+    held = [x[2] for x in inside if x[2] is not None]
+    rss = [x[1] for x in inside if x[1] is not None]
+    unread = [x[3] for x in inside if x[3] is not None]
+    return {"messages_held": held[-1] if held else None,
+            "messages_through": held[-1] - (before[0][2] if before else held[0]) if held else None,
+            "rss_mb": round(rss[-1] / 2 ** 20, 1) if rss else None,
+            "rss_mb_max": round(max(rss) / 2 ** 20, 1) if rss else None,
+            "cpu_cores": ((cpu or {}).get("broker") or {}).get("cores"),
+            "intake_lag_max": max(unread) if unread else None}
+
+
 def targets(phase: dict) -> dict[str, bool]:
     """The issue's targets for one phase (the spike is exempt from the p99.9 bound)."""
     j = phase.get("jitter_ms") or {}
@@ -247,6 +272,10 @@ def _ms(v) -> str:
     return "-" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.1f}"
 
 
+def _count(v) -> str:
+    return "-" if v is None else f"{v:,.0f}"
+
+
 def _slowest(st: dict | None) -> str:
     if not st or st.get("slowest_s") is None:
         return "-"
@@ -256,6 +285,7 @@ def _slowest(st: dict | None) -> str:
 def table_lines(result: dict) -> list[str]:
     """The per-phase table as printed (Markdown, so docs/benchmarks can take it as it is)."""
     head = ["phase", "msg/s", "sent", "jitter p50 / p99 / p99.9 ms", "publish lateness p99.9 ms", "floor p99.9 ms",
+            "intake lag max msgs", "broker msgs through / held", "broker RSS MB end / max", "broker CPU",
             "slowest claim s",
             "slowest delete s", "slowest scan s", "dup", ">60 s late", "lost", "notes"]
     rows = [head, ["---"] * len(head)]
@@ -279,9 +309,13 @@ def table_lines(result: dict) -> list[str]:
         if not p.get("targets_met", True):
             notes.append("missed: " + ",".join(k for k, v in p["targets"].items() if not v))
         rate = "all due at once" if "spike" in p else f"{p['rate']:,.0f}"
+        b = p.get("broker") or {}
         rows.append([p["name"], rate, f"{p['sent']:,}",
                      f"{_ms(j.get('p50'))} / {_ms(j.get('p99'))} / {_ms(j.get('p999'))}", _ms(pub.get("p999")),
-                     _ms(f.get("p999")),
+                     _ms(f.get("p999")), _count(b.get("intake_lag_max")),
+                     f"{_count(b.get('messages_through'))} / {_count(b.get('messages_held'))}",
+                     f"{_count(b.get('rss_mb'))} / {_count(b.get('rss_mb_max'))}",
+                     "-" if b.get("cpu_cores") is None else f"{b['cpu_cores']:.2f}",
                      _slowest(st.get("claim")), _slowest(st.get("delete")), _slowest(st.get("scan")),
                      str(p["duplicates"]), str(p["late_over_60s"]), str(p["lost"]), "; ".join(notes)])
     return ["| " + " | ".join(r) + " |" for r in rows]
@@ -313,6 +347,27 @@ class Scraper:
             except OSError as exc:
                 print(f"cannot scrape {name} on port {port}: {exc}", flush=True)
         return out
+
+
+class BrokerWatch(threading.Thread):
+    """Every second: the embedded broker's memory (read now) and the messages it holds and the input
+    messages not read yet (as `chronos up` last sampled them, in its stats file). Nothing without one."""
+
+    def __init__(self, stats_file: str | None):
+        super().__init__(name="broker-watch", daemon=True)
+        self.stats_file = stats_file
+        self.samples: list[tuple[float, int | None, int | None, int | None]] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        from chronos.embedded.watch import read_stats, rss_bytes
+        while self.stats_file and not self.stopping.is_set():
+            stats = read_stats(self.stats_file)
+            if stats is not None:
+                rss = rss_bytes(stats["pid"]) if stats.get("pid") else None
+                self.samples.append((time.time(), rss if rss is not None else stats.get("rss_bytes"),
+                                     stats.get("messages"), stats.get("input_unread")))
+            self.stopping.wait(1.0)
 
 
 class StoreWatch(threading.Thread):
@@ -504,6 +559,7 @@ class Day:
         self.recs = [Records.create(self.ctx, ph.capacity) for ph in self.plan]
         self.scraper = Scraper(metrics_base, lambda: [p["name"] for p in self.target.programs() or []])
         self.watch = StoreWatch(self.url)
+        self.broker_watch = BrokerWatch(info.get("broker_stats_file"))
         self.stop = self.ctx.Event()
         self.helpers: list = []
 
@@ -531,6 +587,7 @@ class Day:
         self.helpers = [reader, probe]
         sla._wait_ready([(reader, ready_r), (probe, ready_p)])
         self.watch.start()
+        self.broker_watch.start()
 
     def check(self) -> None:
         for proc in self.helpers:
@@ -554,6 +611,7 @@ class Day:
                 if proc.is_alive():
                     proc.terminate()
             self.watch.stopping.set()
+            self.broker_watch.stopping.set()
             self.target.drop_probe_topic()
         probe = self.target.probe()
         for k, d in enumerate(done):
@@ -564,6 +622,7 @@ class Day:
             d.update(phase_figures(self.recs[k], window=(floor_from, d["window"][1]), probe=probe,
                                    timing_advance_ms=self.args.timing_advance_ms, spike_deadline=spike_deadline))
             d["store"] = self.watch.figures(*d["window"])
+            d["broker"] = broker_figures(self.broker_watch.samples, *d["window"], d.get("cpu"))
             d["window_s"] = [round(d["window"][0] - started, 1), round(d["window"][1] - started, 1)]
             d.pop("window")
             d["targets"] = targets(d)

@@ -331,11 +331,8 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | No
             value = environ.get(opt.env)
         if value is not None:
             raw[opt.attr] = value
-    ready_path = (getattr(args, "ready_file", None) if args is not None else None) or environ.get("CHRONOS_READY_FILE")
-    if default_ready_file and not ready_path and not (raw.get("database_url") or
-                                                      raw.get("kafka_bootstrap_servers")):
-        default = Path(environ.get("CHRONOS_DATA_DIR", ".chronos")) / "ready.json"
-        ready_path = str(default) if default.is_file() else None
+    ready_path = find_ready_file(args, environ, default=default_ready_file and not (
+        raw.get("database_url") or raw.get("kafka_bootstrap_servers")))
     if ready_path:
         ready = read_ready_file(ready_path)
         for key, attr in READY_KEYS.items():
@@ -349,6 +346,16 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | No
         parsed = opt.parse(opt.env, text)
         values[opt.attr] = parsed
     return Settings(**values).validate()
+
+
+def find_ready_file(args: argparse.Namespace | None, environ: Mapping[str, str], *, default: bool) -> str | None:
+    """The ready file to read: --ready-file, else CHRONOS_READY_FILE, else (with `default`) the one of a
+    `chronos up` in this directory (`.chronos/ready.json`, or under CHRONOS_DATA_DIR) if it exists."""
+    path = (getattr(args, "ready_file", None) if args is not None else None) or environ.get("CHRONOS_READY_FILE")
+    if default and not path:
+        here = Path(environ.get("CHRONOS_DATA_DIR", ".chronos")) / "ready.json"
+        path = str(here) if here.is_file() else None
+    return path
 
 
 def read_ready_file(path: str | os.PathLike[str]) -> dict[str, Any]:

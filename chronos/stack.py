@@ -8,7 +8,10 @@ web console (unless --no-console or its extra is missing).
 One `chronos up` per data directory (a lock file). Everything it starts dies with it, even when
 it is killed outright, and the next one stops whatever an earlier killed one left behind (see
 chronos.runtime.orphans). An embedded PostgreSQL that dies is started again on the same port (crash
-recovery); the programs reconnect by themselves, and the memory-only broker keeps its messages.
+recovery); the programs reconnect by themselves, and the memory-only broker keeps its messages. An
+embedded broker that dies is started again on the same port with the topics recreated, and the
+programs with it; it had its messages in memory only, and `chronos up` says how many input messages
+not yet read were lost with it (from the offsets it samples every few seconds: chronos.embedded.watch).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from chronos import config
 
 from chronos.runtime import orphans
 
-from chronos.adapters.kafka.admin import check_reachable, create_topics
+from chronos.adapters.kafka.admin import OffsetReader, check_reachable, create_topics
 from chronos.adapters.kafka.clients import EMBEDDED_PROFILE
 from chronos.adapters.postgres import store
 from chronos.config import Settings, redact_url
@@ -42,8 +45,9 @@ from chronos.console.launch import ConsoleProcess
 from chronos.embedded.broker import EmbeddedBroker
 from chronos.embedded.postgres import EmbeddedPostgres
 from chronos.embedded.procs import EmbeddedError
+from chronos.embedded.watch import STATS_ENV, BrokerWatch, default_warning_bytes, machine_memory_bytes
 from chronos.ops.endpoints import metrics_urls, pick_metrics_base
-from chronos.errors import EXIT_CONFIG, EXIT_EMBEDDED, EXIT_SCHEMA, ChronosError
+from chronos.errors import EXIT_CONFIG, EXIT_EMBEDDED, EXIT_SCHEMA, ChronosError, UnavailableError
 from chronos.runtime.backoff import Backoff
 
 log = logging.getLogger("chronos.up")
@@ -105,6 +109,8 @@ class Stack:
     broker: EmbeddedBroker | None = None
     supervisord: subprocess.Popen | None = None
     console: ConsoleProcess | None = None
+    broker_warning_bytes: int | None = None  # None: default_warning_bytes of this machine
+    broker_watch: BrokerWatch | None = None
     run_dir: Path = field(init=False)
     supervisor_dir: Path = field(init=False)  # the run directory, by a short link when its path is too long
     log_dir: Path = field(init=False)
@@ -178,9 +184,9 @@ class Stack:
         life_check()
         if self.partitions is None:
             self.partitions = EXTERNAL_PARTITIONS if self.broker is None else EMBEDDED_PARTITIONS
-        create_topics(s.kafka_bootstrap_servers, {t: self.partitions for t in
-                                                  (s.input_topic, s.output_topic, s.dlq_topic)},
-                      client_config=s.kafka_config)
+        self.create_topics()
+        if self.broker is not None:
+            self.watch_broker()
         applied = store.migrate(s.database_url)
         print(f"schema at version {store.LATEST_VERSION}"
               + (f" (applied {', '.join(map(str, applied))})" if applied else ""), flush=True)
@@ -197,6 +203,32 @@ class Stack:
                   + ("read-only: no CHRONOS_CONSOLE_TOKEN" if s.console_token is None else "actions need the token")
                   + ")", flush=True)
 
+    def create_topics(self) -> None:
+        s = self.settings
+        assert s.kafka_bootstrap_servers is not None  # given, or the embedded broker's
+        assert self.partitions is not None  # chosen by start()
+        create_topics(s.kafka_bootstrap_servers, {t: self.partitions for t in
+                                                  (s.input_topic, s.output_topic, s.dlq_topic)},
+                      client_config=s.kafka_config)
+
+    def watch_broker(self) -> None:
+        """Sample the embedded broker from now on (its memory, what it holds, what a restart would lose)."""
+        assert self.broker is not None
+        s = self.settings
+        bootstrap = self.broker.bootstrap_servers
+        warning = self.broker_warning_bytes or default_warning_bytes(machine_memory_bytes())
+        self.broker_watch = BrokerWatch(
+            self.run_dir / "broker-stats.json", s.input_topic, say=self.say, warning_bytes=warning,
+            reader=lambda: OffsetReader(bootstrap, s.consumer_group, s.input_topic, s.kafka_config,
+                                        secrets=s.secrets()))
+        self.broker_watch.started(self.broker.pid, self.broker.port)
+
+    def say(self, line: str) -> None:
+        """Tell the operator about the embedded broker: printed, and noted in the broker's log."""
+        print(line, flush=True)
+        if self.broker is not None:
+            self.broker.note(line)
+
     def live_counts(self) -> dict[str, int]:
         return {role: n for role, n in self.counts.items() if n > 0}
 
@@ -211,6 +243,8 @@ class Stack:
             "CHRONOS_FIRERS": str(max(1, self.counts["firer"])),
             "CHRONOS_DETECTORS": str(max(1, self.counts["detector"])),
         })
+        if self.broker_watch is not None:
+            env[STATS_ENV] = str(self.broker_watch.path)  # the detector exports it, the console shows it
         if self.kafka_properties_file:
             # the programs read the file themselves, so its secrets stay out of their environment
             env["CHRONOS_KAFKA_PROPERTIES_FILE"] = self.kafka_properties_file
@@ -302,6 +336,7 @@ class Stack:
                 "supervisord_pid": self.supervisord.pid if self.supervisord else None,
                 "postgres_pid": self.postgres.pid if self.postgres else None,
                 "broker_pid": self.broker.pid if self.broker else None,
+                "broker_stats_file": str(self.broker_watch.path) if self.broker_watch else None,
                 "kafka_properties": s.kafka_properties, "pid": os.getpid(),
                 "console_url": self.console.url if self.console else None,
                 "console_pid": self.console.proc.pid if self.console and self.console.proc else None,
@@ -327,8 +362,8 @@ class Stack:
     # -- run and stop ----------------------------------------------------------------------
 
     def watch(self, stopping: threading.Event) -> None:
-        """Until asked to stop: restart a dead embedded PostgreSQL; fail loudly if a program, the
-        broker or supervisord dies for good."""
+        """Until asked to stop: restart a dead embedded PostgreSQL or broker, sample the broker; fail
+        loudly if a program or supervisord dies for good."""
         while not stopping.wait(1.0):
             if self.supervisord is not None and self.supervisord.poll() is not None:
                 raise StackError(f"supervisord exited unexpectedly (code {self.supervisord.returncode})")
@@ -336,8 +371,8 @@ class Stack:
                 self.restart_postgres(stopping)
                 continue
             if self.broker is not None and not self.broker.running:
-                raise StackError("the embedded broker stopped unexpectedly; see "
-                                 f"{self.log_dir / 'broker.log'}")
+                self.restart_broker(stopping)
+                continue
             try:
                 infos = self.program_states()
             except (OSError, xmlrpc.client.Fault) as exc:
@@ -348,6 +383,8 @@ class Stack:
                             self.console.log_path)
                 self.console = None
             self.check_programs(infos)
+            if self.broker_watch is not None:
+                self.broker_watch.tick(time.monotonic())
 
     def restart_postgres(self, stopping: threading.Event) -> None:
         """Start the embedded PostgreSQL again on its port, retrying with backoff until it runs.
@@ -377,6 +414,59 @@ class Stack:
               f"{self.log_dir / 'postgres.log'} for its recovery", flush=True)
         self.write_ready_file(self.ready_info())
 
+    def restart_broker(self, stopping: threading.Event) -> None:
+        """Start the embedded broker again on its port and recreate the topics, retrying with backoff;
+        the programs are stopped meanwhile and started afresh after.
+
+        It kept everything in memory: topics, messages, the groups' committed offsets are gone. The
+        line it prints says how many input messages not yet read by the consumer group were lost, from
+        the last sample of the offsets. The messages waiting in PostgreSQL are safe.
+
+        The programs are restarted rather than left to reconnect because a restarted broker hands out
+        idempotent producer ids again from the start: a producer that kept an id of the dead broker
+        shares it with a new one, and its next message, taken for a duplicate, is acknowledged and
+        stored nowhere (measured). While the broker is down they can do nothing anyway: the firer
+        hands its claimed rows back as it stops.
+        """
+        broker, watch = self.broker, self.broker_watch
+        assert broker is not None and watch is not None
+        how = _describe_exit(broker.returncode)
+        old_pid = broker.pid
+        print(f"the embedded broker (pid {old_pid}) stopped unexpectedly ({how}); stopping the programs and "
+              f"starting it again on port {broker.port}", flush=True)
+        self.stop_programs()
+        backoff = Backoff(first=1.0, cap=30.0)
+        while not stopping.is_set():
+            try:
+                broker.start(timeout=30)  # returns at once when it runs and only the topics failed
+                self.create_topics()
+                break
+            except (EmbeddedError, UnavailableError) as exc:
+                delay = backoff.failed()
+                print(f"the embedded broker does not start again ({exc}); retrying in {delay:.0f}s", flush=True)
+                stopping.wait(delay)
+        else:
+            return
+        self.start_programs()
+        self.say(watch.restarted(old_pid, how, broker.pid, broker.port, time.time()))
+        self.write_ready_file(self.ready_info())
+
+    def stop_programs(self) -> None:
+        """Stop every program (gracefully, as supervisord.conf says) and wait until they stopped."""
+        try:
+            self.rpc().supervisor.stopAllProcesses(True)
+        except (OSError, xmlrpc.client.Fault) as exc:
+            log.warning("cannot stop the programs through supervisord: %s", exc)
+
+    def start_programs(self) -> None:
+        """Start the programs of every role that runs (not those asked for 0) and note their new pids."""
+        try:
+            for group in self.live_counts():
+                self.rpc().supervisor.startProcessGroup(group, True)
+            self.program_pids = {i["name"]: i["pid"] for i in self.program_states() if i["pid"]}
+        except (OSError, xmlrpc.client.Fault) as exc:
+            log.warning("cannot start the programs through supervisord: %s", exc)
+
     def stop(self) -> None:
         if not self.lock.held:
             return  # refused the data directory: everything there belongs to someone else
@@ -387,6 +477,8 @@ class Stack:
         if self.supervisord is not None and self.supervisord.poll() is None:
             print("stopping programs ...", flush=True)
             orphans.stop_child(self.supervisord, 60)
+        if self.broker_watch is not None:
+            self.broker_watch.close()
         if self.broker is not None:
             print("stopping the embedded broker ...", flush=True)
             self.broker.stop()
@@ -405,6 +497,20 @@ def _describe_exit(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
+
+
+def _positive_mb(value: str | None) -> int | None:
+    """--broker-memory-warning-mb (or its variable, a string): a positive whole number of MB, or None."""
+    if value is None or value == "":
+        return None
+    try:
+        mb = int(value)
+    except ValueError:
+        mb = 0
+    if mb < 1:
+        raise config.ConfigError(f"--broker-memory-warning-mb (CHRONOS_BROKER_MEMORY_WARNING_MB) must be a "
+                                 f"positive whole number of MB, got {value!r}")
+    return mb
 
 
 def _tail(path: Path, lines: int) -> str:
@@ -428,6 +534,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"whose fetches slow with every batch a partition holds; {EXTERNAL_PARTITIONS} on a real Kafka)")
     parser.add_argument("--pg-port", type=int, default=None, help="port of the embedded PostgreSQL (default: free)")
     parser.add_argument("--kafka-port", type=int, default=None, help="port of the embedded broker (default: free)")
+    parser.add_argument("--broker-memory-warning-mb", metavar="MB",
+                        default=os.environ.get("CHRONOS_BROKER_MEMORY_WARNING_MB"),
+                        help="warn when the embedded broker's memory passes this many MB "
+                             "[env CHRONOS_BROKER_MEMORY_WARNING_MB] (default: 2048, or half the machine's "
+                             "memory when that is less)")
     parser.add_argument("--no-console", action="store_true",
                         help="do not start the web console (it serves on CHRONOS_CONSOLE_HOST:CHRONOS_CONSOLE_PORT)")
 
@@ -445,11 +556,13 @@ def run(args: argparse.Namespace) -> int:
             raise config.ConfigError(f"--{role}s must be between 0 and 64, got {n}")
     if args.partitions is not None and args.partitions < 1:
         raise config.ConfigError(f"--partitions must be at least 1, got {args.partitions}")
+    warning_mb = _positive_mb(args.broker_memory_warning_mb)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     stack = Stack(settings, data_dir, counts, partitions=args.partitions,
                   pg_port=args.pg_port, kafka_port=args.kafka_port, ready_file=ready_file,
                   kafka_properties_file=str(Path(args.kafka_properties_file).resolve())
-                  if args.kafka_properties_file else None)
+                  if args.kafka_properties_file else None,
+                  broker_warning_bytes=None if warning_mb is None else warning_mb * 2 ** 20)
     if not args.no_console:
         why_not = ConsoleProcess.available()
         if why_not:

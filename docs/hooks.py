@@ -133,31 +133,44 @@ def exit_codes_page() -> str:
 
 def metric_families() -> dict[str, dict[str, Any]]:
     """Every Chronos metric of the three roles' registries: name -> type, help, labels, roles."""
+    import os
+    import tempfile
+    from dataclasses import asdict
     from types import SimpleNamespace
+
+    import orjson
 
     from chronos.adapters.kafka.watch import ProducerWatch
     from chronos.config import Settings
+    from chronos.embedded.watch import STATS_ENV, BrokerStats
     from chronos.ops import telemetry
     found: dict[str, dict[str, Any]] = {}
-    for cls in (telemetry.ConsumerTelemetry, telemetry.FirerTelemetry, telemetry.DetectorTelemetry):
-        t = cls("00000000-0000-0000-0000-000000000000", Settings(), environ={})
-        # what each role's run() attaches to its telemetry (chronos/roles/*.py); a process's real scrape is
-        # checked against this list by tests/e2e/test_ops_files.py
-        t.follow(dict)
-        if isinstance(t, (telemetry.ConsumerTelemetry, telemetry.FirerTelemetry)):
-            t.follow_producer(ProducerWatch(t.role, stall_s=10.0, now=0.0))
-        if isinstance(t, telemetry.FirerTelemetry):
-            t.follow_timing(lambda: 0, SimpleNamespace(latency=0.0, offset_us=0))
-        if isinstance(t, telemetry.DetectorTelemetry):  # per-topic gauges have no series until a topic is limited
-            t.throttled_gauges([SimpleNamespace(topic="t", rows=0, lateness_s=0.0)])
-        for family in t.registry.collect():
-            name = {"counter": family.name + "_total", "info": family.name + "_info"}.get(family.type, family.name)
-            if not name.startswith("chronos_"):
-                continue  # the client library's process_* and python_* metrics
-            labels = sorted({k for s in family.samples for k in s.labels} - {"role", "node", "le"})
-            entry = found.setdefault(name, {"type": family.type, "help": family.documentation, "labels": labels,
-                                            "roles": []})
-            entry["roles"].append(t.role)
+    # the detector exports the embedded broker's figures from the stats file `chronos up` writes
+    stats = tempfile.NamedTemporaryFile(suffix=".json", delete=False)
+    stats.write(orjson.dumps(asdict(BrokerStats(rss_bytes=0, messages=0, input_unread=0, sampled_at=0.0))))
+    stats.close()
+    try:
+        for cls in (telemetry.ConsumerTelemetry, telemetry.FirerTelemetry, telemetry.DetectorTelemetry):
+            t = cls("00000000-0000-0000-0000-000000000000", Settings(), environ={STATS_ENV: stats.name})
+            # what each role's run() attaches to its telemetry (chronos/roles/*.py); a process's real scrape is
+            # checked against this list by tests/e2e/test_ops_files.py
+            t.follow(dict)
+            if isinstance(t, (telemetry.ConsumerTelemetry, telemetry.FirerTelemetry)):
+                t.follow_producer(ProducerWatch(t.role, stall_s=10.0, now=0.0))
+            if isinstance(t, telemetry.FirerTelemetry):
+                t.follow_timing(lambda: 0, SimpleNamespace(latency=0.0, offset_us=0))
+            if isinstance(t, telemetry.DetectorTelemetry):  # per-topic gauges have no series until a topic is limited
+                t.throttled_gauges([SimpleNamespace(topic="t", rows=0, lateness_s=0.0)])
+            for family in t.registry.collect():
+                name = {"counter": family.name + "_total", "info": family.name + "_info"}.get(family.type, family.name)
+                if not name.startswith("chronos_"):
+                    continue  # the client library's process_* and python_* metrics
+                labels = sorted({k for s in family.samples for k in s.labels} - {"role", "node", "le"})
+                entry = found.setdefault(name, {"type": family.type, "help": family.documentation, "labels": labels,
+                                                "roles": []})
+                entry["roles"].append(t.role)
+    finally:
+        os.unlink(stats.name)
     return found
 
 

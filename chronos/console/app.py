@@ -148,6 +148,14 @@ def display(store: dict[str, Any] | None, rates: dict[str, float] | None,
                    next_deadline="-" if store["next_deadline_in_s"] is None
                    else f"in {_seconds_text(store['next_deadline_in_s'])}",
                    next_deadline_at=store["next_deadline"] or "", at=store["at"])
+        broker = store.get("embedded_broker")
+        if broker:  # `chronos up`'s embedded broker: it keeps every message in memory
+            rss, warn, held = broker["rss_bytes"], broker["memory_warning_bytes"], broker["messages"]
+            out.update(broker_rss="-" if rss is None else f"{rss / 2 ** 20:,.0f} MB",
+                       broker_note=("-" if held is None else f"{held:,} messages held")
+                       + (f"; above {warn / 2 ** 20:,.0f} MB: plan a restart" if rss and warn and rss >= warn else "")
+                       + (f"; restarted {broker['restarts']}x, about {broker['lost_input']:,} unread lost"
+                          if broker["restarts"] else ""))
     for key in ("in", "fired", "dead"):
         out[f"rate_{key}"] = "-" if rates is None else f"{rates[key]:,.1f}/s"
     for key in ("p50", "p99", "p999"):

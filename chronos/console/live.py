@@ -356,7 +356,7 @@ class StoreReader:
                                                                         exact=None if count else False),
                                                              s.throttled(self.output_topic)))
                 took = time.monotonic() - started
-                d = status.to_dict(view, self.hold_time_ms, throttled)
+                d = status.to_dict(view, self.hold_time_ms, throttled, status.broker_stats(None))
                 if count:
                     self.counting.counted(now, took)
                     self._waiting = (d["waiting"], d["waiting_estimated"])

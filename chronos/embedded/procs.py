@@ -320,6 +320,11 @@ class ServerProcess:
         log.info("stopping %s (pid %s)", self.called, self._proc.pid)
         self._stop_with(signal.SIGINT, self.stop_timeout if timeout is None else timeout)
 
+    def note(self, line: str) -> None:
+        """Write a line of the parent's own into the server's log (what happened to the server),
+        while the log is open."""
+        self._log.write(f"chronos up: {line}\n")
+
     def kill(self) -> None:
         """SIGKILL the process group (for fault tests) and reap the leader."""
         proc = self._proc

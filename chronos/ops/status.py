@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import orjson
 
 from chronos import config
+from chronos.embedded.watch import STATS_ENV, read_stats, rss_bytes
 from chronos.errors import EXIT_FAILURE, EXIT_UNAVAILABLE, ConfigError, StoreUnavailable
 
 
@@ -44,9 +45,11 @@ def add_parsers(sub: Any) -> None:
 
 # -- status --------------------------------------------------------------------------------
 
-def to_dict(view: Any, hold_time_ms: int, throttled: Sequence[Any] = ()) -> dict[str, Any]:
-    """A `store.Overview` (and the `store.Throttled` of each rate-limited topic) as plain JSON-ready
-    values (times in ISO-8601 UTC, durations in seconds)."""
+def to_dict(view: Any, hold_time_ms: int, throttled: Sequence[Any] = (),
+            broker: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A `store.Overview` (and the `store.Throttled` of each rate-limited topic, and the embedded
+    broker's stats as `chronos up` wrote them) as plain JSON-ready values (times in ISO-8601 UTC,
+    durations in seconds)."""
     return {
         "at": _iso(view.at),
         "waiting": view.waiting,
@@ -65,7 +68,34 @@ def to_dict(view: Any, hold_time_ms: int, throttled: Sequence[Any] = ()) -> dict
         "next_deadline": _iso(view.next_deadline) if view.next_deadline else None,
         "next_deadline_in_s": round((view.next_deadline - view.at).total_seconds(), 3) if view.next_deadline
         else None,
+        "embedded_broker": _broker(broker) if broker else None,
     }
+
+
+def _broker(stats: dict[str, Any]) -> dict[str, Any]:
+    sampled = stats.get("sampled_at")
+    return {"pid": stats.get("pid"), "rss_bytes": stats.get("rss_bytes"), "messages": stats.get("messages"),
+            "input_unread": stats.get("input_unread"), "exact": stats.get("exact", True),
+            "sampled_at": _iso(datetime.fromtimestamp(sampled, timezone.utc)) if sampled else None,
+            "memory_warning_bytes": stats.get("warning_bytes"), "restarts": stats.get("restarts", 0),
+            "lost_input": stats.get("lost_input", 0)}
+
+
+def broker_stats(args: argparse.Namespace | None, environ: Any = None) -> dict[str, Any] | None:
+    """The embedded broker's stats of the `chronos up` these settings name (its ready file; under
+    `chronos up`, the file it names in the environment), with its memory read now when it runs on
+    this machine; None without an embedded broker."""
+    environ = os.environ if environ is None else environ
+    path = environ.get(STATS_ENV)
+    if not path:
+        ready = config.find_ready_file(args, environ, default=not (getattr(args, "database_url", None)
+                                                                    or environ.get("CHRONOS_DATABASE_URL")))
+        # the ready file is JSON too, read as leniently: a status without the broker's lines beats none
+        path = (read_stats(ready) or {}).get("broker_stats_file") if ready else None
+    stats = read_stats(path) if path else None
+    if stats is not None and stats.get("pid"):
+        stats["rss_bytes"] = rss_bytes(stats["pid"]) or stats.get("rss_bytes")
+    return stats
 
 
 def render(d: dict[str, Any]) -> str:
@@ -102,7 +132,28 @@ def render(d: dict[str, Any]) -> str:
         lines.append(row("next deadline", f"in {_seconds(d['next_deadline_in_s'])}", d["next_deadline"]))
     else:
         lines.append(row("next deadline", "-"))
+    b = d.get("embedded_broker")
+    if b:
+        lines += render_broker(b, row)
     return "\n".join(lines)
+
+
+def render_broker(b: dict[str, Any], row: Any) -> list[str]:
+    """The embedded broker's lines of the status: memory, messages held, restarts."""
+    rss, warn = b["rss_bytes"], b["memory_warning_bytes"]
+    note = f"pid {b['pid']}, memory only, frees no message"
+    if rss is not None and warn and rss >= warn:
+        note += f"; ABOVE the warning threshold ({warn / 2 ** 20:,.0f} MB): plan a restart"
+    lines = [row("embedded broker", "-" if rss is None else f"{rss / 2 ** 20:,.1f} MB", note)]
+    held, unread = b["messages"], b["input_unread"]
+    bound = "" if b["exact"] else "at least "
+    lines.append(row("  messages held", "-" if held is None else held,
+                     "" if held is None or unread is None else f"{bound}all topics; {bound}{unread:,} input not "
+                     f"read yet (sampled {b['sampled_at']})"))
+    if b["restarts"]:
+        lines.append(row("  broker restarts", b["restarts"],
+                         f"about {b['lost_input']:,} unread input messages lost with it"))
+    return lines
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -123,7 +174,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         while not stop.is_set():
             try:
                 d = to_dict(store.overview(settings.hold_time_ms, exact=True if args.exact else None),
-                            settings.hold_time_ms, store.throttled(settings.output_topic))
+                            settings.hold_time_ms, store.throttled(settings.output_topic), broker_stats(args))
             except StoreUnavailable as exc:
                 if args.watch is None:
                     raise

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import time
 import uuid
 from typing import Any, Callable, Iterable, Mapping
@@ -21,11 +22,12 @@ from typing import Any, Callable, Iterable, Mapping
 import psycopg
 from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram, Info, PlatformCollector,
                                ProcessCollector, disable_created_metrics)
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from chronos import __version__, codec
 from chronos.config import Settings
 from chronos.domain.reasons import CONSUMER_REASONS, FIRER_REASONS, code_of
+from chronos.embedded.watch import STATS_ENV, read_stats
 from chronos.errors import ConfigError
 from chronos.ops.endpoints import metrics_port
 from chronos.ops.health import Health, KafkaProbe
@@ -94,6 +96,48 @@ class _ActionTotals:
             taken.add_metric([*self.labels, action], n)
             changed.add_metric([*self.labels, action], m)
         return [taken, changed]
+
+
+class _EmbeddedBroker:
+    """The embedded broker as `chronos up` last sampled it (its stats file, read at scrape time): its
+    memory, the messages it holds, its restarts and what they lost. Nothing without a stats file."""
+
+    GAUGES = {
+        "rss_bytes": ("chronos_embedded_broker_rss_bytes", "resident memory of the embedded broker (it frees no message)"),
+        "messages": ("chronos_embedded_broker_messages", "messages the embedded broker holds in memory, all topics"),
+        "input_unread": ("chronos_embedded_broker_unread_input_messages",
+                         "input messages past the consumer group's committed offsets (lost if the broker dies)"),
+        "warning_bytes": ("chronos_embedded_broker_memory_warning_bytes",
+                          "memory above which chronos up warns about the embedded broker"),
+        "sampled_at": ("chronos_embedded_broker_sampled_timestamp_seconds",
+                       "when chronos up last read the embedded broker's offsets (unix time)"),
+    }
+    COUNTERS = {
+        "restarts": ("chronos_embedded_broker_restarts_total", "times chronos up started a dead embedded broker again"),
+        "lost_input": ("chronos_embedded_broker_lost_input_messages_total",
+                       "input messages not yet read that died with the embedded broker (about: from the last sample)"),
+    }
+
+    def __init__(self, role: str, node: str, path: str):
+        self.labels, self.path = (role, node), path
+
+    def describe(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        return []  # the families exist only while the file does
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        stats = read_stats(self.path)
+        if stats is None:
+            return
+        for key, (name, doc) in self.GAUGES.items():
+            if isinstance(stats.get(key), (int, float)):
+                yield self._one(GaugeMetricFamily, name, doc, stats[key])
+        for key, (name, doc) in self.COUNTERS.items():
+            yield self._one(CounterMetricFamily, name, doc, stats.get(key) or 0)
+
+    def _one(self, kind, name: str, doc: str, value: float):
+        family = kind(name, doc, labels=("role", "node"))
+        family.add_metric(self.labels, value)
+        return family
 
 
 class _ProducerReplacements:
@@ -345,6 +389,9 @@ class DetectorTelemetry(Telemetry):
                                      "when the chronos_rows_* gauges were last read from the store (unix time)")
         self.actions: Mapping[str, tuple[int, int]] = {}   # read with the store gauges
         self.registry.register(_ActionTotals(self.role, self.node, lambda: self.actions))
+        stats_file = (os.environ if environ is None else environ).get(STATS_ENV)
+        if stats_file:  # under `chronos up` with its embedded broker
+            self.registry.register(_EmbeddedBroker(self.role, self.node, stats_file))
 
     def loop_period(self) -> float:
         return max(1.0, self.settings.failure_detection_interval_ms / 1000.0)

@@ -42,7 +42,13 @@ def test_day_benchmark_whole_sequence_at_small_scale(tmp_path):
         assert set(p["statements"]["counters"]) == {"reset", "vanished", "released"}
         assert set(p["targets"]) >= {"statements_under_1s", "none_over_60s_late", "no_duplicates"}
         assert p["store"]["live_rows_max"] >= 0
+        # the embedded broker: its memory read every second, its CPU, what it holds as chronos up samples it
+        assert p["broker"]["rss_mb"] > 1 and p["broker"]["rss_mb_max"] >= p["broker"]["rss_mb"], p["broker"]
+        assert p["broker"]["cpu_cores"] is not None and p["broker"]["intake_lag_max"] is not None, p["broker"]
     assert sum(p["statements"]["delete"]["count"] for p in phases) > 0
+    # everything sent went through the broker twice (input, output), the probe's messages besides
+    assert phases[-1]["broker"]["messages_held"] >= 2 * sum(p["sent"] for p in phases[:-1]), run.stdout
+    assert sum(p["broker"]["messages_through"] for p in phases) > 0
     # every message of a fixed load was sent: 10,000/s x 0.5 s per burst
     assert [p["sent"] for p in phases[1:4]] == [5000] * 3
     spike, far, vacuum, auto = phases[4:]

@@ -14,6 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import orjson
 import psycopg
 import pytest
 import yaml
@@ -136,13 +137,18 @@ def test_dashboard_and_rules_name_only_what_running_processes_export(chronos_env
     with psycopg.connect(chronos_env["CHRONOS_DATABASE_URL"], autocommit=True) as conn:
         conn.execute("INSERT INTO chronos_rate_limits (topic, rate, tokens, refilled_at) VALUES (%s, 5, 5, now())",
                      (chronos_env["CHRONOS_OUTPUT_TOPIC"],))
+    # the embedded broker's figures, as `chronos up` writes them for its detector to export
+    stats = tmp_path / "broker-stats.json"
+    stats.write_bytes(orjson.dumps({"pid": 1, "rss_bytes": 1, "messages": 1, "input_unread": 0, "sampled_at": 1.0,
+                                    "warning_bytes": 2, "restarts": 0, "lost_input": 0}))
     procs, ports = [], []
     try:
         for role in ("consumer", "firer", "detector"):
             port = free_port()
             log = tmp_path / f"{role}.log"
             procs.append((subprocess.Popen([sys.executable, "-m", "chronos", role],
-                                           env={**os.environ, **chronos_env, "CHRONOS_METRICS_PORT": str(port)},
+                                           env={**os.environ, **chronos_env, "CHRONOS_METRICS_PORT": str(port),
+                                                "CHRONOS_EMBEDDED_BROKER_STATS": str(stats)},
                                            stdout=open(log, "wb"), stderr=subprocess.STDOUT), log))
             ports.append(port)
         deadline = time.monotonic() + 60
@@ -162,6 +168,7 @@ def test_dashboard_and_rules_name_only_what_running_processes_export(chronos_env
                 break
             time.sleep(0.2)
         assert "chronos_operator_actions_total" in exported, sorted(exported)
+        assert "chronos_embedded_broker_rss_bytes" in exported, sorted(exported)
         assert unknown_names(exported) == []
         # and the metrics reference of the docs lists every family they serve
         assert set().union(*(exported_families(port) for port in ports)) - documented_metrics() == set()

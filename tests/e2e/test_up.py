@@ -155,6 +155,13 @@ def test_bad_configuration_value_is_a_clear_error(tmp_path):
     assert "CHRONOS_HOLD_TIME_MS must be a whole number" in out
 
 
+def test_a_bad_broker_memory_threshold_is_a_clear_error(tmp_path):
+    code, out = refused(tmp_path, "--broker-memory-warning-mb", "2GB", timeout=30)
+    assert code == 2
+    assert "--broker-memory-warning-mb (CHRONOS_BROKER_MEMORY_WARNING_MB) must be a positive whole number of MB, " \
+           "got '2GB'" in out
+
+
 def test_broken_data_directory_is_a_clear_error(tmp_path):
     pgdata = tmp_path / ".chronos" / "pgdata"
     pgdata.mkdir(parents=True)

@@ -186,3 +186,18 @@ def test_up_without_the_console_extra_starts_without_a_console():
             "print(ConsoleProcess.available())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "the console extra is not installed (pip install 'chronos-scheduler[console]')"
+
+
+def test_the_overview_shows_the_embedded_broker_when_there_is_one():
+    from chronos.console.app import display
+    store = {"waiting_age_s": 0, "waiting": 1, "waiting_estimated": False, "due_now": 0, "in_flight": 0,
+             "oldest_overdue_s": None, "past_hold_time": 0, "parked": 0, "recurring_schedules": None,
+             "next_deadline_in_s": None, "next_deadline": None, "at": "now",
+             "embedded_broker": {"pid": 7, "rss_bytes": 3 * 2 ** 30, "messages": 2_160_000, "input_unread": 4,
+                                 "exact": True, "sampled_at": None, "memory_warning_bytes": 2 * 2 ** 30,
+                                 "restarts": 1, "lost_input": 12}}
+    shown = display(store, None, None)
+    assert shown["broker_rss"] == "3,072 MB"
+    assert shown["broker_note"] == "2,160,000 messages held; above 2,048 MB: plan a restart; restarted 1x, " \
+                                   "about 12 unread lost"
+    assert "broker_rss" not in display({**store, "embedded_broker": None}, None, None)

@@ -142,5 +142,26 @@ def test_targets_and_the_printed_table():
         p["targets_met"] = all(p["targets"].values())
     lines = day.table_lines({"phases": [steady, spike]})
     assert len(lines) == 4 and lines[0].startswith("| phase |")
-    assert "| 5.0 / 90.0 / 700 | 640 | 20.0 | 1.500 (1>1s) | ≤0.250 |" in lines[2]
+    assert "| 5.0 / 90.0 / 700 | 640 | 20.0 | - | - / - | - / - | - | 1.500 (1>1s) | ≤0.250 |" in lines[2]
     assert "drain 12.5 s at 16,000/s" in lines[3] and "all due at once" in lines[3]
+
+
+def test_broker_figures_of_a_phase_and_their_columns():
+    mb = 2 ** 20
+    samples = [(1.0, 100 * mb, 1000, 0), (5.0, 120 * mb, 1500, 40), (7.0, 180 * mb, 4000, 900),
+               (9.0, 150 * mb, 6000, 10), (12.0, 200 * mb, 9000, 0)]
+    b = day.broker_figures(samples, 5.0, 10.0, {"broker": {"cpu_s": 2.0, "cores": 0.4}})
+    assert b == {"messages_held": 6000, "messages_through": 5000, "rss_mb": 150.0, "rss_mb_max": 180.0,
+                 "cpu_cores": 0.4, "intake_lag_max": 900}
+    # the first phase: what went through counts from its first sample
+    assert day.broker_figures(samples, 0.0, 6.0, None)["messages_through"] == 500
+    # no embedded broker (or no sample yet): no figures, and the table shows dashes
+    assert day.broker_figures([], 0.0, 10.0, None) is None
+    assert day.broker_figures([(1.0, None, None, None)], 0.0, 10.0, None)["messages_held"] is None
+    phase = {"name": "steady 1k", "rate": 1000.0, "sent": 10, "jitter_ms": {"p50": 5.0, "p99": 9.0, "p999": 20.0},
+             "broker_floor_ms": {"p999": 15.0}, "publish_lateness_ms": {"p999": 3.0}, "late_over_60s": 0,
+             "duplicates": 0, "lost": 0, "early": 0, "statements": None, "broker": b}
+    lines = day.table_lines({"phases": [phase, {**phase, "broker": None}]})
+    assert "| intake lag max msgs | broker msgs through / held | broker RSS MB end / max | broker CPU |" in lines[0]
+    assert "| 15.0 | 900 | 5,000 / 6,000 | 150 / 180 | 0.40 |" in lines[2]
+    assert "| 15.0 | - | - / - | - / - | - |" in lines[3]

@@ -296,3 +296,53 @@ def test_firer_and_consumer_count_dead_letters_and_parked_messages():
     consumer.follow(lambda: {"parked": 1})
     assert value(consumer, "chronos_messages_parked_total") == 1
     assert value(consumer, "chronos_messages_dead_lettered_total", reason="too_large") == 0
+
+
+# -- the embedded broker -------------------------------------------------------------------------
+
+BROKER_STATS = {"pid": 321, "port": 9092, "rss_bytes": 3 * 2 ** 30, "messages": 2_160_000, "input_unread": 40,
+                "exact": True, "sampled_at": 1795600000.5, "restarts": 2, "lost_input": 75, "last_restart": None,
+                "warning_bytes": 2 * 2 ** 30}
+
+
+def test_detector_exports_the_embedded_broker_from_the_stats_file_of_chronos_up(tmp_path):
+    path = tmp_path / "broker-stats.json"
+    d = telemetry.DetectorTelemetry(NODE, Settings(), environ={"CHRONOS_EMBEDDED_BROKER_STATS": str(path)})
+    assert not any(name.startswith("chronos_embedded_broker") for name, _ in samples(d))  # not written yet
+    path.write_bytes(orjson.dumps(BROKER_STATS))
+    assert value(d, "chronos_embedded_broker_rss_bytes") == 3 * 2 ** 30
+    assert value(d, "chronos_embedded_broker_messages") == 2_160_000
+    assert value(d, "chronos_embedded_broker_unread_input_messages") == 40
+    assert value(d, "chronos_embedded_broker_memory_warning_bytes") == 2 * 2 ** 30
+    assert value(d, "chronos_embedded_broker_sampled_timestamp_seconds") == 1795600000.5
+    assert value(d, "chronos_embedded_broker_restarts_total") == 2
+    assert value(d, "chronos_embedded_broker_lost_input_messages_total") == 75
+    plain = telemetry.DetectorTelemetry(NODE, Settings(), environ={})
+    assert not any(name.startswith("chronos_embedded_broker") for name, _ in samples(plain))
+
+
+def test_status_shows_the_embedded_broker(tmp_path):
+    at = datetime(2026, 11, 21, 9, 0, 5, 4000, tzinfo=timezone.utc)
+    d = status.to_dict(_overview(at), 5000, broker=BROKER_STATS)
+    assert orjson.loads(orjson.dumps(d)) == d
+    b = d["embedded_broker"]
+    assert (b["rss_bytes"], b["messages"], b["input_unread"], b["restarts"], b["lost_input"]) == \
+        (3 * 2 ** 30, 2_160_000, 40, 2, 75)
+    text = status.render(d)
+    assert "embedded broker         3,072.0 MB   pid 321, memory only, frees no message; ABOVE the warning " \
+           "threshold (2,048 MB): plan a restart" in text
+    assert "  messages held          2,160,000   all topics; 40 input not read yet (sampled 2026-" in text
+    assert "  broker restarts                2   about 75 unread input messages lost with it" in text
+    assert status.to_dict(_overview(at), 5000)["embedded_broker"] is None
+    assert "embedded broker" not in status.render(status.to_dict(_overview(at), 5000))
+
+
+def test_status_finds_the_stats_file_through_the_ready_file(tmp_path):
+    import argparse
+    stats = tmp_path / "broker-stats.json"
+    stats.write_bytes(orjson.dumps({**BROKER_STATS, "pid": None}))
+    ready = tmp_path / "ready.json"
+    ready.write_bytes(orjson.dumps({"broker_stats_file": str(stats)}))
+    args = argparse.Namespace(ready_file=str(ready), database_url=None)
+    assert status.broker_stats(args, {})["messages"] == 2_160_000
+    assert status.broker_stats(argparse.Namespace(ready_file=None, database_url="postgresql://x/y"), {}) is None

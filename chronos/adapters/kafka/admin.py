@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from confluent_kafka import KafkaError, KafkaException
@@ -135,3 +136,98 @@ def create_topics(bootstrap_servers: str, topics: dict[str, int], config: dict |
         have = len(md[name].partitions)
         if have != n:
             log.warning("topic %s has %s partitions, not the %s asked for", name, have, n)
+
+
+@dataclass(frozen=True)
+class BrokerOffsets:
+    """What a broker holds, from its offsets: per (topic, partition) the start and end offsets, the
+    committed offsets of one consumer group on one topic, and whether every end offset is exact."""
+
+    ends: dict[tuple[str, int], tuple[int, int]]
+    committed: dict[tuple[str, int], int]
+    exact: bool
+
+    @property
+    def messages(self) -> int:
+        """Messages held on all topics: end minus start offset, summed."""
+        return sum(max(0, end - start) for start, end in self.ends.values())
+
+    def unread(self, topic: str) -> int:
+        """Messages of `topic` past the group's committed offsets (from the start where it committed none)."""
+        return sum(max(0, end - self.committed.get(tp, start)) for tp, (start, end) in self.ends.items()
+                   if tp[0] == topic)
+
+
+class OffsetReader:
+    """Reads a broker's start, end and committed offsets (`read`), cheaply enough to be asked every few seconds.
+
+    A broker may answer a ListOffsets(latest) with the base offset of its last stored batch + 1 (the
+    embedded broker does): end offsets are taken instead from the high watermark of a fetch of each
+    partition's last batch, which is right. A partition whose fetch gets no answer in time keeps the
+    listed end offset, and the result is not `exact` (its ends are then at least the listed ones).
+    The reader never joins the group: it only asks for the group's committed offsets.
+    """
+
+    def __init__(self, bootstrap: str, group: str, topic: str, extra: dict[str, Any] | None = None,
+                 timeout: float = 2.0, secrets: list[str] | None = None):
+        from confluent_kafka import Consumer, TopicPartition
+        self._partition = TopicPartition
+        self.topic, self.timeout, self.secrets = topic, timeout, secrets or []
+        quiet = logging.getLogger("chronos.kafka.offsets")
+        quiet.propagate = False
+        if not quiet.handlers:
+            quiet.addHandler(logging.NullHandler())
+        conf: dict[str, Any] = {
+            **{k: v for k, v in (extra or {}).items() if k not in PRODUCER_ONLY and k not in CONSUMER_ONLY},
+            "bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": "false",
+            "enable.partition.eof": "false", "fetch.wait.max.ms": "100", "socket.connection.setup.timeout.ms": 2000,
+            "reconnect.backoff.ms": 100, "reconnect.backoff.max.ms": 1000,
+            # an outage is the watcher's to report, not every reconnect attempt of this client's
+            "logger": quiet, "error_cb": lambda err: quiet.debug("offset reader: %s", err),
+        }
+        try:
+            self.consumer = Consumer(conf)
+        except KafkaException as exc:
+            raise ConfigError(f"Kafka settings are not valid: {error_text(exc, self.secrets)}") from None
+
+    def read(self) -> BrokerOffsets:
+        """Offsets of every topic now. UnavailableError if the broker does not answer."""
+        try:
+            md = self.consumer.list_topics(timeout=self.timeout)
+            ends: dict[tuple[str, int], tuple[int, int]] = {}
+            for name, topic in md.topics.items():
+                if topic.error is not None or name.startswith("__"):
+                    continue
+                for p in topic.partitions:
+                    low, high = self.consumer.get_watermark_offsets(self._partition(name, p), timeout=self.timeout)
+                    ends[(name, p)] = (low, high)
+            exact = self._exact_ends(ends)
+            mine = [self._partition(t, p) for t, p in ends if t == self.topic]
+            committed = {(tp.topic, tp.partition): tp.offset for tp in
+                         (self.consumer.committed(mine, timeout=self.timeout) if mine else []) if tp.offset >= 0}
+        except KafkaException as exc:
+            raise UnavailableError(f"cannot read the broker's offsets: {error_text(exc, self.secrets)}") from None
+        return BrokerOffsets(ends, committed, exact)
+
+    def _exact_ends(self, ends: dict[tuple[str, int], tuple[int, int]]) -> bool:
+        """Fetch the last batch of every non-empty partition and take the fetch's high watermark as its
+        end (in place in `ends`). True when every partition answered."""
+        todo = {tp for tp, (low, high) in ends.items() if high > low}
+        if not todo:
+            return True
+        self.consumer.assign([self._partition(t, p, ends[(t, p)][1] - 1) for t, p in todo])
+        deadline = time.monotonic() + self.timeout
+        try:
+            while todo and time.monotonic() < deadline:
+                for msg in self.consumer.consume(num_messages=1000, timeout=min(0.2, self.timeout)):
+                    tp = (str(msg.topic()), int(msg.partition() or 0))
+                    if msg.error() is None and tp in todo:
+                        todo.discard(tp)
+                        low, high = self.consumer.get_watermark_offsets(self._partition(*tp), cached=True)
+                        ends[tp] = (ends[tp][0], max(high, ends[tp][1]))
+        finally:
+            self.consumer.unassign()
+        return not todo
+
+    def close(self) -> None:
+        self.consumer.close()

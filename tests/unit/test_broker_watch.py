@@ -1,0 +1,188 @@
+"""What `chronos up` makes of its samples of the embedded broker: the memory warning, what a restart
+lost, the stats file (chronos.embedded.watch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from chronos.config import ConfigError
+from chronos.embedded import watch
+from chronos.embedded.watch import BrokerWatch, default_warning_bytes, loss_line, read_stats
+from chronos.stack import _positive_mb
+
+MB = 2 ** 20
+
+
+@dataclass
+class FakeOffsets:
+    messages: int
+    unread_input: int
+    exact: bool = True
+
+    def unread(self, topic: str) -> int:
+        assert topic == "in"
+        return self.unread_input
+
+
+@dataclass
+class Reader:
+    answers: list = field(default_factory=list)
+    closed: bool = False
+
+    def read(self):
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def make(tmp_path, reader: Reader, said: list, warning: int = 100 * MB) -> BrokerWatch:
+    w = BrokerWatch(tmp_path / "stats.json", "in", reader=lambda: reader, say=said.append, warning_bytes=warning)
+    w.started(None, 9092)
+    return w
+
+
+def test_a_restart_reports_the_last_sample_and_counts_the_loss(tmp_path):
+    from chronos.errors import UnavailableError
+    reader, said = Reader([FakeOffsets(1000, 40), UnavailableError("down")]), []
+    w = make(tmp_path, reader, said)
+    w.sample()
+    w.sample()  # the broker no longer answers: the last known figures stay
+    assert read_stats(w.path)["input_unread"] == 40
+    line = w.restarted(123, "killed by SIGKILL", 456, 9092, w.stats.sampled_at + 7)
+    assert line.startswith("the embedded broker (pid 123) stopped unexpectedly (killed by SIGKILL); started again "
+                           "on port 9092; it kept messages in memory only: about 40 input messages not yet read by "
+                           "the consumer group were lost (last seen ")
+    assert "7s before; 1,000 messages on all its topics" in line
+    assert line.endswith("messages waiting in PostgreSQL are safe and fire as the programs start again")
+    stats = read_stats(w.path)
+    assert (stats["restarts"], stats["lost_input"], stats["pid"], stats["input_unread"]) == (1, 40, 456, None)
+    assert stats["last_restart"]["lost_input"] == 40 and stats["last_restart"]["old_pid"] == 123
+    w.close()
+    assert reader.closed and not w.path.exists()
+
+
+def test_a_loss_known_only_as_a_lower_bound_says_so():
+    stats = watch.BrokerStats(messages=10, input_unread=3, exact=False, sampled_at=100.0)
+    assert "at least 3 input messages" in loss_line(1, "exit code 1", 2, stats, 101.0)
+    never = loss_line(1, "exit code 1", 2, watch.BrokerStats(), 101.0)
+    assert "is unknown (never sampled)" in never and "about" not in never
+
+
+def test_memory_warning_above_the_threshold_and_again_after_half_as_much_again(tmp_path, monkeypatch):
+    rss = {"now": 50 * MB}
+    monkeypatch.setattr(watch, "rss_bytes", lambda pid: rss["now"])
+    said: list[str] = []
+    w = make(tmp_path, Reader([FakeOffsets(7, 0)] * 5), said)
+    w.started(42, 9092)
+    w.sample()
+    assert said == []
+    rss["now"] = 120 * MB
+    w.sample()
+    assert len(said) == 1 and "(pid 42) uses 120 MB of memory holding 7 messages, above the warning threshold " \
+                               "of 100 MB" in said[0]
+    rss["now"] = 170 * MB
+    w.sample()
+    assert len(said) == 1  # not yet 1.5 x 120 MB
+    rss["now"] = 180 * MB
+    w.sample()
+    assert len(said) == 2
+    assert read_stats(w.path)["rss_bytes"] == 180 * MB
+
+
+def test_samples_wait_their_turn(tmp_path):
+    reader = Reader([FakeOffsets(1, 1), FakeOffsets(2, 2)])
+    w = make(tmp_path, reader, [])
+    w.tick(100.0)
+    w.tick(104.9)
+    assert read_stats(w.path)["messages"] == 1
+    w.tick(105.0)
+    assert read_stats(w.path)["messages"] == 2
+
+
+def test_default_threshold_and_unreadable_stats(tmp_path):
+    assert default_warning_bytes(None) == 2 * 1024 * MB
+    assert default_warning_bytes(64 * 1024 * MB) == 2 * 1024 * MB
+    assert default_warning_bytes(1024 * MB) == 512 * MB
+    assert read_stats(tmp_path / "missing.json") is None
+    (tmp_path / "bad.json").write_text("{not json")
+    assert read_stats(tmp_path / "bad.json") is None
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "2GB", "1.5"])
+def test_a_bad_memory_threshold_is_a_clear_error(value):
+    with pytest.raises(ConfigError, match="must be a positive whole number of MB"):
+        _positive_mb(value)
+    assert _positive_mb("512") == 512 and _positive_mb(None) is None
+
+
+class FlakyBroker:
+    """An embedded broker that died (SIGKILL) and does not start at the first attempt."""
+
+    port, pid, returncode = 9092, 111, -9
+
+    def __init__(self, failures: int):
+        self.failures, self.notes = failures, []
+
+    def start(self, timeout: float) -> None:
+        from chronos.embedded.procs import EmbeddedError
+        if self.failures:
+            self.failures -= 1
+            raise EmbeddedError("port 9092 is already in use")
+        self.pid = 222
+
+    def note(self, line: str) -> None:
+        self.notes.append(line)
+
+
+class NoWait:
+    """A stop event that is never set and does not wait (the backoff's pauses take no time here)."""
+
+    def __init__(self) -> None:
+        self.waited: list[float] = []
+
+    def is_set(self) -> bool:
+        return False
+
+    def wait(self, delay: float) -> bool:
+        self.waited.append(delay)
+        return False
+
+
+def test_a_dead_broker_is_started_again_with_backoff_then_its_topics_and_the_ready_file(tmp_path, monkeypatch,
+                                                                                         capsys):
+    import orjson
+
+    from chronos import stack
+    from chronos.config import Settings
+    created, steps = [], []
+    monkeypatch.setattr(stack, "create_topics", lambda bootstrap, topics, **kw: steps.append("topics") or
+                        created.append(topics))
+    monkeypatch.setattr(stack.Stack, "stop_programs", lambda self: steps.append("stop programs"))
+    monkeypatch.setattr(stack.Stack, "start_programs", lambda self: steps.append("start programs"))
+    st = stack.Stack(Settings(kafka_bootstrap_servers="127.0.0.1:9092"), tmp_path, {"consumer": 1, "firer": 1,
+                     "detector": 1}, partitions=3, ready_file=tmp_path / "ready.json")
+    st.broker = FlakyBroker(failures=2)
+    st.run_dir.mkdir(parents=True)
+    st.broker_watch = BrokerWatch(st.run_dir / "stats.json", "in", reader=Reader, say=st.say,
+                                  warning_bytes=MB)
+    st.broker_watch.record(FakeOffsets(100, 7), 1000.0)
+    stopping = NoWait()
+    st.restart_broker(stopping)
+    out = capsys.readouterr().out
+    assert "the embedded broker (pid 111) stopped unexpectedly (killed by SIGKILL); stopping the programs and " \
+           "starting it again on port 9092" in out
+    # no program runs while the broker is down and until its topics are back
+    assert steps == ["stop programs", "topics", "start programs"]
+    assert out.count("the embedded broker does not start again (port 9092 is already in use); retrying in") == 2
+    assert stopping.waited == [1.0, 2.0]
+    assert "started again on port 9092; it kept messages in memory only: about 7 input messages" in out
+    assert created == [{"chronos.input": 3, "chronos.output": 3, "chronos.dlq": 3}]
+    assert orjson.loads((tmp_path / "ready.json").read_bytes())["broker_pid"] == 222
+    assert st.broker.notes and "about 7 input messages" in st.broker.notes[-1]
+    assert read_stats(st.broker_watch.path)["restarts"] == 1

@@ -18,6 +18,9 @@ from chronos.codec.types import (
     ACTION_CANCEL,
     ACTION_REPLACE,
     CHRONOS_HEADERS,
+    COPY_COLUMNS,
+    COPY_SIGNATURE,
+    COPY_TRAILER,
     ERR_BAD_ACTION,
     ERR_BAD_CRON,
     ERR_BAD_DEADLINE,
@@ -26,6 +29,7 @@ from chronos.codec.types import (
     ERR_BAD_ORDERING_KEY,
     ERR_BAD_TIMEZONE,
     ERR_BAD_TOPIC,
+    ERR_COPY_FIELD,
     ERR_DATA_TYPE,
     ERR_DEADLINE_TYPE,
     ERR_DUPLICATE,
@@ -46,13 +50,16 @@ from chronos.codec.types import (
     MAX_ORDERING_KEY_LENGTH,
     MAX_TOPIC_LENGTH,
     MIN_DEADLINE_US,
+    POSTGRES_EPOCH_US,
     TOPIC_CHARS,
+    CopyRow,
     Parsed,
     bad_header_name,
     escape_header_name,
 )
 
-__all__ = ["IMPL", "Parsed", "parse_headers", "parse_deadline", "encode_headers", "decode_headers", "read_headers"]
+__all__ = ["IMPL", "Parsed", "parse_headers", "parse_deadline", "encode_headers", "decode_headers", "read_headers",
+           "copy_rows"]
 
 IMPL = "python"
 
@@ -400,3 +407,47 @@ def read_headers(msg: object) -> tuple[list[tuple[str, bytes | None]] | None, st
     _binding = None
     _rd.disable(f"{problem} (python codec)")
     return _rd.fallback(msg)
+
+
+# --- PostgreSQL binary COPY of the consumer's rows ----------------------------------------------
+
+_FIELD_COUNT = struct.Struct(">h").pack(len(COPY_COLUMNS))
+_NULL_FIELD = _I32.pack(-1)
+_TIMESTAMP = struct.Struct(">iq").pack
+
+
+def _copy_value(value: object, column: int, row: int) -> bytes:
+    """One field of a row: its length and its bytes (text as UTF-8, bytea as it is), or NULL."""
+    if value is None:
+        if column < 2:  # id and deadline_us
+            raise TypeError(ERR_COPY_FIELD % (row, COPY_COLUMNS[column], "None"))
+        return _NULL_FIELD
+    if column == 1:
+        if not isinstance(value, int):
+            raise TypeError(ERR_COPY_FIELD % (row, COPY_COLUMNS[column], type(value).__name__))
+        return _TIMESTAMP(8, value - POSTGRES_EPOCH_US)
+    if column in (3, 4, 5):
+        if not isinstance(value, bytes):
+            raise TypeError(ERR_COPY_FIELD % (row, COPY_COLUMNS[column], type(value).__name__))
+        data = value
+    elif isinstance(value, str):
+        data = value.encode("utf-8")
+    else:
+        raise TypeError(ERR_COPY_FIELD % (row, COPY_COLUMNS[column], type(value).__name__))
+    if len(data) > 0x7FFFFFFF:
+        raise ValueError(ERR_TOO_LARGE % (COPY_COLUMNS[column], len(data)))
+    return _I32.pack(len(data)) + data
+
+
+def copy_rows(rows: Iterable[CopyRow]) -> bytes:
+    """Rows as one PostgreSQL binary COPY stream (signature, one tuple per row, trailer) of the
+    columns COPY_COLUMNS: text, timestamptz (from epoch microseconds), bytea."""
+    parts = [COPY_SIGNATURE]
+    append = parts.append
+    for i, r in enumerate(rows):
+        append(_FIELD_COUNT)
+        for column, value in enumerate((r.id, r.deadline_us, r.topic, r.key, r.value, r.headers, r.ordering_key,
+                                        r.cron, r.timezone, r.dst_policy)):
+            append(_copy_value(value, column, i))
+    append(COPY_TRAILER)
+    return b"".join(parts)

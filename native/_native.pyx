@@ -61,7 +61,7 @@ cdef extern from "Python.h":
     PyObject* PyErr_Occurred_ptr "PyErr_Occurred" ()
 
 __all__ = ["IMPL", "Parsed", "parse_headers", "parse_deadline", "encode_headers", "decode_headers", "read_headers",
-           "copy_rows"]
+           "copy_rows", "intake"]
 
 IMPL = "native"
 
@@ -879,3 +879,72 @@ def copy_rows(rows):
         return PyBytes_FromStringAndSize(<const char*>b.data, b.size)
     finally:
         PyMem_Free(b.data)
+
+
+# --------------------------------------------------------------------------
+# The consumer's intake of plain messages
+# --------------------------------------------------------------------------
+
+def intake(messages, Py_ssize_t start, int64_t now_us, int64_t timing_advance_us, max_lateness_us, output_topic,
+           batch, make_row, insert_op):
+    """Sort the plain messages of a poll from ``messages[start]`` on into ``batch``; return the index
+    of the first message left to the caller (``len(messages)`` when none is).
+
+    Same contract as chronos.codec._python.intake: a plain message (see there) is decided and added
+    to ``batch.ops``/``sources``/``late``/``duplicates`` exactly as chronos.domain.intake.decide and
+    the consumer's sort_batch would; any other message is left to them.
+    """
+    cdef list seq = <list>messages if type(messages) is list else list(messages)
+    cdef Py_ssize_t i = start, n = PyList_GET_SIZE(seq), duplicates = 0
+    cdef dict ops = batch.ops
+    cdef dict sources = batch.sources
+    cdef list late = batch.late
+    cdef object msg, headers, bad_name, parsed, mid, topic, previous
+    cdef int64_t deadline
+    cdef bint has_bound = max_lateness_us is not None
+    cdef int64_t bound = max_lateness_us if has_bound else 0
+    try:
+        while i < n:
+            msg = <object>PyList_GET_ITEM(seq, i)
+            try:
+                headers, bad_name = read_headers(msg)
+            except Exception:  # the caller reads it again and dead-letters it with the reason
+                break
+            if bad_name is not None:
+                break
+            parsed = parse_headers(headers)
+            # Parsed: error, message_id, deadline_us, topic, ordering_key, action, cron, timezone, headers, dst_policy
+            if (<object>PyTuple_GET_ITEM(parsed, 0) is not None or <object>PyTuple_GET_ITEM(parsed, 5) is not None
+                    or <object>PyTuple_GET_ITEM(parsed, 6) is not None
+                    or <object>PyTuple_GET_ITEM(parsed, 7) is not None
+                    or <object>PyTuple_GET_ITEM(parsed, 9) is not None):
+                break
+            topic = <object>PyTuple_GET_ITEM(parsed, 3)
+            if topic is not None:
+                if topic != output_topic:
+                    break
+                topic = None
+            deadline = <object>PyTuple_GET_ITEM(parsed, 2)
+            if has_bound and now_us - deadline > bound:
+                break
+            mid = <object>PyTuple_GET_ITEM(parsed, 1)
+            previous = ops.get(mid)
+            if deadline <= now_us + timing_advance_us:  # late: published now, unless its id waits
+                if previous is not None and <object>PyTuple_GET_ITEM(previous, 1) is not None:
+                    duplicates += 1
+                else:
+                    late.append((msg, parsed))
+            elif previous is not None:
+                if <object>PyTuple_GET_ITEM(previous, 1) is None:  # cancelled earlier in the batch: a replace
+                    break
+                duplicates += 1
+            else:
+                ops[mid] = (insert_op, make_row(mid, deadline, topic, msg.key(), msg.value(),
+                                                encode_headers(<object>PyTuple_GET_ITEM(parsed, 8)),
+                                                <object>PyTuple_GET_ITEM(parsed, 4)))
+                sources[mid] = (msg, headers if headers is not None else [])
+            i += 1
+    finally:
+        if duplicates:
+            batch.duplicates += duplicates
+    return i

@@ -48,7 +48,7 @@ from chronos.codec.types import (
 )
 
 __all__ = ["IMPL", "implementation", "parse_headers", "parse_deadline", "encode_headers", "decode_headers",
-           "read_headers", "copy_rows", *_types.__all__]
+           "read_headers", "copy_rows", "intake", *_types.__all__]
 
 ENV_VAR = "CHRONOS_IMPL"
 _MODULES = {"native": "chronos.codec._native", "python": "chronos.codec._python"}
@@ -99,5 +99,6 @@ encode_headers = _impl.encode_headers
 decode_headers = _impl.decode_headers
 read_headers = _impl.read_headers
 copy_rows = _impl.copy_rows
+intake = _impl.intake
 
 del _impl

@@ -10,8 +10,8 @@ import ctypes
 import enum
 import re
 import struct
-from collections.abc import Iterable
-from typing import Final
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final
 
 from chronos.codec import librdkafka as _rd
 from chronos.codec.types import (
@@ -59,7 +59,7 @@ from chronos.codec.types import (
 )
 
 __all__ = ["IMPL", "Parsed", "parse_headers", "parse_deadline", "encode_headers", "decode_headers", "read_headers",
-           "copy_rows"]
+           "copy_rows", "intake"]
 
 IMPL = "python"
 
@@ -451,3 +451,66 @@ def copy_rows(rows: Iterable[CopyRow]) -> bytes:
             append(_copy_value(value, column, i))
     append(COPY_TRAILER)
     return b"".join(parts)
+
+
+# --- the consumer's intake of plain messages ----------------------------------------------------
+
+def intake(messages: Sequence[Any], start: int, now_us: int, timing_advance_us: int, max_lateness_us: int | None,
+           output_topic: str, batch: Any, make_row: Callable[..., Any], insert_op: str) -> int:
+    """Sort the plain messages of a poll from ``messages[start]`` on into ``batch``; return the index
+    of the first message left to the caller (``len(messages)`` when none is).
+
+    A plain message has readable headers and valid Chronos headers with neither action nor
+    recurrence, and goes to the output topic: it is published now (late) or stored. It is decided
+    and added to ``batch.ops`` (``id -> (insert_op, make_row(id, deadline_us, topic, key, value,
+    encoded headers, ordering key))``), ``batch.sources`` (``id -> (message, headers)``),
+    ``batch.late`` (``(message, parsed)``) or counted in ``batch.duplicates`` exactly as
+    chronos.domain.intake.decide and the consumer's sort_batch would. The first message that is not
+    plain (or whose id an earlier cancel in ``batch.ops`` makes a replace) ends the run, and so
+    does one past ``max_lateness_us``: the caller sorts that one itself.
+    """
+    ops, sources, late = batch.ops, batch.sources, batch.late
+    duplicates = 0
+    i, n = start, len(messages)
+    try:
+        while i < n:
+            msg = messages[i]
+            try:
+                headers, bad_name = read_headers(msg)
+            except Exception:  # noqa: BLE001 - the caller reads it again and dead-letters it with the reason
+                break
+            if bad_name is not None:
+                break
+            parsed = parse_headers(headers)
+            if parsed.error is not None or parsed.action is not None or parsed.cron is not None \
+                    or parsed.timezone is not None or parsed.dst_policy is not None:
+                break
+            topic = parsed.topic
+            if topic is not None:
+                if topic != output_topic:
+                    break
+                topic = None
+            deadline = parsed.deadline_us
+            assert deadline is not None  # valid, with neither cancel nor recurrence
+            if max_lateness_us is not None and now_us - deadline > max_lateness_us:
+                break
+            mid = parsed.message_id
+            previous = ops.get(mid)
+            if deadline <= now_us + timing_advance_us:  # late: published now, unless its id waits
+                if previous is not None and previous[1] is not None:
+                    duplicates += 1
+                else:
+                    late.append((msg, parsed))
+            elif previous is not None:
+                if previous[1] is None:  # cancelled earlier in the batch: a replace
+                    break
+                duplicates += 1
+            else:
+                ops[mid] = (insert_op, make_row(mid, deadline, topic, msg.key(), msg.value(),
+                                                encode_headers(parsed.headers), parsed.ordering_key))
+                sources[mid] = (msg, headers if headers is not None else [])
+            i += 1
+    finally:
+        if duplicates:
+            batch.duplicates += duplicates
+    return i

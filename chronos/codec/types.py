@@ -7,8 +7,8 @@ so that both produce identical results, including the human-readable detail.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import NamedTuple, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from chronos.domain.topics import MAX_TOPIC_LENGTH, TOPIC_CHARS
 
@@ -229,3 +229,7 @@ class Codec(Protocol):
     def read_headers(self, msg: object) -> tuple[list[tuple[str, bytes | None]] | None, str | None]: ...
 
     def copy_rows(self, rows: Iterable[CopyRow]) -> bytes: ...
+
+    def intake(self, messages: Sequence[Any], start: int, now_us: int, timing_advance_us: int,
+               max_lateness_us: int | None, output_topic: str, batch: Any, make_row: Callable[..., Any],
+               insert_op: str) -> int: ...

@@ -888,7 +888,8 @@ def copy_rows(rows):
 def intake(messages, Py_ssize_t start, int64_t now_us, int64_t timing_advance_us, max_lateness_us, output_topic,
            batch, make_row, insert_op):
     """Sort the plain messages of a poll from ``messages[start]`` on into ``batch``; return the index
-    of the first message left to the caller (``len(messages)`` when none is).
+    of the first message left to the caller (``len(messages)`` when none is) and what read_headers
+    gave for it (or raised).
 
     Same contract as chronos.codec._python.intake: a plain message (see there) is decided and added
     to ``batch.ops``/``sources``/``late``/``duplicates`` exactly as chronos.domain.intake.decide and
@@ -899,7 +900,7 @@ def intake(messages, Py_ssize_t start, int64_t now_us, int64_t timing_advance_us
     cdef dict ops = batch.ops
     cdef dict sources = batch.sources
     cdef list late = batch.late
-    cdef object msg, headers, bad_name, parsed, mid, topic, previous
+    cdef object msg, headers, bad_name, parsed, mid, topic, previous, left = None
     cdef int64_t deadline
     cdef bint has_bound = max_lateness_us is not None
     cdef int64_t bound = max_lateness_us if has_bound else 0
@@ -908,8 +909,10 @@ def intake(messages, Py_ssize_t start, int64_t now_us, int64_t timing_advance_us
             msg = <object>PyList_GET_ITEM(seq, i)
             try:
                 headers, bad_name = read_headers(msg)
-            except Exception:  # the caller reads it again and dead-letters it with the reason
+            except Exception as exc:  # the caller dead-letters it with the reason
+                left = exc
                 break
+            left = (headers, bad_name)
             if bad_name is not None:
                 break
             parsed = parse_headers(headers)
@@ -947,4 +950,4 @@ def intake(messages, Py_ssize_t start, int64_t now_us, int64_t timing_advance_us
     finally:
         if duplicates:
             batch.duplicates += duplicates
-    return i
+    return i, (left if i < n else None)

@@ -456,9 +456,12 @@ def copy_rows(rows: Iterable[CopyRow]) -> bytes:
 # --- the consumer's intake of plain messages ----------------------------------------------------
 
 def intake(messages: Sequence[Any], start: int, now_us: int, timing_advance_us: int, max_lateness_us: int | None,
-           output_topic: str, batch: Any, make_row: Callable[..., Any], insert_op: str) -> int:
+           output_topic: str, batch: Any, make_row: Callable[..., Any],
+           insert_op: str) -> tuple[int, tuple[Any, str | None] | Exception | None]:
     """Sort the plain messages of a poll from ``messages[start]`` on into ``batch``; return the index
-    of the first message left to the caller (``len(messages)`` when none is).
+    of the first message left to the caller (``len(messages)`` when none is) and what read_headers
+    gave for it (or raised): a message's headers are read once, since confluent-kafka's own
+    conversion must not be asked again after it failed.
 
     A plain message has readable headers and valid Chronos headers with neither action nor
     recurrence, and goes to the output topic: it is published now (late) or stored. It is decided
@@ -471,14 +474,17 @@ def intake(messages: Sequence[Any], start: int, now_us: int, timing_advance_us: 
     """
     ops, sources, late = batch.ops, batch.sources, batch.late
     duplicates = 0
+    left: tuple[Any, str | None] | Exception | None = None
     i, n = start, len(messages)
     try:
         while i < n:
             msg = messages[i]
             try:
                 headers, bad_name = read_headers(msg)
-            except Exception:  # noqa: BLE001 - the caller reads it again and dead-letters it with the reason
+            except Exception as exc:  # noqa: BLE001 - the caller dead-letters it with the reason
+                left = exc
                 break
+            left = (headers, bad_name)
             if bad_name is not None:
                 break
             parsed = parse_headers(headers)
@@ -513,4 +519,4 @@ def intake(messages: Sequence[Any], start: int, now_us: int, timing_advance_us: 
     finally:
         if duplicates:
             batch.duplicates += duplicates
-    return i
+    return i, (left if i < n else None)

@@ -81,19 +81,24 @@ def sort_batch(messages: list[Message], now_us: int, rules: Rules) -> Batch:
     batch = Batch()
     i, n = 0, len(messages)
     while i < n:
-        i = codec.intake(messages, i, now_us, rules.timing_advance_us, rules.max_lateness_us, rules.output_topic,
-                         batch, Row, INSERT)
+        i, read = codec.intake(messages, i, now_us, rules.timing_advance_us, rules.max_lateness_us,
+                               rules.output_topic, batch, Row, INSERT)
         if i < n:
-            _sort_one(batch, messages[i], now_us, rules)
+            _sort_one(batch, messages[i], now_us, rules, read)
             i += 1
     return batch
 
 
-def _sort_one(batch: Batch, msg: Message, now_us: int, rules: Rules) -> None:
-    """Sort one message of a poll into `batch`."""
+def _sort_one(batch: Batch, msg: Message, now_us: int, rules: Rules,
+              read: tuple[list | None, str | None] | Exception | None = None) -> None:
+    """Sort one message of a poll into `batch`. `read` is what `codec.read_headers` gave for it (or
+    raised), when it was read already: confluent-kafka's conversion of a message's headers crashes
+    the process if asked again after it failed."""
     ops = batch.ops
     try:
-        headers, bad_name = codec.read_headers(msg)
+        if isinstance(read, Exception):
+            raise read
+        headers, bad_name = read if read is not None else codec.read_headers(msg)
     except Exception as exc:  # noqa: BLE001 - no header content may stop the consumer; this message only
         log.error("could not read the headers of %s/%s/%s (%s: %s); dead-lettering it without them",
                   msg.topic(), msg.partition(), msg.offset(), type(exc).__name__, exc)

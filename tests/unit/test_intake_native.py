@@ -81,7 +81,23 @@ def test_a_message_that_is_not_plain_is_left_to_the_caller(impl):
     plain = FakeMessage([("chronosMessageId", b"p"), ("chronosDeadline", str(NOW // 1000 + 60_000).encode())])
     cancel = FakeMessage([("chronosMessageId", b"p"), ("chronosAction", b"cancel")])
     batch = Batch()
-    assert intake([plain, cancel, plain], 0, NOW, 50_000, None, "out", batch, consumer.Row, consumer.INSERT) == 1
+    assert intake([plain, cancel, plain], 0, NOW, 50_000, None, "out", batch, consumer.Row, consumer.INSERT) == \
+        (1, (cancel.headers(), None))  # its headers as read: not read again
     assert list(batch.ops) == ["p"]
-    assert intake([plain, cancel, plain], 2, NOW, 50_000, None, "out", batch, consumer.Row, consumer.INSERT) == 3
+    assert intake([plain, cancel, plain], 2, NOW, 50_000, None, "out", batch, consumer.Row, consumer.INSERT) == \
+        (3, None)
     assert batch.duplicates == 1
+
+
+@IMPLS
+def test_headers_that_cannot_be_read_are_read_once_and_their_error_handed_over(impl):
+    class Unreadable:
+        reads = 0
+
+        def headers(self):
+            Unreadable.reads += 1
+            raise SystemError("<method 'headers'> returned a result with an exception set")
+
+    msg = Unreadable()
+    i, read = implementation(impl).intake([msg], 0, NOW, 50_000, None, "out", Batch(), consumer.Row, consumer.INSERT)
+    assert i == 0 and isinstance(read, SystemError) and Unreadable.reads == 1

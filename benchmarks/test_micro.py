@@ -1,4 +1,5 @@
-"""Micro benchmarks of the hot paths (`make bench`): the header codec, batch insert, claim and delete.
+"""Micro benchmarks of the hot paths (`make bench`): the header codec, batch insert, claim and delete,
+and the consumer's and the firer's batch paths per message (docs/benchmarks/hot-path.md).
 
 Nothing here asserts a speed; the codec's native/pure-Python ratio is printed at the end of the
 run and stored in each benchmark's `extra_info` (see `--benchmark-json`).

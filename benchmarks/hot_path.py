@@ -35,6 +35,7 @@ from chronos.adapters.postgres.store import Store, _claimed_params
 from chronos.domain.intake import Rules
 from chronos.domain.model import Claimed
 from chronos.roles.consumer import CANCEL, INSERT, REPLACE, sort_batch
+from chronos.runtime.process import tune_gc
 
 BATCH = 2000
 RULES = Rules(timing_advance_us=50_000, output_topic="chronos.output", allowed_topics=re.compile("chronos.output"))
@@ -136,6 +137,7 @@ def firer_pass(proc: Any, rows: list[Claimed]) -> int:
 
 
 def _run(path: str, batches: int, database_url: str | None) -> None:
+    tune_gc()  # as a role's process runs
     if path == "consumer":
         assert database_url, "the consumer's path needs --database-url"
         store = Store(database_url, node_id=uuid.uuid4(), hot_path=True)

@@ -166,7 +166,19 @@ def test_delete_fired_batch(benchmark, store):
 
 # -- the roles' batch paths, per message (docs/benchmarks/hot-path.md) ----------------------------
 
-def test_consumer_batch_path(benchmark, database_url):
+@pytest.fixture
+def role_gc():
+    """The garbage collector tuned as in a role's process, for one benchmark."""
+    import gc
+
+    from chronos.runtime.process import tune_gc
+    before = gc.get_threshold()
+    tune_gc()
+    yield
+    gc.set_threshold(*before)
+
+
+def test_consumer_batch_path(benchmark, database_url, role_gc):
     """A poll of 2,000 consumed messages through sort_batch to the COPY into PostgreSQL (per message:
     the median / 2,000)."""
     from benchmarks.hot_path import consumer_pass, input_messages
@@ -177,7 +189,7 @@ def test_consumer_batch_path(benchmark, database_url):
     store.close()
 
 
-def test_firer_batch_path(benchmark):
+def test_firer_batch_path(benchmark, role_gc):
     """A claim of 2,000 rows through the publishing thread (a produce() per row, its delivery report)
     to the settling thread's delete parameters (per message: the median / 2,000)."""
     from benchmarks.hot_path import claimed_rows, firer, firer_pass

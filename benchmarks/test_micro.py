@@ -1,4 +1,5 @@
-"""Micro benchmarks of the hot paths (`make bench`): the header codec, batch insert, claim and delete.
+"""Micro benchmarks of the hot paths (`make bench`): the header codec, batch insert, claim and delete,
+and the consumer's and the firer's batch paths per message (docs/benchmarks/hot-path.md).
 
 Nothing here asserts a speed; the codec's native/pure-Python ratio is printed at the end of the
 run and stored in each benchmark's `extra_info` (see `--benchmark-json`).
@@ -161,3 +162,37 @@ def test_delete_fired_batch(benchmark, store):
 
     deleted = benchmark.pedantic(store.delete_fired, setup=setup, rounds=20, warmup_rounds=2)
     assert deleted == 1000
+
+
+# -- the roles' batch paths, per message (docs/benchmarks/hot-path.md) ----------------------------
+
+@pytest.fixture
+def role_gc():
+    """The garbage collector tuned as in a role's process, for one benchmark."""
+    import gc
+
+    from chronos.runtime.process import tune_gc
+    before = gc.get_threshold()
+    tune_gc()
+    yield
+    gc.set_threshold(*before)
+
+
+def test_consumer_batch_path(benchmark, database_url, role_gc):
+    """A poll of 2,000 consumed messages through sort_batch to the COPY into PostgreSQL (per message:
+    the median / 2,000)."""
+    from benchmarks.hot_path import consumer_pass, input_messages
+    store = Store(database_url, node_id=uuid.uuid4(), hot_path=True)
+    messages = input_messages()
+    assert benchmark.pedantic(consumer_pass, args=(store, messages), rounds=20, warmup_rounds=2) == BATCH
+    benchmark.extra_info["us_per_message"] = round(benchmark.stats.stats.median / BATCH * 1e6, 2)
+    store.close()
+
+
+def test_firer_batch_path(benchmark, role_gc):
+    """A claim of 2,000 rows through the publishing thread (a produce() per row, its delivery report)
+    to the settling thread's delete parameters (per message: the median / 2,000)."""
+    from benchmarks.hot_path import claimed_rows, firer, firer_pass
+    proc, rows = firer(), claimed_rows()
+    assert benchmark.pedantic(firer_pass, args=(proc, rows), rounds=20, warmup_rounds=2) == BATCH
+    benchmark.extra_info["us_per_message"] = round(benchmark.stats.stats.median / BATCH * 1e6, 2)

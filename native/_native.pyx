@@ -60,7 +60,8 @@ cdef extern from "Python.h":
     void PyErr_Clear()
     PyObject* PyErr_Occurred_ptr "PyErr_Occurred" ()
 
-__all__ = ["IMPL", "Parsed", "parse_headers", "parse_deadline", "encode_headers", "decode_headers", "read_headers"]
+__all__ = ["IMPL", "Parsed", "parse_headers", "parse_deadline", "encode_headers", "decode_headers", "read_headers",
+           "copy_rows", "intake"]
 
 IMPL = "native"
 
@@ -748,3 +749,205 @@ def read_headers(msg):
     _header_cnt = NULL
     _rd.disable(f"{problem} (native codec)")
     return _rd.fallback(msg)
+
+
+# --------------------------------------------------------------------------
+# PostgreSQL binary COPY of the consumer's rows
+# --------------------------------------------------------------------------
+
+from cpython.long cimport PyLong_AsLongLong, PyLong_Check
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
+from chronos.codec.types import COPY_COLUMNS, COPY_SIGNATURE, COPY_TRAILER, ERR_COPY_FIELD, POSTGRES_EPOCH_US
+
+cdef int64_t C_POSTGRES_EPOCH_US = 946684800000000
+if POSTGRES_EPOCH_US != C_POSTGRES_EPOCH_US or COPY_SIGNATURE != b"PGCOPY\n\xff\r\n\x00" + bytes(8):
+    raise ImportError("chronos.codec.types COPY constants changed; rebuild the native codec")
+if COPY_COLUMNS != ("id", "deadline_us", "topic", "key", "value", "headers", "ordering_key", "cron", "timezone",
+                    "dst_policy"):
+    raise ImportError("chronos.codec.types.COPY_COLUMNS changed; rebuild the native codec")
+
+# Column kinds, in COPY_COLUMNS order: 0 text, 1 timestamptz from epoch microseconds, 2 bytea.
+cdef int COPY_KIND[10]
+COPY_KIND[:] = [0, 1, 0, 2, 2, 2, 0, 0, 0, 0]
+cdef tuple COPY_NAMES = COPY_COLUMNS
+cdef bint COPY_NULLABLE[10]
+COPY_NULLABLE[:] = [False, False, True, True, True, True, True, True, True, True]
+
+
+cdef struct _Buf:
+    unsigned char* data
+    Py_ssize_t size
+    Py_ssize_t cap
+
+
+cdef int _reserve(_Buf* b, Py_ssize_t more) except -1:
+    cdef Py_ssize_t cap = b.cap
+    cdef void* grown
+    if b.size + more <= cap:
+        return 0
+    while cap < b.size + more:
+        cap = cap * 2 if cap else 65536
+    grown = PyMem_Realloc(b.data, <size_t>cap)
+    if grown == NULL:
+        raise MemoryError()
+    b.data = <unsigned char*>grown
+    b.cap = cap
+    return 0
+
+
+cdef inline void _put_u16(unsigned char* w, unsigned int v) noexcept nogil:
+    w[0] = <unsigned char>(v >> 8)
+    w[1] = <unsigned char>v
+
+
+cdef inline void _put_u64(unsigned char* w, uint64_t v) noexcept nogil:
+    _put_u32(w, <uint32_t>(v >> 32))
+    _put_u32(w + 4, <uint32_t>v)
+
+
+cdef int _copy_field(_Buf* b, object value, int column, Py_ssize_t row) except -1:
+    cdef const char* p
+    cdef Py_ssize_t n
+    cdef int64_t us
+    cdef int kind = COPY_KIND[column]
+    if value is None:
+        if not COPY_NULLABLE[column]:
+            raise TypeError(ERR_COPY_FIELD % (row, COPY_NAMES[column], "None"))
+        _reserve(b, 4)
+        _put_u32(b.data + b.size, 0xFFFFFFFFu)
+        b.size += 4
+        return 0
+    if kind == 1:
+        if not PyLong_Check(value):
+            raise TypeError(ERR_COPY_FIELD % (row, COPY_NAMES[column], type(value).__name__))
+        us = PyLong_AsLongLong(value) - C_POSTGRES_EPOCH_US
+        _reserve(b, 12)
+        _put_u32(b.data + b.size, 8)
+        _put_u64(b.data + b.size + 4, <uint64_t>us)
+        b.size += 12
+        return 0
+    if kind == 0:
+        if not PyUnicode_Check(value):
+            raise TypeError(ERR_COPY_FIELD % (row, COPY_NAMES[column], type(value).__name__))
+        p = PyUnicode_AsUTF8AndSize(value, &n)
+    else:
+        if not PyBytes_Check(value):
+            raise TypeError(ERR_COPY_FIELD % (row, COPY_NAMES[column], type(value).__name__))
+        p = PyBytes_AS_STRING(value)
+        n = PyBytes_GET_SIZE(value)
+    if n > 0x7FFFFFFF:
+        raise ValueError(ERR_TOO_LARGE % (COPY_NAMES[column], n))
+    _reserve(b, 4 + n)
+    _put_u32(b.data + b.size, <uint32_t>n)
+    memcpy(b.data + b.size + 4, p, n)
+    b.size += 4 + n
+    return 0
+
+
+def copy_rows(rows):
+    """Rows as one PostgreSQL binary COPY stream (signature, one tuple per row, trailer) of the
+    columns COPY_COLUMNS: text, timestamptz (from epoch microseconds), bytea."""
+    cdef _Buf b
+    cdef Py_ssize_t i = 0
+    cdef int column
+    cdef object row
+    b.data = NULL
+    b.size = 0
+    b.cap = 0
+    try:
+        _reserve(&b, 19)
+        memcpy(b.data, PyBytes_AS_STRING(COPY_SIGNATURE), 19)
+        b.size = 19
+        for row in rows:
+            _reserve(&b, 2)
+            _put_u16(b.data + b.size, 10)
+            b.size += 2
+            _copy_field(&b, row.id, 0, i)
+            _copy_field(&b, row.deadline_us, 1, i)
+            _copy_field(&b, row.topic, 2, i)
+            _copy_field(&b, row.key, 3, i)
+            _copy_field(&b, row.value, 4, i)
+            _copy_field(&b, row.headers, 5, i)
+            _copy_field(&b, row.ordering_key, 6, i)
+            _copy_field(&b, row.cron, 7, i)
+            _copy_field(&b, row.timezone, 8, i)
+            _copy_field(&b, row.dst_policy, 9, i)
+            i += 1
+        _reserve(&b, 2)
+        memcpy(b.data + b.size, PyBytes_AS_STRING(COPY_TRAILER), 2)
+        b.size += 2
+        return PyBytes_FromStringAndSize(<const char*>b.data, b.size)
+    finally:
+        PyMem_Free(b.data)
+
+
+# --------------------------------------------------------------------------
+# The consumer's intake of plain messages
+# --------------------------------------------------------------------------
+
+def intake(messages, Py_ssize_t start, int64_t now_us, int64_t timing_advance_us, max_lateness_us, output_topic,
+           batch, make_row, insert_op):
+    """Sort the plain messages of a poll from ``messages[start]`` on into ``batch``; return the index
+    of the first message left to the caller (``len(messages)`` when none is) and what read_headers
+    gave for it (or raised).
+
+    Same contract as chronos.codec._python.intake: a plain message (see there) is decided and added
+    to ``batch.ops``/``sources``/``late``/``duplicates`` exactly as chronos.domain.intake.decide and
+    the consumer's sort_batch would; any other message is left to them.
+    """
+    cdef list seq = <list>messages if type(messages) is list else list(messages)
+    cdef Py_ssize_t i = start, n = PyList_GET_SIZE(seq), duplicates = 0
+    cdef dict ops = batch.ops
+    cdef dict sources = batch.sources
+    cdef list late = batch.late
+    cdef object msg, headers, bad_name, parsed, mid, topic, previous, left = None
+    cdef int64_t deadline
+    cdef bint has_bound = max_lateness_us is not None
+    cdef int64_t bound = max_lateness_us if has_bound else 0
+    try:
+        while i < n:
+            msg = <object>PyList_GET_ITEM(seq, i)
+            try:
+                headers, bad_name = read_headers(msg)
+            except Exception as exc:  # the caller dead-letters it with the reason
+                left = exc
+                break
+            left = (headers, bad_name)
+            if bad_name is not None:
+                break
+            parsed = parse_headers(headers)
+            # Parsed: error, message_id, deadline_us, topic, ordering_key, action, cron, timezone, headers, dst_policy
+            if (<object>PyTuple_GET_ITEM(parsed, 0) is not None or <object>PyTuple_GET_ITEM(parsed, 5) is not None
+                    or <object>PyTuple_GET_ITEM(parsed, 6) is not None
+                    or <object>PyTuple_GET_ITEM(parsed, 7) is not None
+                    or <object>PyTuple_GET_ITEM(parsed, 9) is not None):
+                break
+            topic = <object>PyTuple_GET_ITEM(parsed, 3)
+            if topic is not None:
+                if topic != output_topic:
+                    break
+                topic = None
+            deadline = <object>PyTuple_GET_ITEM(parsed, 2)
+            if has_bound and now_us - deadline > bound:
+                break
+            mid = <object>PyTuple_GET_ITEM(parsed, 1)
+            previous = ops.get(mid)
+            if deadline <= now_us + timing_advance_us:  # late: published now, unless its id waits
+                if previous is not None and <object>PyTuple_GET_ITEM(previous, 1) is not None:
+                    duplicates += 1
+                else:
+                    late.append((msg, parsed))
+            elif previous is not None:
+                if <object>PyTuple_GET_ITEM(previous, 1) is None:  # cancelled earlier in the batch: a replace
+                    break
+                duplicates += 1
+            else:
+                ops[mid] = (insert_op, make_row(mid, deadline, topic, msg.key(), msg.value(),
+                                                encode_headers(<object>PyTuple_GET_ITEM(parsed, 8)),
+                                                <object>PyTuple_GET_ITEM(parsed, 4)))
+                sources[mid] = (msg, headers if headers is not None else [])
+            i += 1
+    finally:
+        if duplicates:
+            batch.duplicates += duplicates
+    return i, (left if i < n else None)

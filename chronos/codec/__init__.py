@@ -39,14 +39,16 @@ from chronos.codec.types import (
     MAX_TOPIC_LENGTH,
     MIN_DEADLINE_US,
     REASON_CODES,
+    COPY_COLUMNS,
     Codec,
+    CopyRow,
     Parsed,
     bad_header_name,
     escape_header_name,
 )
 
 __all__ = ["IMPL", "implementation", "parse_headers", "parse_deadline", "encode_headers", "decode_headers",
-           "read_headers", *_types.__all__]
+           "read_headers", "copy_rows", "intake", *_types.__all__]
 
 ENV_VAR = "CHRONOS_IMPL"
 _MODULES = {"native": "chronos.codec._native", "python": "chronos.codec._python"}
@@ -96,5 +98,7 @@ parse_deadline = _impl.parse_deadline
 encode_headers = _impl.encode_headers
 decode_headers = _impl.decode_headers
 read_headers = _impl.read_headers
+copy_rows = _impl.copy_rows
+intake = _impl.intake
 
 del _impl

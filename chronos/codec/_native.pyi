@@ -1,7 +1,9 @@
 # Type stub of the compiled codec (native/_native.pyx): the same interface as chronos.codec._python,
 # described once in chronos.codec.types.Codec; the type checker holds both modules to it.
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
+from chronos.codec.types import CopyRow
 from chronos.codec.types import Parsed as Parsed
 from chronos.codec.types import bad_header_name as bad_header_name
 from chronos.codec.types import escape_header_name as escape_header_name
@@ -13,3 +15,7 @@ def parse_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> Parsed:
 def encode_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> bytes: ...
 def decode_headers(data: bytes | bytearray | memoryview | None) -> list[tuple[str, bytes | None]]: ...
 def read_headers(msg: object) -> tuple[list[tuple[str, bytes | None]] | None, str | None]: ...
+def copy_rows(rows: Iterable[CopyRow]) -> bytes: ...
+def intake(messages: Sequence[Any], start: int, now_us: int, timing_advance_us: int, max_lateness_us: int | None,
+           output_topic: str, batch: Any, make_row: Callable[..., Any],
+           insert_op: str) -> tuple[int, tuple[Any, str | None] | Exception | None]: ...

@@ -10,14 +10,17 @@ import ctypes
 import enum
 import re
 import struct
-from collections.abc import Iterable
-from typing import Final
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final
 
 from chronos.codec import librdkafka as _rd
 from chronos.codec.types import (
     ACTION_CANCEL,
     ACTION_REPLACE,
     CHRONOS_HEADERS,
+    COPY_COLUMNS,
+    COPY_SIGNATURE,
+    COPY_TRAILER,
     ERR_BAD_ACTION,
     ERR_BAD_CRON,
     ERR_BAD_DEADLINE,
@@ -26,6 +29,7 @@ from chronos.codec.types import (
     ERR_BAD_ORDERING_KEY,
     ERR_BAD_TIMEZONE,
     ERR_BAD_TOPIC,
+    ERR_COPY_FIELD,
     ERR_DATA_TYPE,
     ERR_DEADLINE_TYPE,
     ERR_DUPLICATE,
@@ -46,13 +50,16 @@ from chronos.codec.types import (
     MAX_ORDERING_KEY_LENGTH,
     MAX_TOPIC_LENGTH,
     MIN_DEADLINE_US,
+    POSTGRES_EPOCH_US,
     TOPIC_CHARS,
+    CopyRow,
     Parsed,
     bad_header_name,
     escape_header_name,
 )
 
-__all__ = ["IMPL", "Parsed", "parse_headers", "parse_deadline", "encode_headers", "decode_headers", "read_headers"]
+__all__ = ["IMPL", "Parsed", "parse_headers", "parse_deadline", "encode_headers", "decode_headers", "read_headers",
+           "copy_rows", "intake"]
 
 IMPL = "python"
 
@@ -400,3 +407,116 @@ def read_headers(msg: object) -> tuple[list[tuple[str, bytes | None]] | None, st
     _binding = None
     _rd.disable(f"{problem} (python codec)")
     return _rd.fallback(msg)
+
+
+# --- PostgreSQL binary COPY of the consumer's rows ----------------------------------------------
+
+_FIELD_COUNT = struct.Struct(">h").pack(len(COPY_COLUMNS))
+_NULL_FIELD = _I32.pack(-1)
+_TIMESTAMP = struct.Struct(">iq").pack
+
+
+def _copy_value(value: object, column: int, row: int) -> bytes:
+    """One field of a row: its length and its bytes (text as UTF-8, bytea as it is), or NULL."""
+    if value is None:
+        if column < 2:  # id and deadline_us
+            raise TypeError(ERR_COPY_FIELD % (row, COPY_COLUMNS[column], "None"))
+        return _NULL_FIELD
+    if column == 1:
+        if not isinstance(value, int):
+            raise TypeError(ERR_COPY_FIELD % (row, COPY_COLUMNS[column], type(value).__name__))
+        return _TIMESTAMP(8, value - POSTGRES_EPOCH_US)
+    if column in (3, 4, 5):
+        if not isinstance(value, bytes):
+            raise TypeError(ERR_COPY_FIELD % (row, COPY_COLUMNS[column], type(value).__name__))
+        data = value
+    elif isinstance(value, str):
+        data = value.encode("utf-8")
+    else:
+        raise TypeError(ERR_COPY_FIELD % (row, COPY_COLUMNS[column], type(value).__name__))
+    if len(data) > 0x7FFFFFFF:
+        raise ValueError(ERR_TOO_LARGE % (COPY_COLUMNS[column], len(data)))
+    return _I32.pack(len(data)) + data
+
+
+def copy_rows(rows: Iterable[CopyRow]) -> bytes:
+    """Rows as one PostgreSQL binary COPY stream (signature, one tuple per row, trailer) of the
+    columns COPY_COLUMNS: text, timestamptz (from epoch microseconds), bytea."""
+    parts = [COPY_SIGNATURE]
+    append = parts.append
+    for i, r in enumerate(rows):
+        append(_FIELD_COUNT)
+        for column, value in enumerate((r.id, r.deadline_us, r.topic, r.key, r.value, r.headers, r.ordering_key,
+                                        r.cron, r.timezone, r.dst_policy)):
+            append(_copy_value(value, column, i))
+    append(COPY_TRAILER)
+    return b"".join(parts)
+
+
+# --- the consumer's intake of plain messages ----------------------------------------------------
+
+def intake(messages: Sequence[Any], start: int, now_us: int, timing_advance_us: int, max_lateness_us: int | None,
+           output_topic: str, batch: Any, make_row: Callable[..., Any],
+           insert_op: str) -> tuple[int, tuple[Any, str | None] | Exception | None]:
+    """Sort the plain messages of a poll from ``messages[start]`` on into ``batch``; return the index
+    of the first message left to the caller (``len(messages)`` when none is) and what read_headers
+    gave for it (or raised): a message's headers are read once, since confluent-kafka's own
+    conversion must not be asked again after it failed.
+
+    A plain message has readable headers and valid Chronos headers with neither action nor
+    recurrence, and goes to the output topic: it is published now (late) or stored. It is decided
+    and added to ``batch.ops`` (``id -> (insert_op, make_row(id, deadline_us, topic, key, value,
+    encoded headers, ordering key))``), ``batch.sources`` (``id -> (message, headers)``),
+    ``batch.late`` (``(message, parsed)``) or counted in ``batch.duplicates`` exactly as
+    chronos.domain.intake.decide and the consumer's sort_batch would. The first message that is not
+    plain (or whose id an earlier cancel in ``batch.ops`` makes a replace) ends the run, and so
+    does one past ``max_lateness_us``: the caller sorts that one itself.
+    """
+    ops, sources, late = batch.ops, batch.sources, batch.late
+    duplicates = 0
+    left: tuple[Any, str | None] | Exception | None = None
+    i, n = start, len(messages)
+    try:
+        while i < n:
+            msg = messages[i]
+            try:
+                headers, bad_name = read_headers(msg)
+            except Exception as exc:  # noqa: BLE001 - the caller dead-letters it with the reason
+                left = exc
+                break
+            left = (headers, bad_name)
+            if bad_name is not None:
+                break
+            parsed = parse_headers(headers)
+            if parsed.error is not None or parsed.action is not None or parsed.cron is not None \
+                    or parsed.timezone is not None or parsed.dst_policy is not None:
+                break
+            topic = parsed.topic
+            if topic is not None:
+                if topic != output_topic:
+                    break
+                topic = None
+            deadline = parsed.deadline_us
+            assert deadline is not None  # valid, with neither cancel nor recurrence
+            if max_lateness_us is not None and now_us - deadline > max_lateness_us:
+                break
+            mid = parsed.message_id
+            previous = ops.get(mid)
+            if deadline <= now_us + timing_advance_us:  # late: published now, unless its id waits
+                if previous is not None and previous[1] is not None:
+                    duplicates += 1
+                else:
+                    late.append((msg, parsed))
+            elif previous is not None:
+                if previous[1] is None:  # cancelled earlier in the batch: a replace
+                    break
+                duplicates += 1
+            else:
+                ops[mid] = (insert_op, make_row(mid, deadline, topic, msg.key(), msg.value(),
+                                                encode_headers(parsed.headers), parsed.ordering_key))
+                sources[mid] = (msg, headers if headers is not None else [])
+            i += 1
+    finally:
+        if duplicates:
+            batch.duplicates += duplicates
+    return i, (left if i < n else None)

@@ -7,8 +7,8 @@ so that both produce identical results, including the human-readable detail.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import NamedTuple, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from chronos.domain.topics import MAX_TOPIC_LENGTH, TOPIC_CHARS
 
@@ -35,6 +35,8 @@ __all__ = [
     "REASON_CODES",
     "escape_header_name",
     "bad_header_name",
+    "CopyRow",
+    "COPY_COLUMNS",
 ]
 
 
@@ -171,6 +173,46 @@ ERR_VALUE_LENGTH = "corrupt header data: invalid value length %d at offset %d"
 ERR_TOO_LARGE = "header %s too large to encode (%d bytes)"
 
 
+# --- PostgreSQL binary COPY of the consumer's rows (copy_rows) ----------------------------------
+#: The columns of a row, in COPY order: `id` text, `deadline_us` timestamptz (given as epoch
+#: microseconds), `topic` text, `key`/`value`/`headers` bytea, the rest text. Only id and deadline
+#: may not be NULL.
+COPY_COLUMNS = ("id", "deadline_us", "topic", "key", "value", "headers", "ordering_key", "cron", "timezone",
+                "dst_policy")
+#: A binary COPY stream starts with this signature, flags and header-extension length (both 0)...
+COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
+#: ... and ends with a field count of -1.
+COPY_TRAILER = b"\xff\xff"
+#: PostgreSQL's binary timestamptz counts microseconds from 2000-01-01 UTC.
+POSTGRES_EPOCH_US = 946_684_800_000_000
+ERR_COPY_FIELD = "row %d: %s cannot be copied from %s"
+
+
+class CopyRow(Protocol):
+    """What copy_rows reads of a row (chronos.domain.model.Row has it all)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def deadline_us(self) -> int: ...
+    @property
+    def topic(self) -> str | None: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> bytes | None: ...
+    @property
+    def ordering_key(self) -> str | None: ...
+    @property
+    def cron(self) -> str | None: ...
+    @property
+    def timezone(self) -> str | None: ...
+    @property
+    def dst_policy(self) -> str | None: ...
+
+
 class Codec(Protocol):
     """The interface both codec modules implement (for type checking)."""
 
@@ -185,3 +227,9 @@ class Codec(Protocol):
     def decode_headers(self, data: bytes | bytearray | memoryview | None) -> list[tuple[str, bytes | None]]: ...
 
     def read_headers(self, msg: object) -> tuple[list[tuple[str, bytes | None]] | None, str | None]: ...
+
+    def copy_rows(self, rows: Iterable[CopyRow]) -> bytes: ...
+
+    def intake(self, messages: Sequence[Any], start: int, now_us: int, timing_advance_us: int,
+               max_lateness_us: int | None, output_topic: str, batch: Any, make_row: Callable[..., Any],
+               insert_op: str) -> tuple[int, tuple[Any, str | None] | Exception | None]: ...

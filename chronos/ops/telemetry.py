@@ -6,13 +6,15 @@ last ran its loop, reached PostgreSQL and reached Kafka. With `CHRONOS_METRICS_P
 (chronos.ops.endpoints), a `MetricsServer` (chronos.ops.http) serves `/metrics` and `/healthz`.
 
 The hot path stays cheap: the message counters are the processes' own running totals, read
-at scrape time; histograms are observed once per batch, except the fire lateness histogram,
-observed per message (under a microsecond).
+at scrape time; histograms are observed once per batch, the fire lateness histogram included
+(each message's lateness counted in its bucket, then one increment per bucket touched).
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
+import functools
 import logging
 import os
 import time
@@ -339,6 +341,7 @@ class FirerTelemetry(Telemetry):
                                   "Kafka acknowledgement time minus deadline, per fired message",
                                   ("role", "node"), buckets=LATENESS_BUCKETS,
                                   registry=self.registry).labels(self.role, self.node)
+        self._lateness_bounds = list(self.lateness._upper_bounds)  # prometheus_client appends +Inf
         # the metric's name says "outstanding" (dashboards use it); the rows are "held"
         self.held = self.gauge("chronos_firer_outstanding_rows",
                                "rows this firer holds (claimed, not settled yet): waiting for their time, or "
@@ -350,6 +353,17 @@ class FirerTelemetry(Telemetry):
 
     def loop_period(self) -> float:
         return max(1.0, self.settings.poll_interval_ms / 1000.0)
+
+    def fired(self, lateness: list[float]) -> None:
+        """Observe the fire lateness (seconds) of messages acknowledged together: as many
+        `Histogram.observe` calls would, with one locked increment per bucket touched instead of two
+        per message (a quarter of the firer's per-message cost)."""
+        if not lateness:
+            return
+        buckets = collections.Counter(map(functools.partial(bisect.bisect_left, self._lateness_bounds), lateness))
+        self.lateness._sum.inc(sum(lateness))
+        for i, count in buckets.items():
+            self.lateness._buckets[i].inc(count)
 
     def follow_timing(self, held: Callable[[], float], timing: Any) -> None:
         """Read the firer's own state at scrape time: rows it holds, and its `PublishTiming`."""

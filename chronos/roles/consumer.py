@@ -75,47 +75,65 @@ def _row(mid: str, parsed: codec.Parsed, decision: Decision, msg: Message, rules
 
 
 def sort_batch(messages: list[Message], now_us: int, rules: Rules) -> Batch:
+    """Sort a poll's messages into a `Batch`. Runs of plain messages (valid, neither action nor
+    recurrence, to the output topic: nearly all of them) are sorted by `codec.intake` in native
+    code; each other message by `_sort_one`, with the same outcome."""
     batch = Batch()
-    ops = batch.ops
-    for msg in messages:
-        try:
-            headers, bad_name = codec.read_headers(msg)
-        except Exception as exc:  # noqa: BLE001 - no header content may stop the consumer; this message only
-            log.error("could not read the headers of %s/%s/%s (%s: %s); dead-lettering it without them",
-                      msg.topic(), msg.partition(), msg.offset(), type(exc).__name__, exc)
-            batch.dead.append((msg, f"{reasons.UNREADABLE_HEADERS}: {type(exc).__name__}: {exc}", []))
-            continue
-        headers = headers or []
-        if bad_name is not None:
-            batch.dead.append((msg, bad_name, headers))
-            continue
-        parsed = codec.parse_headers(headers)
-        decision: Decision = decide(parsed, now_us, rules)
-        verdict, mid = decision.verdict, parsed.message_id
-        if verdict is Verdict.INVALID:
-            batch.dead.append((msg, decision.reason or "invalid", headers))
-            continue
-        assert mid is not None  # headers without a valid id are INVALID
-        previous = ops.get(mid, (None, None))[0]
-        if verdict is Verdict.CANCEL:
-            ops[mid] = (CANCEL, None)
-        elif verdict is Verdict.LATE:
-            if decision.replace:
-                ops[mid] = (CANCEL, None)  # the replacement fires now; the waiting version goes
-                batch.late.append((msg, parsed))
-            elif previous in (INSERT, REPLACE):
-                batch.duplicates += 1      # its id is waiting (scheduled earlier in this batch)
-            else:
-                batch.late.append((msg, parsed))
-        elif decision.replace or previous == CANCEL:
-            ops[mid] = (REPLACE, _row(mid, parsed, decision, msg, rules))
-            batch.sources[mid] = (msg, headers)
-        elif previous in (INSERT, REPLACE):
-            batch.duplicates += 1
-        else:
-            ops[mid] = (INSERT, _row(mid, parsed, decision, msg, rules))
-            batch.sources[mid] = (msg, headers)
+    i, n = 0, len(messages)
+    while i < n:
+        i, read = codec.intake(messages, i, now_us, rules.timing_advance_us, rules.max_lateness_us,
+                               rules.output_topic, batch, Row, INSERT)
+        if i < n:
+            _sort_one(batch, messages[i], now_us, rules, read)
+            i += 1
     return batch
+
+
+def _sort_one(batch: Batch, msg: Message, now_us: int, rules: Rules,
+              read: tuple[list | None, str | None] | Exception | None = None) -> None:
+    """Sort one message of a poll into `batch`. `read` is what `codec.read_headers` gave for it (or
+    raised), when it was read already: confluent-kafka's conversion of a message's headers crashes
+    the process if asked again after it failed."""
+    ops = batch.ops
+    try:
+        if isinstance(read, Exception):
+            raise read
+        headers, bad_name = read if read is not None else codec.read_headers(msg)
+    except Exception as exc:  # noqa: BLE001 - no header content may stop the consumer; this message only
+        log.error("could not read the headers of %s/%s/%s (%s: %s); dead-lettering it without them",
+                  msg.topic(), msg.partition(), msg.offset(), type(exc).__name__, exc)
+        batch.dead.append((msg, f"{reasons.UNREADABLE_HEADERS}: {type(exc).__name__}: {exc}", []))
+        return
+    headers = headers or []
+    if bad_name is not None:
+        batch.dead.append((msg, bad_name, headers))
+        return
+    parsed = codec.parse_headers(headers)
+    decision: Decision = decide(parsed, now_us, rules)
+    verdict, mid = decision.verdict, parsed.message_id
+    if verdict is Verdict.INVALID:
+        batch.dead.append((msg, decision.reason or "invalid", headers))
+        return
+    assert mid is not None  # headers without a valid id are INVALID
+    previous = ops.get(mid, (None, None))[0]
+    if verdict is Verdict.CANCEL:
+        ops[mid] = (CANCEL, None)
+    elif verdict is Verdict.LATE:
+        if decision.replace:
+            ops[mid] = (CANCEL, None)  # the replacement fires now; the waiting version goes
+            batch.late.append((msg, parsed))
+        elif previous in (INSERT, REPLACE):
+            batch.duplicates += 1      # its id is waiting (scheduled earlier in this batch)
+        else:
+            batch.late.append((msg, parsed))
+    elif decision.replace or previous == CANCEL:
+        ops[mid] = (REPLACE, _row(mid, parsed, decision, msg, rules))
+        batch.sources[mid] = (msg, headers)
+    elif previous in (INSERT, REPLACE):
+        batch.duplicates += 1
+    else:
+        ops[mid] = (INSERT, _row(mid, parsed, decision, msg, rules))
+        batch.sources[mid] = (msg, headers)
 
 
 @dataclass(slots=True)

@@ -158,6 +158,7 @@ import re
 from chronos.roles import consumer
 from chronos.domain.intake import Rules
 consumer.codec.read_headers = impl.read_headers
+consumer.codec.intake = impl.intake  # reads the headers of a run of plain messages
 ok = [(b"chronosMessageId", b"ok"), (b"chronosDeadline", b"99999999999999")]
 batch = consumer.sort_batch([message_with_headers([(b"\\xff", b"x")] + ok), message_with_headers(ok)], 0,
                             Rules(50_000, "out", re.compile("out")))

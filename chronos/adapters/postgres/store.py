@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import re
-import struct
 import time
 import uuid
 from importlib import resources
@@ -17,7 +16,7 @@ from typing import Any, Iterable, Sequence
 
 import psycopg
 
-from chronos import ports
+from chronos import codec, ports
 from chronos.config import database_passwords, redact_url
 from chronos.domain import cron, ratelimit, schedules
 from chronos.domain.model import (DUE_CAP, ESTIMATE_ABOVE, Claimed, NodeLoad, Overview, Parked, Row, Stale,
@@ -79,19 +78,6 @@ def migrations() -> list[tuple[int, str, str]]:
 LATEST_VERSION = migrations()[-1][0]
 
 
-class _EpochUsDumper(psycopg.adapt.Dumper):
-    """Epoch microseconds (an int) as a binary timestamptz, for the COPY of the consumer's inserts
-    (`Copy.set_types` looks dumpers up by type oid): building a datetime per row cost several times
-    more than this. PostgreSQL's binary timestamptz counts microseconds from 2000-01-01."""
-
-    format = psycopg.pq.Format.BINARY
-    oid = psycopg.postgres.types["timestamptz"].oid
-    _pack = struct.Struct("!q").pack
-
-    def dump(self, obj: int) -> bytes:
-        return self._pack(obj - 946_684_800_000_000)
-
-
 # What libpq says when the server refused this client, rather than could not be reached: its
 # authentication (a wrong password, no pg_hba.conf entry) and the TLS checks either side makes. A failed
 # connection carries no SQLSTATE: the words are all there is.
@@ -122,7 +108,14 @@ def connect(url: str, *, autocommit: bool = True, connect_timeout: int = 5) -> p
 def text_array(values: Iterable[str]) -> str:
     """A PostgreSQL array literal of text values, for a `%s::text[]` parameter. On the firer's
     hot path psycopg's list adapter cost 1 ms per 1,000 ids (and 3 ms per 1,000 timestamps);
-    this costs 0.15 ms."""
+    this costs 0.15 ms, and 0.05 ms when no value holds a quote or a backslash (the firer's ids
+    and ctids, nearly always): joined and checked once, not escaped one by one."""
+    values = list(values)
+    if not values:
+        return "{}"
+    together = "".join(values)
+    if '"' not in together and "\\" not in together:
+        return '{"' + '","'.join(values) + '"}'
     return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
 
 
@@ -332,13 +325,10 @@ class Store:
             with conn.transaction():
                 with conn.cursor() as cur:
                     if direct:
-                        cur.adapters.register_dumper(None, _EpochUsDumper)  # this cursor's COPY only
+                        # the whole binary COPY stream built natively, handed over in one write: psycopg's
+                        # write_row cost more per row than the rest of the consumer's batch path
                         with cur.copy(QUERIES["copy_messages"]) as copy:
-                            copy.set_types(["text", "timestamptz", "text", "bytea", "bytea", "bytea", "text",
-                                            "text", "text", "text"])
-                            for r in inserts:
-                                copy.write_row((r.id, r.deadline_us, r.topic, r.key, r.value, r.headers,
-                                                r.ordering_key, r.cron, r.timezone, r.dst_policy))
+                            copy.write(codec.copy_rows(inserts))
                         inserted = len(inserts)
                     if replaces or not direct:
                         with cur.copy(QUERIES["copy_staging_full"]) as copy:

@@ -39,11 +39,15 @@ def scan(bootstrap: str, topic: str, wanted: set[bytes], conf: dict | None = Non
 
     The end is each partition's high watermark as the fetches report it (the embedded broker's
     ListOffsets answer is short of the true end), reached with a second's quiet; a broker that
-    serves nothing for `idle_s` ends the scan where it is."""
+    serves nothing for `idle_s` ends the scan where it is. Its fetches may wait 5 s: a reader at the
+    head with a short wait (the benchmarks' reader waits 5 ms) can stop getting anything from the
+    embedded broker once a partition holds enough batches (docs/operations/embedded-stack.md)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+    # a long fetch wait: the embedded broker stops listing a partition's batches when the wait runs out,
+    # and a reader whose position lies past what it lists in that time gets nothing at all
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"chronos-accounting-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": "false", "fetch.wait.max.ms": "50", **(conf or {})})
+                         "enable.auto.commit": "false", **(conf or {}), "fetch.wait.max.ms": "5000"})
     found: dict[bytes, tuple[int, int, str | None]] = {}
     try:
         meta = consumer.list_topics(topic, timeout=10).topics.get(topic)

@@ -20,9 +20,12 @@ the chronosMessageId is `<run>-<id>`.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Iterable
 
 import psycopg
@@ -158,10 +161,17 @@ def undelivered_ids(rec, tag: str) -> list[str]:
 
 
 def account_stack(ids: list[str], info: dict) -> dict:
-    """`account` against a `chronos up` stack, from its ready file's facts (`info`)."""
-    return account(ids, database_url=info["database_url"], bootstrap=info["bootstrap_servers"],
-                   input_topic=info["input_topic"], output_topics=[info["output_topic"]], dlq_topic=info["dlq_topic"],
-                   consumer_group=info.get("consumer_group") or "chronos", conf=info.get("kafka_properties") or {})
+    """`account` against a `chronos up` stack, from its ready file's facts (`info`). When some are not
+    explained, the stack's logs are copied aside first (the stack's directory goes when it stops)."""
+    accounted = account(ids, database_url=info["database_url"], bootstrap=info["bootstrap_servers"],
+                        input_topic=info["input_topic"], output_topics=[info["output_topic"]],
+                        dlq_topic=info["dlq_topic"], consumer_group=info.get("consumer_group") or "chronos",
+                        conf=info.get("kafka_properties") or {})
+    if not accounted["explained"] and info.get("log_dir"):
+        kept = Path(tempfile.mkdtemp(prefix="chronos-unexplained-"))
+        shutil.copytree(info["log_dir"], kept / "logs")
+        accounted["logs_kept_in"] = str(kept / "logs")
+    return accounted
 
 
 def render(accounted: dict) -> str:
@@ -169,7 +179,8 @@ def render(accounted: dict) -> str:
     if not accounted["undelivered"]:
         return "every message was delivered"
     lines = [f"{accounted['undelivered']} undelivered: "
-             + ", ".join(f"{n} {state}" for state, n in accounted["by_state"].items())]
+             + ", ".join(f"{n} {state}" for state, n in accounted["by_state"].items())
+             + (f" (the stack's logs are kept in {accounted['logs_kept_in']})" if "logs_kept_in" in accounted else "")]
     for state, examples in accounted["examples"].items():
         lines.append(f"  {state}: " + "; ".join(examples))
     return "\n".join(lines)

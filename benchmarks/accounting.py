@@ -38,7 +38,8 @@ EXAMPLES = 5
 def scan(bootstrap: str, topic: str, wanted: set[bytes], conf: dict | None = None,
          idle_s: float = 30.0) -> dict[bytes, tuple[int, int, str | None]]:
     """Read `topic` from the beginning to its end: the messages whose chronosMessageId is in `wanted`,
-    as id -> (partition, offset, chronosError or None).
+    as id -> (partition, offset, chronosError or None). A message without one (on an output topic:
+    Chronos relays no chronos header) is known by its benchmark headers, as `<bench-run>-<bench-id>`.
 
     The end is each partition's high watermark as the fetches report it (the embedded broker's
     ListOffsets answer is short of the true end), reached with a second's quiet; a broker that
@@ -71,6 +72,8 @@ def scan(bootstrap: str, topic: str, wanted: set[bytes], conf: dict | None = Non
                 position[msg.partition()] = msg.offset() + 1
                 headers = dict(msg.headers() or ())
                 mid = headers.get("chronosMessageId")
+                if mid is None and "bench-run" in headers:  # Chronos relays no chronos header to the output
+                    mid = b"%s-%s" % (headers["bench-run"], headers.get("bench-id") or b"")
                 if mid in wanted:
                     error = headers.get("chronosError")
                     found[mid] = (msg.partition(), msg.offset(), error.decode(errors="replace") if error else None)

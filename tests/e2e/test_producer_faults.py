@@ -15,25 +15,17 @@ import psycopg
 
 from chronos import codec
 from chronos.adapters.kafka.admin import admin_client, create_topics
-from chronos.adapters.postgres.store import Store
 from chronos.domain.model import Row
 from chronos.embedded.broker import EmbeddedBroker
 
 from helpers import Collector, wait_for
+from test_publish_failures import insert
 
 
 def rows(prefix: str, topic: str | None, start: float, count: int, every: float) -> list[Row]:
     """`count` rows due from `start` (epoch seconds) on, `every` seconds apart; the value is the id."""
     return [Row(f"{prefix}-{i}", int((start + i * every) * 1e6), topic, f"{prefix}-{i}".encode(),
                 f"{prefix}-{i}".encode(), codec.encode_headers([])) for i in range(count)]
-
-
-def store_rows(url: str, batch: list[Row]) -> None:
-    store = Store(url)
-    try:
-        assert store.insert(batch) == len(batch)
-    finally:
-        store.close()
 
 
 def waiting(url: str) -> list[tuple[str, int]]:
@@ -55,14 +47,14 @@ def test_a_topic_deleted_and_created_again_under_load_fences_nothing_for_good(pr
     processes.wait_for_log(firer, "firing from the store")
     now = time.time()
     # 100 msg/s to each topic for 4 s, through the deletion
-    store_rows(url, rows("before-out", None, now + 0.5, 400, 0.01) + rows("before-other", other, now + 0.5, 400, 0.01))
+    insert(url, rows("before-out", None, now + 0.5, 400, 0.01) + rows("before-other", other, now + 0.5, 400, 0.01))
     time.sleep(1.5)  # the load is under way (the firer has fired the first rows)
     admin = admin_client(broker.bootstrap_servers)
     admin.delete_topics([output])[output].result()
     time.sleep(1.0)  # the topic stays away for a while, as an operator's mistake would
     create_topics(broker.bootstrap_servers, {output: 4})
     back = time.time()
-    store_rows(url, rows("after-out", None, back + 0.5, 300, 0.01) + rows("after-other", other, back + 0.5, 300, 0.01))
+    insert(url, rows("after-out", None, back + 0.5, 300, 0.01) + rows("after-other", other, back + 0.5, 300, 0.01))
     # everything leaves the store: fired, nothing left to retry
     wait_for(lambda: not waiting(url), timeout=60, what=f"every row fired (waiting: {waiting(url)[:5]})")
     reader = Collector(broker.bootstrap_servers, [output])
@@ -90,7 +82,7 @@ def test_a_broker_that_restarts_and_forgets_every_producer_does_not_stop_the_fir
                                 CHRONOS_PUBLISH_STALL_MS="2000")
         processes.wait_for_log(firer, "firing from the store")
         now = time.time()
-        store_rows(url, rows("first", None, now, 50, 0.01))
+        insert(url, rows("first", None, now, 50, 0.01))
         wait_for(lambda: not waiting(url), timeout=30, what="the first rows fired")
         port = own.port
         own.stop()  # memory only: every topic, offset and producer id is gone
@@ -98,7 +90,7 @@ def test_a_broker_that_restarts_and_forgets_every_producer_does_not_stop_the_fir
         own.start()
         create_topics(own.bootstrap_servers, names)
         now = time.time()
-        store_rows(url, rows("second", None, now + 0.5, 200, 0.01))
+        insert(url, rows("second", None, now + 0.5, 200, 0.01))
         wait_for(lambda: not waiting(url), timeout=60, what=f"every row fired (waiting: {waiting(url)[:5]})")
         reader = Collector(own.bootstrap_servers, [topics["output"], topics["dlq"]])
         reader.until(lambda ms: {f"second-{i}".encode() for i in range(200)} <= values(ms), timeout=30)

@@ -280,17 +280,18 @@ def parse_deadline(value):
 
 cdef int _slot(object key) except -2:
     """Chronos slot of a header key, or -1 for any other key."""
-    cdef Py_ssize_t n
-    cdef const char* p
     if not PyUnicode_Check(key):
         return -1
     if not PyUnicode_IS_COMPACT_ASCII(key):
         # Non-ASCII (can never match) or a legacy string: exact dict semantics.
         return SLOT_OF.get(key, -1)
-    n = PyUnicode_GET_LENGTH(key)
+    return _slot_raw(<const char*>PyUnicode_DATA(key), PyUnicode_GET_LENGTH(key))
+
+
+cdef int _slot_raw(const char* p, Py_ssize_t n) noexcept nogil:
+    """Chronos slot of the ASCII header name p[:n], or -1 for any other name."""
     if n < 11 or n > 18:
         return -1
-    p = <const char*>PyUnicode_DATA(key)
     if memcmp(p, b"chronos", 7) != 0:
         return -1
     p += 7
@@ -885,6 +886,185 @@ def copy_rows(rows):
 # The consumer's intake of plain messages
 # --------------------------------------------------------------------------
 
+cdef extern from "Python.h":
+    ctypedef struct PyMemberDef:
+        const char* name
+        int type
+        Py_ssize_t offset
+        int flags
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+    PyObject* PyType_GenericAlloc(PyTypeObject* type, Py_ssize_t nitems)
+
+cdef extern from "structmember.h":
+    int T_OBJECT_EX
+    int READONLY
+
+from cpython.dict cimport PyDict_Contains
+from cpython.ref cimport Py_INCREF
+import dataclasses as _dataclasses
+import types as _pytypes
+
+# The row class's slots, in the order of make_row's arguments, when it is a plain slotted dataclass
+# whose other fields default to None: intake then fills a new row's slots directly instead of running
+# its generated __init__ (a Python frame per message). Any other make_row is called.
+DEF ROW_FIELDS_MAX = 16
+cdef object ROW_CLASS = None
+cdef bint ROW_DIRECT = False
+cdef Py_ssize_t ROW_OFFSETS[ROW_FIELDS_MAX]
+cdef Py_ssize_t ROW_NFIELDS = 0
+ROW_ARGUMENTS = ("id", "deadline_us", "topic", "key", "value", "headers", "ordering_key")
+
+
+cdef bint _row_layout(object cls) except -1:
+    """Learn `cls`'s slot offsets; False when its rows must be built by calling it."""
+    global ROW_CLASS, ROW_DIRECT, ROW_NFIELDS
+    cdef PyMemberDef* member
+    ROW_CLASS, ROW_DIRECT, ROW_NFIELDS = cls, False, 0
+    if not isinstance(cls, type) or not _dataclasses.is_dataclass(cls) or hasattr(cls, "__post_init__"):
+        return False
+    if cls.__new__ is not object.__new__ or (<PyTypeObject*>cls).tp_itemsize != 0:
+        return False
+    fields = _dataclasses.fields(cls)
+    if len(fields) > ROW_FIELDS_MAX or tuple(f.name for f in fields[:len(ROW_ARGUMENTS)]) != ROW_ARGUMENTS:
+        return False
+    for k, f in enumerate(fields):
+        if not f.init or (k >= len(ROW_ARGUMENTS) and f.default is not None):
+            return False
+        descriptor = cls.__dict__.get(f.name)
+        if type(descriptor) is not _pytypes.MemberDescriptorType:
+            return False
+        member = (<PyMemberDescrObject*><PyObject*>descriptor).d_member
+        if member.type != T_OBJECT_EX or member.flags & READONLY or member.offset <= 0:
+            return False
+        ROW_OFFSETS[k] = member.offset
+    ROW_NFIELDS = len(fields)
+    ROW_DIRECT = True
+    return True
+
+
+cdef inline void _put_slot(PyObject* o, Py_ssize_t offset, object value) noexcept:
+    Py_INCREF(value)
+    (<PyObject**>(<char*>o + offset))[0] = <PyObject*>value
+
+
+cdef object _new_row(object mid, object deadline, object key, object value, object headers):
+    """A row with no topic, ordering key nor schedule, its slots filled directly (see _row_layout)."""
+    cdef PyObject* o = PyType_GenericAlloc(<PyTypeObject*>ROW_CLASS, 0)
+    cdef Py_ssize_t k
+    if o == NULL:
+        _propagate()
+    row = <object>o
+    Py_DECREF(row)  # <object> took a second reference
+    _put_slot(o, ROW_OFFSETS[0], mid)
+    _put_slot(o, ROW_OFFSETS[1], deadline)
+    _put_slot(o, ROW_OFFSETS[2], None)
+    _put_slot(o, ROW_OFFSETS[3], key)
+    _put_slot(o, ROW_OFFSETS[4], value)
+    _put_slot(o, ROW_OFFSETS[5], headers)
+    for k in range(6, ROW_NFIELDS):
+        _put_slot(o, ROW_OFFSETS[k], None)
+    return row
+
+
+cdef inline bint _plain_name(const char* p, size_t n) noexcept nogil:
+    """A header name every path reads alike: ASCII without NUL."""
+    cdef size_t i
+    cdef unsigned char c
+    for i in range(n):
+        c = <unsigned char>p[i]
+        if c == 0 or c >= 0x80:
+            return False
+    return True
+
+
+cdef bint _stored_plain(object msg, int64_t now_us, int64_t timing_advance_us, bint has_bound, int64_t bound,
+                       const char* out_topic, Py_ssize_t out_topic_size, dict ops, dict sources, object insert_op,
+                       object make_row) except -1:
+    """Store a message that is plain (see intake), due after the timing advance, with an id not yet in
+    the batch and every header name ASCII, read straight from librdkafka's header list: no header list,
+    no Parsed, one bytes object for the other headers. False, having changed nothing, for any other
+    message: intake's general path then sorts it."""
+    cdef const void* hdrs
+    cdef const char* name
+    cdef const void* value
+    cdef const char* id_p = NULL
+    cdef const char* deadline_p = NULL
+    cdef const char* topic_p = NULL
+    cdef size_t size, name_size, i, n, id_n = 0, deadline_n = 0, topic_n = 0
+    cdef Py_ssize_t total = 0, pos = 0
+    cdef int slot, present = 0
+    cdef int64_t deadline
+    cdef unsigned char* w
+    if _header_cnt == NULL or type(msg) is not MESSAGE:
+        return False
+    hdrs = (<const void**>(<char*><PyObject*>msg + C_HEADERS_OFFSET))[0]
+    if hdrs == NULL or (<const void**>(<char*><PyObject*>msg + HEADERS_OFFSET))[0] != NULL:
+        return False
+    n = _header_cnt(hdrs)
+    for i in range(n):
+        if _header_get_all(hdrs, i, &name, &value, &size) != 0 or not _record_agrees(name, <const char*>value, size):
+            return False  # read_headers, on the general path, says what is wrong
+        name_size = (<const size_t*>(name + NAME_SIZE_AT))[0]
+        if not _plain_name(name, name_size):
+            return False
+        slot = _slot_raw(name, <Py_ssize_t>name_size)
+        if slot < 0:
+            total += 8 + <Py_ssize_t>name_size + (<Py_ssize_t>size if value != NULL else 0)
+            continue
+        if present & (1 << slot) or value == NULL:
+            return False  # a duplicate Chronos header, or one without a value
+        present |= 1 << slot
+        if slot == S_ID:
+            id_p, id_n = <const char*>value, size
+        elif slot == S_DEADLINE:
+            deadline_p, deadline_n = <const char*>value, size
+        elif slot == S_TOPIC:
+            topic_p, topic_n = <const char*>value, size
+        else:
+            return False  # an action, an ordering key, a schedule
+    if id_p == NULL or deadline_p == NULL or id_n == 0 or deadline_n == 0:
+        return False
+    if topic_p != NULL and (<Py_ssize_t>topic_n != out_topic_size or memcmp(topic_p, out_topic, topic_n) != 0):
+        return False
+    if not _parse_deadline_c(<const unsigned char*>deadline_p, <Py_ssize_t>deadline_n, &deadline):
+        return False
+    if (has_bound and now_us - deadline > bound) or deadline <= now_us + timing_advance_us:
+        return False
+    if memchr(id_p, 0, id_n) != NULL:
+        return False
+    mid = _utf8_or_none(id_p, <Py_ssize_t>id_n)
+    if mid is None or PyUnicode_GET_LENGTH(mid) > C_MAX_ID_LENGTH or PyDict_Contains(ops, mid):
+        return False
+    if total == 0:
+        encoded = b""
+    else:
+        encoded = PyBytes_FromStringAndSize(NULL, total)
+        w = <unsigned char*>PyBytes_AS_STRING(encoded)
+        for i in range(n):
+            _header_get_all(hdrs, i, &name, &value, &size)
+            name_size = (<const size_t*>(name + NAME_SIZE_AT))[0]
+            if _slot_raw(name, <Py_ssize_t>name_size) >= 0:
+                continue
+            _put_u32(w + pos, <uint32_t>name_size)
+            memcpy(w + pos + 4, name, name_size)
+            pos += 4 + <Py_ssize_t>name_size
+            if value == NULL:
+                _put_u32(w + pos, <uint32_t><int32_t>-1)
+                pos += 4
+            else:
+                _put_u32(w + pos, <uint32_t>size)
+                memcpy(w + pos + 4, value, size)
+                pos += 4 + <Py_ssize_t>size
+    if ROW_DIRECT:
+        row = _new_row(mid, deadline, msg.key(), msg.value(), encoded)
+    else:
+        row = make_row(mid, deadline, None, msg.key(), msg.value(), encoded, None)
+    ops[mid] = (insert_op, row)
+    sources[mid] = msg
+    return True
+
+
 def intake(messages, Py_ssize_t start, int64_t now_us, int64_t timing_advance_us, max_lateness_us, output_topic,
            batch, make_row, insert_op):
     """Sort the plain messages of a poll from ``messages[start]`` on into ``batch``; return the index
@@ -904,9 +1084,17 @@ def intake(messages, Py_ssize_t start, int64_t now_us, int64_t timing_advance_us
     cdef int64_t deadline
     cdef bint has_bound = max_lateness_us is not None
     cdef int64_t bound = max_lateness_us if has_bound else 0
+    cdef Py_ssize_t out_topic_size
+    cdef const char* out_topic = PyUnicode_AsUTF8AndSize(output_topic, &out_topic_size)
+    if make_row is not ROW_CLASS:
+        _row_layout(make_row)
     try:
         while i < n:
             msg = <object>PyList_GET_ITEM(seq, i)
+            if _stored_plain(msg, now_us, timing_advance_us, has_bound, bound, out_topic, out_topic_size, ops, sources,
+                             insert_op, make_row):
+                i += 1
+                continue
             try:
                 headers, bad_name = read_headers(msg)
             except Exception as exc:  # the caller dead-letters it with the reason
@@ -945,7 +1133,7 @@ def intake(messages, Py_ssize_t start, int64_t now_us, int64_t timing_advance_us
                 ops[mid] = (insert_op, make_row(mid, deadline, topic, msg.key(), msg.value(),
                                                 encode_headers(<object>PyTuple_GET_ITEM(parsed, 8)),
                                                 <object>PyTuple_GET_ITEM(parsed, 4)))
-                sources[mid] = (msg, headers if headers is not None else [])
+                sources[mid] = msg
             i += 1
     finally:
         if duplicates:

@@ -466,7 +466,7 @@ def intake(messages: Sequence[Any], start: int, now_us: int, timing_advance_us: 
     A plain message has readable headers and valid Chronos headers with neither action nor
     recurrence, and goes to the output topic: it is published now (late) or stored. It is decided
     and added to ``batch.ops`` (``id -> (insert_op, make_row(id, deadline_us, topic, key, value,
-    encoded headers, ordering key))``), ``batch.sources`` (``id -> (message, headers)``),
+    encoded headers, ordering key))``), ``batch.sources`` (``id -> message``),
     ``batch.late`` (``(message, parsed)``) or counted in ``batch.duplicates`` exactly as
     chronos.domain.intake.decide and the consumer's sort_batch would. The first message that is not
     plain (or whose id an earlier cancel in ``batch.ops`` makes a replace) ends the run, and so
@@ -514,7 +514,7 @@ def intake(messages: Sequence[Any], start: int, now_us: int, timing_advance_us: 
             else:
                 ops[mid] = (insert_op, make_row(mid, deadline, topic, msg.key(), msg.value(),
                                                 encode_headers(parsed.headers), parsed.ordering_key))
-                sources[mid] = (msg, headers if headers is not None else [])
+                sources[mid] = msg
             i += 1
     finally:
         if duplicates:

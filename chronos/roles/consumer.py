@@ -51,7 +51,7 @@ class Batch:
     """
 
     ops: dict[str, tuple[str, Row | None]] = field(default_factory=dict)
-    sources: dict[str, tuple[Message, list]] = field(default_factory=dict)
+    sources: dict[str, Message] = field(default_factory=dict)  # each stored id's message (headers read again if needed)
     late: list[tuple[Message, codec.Parsed]] = field(default_factory=list)
     # (message, reason, the headers to carry: as read, a name the client cannot produce escaped)
     dead: list[tuple[Message, str, list]] = field(default_factory=list)
@@ -128,12 +128,12 @@ def _sort_one(batch: Batch, msg: Message, now_us: int, rules: Rules,
             batch.late.append((msg, parsed))
     elif decision.replace or previous == CANCEL:
         ops[mid] = (REPLACE, _row(mid, parsed, decision, msg, rules))
-        batch.sources[mid] = (msg, headers)
+        batch.sources[mid] = msg
     elif previous in (INSERT, REPLACE):
         batch.duplicates += 1
     else:
         ops[mid] = (INSERT, _row(mid, parsed, decision, msg, rules))
-        batch.sources[mid] = (msg, headers)
+        batch.sources[mid] = msg
 
 
 @dataclass(slots=True)
@@ -306,8 +306,9 @@ class ConsumerProcess:
                                         [message_id] if op == CANCEL else [])
             except StoreRejected as row_exc:
                 del batch.ops[message_id]
-                msg, headers = batch.sources[message_id]
-                batch.dead.append((msg, f"{reasons.STORE_REJECTED}: {row_exc}", headers))
+                msg = batch.sources[message_id]
+                # its headers were read once without fault (else it would not have a row): read again
+                batch.dead.append((msg, f"{reasons.STORE_REJECTED}: {row_exc}", codec.read_headers(msg)[0] or []))
                 continue
             totals = [a + b for a, b in zip(totals, done)]
         return totals[0], totals[1], totals[2], totals[3]

@@ -69,7 +69,7 @@ def test_plain_messages_are_sorted_without_decide(impl, monkeypatch):
     batch = sort_batch(plain + [plain[0]], NOW, RULES)
     assert [r.id for r in batch.of(consumer.INSERT)] == ["m0", "m2"]
     assert [m for m, _ in batch.late] == [plain[1]] and batch.duplicates == 1
-    assert batch.sources["m0"] == (plain[0], plain[0].headers())
+    assert batch.sources["m0"] is plain[0]
     row = batch.ops["m2"][1]
     assert (row.deadline_us, row.topic, row.key, row.value) == (NOW + 20_000_000, None, b"k", b"v")
     assert codec.decode_headers(row.headers) == [("traceparent", b"00-ab")]

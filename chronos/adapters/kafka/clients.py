@@ -31,18 +31,20 @@ PRODUCER_DEFAULTS = {
     "compression.type": "none",
     "queue.buffering.max.messages": "500000",
 }
-# The embedded broker's client profile (docs/operations/embedded-stack.md), never for a real cluster: a consumer
-# group's first join waits about half the session timeout, so short group timeouts; larger produce batches,
-# because its fetch cost grows with the number of stored batches (the firer's measured advance makes up for
-# the longer linger: measured 1,000 msg/s p99.9 jitter 691-901 ms with linger 5 against 449-493 ms with 25,
-# on the shared machine); and a fetch wait of 100 ms. A fetch that finds data answers at once whatever its
-# wait, but the broker lists a partition's batches only until the wait runs out, and a reader whose
-# position lies past what it lists in that time gets nothing at all: on a stack that had carried 1.6 M
-# messages a reader waiting 5 ms got nothing while one waiting 100 ms read at once. An idle wait costs up
-# to half of it (the broker looks again after half the time left). Tests take the group timeouts and a
-# shorter fetch wait (their topics stay short).
+# The embedded broker's client profile (docs/operations/embedded-stack.md), never for a real cluster. A
+# consumer group's first join waits about half the session timeout: short group timeouts. The broker's
+# cost is listing: every fetch that finds a partition's reader behind lists every batch the partition
+# ever stored (nothing is freed), so its CPU follows (listing fetches per second) x (stored batches).
+# Hence larger produce batches (linger 100 ms: a quarter of the output batches of 25 ms at a steady
+# rate, for up to 100 ms more before the broker has a message, of which the firer's measured advance
+# makes up as much as the timing advance allows) and a long consumer fetch wait (500 ms: a
+# fetch with nothing new looks again after half of it, so a reader at the head lists about four times
+# a second instead of twenty with 100 ms; Chronos's intake waits up to that long, which a message's
+# delay absorbs and the timing advance does not see). A shorter wait is worse on a long partition too:
+# the broker lists only until the wait runs out, and a reader past what it listed gets nothing at all.
+# Tests take the group timeouts and a shorter fetch wait (their topics stay short).
 EMBEDDED_GROUP_TIMEOUTS = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500"}
-EMBEDDED_PROFILE = {**EMBEDDED_GROUP_TIMEOUTS, "fetch.wait.max.ms": "100", "linger.ms": "25"}
+EMBEDDED_PROFILE = {**EMBEDDED_GROUP_TIMEOUTS, "fetch.wait.max.ms": "500", "linger.ms": "100"}
 CONSUMER_DEFAULTS = {
     "enable.auto.commit": "false",
     "auto.offset.reset": "earliest",

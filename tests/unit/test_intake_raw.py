@@ -4,8 +4,7 @@ slots itself; whatever it does, the batch is the one `decide` gives message by m
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+import dataclasses
 
 import pytest
 from hypothesis import given, settings
@@ -13,25 +12,13 @@ from hypothesis import strategies as st
 
 from chronos import codec
 from chronos.codec import implementation, librdkafka
-from chronos.domain.intake import Rules
 from chronos.domain.model import Row
 from chronos.roles import consumer
-from chronos.roles.consumer import Batch, _sort_one, sort_batch
+from chronos.roles.consumer import Batch, sort_batch
 from rdkafka_raw import message_with_headers
+from test_intake_native import BOUNDED, IMPLS, NOW, RULES, one_by_one
 
 pytestmark = pytest.mark.skipif(librdkafka.BINDING is None, reason="needs librdkafka's header functions")
-
-NOW = 1_800_000_000_000_000
-RULES = Rules(timing_advance_us=50_000, output_topic="out", allowed_topics=re.compile("out|billing\\..*"))
-BOUNDED = Rules(50_000, "out", re.compile("out"), max_lateness_us=1_000_000)
-IMPLS = pytest.mark.parametrize("impl", ["native", "python"])
-
-
-def one_by_one(messages, now_us: int, rules: Rules) -> Batch:
-    batch = Batch()
-    for msg in messages:
-        _sort_one(batch, msg, now_us, rules)
-    return batch
 
 
 def ms(us: int) -> bytes:
@@ -93,17 +80,9 @@ def test_the_row_is_built_without_its_python_init(monkeypatch):
     native = implementation("native")
     calls = []
 
-    @dataclass(slots=True)
-    class Counted:  # a row class like Row, its generated __init__ watched
-        id: str
-        deadline_us: int
-        topic: str | None
-        key: bytes | None
-        value: bytes | None
-        headers: bytes
-        ordering_key: str | None = None
-        cron: str | None = None
-
+    # a row class like Row (its fields, slotted), its generated __init__ watched
+    Counted = dataclasses.make_dataclass("Counted", [(f.name, f.type, dataclasses.field(default=f.default))
+                                                     for f in dataclasses.fields(Row)], slots=True)
     generated = Counted.__init__
 
     def watched(self, *args, **kwargs):
@@ -116,8 +95,8 @@ def test_the_row_is_built_without_its_python_init(monkeypatch):
     assert calls == []
     row = batch.ops["m0"][1]
     assert type(row) is Counted
-    assert (row.id, row.deadline_us, row.topic, row.key, row.value, row.ordering_key, row.cron) == \
-        ("m0", NOW + 60_000_000, None, b"k", b"v", None, None)
+    assert (row.id, row.deadline_us, row.topic, row.key, row.value, row.ordering_key, row.cron, row.dst_policy) == \
+        ("m0", NOW + 60_000_000, None, b"k", b"v", None, None, None)
     assert codec.decode_headers(row.headers) == [("traceparent", b"00-ab")]
 
 

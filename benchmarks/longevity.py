@@ -5,13 +5,19 @@ carried millions of messages: does it keep its promises as it ages?
     python -m benchmarks.longevity --rate 4000 --steps 6 -- --consumers 2 --firers 2 --detectors 2
     python -m benchmarks.longevity --rate 1000 --duration 600 --steps 6 --fetch-wait-ms 100   # an hour at 1,000 msg/s
     python -m benchmarks.longevity --rate 4000 --steps 6 -- --partitions 4     # any `chronos up` argument
+    python -m benchmarks.longevity --rate 10000 --duration 60 --steps 10 --renew-broker   # an aged database
 
 Every step is a step of the SLA harness (benchmarks/sla.py: its load generator, output reader, broker
-probe and report) on the stack the steps before it aged; between steps the stack is not touched. The
+probe and report) on the stack the steps before it aged; between steps the stack is not touched, unless
+--renew-broker: then `chronos up` is stopped and started again on the same data directory between steps,
+so PostgreSQL keeps all it carried (tables, indexes, their bloat and statistics) while the memory-only
+embedded broker starts empty. That measures Chronos's part of a long-lived stack at rates the embedded
+broker alone could not carry for long (docs/operations/embedded-stack.md), as it would be with a real
+Kafka whose retention frees what was read. The
 broker probe sends one message every 100 ms unless --probe-interval-ms says otherwise (see main). Per
 step: messages carried so far (sent to the input topic), p99.9 jitter, the broker's floor p99.9 in the same
 step, the firer's publish lateness (CreateTime - deadline) p50 and p99.9, the embedded broker's RSS,
-lost messages (accounted for: benchmarks/accounting.py). Results: a printed table and
+lost messages (accounted for: benchmarks/accounting.py), and the CPU of each part of the stack. Results: a printed table and
 benchmarks/results/<date>/longevity-<layout>-<rate>.json (or --out).
 """
 
@@ -43,28 +49,51 @@ def rss_mb(pid: int | None) -> float | None:
 
 def row(k: int, carried: int, s: dict, rss: float | None) -> dict:
     jitter, floor, publish = s.get("jitter_ms") or {}, s.get("broker_floor_ms") or {}, s.get("publish_lateness_ms") or {}
-    return {"step": k, "messages_carried": carried, "sent": s["sent"], "jitter_p50_ms": jitter.get("p50"),
+    cpu = s.get("cpu") or {}
+    return {"cpu_cores": {name: v["cores"] for name, v in cpu.items()},
+            "step": k, "messages_carried": carried, "sent": s["sent"], "jitter_p50_ms": jitter.get("p50"),
             "jitter_p999_ms": jitter.get("p999"), "floor_p999_ms": floor.get("p999"),
             "publish_p50_ms": publish.get("p50"), "publish_p999_ms": publish.get("p999"), "broker_rss_mb": rss,
             "lost": s["lost"], "fire_rate": s["fire_rate"], "sla_pass": s["sla_pass"],
             "undelivered": (s.get("undelivered") or {}).get("by_state")}
 
 
+SCHEDULER = ("consumer", "firer", "detector", "postgres")  # the CPU the scheduler costs (not the broker's)
+
+
+def scheduler_cores(cpu: dict[str, float]) -> float:
+    """Cores of Chronos's processes and PostgreSQL in a step, out of its per-process CPU."""
+    return round(sum(c for name, c in cpu.items() if name.startswith(SCHEDULER)), 3)
+
+
 def table(rows: list[dict]) -> list[str]:
     head = ["step", "messages through the stack", "p99.9 jitter ms", "floor p99.9 ms",
-            "publish lateness p50 / p99.9 ms", "broker RSS MB", "lost", "SLA"]
+            "publish lateness p50 / p99.9 ms", "Chronos + PostgreSQL cores", "table MB", "broker RSS MB", "lost",
+            "SLA"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         lines.append(f"| {r['step']} | {r['messages_carried'] / 1e6:.2f} M | {r['jitter_p999_ms']} | {r['floor_p999_ms']} "
-                     f"| {r['publish_p50_ms']} / {r['publish_p999_ms']} | {r['broker_rss_mb']} | {r['lost']} "
-                     f"| {'pass' if r['sla_pass'] else 'fail'} |")
+                     f"| {r['publish_p50_ms']} / {r['publish_p999_ms']} | {scheduler_cores(r['cpu_cores']):.2f} "
+                     f"| {r.get('table_mb')} | {r['broker_rss_mb']} | {r['lost']} | {'pass' if r['sla_pass'] else 'fail'} |")
     return lines
+
+
+def table_mb(database_url: str) -> float | None:
+    """chronos_messages with its indexes and TOAST, MB: what the steps left behind (bloat included)."""
+    import psycopg
+    try:
+        with psycopg.connect(database_url, connect_timeout=10) as conn:
+            size = conn.execute("SELECT pg_total_relation_size('chronos_messages')").fetchone()
+    except psycopg.Error:
+        return None
+    return round(size[0] / 2**20, 1) if size else None
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     steps_parser = argparse.ArgumentParser(add_help=False)
     steps_parser.add_argument("--steps", type=int, default=6)
+    steps_parser.add_argument("--renew-broker", action="store_true")
     own, rest = steps_parser.parse_known_args(argv)
     head = rest[:rest.index("--")] if "--" in rest else rest
     if not any(a.startswith("--probe-interval-ms") for a in head):
@@ -76,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     if own.steps < 1 or args.rate <= 0 or args.duration <= 0:
         print("--steps, --rate and --duration must be positive", file=sys.stderr)
         return 2
+    if own.renew_broker and args.ready_file:
+        print("--renew-broker restarts the stack the benchmark starts; it cannot restart one given by --ready-file",
+              file=sys.stderr)
+        return 2
     stack: Stack | External = External(args.ready_file) if args.ready_file else \
         Stack(*layout_args(args.consumers, args.firers, args.detectors), *args.up_args)
     date = report.now_iso()
@@ -86,16 +119,23 @@ def main(argv: list[str] | None = None) -> int:
         rows: list[dict] = []
         carried = 0
         for k in range(1, own.steps + 1):
+            if own.renew_broker and k > 1:
+                assert isinstance(stack, Stack)
+                stack.stop(keep=True)  # the same data directory: PostgreSQL's data stays, the broker's goes
+                info = stack.start()
+                target = sla.ChronosTarget(args, info)
             summary = sla.run_step(target, args, args.rate, args.duration, base / f"step-{k:02d}", stack)
             carried += summary["sent"]
-            rows.append(row(k, carried, summary, rss_mb(info.get("broker_pid"))))
+            rows.append({**row(k, carried, summary, rss_mb(info.get("broker_pid"))),
+                         "table_mb": table_mb(target.database_url)})
             print("\n".join(table(rows)[-1:]), flush=True)
         return {"layout": target.layout(), "rows": rows}
     code, result = run_on(stack, run)
     if result is None:
         return code
     out = {"benchmark": "longevity", "date": date, "rate": args.rate, "step_duration_s": args.duration,
-           "layout": result["layout"], "chronos_up_args": args.up_args, "rows": result["rows"],
+           "layout": result["layout"], "chronos_up_args": args.up_args,
+           "broker": "renewed before each step" if own.renew_broker else "one for all steps", "rows": result["rows"],
            "machine": report.machine_info(), "code": report.code_version()}
     print(f"\nlongevity, layout {result['layout']}, {args.rate:g} msg/s in steps of {args.duration:g} s:")
     print("\n".join(table(result["rows"])), flush=True)

@@ -8,7 +8,7 @@ import multiprocessing as mp
 import numpy as np
 import pytest
 
-from benchmarks import graphile_target, report, sla
+from benchmarks import graphile_target, longevity, report, sla
 from benchmarks.records import ACKED, Records
 
 
@@ -127,3 +127,9 @@ def test_graphile_target_without_node_says_what_is_missing(monkeypatch, tmp_path
     monkeypatch.setenv("PATH", str(tmp_path))  # neither node nor npm
     with pytest.raises(graphile_target.SetupFailed, match="node is not on PATH: --target graphile needs Node.js"):
         graphile_target.ensure_installed()
+
+
+def test_longevity_counts_the_schedulers_cpu_not_the_brokers_or_the_harness():
+    cpu = {"consumer_00": 0.05, "firer_00": 0.16, "firer_01": 0.1, "detector_00": 0.01, "postgres": 0.29,
+           "broker": 0.4, "bench-reader": 0.2, "bench-load": 0.3}
+    assert longevity.scheduler_cores(cpu) == 0.61

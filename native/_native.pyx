@@ -520,6 +520,21 @@ cdef inline void _put_u32(unsigned char* w, uint32_t v) noexcept nogil:
     w[3] = <unsigned char>v
 
 
+cdef inline Py_ssize_t _put_header(unsigned char* w, const char* name, Py_ssize_t name_size, const void* value,
+                                   Py_ssize_t value_size) noexcept nogil:
+    """Write one header in the storage encoding at `w` (u32 name length, name, i32 value length or -1
+    for no value, value); return the bytes written. The caller sized the buffer."""
+    _put_u32(w, <uint32_t>name_size)
+    memcpy(w + 4, name, name_size)
+    w += 4 + name_size
+    if value == NULL:
+        _put_u32(w, <uint32_t><int32_t>-1)
+        return 8 + name_size
+    _put_u32(w, <uint32_t>value_size)
+    memcpy(w + 4, value, value_size)
+    return 8 + name_size + value_size
+
+
 cdef inline uint32_t _get_u32(const unsigned char* r) noexcept nogil:
     return (<uint32_t>r[0] << 24) | (<uint32_t>r[1] << 16) | (<uint32_t>r[2] << 8) | <uint32_t>r[3]
 
@@ -590,15 +605,8 @@ def encode_headers(headers):
         vlen = -1 if value is None else PyBytes_GET_SIZE(value)
         if pos + 8 + klen + (vlen if vlen > 0 else 0) > total:
             raise RuntimeError("header list changed while encoding")
-        _put_u32(w + pos, <uint32_t>klen)
-        pos += 4
-        memcpy(w + pos, kp, klen)
-        pos += klen
-        _put_u32(w + pos, <uint32_t><int32_t>vlen)
-        pos += 4
-        if vlen > 0:
-            memcpy(w + pos, PyBytes_AS_STRING(value), vlen)
-            pos += vlen
+        pos += _put_header(w + pos, kp, klen, NULL if value is None else <const void*>PyBytes_AS_STRING(value),
+                           0 if value is None else vlen)
     if pos != total:
         raise RuntimeError("header list changed while encoding")
     return out
@@ -1046,16 +1054,7 @@ cdef bint _stored_plain(object msg, int64_t now_us, int64_t timing_advance_us, b
             name_size = (<const size_t*>(name + NAME_SIZE_AT))[0]
             if _slot_raw(name, <Py_ssize_t>name_size) >= 0:
                 continue
-            _put_u32(w + pos, <uint32_t>name_size)
-            memcpy(w + pos + 4, name, name_size)
-            pos += 4 + <Py_ssize_t>name_size
-            if value == NULL:
-                _put_u32(w + pos, <uint32_t><int32_t>-1)
-                pos += 4
-            else:
-                _put_u32(w + pos, <uint32_t>size)
-                memcpy(w + pos + 4, value, size)
-                pos += 4 + <Py_ssize_t>size
+            pos += _put_header(w + pos, name, <Py_ssize_t>name_size, value, <Py_ssize_t>size)
     if ROW_DIRECT:
         row = _new_row(mid, deadline, msg.key(), msg.value(), encoded)
     else:

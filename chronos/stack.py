@@ -37,8 +37,9 @@ from chronos import config
 
 from chronos.runtime import orphans
 
-from chronos.adapters.kafka.admin import OffsetReader, check_reachable, create_topics
+from chronos.adapters.kafka.admin import check_reachable, create_topics
 from chronos.adapters.kafka.clients import EMBEDDED_PROFILE
+from chronos.adapters.kafka.offset_process import OffsetReaderProcess
 from chronos.adapters.postgres import store
 from chronos.config import Settings, redact_url
 from chronos.console.launch import ConsoleProcess
@@ -93,6 +94,12 @@ def short_run_dir(run_dir: Path) -> Path:
         link.unlink()  # a link a killed `chronos up` of this data directory left
     link.symlink_to(run_dir.resolve(), target_is_directory=True)
     return link
+
+
+def broker_offset_reader(bootstrap: str, s: Settings) -> OffsetReaderProcess:
+    """What the broker watch reads offsets with: a reader in a process of its own, since librdkafka can
+    crash on the embedded broker's answers when a topic is deleted (chronos.adapters.kafka.offset_process)."""
+    return OffsetReaderProcess(bootstrap, s.consumer_group, s.input_topic, s.kafka_config, secrets=s.secrets())
 
 
 @dataclass
@@ -219,8 +226,7 @@ class Stack:
         warning = self.broker_warning_bytes or default_warning_bytes(machine_memory_bytes())
         self.broker_watch = BrokerWatch(
             self.run_dir / "broker-stats.json", s.input_topic, say=self.say, warning_bytes=warning,
-            reader=lambda: OffsetReader(bootstrap, s.consumer_group, s.input_topic, s.kafka_config,
-                                        secrets=s.secrets()))
+            reader=lambda: broker_offset_reader(bootstrap, s))
         self.broker_watch.started(self.broker.pid, self.broker.port)
 
     def say(self, line: str) -> None:

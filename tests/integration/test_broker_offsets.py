@@ -3,11 +3,18 @@ ListOffsets(latest) answers the last batch's base offset + 1, and a group's unre
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import subprocess
+import sys
 import uuid
 
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from chronos.adapters.kafka.admin import OffsetReader, create_topics
+from chronos.adapters.kafka.offset_process import OffsetReaderProcess
 from helpers import EMBEDDED_KAFKA
 
 
@@ -45,8 +52,6 @@ def test_exact_end_offsets_and_unread_messages_of_a_group(broker):
 
 
 def test_an_unreachable_broker_is_unavailable_not_a_crash():
-    import pytest
-
     from chronos.embedded.procs import free_port
     from chronos.errors import UnavailableError
     reader = OffsetReader(f"127.0.0.1:{free_port()}", "g", "t", timeout=0.5)
@@ -55,3 +60,79 @@ def test_an_unreachable_broker_is_unavailable_not_a_crash():
             reader.read()
     finally:
         reader.close()
+
+
+def test_the_reader_in_a_process_of_its_own_reads_the_same(broker):
+    """chronos up's broker watch reads through a child process: the same offsets as in process."""
+    topic, group = f"in-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    create_topics(broker.bootstrap_servers, {topic: 2})
+    p = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 50})
+    for _ in range(7):
+        p.produce(topic, b"x", partition=1)
+    assert p.flush(10) == 0
+    reader = OffsetReaderProcess(broker.bootstrap_servers, group, topic, {"linger.ms": "100"})
+    try:
+        offsets = reader.read()
+        assert reader.pid is not None and reader.pid != os.getpid()
+    finally:
+        reader.close()
+    assert offsets.exact and offsets.ends[(topic, 1)] == (0, 7) and offsets.unread(topic) == 7
+
+
+def test_a_reader_process_that_dies_is_unavailable_and_replaced(broker, caplog):
+    from chronos.errors import UnavailableError
+    reader = OffsetReaderProcess(broker.bootstrap_servers, "g", "t")
+    try:
+        reader.read()
+        first = reader.pid
+        assert first is not None
+        os.kill(first, signal.SIGSEGV)  # what librdkafka did to chronos up itself
+        with caplog.at_level(logging.WARNING, logger="chronos.kafka"):
+            with pytest.raises(UnavailableError, match="SIGSEGV"):
+                reader.read()
+        assert "another starts at the next sample" in caplog.text
+        assert reader.read().exact is not None
+        assert reader.pid not in (None, first)
+    finally:
+        reader.close()
+
+
+# Deletes topics while chronos up's reader (broker_offset_reader) samples them, in a process of its own:
+# with the reader in process, librdkafka crashed that process (SIGSEGV) within a few cycles.
+CHURN = """
+import sys, time
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+from chronos import config
+from chronos.adapters.kafka.admin import create_topics
+from chronos.stack import broker_offset_reader
+
+bootstrap = sys.argv[1]
+settings = config.load(None, {"CHRONOS_KAFKA_BOOTSTRAP_SERVERS": bootstrap}, default_ready_file=False)
+reader = broker_offset_reader(bootstrap, settings)
+admin, producer = AdminClient({"bootstrap.servers": bootstrap}), Producer({"bootstrap.servers": bootstrap})
+read = 0
+for i in range(8):
+    name = f"churn-{sys.argv[2]}-{i}"
+    create_topics(bootstrap, {name: 2})
+    for _ in range(50):
+        producer.produce(name, b"x")
+    producer.flush(10)
+    read += reader.read().ends.get((name, 0), (0, 0))[1] > 0 or reader.read().ends.get((name, 1), (0, 0))[1] > 0
+    for future in admin.delete_topics([name], operation_timeout=10).values():
+        future.result()
+    for _ in range(3):
+        try:
+            reader.read()
+        except Exception as exc:
+            print("unavailable:", exc)
+reader.close()
+print("read", read)
+"""
+
+
+def test_topics_deleted_while_sampled_never_take_the_sampler_down(broker):
+    done = subprocess.run([sys.executable, "-c", CHURN, broker.bootstrap_servers, uuid.uuid4().hex[:8]],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "read 8" in done.stdout, done.stdout

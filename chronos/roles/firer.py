@@ -14,7 +14,7 @@ Three threads, each on what it alone owns; what they read of each other is in `S
 
 - `Claimer` claims rows (pacing, back-pressure, the cap on held rows, recurring schedules) on a
   store of its own and hands them to the publishing thread;
-- `FirerProcess`, the publishing thread, keeps them in a heap by deadline, publishes them and
+- `FirerProcess`, the publishing thread, keeps them in deadline order (`Held`), publishes them and
   sends their outcomes (`Outcomes`, then `Stop`) to the settling thread;
 - `Settler` settles them on a store of its own: deletes, hands back, retries later, parks.
 
@@ -23,9 +23,9 @@ A row is *held* from its claim until it is settled; the SQL marks it with `readi
 
 from __future__ import annotations
 
+import bisect
 import enum
 import functools
-import heapq
 import itertools
 import logging
 import queue
@@ -481,8 +481,73 @@ class Settler(StoreThread):
         self.shared.timing.observe_clock(db_us, before, time.time())
 
 
+HeldEntry = tuple[float, int, int, Claimed]  # (local deadline, seq, arrival, row): never compares rows
+
+
+class Held:
+    """The rows the publishing thread holds, in publishing order: the local deadline (the deadline as
+    scheduled, on this machine's clock), then the row's enqueue order, then arrival.
+
+    A sorted list read from `head` on. A claim takes rows in deadline order, so its rows nearly always
+    go after every row held: they are appended as they come, and each publish takes a run from the
+    front, one comparison per row either way. A claim with rows earlier than some held ones (a retry,
+    a message due within the lookahead that came after the previous claim) is merged in from its
+    place on. A heap compared entries about 2 log2(n) times per row instead (about 30 at 10,000 held
+    rows): 1.8 µs of the publishing thread's 6 µs per message at 10,000 msg/s."""
+
+    COMPACT_AT = 4096  # drop the taken entries once this many and half the list are taken
+
+    def __init__(self) -> None:
+        self.entries: list[HeldEntry] = []
+        self.head = 0
+
+    def __len__(self) -> int:
+        return len(self.entries) - self.head
+
+    def first(self) -> float | None:
+        """The earliest local deadline held, None when nothing is."""
+        return self.entries[self.head][0] if self.head < len(self.entries) else None
+
+    def add(self, new: list[HeldEntry]) -> None:
+        if not new:
+            return
+        new.sort()  # a claim's rows come sorted: one comparison each
+        entries = self.entries
+        if self.head == len(entries):
+            entries.clear()
+            self.head = 0
+        if not entries or entries[-1] < new[0]:
+            entries.extend(new)
+            return
+        at = bisect.bisect_left(entries, new[0], lo=self.head)
+        tail = entries[at:]
+        del entries[at:]
+        entries.extend(sorted(tail + new))  # two sorted runs: merged by the sort in linear time
+
+    def take_due(self, horizon: float) -> list[Claimed]:
+        """The rows whose local deadline is at or before `horizon`, in order, taken out."""
+        entries, head = self.entries, self.head
+        end = bisect.bisect_right(entries, (horizon, _AFTER_ANY), lo=head)
+        if end == head:
+            return []
+        due = [entry[3] for entry in entries[head:end]]
+        if end >= self.COMPACT_AT and 2 * end >= len(entries):
+            del entries[:end]
+            end = 0
+        self.head = end
+        return due
+
+    def take_all(self) -> list[Claimed]:
+        rows = [entry[3] for entry in self.entries[self.head:]]
+        self.entries, self.head = [], 0
+        return rows
+
+
+_AFTER_ANY = float("inf")  # (horizon, inf) sorts after every entry of that deadline: seq is an int
+
+
 class FirerProcess:
-    """The publishing thread: keeps held rows in a heap by deadline and publishes each on time.
+    """The publishing thread: keeps held rows in deadline order (`Held`) and publishes each on time.
     Starts the claiming (`Claimer`) and settling (`Settler`) threads and stops them at the end."""
 
     def __init__(self, settings: Settings, life: Lifecycle, *, stores: Callable[[], Store],
@@ -499,7 +564,7 @@ class FirerProcess:
         self.timing = self.shared.timing
         self.throttle = Throttle(log)
         self.claimed: queue.SimpleQueue[list[Claimed]] = queue.SimpleQueue()
-        self.heap: list[tuple[float, int, int, Claimed]] = []
+        self.held = Held()
         self.seq = itertools.count()
         self.done = Outcomes()                            # settled outcomes not handed to the settler yet
         self.to_dead: list[tuple[Claimed, str]] = []      # to publish on the dead-letter topic
@@ -512,7 +577,7 @@ class FirerProcess:
         self.settler = Settler(stores(), settings, self.shared, telemetry, life)
         self.claimer = Claimer(stores(), settings, self.shared, telemetry, life, self.claimed)
         self.metrics.follow(self.shared.totals.as_dict)
-        self.metrics.follow_timing(lambda: len(self.heap) + self.shared.in_flight, self.timing)
+        self.metrics.follow_timing(lambda: len(self.held) + self.shared.in_flight, self.timing)
         self.metrics.follow_producer(self.watch)
 
     # -- the loop ----------------------------------------------------------------------------
@@ -548,19 +613,19 @@ class FirerProcess:
             except queue.Empty:
                 return
             # deadline, then enqueue order: rows of one ordering key are published in that order
-            heap, seq, offset_us = self.heap, self.seq, self.timing.offset_us
-            for row in rows:
-                # by the deadline as scheduled: a retried row goes out as soon as its backoff let it be
-                # claimed, ahead of the later rows of its key claimed with it (PublishTiming.local_deadline, inline)
-                heapq.heappush(heap, ((row.scheduled_us - offset_us) / 1e6, row.seq, next(seq), row))
+            seq, offset_us = self.seq, self.timing.offset_us
+            # by the deadline as scheduled: a retried row goes out as soon as its backoff let it be
+            # claimed, ahead of the later rows of its key claimed with it (PublishTiming.local_deadline, inline)
+            self.held.add([((row.scheduled_us - offset_us) / 1e6, row.seq, next(seq), row) for row in rows])
 
     def wait_time(self) -> float:
         """Until the next publish is due; new claims are looked at every few milliseconds. Never
         less than a tick: at 1,000 msg/s deadlines are a millisecond apart, and waking for each one
         (librdkafka's poll rounds a sub-millisecond wait down to none) spun a whole core."""
         wait = IDLE_WAIT
-        if self.heap:
-            wait = min(wait, self.heap[0][0] - self.timing.advance - time.time())
+        first = self.held.first()
+        if first is not None:
+            wait = min(wait, first - self.timing.advance - time.time())
         return max(TICK, wait)
 
     def hand_over(self) -> None:
@@ -573,12 +638,10 @@ class FirerProcess:
             self.done = Outcomes()
 
     def publish_due(self) -> None:
-        if not self.heap:
+        if not self.held:
             return
-        horizon = time.time() + self.timing.advance
-        started, heap, due = time.perf_counter(), self.heap, []
-        while heap and heap[0][0] <= horizon:
-            due.append(heapq.heappop(heap)[-1])
+        started = time.perf_counter()
+        due = self.held.take_due(time.time() + self.timing.advance)
         if due:
             self.publish(due)
             self.metrics.batch("publish", len(due), time.perf_counter() - started)
@@ -742,8 +805,7 @@ class FirerProcess:
         if self.claimer.is_alive():
             self.claimer.join(10.0)
         self.take_claimed()
-        self.done.release += [entry[-1] for entry in self.heap] + [row for row, _ in self.to_dead]
-        self.heap.clear()
+        self.done.release += self.held.take_all() + [row for row, _ in self.to_dead]
         self.to_dead = []
         self.hand_over()
         deadline = time.monotonic() + 10.0
@@ -758,7 +820,7 @@ class FirerProcess:
         self.settler.inbox.put(Stop())
         self.settler.join(30.0)
         self.take_claimed()  # claimed after the stop was asked (a claim that would not end): hand those back too
-        self.release_leftovers([entry[-1] for entry in self.heap])
+        self.release_leftovers(self.held.take_all())
         log.info("stopping: claimed %(claimed)d, fired %(fired)d, vanished %(vanished)d, handed back %(released)d, "
                  "retried later %(retried)d, dead-lettered %(dead)d, parked %(parked)d", self.shared.totals.as_dict())
         self.metrics.close()

@@ -97,6 +97,25 @@ def test_a_reader_process_that_dies_is_unavailable_and_replaced(broker, caplog):
         reader.close()
 
 
+def test_a_reader_process_that_hangs_is_replaced(broker, caplog):
+    from chronos.errors import UnavailableError
+    reader = OffsetReaderProcess(broker.bootstrap_servers, "g", "t", timeout=0.2)
+    try:
+        reader.read()
+        first = reader.pid
+        assert first is not None
+        os.kill(first, signal.SIGSTOP)
+        with caplog.at_level(logging.WARNING, logger="chronos.kafka"):
+            with pytest.raises(UnavailableError, match="answered nothing in time"):
+                reader.read()
+        with pytest.raises(ProcessLookupError):
+            os.kill(first, 0)  # killed and reaped, not left behind
+        reader.read()
+        assert reader.pid not in (None, first)
+    finally:
+        reader.close()
+
+
 # Deletes topics while chronos up's reader (broker_offset_reader) samples them, in a process of its own:
 # with the reader in process, librdkafka crashed that process (SIGSEGV) within a few cycles.
 CHURN = """

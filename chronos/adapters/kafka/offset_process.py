@@ -69,16 +69,17 @@ class OffsetReaderProcess:
             self.proc = self._start()
         proc = self.proc
         assert proc.stdin is not None and proc.stdout is not None
+        ready: list = [proc.stdout]
         try:
             proc.stdin.write(READ)
             proc.stdin.flush()
             # list, watermarks, the ends' fetch and the committed offsets each wait up to `timeout`
             ready, _, _ = select.select([proc.stdout], [], [], 4 * self.timeout + ANSWER_MARGIN_S)
             line = proc.stdout.readline() if ready else b""
-        except (BrokenPipeError, OSError):
+        except OSError:  # a broken pipe: it died
             line = b""
         if not line:
-            raise UnavailableError(self._lost(proc, "answered nothing in time" if proc.poll() is None else None))
+            raise UnavailableError(self._lost(proc, stuck=not ready))
         answer = orjson.loads(line)
         if "unavailable" in answer:
             raise UnavailableError(answer["unavailable"])
@@ -86,14 +87,19 @@ class OffsetReaderProcess:
                              committed={(t, p): offset for t, p, offset in answer["committed"]},
                              exact=answer["exact"])
 
-    def _lost(self, proc: subprocess.Popen, stuck: str | None) -> str:
-        """Stop what is left of the child; the reason a read failed, also logged as a warning."""
+    def _lost(self, proc: subprocess.Popen, stuck: bool) -> str:
+        """Stop what is left of the child (`stuck`: it did not answer in time; else its output ended,
+        it is dying); the reason a read failed, also logged as a warning."""
         self.proc = None
         self.deaths += 1
-        if proc.poll() is None:
+        try:
+            code = proc.wait(timeout=0 if stuck else 2)  # a dead child's pipe closes before it can be reaped
+        except subprocess.TimeoutExpired:
             proc.kill()
-        code = proc.wait()
-        how = stuck or (f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}")
+            proc.wait()
+            how = "answered nothing in time"
+        else:
+            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
         why = f"the embedded broker's offset reader (pid {proc.pid}) {how}; another starts at the next sample"
         log.warning("%s", why)
         return why

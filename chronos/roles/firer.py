@@ -492,7 +492,7 @@ class Held:
     go after every row held: they are appended as they come, and each publish takes a run from the
     front, one comparison per row either way. A claim with rows earlier than some held ones (a retry,
     a message due within the lookahead that came after the previous claim) is merged in from its
-    place on. A heap compared entries about 2 log2(n) times per row instead (about 30 at 10,000 held
+    place on. A heap's pop compared entries about log2(n) times per row instead (16 at 10,000 held
     rows): 1.8 µs of the publishing thread's 6 µs per message at 10,000 msg/s."""
 
     COMPACT_AT = 4096  # drop the taken entries once this many and half the list are taken

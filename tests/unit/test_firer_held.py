@@ -59,7 +59,7 @@ def test_rows_are_taken_in_deadline_then_enqueue_then_arrival_order(claims, hori
 
 def test_claims_in_deadline_order_cost_a_comparison_or_two_per_row():
     """Claims come in deadline order: each row is appended and taken with about one comparison, where
-    the heap it replaces compared about 2 log2(n) times per row (some 30 here)."""
+    the heap it replaces compared about log2(n) times per row (16 here)."""
     held, arrival, rows = Held(), itertools.count(), 0
     Deadline.compared = 0
     for claim in range(400):  # 10,000 rows held, 50 claimed and 50 published at a time

@@ -482,6 +482,7 @@ class Settler(StoreThread):
 
 
 HeldEntry = tuple[float, int, int, Claimed]  # (local deadline, seq, arrival, row): never compares rows
+_AFTER_ANY = float("inf")  # (horizon, inf) sorts after every entry of that deadline: seq is an int
 
 
 class Held:
@@ -541,9 +542,6 @@ class Held:
         rows = [entry[3] for entry in self.entries[self.head:]]
         self.entries, self.head = [], 0
         return rows
-
-
-_AFTER_ANY = float("inf")  # (horizon, inf) sorts after every entry of that deadline: seq is an int
 
 
 class FirerProcess:

@@ -137,7 +137,8 @@ for i in range(8):
     for _ in range(50):
         producer.produce(name, b"x")
     producer.flush(10)
-    read += reader.read().ends.get((name, 0), (0, 0))[1] > 0 or reader.read().ends.get((name, 1), (0, 0))[1] > 0
+    ends = reader.read().ends
+    read += any(ends.get((name, p), (0, 0))[1] > 0 for p in (0, 1))
     for future in admin.delete_topics([name], operation_timeout=10).values():
         future.result()
     for _ in range(3):

@@ -48,7 +48,6 @@ class OffsetReaderProcess:
                          "timeout": timeout, "secrets": secrets or []}
         self.timeout = timeout
         self.proc: subprocess.Popen | None = None
-        self.deaths = 0
 
     @property
     def pid(self) -> int | None:
@@ -91,7 +90,6 @@ class OffsetReaderProcess:
         """Stop what is left of the child (`stuck`: it did not answer in time; else its output ended,
         it is dying); the reason a read failed, also logged as a warning."""
         self.proc = None
-        self.deaths += 1
         try:
             code = proc.wait(timeout=0 if stuck else 2)  # a dead child's pipe closes before it can be reaped
         except subprocess.TimeoutExpired:

@@ -170,6 +170,9 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("database_url", "PostgreSQL URL (libpq; TLS via sslmode=, sslrootcert=, ... or PGSSL* variables); "
            "default: the embedded PostgreSQL of `chronos up`", _database_url, ""),
+    Option("database_timeout_ms", "a statement PostgreSQL has not answered within this long is given up: the "
+           "connection is dropped (a hung server answers no cancel) and opened again, to whichever server of "
+           "the URL is the primary then", _positive_int, "5000"),
     Option("kafka_bootstrap_servers", "Kafka bootstrap servers; default: the embedded broker of `chronos up`",
            _optional_str, ""),
     Option("input_topic", "topic Chronos consumes delayed messages from", _topic, "chronos.input"),
@@ -222,6 +225,7 @@ OPTIONS: tuple[Option, ...] = (
 @dataclass(frozen=True)
 class Settings:
     database_url: str | None = None
+    database_timeout_ms: int = 5000
     kafka_bootstrap_servers: str | None = None
     input_topic: str = "chronos.input"
     output_topic: str = "chronos.output"

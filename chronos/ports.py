@@ -17,6 +17,32 @@ from chronos.domain.model import Claimed, Overview, Parked, Row, Stale, Throttle
 from chronos.domain.ratelimit import FireRateLimits
 
 
+class Link:
+    """The server behind one store's connection, and its history: written by the store's own thread,
+    read whole (a str, an int) by the metrics' thread."""
+
+    def __init__(self) -> None:
+        self.server: str | None = None      # "host:port" of the connection open now, None while none is
+        self.last_server: str | None = None  # the server of the last connection that worked
+        self.connects = 0                    # connections opened
+        self.server_changes = 0              # connections that reached another server than the last one
+        self.unanswered = 0                  # statements given up at their deadline (connection dropped)
+        self.read_only = 0                   # connections dropped because their server was read-only
+
+    def connected(self, server: str) -> str | None:
+        """A connection to `server` opened; returns the server it replaces when that is another one."""
+        self.connects += 1
+        before, self.server = self.last_server, server
+        self.last_server = server
+        if before is not None and before != server:
+            self.server_changes += 1
+            return before
+        return None
+
+    def lost(self) -> None:
+        self.server = None
+
+
 class Publisher(Protocol):
     """A Kafka producer: `produce` queues a message, and `poll`/`flush` serve its delivery
     reports, calling `on_delivery(err, msg)` (err None once acknowledged) on the calling thread.
@@ -38,6 +64,7 @@ class Store(Protocol):
 
     node_id: uuid.UUID | None
     last_ok: float  # time.monotonic() of the last statement the store answered (for /healthz)
+    link: Link      # the server behind the store's connection, and its history (for metrics)
 
     def close(self) -> None: ...
 

@@ -155,6 +155,8 @@ def metric_families() -> dict[str, dict[str, Any]]:
             # what each role's run() attaches to its telemetry (chronos/roles/*.py); a process's real scrape is
             # checked against this list by tests/e2e/test_ops_files.py
             t.follow(dict)
+            t.follow_postgres(lambda: [SimpleNamespace(server="db:5432", connects=1, server_changes=0, unanswered=0,
+                                                       read_only=0)])
             if isinstance(t, (telemetry.ConsumerTelemetry, telemetry.FirerTelemetry)):
                 t.follow_producer(ProducerWatch(t.role, stall_s=10.0, now=0.0))
             if isinstance(t, telemetry.FirerTelemetry):

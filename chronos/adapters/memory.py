@@ -125,6 +125,7 @@ class MemoryStore:
         self.db = db if db is not None else MemoryDatabase()
         self.node_id = node_id
         self.last_ok = 0.0
+        self.link = ports.Link()
 
     def close(self) -> None:
         """Nothing to close: the database outlives its handles."""

@@ -163,6 +163,46 @@ class _ProducerReplacements:
         yield family
 
 
+class _PostgresLinks:
+    """The process's connections to PostgreSQL (`ports.Link` of each of its stores), read at scrape time:
+    which server each is connected to, and how often they reconnected, reached another server (a
+    failover, a switchover), gave up a statement the server did not answer, or found it read-only."""
+
+    COUNTERS = {
+        "connects": ("chronos_postgres_connects_total", "connections opened to PostgreSQL (the first ones included)"),
+        "server_changes": ("chronos_postgres_server_changes_total",
+                           "connections that reached another server than the one before: a failover or switchover"),
+        "unanswered": ("chronos_postgres_unanswered_total",
+                       "statements PostgreSQL did not answer within CHRONOS_DATABASE_TIMEOUT_MS: the connection "
+                       "was dropped (a hung server, a network partition)"),
+        "read_only": ("chronos_postgres_read_only_total",
+                      "connections dropped because their server had become read-only (a demoted primary)"),
+    }
+    CONNECTED = ("chronos_postgres_connected", "connections of this process open to each PostgreSQL server "
+                 "(host:port as the URL names it); no series while none is open")
+
+    def __init__(self, role: str, node: str, links: Callable[[], Iterable[Any]]):
+        self.labels, self.links = (role, node), links
+
+    def describe(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
+        return self._families([])
+
+    def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
+        return self._families(list(self.links()))
+
+    def _families(self, links: list[Any]) -> list[CounterMetricFamily | GaugeMetricFamily]:
+        families: list[CounterMetricFamily | GaugeMetricFamily] = []
+        for key, (name, doc) in self.COUNTERS.items():
+            family = CounterMetricFamily(name, doc, labels=("role", "node"))
+            family.add_metric(self.labels, sum(getattr(link, key) for link in links))
+            families.append(family)
+        connected = GaugeMetricFamily(*self.CONNECTED, labels=("role", "node", "server"))
+        for server, count in sorted(collections.Counter(link.server for link in links if link.server).items()):
+            connected.add_metric([*self.labels, server], count)
+        families.append(connected)
+        return families
+
+
 class Telemetry:
     """One process's metrics, health record and HTTP server. Subclassed once per role."""
 
@@ -237,6 +277,10 @@ class Telemetry:
                           window_s=watch.stall_s,
                           detail=lambda: f"nothing acknowledged by Kafka while messages wait ({watch.replacements['stall']} "
                                          f"producers replaced for it so far)")
+
+    def follow_postgres(self, links: Callable[[], Iterable[Any]]) -> None:
+        """Export the process's connections to PostgreSQL (the `ports.Link` of each of its stores)."""
+        self.registry.register(_PostgresLinks(self.role, self.node, links))
 
     # -- the hot path ----------------------------------------------------------------------
 
@@ -331,6 +375,9 @@ class FirerTelemetry(Telemetry):
                      "held rows handed back unpublished (Kafka did not answer, or shutdown)"),
         "retried": ("chronos_messages_retried_total",
                     "publishes refused by the destination, handed back to be tried again after a backoff"),
+        "expired": ("chronos_messages_expired_total",
+                    "held rows handed back unpublished because they were claimed too long ago to be this firer's "
+                    "still (it was stopped or starved): a peer fires them"),
         "parked": PARKED,
     }
 

@@ -34,7 +34,7 @@ from chronos.ops.telemetry import ConsumerTelemetry
 from chronos.runtime.process import Lifecycle
 from chronos.runtime.backoff import Backoff, Outage
 from chronos.domain.model import Parked, Row
-from chronos.adapters.postgres.store import Store as PostgresStore
+from chronos.adapters.postgres.store import role_store
 from chronos.ports import Publisher, Store
 
 log = logging.getLogger("chronos.consumer")
@@ -196,6 +196,7 @@ class ConsumerProcess:
         self.metrics = telemetry
         self.metrics.follow(lambda: self.stats)
         self.metrics.follow_producer(self.watch)
+        self.metrics.follow_postgres(lambda: [self.store.link])
         self.next_ping = 0.0
 
     def run(self) -> None:
@@ -465,7 +466,7 @@ class ConsumerProcess:
 def build(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> ConsumerProcess:
     """The consumer with its real adapters: a PostgreSQL store and confluent-kafka clients."""
     return ConsumerProcess(settings, life,
-                           store=PostgresStore(settings.require_database(), node_id=node_id, hot_path=True),
+                           store=role_store(settings, node_id, "consumer"),
                            producers=lambda: make_producer(settings, "consumer producer"),
                            consumers=lambda on_commit: make_consumer(settings, "consumer", on_commit=on_commit),
                            telemetry=ConsumerTelemetry(node_id, settings))

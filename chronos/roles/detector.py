@@ -20,7 +20,7 @@ from chronos.runtime.logs import Throttle
 from chronos.ops.telemetry import DetectorTelemetry
 from chronos.runtime.process import Lifecycle
 from chronos.runtime.backoff import Outage
-from chronos.adapters.postgres.store import Store as PostgresStore
+from chronos.adapters.postgres.store import role_store
 from chronos.ports import Store
 
 log = logging.getLogger("chronos.detector")
@@ -47,6 +47,7 @@ class DetectorProcess:
         self.total_reset = 0
         self.metrics = telemetry
         self.metrics.follow(lambda: {"reset": self.total_reset})
+        self.metrics.follow_postgres(lambda: [self.store.link])
         self.next_gauges = 0.0
 
     def run(self) -> None:
@@ -98,7 +99,7 @@ class DetectorProcess:
 
 def build(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> DetectorProcess:
     """The detector with its real adapter, a PostgreSQL store."""
-    store = PostgresStore(settings.require_database(), node_id=node_id, hot_path=True)
+    store = role_store(settings, node_id, "detector")
     return DetectorProcess(settings, life, store=store, telemetry=DetectorTelemetry(node_id, settings),
                            action_totals=lambda: inspect.action_totals(store))
 

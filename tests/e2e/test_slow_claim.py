@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 # a backend of a chronos process waiting on a lock in the middle of a claim
-BLOCKED_CLAIM = ("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'chronos' "
+BLOCKED_CLAIM = ("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'chronos firer %%' "
                  "AND wait_event_type = 'Lock' AND query LIKE '%%INSERT INTO chronos_messages%%'")
 
 

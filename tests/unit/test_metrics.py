@@ -346,3 +346,22 @@ def test_status_finds_the_stats_file_through_the_ready_file(tmp_path):
     args = argparse.Namespace(ready_file=str(ready), database_url=None)
     assert status.broker_stats(args, {})["messages"] == 2_160_000
     assert status.broker_stats(argparse.Namespace(ready_file=None, database_url="postgresql://x/y"), {}) is None
+
+
+def test_postgres_connections_are_exported_per_server_with_their_history():
+    from chronos.ports import Link
+    t = telemetry.FirerTelemetry(NODE, Settings())
+    claim, settle = Link(), Link()
+    t.follow_postgres(lambda: [claim, settle])
+    assert value(t, "chronos_postgres_connects_total") == 0
+    assert not [k for k in samples(t) if k[0] == "chronos_postgres_connected"]
+    claim.connected("db1:5432")
+    settle.connected("db1:5432")
+    assert value(t, "chronos_postgres_connected", server="db1:5432") == 2
+    settle.unanswered += 1
+    settle.lost()
+    assert settle.connected("db2:5432") == "db1:5432"  # the server it replaces
+    assert value(t, "chronos_postgres_connected", server="db1:5432") == 1
+    assert value(t, "chronos_postgres_connected", server="db2:5432") == 1
+    assert (value(t, "chronos_postgres_connects_total"), value(t, "chronos_postgres_server_changes_total"),
+            value(t, "chronos_postgres_unanswered_total")) == (3, 1, 1)

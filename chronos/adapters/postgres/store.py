@@ -17,7 +17,9 @@ from typing import Any, Iterable, Sequence
 import psycopg
 
 from chronos import codec, ports
-from chronos.config import database_passwords, redact_url
+from chronos.adapters.postgres.connection import (DEADLINES, connect, connection_lost, refused,  # noqa: F401
+                                                  server_of, short, translate)
+from chronos.config import Settings, redact_url
 from chronos.domain import cron, ratelimit, schedules
 from chronos.domain.model import (DUE_CAP, ESTIMATE_ABOVE, Claimed, NodeLoad, Overview, Parked, Row, Stale,
                                   Throttled)
@@ -78,33 +80,6 @@ def migrations() -> list[tuple[int, str, str]]:
 LATEST_VERSION = migrations()[-1][0]
 
 
-# What libpq says when the server refused this client, rather than could not be reached: its
-# authentication (a wrong password, no pg_hba.conf entry) and the TLS checks either side makes. A failed
-# connection carries no SQLSTATE: the words are all there is.
-_REFUSED = ("password authentication failed", "no pg_hba.conf entry", "pg_hba.conf rejects", "no password supplied",
-            "certificate verify failed", "does not match host name", "root certificate file", "certificate file",
-            "private key file", "SSL is not supported", "SSL was required", "sslmode value", "tlsv1 alert",
-            "wrong version number")
-
-
-def refused(exc: psycopg.Error) -> bool:
-    """Whether a failed connection was a refusal of this client's credentials or TLS settings (or of the
-    server's certificate by this client): something only new settings fix."""
-    return any(words in str(exc) for words in _REFUSED)
-
-
-def connect(url: str, *, autocommit: bool = True, connect_timeout: int = 5) -> psycopg.Connection:
-    """A connection to `url`: StoreRefused when PostgreSQL refuses this client (password, TLS),
-    StoreUnavailable when it cannot be reached; both one line without the password."""
-    try:
-        return psycopg.connect(url, autocommit=autocommit, connect_timeout=connect_timeout,
-                               application_name="chronos")
-    except psycopg.Error as exc:
-        if refused(exc):
-            raise StoreRefused(f"PostgreSQL at {redact_url(url)} refused the connection: {_short(exc, url)}") from None
-        raise StoreUnavailable(f"cannot connect to PostgreSQL at {redact_url(url)}: {_short(exc, url)}") from None
-
-
 def text_array(values: Iterable[str]) -> str:
     """A PostgreSQL array literal of text values, for a `%s::text[]` parameter. On the firer's
     hot path psycopg's list adapter cost 1 ms per 1,000 ids (and 3 ms per 1,000 timestamps);
@@ -128,13 +103,6 @@ def _claimed_params(rows: Sequence[Claimed], node: Any) -> dict[str, Any]:
             stamps[r.readied_at] = r.readied_at.isoformat()
     return {"ctids": text_array(r.ctid for r in rows), "ids": text_array(r.id for r in rows),
             "readied_at": "{" + ",".join(stamps[r.readied_at] for r in rows) + "}", "node": node}
-
-
-def _short(exc: BaseException, url: str | None = None) -> str:
-    """The first line of a driver error, without anything that might echo a password: libpq's
-    errors can quote the connection string, or the piece of a badly escaped URL it choked on."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return redact_url(text, database_passwords(url) if url else ())
 
 
 # The oldest PostgreSQL Chronos supports: the oldest its tests run against (Debian's PostgreSQL 15, beside
@@ -175,9 +143,9 @@ def migrate(url: str) -> list[int]:
                     conn.execute(QUERIES["record_migration"], {"version": version, "name": name})
                     applied.append(version)
     except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-        raise StoreUnavailable(f"PostgreSQL at {redact_url(url)}: {_short(exc, url)}") from None
+        raise StoreUnavailable(f"PostgreSQL at {redact_url(url)}: {short(exc, url)}") from None
     except psycopg.Error as exc:  # e.g. no right to create the table: a one-line error, not a traceback
-        raise StoreRejected(f"migration failed: {_short(exc, url)}") from None
+        raise StoreRejected(f"migration failed: {short(exc, url)}") from None
     return applied
 
 
@@ -190,12 +158,17 @@ def _one(cursor: psycopg.Cursor) -> tuple[Any, ...]:
 
 def check_schema(conn: psycopg.Connection) -> None:
     """SchemaError unless the database is migrated to this chronos's version on a supported server."""
-    check_server_version(conn)
     try:
-        exists = _one(conn.execute(QUERIES["has_schema_version"]))[0]
-        current = _one(conn.execute(QUERIES["schema_version"]))[0] if exists else 0
+        _check_schema(conn)
     except psycopg.OperationalError as exc:
-        raise StoreUnavailable(_short(exc)) from None
+        raise StoreUnavailable(short(exc)) from None
+
+
+def _check_schema(conn: psycopg.Connection) -> None:
+    """check_schema, with the driver's errors left to the caller."""
+    check_server_version(conn)
+    exists = _one(conn.execute(QUERIES["has_schema_version"]))[0]
+    current = _one(conn.execute(QUERIES["schema_version"]))[0] if exists else 0
     if current < LATEST_VERSION:
         raise SchemaError(f"database schema is at version {current}, this chronos needs {LATEST_VERSION}: "
                           f"run `chronos migrate` first")
@@ -204,9 +177,21 @@ def check_schema(conn: psycopg.Connection) -> None:
                           f"({LATEST_VERSION}): upgrade chronos")
 
 
+# How long a call of an operator's or a command's store may wait for PostgreSQL; the processes pass
+# CHRONOS_DATABASE_TIMEOUT_MS instead.
+DEFAULT_DEADLINE_S = 60.0
+
+
 class Store:
     """One connection, reopened with backoff when it breaks. Not thread-safe: one per thread (only
     `cancel` may be called from another).
+
+    Every call has a deadline (`deadline_s`): a server that has not answered by then is taken for hung,
+    the connection is dropped (`connection.Deadlines`) and the call fails with StoreUnavailable, like
+    any lost connection; the next call connects again, to whichever server of the URL is the primary
+    then, the one that failed last. A connection that finds its server read-only (a standby, a demoted
+    primary) is dropped the same way. `link` tells which server the store is connected to and how
+    often it changed.
 
     `hot_path=True` for the processes' own stores (consumer, firer, detector): their connection
     gets the planner settings of `hot_path_settings`, which their statements are written for.
@@ -215,12 +200,17 @@ class Store:
     server's setting (the consumer's inserts must be durable before its offsets are committed)."""
 
     def __init__(self, url: str, *, node_id: uuid.UUID | None = None, hot_path: bool = False,
-                 synchronous_commit: bool = True):
+                 synchronous_commit: bool = True, deadline_s: float = DEFAULT_DEADLINE_S,
+                 application_name: str = "chronos"):
         self.url = url
         self.node_id = node_id
         self.hot_path = hot_path
         self.synchronous_commit = synchronous_commit
+        self.deadline_s = deadline_s
+        self.application_name = application_name
         self.conn: psycopg.Connection | None = None
+        self.link = ports.Link()
+        self._avoid: str | None = None  # the server the last connection failed on: tried last next time
         self._staging_ready = False
         self.last_ok = 0.0  # time.monotonic() of the last statement PostgreSQL answered (for /healthz)
 
@@ -228,25 +218,30 @@ class Store:
 
     def open(self, *, check: bool = True) -> None:
         self.close()
-        self.conn = connect(self.url)
-        self._staging_ready = False
-        if check:
-            check_schema(self.conn)
-        try:
+        conn = connect(self.url, application_name=self.application_name, avoid=self._avoid)
+        self.conn, self._staging_ready = conn, False
+        replaced = self.link.connected(server_of(conn))
+        if replaced is not None:
+            log.warning("connected to PostgreSQL at %s, another server than before (%s): a failover or a "
+                        "switchover", self.link.server, replaced)
+
+        def settle(conn: psycopg.Connection) -> None:
+            if check:
+                _check_schema(conn)
             if self.hot_path:
-                self.conn.execute(QUERIES["hot_path_settings"])
+                conn.execute(QUERIES["hot_path_settings"])
             if not self.synchronous_commit:
-                self.conn.execute(QUERIES["async_commit"])
-        except psycopg.OperationalError as exc:
-            raise StoreUnavailable(_short(exc)) from None
+                conn.execute(QUERIES["async_commit"])
+        self._guarded(conn, settle)
 
     def close(self) -> None:
         if self.conn is not None:
             try:
                 self.conn.close()
             except psycopg.Error as exc:
-                log.debug("closing a broken connection: %s", _short(exc, self.url))
+                log.debug("closing a broken connection: %s", short(exc, self.url))
             self.conn = None
+            self.link.lost()
 
     def cancel(self) -> None:
         """Cancel the statement running on this store's connection, if one is. The one method another
@@ -257,7 +252,7 @@ class Store:
         try:
             conn.cancel_safe(timeout=2.0)
         except psycopg.Error as exc:
-            log.debug("cancelling a statement: %s", _short(exc, self.url))
+            log.debug("cancelling a statement: %s", short(exc, self.url))
 
     def _c(self) -> psycopg.Connection:
         if self.conn is None or self.conn.closed:
@@ -265,25 +260,50 @@ class Store:
         assert self.conn is not None
         return self.conn
 
+    def _guarded(self, conn: psycopg.Connection, fn, *args: Any) -> Any:
+        """fn(conn, ...) within the store's deadline; a driver error comes out as the project's. A
+        connection past its deadline, broken, or on a read-only server is closed: the next call opens
+        another."""
+        watch = DEADLINES.arm(conn, self.deadline_s)
+        try:
+            try:
+                return fn(conn, *args)
+            finally:
+                DEADLINES.disarm(watch)  # before anything closes the connection: see Deadlines
+        except psycopg.errors.TransactionRollback:
+            raise  # the caller runs it again
+        except psycopg.Error as exc:
+            server = self.link.server
+            if watch.fired:
+                self.link.unanswered += 1
+                self._lost(server)
+                raise StoreUnavailable(f"PostgreSQL at {server} did not answer within {self.deadline_s:g}s: "
+                                       f"connection dropped, the statement's outcome unknown") from None
+            error = translate(exc, self.url, server)
+            if connection_lost(exc):
+                if exc.sqlstate == "25006":
+                    self.link.read_only += 1
+                self._lost(server)
+            raise error from None
+
+    def _lost(self, server: str | None) -> None:
+        self._avoid = server
+        self.close()
+
     def _run(self, fn, *args: Any) -> Any:
-        """Run fn(conn, ...) and translate connection failures into StoreUnavailable.
+        """Run fn(conn, ...) (see `_guarded`).
 
         A deadlock or serialization failure (concurrent writers of the same ids) rolled the whole
         transaction back: it is run again, a few times, before it counts as a failure."""
         for attempt in range(5):
             try:
-                result = fn(self._c(), *args)
+                result = self._guarded(self._c(), fn, *args)
                 break
             except psycopg.errors.TransactionRollback as exc:
                 if attempt == 4:
-                    raise StoreUnavailable(_short(exc, self.url)) from None
-                log.info("transaction rolled back (%s); running it again", _short(exc, self.url))
+                    raise StoreUnavailable(short(exc, self.url)) from None
+                log.info("transaction rolled back (%s); running it again", short(exc, self.url))
                 time.sleep(0.01 * (attempt + 1))
-            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                self.close()
-                raise StoreUnavailable(_short(exc, self.url)) from None
-            except psycopg.Error as exc:
-                raise StoreRejected(_short(exc, self.url)) from None
         self.last_ok = time.monotonic()
         return result
 
@@ -539,6 +559,19 @@ class Store:
                 parked = _one(conn.execute(QUERIES["count_parked"]))[0]
             return Overview.build(at, first, next_deadline, waiting, estimate, due, nodes, schedules, parked)
         return self._run(run)
+
+
+def role_store(settings: Settings, node_id: uuid.UUID, role: str, *, synchronous_commit: bool = True) -> Store:
+    """A process's own store: the hot path's planner settings, CHRONOS_DATABASE_TIMEOUT_MS as the deadline
+    of every call, and an application name that says which process it is (`pg_stat_activity`, `chronos
+    status`)."""
+    return Store(settings.require_database(), node_id=node_id, hot_path=True, synchronous_commit=synchronous_commit,
+                 deadline_s=settings.database_timeout_ms / 1000.0, application_name=application_name(role, node_id))
+
+
+def application_name(role: str, node_id: uuid.UUID) -> str:
+    """`chronos <role> <node id>`: how a process's sessions show in pg_stat_activity."""
+    return f"chronos {role} {node_id}"
 
 
 def wait_for_database(url: str, timeout: float) -> None:

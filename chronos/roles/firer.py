@@ -51,7 +51,7 @@ from chronos.runtime.process import Lifecycle
 from chronos.runtime.backoff import Outage
 from chronos.domain import reasons
 from chronos.domain.model import Claimed
-from chronos.adapters.postgres.store import Store as PostgresStore
+from chronos.adapters.postgres.store import role_store
 from chronos.ports import Publisher, Store
 
 log = logging.getLogger("chronos.firer")
@@ -142,10 +142,11 @@ class FirerTotals:
     the end. `claimed` is written by the claiming thread; the others by the settling thread, and
     `released` also by the publishing thread at shutdown, once the settling thread has ended."""
 
-    __slots__ = ("claimed", "fired", "vanished", "released", "retried", "dead", "parked")
+    __slots__ = ("claimed", "fired", "vanished", "released", "retried", "dead", "parked", "expired")
 
     def __init__(self) -> None:
         self.claimed = self.fired = self.vanished = self.released = self.retried = self.dead = self.parked = 0
+        self.expired = 0  # written by the publishing thread
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -286,7 +287,7 @@ class Claimer(StoreThread):
     a peer's hands."""
 
     def __init__(self, store: Store, settings: Settings, shared: Shared, telemetry: FirerTelemetry, life: Lifecycle,
-                 outbox: "queue.SimpleQueue[list[Claimed]]"):
+                 outbox: "queue.SimpleQueue[tuple[float, list[Claimed]]]"):
         super().__init__("firer-claim", store, settings, shared, telemetry, life)
         self.outbox = outbox
         self.limit = settings.batch_size
@@ -342,19 +343,20 @@ class Claimer(StoreThread):
             self.next_claim = now + 0.005  # wait for acknowledgements before claiming more
             return
         limit = min(self.limit, self.max_held - held)
-        started = time.perf_counter()
+        started, sent = time.perf_counter(), time.monotonic()
         if self.limits:  # fire-rate limits: topic by topic, within each limited topic's budget
             rows, backlog = self.store.claim_limited(self.limits, self.settings.output_topic, limit,
                                                      self.settings.lookahead_ms)
         else:
             rows = self.store.claim(limit, self.settings.lookahead_ms)
             backlog = len(rows) == limit
-        self.hand_to_publisher(rows)  # before the schedules' claim, which may be the slow one
+        self.hand_to_publisher(sent, rows)  # before the schedules' claim, which may be the slow one
         occurrences = []
         if now >= self.next_schedules:  # recurring schedules: once per poll interval, even in a backlog
             self.next_schedules = now + self.settings.poll_interval_ms / 1000.0
+            sent = time.monotonic()
             occurrences = self.store.claim_schedules(limit, self.settings.lookahead_ms, time.time_ns() // 1000)
-            self.hand_to_publisher(occurrences)
+            self.hand_to_publisher(sent, occurrences)
         self.measured("claim", len(rows) + len(occurrences), started)
         if backlog:
             self.next_claim = now  # a backlog: drain it without sleeping
@@ -362,10 +364,12 @@ class Claimer(StoreThread):
             interval = self.settings.poll_interval_ms / 1000.0
             self.next_claim = now + interval * random.uniform(0.9, 1.1)
 
-    def hand_to_publisher(self, rows: list[Claimed]) -> None:
+    def hand_to_publisher(self, sent: float, rows: list[Claimed]) -> None:
+        """Hand rows over with the time their claim was sent (monotonic): the database stamped them no
+        earlier, so their age counted from it is never less than what a detector sees."""
         if rows:
             self.shared.totals.claimed += len(rows)
-            self.outbox.put(rows)
+            self.outbox.put((sent, rows))
 
 
 class Settler(StoreThread):
@@ -481,7 +485,8 @@ class Settler(StoreThread):
         self.shared.timing.observe_clock(db_us, before, time.time())
 
 
-HeldEntry = tuple[float, int, int, Claimed]  # (local deadline, seq, arrival, row): never compares rows
+# (local deadline, seq, arrival, claimed at (monotonic: when its claim was sent), row): never compares rows
+HeldEntry = tuple[float, int, int, float, Claimed]
 _AFTER_ANY = float("inf")  # (horizon, inf) sorts after every entry of that deadline: seq is an int
 
 
@@ -494,13 +499,18 @@ class Held:
     front, one comparison per row either way. A claim with rows earlier than some held ones (a retry,
     a message due within the lookahead that came after the previous claim) is merged in from its
     place on. A heap's pop compared entries about log2(n) times per row instead (16 at 10,000 held
-    rows): 1.8 µs of the publishing thread's 6 µs per message at 10,000 msg/s."""
+    rows): 1.8 µs of the publishing thread's 6 µs per message at 10,000 msg/s.
+
+    `take_due` also sets apart rows claimed too long ago to be this firer's still (see
+    `FirerProcess.expired_before`); `oldest_claim`, a bound no later than the claim of any row held,
+    spares the look at each row's claim while none can be that old."""
 
     COMPACT_AT = 4096  # drop the taken entries once this many and half the list are taken
 
     def __init__(self) -> None:
         self.entries: list[HeldEntry] = []
         self.head = 0
+        self.oldest_claim = _AFTER_ANY
 
     def __len__(self) -> int:
         return len(self.entries) - self.head
@@ -509,7 +519,8 @@ class Held:
         """The earliest local deadline held, None when nothing is."""
         return self.entries[self.head][0] if self.head < len(self.entries) else None
 
-    def add(self, new: list[HeldEntry]) -> None:
+    def add(self, new: list[HeldEntry], claimed_at: float) -> None:
+        """Hold the rows of one claim, sent at `claimed_at` (each entry carries it too)."""
         if not new:
             return
         new.sort()  # a claim's rows come sorted: one comparison each
@@ -517,6 +528,8 @@ class Held:
         if self.head == len(entries):
             entries.clear()
             self.head = 0
+            self.oldest_claim = _AFTER_ANY
+        self.oldest_claim = min(self.oldest_claim, claimed_at)
         if not entries or entries[-1] < new[0]:
             entries.extend(new)
             return
@@ -525,22 +538,30 @@ class Held:
         del entries[at:]
         entries.extend(sorted(tail + new))  # two sorted runs: merged by the sort in linear time
 
-    def take_due(self, horizon: float) -> list[Claimed]:
-        """The rows whose local deadline is at or before `horizon`, in order, taken out."""
+    def take_due(self, horizon: float, expired_before: float = -_AFTER_ANY) -> tuple[list[Claimed], list[Claimed]]:
+        """The rows whose local deadline is at or before `horizon`, in order, taken out: (those to
+        publish, those claimed before `expired_before`, monotonic, which must not be)."""
         entries, head = self.entries, self.head
         end = bisect.bisect_right(entries, (horizon, _AFTER_ANY), lo=head)
         if end == head:
-            return []
-        due = [entry[3] for entry in entries[head:end]]
+            return [], []
+        expired: list[Claimed] = []
+        if self.oldest_claim >= expired_before:
+            due = [entry[4] for entry in entries[head:end]]
+        else:
+            due = []
+            for entry in entries[head:end]:
+                (expired if entry[3] < expired_before else due).append(entry[4])
+            self.oldest_claim = min((entry[3] for entry in entries[end:]), default=_AFTER_ANY)
         if end >= self.COMPACT_AT and 2 * end >= len(entries):
             del entries[:end]
             end = 0
         self.head = end
-        return due
+        return due, expired
 
     def take_all(self) -> list[Claimed]:
-        rows = [entry[3] for entry in self.entries[self.head:]]
-        self.entries, self.head = [], 0
+        rows = [entry[4] for entry in self.entries[self.head:]]
+        self.entries, self.head, self.oldest_claim = [], 0, _AFTER_ANY
         return rows
 
 
@@ -561,7 +582,11 @@ class FirerProcess:
         self.shared = Shared(PublishTiming(settings.timing_advance_ms))
         self.timing = self.shared.timing
         self.throttle = Throttle(log)
-        self.claimed: queue.SimpleQueue[list[Claimed]] = queue.SimpleQueue()
+        self.claimed: queue.SimpleQueue[tuple[float, list[Claimed]]] = queue.SimpleQueue()
+        # a held row claimed longer ago than this may be a peer's already (a detector hands back rows held
+        # past the hold time): handed back, never published; a quarter of the hold time is left for the
+        # publish to land and for the clocks of the detector's database and this machine to differ
+        self.hold_limit = settings.hold_time_ms * 0.75 / 1000.0
         self.held = Held()
         self.seq = itertools.count()
         self.done = Outcomes()                            # settled outcomes not handed to the settler yet
@@ -577,6 +602,7 @@ class FirerProcess:
         self.metrics.follow(self.shared.totals.as_dict)
         self.metrics.follow_timing(lambda: len(self.held) + self.shared.in_flight, self.timing)
         self.metrics.follow_producer(self.watch)
+        self.metrics.follow_postgres(lambda: [self.settler.store.link, self.claimer.store.link])
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -607,14 +633,14 @@ class FirerProcess:
     def take_claimed(self) -> None:
         while True:
             try:
-                rows = self.claimed.get_nowait()
+                sent, rows = self.claimed.get_nowait()
             except queue.Empty:
                 return
             # deadline, then enqueue order: rows of one ordering key are published in that order
             seq, offset_us = self.seq, self.timing.offset_us
             # by the deadline as scheduled: a retried row goes out as soon as its backoff let it be
             # claimed, ahead of the later rows of its key claimed with it (PublishTiming.local_deadline, inline)
-            self.held.add([((row.scheduled_us - offset_us) / 1e6, row.seq, next(seq), row) for row in rows])
+            self.held.add([((row.scheduled_us - offset_us) / 1e6, row.seq, next(seq), sent, row) for row in rows], sent)
 
     def wait_time(self) -> float:
         """Until the next publish is due; new claims are looked at every few milliseconds. Never
@@ -639,10 +665,21 @@ class FirerProcess:
         if not self.held:
             return
         started = time.perf_counter()
-        due = self.held.take_due(time.time() + self.timing.advance)
+        due, expired = self.held.take_due(time.time() + self.timing.advance, time.monotonic() - self.hold_limit)
+        if expired:
+            self.expired(expired)
         if due:
             self.publish(due)
             self.metrics.batch("publish", len(due), time.perf_counter() - started)
+
+    def expired(self, rows: list[Claimed]) -> None:
+        """Rows claimed too long ago to be published: this firer was stopped or starved (a frozen VM, a
+        SIGSTOP, a claim that took as long) and a peer may hold them, or have fired them, by now. They
+        are handed back, which changes nothing if they are a peer's already."""
+        self.shared.totals.expired += len(rows)
+        self.done.release += rows
+        log.warning("%d held rows were claimed more than %.1fs ago (this firer was stopped or starved meanwhile): "
+                    "handed back unpublished, since a peer may have taken them over", len(rows), self.hold_limit)
 
     def publish(self, rows: list[Claimed]) -> None:
         """Publish due rows, in order. Their delivery reports are queued as they come (`_reported`)
@@ -819,8 +856,9 @@ class FirerProcess:
         self.settler.join(30.0)
         self.take_claimed()  # claimed after the stop was asked (a claim that would not end): hand those back too
         self.release_leftovers(self.held.take_all())
-        log.info("stopping: claimed %(claimed)d, fired %(fired)d, vanished %(vanished)d, handed back %(released)d, "
-                 "retried later %(retried)d, dead-lettered %(dead)d, parked %(parked)d", self.shared.totals.as_dict())
+        log.info("stopping: claimed %(claimed)d, fired %(fired)d, vanished %(vanished)d, handed back %(released)d "
+                 "(held too long: %(expired)d), retried later %(retried)d, dead-lettered %(dead)d, parked %(parked)d",
+                 self.shared.totals.as_dict())
         self.metrics.close()
 
     def release_leftovers(self, rows: list[Claimed]) -> None:
@@ -844,10 +882,10 @@ class FirerProcess:
 
 def build(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> FirerProcess:
     """The firer with its real adapters: PostgreSQL stores and a confluent-kafka producer."""
-    url = settings.require_database()
+    settings.require_database()  # a configuration error at start, not in the first store thread
     # a lost claim, delete or hand-back only fires a row again: no need to wait for the WAL flush
     return FirerProcess(settings, life,
-                        stores=lambda: PostgresStore(url, node_id=node_id, hot_path=True, synchronous_commit=False),
+                        stores=lambda: role_store(settings, node_id, "firer", synchronous_commit=False),
                         producers=lambda: make_producer(settings, "firer"),
                         telemetry=FirerTelemetry(node_id, settings))
 

@@ -42,12 +42,12 @@ batches = st.lists(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 3)), ma
 def test_rows_are_taken_in_deadline_then_enqueue_then_arrival_order(claims, horizons):
     held, arrival, reference, taken, expected = Held(), itertools.count(), [], [], []
     for k, batch in enumerate(claims):
-        entries = [(float(d), seq, next(arrival), row(n)) for n, (d, seq) in enumerate(batch)]
-        held.add(list(entries))
+        entries = [(float(d), seq, next(arrival), 0.0, row(n)) for n, (d, seq) in enumerate(batch)]
+        held.add(list(entries), 0.0)
         for e in entries:
-            heapq.heappush(reference, e[:3] + (e[3].id,))
+            heapq.heappush(reference, e[:3] + (e[4].id,))
         horizon = horizons[k] if k < len(horizons) else -1
-        taken += [r.id for r in held.take_due(float(horizon))]
+        taken += [r.id for r in held.take_due(float(horizon))[0]]
         while reference and reference[0][0] <= horizon:
             expected.append(heapq.heappop(reference)[3])
         assert len(held) == len(reference)
@@ -64,24 +64,40 @@ def test_claims_in_deadline_order_cost_a_comparison_or_two_per_row():
     Deadline.compared = 0
     for claim in range(400):  # 10,000 rows held, 50 claimed and 50 published at a time
         base = 1_000.0 + claim * 0.005
-        held.add([(Deadline(base + i * 0.0001), 0, next(arrival), row(i)) for i in range(50)])
+        held.add([(Deadline(base + i * 0.0001), 0, next(arrival), 0.0, row(i)) for i in range(50)], 0.0)
         rows += 50
         if claim >= 200:
-            assert len(held.take_due(1_000.0 + (claim - 200) * 0.005 + 0.0049)) == 50
+            assert len(held.take_due(1_000.0 + (claim - 200) * 0.005 + 0.0049)[0]) == 50
     assert len(held) == 10_000
     assert Deadline.compared / rows < 4, Deadline.compared / rows
 
 
 def test_a_claim_earlier_than_rows_held_is_merged_in_place():
     held, arrival = Held(), itertools.count()
-    held.add([(float(d), 0, next(arrival), row(d)) for d in (10, 20, 30)])
-    held.add([(float(d), 0, next(arrival), row(d)) for d in (25, 5, 40)])  # unsorted, and before some held
-    assert [r.id for r in held.take_due(25.0)] == ["m5", "m10", "m20", "m25"]
+    held.add([(float(d), 0, next(arrival), 0.0, row(d)) for d in (10, 20, 30)], 0.0)
+    held.add([(float(d), 0, next(arrival), 0.0, row(d)) for d in (25, 5, 40)], 0.0)  # unsorted, and before some held
+    assert [r.id for r in held.take_due(25.0)[0]] == ["m5", "m10", "m20", "m25"]
     assert held.first() == 30.0 and len(held) == 2
 
 
 def test_taken_entries_are_dropped_once_many():
     held, arrival = Held(), itertools.count()
-    held.add([(float(d), 0, next(arrival), row(d)) for d in range(Held.COMPACT_AT * 2)])
+    held.add([(float(d), 0, next(arrival), 0.0, row(d)) for d in range(Held.COMPACT_AT * 2)], 0.0)
     held.take_due(float(Held.COMPACT_AT + 10))
     assert held.head == 0 and len(held.entries) == Held.COMPACT_AT - 11 and held.first() == Held.COMPACT_AT + 11
+
+
+def test_rows_claimed_before_the_limit_are_set_apart_and_the_rest_published():
+    """Two claims, one sent at 100 s and one at 200 s (monotonic): rows of the first are too old to
+    publish at a limit of 150 s, whatever their deadlines; once they are gone the bound follows the
+    rows still held, so later passes look at no row's claim again."""
+    held, arrival = Held(), itertools.count()
+    held.add([(float(d), 0, next(arrival), 100.0, row(d)) for d in (1, 3, 5)], 100.0)
+    held.add([(float(d), 0, next(arrival), 200.0, row(d)) for d in (2, 4, 6)], 200.0)
+    assert held.take_due(0.5, 150.0) == ([], [])
+    due, expired = held.take_due(4.0, 150.0)
+    assert [r.id for r in due] == ["m2", "m4"] and [r.id for r in expired] == ["m1", "m3"]
+    assert held.oldest_claim == 100.0  # m5 is still held
+    due, expired = held.take_due(10.0, 150.0)
+    assert [r.id for r in due] == ["m6"] and [r.id for r in expired] == ["m5"]
+    assert held.oldest_claim == float("inf")

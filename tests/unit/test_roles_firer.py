@@ -74,7 +74,7 @@ def test_a_full_claim_claims_again_at_once_and_a_partial_one_after_the_poll_inte
     claimer.claim(now)
     assert f.state() == {"a": "held", "b": "held", "c": "held"}
     assert now + 0.18 <= claimer.next_claim <= now + 0.22  # the poll interval, jittered by 10%
-    assert [len(rows) for rows in (f.proc.claimed.get_nowait(), f.proc.claimed.get_nowait())] == [2, 1]
+    assert [len(rows) for _, rows in (f.proc.claimed.get_nowait(), f.proc.claimed.get_nowait())] == [2, 1]
 
 
 def test_no_more_than_four_batches_are_held_and_claiming_resumes_as_rows_are_settled():
@@ -259,11 +259,11 @@ def test_settling_thread_waits_out_a_postgres_outage_instead_of_spinning():
 
 def test_publishing_loop_sleeps_at_least_a_tick_between_close_deadlines():
     proc = Firer().proc
-    proc.claimed.put([claimed("a", time.time() + proc.timing.advance + 0.0003)])  # due 0.3 ms from now
+    proc.claimed.put((time.monotonic(), [claimed("a", time.time() + proc.timing.advance + 0.0003)]))  # due 0.3 ms from now
     proc.take_claimed()
     assert proc.wait_time() >= TICK
     proc = Firer().proc
-    proc.claimed.put([claimed("a", time.time() + 0.5)])
+    proc.claimed.put((time.monotonic(), [claimed("a", time.time() + 0.5)]))
     proc.take_claimed()
     assert proc.wait_time() == IDLE_WAIT
 
@@ -279,3 +279,19 @@ def test_a_claim_or_delete_slow_enough_to_hold_up_firing_is_logged(caplog):
     (record,) = caplog.records
     assert record.getMessage().startswith("slow claim: 1.5s for 2000 rows")
     assert recorded == [("delete", 1000), ("claim", 2000)]
+
+
+def test_rows_claimed_longer_ago_than_three_quarters_of_the_hold_time_are_handed_back_unpublished(caplog):
+    """A firer frozen past the hold time (a SIGSTOP, a frozen VM) finds rows a detector may have handed to
+    a peer meanwhile: it publishes none of them, it hands them back (a no-op for rows a peer holds),
+    and publishes rows claimed since as usual."""
+    f = Firer(CHRONOS_HOLD_TIME_MS="4000")
+    proc, now = f.proc, time.monotonic()
+    proc.claimed.put((now - 3.1, [claimed("old", time.time() - 1.0)]))  # claimed 3.1 s ago, limit 3 s
+    proc.claimed.put((now - 2.9, [claimed("recent", time.time() - 1.0)]))
+    caplog.set_level("WARNING", logger="chronos.firer")
+    proc.take_claimed()
+    proc.publish_due()
+    assert [m.value for m in f.publisher.produced] == [b"recent"]
+    assert [r.id for r in proc.done.release] == ["old"] and proc.shared.totals.expired == 1
+    assert "1 held rows were claimed more than 3.0s ago" in caplog.text

@@ -553,8 +553,8 @@ class ReplicatedPostgres:
             user = server_user()
             bin_dir = self._bin_dir()
             command = patroni_command()
-            for path in (bin_dir, command, self.workdir):
-                ensure_traversable(path)
+            for path in (bin_dir, command, *(self.workdir / name for name in self.names)):
+                ensure_traversable(path)  # the members' user reaches its directory, programs and Patroni
             (self.workdir / "logs").mkdir(exist_ok=True)
             self._etcd = EtcdServer(self.workdir / "etcd", self._ports["etcd"]["client"], self._ports["etcd"]["peer"],
                                     self.log_path("etcd"), env, self.die_with_parent)

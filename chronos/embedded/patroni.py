@@ -41,8 +41,7 @@ from typing import Any, NamedTuple
 
 from chronos.embedded.postgres import (PG_SUPERUSER, ensure_traversable, postgres_bin_dir, server_user,
                                        user_kwargs)
-from chronos.embedded.procs import (HOST, EmbeddedError, RetryStart, ServerProcess, descendants, port_in_use,
-                                   proc_stat)
+from chronos.embedded.procs import HOST, EmbeddedError, ServerProcess, descendants, port_in_use, proc_stat
 from chronos.errors import ConfigError
 from chronos.runtime import orphans
 
@@ -209,14 +208,11 @@ def processes_in(directory: Path) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if os.readlink(entry / "cwd") != target:
-                    continue
-            except OSError:
+                if os.readlink(entry / "cwd") == target:
+                    found.append(int(entry.name))
+            except OSError:  # gone, or not ours to read
                 continue
-            st = proc_stat(entry.name)
-            if st is not None and st[0] not in ("Z", "X"):
-                found.append(int(entry.name))
-    return found
+    return _alive(found)
 
 
 def _alive(pids: list[int]) -> list[int]:
@@ -250,7 +246,7 @@ class EtcdServer(ServerProcess):
     """A one-node etcd on 127.0.0.1: Patroni's consensus store (DCS)."""
 
     name = called = "etcd"
-    attempts = 3
+    attempts = 1  # its ports are fixed (clients and members know them): a taken one is an error, not a retry
     stop_timeout = 10.0
 
     def __init__(self, data_dir: Path, port: int, peer_port: int, log_path: Path, env: dict[str, str],
@@ -298,7 +294,8 @@ class EtcdServer(ServerProcess):
 
     def _why_exited(self, log_text: str) -> None:
         if "address already in use" in log_text:
-            raise RetryStart("its port was taken")
+            raise EmbeddedError(f"etcd could not bind port {self.port} or {self.peer_port} on {HOST}: "
+                                f"{self._log.matching('address already in use', 2)}")
 
 
 class PatroniMember(ServerProcess):
@@ -359,7 +356,10 @@ class PatroniMember(ServerProcess):
         return sorted(pids)
 
     def tail(self, lines: int = 8) -> str:
-        return self._log.tail_text(lines)
+        """The last lines of this run's log that say something: not Patroni's heartbeat ("no action. I am
+        ..."), which it writes every loop."""
+        said = [ln for ln in self._log.tail(400) if "no action. I am" not in ln][-lines:]
+        return f"last log lines ({self._log.path}): " + " | ".join(said) if said else f"the log ({self._log.path}) is empty"
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -459,6 +459,8 @@ class ReplicatedPostgres:
     B+20 (peers B+21); without, free ports are chosen once and kept in the work directory. `pg_bin` runs
     another installation's PostgreSQL (Debian's /usr/lib/postgresql/15/bin) instead of the wheel's.
     `fast=True` turns fsync off, for tests (a killed process loses nothing; a crashed machine would).
+    `die_with_parent` is the signal etcd and Patroni get when the thread that started them ends (Linux;
+    Patroni then stops its PostgreSQL); None lets them outlive it.
     """
 
     def __init__(self, workdir: Path, members: int = 2, base_port: int | None = None, *, ttl: int = MIN_TTL,
@@ -712,13 +714,13 @@ class ReplicatedPostgres:
         deadline = time.monotonic() + timeout
         members = None
         while True:
-            members = self.cluster() or []
-            leading = any(m.get("role") == "leader" and m.get("state") == "running" for m in members)
-            for m in members:
+            members = self.cluster()
+            leading = any(m.get("role") == "leader" and m.get("state") == "running" for m in members or [])
+            for m in members or []:
                 if leading and m.get("role") == "sync_standby" and m.get("state") == "streaming":
                     return m["name"]
             if time.monotonic() >= deadline:
-                standbys = [m["name"] for m in members if m.get("role") != "leader"] or self.names
+                standbys = [m["name"] for m in members or [] if m.get("role") != "leader"] or self.names
                 raise EmbeddedError(f"no synchronous standby streams within {timeout:.0f}s; members: "
                                     f"{self._describe(members)}; " + self._tails(standbys))
             time.sleep(POLL)

@@ -345,7 +345,7 @@ class PatroniMember(ServerProcess):
             pid = int((self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
         except (OSError, ValueError):
             return None
-        return pid if _alive([pid]) and pid in processes_in(self.data_dir) else None
+        return pid if pid in processes_in(self.data_dir) else None  # not a stale file, nor a reused pid
 
     def node_pids(self) -> list[int]:
         """Every process of this node: Patroni, what it runs (pg_rewind, pg_basebackup), PostgreSQL."""

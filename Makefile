@@ -5,12 +5,12 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test bench clean chromium stunnel postgresql-15
+.PHONY: up test bench clean chromium stunnel postgresql-15 patroni
 
 up: $(VENV)/.installed
 	$(BIN)/chronos up $(ARGS)
 
-test: $(VENV)/.installed $(BIN)/promtool chromium stunnel postgresql-15
+test: $(VENV)/.installed $(BIN)/promtool chromium stunnel postgresql-15 patroni
 	$(BIN)/ruff check chronos benchmarks tests
 	$(BIN)/lint-imports
 	$(BIN)/mypy chronos
@@ -42,6 +42,26 @@ postgresql-15:
 	    sed -ri 's/^#?\s*(create_main_cluster)\s*=.*$$/\1 = false/' /etc/postgresql-common/createcluster.conf && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15; \
 	  else echo "make test: the PostgreSQL 15 tests need Debian's server in $(PG15_BIN): sudo apt-get install postgresql-15" >&2; exit 1; fi; }
+
+# The replicated PostgreSQL of the HA tests (chronos/embedded/patroni.py, `chronos pg-cluster`): Patroni
+# with Debian's etcd as its store. Patroni runs as the unprivileged user that runs PostgreSQL, which cannot
+# read a Python under root's home directory, so its virtual environment is made by Debian's Python and is
+# readable by all. etcd is installed here when missing, like stunnel.
+ETCD ?= /usr/bin/etcd
+SYSTEM_PYTHON ?= /usr/bin/python3
+PATRONI_VENV ?= .patroni-venv
+patroni: $(PATRONI_VENV)/.installed
+	@test -x $(ETCD) || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server; \
+	  else echo "make: the HA tests need Debian's etcd at $(ETCD): sudo apt-get install etcd-server" >&2; exit 1; fi; }
+
+$(PATRONI_VENV)/.installed:
+	@test -x $(SYSTEM_PYTHON) || { echo "make: Patroni needs Debian's Python at $(SYSTEM_PYTHON) (apt-get install python3-venv)" >&2; exit 1; }
+	rm -rf $(PATRONI_VENV)
+	$(SYSTEM_PYTHON) -m venv $(PATRONI_VENV)
+	$(PATRONI_VENV)/bin/pip install --quiet 'patroni[etcd3,psycopg3]==4.1.5'
+	chmod -R a+rX $(PATRONI_VENV)
+	touch $@
 
 bench: $(VENV)/.installed
 	$(BIN)/python -m pytest benchmarks --benchmark-only $(ARGS)
@@ -84,4 +104,4 @@ $(BIN)/promtool: | $(VENV)/.installed
 	$@ --version >/dev/null
 
 clean:
-	rm -rf $(VENV) build *.egg-info native/*.c chronos/codec/*.so .chronos
+	rm -rf $(VENV) $(PATRONI_VENV) build *.egg-info native/*.c chronos/codec/*.so .chronos

@@ -379,6 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
     up_arguments(p)
     p.set_defaults(func=cmd_up)
 
+    from chronos.embedded.patroni import add_parser as pg_cluster_parser
+    pg_cluster_parser(sub)
+
     p = sub.add_parser("send", help="publish one delayed message to the input topic; prints its id")
     config.add_arguments(p, only=("kafka_bootstrap_servers", "input_topic", "kafka_properties",
                                   "kafka_properties_file"))

@@ -38,6 +38,67 @@ def postgres_bin_dir() -> Path:
     return bin_dir
 
 
+def server_user() -> tuple[int, int] | None:
+    """(uid, gid) to run PostgreSQL (and what runs it) as: the system user `chronos_pg` when we are
+    root, created if missing; None to run as ourselves."""
+    if os.name != "posix" or os.geteuid() != 0:
+        return None
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(PG_SYSTEM_USER)
+    except KeyError:
+        entry = None
+    if entry is None:
+        shell = "/usr/sbin/nologin" if os.path.exists("/usr/sbin/nologin") else "/bin/false"
+        cmd = ["useradd", "--system", "--no-create-home", "--user-group",
+               "--shell", shell, PG_SYSTEM_USER]
+        log.info("creating system user %s to run PostgreSQL (it refuses to run as root)",
+                 PG_SYSTEM_USER)
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+            err = (res.stderr or res.stdout).strip()
+        except (OSError, subprocess.TimeoutExpired) as e:
+            err = str(e)
+        try:  # re-check: a concurrent start may have created it
+            entry = pwd.getpwnam(PG_SYSTEM_USER)
+        except KeyError:
+            raise EmbeddedError(
+                f"running as root: PostgreSQL refuses to run as root, and creating the "
+                f"system user {PG_SYSTEM_USER!r} with useradd failed ({err}); create it "
+                f"yourself or run chronos as a non-root user") from None
+    return entry.pw_uid, entry.pw_gid
+
+
+def ensure_traversable(path: Path | None) -> None:
+    """Let other users traverse (o+x, not list) every ancestor of `path`."""
+    if path is None:
+        return
+    for parent in Path(path).absolute().parents:
+        try:
+            mode = parent.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                log.info("adding o+x to %s so PostgreSQL's user can traverse it", parent)
+                os.chmod(parent, stat.S_IMODE(mode) | stat.S_IXOTH)
+        except OSError as e:
+            log.warning("cannot make %s traversable: %s", parent, e)
+
+
+def user_kwargs(user: tuple[int, int] | None) -> dict:
+    """Popen arguments that run a child as `user` (None: as ourselves)."""
+    if user is None:
+        return {}
+    return {"user": user[0], "group": user[1], "extra_groups": []}
+
+
+def child_env() -> dict[str, str]:
+    """Our environment for a PostgreSQL program: no PG* variable (they would redirect it), the C locale."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    env["LC_ALL"] = "C"
+    env.pop("LANG", None)
+    return env
+
+
 # The durable embedded server's WAL settings (never applied to a PostgreSQL Chronos does not start):
 # checkpoints every 15 minutes or 4 GB of WAL instead of 5 minutes or 1 GB, so that at 10,000 rows/s
 # fewer first writes after a checkpoint put whole pages in the WAL; 16 MB of WAL buffers (instead of
@@ -102,7 +163,7 @@ class EmbeddedPostgres(ServerProcess):
         self._bin_dir = self._given_bin_dir or postgres_bin_dir()
         if not (self._bin_dir / "postgres").is_file():
             raise EmbeddedError(f"no PostgreSQL server in {self._bin_dir}")
-        self._user = user = self._system_user()
+        self._user = user = server_user()
         self._prepare_data_dir(user, timeout)
         self._check_postmaster_pid()
         if self.tls is not None:
@@ -131,36 +192,6 @@ class EmbeddedPostgres(ServerProcess):
         if self._proc is None or self._proc.poll() is not None:
             raise EmbeddedError("PostgreSQL is not running")
         os.kill(self._proc.pid, signal.SIGHUP)
-
-    def _system_user(self) -> tuple[int, int] | None:
-        """(uid, gid) to run the server as, or None to run as ourselves."""
-        if os.name != "posix" or os.geteuid() != 0:
-            return None
-        import pwd
-
-        try:
-            entry = pwd.getpwnam(PG_SYSTEM_USER)
-        except KeyError:
-            entry = None
-        if entry is None:
-            shell = "/usr/sbin/nologin" if os.path.exists("/usr/sbin/nologin") else "/bin/false"
-            cmd = ["useradd", "--system", "--no-create-home", "--user-group",
-                   "--shell", shell, PG_SYSTEM_USER]
-            log.info("creating system user %s to run PostgreSQL (it refuses to run as root)",
-                     PG_SYSTEM_USER)
-            try:
-                res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-                err = (res.stderr or res.stdout).strip()
-            except (OSError, subprocess.TimeoutExpired) as e:
-                err = str(e)
-            try:  # re-check: a concurrent start may have created it
-                entry = pwd.getpwnam(PG_SYSTEM_USER)
-            except KeyError:
-                raise EmbeddedError(
-                    f"running as root: PostgreSQL refuses to run as root, and creating the "
-                    f"system user {PG_SYSTEM_USER!r} with useradd failed ({err}); create it "
-                    f"yourself or run chronos as a non-root user") from None
-        return entry.pw_uid, entry.pw_gid
 
     def _server_major(self) -> str:
         if self._major is None:
@@ -222,8 +253,8 @@ class EmbeddedPostgres(ServerProcess):
         try:
             if user is not None:
                 os.chown(tmp, *user)
-                self._ensure_traversable(tmp)
-                self._ensure_traversable(self._bin_dir)
+                ensure_traversable(tmp)
+                ensure_traversable(self._bin_dir)
             assert self._bin_dir is not None  # set by start()
             cmd = [str(self._bin_dir / "initdb"), "-D", str(tmp), "--auth=trust",
                    "-U", PG_SUPERUSER, "--encoding=UTF8", "--locale=C", "--no-instructions"]
@@ -234,7 +265,7 @@ class EmbeddedPostgres(ServerProcess):
             try:
                 res = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True,
                                      text=True, timeout=max(timeout, 120), cwd="/",
-                                     env=self._child_env(), **self._user_kwargs(user))
+                                     env=child_env(), **user_kwargs(user))
             except subprocess.TimeoutExpired:
                 raise EmbeddedError(f"initdb of {d} did not finish within "
                                     f"{max(timeout, 120)}s") from None
@@ -271,35 +302,8 @@ class EmbeddedPostgres(ServerProcess):
                     os.chown(os.path.join(root, name), *user, follow_symlinks=False)
         if stat.S_IMODE(st.st_mode) & 0o027:
             os.chmod(d, 0o700)
-        self._ensure_traversable(d)
-        self._ensure_traversable(self._bin_dir)
-
-    @staticmethod
-    def _ensure_traversable(path: Path | None) -> None:
-        """Let other users traverse (o+x, not list) every ancestor of `path`."""
-        if path is None:
-            return
-        for parent in Path(path).absolute().parents:
-            try:
-                mode = parent.stat().st_mode
-                if not mode & stat.S_IXOTH:
-                    log.info("adding o+x to %s so PostgreSQL's user can traverse it", parent)
-                    os.chmod(parent, stat.S_IMODE(mode) | stat.S_IXOTH)
-            except OSError as e:
-                log.warning("cannot make %s traversable: %s", parent, e)
-
-    @staticmethod
-    def _user_kwargs(user: tuple[int, int] | None) -> dict:
-        if user is None:
-            return {}
-        return {"user": user[0], "group": user[1], "extra_groups": []}
-
-    @staticmethod
-    def _child_env() -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-        env["LC_ALL"] = "C"
-        env.pop("LANG", None)
-        return env
+        ensure_traversable(d)
+        ensure_traversable(self._bin_dir)
 
     def _check_postmaster_pid(self) -> None:
         """Refuse a data dir a live postmaster owns; drop a stale postmaster.pid whose pid was
@@ -358,7 +362,7 @@ class EmbeddedPostgres(ServerProcess):
         cmd = [str(self._bin_dir / "postgres"), "-D", str(self.data_dir)]
         for k, v in settings.items():
             cmd += ["-c", f"{k}={v}"]
-        self._spawn(cmd, self._child_env(), **self._user_kwargs(user))
+        self._spawn(cmd, child_env(), **user_kwargs(user))
         self._wait_ready(deadline)
 
     def _wait_ready(self, deadline: float) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+import orjson
 from helpers import EMBEDDED_KAFKA
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,3 +125,38 @@ def processes(chronos_env, tmp_path) -> Iterator[Processes]:
     procs = Processes(chronos_env, tmp_path)
     yield procs
     procs.stop_all()
+
+
+# -- fault scenarios (tests/faults, tests/ha): one summary row per scenario, the table at the end, as JSON --
+
+_FAULT_ROWS: list[dict] = []
+_FAULT_REPORT: list[Path] = []
+
+
+@pytest.fixture(scope="session")
+def fault_report(tmp_path_factory: pytest.TempPathFactory):
+    """Call with a faultload.Report: prints its table line and rewrites the session's JSON report."""
+    path = tmp_path_factory.getbasetemp() / "faults-report.json"
+
+    def record(report) -> None:
+        _FAULT_ROWS.append(report.row())
+        path.write_bytes(orjson.dumps(_FAULT_ROWS, option=orjson.OPT_INDENT_2))
+        if not _FAULT_REPORT:
+            _FAULT_REPORT.append(path)
+        print(f"\n{report.line()}\nfault report: {path}")
+    return record
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _FAULT_ROWS:
+        return
+    tr = terminalreporter
+    tr.section("fault scenarios")
+    tr.write_line(f"{'scenario':<28} {'sent':>6} {'delivered':>9} {'lost':>4} {'early':>5} {'dups':>5} "
+                  f"{'unexpl.':>7} {'recovery':>9} {'max late':>9} {'reread':>6}")
+    for r in _FAULT_ROWS:
+        tr.write_line(f"{r['scenario']:<28} {r['sent']:>6} {r['delivered']:>9} {r['lost']:>4} {r['early']:>5} "
+                      f"{r['duplicates']:>5} {r['unexplained_duplicates']:>7} {r['recovery_s']:>8.1f}s "
+                      f"{r['max_lateness_s']:>8.1f}s {r['lost_found_on_reread']:>6}")
+    tr.write_line("reread: delivered, but only seen when the output topic was read again from the start")
+    tr.write_line(f"JSON: {_FAULT_REPORT[0]}")

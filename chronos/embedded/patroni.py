@@ -178,7 +178,7 @@ def patroni_config(*, name: str, pg_port: int, restapi_port: int, etcd_port: int
 # the REST API
 
 
-def rest(port: int, path: str, *, body: dict | None = None, timeout: float = 1.0) -> tuple[int, Any]:
+def rest(port: int, path: str, *, body: dict | None = None, timeout: float = 3.0) -> tuple[int, Any]:
     """(HTTP status, decoded JSON or text) of a Patroni REST API request; OSError when it does not answer."""
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(f"http://{HOST}:{port}{path}", data=data, method="POST" if body else "GET",
@@ -635,6 +635,15 @@ class ReplicatedPostgres:
         if node.running:
             node.stop()
         node.start(timeout=timeout)
+
+    def heal(self, timeout: float = 90.0) -> str:
+        """Make the cluster whole again after a fault: hung members thawed, dead ones started, until a
+        synchronous standby streams from a leader; its name."""
+        for member in self.members:
+            self.thaw(member.name)
+            if member.patroni_pid is None:
+                self.restart(member.name)
+        return self.wait_sync_standby(timeout=timeout)
 
     def switchover(self, to: str | None = None, timeout: float = 60.0) -> Leader:
         """Move the leadership (REST API `POST /switchover`) to `to`, by default the synchronous standby

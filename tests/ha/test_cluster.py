@@ -1,11 +1,11 @@
 """The replicated PostgreSQL as Chronos sees it through its multi-host URL: commits that wait for the
-synchronous standby, a killed or hung primary replaced and back as a standby, a switchover, the whole
-cluster down and up again."""
+synchronous standby. A killed or hung primary replaced and back as a standby, and a switchover, are tested
+with Chronos running on the cluster (test_chronos_failover.py); the whole cluster down and back, by the
+benchmark of every scenario (benchmarks/ha.py)."""
 
 from __future__ import annotations
 
 import threading
-import time
 
 import psycopg
 import pytest
@@ -75,61 +75,3 @@ def test_a_commit_waits_for_the_synchronous_standby(cluster):
         assert committed.wait(10), "the commit did not return once the standby ran again"
         thread.join(5)
     assert _has(cluster.member_url(standby), "sync_check", "held")
-
-
-def test_a_killed_leader_is_replaced_and_rejoins_as_synchronous_standby(cluster):
-    old, standby = cluster.leader(), cluster.sync_standby()
-    _write(cluster.url, "failover_check", "before")
-
-    killed_at = time.time()
-    cluster.kill(old)
-    new = cluster.wait_leader(not_name=old, timeout=FAILOVER_S)
-    print(f"\nkill of leader {old} -> {new.name} leads after {new.at - killed_at:.1f}s")
-    assert new.name == standby  # in synchronous mode only the synchronous standby may take over
-
-    # the multi-host URL skips the dead member and reaches the new leader, which holds every commit
-    assert _write(cluster.url, "failover_check", "after") == _pg_port(cluster, new.name)
-    assert _has(cluster.url, "failover_check", "before")
-
-    restarted_at = time.time()
-    cluster.restart(old)
-    assert cluster.wait_sync_standby(timeout=60) == old
-    print(f"{old} rejoined as synchronous standby {time.time() - restarted_at:.1f}s after its restart")
-    wait_for(lambda: _has(cluster.member_url(old), "failover_check", "after"), timeout=10,
-             what=f"the write made while {old} was down, on {old}")
-
-
-def test_a_hung_leader_is_replaced_and_rejoins_once_it_runs_again(cluster):
-    old, standby = cluster.leader(), cluster.sync_standby()
-    frozen_at = time.time()
-    cluster.freeze(old)
-    try:
-        new = cluster.wait_leader(not_name=old, timeout=FAILOVER_S)
-        print(f"\nfreeze of leader {old} -> {new.name} leads after {new.at - frozen_at:.1f}s")
-        assert new.name == standby
-        # the hung member still accepts TCP connections and never answers: the URL's connect_timeout
-        # moves libpq on to the next host
-        assert _write(cluster.url, "freeze_check", "while hung") == _pg_port(cluster, new.name)
-    finally:
-        cluster.thaw(old)
-    assert cluster.wait_sync_standby(timeout=60) == old  # demoted, rewound, streaming
-
-
-def test_a_switchover_moves_the_leader(cluster):
-    old, standby = cluster.leader(), cluster.sync_standby()
-    asked_at = time.time()
-    new = cluster.switchover()
-    print(f"\nswitchover {old} -> {new.name} in {new.at - asked_at:.1f}s")
-    assert new.name == standby
-    assert cluster.wait_sync_standby(timeout=60) == old
-    assert _write(cluster.url, "switchover_check", "after") == _pg_port(cluster, new.name)
-
-
-def test_the_whole_cluster_down_and_back_keeps_its_data(cluster):
-    _write(cluster.url, "restart_check", "kept")
-    cluster.stop_all()
-    assert all(m.patroni_pid is None and m.postmaster_pid is None for m in cluster.members)
-    with pytest.raises(psycopg.OperationalError):
-        psycopg.connect(cluster.url).close()
-    cluster.start_all(timeout=60)
-    assert _has(cluster.url, "restart_check", "kept")

@@ -211,7 +211,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("console_token", "token that unlocks the web console's actions (cancel, fire now, reschedule); "
            "unset: the console is read-only", _console_token, ""),
     Option("console_metrics_urls", "comma-separated /metrics URLs of the processes, for the console's rates "
-           "and lateness (`chronos up` fills it in)", _urls, ""),
+           "and lateness and the PostgreSQL server each process uses (console and `chronos status`; "
+           "`chronos up` fills it in)", _urls, ""),
     Option("confirm_above", "cancel, fire-now and reschedule need --yes to change more messages than this",
            _non_negative_int, "1000"),
     Option("fire_rate_limits", "publish at most this fast to these destination topics, all firers together: "

@@ -28,6 +28,7 @@ from chronos.config import Settings
 from chronos.console.auth import COOKIE, Auth, same_origin
 from chronos.console.live import MetricsSampler, StoreReader, histogram_svg, rates_svg
 from chronos.errors import ChronosError
+from chronos.ops import status
 
 log = logging.getLogger("chronos.console")
 
@@ -112,9 +113,13 @@ class Console:
         publishing_stalled = (f"{stalled} process{'es' if stalled > 1 else ''} published nothing Kafka acknowledged "
                               f"for up to {_seconds_text(longest)}: their producers are being replaced; see their logs"
                               if stalled else "")
+        postgres = (store or {}).get("postgres")
+        reported = status.reported_dicts(history.asked(), postgres) if self.sampler.urls else None
+        processes, postgres_apart = postgres_processes(postgres, reported)
         shown.update(metrics_answering=str(history.sources_up), store_error=error or "",
-                     publishing_stalled=publishing_stalled)
+                     publishing_stalled=publishing_stalled, postgres_apart=postgres_apart)
         return {"store": store, "store_error": error, "rates": rates, "publishing_stalled": publishing_stalled,
+                "postgres_apart": postgres_apart, "postgres_processes": processes,
                 "lateness": None if lateness is None else {k: lateness[k] for k in
                                                           ("count", "window_s", "p50", "p99", "p999")},
                 "metrics": {"sources": len(self.sampler.urls), "answering": history.sources_up},
@@ -148,6 +153,14 @@ def display(store: dict[str, Any] | None, rates: dict[str, float] | None,
                    next_deadline="-" if store["next_deadline_in_s"] is None
                    else f"in {_seconds_text(store['next_deadline_in_s'])}",
                    next_deadline_at=store["next_deadline"] or "", at=store["at"])
+        postgres = store.get("postgres")
+        if postgres:
+            standbys = postgres["standbys"]
+            states = [s["sync_state"] for s in standbys]
+            out.update(postgres_role=postgres["role"],
+                       postgres_note=f"{postgres['server'] or '-'} · PostgreSQL {postgres['version']} · "
+                       + (f"{len(standbys)} standby{'s' if len(standbys) > 1 else ''}" if standbys else "no standby")
+                       + (" (state not visible)" if None in states else f" ({', '.join(states)})" if states else ""))
         broker = store.get("embedded_broker")
         if broker:  # `chronos up`'s embedded broker: it keeps every message in memory
             rss, warn, held = broker["rss_bytes"], broker["memory_warning_bytes"], broker["messages"]
@@ -164,6 +177,55 @@ def display(store: dict[str, Any] | None, rates: dict[str, float] | None,
     out["lateness_count"] = "-" if lateness is None else f"{lateness['count']:,}"
     out["lateness_window"] = "-" if lateness is None else _seconds_text(lateness["window_s"])
     return out
+
+
+_APART = {"no_connection": "no connection open", "other_server": "another server than the console's",
+          "no_session_here": "no session on the console's server: another one behind the same address"}
+
+
+def postgres_processes(postgres: dict[str, Any] | None,
+                       reported: list[dict[str, Any]] | None) -> tuple[list[list[str]], str]:
+    """The overview's table of the PostgreSQL server each process uses, one row per process: what it
+    reports on its /metrics (`status.reported_dicts`; None: no URL known), with its sessions on the
+    console's server (`status.postgres_dict`); then the processes with sessions there that no URL
+    answered for, and the firers that hold rows with none. And the banner's text: the processes on
+    another server than the console's, or on none ("" when there is none)."""
+    here = postgres["server"] if postgres else None
+    sessions = {p["node"]: p["sessions"] for p in (postgres or {}).get("processes", [])}
+    rows: list[list[str]] = []
+    apart: list[str] = []
+    listed: set[str] = set()
+    for r in reported or []:
+        name = f"{r['role']} {r['node'][:8]}" if r["role"] else r["url"]
+        listed.add(r["node"] or "")
+        here_count = f"{sessions.get(r['node'], 0):,}" if postgres and r["node"] else "-"
+        if not r["answered"]:
+            rows.append([name, "-", here_count, "-", "-", "-", "no answer"])
+            continue
+        if r["role"] is None:
+            rows.append([name, "-", "-", "-", "-", "-", "reports no PostgreSQL connection metrics"])
+            continue
+        servers = ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in r["servers"].items()) or "none"
+        note = _APART.get(r["apart"], "")
+        if r["apart"]:
+            apart.append(f"{name} {'has none' if r['apart'] == 'no_connection' else 'is on ' + servers}"
+                         + (" (no session on the console's)" if r["apart"] == "no_session_here" else ""))
+        rows.append([name, servers, here_count, f"{r['reconnects']:,}", f"{r['server_changes']:,}",
+                     f"{r['unanswered']:,}", note])
+    for p in (postgres or {}).get("processes", []):
+        if p["node"] not in listed:
+            rows.append([f"{p['role']} {p['node'][:8]}", "-", f"{p['sessions']:,}", "-", "-", "-",
+                         "sessions on this server; its /metrics not asked"])
+    for f in (postgres or {}).get("firers_not_connected", []):
+        if f["node"] not in listed:
+            rows.append([f"firer {f['node'][:8]}", "-", "0", "-", "-", "-",
+                         f"holds {f['rows']:,} row{'s' if f['rows'] != 1 else ''} but has no session on this server: "
+                         f"connected elsewhere, or gone"])
+    banner = ""
+    if apart:
+        banner = (f"{len(apart)} process{'es' if len(apart) > 1 else ''} not on the console's server "
+                  f"{here or '-'}: {'; '.join(apart)}")
+    return rows, banner
 
 
 def _seconds_text(value: float | None) -> str:

@@ -20,7 +20,7 @@ from xml.sax.saxutils import escape
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from chronos.ops import status
+from chronos.ops import servers, status
 from chronos.errors import ChronosError
 
 log = logging.getLogger("chronos.console")
@@ -30,7 +30,7 @@ FIRED = "chronos_messages_fired_total"
 DEAD = "chronos_messages_dead_lettered_total"
 LATENESS = "chronos_fire_lateness_seconds_bucket"
 STALLED = "chronos_publishing_stalled_seconds"
-_WANTED = (IN, FIRED, DEAD, LATENESS, STALLED)
+_WANTED = (IN, FIRED, DEAD, LATENESS, STALLED, servers.PREFIX)
 
 WINDOW_S = 300.0        # the lateness distribution and the rate chart cover the last 5 minutes
 RATE_OVER_S = 5.0       # the rates shown are averaged over about this long
@@ -48,6 +48,7 @@ class Scrape:
     dead: float = 0.0
     buckets: tuple[tuple[float, float], ...] = ()   # (upper bound, cumulative count), +Inf last
     stalled: float = 0.0                             # seconds its publishing has stalled (0: it has not)
+    links: tuple[servers.Reported, ...] = ()         # its connections to PostgreSQL
 
 
 def parse_scrape(text: str) -> Scrape:
@@ -56,16 +57,20 @@ def parse_scrape(text: str) -> Scrape:
     totals = {IN: 0.0, FIRED: 0.0, DEAD: 0.0}
     buckets: dict[float, float] = {}
     stalled = 0.0
+    links = []
     for family in text_string_to_metric_families(lines + "\n"):
         for sample in family.samples:
-            if sample.name in totals:
+            if sample.name.startswith(servers.PREFIX):
+                links.append(sample)
+            elif sample.name in totals:
                 totals[sample.name] += sample.value
             elif sample.name == STALLED:
                 stalled = max(stalled, sample.value)
             elif sample.name == LATENESS:
                 bound = float(sample.labels["le"])
                 buckets[bound] = buckets.get(bound, 0.0) + sample.value
-    return Scrape(totals[IN], totals[FIRED], totals[DEAD], tuple(sorted(buckets.items())), stalled)
+    return Scrape(totals[IN], totals[FIRED], totals[DEAD], tuple(sorted(buckets.items())), stalled,
+                  servers.reported_from(links))
 
 
 # -- history of scrapes ------------------------------------------------------------------------
@@ -98,11 +103,13 @@ class History:
     sums: list[float] = field(default_factory=list)
     sources_up: int = 0
     sources: int = 0
+    answered: dict[str, bool] = field(default_factory=dict)   # per URL, in the last round
 
     def add(self, now: float, scrapes: dict[str, Scrape | None]) -> None:
         """Record one round of scrapes (None: that process did not answer) taken at `now`."""
         self.sources = len(scrapes)
         self.sources_up = sum(1 for s in scrapes.values() if s is not None)
+        self.answered = {url: s is not None for url, s in scrapes.items()}
         step = Step(now, 0.0, 0.0, 0.0, 0.0, [0.0] * len(self.bounds))
         seconds = []
         for url, scrape in scrapes.items():
@@ -157,6 +164,12 @@ class History:
         longest stall."""
         stalls = [scrape.stalled for _, scrape in self.last.values() if scrape.stalled > 0]
         return len(stalls), max(stalls, default=0.0)
+
+    def asked(self) -> list[servers.Asked]:
+        """Each process's connections to PostgreSQL as it last reported them, and whether it answered
+        the last round (a silent one keeps what it said before, so it is still known by name)."""
+        return [servers.Asked(url, answered, self.last[url][1].links if url in self.last else ())
+                for url, answered in self.answered.items()]
 
     def series(self) -> list[tuple[float, float, float]]:
         """(time, in per second, fired per second) of every step in the window, for the chart."""
@@ -351,12 +364,14 @@ class StoreReader:
             count = self._waiting is None or self.counting.due(now)
             try:
                 started = time.monotonic()
-                # exact=None: status's own rule (the planner's estimate on a huge table)
-                view, throttled = await self.call(lambda s: (s.overview(self.hold_time_ms,
-                                                                        exact=None if count else False),
-                                                             s.throttled(self.output_topic)))
+                # exact=None: status's own rule (the planner's estimate on a huge table); the server's
+                # view reads shared memory only (pg_stat_activity, pg_stat_replication)
+                view, throttled, server = await self.call(lambda s: (
+                    s.overview(self.hold_time_ms, exact=None if count else False), s.throttled(self.output_topic),
+                    s.server_view()))
                 took = time.monotonic() - started
-                d = status.to_dict(view, self.hold_time_ms, throttled, status.broker_stats(None))
+                d = status.to_dict(view, self.hold_time_ms, throttled, status.broker_stats(None),
+                                   status.postgres_dict(server, view.by_node))
                 if count:
                     self.counting.counted(now, took)
                     self._waiting = (d["waiting"], d["waiting_estimated"])

@@ -120,3 +120,44 @@ class Overview:
                    past_hold_time=sum(n.past_hold_time for n in nodes), by_node=nodes,
                    oldest_overdue_s=(at - min(overdue)).total_seconds() if overdue else None,
                    next_deadline=next_deadline, schedules=schedules, parked=parked)
+
+
+@dataclass(slots=True)
+class Standby:
+    """A server replicating from the one a store is connected to (a row of pg_stat_replication). A role
+    without pg_read_all_stats sees that a standby is there but not how it is doing: None then."""
+
+    name: str | None            # its application_name (Patroni: the member's name)
+    client: str | None          # its address
+    state: str | None           # streaming, catchup, startup, backup, stopping
+    sync_state: str | None      # sync, quorum, potential, async
+
+
+@dataclass(slots=True)
+class Sessions:
+    """The sessions one Chronos process holds on a server (application_name 'chronos ROLE NODE')."""
+
+    role: str
+    node: str
+    sessions: int
+    clients: list[str]          # their client addresses ("local": a Unix socket)
+    oldest_start: datetime | None   # the oldest one's backend_start
+    visible: bool               # False: another role's sessions, whose address and start this role may not see
+
+
+@dataclass(slots=True)
+class ServerView:
+    """The PostgreSQL server a store is connected to, as that server sees itself: for `chronos status`
+    and the console, which say which server each process uses."""
+
+    at: datetime                # database clock
+    server: str | None          # "host:port" the store reached, as its URL names it (`ports.Link.server`)
+    address: str | None         # "host:port" the server says it listens on; None over a Unix socket
+    in_recovery: bool           # a standby (or a primary being promoted)
+    version: str
+    standbys: list[Standby]
+    processes: list[Sessions]   # the Chronos processes with a session on this server, of this database
+
+    @property
+    def role(self) -> str:
+        return "standby" if self.in_recovery else "primary"

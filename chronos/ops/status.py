@@ -15,17 +15,23 @@ from typing import Any, Sequence
 import orjson
 
 from chronos import config
+from chronos.domain.model import NodeLoad, ServerView
 from chronos.embedded.watch import STATS_ENV, read_stats, rss_bytes
 from chronos.errors import EXIT_FAILURE, EXIT_UNAVAILABLE, ConfigError, StoreUnavailable
+from chronos.ops import servers
 
 
 def add_parsers(sub: Any) -> None:
     """The `status` and `health` sub-commands."""
     p = sub.add_parser("status", help="what the store holds: waiting, due, held per firer, overdue, "
-                                      "suspected failures, recurring schedules, throttled topics, next deadline",
-                       description="Read the store and print what it holds. Runs against the same settings "
-                                   "(or --ready-file) as every other command.")
-    config.add_arguments(p, only=("database_url", "hold_time_ms", "output_topic"))
+                                      "suspected failures, recurring schedules, throttled topics, next deadline; "
+                                      "the PostgreSQL server and the processes on it",
+                       description="Read the store and print what it holds, and which PostgreSQL server it is "
+                                   "(primary or standby, its standbys) with the processes connected to it; with "
+                                   "the processes' /metrics URLs known (the ready file of `chronos up`, "
+                                   "CHRONOS_CONSOLE_METRICS_URLS), the server each process says it uses. Runs "
+                                   "against the same settings (or --ready-file) as every other command.")
+    config.add_arguments(p, only=("database_url", "hold_time_ms", "output_topic", "console_metrics_urls"))
     p.add_argument("--json", action="store_true", help="one JSON object (one per line with --watch)")
     p.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
                    help="refresh every SECONDS (default 2) until Ctrl-C")
@@ -46,10 +52,10 @@ def add_parsers(sub: Any) -> None:
 # -- status --------------------------------------------------------------------------------
 
 def to_dict(view: Any, hold_time_ms: int, throttled: Sequence[Any] = (),
-            broker: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A `store.Overview` (and the `store.Throttled` of each rate-limited topic, and the embedded
-    broker's stats as `chronos up` wrote them) as plain JSON-ready values (times in ISO-8601 UTC,
-    durations in seconds)."""
+            broker: dict[str, Any] | None = None, postgres: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A `store.Overview` (and the `store.Throttled` of each rate-limited topic, the embedded
+    broker's stats as `chronos up` wrote them, and the PostgreSQL server as `postgres_dict` shows it)
+    as plain JSON-ready values (times in ISO-8601 UTC, durations in seconds)."""
     return {
         "at": _iso(view.at),
         "waiting": view.waiting,
@@ -68,8 +74,65 @@ def to_dict(view: Any, hold_time_ms: int, throttled: Sequence[Any] = (),
         "next_deadline": _iso(view.next_deadline) if view.next_deadline else None,
         "next_deadline_in_s": round((view.next_deadline - view.at).total_seconds(), 3) if view.next_deadline
         else None,
+        "postgres": postgres,
         "embedded_broker": _broker(broker) if broker else None,
     }
+
+
+def postgres_dict(server: ServerView, held: Sequence[NodeLoad] = (),
+                  asked: Sequence[servers.Asked] | None = None) -> dict[str, Any]:
+    """The server a store is connected to (`Store.server_view`) as JSON-ready values: its role and
+    standbys, the Chronos processes with sessions on it, the firers that hold rows (`held`, the
+    overview's `by_node`) but have none there, and what each process asked (`servers.ask`; None: no
+    /metrics URL known) says of its own connections."""
+    here = {p.node for p in server.processes if p.role == "firer"}
+    d: dict[str, Any] = {
+        "server": server.server,
+        "address": server.address,
+        "role": server.role,
+        "version": server.version,
+        "standbys": [{"name": s.name, "client": s.client, "state": s.state, "sync_state": s.sync_state}
+                     for s in server.standbys],
+        "processes": [{"role": p.role, "node": p.node, "sessions": p.sessions, "clients": p.clients,
+                       "oldest_backend_start": _iso(p.oldest_start) if p.oldest_start else None,
+                       "connected_for_s": round((server.at - p.oldest_start).total_seconds(), 3)
+                       if p.oldest_start else None, "visible": p.visible} for p in server.processes],
+        "firers_not_connected": [{"node": str(n.node), "rows": n.rows} for n in held if str(n.node) not in here],
+    }
+    d["reported"] = None if asked is None else reported_dicts(asked, d)
+    return d
+
+
+# Why a process that answered is not where the server status (or the console) reached is: it has no
+# connection open, or it names another server, or it names this one and has no session on it (an address
+# that moves, such as a virtual IP, led it to another server than this one).
+APART = {"no_connection": "no connection open", "other_server": "ANOTHER server than this one",
+         "no_session_here": "no session on this server: another one behind the same address"}
+
+
+def reported_dicts(asked: Sequence[servers.Asked], postgres: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """One entry per process asked: the servers it reports connections to, its reconnects, server
+    changes and unanswered statements, and, against `postgres` (the server status or the console
+    reached, `postgres_dict`; None: not known), its sessions there and why it is apart from it (`APART`,
+    None when it is not). A process that did not answer is listed as such (with its role and node when
+    known from an earlier answer)."""
+    here = postgres["server"] if postgres else None
+    sessions = {p["node"]: p["sessions"] for p in postgres["processes"]} if postgres else {}
+    out: list[dict[str, Any]] = []
+    for a in asked:
+        for r in a.reported or (None,):
+            entry: dict[str, Any] = {"url": a.url, "answered": a.answered, "role": None, "node": None}
+            if r is not None:
+                entry.update(role=r.role, node=r.node)
+            if a.answered and r is not None:
+                here_now = sessions.get(r.node, 0) if postgres else None
+                apart = ("no_connection" if not r.servers else None if postgres is None
+                         else "other_server" if not r.on(here) else "no_session_here" if not here_now else None)
+                entry.update(servers=dict(r.servers), connections=r.connections, reconnects=r.reconnects,
+                             server_changes=r.server_changes, unanswered=r.unanswered, read_only=r.read_only,
+                             sessions_here=here_now, apart=apart)
+            out.append(entry)
+    return out
 
 
 def _broker(stats: dict[str, Any]) -> dict[str, Any]:
@@ -132,10 +195,62 @@ def render(d: dict[str, Any]) -> str:
         lines.append(row("next deadline", f"in {_seconds(d['next_deadline_in_s'])}", d["next_deadline"]))
     else:
         lines.append(row("next deadline", "-"))
+    if d.get("postgres"):
+        lines += render_postgres(d["postgres"], row)
     b = d.get("embedded_broker")
     if b:
         lines += render_broker(b, row)
     return "\n".join(lines)
+
+
+def render_postgres(p: dict[str, Any], row: Any) -> list[str]:
+    """The PostgreSQL lines of the status: the server and its standbys, the processes' sessions on it,
+    and the server each process says it uses."""
+    note = f"{p['server'] or '-'}, PostgreSQL {p['version']}"
+    if p["address"] and p["address"] != p["server"]:
+        note += f" (it says it is {p['address']})"
+    lines = [row("postgres", p["role"], note)]
+    standbys = p["standbys"]
+    if any(s["state"] is None for s in standbys):
+        seen = "their state is not visible to this role (pg_read_all_stats shows it)"
+    else:
+        seen = "; ".join(f"{s['name'] or s['client'] or '?'} {s['state']} {s['sync_state']}" for s in standbys)
+    lines.append(row("  standbys", len(standbys), seen))
+    processes = p["processes"]
+    lines.append(row("  chronos sessions", sum(s["sessions"] for s in processes),
+                     f"{len(processes)} process{'es' if len(processes) != 1 else ''} on this server"))
+    for s in processes:
+        if not s["visible"]:
+            about = "another role's: its address and start are not visible to this role"
+        else:
+            about = f"from {', '.join(s['clients']) or '-'}, connected for {_seconds(s['connected_for_s'])}"
+        lines.append(row(f"    {s['role']} {s['node'][:8]}", s["sessions"], about))
+    for f in p["firers_not_connected"]:
+        lines.append(row(f"    firer {f['node'][:8]}", "-", f"holds {f['rows']:,} row{'s' if f['rows'] != 1 else ''} "
+                                                             f"but has no session on this server: connected "
+                                                             f"elsewhere, or gone"))
+    reported = p["reported"]
+    if reported is None:
+        lines.append(row("  processes report", "-", "no /metrics URLs known (CHRONOS_CONSOLE_METRICS_URLS, or the "
+                                                    "ready file of chronos up)"))
+        return lines
+    answered = sum(1 for r in reported if r["answered"])
+    lines.append(row("  processes report", answered, f"of {len(reported)} asked, on their /metrics"))
+    for r in reported:
+        if not r["answered"]:
+            lines.append(row("    no answer", "-", r["url"]))
+        elif r["role"] is None:
+            lines.append(row("    no postgres metrics", "-", r["url"]))
+        else:
+            lines.append(row(f"    {r['role']} {r['node'][:8]}", r["connections"], _reported_note(r)))
+    return lines
+
+
+def _reported_note(r: dict[str, Any]) -> str:
+    listed = ", ".join(s if len(r["servers"]) == 1 else f"{s} ({n})" for s, n in r["servers"].items())
+    where = f"to {listed}" if r["apart"] is None else APART[r["apart"]] + (f": {listed}" if listed else "")
+    return (f"{where}; {r['reconnects']:,} reconnects, {r['server_changes']:,} server changes, "
+            f"{r['unanswered']:,} unanswered")
 
 
 def render_broker(b: dict[str, Any], row: Any) -> list[str]:
@@ -173,8 +288,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         while not stop.is_set():
             try:
-                d = to_dict(store.overview(settings.hold_time_ms, exact=True if args.exact else None),
-                            settings.hold_time_ms, store.throttled(settings.output_topic), broker_stats(args))
+                view = store.overview(settings.hold_time_ms, exact=True if args.exact else None)
+                urls = settings.console_metrics_urls
+                postgres = postgres_dict(store.server_view(), view.by_node, servers.ask(urls) if urls else None)
+                d = to_dict(view, settings.hold_time_ms, store.throttled(settings.output_topic), broker_stats(args),
+                            postgres)
             except StoreUnavailable as exc:
                 if args.watch is None:
                     raise

@@ -91,17 +91,39 @@ def test_overview_updates_when_new_messages_arrive(stack, known, page):
     assert page.locator("[data-chart=lateness] svg rect").count() > 0
 
 
+def test_overview_shows_the_postgres_server_and_the_one_each_process_uses(stack, page):
+    from psycopg.conninfo import conninfo_to_dict
+    params = conninfo_to_dict(stack["database_url"])
+    server = f"{params['host']}:{params['port']}"
+    page.goto(stack["console_url"])
+    assert field(page, "postgres_role") == "primary"
+    assert field(page, "postgres_note").startswith(f"{server} · PostgreSQL ")
+    # each process's own view comes from its /metrics, scraped in the background: wait for all three
+    wait_until(page, "s => [...document.querySelectorAll('#postgres tbody tr')].filter("
+               "tr => tr.children[1].textContent.startsWith(s)).length === 3", server, "three processes on " + server)
+    rows = [row.split("\t") for row in page.locator("#postgres tbody tr").all_inner_texts()]
+    assert sorted(r[0].split()[0] for r in rows) == ["consumer", "detector", "firer"]
+    for process, _server, sessions_here, _reconnects, changes, unanswered, *note in rows:
+        assert int(sessions_here) >= 1 and (changes, unanswered) == ("0", "0") and note in ([], [""]), process
+    assert page.locator("#postgres-apart").is_hidden()
+
+
 def test_the_live_refresh_fills_the_tables_as_text(stack, page):
     # the store's side is tested over HTTP (test_console_http); here the page's script, fed one answer
     import orjson
     page.goto(stack["console_url"])
-    answer = {"display": {}, "charts": {}, "nodes": [["node-1", "5", "1.0 s", "0"]],
-              "throttled": [["<b>slow</b>", "2/s", "3", "1.5 s"]]}
+    apart = "1 process not on the console's server db1:5432: firer 726ff2a2 has none"
+    answer = {"display": {"postgres_apart": apart}, "charts": {}, "nodes": [["node-1", "5", "1.0 s", "0"]],
+              "throttled": [["<b>slow</b>", "2/s", "3", "1.5 s"]], "postgres_apart": apart,
+              "postgres_processes": [["firer 726ff2a2", "none", "0", "3", "1", "2", "no connection open"]]}
     page.route("**/api/overview", lambda route: route.fulfill(content_type="application/json",
                                                               body=orjson.dumps(answer)))
     wait_until(page, "() => document.querySelector('#throttled tbody td') !== null", what="the throttled row")
     assert page.locator("#throttled tbody tr").all_inner_texts() == ["<b>slow</b>\t2/s\t3\t1.5 s"]
     assert page.locator("#nodes tbody td").first.inner_text() == "node-1"
+    assert page.locator("#postgres tbody tr").all_inner_texts() == \
+        ["firer 726ff2a2\tnone\t0\t3\t1\t2\tno connection open"]
+    assert page.locator("#postgres-apart").is_visible() and field(page, "postgres_apart") == apart
 
 
 def test_schedules_page_lists_next_occurrences_and_shows_ids_as_text(stack, known, page):

@@ -16,6 +16,7 @@ from datetime import timezone
 import orjson
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 from prometheus_client.parser import text_string_to_metric_families
 
 from chronos import codec
@@ -307,6 +308,59 @@ def test_status_watch_refreshes_as_json_lines(database_url, stop_with):
 def test_status_of_an_unreachable_database_exits_3():
     result = run_cli("status", "--database-url", f"postgresql://postgres@127.0.0.1:{free_port()}/x")
     assert result.returncode == 3 and "cannot connect" in result.stderr
+
+
+def test_status_shows_the_server_and_which_server_each_process_uses(processes, chronos_env, tmp_path):
+    """A consumer and a detector on the store's server, a firer on another (as on an old primary after a
+    failover), a firer that died holding rows, and a /metrics URL nobody answers."""
+    url = chronos_env["CHRONOS_DATABASE_URL"]
+    other = EmbeddedPostgres(tmp_path / "pg2" / "data", port=free_port(), fast=True, log_path=tmp_path / "pg2.log")
+    other.start()
+    try:
+        migrate(other.url)
+        ports = {"consumer": start_with_metrics(processes, "consumer")[1],
+                 "detector": start_with_metrics(processes, "detector")[1],
+                 "firer": start_with_metrics(processes, "firer", CHRONOS_DATABASE_URL=other.url)[1]}
+        for role, port in ports.items():  # /healthz passes while starting: wait for the connection itself
+            poll(lambda: any(name == "chronos_postgres_connected" for name, _ in scrape(port)),
+                 what=f"{role} connected")
+        gone = uuid.uuid4()
+        assert insert(url, [row(f"held-{i}", time.time() + 60) for i in range(2)]) == 2
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("UPDATE chronos_messages SET readied_at = now(), readied_by = %s", (gone,))
+            version = conn.execute("SHOW server_version").fetchone()[0]
+        here, there = f"127.0.0.1:{conninfo_to_dict(url)['port']}", f"127.0.0.1:{other.port}"
+        silent = f"http://127.0.0.1:{free_port()}/metrics"
+        urls = ",".join([f"http://127.0.0.1:{port}/metrics" for port in ports.values()] + [silent])
+
+        result = run_cli("status", "--json", "--database-url", url, "--console-metrics-urls", urls)
+        assert result.returncode == 0, result.stderr
+        p = orjson.loads(result.stdout)["postgres"]
+        assert (p["server"], p["address"], p["role"], p["version"], p["standbys"]) == \
+            (here, here, "primary", version, [])
+        assert sorted((s["role"], s["visible"], s["clients"]) for s in p["processes"]) == \
+            [("consumer", True, ["127.0.0.1"]), ("detector", True, ["127.0.0.1"])]
+        assert p["firers_not_connected"] == [{"node": str(gone), "rows": 2}]
+        reported = {r["role"]: r for r in p["reported"] if r["answered"]}
+        assert reported["consumer"]["apart"] is None and reported["consumer"]["sessions_here"] >= 1
+        assert reported["detector"]["apart"] is None and list(reported["detector"]["servers"]) == [here]
+        assert reported["firer"]["apart"] == "other_server" and list(reported["firer"]["servers"]) == [there]
+        assert reported["firer"]["sessions_here"] == 0
+        assert [r["url"] for r in p["reported"] if not r["answered"]] == [silent]
+
+        text = run_cli("status", "--database-url", url, "--console-metrics-urls", urls)
+        assert text.returncode == 0, text.stderr
+        lines = text.stdout.splitlines()
+        assert f"postgres                   primary   {here}, PostgreSQL {version}" in lines
+        assert "  standbys                       0" in lines
+        assert f"    firer {str(gone)[:8]}               -   holds 2 rows but has no session on this server: " \
+               f"connected elsewhere, or gone" in lines
+        firer = next(line for line in lines if line.startswith(f"    firer {reported['firer']['node'][:8]}"))
+        assert f"ANOTHER server than this one: {there}; " in firer
+        assert f"    no answer                    -   {silent}" in lines
+    finally:
+        processes.stop_all()
+        other.stop()
 
 
 # -- logs ------------------------------------------------------------------------------------------

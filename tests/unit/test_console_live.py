@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 from datetime import datetime, timezone
 
 import pytest
@@ -161,6 +162,10 @@ def test_any_number_of_pages_cost_one_store_read_a_second():
         def throttled(self, output_topic):
             return []
 
+        def server_view(self):
+            from chronos.domain.model import ServerView
+            return ServerView(datetime(2026, 1, 1, tzinfo=timezone.utc), "db1:5432", None, False, "18.1", [], [])
+
     now = [100.0]
     reader = StoreReader(CountingStore(), 5000, "out", ttl=1.0, clock=lambda: now[0])
 
@@ -170,6 +175,7 @@ def test_any_number_of_pages_cost_one_store_read_a_second():
     async def scenario():
         results = await pages(10)
         assert CountingStore.calls == 1 and all(r[0]["waiting"] == 7 for r in results)
+        assert results[0][0]["postgres"]["server"] == "db1:5432"  # read in the same call
         now[0] += 0.5
         await pages(10)
         assert CountingStore.calls == 1
@@ -201,3 +207,75 @@ def test_the_overview_shows_the_embedded_broker_when_there_is_one():
     assert shown["broker_note"] == "2,160,000 messages held; above 2,048 MB: plan a restart; restarted 1x, " \
                                    "about 12 unread lost"
     assert "broker_rss" not in display({**store, "embedded_broker": None}, None, None)
+
+
+# -- the PostgreSQL server each process uses ---------------------------------------------------------
+
+FIRER, CONSUMER, DETECTOR, GONE = ("726ff2a2-1003-47ca-9c7c-afc7aa3844fe", "11aa22bb-0000-4000-8000-000000000001",
+                                   "33cc44dd-0000-4000-8000-000000000002", "55ee66ff-0000-4000-8000-000000000003")
+LINKS = f"""\
+chronos_postgres_connects_total{{node="{FIRER}",role="firer"}} 3.0
+chronos_postgres_server_changes_total{{node="{FIRER}",role="firer"}} 1.0
+chronos_postgres_unanswered_total{{node="{FIRER}",role="firer"}} 1.0
+chronos_postgres_read_only_total{{node="{FIRER}",role="firer"}} 0.0
+chronos_postgres_connected{{node="{FIRER}",role="firer",server="db2:5433"}} 2.0
+"""
+
+
+def test_a_scrape_carries_the_servers_its_process_is_connected_to_and_a_silent_one_keeps_its_name():
+    s = parse_scrape(SCRAPE + LINKS)
+    (link,) = s.links
+    assert (link.role, link.node, link.servers, link.reconnects, link.server_changes, link.unanswered) == \
+        ("firer", FIRER, (("db2:5433", 2),), 1, 1, 1)
+    assert s.fired == 120.0 and parse_scrape(SCRAPE).links == ()
+    h = History()
+    h.add(0.0, {"a": s, "b": None})
+    assert [(a.url, a.answered, a.reported) for a in h.asked()] == [("a", True, s.links), ("b", False, ())]
+    h.add(1.0, {"a": None, "b": None})
+    assert [(a.answered, a.reported) for a in h.asked()] == [(False, s.links), (False, ())]
+
+
+def _postgres(processes=(), held=()):
+    from chronos.domain.model import NodeLoad, ServerView, Sessions, Standby
+    from chronos.ops import status
+    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    view = ServerView(at, "db1:5432", "10.0.0.1:5432", False, "18.1", [Standby("pg2", "10.0.0.2", "streaming", "sync")],
+                      [Sessions(role, node, n, ["10.0.0.9"], at, True) for role, node, n in processes])
+    return status.postgres_dict(view, [NodeLoad(uuid.UUID(node), rows, 0, 1.0, at) for node, rows in held])
+
+
+def test_the_overview_lists_each_processes_server_and_flags_one_elsewhere_or_on_none():
+    from chronos.console.app import display, postgres_processes
+    from chronos.ops import servers, status
+    postgres = _postgres(processes=[("consumer", CONSUMER, 1), ("detector", DETECTOR, 1)], held=[(GONE, 4)])
+    asked = [servers.Asked("http://h:1/metrics", True, parse_scrape(LINKS).links),
+             servers.Asked("http://h:2/metrics", True, (servers.Reported("consumer", CONSUMER, (("db1:5432", 1),), 1),)),
+             servers.Asked("http://h:3/metrics", True, (servers.Reported("detector", DETECTOR, (), 2),)),
+             servers.Asked("http://h:4/metrics", False),
+             # it names the console's server but has no session there: an address that moved under it
+             servers.Asked("http://h:5/metrics", True, (servers.Reported("firer", GONE, (("db1:5432", 1),), 1),))]
+    rows, banner = postgres_processes(postgres, status.reported_dicts(asked, postgres))
+    assert rows == [["firer 726ff2a2", "db2:5433 ×2", "0", "1", "1", "1", "another server than the console's"],
+                    ["consumer 11aa22bb", "db1:5432", "1", "0", "0", "0", ""],
+                    ["detector 33cc44dd", "none", "1", "2", "0", "0", "no connection open"],
+                    ["http://h:4/metrics", "-", "-", "-", "-", "-", "no answer"],
+                    ["firer 55ee66ff", "db1:5432", "0", "0", "0", "0",
+                     "no session on the console's server: another one behind the same address"]]
+    assert banner == "3 processes not on the console's server db1:5432: firer 726ff2a2 is on db2:5433 ×2; " \
+                     "detector 33cc44dd has none; firer 55ee66ff is on db1:5432 (no session on the console's)"
+    # all on the console's server: no banner; a firer holding rows that no URL answered for is listed
+    rows, banner = postgres_processes(postgres, status.reported_dicts(asked[1:2], postgres))
+    assert banner == "" and rows[-1] == ["firer 55ee66ff", "-", "0", "-", "-", "-", "holds 4 rows but has no "
+                                         "session on this server: connected elsewhere, or gone"]
+    # no /metrics URL known: the sessions on the console's server are all there is
+    rows, banner = postgres_processes(postgres, None)
+    assert rows[0] == ["consumer 11aa22bb", "-", "1", "-", "-", "-", "sessions on this server; its /metrics not asked"]
+    assert banner == "" and len(rows) == 3
+    assert postgres_processes(None, None) == ([], "")
+    shown = display({**STORE, "postgres": postgres}, None, None)
+    assert (shown["postgres_role"], shown["postgres_note"]) == ("primary", "db1:5432 · PostgreSQL 18.1 · 1 standby (sync)")
+
+
+STORE = {"waiting_age_s": 0, "waiting": 1, "waiting_estimated": False, "due_now": 0, "in_flight": 0,
+         "oldest_overdue_s": None, "past_hold_time": 0, "parked": 0, "recurring_schedules": None,
+         "next_deadline_in_s": None, "next_deadline": None, "at": "now", "embedded_broker": None}

@@ -365,3 +365,106 @@ def test_postgres_connections_are_exported_per_server_with_their_history():
     assert value(t, "chronos_postgres_connected", server="db2:5432") == 1
     assert (value(t, "chronos_postgres_connects_total"), value(t, "chronos_postgres_server_changes_total"),
             value(t, "chronos_postgres_unanswered_total")) == (3, 1, 1)
+
+
+# -- the PostgreSQL server each process uses -----------------------------------------------------
+
+FIRER = NODE  # holds 3 rows in _overview
+CONSUMER = uuid.UUID("11aa22bb-0000-4000-8000-000000000001")
+
+
+def _server_view(at: datetime, **changes):
+    from chronos.domain.model import ServerView, Sessions, Standby
+    args = dict(at=at, server="db1:5432", address="10.0.0.1:5432", in_recovery=False, version="18.1",
+                standbys=[Standby("pg2", "10.0.0.2", "streaming", "sync"), Standby("pg3", "10.0.0.3", "streaming",
+                                                                                   "async")],
+                processes=[Sessions("consumer", str(CONSUMER), 1, ["10.0.0.7"], at - timedelta(minutes=5), True),
+                           Sessions("firer", str(FIRER), 2, ["10.0.0.8"], at - timedelta(seconds=30), True)])
+    args.update(changes)
+    return ServerView(**args)
+
+
+def _firer_scrape(*servers: str, connects: int = 2, changes: int = 0, unanswered: int = 0) -> str:
+    """A firer's real /metrics, its two stores connected to `servers`."""
+    from chronos.ports import Link
+    t = telemetry.FirerTelemetry(FIRER, Settings())
+    links = [Link(), Link()]
+    for link, server in zip(links, servers):
+        link.connected(server)
+    links[0].connects, links[0].server_changes, links[0].unanswered = connects - 1, changes, unanswered
+    links[1].connects = 1
+    t.follow_postgres(lambda: links)
+    return generate_latest(t.registry).decode()
+
+
+def test_the_connections_a_process_exports_are_read_back_from_its_scrape():
+    from chronos.ops import servers
+    (r,) = servers.parse(_firer_scrape("db1:5432", "db2:5433", connects=4, changes=1, unanswered=2))
+    assert (r.role, r.node, r.servers) == ("firer", str(FIRER), (("db1:5432", 1), ("db2:5433", 1)))
+    assert (r.connects, r.connections, r.reconnects, r.server_changes, r.unanswered) == (4, 2, 2, 1, 2)
+    assert not r.on("db1:5432")
+    (none,) = servers.parse(_firer_scrape())
+    assert none.servers == () and not none.on("db1:5432") and none.connections == 0
+    assert servers.parse("process_cpu_seconds_total 1.0\n") == ()
+
+
+def test_status_shows_the_server_its_standbys_and_the_processes_on_it():
+    from chronos.ops import servers
+    at = datetime(2026, 11, 21, 9, 0, 5, tzinfo=timezone.utc)
+    gone = uuid.UUID(int=1)  # holds a row in _overview, has no session on this server
+    asked = [servers.Asked("http://h:20100/metrics", True, servers.parse(_firer_scrape("db1:5432", "db1:5432"))),
+             servers.Asked("http://h:20000/metrics", True, (servers.Reported("consumer", str(CONSUMER),
+                                                                             (("db2:5433", 1),), 3, 1, 1),)),
+             servers.Asked("http://h:20200/metrics", True, (servers.Reported("detector", "d" * 36, (), 4),)),
+             servers.Asked("http://h:20101/metrics", False),
+             servers.Asked("http://h:20102/metrics", True, (servers.Reported("firer", "e" * 36, (("db1:5432", 1),), 1),))]
+    d = status.to_dict(_overview(at), 5000, postgres=status.postgres_dict(_server_view(at), _overview(at).by_node,
+                                                                          asked))
+    assert orjson.loads(orjson.dumps(d)) == d
+    p = d["postgres"]
+    assert (p["server"], p["address"], p["role"], p["version"]) == ("db1:5432", "10.0.0.1:5432", "primary", "18.1")
+    assert p["standbys"][0] == {"name": "pg2", "client": "10.0.0.2", "state": "streaming", "sync_state": "sync"}
+    assert p["processes"][1] == {"role": "firer", "node": str(FIRER), "sessions": 2, "clients": ["10.0.0.8"],
+                                 "oldest_backend_start": "2026-11-21T08:59:35.000Z", "connected_for_s": 30.0,
+                                 "visible": True}
+    assert p["firers_not_connected"] == [{"node": str(gone), "rows": 1}]
+    assert p["reported"][0] == {"url": "http://h:20100/metrics", "answered": True, "role": "firer", "node": str(FIRER),
+                                "servers": {"db1:5432": 2}, "connections": 2, "reconnects": 0, "server_changes": 0,
+                                "unanswered": 0, "read_only": 0, "sessions_here": 2, "apart": None}
+    assert [(r["sessions_here"], r["apart"]) for r in p["reported"][1:3]] == [(1, "other_server"),
+                                                                              (0, "no_connection")]
+    assert p["reported"][3] == {"url": "http://h:20101/metrics", "answered": False, "role": None, "node": None}
+    text = status.render(d)
+    assert "postgres                   primary   db1:5432, PostgreSQL 18.1 (it says it is 10.0.0.1:5432)" in text
+    assert "  standbys                       2   pg2 streaming sync; pg3 streaming async" in text
+    assert "  chronos sessions               3   2 processes on this server" in text
+    assert "    consumer 11aa22bb            1   from 10.0.0.7, connected for 5.0m" in text
+    assert "    firer 6f1c0d3e               2   from 10.0.0.8, connected for 30.000s" in text
+    assert "    firer 00000000               -   holds 1 row but has no session on this server: connected " \
+           "elsewhere, or gone" in text
+    assert "  processes report               4   of 5 asked, on their /metrics" in text
+    assert "    firer 6f1c0d3e               2   to db1:5432; 0 reconnects, 0 server changes, 0 unanswered" in text
+    assert "    consumer 11aa22bb            1   ANOTHER server than this one: db2:5433; 2 reconnects, 1 server " \
+           "changes, 1 unanswered" in text
+    assert "    detector dddddddd            0   no connection open; 4 reconnects" in text
+    assert "    no answer                    -   http://h:20101/metrics" in text
+    assert "    firer eeeeeeee               1   no session on this server: another one behind the same address: " \
+           "db1:5432; 0 reconnects" in text
+
+
+def test_status_says_what_a_role_may_not_see_and_when_no_process_is_asked():
+    from chronos.domain.model import Sessions, Standby
+    at = datetime(2026, 11, 21, 9, 0, 5, tzinfo=timezone.utc)
+    view = _server_view(at, standbys=[Standby("pg2", None, None, None)], address=None,
+                        processes=[Sessions("firer", str(FIRER), 2, [], None, False)])
+    d = status.to_dict(_overview(at), 5000, postgres=status.postgres_dict(view, []))
+    assert d["postgres"]["reported"] is None and d["postgres"]["standbys"][0]["state"] is None
+    text = status.render(d)
+    assert "postgres                   primary   db1:5432, PostgreSQL 18.1\n" in text
+    assert "  standbys                       1   their state is not visible to this role (pg_read_all_stats " \
+           "shows it)" in text
+    assert "    firer 6f1c0d3e               2   another role's: its address and start are not visible to this " \
+           "role" in text
+    assert "  processes report               -   no /metrics URLs known (CHRONOS_CONSOLE_METRICS_URLS, or the " \
+           "ready file of chronos up)" in text
+    assert "postgres" not in status.render(status.to_dict(_overview(at), 5000))

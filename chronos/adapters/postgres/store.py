@@ -21,8 +21,8 @@ from chronos.adapters.postgres.connection import (DEADLINES, connect, connection
                                                   server_of, short, translate)
 from chronos.config import Settings, redact_url
 from chronos.domain import cron, ratelimit, schedules
-from chronos.domain.model import (DUE_CAP, ESTIMATE_ABOVE, Claimed, NodeLoad, Overview, Parked, Row, Stale,
-                                  Throttled)
+from chronos.domain.model import (DUE_CAP, ESTIMATE_ABOVE, Claimed, NodeLoad, Overview, Parked, Row, ServerView,
+                                  Sessions, Stale, Standby, Throttled)
 from chronos.errors import (SchemaError, StoreRefused, StoreRejected, StoreUnavailable,  # noqa: F401
                             UnavailableError, UnsupportedServer)
 
@@ -559,6 +559,21 @@ class Store:
                 parked = _one(conn.execute(QUERIES["count_parked"]))[0]
             return Overview.build(at, first, next_deadline, waiting, estimate, due, nodes, schedules, parked)
         return self._run(run)
+
+    def server_view(self) -> ServerView:
+        """The server this store is connected to, as it sees itself (address, standby or primary,
+        version), the servers replicating from it, and the Chronos processes with sessions on it (by
+        their application name, `application_name`). For `chronos status` and the console; not part
+        of `ports.Store`, which the roles use."""
+        def run(conn: psycopg.Connection) -> ServerView:
+            at, host, port, in_recovery, version = _one(conn.execute(QUERIES["server_self"]))
+            standbys = [Standby(*r) for r in conn.execute(QUERIES["server_standbys"])]
+            processes = [Sessions(role, node, count, list(clients), start, visible)
+                         for role, node, count, clients, start, visible in conn.execute(QUERIES["chronos_sessions"])]
+            address = None if host is None else f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            return ServerView(at, self.link.server, address, in_recovery, version, standbys, processes)
+        return self._run(run)
+
 
 
 def role_store(settings: Settings, node_id: uuid.UUID, role: str, *, synchronous_commit: bool = True) -> Store:

@@ -17,6 +17,8 @@
     if (error) error.hidden = !data.store_error;
     const stalled = document.getElementById("publishing-stalled");
     if (stalled) stalled.hidden = !data.publishing_stalled;
+    const apart = document.getElementById("postgres-apart");
+    if (apart) apart.hidden = !data.postgres_apart;
     root.querySelectorAll("[data-rows]").forEach(function (table) {
       const body = table.querySelector("tbody");
       const rows = (data[table.dataset.rows] || []).map(function (cells) {

@@ -394,6 +394,34 @@ ON CONFLICT (action) DO UPDATE SET actions = chronos_actions.actions + EXCLUDED.
 -- name: action_totals
 SELECT action, actions, messages FROM chronos_actions ORDER BY action;
 
+-- name: server_self
+-- The server a store is connected to as it sees itself, for `chronos status` and the console
+-- (Store.server_view, with server_standbys and chronos_sessions, which read shared memory, no table):
+-- its address (NULL over a Unix socket), standby or not, its version.
+SELECT now(), host(inet_server_addr()), inet_server_port(), pg_is_in_recovery(), current_setting('server_version');
+
+-- name: server_standbys
+-- The servers replicating from this one. A role without pg_read_all_stats sees each one's row and
+-- application_name, every other column NULL.
+SELECT application_name, CASE WHEN client_port = -1 THEN 'local' ELSE host(client_addr) END, state, sync_state
+FROM pg_stat_replication
+ORDER BY application_name, pid;
+
+-- name: chronos_sessions
+-- The sessions of the Chronos processes on this database, per process: their application_name is
+-- 'chronos ROLE NODE' (store.application_name). client_port is -1 over a Unix socket; it,
+-- backend_start and backend_type are NULL in the sessions of another role unless this one has
+-- pg_read_all_stats (a parallel worker, whose application_name is its leader's, is one of those then).
+SELECT split_part(application_name, ' ', 2) AS role, split_part(application_name, ' ', 3) AS node, count(*),
+       coalesce(array_agg(DISTINCT CASE WHEN client_port = -1 THEN 'local' ELSE host(client_addr) END)
+                FILTER (WHERE client_port IS NOT NULL), '{}'),
+       min(backend_start), bool_and(backend_start IS NOT NULL)
+FROM pg_stat_activity
+WHERE datname = current_database() AND coalesce(backend_type, 'client backend') = 'client backend'
+  AND application_name ~ '^chronos [a-z]+ [0-9a-f-]{36}$'
+GROUP BY 1, 2
+ORDER BY 1, 2;
+
 -- name: db_now
 SELECT now();
 

@@ -274,8 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             cluster.stop()
     if args.out:
-        args.out.write_bytes(orjson.dumps({"rate": args.rate, "members": args.members, "layout": "2/2/2",
-                                           "rows": rows}, option=orjson.OPT_INDENT_2))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_bytes(orjson.dumps({
+            "date": time.strftime("%Y-%m-%d"), "rate": args.rate, "members": args.members, "layout": "2/2/2",
+            "command": "python -m benchmarks.ha " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "rows": rows}, option=orjson.OPT_INDENT_2))
     return 0 if all(r["lost"] == 0 and r["early"] == 0 for r in rows) else 1
 
 

@@ -274,7 +274,7 @@ def render_broker(b: dict[str, Any], row: Any) -> list[str]:
 def cmd_status(args: argparse.Namespace) -> int:
     from chronos.adapters.postgres.store import Store
     settings = config.load(args)
-    store = Store(settings.require_database())
+    store = Store(settings.require_database(), application_name="chronos status")
     clear = args.watch is not None and not args.json and sys.stdout.isatty()
     stop = threading.Event()
     if args.watch is not None:

@@ -123,7 +123,7 @@ def validate_and_write(batches: Iterator["pa.RecordBatch"], *, url: str, rules: 
                        accumulator: Any, chunk_rows: int = CHUNK_ROWS,
                        pool_mode: str = "session") -> Iterator["pa.RecordBatch"]:
     """Executor side, one partition: store the valid rows, yield the invalid ones with their reason.
-    `pool_mode`: session or transaction (chronos.adapters.postgres.pooling), settled by the driver."""
+    `pool_mode`: how its store talks to PostgreSQL (chronos.adapters.postgres.pooling)."""
     import pyarrow as pa
 
     from chronos.adapters.postgres.store import Store
@@ -228,13 +228,13 @@ def run(spark: "SparkSession", *, input_path: str, fmt: str, database_url: str, 
         out: TextIO = sys.stderr, check: bool = True, pool_mode: str = "auto") -> ScheduleResult:
     """Validate and store every row of the input; invalid rows go to `rejects_path` (in the
     input's format, with the input's columns and a `reason` column). `pool_mode` is
-    CHRONOS_DATABASE_POOL_MODE, settled here for every executor (`check_store`)."""
+    CHRONOS_DATABASE_POOL_MODE, settled here for every executor by `check`, else by each executor's store."""
     from pyspark.sql import types as T
 
     if rejects_path is not None and rejects_path.rstrip("/") == input_path.rstrip("/"):
         raise InputError("--rejects must not be the input path")
     started = time.monotonic()
-    if check or pool_mode == "auto":
+    if check:
         pool_mode = check_store(database_url, pool_mode)
     df = read_input(spark, input_path, fmt)
     ignored = check_columns(df.schema)

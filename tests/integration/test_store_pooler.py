@@ -163,7 +163,7 @@ def test_a_connection_dropped_in_a_transaction_leaves_nothing_done(pooler, datab
         consumer.close()
 
 
-def test_the_probe_tells_the_modes_apart(pooler, pg_server, database_url):
+def test_the_probe_tells_the_modes_apart(pooler, database_url):
     assert store.detect_pool_mode(database_url) == pooling.SESSION  # no pooler
     assert store.detect_pool_mode(pooler.url(database_url)) == pooler.pool_mode
     assert store.resolve_pool_mode(pooler.url(database_url), pooling.AUTO) == pooler.pool_mode

@@ -103,7 +103,8 @@ SELECT set_config('enable_seqscan', coalesce(%(planner)s::text, current_setting(
                   true);
 
 -- name: hot_path_settings
--- For the firer's, consumer's and detector's own connections. Their statements reach rows through
+-- For the firer's, consumer's and detector's own connections (through a transaction pooler, for each
+-- of their transactions: transaction_settings). Their statements reach rows through
 -- an index condition or by TID; with sequential and bitmap scans disabled, no statistics (a table
 -- analyzed while empty, a generic plan cached then, a bloated or huge table) can make the planner
 -- prefer a plan that reads the whole table, since PostgreSQL picks the plan with the fewest
@@ -130,8 +131,8 @@ WITH candidates AS MATERIALIZED (
       -- now(), not clock_timestamp(): a stable bound is an index condition, so the scan stops at
       -- the first row not yet due instead of filtering every far-future row (autocommit: now() is
       -- this statement's start; through a transaction pooler the claim shares its transaction with
-      -- transaction_settings, sent with it, so now() is that statement's start, microseconds earlier:
-      -- a row due in between waits for the next claim, as one due just after a claim does)
+      -- transaction_settings, sent just before it, so now() is when that one started, microseconds
+      -- earlier: a row due in between waits for the next claim, as one due just after a claim does)
       AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'
     ORDER BY deadline, seq
     LIMIT %(limit)s

@@ -5,12 +5,12 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test bench clean chromium stunnel postgresql-15 patroni
+.PHONY: up test bench clean chromium stunnel postgresql-15 pgbouncer patroni
 
 up: $(VENV)/.installed
 	$(BIN)/chronos up $(ARGS)
 
-test: $(VENV)/.installed $(BIN)/promtool chromium stunnel postgresql-15 patroni
+test: $(VENV)/.installed $(BIN)/promtool chromium stunnel postgresql-15 pgbouncer patroni
 	$(BIN)/ruff check chronos benchmarks tests
 	$(BIN)/lint-imports
 	$(BIN)/mypy chronos
@@ -42,6 +42,20 @@ postgresql-15:
 	    sed -ri 's/^#?\s*(create_main_cluster)\s*=.*$$/\1 = false/' /etc/postgresql-common/createcluster.conf && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15; \
 	  else echo "make test: the PostgreSQL 15 tests need Debian's server in $(PG15_BIN): sudo apt-get install postgresql-15" >&2; exit 1; fi; }
+
+# The connection-pooler tests put Debian's PgBouncer (1.18 in bookworm) between Chronos and PostgreSQL, in
+# session and transaction mode (tests/pgbouncerkit.py). The tests run their own pgbouncer, as the user that
+# runs PostgreSQL (pgbouncer refuses to run as root); the package's own service is never started (in a
+# container policy-rc.d forbids it; where it was started anyway it is stopped and disabled here, so
+# nothing listens on 6432 behind the tests' back).
+PGBOUNCER ?= /usr/sbin/pgbouncer
+pgbouncer:
+	@test -x $(PGBOUNCER) || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer && \
+	    { ! command -v systemctl >/dev/null 2>&1 || ! systemctl is-active --quiet pgbouncer 2>/dev/null || \
+	      systemctl disable --now pgbouncer; } && \
+	    { [ ! -x /etc/init.d/pgbouncer ] || ! /etc/init.d/pgbouncer status >/dev/null 2>&1 || /etc/init.d/pgbouncer stop; }; \
+	  else echo "make test: the connection-pooler tests need Debian's PgBouncer at $(PGBOUNCER): sudo apt-get install pgbouncer" >&2; exit 1; fi; }
 
 # The replicated PostgreSQL of the HA tests (chronos/embedded/patroni.py, `chronos pg-cluster`): Patroni
 # with Debian's etcd as its store. Patroni runs as the unprivileged user that runs PostgreSQL, which cannot

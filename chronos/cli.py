@@ -49,9 +49,14 @@ def cmd_process(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from chronos.adapters.postgres import store
+    from chronos.adapters.postgres import pooling, store
     settings = config.load(args)
-    applied = store.migrate(settings.require_database())
+    url = settings.require_database()
+    # a pool mode the processes would fail with is found here, before they start
+    if store.resolve_pool_mode(url, settings.database_pool_mode, check=True) == pooling.TRANSACTION:
+        print("PostgreSQL is reached through a pooler in transaction mode: the processes prepare no statement "
+              "and make their settings in each transaction")
+    applied = store.migrate(url)
     if applied:
         print(f"applied migrations {', '.join(map(str, applied))}; schema at version {store.LATEST_VERSION}")
     else:
@@ -152,7 +157,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
     from chronos.domain import cron
     from chronos.adapters.postgres.store import Store
     settings = config.load(args)
-    store = Store(settings.require_database())
+    store = Store(settings.require_database(), pool_mode=settings.database_pool_mode)
     rows = store.list_schedules()
     store.close()
     schedules = [{"id": sid, "cron": expr, "timezone": tz,
@@ -177,7 +182,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
 def _operator_store(args: argparse.Namespace):
     from chronos.adapters.postgres.store import Store
     settings = config.load(args)
-    return settings, Store(settings.require_database())
+    return settings, Store(settings.require_database(), pool_mode=settings.database_pool_mode)
 
 
 def _print_json(data) -> None:
@@ -309,7 +314,7 @@ def _add_filter_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_operator_parsers(sub) -> None:
     """show, list, cancel, fire-now, reschedule."""
-    settings_used = ("database_url", "output_topic")
+    settings_used = ("database_url", "database_pool_mode", "output_topic")
     p = sub.add_parser("show", help="one message or schedule: state, deadline, topic, key, headers, value",
                        description="Print everything the store holds about one id. Exit 1 when it is not there.")
     config.add_arguments(p, only=settings_used)
@@ -369,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=cmd_process)
 
     p = sub.add_parser("migrate", help="create or upgrade the database schema (idempotent)")
-    config.add_arguments(p, only=("database_url", "log_level"))
+    config.add_arguments(p, only=("database_url", "database_pool_mode", "log_level"))
     p.set_defaults(func=cmd_migrate)
 
     p = sub.add_parser("up", help="run the whole stack in the foreground (embedded PostgreSQL and broker "
@@ -396,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_send)
 
     p = sub.add_parser("schedules", help="list recurring (cron) schedules and their next occurrence")
-    config.add_arguments(p, only=("database_url",))
+    config.add_arguments(p, only=("database_url", "database_pool_mode"))
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.set_defaults(func=cmd_schedules)
 

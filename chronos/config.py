@@ -173,6 +173,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("database_timeout_ms", "a statement PostgreSQL has not answered within this long is given up: the "
            "connection is dropped (a hung server answers no cancel) and opened again, to whichever server of "
            "the URL is the primary then", _positive_int, "5000"),
+    Option("database_pool_mode", "how to talk to PostgreSQL through a connection pooler: session (no pooler, or "
+           "PgBouncer's pool_mode=session), transaction (pool_mode=transaction: no prepared statements, settings "
+           "and the staging table per transaction), or auto: probe at start which one the URL leads to",
+           _choice("auto", "session", "transaction"), "auto"),
     Option("kafka_bootstrap_servers", "Kafka bootstrap servers; default: the embedded broker of `chronos up`",
            _optional_str, ""),
     Option("input_topic", "topic Chronos consumes delayed messages from", _topic, "chronos.input"),
@@ -227,6 +231,7 @@ OPTIONS: tuple[Option, ...] = (
 class Settings:
     database_url: str | None = None
     database_timeout_ms: int = 5000
+    database_pool_mode: str = "auto"
     kafka_bootstrap_servers: str | None = None
     input_topic: str = "chronos.input"
     output_topic: str = "chronos.output"

@@ -47,6 +47,13 @@ class StoreRefused(StoreUnavailable):
     exit_code = EXIT_CONFIG
 
 
+class PoolModeMismatch(ConfigError):
+    """PostgreSQL is reached through a transaction pooler (PgBouncer's pool_mode=transaction, or the like)
+    while CHRONOS_DATABASE_POOL_MODE says session: a prepared statement or the staging table vanished
+    between two statements of one connection. Final, like any configuration error: restarting with the
+    same setting fails the same way."""
+
+
 class KafkaRefused(ConfigError):
     """Kafka refused this client's TLS or SASL settings (or this client refused the broker's certificate):
     retrying with the same settings cannot help."""

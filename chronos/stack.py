@@ -40,7 +40,7 @@ from chronos.runtime import orphans
 from chronos.adapters.kafka.admin import check_reachable, create_topics
 from chronos.adapters.kafka.clients import EMBEDDED_PROFILE
 from chronos.adapters.kafka.offset_process import OffsetReaderProcess
-from chronos.adapters.postgres import store
+from chronos.adapters.postgres import pooling, store
 from chronos.config import Settings, redact_url
 from chronos.console.launch import ConsoleProcess
 from chronos.embedded.broker import EmbeddedBroker
@@ -164,12 +164,19 @@ class Stack:
         if s.database_url:
             print(f"using PostgreSQL at {redact_url(s.database_url)}", flush=True)
             store.wait_for_database(s.database_url, timeout=10)
+            # settled here, once, for the programs; session refused if the probe finds a pooler in transaction mode
+            mode = store.resolve_pool_mode(s.database_url, s.database_pool_mode, check=True)
+            if mode == pooling.TRANSACTION:
+                print("PostgreSQL is reached through a pooler in transaction mode: the programs prepare no "
+                      "statement and make their settings in each transaction", flush=True)
+            s = config.replace(s, database_pool_mode=mode)
         else:
             self.postgres = EmbeddedPostgres(self.data_dir / "pgdata", port=self.pg_port,
                                              log_path=self.log_dir / "postgres.log",
                                              die_with_parent=PARENT_DEATH_SIGNAL["postgres"])
             self.postgres.start()
-            s = config.replace(s, database_url=self.postgres.url)
+            s = config.replace(s, database_url=self.postgres.url, database_pool_mode=(
+                pooling.SESSION if s.database_pool_mode == pooling.AUTO else s.database_pool_mode))  # no pooler
             print(f"started embedded PostgreSQL on port {self.postgres.port} (data in {self.data_dir / 'pgdata'})",
                   flush=True)
         life_check()

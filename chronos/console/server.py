@@ -24,7 +24,9 @@ def serve(settings: Settings, *, fd: int | None = None) -> int:
     logs.setup("console", str(node), settings.log_level, settings.log_format, settings.secrets())
     sock = socket.socket(fileno=fd) if fd is not None else listen_socket(settings.console_host, settings.console_port)
     host, port = sock.getsockname()[:2]
-    app = create_app(settings, Store(settings.require_database(), application_name="chronos console"), metrics_urls=settings.console_metrics_urls)
+    store = Store(settings.require_database(), pool_mode=settings.database_pool_mode,
+                  application_name="chronos console")
+    app = create_app(settings, store, metrics_urls=settings.console_metrics_urls)
     log.info("console serving on http://%s:%d (node %s, database %s, %s, metrics from %d processes)",
              host if ":" not in host else f"[{host}]", port, node, redact_url(settings.database_url or ""),
              "read-only: no CHRONOS_CONSOLE_TOKEN" if settings.console_token is None else "actions need the token",

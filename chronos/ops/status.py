@@ -31,7 +31,7 @@ def add_parsers(sub: Any) -> None:
                                    "the processes' /metrics URLs known (the ready file of `chronos up`, "
                                    "CHRONOS_CONSOLE_METRICS_URLS), the server each process says it uses. Runs "
                                    "against the same settings (or --ready-file) as every other command.")
-    config.add_arguments(p, only=("database_url", "hold_time_ms", "output_topic", "console_metrics_urls"))
+    config.add_arguments(p, only=("database_url", "database_pool_mode", "hold_time_ms", "output_topic", "console_metrics_urls"))
     p.add_argument("--json", action="store_true", help="one JSON object (one per line with --watch)")
     p.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
                    help="refresh every SECONDS (default 2) until Ctrl-C")
@@ -274,7 +274,7 @@ def render_broker(b: dict[str, Any], row: Any) -> list[str]:
 def cmd_status(args: argparse.Namespace) -> int:
     from chronos.adapters.postgres.store import Store
     settings = config.load(args)
-    store = Store(settings.require_database(), application_name="chronos status")
+    store = Store(settings.require_database(), pool_mode=settings.database_pool_mode, application_name="chronos status")
     clear = args.watch is not None and not args.json and sys.stdout.isatty()
     stop = threading.Event()
     if args.watch is not None:

@@ -90,8 +90,8 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
                    help="repartition the input to this many partitions (default: as read, and at least "
                         "one per core)")
     p.add_argument("--no-progress", action="store_true", help="do not print progress lines")
-    config.add_arguments(p, only=("database_url", "output_topic", "allowed_topics", "timing_advance_ms",
-                                  "max_lateness_ms"))
+    config.add_arguments(p, only=("database_url", "database_pool_mode", "output_topic", "allowed_topics",
+                                  "timing_advance_ms", "max_lateness_ms"))
     _add_spark_arguments(p)
     p.set_defaults(func=cmd_schedule)
 
@@ -129,12 +129,12 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     fmt = args.format or _guess_format(args.input)
     # What can be checked without Spark is checked before it starts (several seconds).
     sp.check_local_input(args.input)
-    schedule.check_store(database_url)
+    pool_mode = schedule.check_store(database_url, settings.database_pool_mode)
     spark = sp.session(args.master, "chronos-pipeline-schedule", _spark_conf(args.conf), args.spark_log_level)
     try:
         result = schedule.run(spark, input_path=args.input, fmt=fmt, database_url=database_url,
                               rules=rules, rejects_path=args.rejects, partitions=args.partitions,
-                              progress=not args.no_progress, check=False)
+                              progress=not args.no_progress, check=False, pool_mode=pool_mode)
     finally:
         spark.stop()
     print(schedule.summary(result), flush=True)

@@ -120,8 +120,10 @@ def _stats_param():
 
 
 def validate_and_write(batches: Iterator["pa.RecordBatch"], *, url: str, rules: Rules, now_us: int,
-                       accumulator: Any, chunk_rows: int = CHUNK_ROWS) -> Iterator["pa.RecordBatch"]:
-    """Executor side, one partition: store the valid rows, yield the invalid ones with their reason."""
+                       accumulator: Any, chunk_rows: int = CHUNK_ROWS,
+                       pool_mode: str = "session") -> Iterator["pa.RecordBatch"]:
+    """Executor side, one partition: store the valid rows, yield the invalid ones with their reason.
+    `pool_mode`: how its store talks to PostgreSQL (chronos.adapters.postgres.pooling)."""
     import pyarrow as pa
 
     from chronos.adapters.postgres.store import Store
@@ -134,7 +136,7 @@ def validate_and_write(batches: Iterator["pa.RecordBatch"], *, url: str, rules: 
         nonlocal store, pending
         if pending:
             if store is None:
-                store = Store(url)
+                store = Store(url, pool_mode=pool_mode)
             # Partitions may hold the same id (a repeated row). Inserting in id order makes every
             # transaction take its row locks in one global order, so two partitions wait for each
             # other instead of deadlocking; within a chunk the input order means nothing anyway.
@@ -223,16 +225,17 @@ class Progress:
 def run(spark: "SparkSession", *, input_path: str, fmt: str, database_url: str, rules: Rules,
         rejects_path: str | None = None, partitions: int | None = None, now_us: int | None = None,
         progress: bool = False, chunk_rows: int = CHUNK_ROWS,
-        out: TextIO = sys.stderr, check: bool = True) -> ScheduleResult:
+        out: TextIO = sys.stderr, check: bool = True, pool_mode: str = "auto") -> ScheduleResult:
     """Validate and store every row of the input; invalid rows go to `rejects_path` (in the
-    input's format, with the input's columns and a `reason` column)."""
+    input's format, with the input's columns and a `reason` column). `pool_mode` is
+    CHRONOS_DATABASE_POOL_MODE, settled here for every executor by `check`, else by each executor's store."""
     from pyspark.sql import types as T
 
     if rejects_path is not None and rejects_path.rstrip("/") == input_path.rstrip("/"):
         raise InputError("--rejects must not be the input path")
     started = time.monotonic()
     if check:
-        check_store(database_url)
+        pool_mode = check_store(database_url, pool_mode)
     df = read_input(spark, input_path, fmt)
     ignored = check_columns(df.schema)
     if not partitions and df.rdd.getNumPartitions() < spark.sparkContext.defaultParallelism:
@@ -245,7 +248,7 @@ def run(spark: "SparkSession", *, input_path: str, fmt: str, database_url: str, 
 
     def work(batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
         return validate_and_write(batches, url=database_url, rules=rules, now_us=now_us,
-                                  accumulator=accumulator, chunk_rows=chunk_rows)
+                                  accumulator=accumulator, chunk_rows=chunk_rows, pool_mode=pool_mode)
 
     with spark_errors(f"cannot schedule {input_path}"):
         n_partitions = df.rdd.getNumPartitions()
@@ -266,12 +269,14 @@ def run(spark: "SparkSession", *, input_path: str, fmt: str, database_url: str, 
     return ScheduleResult(accumulator.value, time.monotonic() - started, n_partitions, ignored, rejects_path)
 
 
-def check_store(url: str) -> None:
-    """Fail before Spark does any work when PostgreSQL is unreachable or not migrated."""
-    from chronos.adapters.postgres.store import check_schema, connect
+def check_store(url: str, pool_mode: str = "auto") -> str:
+    """Fail before Spark does any work when PostgreSQL is unreachable or not migrated; the pool mode to
+    talk to it in (`pool_mode` settled: chronos.adapters.postgres.pooling)."""
+    from chronos.adapters.postgres.store import check_schema, connect, resolve_pool_mode
 
     with connect(url) as conn:
         check_schema(conn)
+    return resolve_pool_mode(url, pool_mode, check=True)
 
 
 def summary(result: ScheduleResult) -> str:

@@ -41,7 +41,7 @@ from confluent_kafka import KafkaError
 
 from chronos import codec
 from chronos.config import Settings
-from chronos.errors import StoreUnavailable
+from chronos.errors import ConfigError, StoreUnavailable
 from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, PRODUCER_FAILURE, UNANSWERED_FAILURE, OutageLog,
                                             dead_letter_headers, failure_reason, make_producer, produce)
 from chronos.adapters.kafka.watch import ProducerWatch, retire
@@ -255,6 +255,9 @@ class StoreThread(threading.Thread):
     def run(self) -> None:
         try:
             self.loop()
+        except ConfigError as exc:  # final (a pooler the settings did not expect): the process ends with it, one line
+            self.crashed = exc
+            self.life.stop()
         except BaseException as exc:  # noqa: BLE001 - the process stops as a whole when this thread dies
             log.exception("the %s thread failed; stopping the firer", self.name)
             self.crashed = exc
@@ -627,6 +630,8 @@ class FirerProcess:
         finally:
             self.shutdown()
         for thread in (self.settler, self.claimer):
+            if isinstance(thread.crashed, ConfigError):
+                raise thread.crashed
             if thread.crashed is not None:
                 raise RuntimeError(f"the firer's {thread.name} thread failed") from thread.crashed
 

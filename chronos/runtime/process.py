@@ -16,14 +16,15 @@ from typing import Callable
 import orjson
 import psycopg
 
-from chronos import codec
+from chronos import codec, config
 
 from chronos.runtime import logs, orphans
 from chronos.config import Settings, redact_url
-from chronos.errors import KafkaRefused, SchemaError, StoreRefused, StoreUnavailable
+from chronos.errors import ConfigError, SchemaError, StoreRefused, StoreUnavailable
 from chronos.runtime.backoff import Outage
 from chronos.adapters.kafka.admin import probe
-from chronos.adapters.postgres.store import check_schema, connect
+from chronos.adapters.postgres import pooling
+from chronos.adapters.postgres.store import check_schema, connect, resolve_pool_mode
 
 log = logging.getLogger("chronos")
 
@@ -77,24 +78,32 @@ class Lifecycle:
         signal.signal(signal.SIGINT, handler)
 
 
-def wait_for_schema(settings: Settings, life: Lifecycle) -> bool:
-    """Block until PostgreSQL answers with the right schema (retrying with backoff while it is down).
+def wait_for_schema(settings: Settings, life: Lifecycle) -> Settings | None:
+    """Block until PostgreSQL answers with the right schema (retrying with backoff while it is down),
+    then settle CHRONOS_DATABASE_POOL_MODE=auto by probing for a pooler in transaction mode: the settings
+    with the pool mode the process talks in, or None if stopped meanwhile.
 
-    An unmigrated database raises SchemaError, a refused password or certificate StoreRefused:
-    waiting would not fix them.
+    An unmigrated database raises SchemaError, a refused password or certificate StoreRefused, a pooler in
+    statement mode ConfigError: waiting would not fix them.
     """
     outage = Outage(log, first=0.5, cap=10.0)
+    url = settings.require_database()
     while life.running:
         try:
-            with connect(settings.require_database()) as conn:
+            with connect(url) as conn:
                 check_schema(conn)
+            mode = resolve_pool_mode(url, settings.database_pool_mode)
             outage.ok()
-            return True
         except StoreRefused:
             raise
         except StoreUnavailable as exc:
             life.sleep(outage.failed(exc))
-    return False
+            continue
+        if mode == pooling.TRANSACTION:
+            log.info("PostgreSQL is reached through a pooler in transaction mode (%s=%s): no prepared statements, "
+                     "settings and the staging table in each transaction", pooling.SETTING, settings.database_pool_mode)
+        return config.replace(settings, database_pool_mode=mode)
+    return None
 
 
 def crash_wait(previous: dict | None, now: float) -> tuple[int, float]:
@@ -194,18 +203,24 @@ KAFKA_CHECK_S = 5.0
 def _run(role: str, settings: Settings, node_id: uuid.UUID, life: Lifecycle,
          body: Callable[[Settings, uuid.UUID, Lifecycle], None], kafka: bool) -> int:
     try:
-        if not wait_for_schema(settings, life):
+        settled = wait_for_schema(settings, life)
+        if settled is None:
             return 0
+        settings = settled
         if kafka:
             assert settings.kafka_bootstrap_servers is not None  # require_services()
             reason = probe(settings.kafka_bootstrap_servers, settings.kafka_config, KAFKA_CHECK_S,
                            settings.secrets(), what=role)
             if reason is not None:
                 log.warning("kafka does not answer yet (%s); starting anyway, the clients keep retrying", reason)
-    except (SchemaError, StoreRefused, KafkaRefused) as exc:
+    except (SchemaError, StoreRefused, ConfigError) as exc:
         log.error("%s", exc)
         return exc.exit_code
     started = time.monotonic()
-    body(settings, node_id, life)
+    try:
+        body(settings, node_id, life)
+    except ConfigError as exc:  # found out once running (PoolModeMismatch): final, like any configuration error
+        log.error("%s", exc)
+        return exc.exit_code
     log.info("%s stopped after %.0fs", role, time.monotonic() - started)
     return 0

@@ -92,12 +92,16 @@ def hosts_of(url: str) -> list[tuple[str, str]]:
 
 
 def connect(url: str, *, autocommit: bool = True, application_name: str = "chronos", avoid: str | None = None,
-            connect_timeout: int | None = None) -> psycopg.Connection:
+            connect_timeout: int | None = None, prepared: bool = True) -> psycopg.Connection:
     """A connection to `url`: StoreRefused when PostgreSQL refuses this client (password, TLS),
     StoreUnavailable when no server can be reached or none is writable; both one line without the
-    password. `avoid` ("host:port"), the server a connection just failed on, is tried last."""
+    password. `avoid` ("host:port"), the server a connection just failed on, is tried last.
+    `prepared=False` for a connection through a pooler in transaction mode (chronos.adapters.postgres.pooling):
+    psycopg then prepares no statement by itself, however often it runs."""
     params = conninfo_to_dict(url)
     extra: dict[str, Any] = {k: v for k, v in TCP_SETTINGS.items() if k not in params}
+    if not prepared:
+        extra["prepare_threshold"] = None
     if connect_timeout is not None or "connect_timeout" not in params:
         extra["connect_timeout"] = connect_timeout or CONNECT_TIMEOUT_S
     if "target_session_attrs" not in params:

@@ -2,7 +2,8 @@
 
 SQL lives in `sql/` beside this module: `queries.sql` holds named statements, `NNNN_*.sql` the versioned
 schema. Driver errors are translated here into `StoreUnavailable` (connection trouble: retry)
-so the processes never see psycopg's exception tree.
+so the processes never see psycopg's exception tree. Through a connection pooler in transaction mode a
+store keeps no state on its connection between transactions (`pooling`).
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ import logging
 import re
 import time
 import uuid
+from contextlib import AbstractContextManager, contextmanager
 from importlib import resources
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import psycopg
 
 from chronos import codec, ports
+from chronos.adapters.postgres import pooling
 from chronos.adapters.postgres.connection import (DEADLINES, connect, connection_lost, refused,  # noqa: F401
                                                   server_of, short, translate)
 from chronos.config import Settings, redact_url
@@ -124,7 +127,8 @@ def migrate(url: str) -> list[int]:
     processes run as) may run it too."""
     applied: list[int] = []
     try:
-        with connect(url, autocommit=False) as conn:
+        # one transaction, nothing prepared: the same through a pooler in transaction mode
+        with connect(url, autocommit=False, prepared=False) as conn:
             check_server_version(conn)
             with conn.transaction():
                 conn.execute(QUERIES["migrate_lock"], {"lock": _MIGRATE_LOCK})
@@ -177,9 +181,65 @@ def _check_schema(conn: psycopg.Connection) -> None:
                           f"({LATEST_VERSION}): upgrade chronos")
 
 
+# How long the pool mode probe may wait for PostgreSQL (through a pooler whose servers are all busy, it waits).
+POOL_PROBE_DEADLINE_S = 10.0
+
+
+def detect_pool_mode(url: str, *, deadline_s: float = POOL_PROBE_DEADLINE_S) -> str:
+    """Whether `url` leads to PostgreSQL through a pooler in transaction mode (`pooling.TRANSACTION`) or not
+    (`pooling.SESSION`), by `pooling.probe` on two connections of its own. StoreUnavailable (StoreRefused) when
+    they cannot be had or PostgreSQL does not answer within `deadline_s`; ConfigError for a pooler in
+    statement mode."""
+    name = "chronos pool probe"
+    with connect(url, application_name=name, prepared=False) as a, connect(url, application_name=name,
+                                                                         prepared=False) as b:
+        watches = [DEADLINES.arm(conn, deadline_s) for conn in (a, b)]
+        try:
+            return pooling.probe(a, b, lambda conn: _one(conn.execute(QUERIES["backend_pid"]))[0])
+        except psycopg.Error as exc:
+            if any(w.fired for w in watches):
+                raise StoreUnavailable(f"PostgreSQL at {redact_url(url)} did not answer the pool mode probe within "
+                                       f"{deadline_s:g}s") from None
+            raise StoreUnavailable(f"probing PostgreSQL at {redact_url(url)} for a pooler: {short(exc, url)}") from None
+        finally:
+            for w in watches:
+                DEADLINES.disarm(w)
+
+
+def resolve_pool_mode(url: str, mode: str, *, check: bool = False) -> str:
+    """The mode to talk to `url` in (`pooling`): `mode` itself when it is session or transaction, what the
+    probe finds for auto. With `check` (`chronos up`, `chronos migrate`: before anything starts) session
+    is probed too, and refused when the probe finds a pooler in transaction mode (PoolModeMismatch)."""
+    if mode == pooling.TRANSACTION or (mode == pooling.SESSION and not check):
+        return mode
+    found = detect_pool_mode(url)
+    if mode == pooling.SESSION and found == pooling.TRANSACTION:
+        raise pooling.contradicted(redact_url(url))
+    return found if mode == pooling.AUTO else mode
+
+
 # How long a call of an operator's or a command's store may wait for PostgreSQL; the processes pass
 # CHRONOS_DATABASE_TIMEOUT_MS instead.
 DEFAULT_DEADLINE_S = 60.0
+
+# Whether this libpq has pipeline mode (14 and later): through a pooler in transaction mode a statement and
+# its settings then go in one round trip.
+PIPELINE = psycopg.Pipeline.is_supported()
+
+
+@contextmanager
+def _begun(conn: psycopg.Connection, first: list[tuple[str, Any]]) -> Iterator[None]:
+    """A transaction that runs `first` (statements and their parameters) before anything else, sent together
+    where libpq has pipeline mode."""
+    with conn.transaction():
+        if len(first) > 1 and PIPELINE:
+            with conn.pipeline():
+                for query, params in first:
+                    conn.execute(query, params)
+        else:
+            for query, params in first:
+                conn.execute(query, params)
+        yield
 
 
 class Store:
@@ -197,17 +257,30 @@ class Store:
     gets the planner settings of `hot_path_settings`, which their statements are written for.
     `synchronous_commit=False` makes every session of this store commit without waiting for the
     WAL flush (for the firer, whose lost commits only fire a row again); the default keeps the
-    server's setting (the consumer's inserts must be durable before its offsets are committed)."""
+    server's setting (the consumer's inserts must be durable before its offsets are committed).
+
+    `pool_mode` (CHRONOS_DATABASE_POOL_MODE) says how to talk through a connection pooler (`pooling`):
+    `session` as to PostgreSQL itself; `transaction` with nothing prepared and the settings above made in
+    each transaction; `auto` probes the URL when the store first connects. A store in session mode that
+    finds out it is behind a pooler in transaction mode (a prepared statement or its staging table gone)
+    raises PoolModeMismatch, a configuration error, never a StoreUnavailable to retry or a StoreRejected
+    that would dead-letter data."""
 
     def __init__(self, url: str, *, node_id: uuid.UUID | None = None, hot_path: bool = False,
                  synchronous_commit: bool = True, deadline_s: float = DEFAULT_DEADLINE_S,
-                 application_name: str = "chronos"):
+                 application_name: str = "chronos", pool_mode: str = pooling.SESSION):
         self.url = url
         self.node_id = node_id
         self.hot_path = hot_path
         self.synchronous_commit = synchronous_commit
         self.deadline_s = deadline_s
         self.application_name = application_name
+        self.pool_mode = pool_mode
+        # transaction_settings' parameters, for a transaction through a pooler in transaction mode; None: none to make
+        self._settings: dict[str, str | None] | None = None
+        if hot_path or not synchronous_commit:
+            self._settings = {"planner": "off" if hot_path else None,
+                              "synchronous_commit": None if synchronous_commit else "off"}
         self.conn: psycopg.Connection | None = None
         self.link = ports.Link()
         self._avoid: str | None = None  # the server the last connection failed on: tried last next time
@@ -216,9 +289,16 @@ class Store:
 
     # -- connection management -------------------------------------------------------------
 
+    @property
+    def pooled(self) -> bool:
+        """Whether this store talks to PostgreSQL through a pooler in transaction mode."""
+        return self.pool_mode == pooling.TRANSACTION
+
     def open(self, *, check: bool = True) -> None:
         self.close()
-        conn = connect(self.url, application_name=self.application_name, avoid=self._avoid)
+        if self.pool_mode == pooling.AUTO:
+            self.pool_mode = resolve_pool_mode(self.url, self.pool_mode)
+        conn = connect(self.url, application_name=self.application_name, avoid=self._avoid, prepared=not self.pooled)
         self.conn, self._staging_ready = conn, False
         replaced = self.link.connected(server_of(conn))
         if replaced is not None:
@@ -228,6 +308,8 @@ class Store:
         def settle(conn: psycopg.Connection) -> None:
             if check:
                 _check_schema(conn)
+            if self.pooled:  # made in each transaction instead: see _execute and _transaction
+                return
             if self.hot_path:
                 conn.execute(QUERIES["hot_path_settings"])
             if not self.synchronous_commit:
@@ -279,6 +361,10 @@ class Store:
                 self._lost(server)
                 raise StoreUnavailable(f"PostgreSQL at {server} did not answer within {self.deadline_s:g}s: "
                                        f"connection dropped, the statement's outcome unknown") from None
+            vanished = None if self.pooled else pooling.vanished(exc)
+            if vanished is not None:
+                self._lost(server)
+                raise pooling.mismatch(server, vanished) from None
             error = translate(exc, self.url, server)
             if connection_lost(exc):
                 if exc.sqlstate == "25006":
@@ -311,6 +397,35 @@ class Store:
         """Run fn(connection) with the store's reconnection and error translation (for chronos.ops.inspect)."""
         return self._run(fn)
 
+    def _execute(self, conn: psycopg.Connection, query: str, params: Any = None, *,
+                 prepare: bool | None = None) -> psycopg.Cursor:
+        """conn.execute(query, params, prepare=prepare); through a pooler in transaction mode never prepared,
+        and, outside a transaction, sent in one pipeline after the store's transaction_settings: one
+        implicit transaction (the pipeline's one sync ends it) and one round trip (three, in an explicit
+        transaction, where libpq has no pipeline mode: before 14). Its results are there when this returns."""
+        if not self.pooled:
+            return conn.execute(query, params, prepare=prepare)
+        if self._settings is None or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            return conn.execute(query, params)
+        with conn.pipeline() if PIPELINE else conn.transaction():
+            conn.execute(QUERIES["transaction_settings"], self._settings)
+            cur = conn.execute(query, params)
+        return cur
+
+    def _transaction(self, conn: psycopg.Connection, *, settings: bool = True,
+                     staging: bool = False) -> AbstractContextManager[Any]:
+        """conn.transaction(); through a pooler in transaction mode it begins with the store's
+        transaction_settings (unless `settings` is False: nothing in it is planned) and, with `staging`, the
+        staging table, in one round trip."""
+        if not self.pooled:
+            return conn.transaction()
+        first: list[tuple[str, Any]] = []
+        if settings and self._settings:
+            first.append((QUERIES["transaction_settings"], self._settings))
+        if staging:
+            first.append((QUERIES["create_staging_in_transaction"], None))
+        return _begun(conn, first)
+
     # -- consumer --------------------------------------------------------------------------
 
     def insert(self, rows: Sequence[Row]) -> int:
@@ -338,11 +453,13 @@ class Store:
 
         def write(conn: psycopg.Connection, direct: bool) -> tuple[int, int, int, int]:
             staged = (("u", replaces),) if direct else (("i", inserts), ("u", replaces))
-            if not self._staging_ready and (replaces or not direct):
+            staging = bool(replaces) or not direct
+            if staging and not self._staging_ready and not self.pooled:
                 conn.execute(QUERIES["create_staging"])
                 self._staging_ready = True
             inserted = replaced = cancelled = in_flight = 0
-            with conn.transaction():
+            # a batch of new ids only (the COPY, which has no plan) needs no settings
+            with self._transaction(conn, settings=staging or bool(cancels), staging=staging):
                 with conn.cursor() as cur:
                     if direct:
                         # the whole binary COPY stream built natively, handed over in one write: psycopg's
@@ -375,7 +492,7 @@ class Store:
         ids = list(ids)
         if not ids:
             return set()
-        return self._run(lambda c: {r[0] for r in c.execute(QUERIES["waiting_ids"], {"ids": ids})})
+        return self._run(lambda c: {r[0] for r in self._execute(c, QUERIES["waiting_ids"], {"ids": ids})})
 
     # -- firer -----------------------------------------------------------------------------
 
@@ -383,7 +500,7 @@ class Store:
         params = {"node": self.node_id, "limit": limit, "lookahead_ms": lookahead_ms}
 
         def run(conn: psycopg.Connection) -> list[Claimed]:
-            cur = conn.execute(QUERIES["claim"], params, prepare=True)
+            cur = self._execute(conn, QUERIES["claim"], params, prepare=True)
             rows = [Claimed(*r) for r in cur.fetchall()]
             rows.sort(key=lambda r: (r.scheduled_us, r.seq))  # RETURNING has no order of its own
             return rows
@@ -398,7 +515,7 @@ class Store:
         together keep to the rate. Returns (rows in deadline order, whether a topic's share of the
         batch rather than its budget or its due rows ended its claim: a backlog to drain without
         sleeping)."""
-        topics = self._run(lambda c: [r[0] for r in c.execute(QUERIES["waiting_topics"], prepare=True)])
+        topics = self._run(lambda c: [r[0] for r in self._execute(c, QUERIES["waiting_topics"], prepare=True)])
         # One _run per topic: a transaction run again after a rollback repeats only its own topic.
         return ratelimit.claim_by_topic(
             limits, output_topic, topics, limit,
@@ -408,8 +525,8 @@ class Store:
     def _claim_granted(self, conn: psycopg.Connection, name: str, topic: str | None, rate: float,
                        limit: int) -> list[Claimed]:
         """Claim as many due rows of one limited topic as its bucket allows, in one transaction."""
-        with conn.transaction():
-            bucket = conn.execute(QUERIES["take_output_tokens" if topic is None else "take_tokens"], {
+        with self._transaction(conn):
+            bucket = self._execute(conn, QUERIES["take_output_tokens" if topic is None else "take_tokens"], {
                 "topic": name, "rate": rate, "capacity": ratelimit.capacity(rate)}, prepare=True).fetchone()
             if bucket is None:  # nothing due
                 return []
@@ -423,19 +540,19 @@ class Store:
                      lookahead_ms: int) -> list[Claimed]:
         query = QUERIES["claim_output_topic" if topic is None else "claim_topic"]
         params = {"node": self.node_id, "limit": limit, "lookahead_ms": lookahead_ms, "topic": topic}
-        return [Claimed(*r) for r in conn.execute(query, params, prepare=True).fetchall()]
+        return [Claimed(*r) for r in self._execute(conn, query, params, prepare=True).fetchall()]
 
     def throttled(self, output_topic: str) -> list["Throttled"]:
         """Per topic the firers limit (their buckets in chronos_rate_limits): how many rows are due
         and not claimed, held back by the limit (at most DUE_CAP counted), and how late the oldest
         of them is, by the database clock."""
         def run(conn: psycopg.Connection) -> list[Throttled]:
-            at = _one(conn.execute(QUERIES["db_now"]))[0]
+            at = _one(self._execute(conn, QUERIES["db_now"]))[0]
             found = []
-            for topic, rate in conn.execute(QUERIES["limited_topics"]).fetchall():
+            for topic, rate in self._execute(conn, QUERIES["limited_topics"]).fetchall():
                 output = topic == output_topic
-                rows, oldest = _one(conn.execute(QUERIES["throttled_output_topic" if output else "throttled_topic"],
-                                                 {"topic": topic, "cap": DUE_CAP}))
+                rows, oldest = _one(self._execute(conn, QUERIES["throttled_output_topic" if output else "throttled_topic"],
+                                                  {"topic": topic, "cap": DUE_CAP}))
                 found.append(Throttled(topic, rate, rows, max(0.0, (at - oldest).total_seconds()) if oldest else 0.0))
             return found
         return self._run(run)
@@ -450,7 +567,7 @@ class Store:
         only one), the replacement applies from the next occurrence after it."""
         def run(conn: psycopg.Connection) -> list[Claimed]:
             claimed: list[Claimed] = []
-            with conn.transaction():
+            with self._transaction(conn):
                 due = conn.execute(QUERIES["due_schedules"], {"limit": limit, "lookahead_ms": lookahead_ms})
                 for (sid, deadline_us, expr, tz, topic, key, value, headers, okey, last_us, dst) in due.fetchall():
                     try:
@@ -473,21 +590,21 @@ class Store:
         return self._run(run)
 
     def list_schedules(self) -> list[tuple]:
-        return self._run(lambda c: c.execute(QUERIES["list_schedules"]).fetchall())
+        return self._run(lambda c: self._execute(c, QUERIES["list_schedules"]).fetchall())
 
     def delete_fired(self, done: Sequence[Claimed]) -> int:
         """Delete exactly these rows if this node still owns them as claimed; returns how many."""
         if not done:
             return 0
         params = _claimed_params(done, self.node_id)
-        return self._run(lambda c: c.execute(QUERIES["delete_fired"], params, prepare=True).rowcount)
+        return self._run(lambda c: self._execute(c, QUERIES["delete_fired"], params, prepare=True).rowcount)
 
     def release(self, rows: Sequence[Claimed]) -> int:
         """Hand claimed rows back (unpublished, or their publish failed) so any firer takes them."""
         if not rows:
             return 0
         params = _claimed_params(rows, self.node_id)
-        return self._run(lambda c: c.execute(QUERIES["release"], params).rowcount)
+        return self._run(lambda c: self._execute(c, QUERIES["release"], params).rowcount)
 
     def retry_later(self, failed: Sequence[tuple[Claimed, str, int]]) -> int:
         """Hand back rows whose publish was refused, each (row, error, delay_ms): the failure is
@@ -497,7 +614,7 @@ class Store:
             return 0
         params = _claimed_params([r for r, _, _ in failed], self.node_id)
         params.update(errors=[e for _, e, _ in failed], delay_ms=[d for _, _, d in failed])
-        return self._run(lambda c: c.execute(QUERIES["retry_later"], params).rowcount)
+        return self._run(lambda c: self._execute(c, QUERIES["retry_later"], params).rowcount)
 
     def park_claimed(self, rows: Sequence[tuple[Claimed, str]], output_topic: str) -> int:
         """Move claimed rows, each (row, reason), from the store to chronos_parked in one statement.
@@ -506,7 +623,7 @@ class Store:
             return 0
         params = _claimed_params([r for r, _ in rows], self.node_id)
         params.update(reasons=[reason for _, reason in rows], output_topic=output_topic)
-        return self._run(lambda c: c.execute(QUERIES["park_claimed"], params).rowcount)
+        return self._run(lambda c: self._execute(c, QUERIES["park_claimed"], params).rowcount)
 
     def park(self, messages: Sequence[Parked]) -> None:
         """Keep messages no topic accepted, in one transaction."""
@@ -514,20 +631,20 @@ class Store:
             return
 
         def run(conn: psycopg.Connection) -> None:
-            with conn.transaction(), conn.cursor() as cur:
+            with self._transaction(conn), conn.cursor() as cur:
                 cur.executemany(QUERIES["park_message"], [
                     {"message_id": m.message_id, "source": m.source, "topic": m.topic, "deadline": m.deadline,
                      "key": m.key, "value": m.value, "headers": m.headers, "reason": m.reason} for m in messages])
         self._run(run)
 
     def db_clock_us(self) -> int:
-        return self._run(lambda c: _one(c.execute(QUERIES["db_clock"]))[0])
+        return self._run(lambda c: _one(self._execute(c, QUERIES["db_clock"]))[0])
 
     # -- detector --------------------------------------------------------------------------
 
     def find_stale(self, hold_ms: int, limit: int = 10000) -> list[Stale]:
         return self._run(lambda c: [Stale(*r) for r in
-                                    c.execute(QUERIES["find_stale"], {"hold_ms": hold_ms, "limit": limit})])
+                                    self._execute(c, QUERIES["find_stale"], {"hold_ms": hold_ms, "limit": limit})])
 
     def reset_stale(self, seen: Sequence[Stale]) -> list[uuid.UUID]:
         """Reset the rows whose readied_at/readied_by are still what the detector saw."""
@@ -535,7 +652,7 @@ class Store:
             return []
         params = {"ctids": text_array(s.ctid for s in seen), "ids": [s.id for s in seen],
                   "readied_at": [s.readied_at for s in seen], "readied_by": [s.readied_by for s in seen]}
-        return self._run(lambda c: [r[0] for r in c.execute(QUERIES["reset_stale"], params)])
+        return self._run(lambda c: [r[0] for r in self._execute(c, QUERIES["reset_stale"], params)])
 
     # -- status and metrics ----------------------------------------------------------------
 
@@ -547,16 +664,17 @@ class Store:
         schedules (no `cron` column: a database migrated by an older chronos).
         """
         def run(conn: psycopg.Connection) -> Overview:
-            has_cron, estimate = _one(conn.execute(QUERIES["overview_features"]))
-            nodes = [NodeLoad(*r) for r in conn.execute(QUERIES["overview_in_flight"], {"hold_ms": hold_ms})]
+            execute = self._execute
+            has_cron, estimate = _one(execute(conn, QUERIES["overview_features"]))
+            nodes = [NodeLoad(*r) for r in execute(conn, QUERIES["overview_in_flight"], {"hold_ms": hold_ms})]
             count = exact if exact is not None else estimate < ESTIMATE_ABOVE
-            at, first, next_deadline, waiting, due = _one(conn.execute(
-                QUERIES["overview_waiting_cron" if has_cron else "overview_waiting"],
+            at, first, next_deadline, waiting, due = _one(execute(
+                conn, QUERIES["overview_waiting_cron" if has_cron else "overview_waiting"],
                 {"exact": count, "due_cap": DUE_CAP}))
-            schedules = _one(conn.execute(QUERIES["count_cron_schedules"]))[0] if has_cron else None
+            schedules = _one(execute(conn, QUERIES["count_cron_schedules"]))[0] if has_cron else None
             parked = None
-            if _one(conn.execute(QUERIES["has_parked"]))[0]:
-                parked = _one(conn.execute(QUERIES["count_parked"]))[0]
+            if _one(execute(conn, QUERIES["has_parked"]))[0]:
+                parked = _one(execute(conn, QUERIES["count_parked"]))[0]
             return Overview.build(at, first, next_deadline, waiting, estimate, due, nodes, schedules, parked)
         return self._run(run)
 
@@ -578,10 +696,11 @@ class Store:
 
 def role_store(settings: Settings, node_id: uuid.UUID, role: str, *, synchronous_commit: bool = True) -> Store:
     """A process's own store: the hot path's planner settings, CHRONOS_DATABASE_TIMEOUT_MS as the deadline
-    of every call, and an application name that says which process it is (`pg_stat_activity`, `chronos
-    status`)."""
+    of every call, an application name that says which process it is (`pg_stat_activity`, `chronos
+    status`), and CHRONOS_DATABASE_POOL_MODE (settled at the process's start: chronos.runtime.process)."""
     return Store(settings.require_database(), node_id=node_id, hot_path=True, synchronous_commit=synchronous_commit,
-                 deadline_s=settings.database_timeout_ms / 1000.0, application_name=application_name(role, node_id))
+                 deadline_s=settings.database_timeout_ms / 1000.0, application_name=application_name(role, node_id),
+                 pool_mode=settings.database_pool_mode)
 
 
 def application_name(role: str, node_id: uuid.UUID) -> str:

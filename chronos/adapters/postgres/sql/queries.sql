@@ -19,13 +19,21 @@ INSERT INTO chronos_schema_version (version, name) VALUES (%(version)s, %(name)s
 -- name: has_schema_version
 SELECT to_regclass('chronos_schema_version') IS NOT NULL;
 
--- name: create_staging
+-- fragment: staging_columns
 -- op: 'i' insert unless the id is waiting, 'u' insert or replace; ord keeps the input order.
-CREATE TEMP TABLE IF NOT EXISTS chronos_staging (
-    id text, deadline_us bigint, topic text, key bytea, value bytea, headers bytea, ordering_key text,
-    cron text, timezone text, op text NOT NULL DEFAULT 'i', ord bigint GENERATED ALWAYS AS IDENTITY,
-    dst_policy text
-) ON COMMIT DELETE ROWS;
+id text, deadline_us bigint, topic text, key bytea, value bytea, headers bytea, ordering_key text,
+cron text, timezone text, op text NOT NULL DEFAULT 'i', ord bigint GENERATED ALWAYS AS IDENTITY,
+dst_policy text
+
+-- name: create_staging
+-- The consumer's staging table, made once per connection and emptied at every commit.
+CREATE TEMP TABLE IF NOT EXISTS chronos_staging (/* include: staging_columns */) ON COMMIT DELETE ROWS;
+
+-- name: create_staging_in_transaction
+-- Through a transaction pooler: made in the transaction that uses it and dropped at its end, so that
+-- no table is left on a server connection the pooler lends to other clients next. (One left there by a
+-- client that made it with create_staging is empty outside that client's transactions: used as it is.)
+CREATE TEMP TABLE IF NOT EXISTS chronos_staging (/* include: staging_columns */) ON COMMIT DROP;
 
 -- name: insert_from_staging
 -- Epoch microseconds to timestamptz in whole seconds plus the remainder: `interval * number`
@@ -81,8 +89,22 @@ RETURNING readied_at IS NOT NULL;
 -- name: waiting_ids
 SELECT id FROM chronos_messages WHERE id = ANY(%(ids)s);
 
+-- name: backend_pid
+-- What the pool mode probe asks (chronos/adapters/postgres/pooling.py).
+SELECT pg_backend_pid();
+
+-- name: transaction_settings
+-- Through a transaction pooler, the settings of hot_path_settings and async_commit for one transaction
+-- only: set_config(..., true) ends with the transaction (a session setting would stay on the server
+-- connection the pooler lends to other clients next). NULL leaves a setting as it is.
+SELECT set_config('enable_seqscan', coalesce(%(planner)s::text, current_setting('enable_seqscan')), true),
+       set_config('enable_bitmapscan', coalesce(%(planner)s::text, current_setting('enable_bitmapscan')), true),
+       set_config('synchronous_commit', coalesce(%(synchronous_commit)s::text, current_setting('synchronous_commit')),
+                  true);
+
 -- name: hot_path_settings
--- For the firer's, consumer's and detector's own connections. Their statements reach rows through
+-- For the firer's, consumer's and detector's own connections (through a transaction pooler, for each
+-- of their transactions: transaction_settings). Their statements reach rows through
 -- an index condition or by TID; with sequential and bitmap scans disabled, no statistics (a table
 -- analyzed while empty, a generic plan cached then, a bloated or huge table) can make the planner
 -- prefer a plan that reads the whole table, since PostgreSQL picks the plan with the fewest
@@ -108,7 +130,9 @@ WITH candidates AS MATERIALIZED (
     WHERE readied_at IS NULL AND cron IS NULL /* topic filter */
       -- now(), not clock_timestamp(): a stable bound is an index condition, so the scan stops at
       -- the first row not yet due instead of filtering every far-future row (autocommit: now() is
-      -- this statement's start)
+      -- this statement's start; through a transaction pooler the claim shares its transaction with
+      -- transaction_settings, sent just before it, so now() is when that one started, microseconds
+      -- earlier: a row due in between waits for the next claim, as one due just after a claim does)
       AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'
     ORDER BY deadline, seq
     LIMIT %(limit)s

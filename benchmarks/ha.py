@@ -136,14 +136,26 @@ def postgres_counters(metrics_urls: list[str]) -> dict[str, float]:
 # -- the figures ----------------------------------------------------------------------------------
 
 
-def resumed(sc: Scenario, fault_at: float) -> tuple[float | None, dict[str, float]]:
-    """When firing resumed after a fault at `fault_at` (the first arrival of a message due at least a
-    second after it), and the jitter of the messages due from five seconds after that."""
+def longest_pause(sc: Scenario, fault_at: float, within: float = 150.0) -> tuple[float, float] | None:
+    """(start, end) of the longest pause between two deliveries in the `within` seconds after a fault at
+    `fault_at` began (from the fault itself to the first delivery, if none came sooner)."""
     sent, arrivals = sc.load.sent, sc.reader.arrivals
-    firsts = [min(arrivals[m]) for m, s in sent.items() if m in arrivals and s.due >= fault_at + 1.0]
-    resume = min(firsts) if firsts else None
-    if resume is None:
+    times = sorted(t for m in sent if m in arrivals for t in arrivals[m] if fault_at <= t <= fault_at + within)
+    if not times:
+        return None
+    return max(zip([fault_at, *times[:-1]], times), key=lambda pair: pair[1] - pair[0])
+
+
+def resumed(sc: Scenario, fault_at: float, within: float = 150.0) -> tuple[float | None, dict[str, float]]:
+    """When firing resumed after a fault at `fault_at`: the end of the longest pause between deliveries
+    after it began (a fault that stops nothing leaves only the load's own short gaps, see
+    `longest_pause`); and the jitter of the messages due from five seconds after that, sent ahead of their
+    deadline."""
+    pause = longest_pause(sc, fault_at, within)
+    if pause is None:
         return None, {}
+    resume = pause[1]
+    sent, arrivals = sc.load.sent, sc.reader.arrivals
     late = [min(arrivals[m]) - s.due for m, s in sent.items()
             if m in arrivals and s.due >= resume + 5.0 and s.deadline > s.produced]
     return resume, percentiles(late) or {}
@@ -152,12 +164,14 @@ def resumed(sc: Scenario, fault_at: float) -> tuple[float | None, dict[str, floa
 def scenario_row(name: str, report: Report, fault_at: float, promoted_at: float | None, sc: Scenario,
                  watch: Watch, extra: dict[str, Any]) -> dict[str, Any]:
     resume, jitter = resumed(sc, fault_at)
+    pause = longest_pause(sc, fault_at)
     row = report.row()
     row.update({
         "promoted_after_s": None if promoted_at is None else round(promoted_at - fault_at, 1),
         "resumed_after_fault_s": None if resume is None else round(resume - fault_at, 1),
         "resumed_after_promotion_s": None if resume is None or promoted_at is None else round(resume - promoted_at, 1),
-        "p999_jitter_after_recovery_ms": round(jitter["p99.9"] * 1000, 1) if "p99.9" in jitter else None,
+        "longest_pause_s": None if pause is None else round(pause[1] - pause[0], 1),
+        "p999_jitter_after_recovery_ms": round(jitter["p999"] * 1000, 1) if "p999" in jitter else None,
         "logs": first_log_lines(sc.stack.log_dir, fault_at),
         "postgres_counters": postgres_counters(sc.info.get("metrics_urls", [])),
         **watch.summary(fault_at), **extra})

@@ -202,6 +202,56 @@ def reason_codes_page() -> str:
     return _table(("code", "given by", "meaning"), ((f"`{c}`", who, doc) for c, who, doc in reason_codes()))
 
 
+# -- PostgreSQL failures under load (benchmarks/ha.py) ------------------------------------------
+
+#: The run of `python -m benchmarks.ha` that docs/operations/postgresql-ha.md shows.
+HA_RESULT = "2026-11-26/ha.json"
+
+_HA_FAULTS = {
+    "kill": "a) the primary's node dies (Patroni and PostgreSQL, SIGKILL)",
+    "switchover": "b) planned switchover (`patronictl switchover`)",
+    "standby": "c) the synchronous standby dies",
+    "freeze": "d) the primary hangs (SIGSTOP) past Patroni's TTL, then thaws",
+    "outage": "e) the whole cluster down, then back",
+    "firer": "f) a firer frozen (SIGSTOP) past the hold time, then thawed",
+}
+
+
+def _seconds(value: Any) -> str:
+    return "-" if value is None else f"{value:g} s" if value >= 0 else "at once"
+
+
+def ha_page(result: str = HA_RESULT) -> str:
+    """The figures of one run of benchmarks/ha.py: one row per scenario, from its result file."""
+    import orjson
+    data = orjson.loads((ROOT / "benchmarks" / "results" / result).read_bytes())
+    rows, carried = [], 0
+    for r in data["rows"]:
+        name = r["scenario"].removeprefix("ha ")
+        logs = r.get("logs") or {}
+        first = min(logs.items(), key=lambda kv: kv[1]) if logs else None
+        health = ("-" if r.get("health_failed_after_s") is None else
+                  f"failed after {r['health_failed_after_s']:g} s, healthy again after "
+                  f"{_seconds(r.get('healthy_again_after_s'))}")
+        # without a new primary (the standby or a firer lost) firing goes on: its longest pause says how much
+        resumed = r.get("resumed_after_fault_s") if r.get("promoted_after_s") is not None else None
+        rows.append((_HA_FAULTS.get(name, name), f"{carried:,}", f"{r['lost']} of {r['sent']:,}", r["early"],
+                     r["duplicates"], _seconds(r.get("promoted_after_s")), _seconds(resumed),
+                     _seconds(r.get("resumed_after_promotion_s")), _seconds(r.get("longest_pause_s")),
+                     _seconds(r.get("max_lateness_s")),
+                     "-" if r.get("p999_jitter_after_recovery_ms") is None else f"{r['p999_jitter_after_recovery_ms']:g} ms",
+                     "-" if first is None else f"`{first[0]}` after {first[1]:g} s", health))
+        carried += r["sent"]
+    head = (f"Run of {data['date']}: {data['rate']:g} msg/s for each scenario (delays 0.5-5 s, 10% already late), "
+            f"layout {data['layout']} (consumers/firers/detectors, a fresh `chronos up` per scenario, hold time 5 s), "
+            f"{data['members']} PostgreSQL members on one cluster that carried every scenario's messages in turn "
+            f"(`{data['command']}`; result file `benchmarks/results/{result}`).\n\n")
+    return head + _table(("fault", "messages the cluster carried before", "acknowledged lost", "early", "duplicates",
+                          "new primary after", "firing resumed after the fault", "after the promotion",
+                          "longest pause in deliveries", "latest delivery after its due time",
+                          "p99.9 jitter after recovery", "first log line", "health"), rows)
+
+
 # -- MkDocs -------------------------------------------------------------------------------------
 
 GENERATED: dict[str, Callable[[], str]] = {
@@ -209,6 +259,7 @@ GENERATED: dict[str, Callable[[], str]] = {
     "reference/commands.md": lambda: commands_page() + "\n\n## Exit codes\n\n" + exit_codes_page(),
     "reference/metrics.md": metrics_page,
     "reference/reason-codes.md": reason_codes_page,
+    "operations/postgresql-ha.md": ha_page,
 }
 
 

@@ -32,7 +32,7 @@ from chronos.adapters.kafka.watch import ProducerWatch, retire
 from chronos.runtime.logs import Throttle
 from chronos.ops.telemetry import ConsumerTelemetry
 from chronos.runtime.process import Lifecycle
-from chronos.runtime.backoff import Backoff, Outage
+from chronos.runtime.backoff import Backoff, POSTGRES_RETRY_CAP_S, Outage
 from chronos.domain.model import Parked, Row
 from chronos.adapters.postgres.store import role_store
 from chronos.ports import Publisher, Store
@@ -184,7 +184,7 @@ class ConsumerProcess:
         self.producers = producers
         self.rules = Rules.from_settings(settings)
         self.store = store
-        self.db_outage = Outage(log)
+        self.db_outage = Outage(log, cap=POSTGRES_RETRY_CAP_S)
         self.throttle = Throttle(log)
         self.producer, self.producer_outage = producers()
         self.watch = ProducerWatch("the consumer", settings.publish_stall_ms / 1000.0, time.monotonic())

@@ -19,7 +19,7 @@ from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.runtime.logs import Throttle
 from chronos.ops.telemetry import DetectorTelemetry
 from chronos.runtime.process import Lifecycle
-from chronos.runtime.backoff import Outage
+from chronos.runtime.backoff import POSTGRES_RETRY_CAP_S, Outage
 from chronos.adapters.postgres.store import role_store
 from chronos.ports import Store
 
@@ -42,7 +42,7 @@ class DetectorProcess:
         self.settings, self.life = settings, life
         self.store = store
         self.action_totals = action_totals
-        self.outage = Outage(log)
+        self.outage = Outage(log, cap=POSTGRES_RETRY_CAP_S)
         self.throttle = Throttle(log)
         self.total_reset = 0
         self.metrics = telemetry

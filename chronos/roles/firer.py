@@ -48,7 +48,7 @@ from chronos.adapters.kafka.watch import ProducerWatch, retire
 from chronos.runtime.logs import Throttle
 from chronos.ops.telemetry import FirerTelemetry
 from chronos.runtime.process import Lifecycle
-from chronos.runtime.backoff import Outage
+from chronos.runtime.backoff import POSTGRES_RETRY_CAP_S, Outage
 from chronos.domain import reasons
 from chronos.domain.model import Claimed
 from chronos.adapters.postgres.store import role_store
@@ -249,7 +249,7 @@ class StoreThread(threading.Thread):
         super().__init__(name=name, daemon=True)
         self.store, self.settings, self.shared, self.metrics, self.life = store, settings, shared, telemetry, life
         self.throttle = Throttle(log)
-        self.outage = Outage(log)
+        self.outage = Outage(log, cap=POSTGRES_RETRY_CAP_S)
         self.crashed: BaseException | None = None
 
     def run(self) -> None:

@@ -9,6 +9,12 @@ from typing import Callable
 from chronos.runtime.logs import Throttle
 
 
+# The processes try PostgreSQL again at least this often while it is away: a new connection costs the server
+# little, and after a failover the processes find the new primary within about this long (plus a connect
+# timeout per host that does not answer).
+POSTGRES_RETRY_CAP_S = 1.0
+
+
 class Backoff:
     """Exponential backoff with a cap, for reconnecting to PostgreSQL or Kafka."""
 

@@ -123,3 +123,12 @@ def test_connections_carry_keepalives_and_a_tcp_user_timeout_unless_the_url_sets
     st.db_clock_us()
     assert st.conn is not None and st.conn.info.get_parameters()["keepalives_idle"] == "30"
     st.close()
+
+
+def test_a_multi_host_url_that_reaches_no_server_says_what_each_host_answered_without_the_password():
+    st = Store("postgresql://app:Hidden-S3cret@127.0.0.1:1,127.0.0.1:2/chronos?connect_timeout=2")
+    with pytest.raises(StoreUnavailable) as caught:
+        st.db_clock_us()
+    text = str(caught.value)
+    assert "port: '1'" in text and "port: '2'" in text, text
+    assert "Hidden-S3cret" not in text and "app:***@127.0.0.1:1,127.0.0.1:2" in text, text

@@ -24,6 +24,8 @@ FORMS = [
     ("host=db password=back\\ slash", "host=db password=***", "back slash"),
     ("host=db sslpassword='k y' sslkey=/k.pem", "host=db sslpassword=*** sslkey=/k.pem", None),
     ("dbname=postgresql://app:s3cret@db/x", "dbname=postgresql://app:***@db/x", "s3cret"),
+    ("postgresql://app:s3cret@db1:5432,db2:5433/x?target_session_attrs=read-write",
+     "postgresql://app:***@db1:5432,db2:5433/x?target_session_attrs=read-write", "s3cret"),
 ]
 
 

@@ -37,7 +37,7 @@ from chronos.errors import StoreRefused, StoreRejected, StoreUnavailable
 
 log = logging.getLogger("chronos.store")
 
-CONNECT_TIMEOUT_S = 3  # per host of the URL, unless the URL sets connect_timeout (libpq's floor is 2)
+CONNECT_TIMEOUT_S = 2  # per host of the URL, unless the URL sets connect_timeout (libpq's floor)
 
 # Set on every connection unless the URL names them. A dead or partitioned peer: keepalive probes after 5 s
 # idle, 3 unanswered 2 s apart; data sent and not acknowledged for 10 s (tcp_user_timeout) ends the

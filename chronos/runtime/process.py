@@ -20,7 +20,7 @@ from chronos import codec, config
 
 from chronos.runtime import logs, orphans
 from chronos.config import Settings, redact_url
-from chronos.errors import ConfigError, SchemaError, StoreRefused, StoreUnavailable
+from chronos.errors import ConfigError, KafkaRefused, PoolModeMismatch, SchemaError, StoreRefused, StoreUnavailable
 from chronos.runtime.backoff import Outage
 from chronos.adapters.kafka.admin import probe
 from chronos.adapters.postgres import pooling
@@ -213,7 +213,7 @@ def _run(role: str, settings: Settings, node_id: uuid.UUID, life: Lifecycle,
                            settings.secrets(), what=role)
             if reason is not None:
                 log.warning("kafka does not answer yet (%s); starting anyway, the clients keep retrying", reason)
-    except (SchemaError, StoreRefused, ConfigError) as exc:
+    except (SchemaError, StoreRefused, KafkaRefused, PoolModeMismatch) as exc:
         log.error("%s", exc)
         return exc.exit_code
     started = time.monotonic()

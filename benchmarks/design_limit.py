@@ -1,0 +1,220 @@
+"""The limit of the design: the hot path's own SQL (the consumer's COPY, the firer's claim and delete, the
+detector's scan) driven as fast as this machine allows, with no Kafka and no Python per message.
+
+    python -m benchmarks.design_limit                       # both layouts, 30 s each
+    python -m benchmarks.design_limit --layout 2/2/2 --duration 60 --out limit.json
+
+Per layout (consumers/firers/detectors), as many connections as Chronos opens: one COPY connection per
+consumer, a claim and a delete connection per firer (with the firer's planner settings and
+`synchronous_commit = off`), one scan connection per detector. The COPY streams are built before the
+clock starts (binary, as the consumer's native codec writes them, rows of the size the hot-path benchmark
+uses: a 100-byte value and two application headers); the claim is Chronos's own statement with its
+RETURNING folded into three text arrays, which the delete takes back as they are, so no Python runs per
+row. Writers stop while more than `--backlog` rows wait, so the table stays the size a balanced stack
+keeps and the figure is the rate at which rows go in, are claimed and go out.
+
+Reports the rows deleted per second and the CPU of every PostgreSQL process (its backends, WAL writer,
+checkpointer, autovacuum) per message; Chronos's own figures on the same kind of stack come from
+`benchmarks.sla` and are set against these on docs/benchmarks pages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+import psycopg
+
+from chronos import codec
+from chronos.adapters.postgres.store import QUERIES, migrate
+from chronos.domain.model import Row
+
+BATCH = 2000
+VALUE = b"x" * 100
+APP_HEADERS = [("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+               ("content-type", b"application/json")]
+LAYOUTS = {"1/1/1": (1, 1, 1), "2/2/2": (2, 2, 2)}
+
+# The claim, its RETURNING folded into text arrays the delete takes back unchanged.
+CLAIM = (f"WITH claimed AS ({QUERIES['claim']}) "
+         "SELECT count(*), array_agg(ctid)::text, array_agg(id)::text, array_agg(readied_at)::text FROM claimed")
+
+
+def ticks() -> int:
+    return os.sysconf("SC_CLK_TCK")
+
+
+def cpu_of(pids: list[int]) -> float:
+    """CPU seconds (user + system) of the processes still alive."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / ticks()
+
+
+def server_pids(postmaster: int) -> list[int]:
+    """The postmaster and its children: every process of the server."""
+    pids = [postmaster]
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == postmaster:
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def copy_streams(count: int, run: str) -> list[bytes]:
+    """`count` binary COPY streams of BATCH rows each, due at once, ids unique across them."""
+    headers = codec.encode_headers(APP_HEADERS)
+    due = int(time.time() * 1e6) - 1_000_000
+    return [codec.copy_rows([Row(f"{run}-{k}-{i}", due, None, b"key-%d" % i, VALUE, headers) for i in range(BATCH)])
+            for k in range(count)]
+
+
+class Drive:
+    """The threads of one layout on one database, and their counts."""
+
+    def __init__(self, url: str, consumers: int, firers: int, detectors: int, backlog: int, streams: list[bytes]):
+        self.url, self.backlog, self.streams = url, backlog, streams
+        self.inserted = self.deleted = self.claims = 0
+        self.lock = threading.Lock()
+        self.halt = threading.Event()
+        self.errors: list[str] = []
+        self.threads = ([threading.Thread(target=self.guard, args=(self.write, k), daemon=True) for k in range(consumers)]
+                        + [threading.Thread(target=self.guard, args=(self.fire, k), daemon=True) for k in range(firers)]
+                        + [threading.Thread(target=self.guard, args=(self.detect, k), daemon=True)
+                           for k in range(detectors)])
+        self.next_stream = 0
+
+    def guard(self, body, k: int) -> None:
+        try:
+            body(k)
+        except Exception as exc:  # noqa: BLE001 - the run reports it and stops
+            self.errors.append(f"{body.__name__} {k}: {exc}")
+            self.halt.set()
+
+    def write(self, _k: int) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while not self.halt.is_set():
+                if self.inserted - self.deleted > self.backlog:
+                    time.sleep(0.0005)
+                    continue
+                with self.lock:
+                    stream = self.streams[self.next_stream % len(self.streams)]
+                    self.next_stream += 1
+                with conn.transaction(), conn.cursor() as cur, cur.copy(QUERIES["copy_messages"]) as copy:
+                    copy.write(stream)
+                with self.lock:
+                    self.inserted += BATCH
+
+    def fire(self, _k: int) -> None:
+        node = uuid.uuid4()
+        settled: queue.SimpleQueue = queue.SimpleQueue()
+        deleter = threading.Thread(target=self.guard, args=(lambda k: self.delete(settled, node), 0), daemon=True)
+        deleter.start()
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(QUERIES["hot_path_settings"])
+            conn.execute(QUERIES["async_commit"])
+            params = {"node": node, "limit": BATCH, "lookahead_ms": 300}
+            while not self.halt.is_set():
+                count, ctids, ids, readied = conn.execute(CLAIM, params, prepare=True).fetchone()
+                self.claims += 1
+                if count:
+                    settled.put((count, ctids, ids, readied))
+                else:
+                    time.sleep(0.001)
+        settled.put(None)
+        deleter.join(10)
+
+    def delete(self, settled: queue.SimpleQueue, node: uuid.UUID) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(QUERIES["hot_path_settings"])
+            conn.execute(QUERIES["async_commit"])
+            while True:
+                item = settled.get()
+                if item is None:
+                    return
+                count, ctids, ids, readied = item
+                conn.execute(QUERIES["delete_fired"], {"ctids": ctids, "ids": ids, "readied_at": readied, "node": node},
+                             prepare=True)
+                with self.lock:
+                    self.deleted += count
+
+    def detect(self, _k: int) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(QUERIES["hot_path_settings"])
+            while not self.halt.wait(0.5):
+                conn.execute(QUERIES["find_stale"], {"hold_ms": 5000, "limit": 10000}).fetchall()
+
+
+def run_layout(url: str, postmaster: int, layout: str, duration: float, warmup: float, backlog: int,
+               streams: list[bytes]) -> dict:
+    consumers, firers, detectors = LAYOUTS[layout]
+    drive = Drive(url, consumers, firers, detectors, backlog, streams)
+    for t in drive.threads:
+        t.start()
+    time.sleep(warmup)
+    pids = server_pids(postmaster)
+    d0, pg0, me0, t0 = drive.deleted, cpu_of(pids), time.process_time(), time.monotonic()
+    time.sleep(duration)
+    d1, pg1, me1, t1 = drive.deleted, cpu_of(server_pids(postmaster)), time.process_time(), time.monotonic()
+    drive.halt.set()
+    for t in drive.threads:
+        t.join(15)
+    if drive.errors:
+        raise RuntimeError("; ".join(drive.errors))
+    elapsed, messages = t1 - t0, d1 - d0
+    return {"layout": layout, "seconds": round(elapsed, 1), "messages": messages,
+            "rate_per_s": round(messages / elapsed), "postgres_cores": round((pg1 - pg0) / elapsed, 3),
+            "postgres_us_per_message": round((pg1 - pg0) / messages * 1e6, 2) if messages else None,
+            "driver_cores": round((me1 - me0) / elapsed, 3), "claims": drive.claims}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), action="append", help="default: both")
+    parser.add_argument("--duration", type=float, default=30.0, help="measured seconds per layout (default 30)")
+    parser.add_argument("--warmup", type=float, default=5.0)
+    parser.add_argument("--backlog", type=int, default=20_000, help="rows that may wait before writers pause")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    from chronos.embedded.postgres import EmbeddedPostgres
+    from chronos.embedded.procs import free_port
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="chronos-limit-") as tmp:
+        # the server chronos up runs: the embedded PostgreSQL with its durable settings
+        pg = EmbeddedPostgres(Path(tmp) / "pg", port=free_port(), log_path=Path(tmp) / "pg.log")
+        pg.start()
+        try:
+            migrate(pg.url)
+            streams = copy_streams(max(20, 8 * args.backlog // BATCH), uuid.uuid4().hex[:8])
+            for layout in args.layout or sorted(LAYOUTS):
+                row = run_layout(pg.url, pg.pid, layout, args.duration, args.warmup, args.backlog, streams)
+                rows.append(row)
+                print(orjson.dumps(row).decode(), flush=True)
+        finally:
+            pg.stop()
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_bytes(orjson.dumps({"date": time.strftime("%Y-%m-%d"), "batch": BATCH, "backlog": args.backlog,
+                                           "command": "python -m benchmarks.design_limit " + " ".join(argv or sys.argv[1:]),
+                                           "rows": rows}, option=orjson.OPT_INDENT_2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -125,7 +125,7 @@ def firer() -> Any:
 def firer_pass(proc: Any, rows: list[Claimed]) -> int:
     """One claim's rows through the publishing thread to the delete's parameters: published, their
     acknowledgements taken, handed to the settling thread, which builds its delete."""
-    proc.claimed.put(rows)
+    proc.claimed.put((time.monotonic(), rows))  # as the claiming thread hands them over: with their claim's time
     proc.take_claimed()
     proc.publish_due()
     proc.producer.poll(0)

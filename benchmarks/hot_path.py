@@ -128,7 +128,7 @@ def firer_pass(proc: Any, rows: list[Claimed]) -> int:
     proc.claimed.put((time.monotonic(), rows))  # as the claiming thread hands them over: with their claim's time
     proc.take_claimed()
     proc.publish_due()
-    proc.producer.poll(0)
+    proc.slot.producer.poll(0)
     proc.hand_over()
     acked = proc.settler.inbox.get_nowait().acked
     params = _claimed_params(acked, proc.settler.store.node_id)

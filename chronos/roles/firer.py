@@ -44,7 +44,8 @@ from chronos.config import Settings
 from chronos.errors import ConfigError, StoreUnavailable
 from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, PRODUCER_FAILURE, UNANSWERED_FAILURE, OutageLog,
                                             dead_letter_headers, failure_reason, make_producer, produce)
-from chronos.adapters.kafka.watch import ProducerWatch, retire
+from chronos.adapters.kafka.slot import ProducerSlot
+from chronos.adapters.kafka.watch import ProducerWatch
 from chronos.runtime.logs import Throttle
 from chronos.ops.telemetry import FirerTelemetry
 from chronos.runtime.process import Lifecycle
@@ -577,11 +578,9 @@ class FirerProcess:
         """`stores` makes one store per thread (a store is one connection, not thread-safe);
         `producers` makes a Kafka producer and the log of its outages, again after a fatal error."""
         self.settings, self.life = settings, life
-        self.stores, self.producers = stores, producers
-        self.producer, self.outage = producers()
-        self.generation = 0                    # of the producer: reports of a replaced one only hand rows back
-        self.retired: list[Publisher] = []    # replaced producers with delivery reports still to serve
-        self.watch = ProducerWatch("the firer", settings.publish_stall_ms / 1000.0, time.monotonic())
+        self.stores = stores
+        self.slot = ProducerSlot(producers, ProducerWatch("the firer", settings.publish_stall_ms / 1000.0,
+                                                          time.monotonic()))
         self.shared = Shared(PublishTiming(settings.timing_advance_ms))
         self.timing = self.shared.timing
         self.throttle = Throttle(log)
@@ -604,7 +603,7 @@ class FirerProcess:
         self.claimer = Claimer(stores(), settings, self.shared, telemetry, life, self.claimed)
         self.metrics.follow(self.shared.totals.as_dict)
         self.metrics.follow_timing(lambda: len(self.held) + self.shared.in_flight, self.timing)
-        self.metrics.follow_producer(self.watch)
+        self.metrics.follow_producer(self.slot.watch)
         self.metrics.follow_postgres(lambda: [self.settler.store.link, self.claimer.store.link])
 
     # -- the loop ----------------------------------------------------------------------------
@@ -615,7 +614,7 @@ class FirerProcess:
                  self.settings.poll_interval_ms, self.settings.timing_advance_ms)
         # `last_ok` is a float the store threads write: reading it uses no connection
         self.metrics.serve(postgres=lambda: max(self.settler.store.last_ok, self.claimer.store.last_ok),
-                           kafka=lambda: self.producer, kafka_topic=self.settings.output_topic)
+                           kafka=lambda: self.slot.producer, kafka_topic=self.settings.output_topic)
         self.settler.start()
         self.claimer.start()
         try:
@@ -624,7 +623,7 @@ class FirerProcess:
                 self.take_claimed()
                 self.publish_due()
                 self.send_dead()
-                self.producer.poll(self.wait_time())
+                self.slot.producer.poll(self.wait_time())
                 self.look_after_producer()
                 self.hand_over()
         finally:
@@ -662,7 +661,7 @@ class FirerProcess:
         self.take_reports()
         if self.done:
             if self.done.acked:
-                self.outage.ok()
+                self.slot.outage.ok()
             self.settler.inbox.put(self.done)
             self.done = Outcomes()
 
@@ -690,9 +689,9 @@ class FirerProcess:
         """Publish due rows, in order. Their delivery reports are queued as they come (`_reported`)
         and taken in that order by `take_reports`, after the poll that served them: per message, a
         partial and a list append instead of a closure and half a dozen calls."""
-        output, allowed, producer, shared = self.settings.output_topic, self.allowed, self.producer, self.shared
+        output, allowed, producer, shared = self.settings.output_topic, self.allowed, self.slot.producer, self.shared
         reported, decode = self.reported, codec.decode_headers
-        sent, generation = time.monotonic(), self.generation
+        sent, generation = time.monotonic(), self.slot.generation
         for row in rows:
             topic = row.topic
             # the allow-list in force now, not the one the message was accepted under
@@ -740,14 +739,14 @@ class FirerProcess:
         """`count` publishes were acknowledged (the publish latency averaged over them is `latency`)."""
         self.shared.delivered(count)
         self.timing.latency = latency
-        self.watch.acked(now)
+        self.slot.watch.acked(now)
 
     def failure_kind(self, err, topic: str, generation: int) -> str:
         """What a failed publish means (`ProducerWatch.failed`); a report of a producer replaced since
         says nothing more about the message (purged, or failed like the rest): hand it back."""
-        if generation != self.generation:
+        if generation != self.slot.generation:
             return PRODUCER_FAILURE
-        kind = self.watch.failed(err, topic, time.monotonic())
+        kind = self.slot.watch.failed(err, topic, time.monotonic())
         if kind == PRODUCER_FAILURE:  # replaced at the next pass of the loop; claim nothing meanwhile
             self.shared.claims_resume_at = time.monotonic() + 0.2
         return kind
@@ -788,14 +787,14 @@ class FirerProcess:
             headers = dead_letter_headers(headers + codec.decode_headers(row.headers), reason, f"store/{row.id}")
             sent = time.monotonic()
             self.shared.sending(sent)
-            produce(self.producer, self.settings.dlq_topic, row.value, row.key, headers,
-                    functools.partial(self.reported, row, sent, self.generation, reason))
+            produce(self.slot.producer, self.settings.dlq_topic, row.value, row.key, headers,
+                    functools.partial(self.reported, row, sent, self.slot.generation, reason))
 
     def dead_letter_reported(self, row: Claimed, reason: str, generation: int, err) -> None:
         """The delivery report of a dead letter: the row is deleted once dead-lettered, parked if the
         dead-letter topic refuses it for good, handed back or retried later otherwise."""
         if err is None:
-            self.watch.acked(time.monotonic())
+            self.slot.watch.acked(time.monotonic())
             self.done.dead.append((row, reason))
             return
         kind = self.failure_kind(err, self.settings.dlq_topic, generation)
@@ -812,31 +811,13 @@ class FirerProcess:
     # -- failures and shutdown -----------------------------------------------------------------
 
     def look_after_producer(self) -> None:
-        """Replace the producer when `ProducerWatch` says it is at fault or has stalled, and serve what
-        replaced producers still have to report. Between delivery reports, never inside one."""
+        """Replace the producer when its watch says it is at fault or has stalled, and serve what
+        replaced producers still have to report (`ProducerSlot.look_after`)."""
         self.take_reports()  # what they say about the producer first
         now = time.monotonic()
-        self.watch.working(self.shared.in_flight > 0, now)
-        why = self.watch.due(now)
-        if why is not None:
-            self.replace_producer(why, now)
-        self.serve_retired()
+        self.slot.watch.working(self.shared.in_flight > 0, now)
+        self.slot.look_after(now)
         self.take_reports()  # the purged publishes of the producers replaced
-
-    def serve_retired(self) -> None:
-        """Serve the reports replaced producers still owe; drop each once it owes none."""
-        if self.retired:
-            self.retired = [old for old in self.retired if old.flush(0)]
-
-    def replace_producer(self, why: str, now: float) -> None:
-        """A new producer; the old one's unacknowledged publishes are purged and their rows handed back
-        (or kept, if acknowledged after all) as their reports come."""
-        old = self.producer
-        self.generation += 1
-        self.watch.replaced(why, now)
-        self.producer, self.outage = self.producers()
-        if retire(old):
-            self.retired.append(old)
 
     def shutdown(self) -> None:
         """Stop claiming (a claim running is cancelled), hand back what was not published, wait for
@@ -850,8 +831,8 @@ class FirerProcess:
         self.hand_over()
         deadline = time.monotonic() + 10.0
         while self.shared.in_flight > 0 and time.monotonic() < deadline and not self.life.hard_stop:
-            self.producer.poll(0.1)
-            self.serve_retired()
+            self.slot.producer.poll(0.1)
+            self.slot.serve_retired()
             self.take_reports()
         # failed for good while stopping: a peer dead-letters them
         self.done.release += [row for row, _ in self.to_dead]

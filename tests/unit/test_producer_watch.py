@@ -145,12 +145,12 @@ def fenced_then_fine(n: int) -> FakePublisher:
 def run_once(f: Firer) -> None:
     """One pass of the firer: claim, publish, serve reports, look after the producer, settle."""
     f.proc.claimer.claim(time.time())
-    f.proc.take_claimed()
-    f.proc.publish_due()
-    f.proc.send_dead()
+    f.proc.sender.take_claimed()
+    f.proc.sender.publish_due()
+    f.proc.sender.send_dead()
     f.proc.slot.producer.poll(0)
-    f.proc.look_after_producer()
-    f.proc.hand_over()
+    f.proc.sender.look_after_producer()
+    f.proc.sender.hand_over()
     f.proc.settler.receive(0)
     f.proc.settler.settle(time.time())
 
@@ -208,9 +208,9 @@ def test_a_silent_firer_producer_is_replaced_after_the_stall_time_and_health_fai
     time.sleep(0.25)  # the stall time passing is what is tested
     ok, report = f.proc.metrics.health_report()
     assert not ok and "publishing" in report["reason"] and "nothing acknowledged" in report["reason"]
-    f.proc.look_after_producer()  # replaced: the silent one's publish is purged and its row handed back
+    f.proc.sender.look_after_producer()  # replaced: the silent one's publish is purged and its row handed back
     assert len(publishers.made) == 2 and f.proc.shared.in_flight == 0
-    f.proc.hand_over()
+    f.proc.sender.hand_over()
     f.proc.settler.receive(0)
     f.proc.settler.settle(time.time())
     assert f.state() == {"a": "waiting"} and f.db.rows["a"].attempts == 0

@@ -3,10 +3,10 @@ instruction count measure them (docs/benchmarks/hot-path.md).
 
 - consumer: a poll's `confluent_kafka.Message`s (headers in librdkafka's list, as consumed) →
   `sort_batch` → `Store.apply`, which COPYs the rows into a real PostgreSQL;
-- firer: claimed rows → the publishing thread (`take_claimed`, `publish_due`, one `produce()` per
-  row, the delivery reports) → the acknowledged rows handed to the settling thread → the delete's
-  parameters. The producer is a stand-in that acknowledges every publish at the next `poll()`:
-  what is measured is Chronos's own Python, not librdkafka's.
+- firer: claimed rows → the sender (`take_claimed`, `publish_due`, one `produce()` per row, the
+  delivery reports) → the acknowledged rows handed to the settler → the delete's parameters. The
+  producer is a stand-in that acknowledges every publish at the next `poll()`: what is measured is
+  Chronos's own Python, not librdkafka's.
 
 Instructions are counted with callgrind (the machine is shared, so wall-clock times vary; the
 instructions a pass executes do not): `python -m benchmarks.hot_path instructions consumer
@@ -106,7 +106,7 @@ class NullProducer:
 
 
 def firer() -> Any:
-    """A firer's publishing thread on the null producer (its store threads are never started)."""
+    """A firer's sender on the null producer (its claimer and settler are never started)."""
     from chronos import config
     from chronos.adapters.kafka.clients import OutageLog
     from chronos.adapters.memory import MemoryDatabase, MemoryStore
@@ -123,13 +123,13 @@ def firer() -> Any:
 
 
 def firer_pass(proc: Any, rows: list[Claimed]) -> int:
-    """One claim's rows through the publishing thread to the delete's parameters: published, their
-    acknowledgements taken, handed to the settling thread, which builds its delete."""
-    proc.claimed.put(rows)
-    proc.take_claimed()
-    proc.publish_due()
-    proc.producer.poll(0)
-    proc.hand_over()
+    """One claim's rows through the sender to the delete's parameters: published, their
+    acknowledgements taken, handed to the settler, which builds its delete."""
+    proc.sender.inbox.put((time.monotonic(), rows))  # as the claimer hands them over: with their claim's time
+    proc.sender.take_claimed()
+    proc.sender.publish_due()
+    proc.slot.producer.poll(0)
+    proc.sender.hand_over()
     acked = proc.settler.inbox.get_nowait().acked
     params = _claimed_params(acked, proc.settler.store.node_id)
     assert len(acked) == len(rows) and params["ids"], len(acked)

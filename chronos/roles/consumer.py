@@ -28,7 +28,8 @@ from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.domain.intake import Decision, Rules, Verdict, decide
 from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, PRODUCER_FAILURE, OutageLog, dead_letter_headers,
                                             failure_reason, make_consumer, make_producer, produce)
-from chronos.adapters.kafka.watch import ProducerWatch, retire
+from chronos.adapters.kafka.slot import ProducerSlot
+from chronos.adapters.kafka.watch import ProducerWatch
 from chronos.runtime.logs import Throttle
 from chronos.ops.telemetry import ConsumerTelemetry
 from chronos.runtime.process import Lifecycle
@@ -181,13 +182,12 @@ class ConsumerProcess:
         """`producers` makes a Kafka producer and the log of its outages (again after a fatal error);
         `consumers(on_commit)` makes the input topic's consumer, reporting commits to `on_commit`."""
         self.settings, self.life = settings, life
-        self.producers = producers
         self.rules = Rules.from_settings(settings)
         self.store = store
         self.db_outage = Outage(log, cap=POSTGRES_RETRY_CAP_S)
         self.throttle = Throttle(log)
-        self.producer, self.producer_outage = producers()
-        self.watch = ProducerWatch("the consumer", settings.publish_stall_ms / 1000.0, time.monotonic())
+        self.slot = ProducerSlot(producers, ProducerWatch("the consumer", settings.publish_stall_ms / 1000.0,
+                                                          time.monotonic()))
         self.consumer, self.consumer_outage = consumers(self.on_committed)
         self.uncommitted: dict[tuple[str, int], TopicPartition] = {}
         self.last_batch: list[Message] | None = None
@@ -195,7 +195,7 @@ class ConsumerProcess:
                       "cancelled": 0, "cancelled_in_flight": 0, "cancel_unknown": 0, "parked": 0}
         self.metrics = telemetry
         self.metrics.follow(lambda: self.stats)
-        self.metrics.follow_producer(self.watch)
+        self.metrics.follow_producer(self.slot.watch)
         self.metrics.follow_postgres(lambda: [self.store.link])
         self.next_ping = 0.0
 
@@ -206,7 +206,7 @@ class ConsumerProcess:
         log.info("consuming %s (group %s), batch %d", self.settings.input_topic, self.settings.consumer_group,
                  self.settings.batch_size)
         # the producer answers metadata requests at once; the group consumer may take seconds
-        self.metrics.serve(postgres=lambda: self.store.last_ok, kafka=lambda: self.producer,
+        self.metrics.serve(postgres=lambda: self.store.last_ok, kafka=lambda: self.slot.producer,
                            kafka_topic=self.settings.input_topic)
         # the store, the producer and the stats are the writer's while a batch is pending
         writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="consumer-writer")
@@ -330,23 +330,23 @@ class ConsumerProcess:
             def delivered(err, _msg, item: Outgoing) -> None:
                 reports[id(item)] = err
                 if err is None:
-                    self.watch.acked(time.monotonic())
+                    self.slot.watch.acked(time.monotonic())
             for item in outbox:
-                produce(self.producer, item.topic, item.msg.value(), item.msg.key(), item.headers(),
+                produce(self.slot.producer, item.topic, item.msg.value(), item.msg.key(), item.headers(),
                         lambda err, msg, item=item: delivered(err, msg, item))
-            self.watch.working(True, time.monotonic())
-            while self.producer.flush(1.0) > 0:
+            self.slot.watch.working(True, time.monotonic())
+            while self.slot.producer.flush(1.0) > 0:
                 if not self.life.running and self.life.hard_stop:
                     return None
-                self.look_after_producer()  # a producer that hangs: its publishes are purged, failed, retried
+                self.slot.look_after(time.monotonic())  # a producer that hangs: its publishes are purged, failed, retried
             # a replaced producer that never reported a publish: published again (at least once)
             unreported = KafkaError(KafkaError._PURGE_INFLIGHT, "no delivery report from a replaced producer")
-            failed = [(item, err, self.watch.failed(err, item.topic, time.monotonic()))
+            failed = [(item, err, self.slot.watch.failed(err, item.topic, time.monotonic()))
                       for item in outbox if (err := reports.get(id(item), unreported)) is not None]
-            self.look_after_producer()
+            self.slot.look_after(time.monotonic())
             if not failed:
-                self.watch.working(False, time.monotonic())
-                self.producer_outage.ok()
+                self.slot.watch.working(False, time.monotonic())
+                self.slot.outage.ok()
                 return refused
             outbox, parked, transient = [], [], []
             for item, err, kind in failed:
@@ -367,22 +367,10 @@ class ConsumerProcess:
                                       transient[0][1].str())
                 outbox += [item for item, _ in transient]
                 if any(kind == PRODUCER_FAILURE for _, _, kind in failed):
-                    self.look_after_producer()
+                    self.slot.look_after(time.monotonic())
                 if not self.life.sleep(backoff.failed()):
                     return None
         return refused
-
-    def look_after_producer(self) -> None:
-        """Replace the producer when `ProducerWatch` says it is at fault or has stalled. The old one's
-        unacknowledged publishes are purged: they come back as failed and are published again."""
-        now = time.monotonic()
-        why = self.watch.due(now)
-        if why is None:
-            return
-        old = self.producer
-        self.watch.replaced(why, now)
-        self.producer, self.producer_outage = self.producers()
-        retire(old)
 
     def parked(self, item: Outgoing, err: KafkaError) -> Parked:
         """What to keep of a dead letter the dead-letter topic refused for good: the message as it was
@@ -459,7 +447,7 @@ class ConsumerProcess:
             self.consumer.close()
         except Exception as exc:  # noqa: BLE001 - closing is best effort; offsets are already committed
             log.warning("closing the Kafka consumer: %s", exc)
-        self.producer.flush(5.0)
+        self.slot.producer.flush(5.0)
         self.store.close()
 
 

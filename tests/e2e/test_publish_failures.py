@@ -17,7 +17,7 @@ from confluent_kafka import Producer
 from chronos import codec
 
 from chronos.ops import status
-from chronos.roles.firer import iso_us
+from chronos.roles.firer.sender import iso_us
 from chronos.domain.model import Row
 from chronos.adapters.postgres.store import Store
 

@@ -10,7 +10,7 @@ import pytest
 from chronos import codec
 from chronos.roles.consumer import commit_offsets, sort_batch
 from chronos.roles.detector import suspected_nodes
-from chronos.roles.firer import TICK, PublishTiming
+from chronos.roles.firer.decisions import TICK, PublishTiming
 from chronos.domain.intake import Rules, Verdict, decide
 from chronos.cli import parse_duration
 from chronos.config import ConfigError

@@ -26,9 +26,9 @@ def test_reports_of_one_poll_are_taken_in_the_order_they_came():
     f.add("c", due_in=-1.0)
     run_once(f)
     assert [p.value for p in publishers.made[0].produced] == [b"a", b"b", b"c"]
-    assert len(publishers.made) == 1 and f.proc.watch.wanted is None  # acknowledged after the fault
+    assert len(publishers.made) == 1 and f.proc.slot.watch.wanted is None  # acknowledged after the fault
     assert f.state() == {"b": "waiting"} and f.db.rows["b"].attempts == 0  # handed back uncounted
-    assert f.proc.shared.in_flight == 0 and not f.proc.shared.sent_at and not f.proc.reports
+    assert f.proc.shared.in_flight == 0 and not f.proc.shared.sent_at and not f.proc.sender.reports
 
 
 def test_a_failure_after_the_last_acknowledgement_still_asks_for_a_new_producer():
@@ -38,23 +38,23 @@ def test_a_failure_after_the_last_acknowledgement_still_asks_for_a_new_producer(
     f.add("a", due_in=-2.0)
     f.add("b", due_in=-1.0)
     run_once(f)
-    assert len(publishers.made) == 2 and f.proc.watch.replacements["fault"] == 1
+    assert len(publishers.made) == 2 and f.proc.slot.watch.replacements["fault"] == 1
 
 
 def test_the_publish_latency_is_averaged_over_each_acknowledgement():
     f = Firer()
     f.add("a", "b", "c")
     f.proc.claimer.claim(0)
-    f.proc.take_claimed()
-    f.proc.publish_due()
+    f.proc.sender.take_claimed()
+    f.proc.sender.publish_due()
     f.publisher.poll()
-    sent = f.proc.reports[0][1]
-    f.proc.take_reports()
-    now = f.proc.watch.since  # the acknowledgements' time
+    sent = f.proc.sender.reports[0][1]
+    f.proc.sender.take_reports()
+    now = f.proc.slot.watch.since  # the acknowledgements' time
     expected = 0.0
     for _ in range(3):
         expected += 0.05 * (now - sent - expected)
-    assert f.proc.timing.latency == expected and f.proc.shared.in_flight == 0
+    assert f.proc.sender.timing.latency == expected and f.proc.shared.in_flight == 0
 
 
 def histogram(t: FirerTelemetry) -> list[str]:

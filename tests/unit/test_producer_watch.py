@@ -1,7 +1,7 @@
 """Producer faults against message faults: a producer the broker refuses (fenced, forgotten) or that
 falls silent is replaced and its messages handed back uncounted; only a failure about the message or
-its topic counts against the message. The watch's rules with explicit time, then the firer's and the
-consumer's loops on Kafka doubles."""
+its topic counts against the message. The watch's rules with explicit time, the slot that replaces a
+producer, then the firer's and the consumer's loops on Kafka doubles."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from confluent_kafka import KafkaError
 from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, PRODUCER_FAILURE, REFUSED, UNANSWERED_FAILURE,
                                             UNCLEAR_FAILURE, classify)
 from chronos.adapters.kafka.clients import OutageLog
+from chronos.adapters.kafka.slot import ProducerSlot
 from chronos.adapters.kafka.watch import ProducerWatch
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.ops.telemetry import ConsumerTelemetry
@@ -105,6 +106,35 @@ def test_publishing_stalls_after_the_stall_time_of_work_without_acknowledgement_
     assert "publishing works again for the test after 22.0s" in caplog.text
 
 
+# -- the slot both roles replace their producer in --------------------------------------------------
+
+class Owing(FakePublisher):
+    """A producer whose purged publishes report one per `flush`: it owes reports after its replacement."""
+
+    def __init__(self, owed: int):
+        super().__init__()
+        self.owed = owed
+
+    def flush(self, timeout: float = -1) -> int:
+        self.owed = max(0, self.owed - 1)
+        return self.owed
+
+
+def test_a_replaced_producer_is_served_until_it_owes_no_report():
+    made: list[FakePublisher] = [Owing(owed=4), FakePublisher()]
+    slot = ProducerSlot(lambda: (made.pop(0), OutageLog("test")), ProducerWatch("test", stall_s=10.0, now=0.0))
+    old = slot.producer
+    slot.look_after(0.5)
+    assert slot.producer is old and slot.generation == 0  # nothing wrong: kept
+    slot.watch.failed(FENCED, "out", 1.0)
+    slot.look_after(1.0)  # replaced: the purge's flush and the serving after it took two reports of four
+    assert slot.producer is not old and slot.generation == 1 and slot.retired == [old]
+    slot.look_after(1.1)
+    assert slot.retired == [old]
+    slot.look_after(1.2)
+    assert slot.retired == [] and slot.watch.replacements == {"fault": 1, "stall": 0}
+
+
 # -- the firer ------------------------------------------------------------------------------------
 
 def fenced_then_fine(n: int) -> FakePublisher:
@@ -115,12 +145,12 @@ def fenced_then_fine(n: int) -> FakePublisher:
 def run_once(f: Firer) -> None:
     """One pass of the firer: claim, publish, serve reports, look after the producer, settle."""
     f.proc.claimer.claim(time.time())
-    f.proc.take_claimed()
-    f.proc.publish_due()
-    f.proc.send_dead()
-    f.proc.producer.poll(0)
-    f.proc.look_after_producer()
-    f.proc.hand_over()
+    f.proc.sender.take_claimed()
+    f.proc.sender.publish_due()
+    f.proc.sender.send_dead()
+    f.proc.slot.producer.poll(0)
+    f.proc.sender.look_after_producer()
+    f.proc.sender.hand_over()
     f.proc.settler.receive(0)
     f.proc.settler.settle(time.time())
 
@@ -139,7 +169,7 @@ def test_a_fenced_firer_producer_is_replaced_and_its_rows_handed_back_uncounted_
     assert f.state() == {}
     assert sorted(p.value for p in publishers.made[1].produced) == [b"a", b"b", b"c"]
     assert all(p.topic != f.settings.dlq_topic for m in publishers.made for p in m.produced)
-    assert f.proc.watch.replacements == {"fault": 1, "stall": 0}
+    assert f.proc.slot.watch.replacements == {"fault": 1, "stall": 0}
 
 
 def test_rows_are_not_claimed_again_at_once_after_a_producer_fault():
@@ -157,7 +187,7 @@ def test_a_producer_fault_never_dead_letters_however_long_it_lasts():
     f.add("a")
     for _ in range(6):
         f.proc.shared.claims_resume_at = 0.0
-        f.proc.watch.next_replacement = 0.0
+        f.proc.slot.watch.next_replacement = 0.0
         run_once(f)
     assert f.state() == {"a": "waiting"} and f.db.rows["a"].attempts == 0
     assert all(p.topic != f.settings.dlq_topic for m in publishers.made for p in m.produced)
@@ -178,15 +208,15 @@ def test_a_silent_firer_producer_is_replaced_after_the_stall_time_and_health_fai
     time.sleep(0.25)  # the stall time passing is what is tested
     ok, report = f.proc.metrics.health_report()
     assert not ok and "publishing" in report["reason"] and "nothing acknowledged" in report["reason"]
-    f.proc.look_after_producer()  # replaced: the silent one's publish is purged and its row handed back
+    f.proc.sender.look_after_producer()  # replaced: the silent one's publish is purged and its row handed back
     assert len(publishers.made) == 2 and f.proc.shared.in_flight == 0
-    f.proc.hand_over()
+    f.proc.sender.hand_over()
     f.proc.settler.receive(0)
     f.proc.settler.settle(time.time())
     assert f.state() == {"a": "waiting"} and f.db.rows["a"].attempts == 0
     run_once(f)
     assert f.state() == {} and f.proc.metrics.health_report()[0]
-    assert f.proc.watch.replacements == {"fault": 0, "stall": 1}
+    assert f.proc.slot.watch.replacements == {"fault": 0, "stall": 1}
 
 
 def test_a_refused_topic_still_counts_attempts_and_dead_letters_while_others_are_acknowledged():
@@ -199,7 +229,7 @@ def test_a_refused_topic_still_counts_attempts_and_dead_letters_while_others_are
     run_once(f)
     assert f.state() == {}
     assert [p.topic for p in f.publisher.produced].count(f.settings.dlq_topic) == 1
-    assert f.proc.watch.replacements == {"fault": 0, "stall": 0}
+    assert f.proc.slot.watch.replacements == {"fault": 0, "stall": 0}
 
 
 # -- the consumer ---------------------------------------------------------------------------------
@@ -221,5 +251,5 @@ def test_a_fenced_consumer_producer_is_replaced_and_the_late_message_delivered_n
     assert len(publishers.made) == 2
     assert [p.topic for p in publishers.made[1].produced] == [env.output_topic]
     assert proc.stats["dead"] == 0 and proc.stats["late"] == 1
-    assert proc.watch.replacements == {"fault": 1, "stall": 0}
+    assert proc.slot.watch.replacements == {"fault": 1, "stall": 0}
 

@@ -6,7 +6,8 @@ import pytest
 from confluent_kafka import KafkaError
 
 from chronos import codec
-from chronos.roles.firer import AfterFailure, after_failure, iso_us, retry_delay_ms
+from chronos.roles.firer.decisions import AfterFailure, after_failure, retry_delay_ms
+from chronos.roles.firer.sender import iso_us
 from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, PRODUCER_FAILURE, REFUSED, UNANSWERED_FAILURE, classify,
                                             failure_reason)
 

@@ -18,7 +18,11 @@ from chronos.adapters.kafka.clients import OutageLog
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.domain.model import Claimed, Row
 from chronos.ops.telemetry import FirerTelemetry
-from chronos.roles.firer import IDLE_WAIT, SLOW_STATEMENT, TICK, FirerProcess, Outcomes, Stop
+from chronos.roles.firer import FirerProcess
+from chronos.roles.firer.decisions import TICK
+from chronos.roles.firer.handoff import Outcomes, Stop
+from chronos.roles.firer.sender import IDLE_WAIT
+from chronos.roles.firer.store_thread import SLOW_STATEMENT
 from chronos.runtime.process import Lifecycle
 from kafka_double import FakePublisher, settings
 
@@ -74,7 +78,7 @@ def test_a_full_claim_claims_again_at_once_and_a_partial_one_after_the_poll_inte
     claimer.claim(now)
     assert f.state() == {"a": "held", "b": "held", "c": "held"}
     assert now + 0.18 <= claimer.next_claim <= now + 0.22  # the poll interval, jittered by 10%
-    assert [len(rows) for _, rows in (f.proc.claimed.get_nowait(), f.proc.claimed.get_nowait())] == [2, 1]
+    assert [len(rows) for _, rows in (f.proc.sender.inbox.get_nowait(), f.proc.sender.inbox.get_nowait())] == [2, 1]
 
 
 def test_no_more_than_four_batches_are_held_and_claiming_resumes_as_rows_are_settled():
@@ -127,11 +131,11 @@ def test_rows_are_published_in_deadline_order_and_deleted_once_acknowledged():
     f.add("later", due_in=-0.5)
     f.add("elsewhere", due_in=-2.0, topic="billing.eu")  # not allowed by the default allow-list
     f.proc.claimer.claim(time.time())
-    f.proc.take_claimed()
-    f.proc.publish_due()
-    f.proc.send_dead()
+    f.proc.sender.take_claimed()
+    f.proc.sender.publish_due()
+    f.proc.sender.send_dead()
     f.publisher.poll()
-    f.proc.hand_over()
+    f.proc.sender.hand_over()
     f.proc.settler.receive(0)
     f.proc.settler.settle(time.time() + 1)
     assert [(p.topic, p.value) for p in f.publisher.produced] == [
@@ -147,13 +151,13 @@ def test_a_published_row_a_peer_took_over_meanwhile_is_left_to_it_and_counted(ca
     f = Firer()
     f.add("slow")
     f.proc.claimer.claim(time.time())
-    f.proc.take_claimed()
-    f.proc.publish_due()
+    f.proc.sender.take_claimed()
+    f.proc.sender.publish_due()
     detector, peer = MemoryStore(f.db, node_id=uuid.uuid4()), MemoryStore(f.db, node_id=uuid.uuid4())
     detector.reset_stale(detector.find_stale(-60_000))  # held past the hold time: handed back
     assert [r.id for r in peer.claim(10, 0)] == ["slow"]
     f.publisher.poll()
-    f.proc.hand_over()
+    f.proc.sender.hand_over()
     f.proc.settler.receive(0)
     caplog.set_level("WARNING", logger="chronos.firer")
     f.proc.settler.settle(time.time() + 1)
@@ -174,12 +178,12 @@ def test_a_publish_refused_for_now_is_retried_later_and_one_refused_for_good_is_
     f = Firer(FakePublisher(refuse))
     f.add("later", "huge")
     f.proc.claimer.claim(time.time())
-    f.proc.take_claimed()
-    f.proc.publish_due()
+    f.proc.sender.take_claimed()
+    f.proc.sender.publish_due()
     f.publisher.poll()
-    f.proc.send_dead()
+    f.proc.sender.send_dead()
     f.publisher.poll()
-    f.proc.hand_over()
+    f.proc.sender.hand_over()
     f.proc.settler.receive(0)
     f.proc.settler.settle(time.time())
     assert [(p.topic, p.value) for p in f.publisher.produced] == [
@@ -208,15 +212,15 @@ def test_shutdown_hands_back_unpublished_rows_and_deletes_acknowledged_ones():
     assert (totals.claimed, totals.fired, totals.released) == (2, 1, 1)
 
 
-def test_rows_claimed_after_the_settling_thread_ended_are_handed_back_on_a_store_of_the_publishing_thread():
+def test_rows_claimed_after_the_settler_ended_are_handed_back_on_a_store_of_the_sender_s_thread():
     f = Firer()
     f.add("late claim")
     rows = MemoryStore(f.db, node_id=f.node).claim(10, 0)
-    f.proc.release_leftovers(rows)  # the settling thread never ran: it has ended
+    f.proc.release_leftovers(rows)  # the settler never ran: it has ended
     assert f.state() == {"late claim": "waiting"} and f.proc.shared.totals.released == 1
 
 
-def test_rows_left_while_the_settling_thread_is_stuck_are_left_to_the_detector(caplog):
+def test_rows_left_while_the_settler_is_stuck_are_left_to_the_detector(caplog):
     stuck = threading.Event()
     unstuck = threading.Event()
 
@@ -239,13 +243,13 @@ def test_rows_left_while_the_settling_thread_is_stuck_are_left_to_the_detector(c
     caplog.set_level("WARNING", logger="chronos.firer")
     f.proc.release_leftovers(rows[1:])
     assert [r.getMessage() for r in caplog.records] == [
-        "the store thread has not ended: 1 held rows will be taken over after the hold time"]
+        "the settler has not ended: 1 held rows will be taken over after the hold time"]
     unstuck.set()
     settler.join(TIMEOUT)
     assert f.state() == {"a": "waiting", "b": "held"}
 
 
-def test_settling_thread_waits_out_a_postgres_outage_instead_of_spinning():
+def test_the_settler_waits_out_a_postgres_outage_instead_of_spinning():
     settler = Firer().proc.settler
     settler.down_until = time.time() + 0.8
     settler.next_clock_sync = time.time() + 60
@@ -257,15 +261,15 @@ def test_settling_thread_waits_out_a_postgres_outage_instead_of_spinning():
     assert settler.wait_time() == 0.0  # reachable again: hand back at once
 
 
-def test_publishing_loop_sleeps_at_least_a_tick_between_close_deadlines():
-    proc = Firer().proc
-    proc.claimed.put((time.monotonic(), [claimed("a", time.time() + proc.timing.advance + 0.0003)]))  # due 0.3 ms from now
-    proc.take_claimed()
-    assert proc.wait_time() >= TICK
-    proc = Firer().proc
-    proc.claimed.put((time.monotonic(), [claimed("a", time.time() + 0.5)]))
-    proc.take_claimed()
-    assert proc.wait_time() == IDLE_WAIT
+def test_the_sender_sleeps_at_least_a_tick_between_close_deadlines():
+    sender = Firer().proc.sender
+    sender.inbox.put((time.monotonic(), [claimed("a", time.time() + sender.timing.advance + 0.0003)]))  # due 0.3 ms from now
+    sender.take_claimed()
+    assert sender.wait_time() >= TICK
+    sender = Firer().proc.sender
+    sender.inbox.put((time.monotonic(), [claimed("a", time.time() + 0.5)]))
+    sender.take_claimed()
+    assert sender.wait_time() == IDLE_WAIT
 
 
 def test_a_claim_or_delete_slow_enough_to_hold_up_firing_is_logged(caplog):
@@ -287,11 +291,11 @@ def test_rows_claimed_longer_ago_than_three_quarters_of_the_hold_time_are_handed
     and publishes rows claimed since as usual."""
     f = Firer(CHRONOS_HOLD_TIME_MS="4000")
     proc, now = f.proc, time.monotonic()
-    proc.claimed.put((now - 3.1, [claimed("old", time.time() - 1.0)]))  # claimed 3.1 s ago, limit 3 s
-    proc.claimed.put((now - 2.9, [claimed("recent", time.time() - 1.0)]))
+    proc.sender.inbox.put((now - 3.1, [claimed("old", time.time() - 1.0)]))  # claimed 3.1 s ago, limit 3 s
+    proc.sender.inbox.put((now - 2.9, [claimed("recent", time.time() - 1.0)]))
     caplog.set_level("WARNING", logger="chronos.firer")
-    proc.take_claimed()
-    proc.publish_due()
+    proc.sender.take_claimed()
+    proc.sender.publish_due()
     assert [m.value for m in f.publisher.produced] == [b"recent"]
-    assert [r.id for r in proc.done.release] == ["old"] and proc.shared.totals.expired == 1
+    assert [r.id for r in proc.sender.done.release] == ["old"] and proc.shared.totals.expired == 1
     assert "1 held rows were claimed more than 3.0s ago" in caplog.text

@@ -11,7 +11,7 @@ And a producer can fall silent: a broker that restarted has forgotten it, and it
 acknowledgements that never come. `ProducerWatch` notices publishing that has stalled, nothing
 acknowledged for `stall_s` while messages wait, and asks for the producer to be replaced.
 
-Pure logic: the caller passes `now` (monotonic seconds) and does the replacing.
+Pure logic: the caller passes `now` (monotonic seconds); `slot.ProducerSlot` does the replacing.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import logging
 from confluent_kafka import KafkaError
 
 from chronos.adapters.kafka.clients import PRODUCER_FAILURE, REFUSED, UNCLEAR_FAILURE, classify
-from chronos.ports import Publisher
 
 log = logging.getLogger("chronos.kafka")
 
@@ -129,10 +128,3 @@ class ProducerWatch:
         self.next_replacement = now + self.gap
         self.gap = min(self.gap * 2, self.stall_s)
 
-
-def retire(producer: Publisher, timeout: float = 1.0) -> int:
-    """Fail a replaced producer's publishes that are not acknowledged yet, queued or in flight, and
-    serve their delivery reports now (each says purged: its message is handed back or published
-    again). Returns how many reports are still to come, which later `poll`s of it serve."""
-    producer.purge(in_queue=True, in_flight=True, blocking=False)
-    return producer.flush(timeout)

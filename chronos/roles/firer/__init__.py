@@ -1,0 +1,153 @@
+"""`chronos firer`: store → output topic at each message's deadline.
+
+Claims due rows (and rows due within the lookahead) in batches with one `UPDATE ... RETURNING`,
+publishes each from memory at its deadline less the measured publish latency (never more than the
+timing advance), waits for Kafka's acknowledgement, then deletes exactly the acknowledged rows it
+still owns. Unpublished rows are handed back on shutdown. A publish that fails goes through one path
+(`Sender.publish_failed`): a refusal that may pass is retried with exponential backoff, kept in
+PostgreSQL (the row's `attempts` and moved `deadline`), up to CHRONOS_MAX_PUBLISH_ATTEMPTS; a
+permanent one (too large, invalid), an exhausted one and a destination the allow-list no longer
+allows go to the dead-letter topic; what even the dead-letter topic refuses is parked in
+`chronos_parked`.
+
+Three threads, each on what it alone owns, handing rows on through queues; what else they read
+of each other is in `Shared`:
+
+    claimer ──claims (rows)──► sender ──Outcomes, then Stop──► settler
+    a store of its own         the producer (ProducerSlot)     a store of its own
+
+- the claimer (`claimer.Claimer`, thread `claimer`) claims rows: pacing, back-pressure, the cap on
+  held rows, recurring schedules. A claim that runs long stops only further claims;
+- the sender (`sender.Sender`, on the thread that calls `FirerProcess.run`, named `sender`
+  meanwhile) holds the rows in publishing order (`held.Held`, which also sets apart the rows
+  claimed too long ago), publishes each at its deadline (`decisions.PublishTiming`), serves the
+  delivery reports, replaces a producer at fault (`ProducerSlot`) and sends the settler what became
+  of each row;
+- the settler (`settler.Settler`, thread `settler`) settles them: deletes the acknowledged and the
+  dead-lettered rows, hands back, retries later, parks. Its connection never waits behind a claim,
+  so it also measures the database clock, which the sender turns deadlines into local times with.
+
+A row is *held* from its claim until it is settled; the SQL marks it with `readied_at`. What the
+threads hand each other is in `handoff`; the decisions that depend on no thread (failure policy,
+retry delay, publish timing) in `decisions`. `FirerProcess` wires the three and stops them in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from typing import Callable
+
+from chronos.adapters.kafka.clients import OutageLog, make_producer
+from chronos.adapters.kafka.slot import ProducerSlot
+from chronos.adapters.kafka.watch import ProducerWatch
+from chronos.adapters.postgres.store import role_store
+from chronos.config import Settings
+from chronos.domain.model import Claimed
+from chronos.errors import ConfigError, StoreUnavailable
+from chronos.ops.telemetry import FirerTelemetry
+from chronos.ports import Publisher, Store
+from chronos.roles.firer.claimer import Claimer
+from chronos.roles.firer.decisions import PublishTiming
+from chronos.roles.firer.handoff import Shared, Stop
+from chronos.roles.firer.sender import Sender
+from chronos.roles.firer.settler import Settler
+from chronos.runtime.process import Lifecycle
+
+log = logging.getLogger("chronos.firer")
+
+__all__ = ["FirerProcess", "build", "run"]
+
+
+class FirerProcess:
+    """The firer: the state its threads share, its producer and its three threads, wired. `run`
+    starts the claimer and the settler, runs the sender on the calling thread until the process
+    stops, then stops all three in order (`shutdown`)."""
+
+    def __init__(self, settings: Settings, life: Lifecycle, *, stores: Callable[[], Store],
+                 producers: Callable[[], tuple[Publisher, OutageLog]], telemetry: FirerTelemetry):
+        """`stores` makes one store per thread (a store is one connection, not thread-safe);
+        `producers` makes a Kafka producer and the log of its outages, again after a fatal error."""
+        self.settings, self.life, self.stores, self.metrics = settings, life, stores, telemetry
+        self.slot = ProducerSlot(producers, ProducerWatch("the firer", settings.publish_stall_ms / 1000.0,
+                                                          time.monotonic()))
+        self.shared = Shared(PublishTiming(settings.timing_advance_ms))
+        self.settler = Settler(stores(), settings, self.shared, telemetry, life)
+        self.sender = Sender(settings, life, self.slot, self.shared, telemetry, outbox=self.settler.inbox)
+        self.claimer = Claimer(stores(), settings, self.shared, telemetry, life, outbox=self.sender.inbox)
+        self.metrics.follow(self.shared.totals.as_dict)
+        self.metrics.follow_timing(lambda: len(self.sender.held) + self.shared.in_flight, self.shared.timing)
+        self.metrics.follow_producer(self.slot.watch)
+        self.metrics.follow_postgres(lambda: [self.settler.store.link, self.claimer.store.link])
+
+    def run(self) -> None:
+        log.info("firing from the store to %s: batch %d, lookahead %d ms, poll %d ms, timing advance %d ms",
+                 self.settings.output_topic, self.settings.batch_size, self.settings.lookahead_ms,
+                 self.settings.poll_interval_ms, self.settings.timing_advance_ms)
+        # `last_ok` is a float the claimer and the settler write: reading it uses no connection
+        self.metrics.serve(postgres=lambda: max(self.settler.store.last_ok, self.claimer.store.last_ok),
+                           kafka=lambda: self.slot.producer, kafka_topic=self.settings.output_topic)
+        self.settler.start()
+        self.claimer.start()
+        thread = threading.current_thread()
+        name, thread.name = thread.name, "sender"
+        try:
+            self.sender.loop()
+        finally:
+            self.shutdown()
+            thread.name = name
+        for store_thread in (self.settler, self.claimer):
+            if isinstance(store_thread.crashed, ConfigError):
+                raise store_thread.crashed
+            if store_thread.crashed is not None:
+                raise RuntimeError(f"the firer's {store_thread.name} failed") from store_thread.crashed
+
+    def shutdown(self) -> None:
+        """Stop claiming (a claim running is cancelled), hand back what was not published, wait for
+        acknowledgements, delete what was fired."""
+        self.claimer.stop()
+        if self.claimer.is_alive():
+            self.claimer.join(10.0)
+        self.sender.hand_back_unpublished()
+        self.sender.finish_in_flight(10.0)
+        self.settler.inbox.put(Stop())
+        self.settler.join(30.0)
+        # claimed after the stop was asked (a claim that would not end): hand those back too
+        self.release_leftovers(self.sender.leftovers())
+        log.info("stopping: claimed %(claimed)d, fired %(fired)d, vanished %(vanished)d, handed back %(released)d "
+                 "(held too long: %(expired)d), retried later %(retried)d, dead-lettered %(dead)d, parked %(parked)d",
+                 self.shared.totals.as_dict())
+        self.metrics.close()
+
+    def release_leftovers(self, rows: list[Claimed]) -> None:
+        """Hand back rows claimed after the settler was told to stop, on a store of the sender's
+        thread; if the settler has not ended, leave them to the detector."""
+        if not rows:
+            return
+        if self.settler.is_alive():
+            log.warning("the settler has not ended: %d held rows will be taken over after the hold time", len(rows))
+            return
+        store = self.stores()
+        try:
+            self.shared.totals.released += store.release(rows)
+        except StoreUnavailable as exc:
+            log.warning("postgres unavailable at shutdown (%s): %d held rows will be taken over after the hold time",
+                        exc, len(rows))
+        finally:
+            store.close()
+
+
+def build(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> FirerProcess:
+    """The firer with its real adapters: PostgreSQL stores and a confluent-kafka producer."""
+    settings.require_database()  # a configuration error at start, not in the claimer's or the settler's first statement
+    # a lost claim, delete or hand-back only fires a row again: no need to wait for the WAL flush
+    return FirerProcess(settings, life,
+                        stores=lambda: role_store(settings, node_id, "firer", synchronous_commit=False),
+                        producers=lambda: make_producer(settings, "firer"),
+                        telemetry=FirerTelemetry(node_id, settings))
+
+
+def run(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> None:
+    build(settings, node_id, life).run()

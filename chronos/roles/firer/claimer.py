@@ -1,0 +1,114 @@
+"""The claimer: the firer's thread that claims rows and hands them to the sender."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+
+from chronos.config import Settings
+from chronos.domain.model import Claimed
+from chronos.errors import StoreUnavailable
+from chronos.ops.telemetry import FirerTelemetry
+from chronos.ports import Store
+from chronos.roles.firer.handoff import Claims, Shared
+from chronos.roles.firer.store_thread import StoreThread
+from chronos.runtime.process import Lifecycle
+
+log = logging.getLogger("chronos.firer")
+
+
+class Claimer(StoreThread):
+    """The claimer: claims due rows (within each rate-limited topic's budget) and recurring
+    schedules' occurrences, and hands them to the sender through `outbox`. It paces itself:
+    at once again while a claim comes back full (a backlog), otherwise after the poll interval;
+    it claims nothing while Kafka keeps publishes waiting (back-pressure) nor beyond `max_held`
+    rows held. On a thread and connection of its own, apart from the settler: a claim that runs
+    long (a lock, a plan gone bad) stops only further claims, and the rows already held keep being
+    deleted once published, so none of them ages past the hold time into a peer's hands."""
+
+    def __init__(self, store: Store, settings: Settings, shared: Shared, telemetry: FirerTelemetry, life: Lifecycle,
+                 outbox: Claims):
+        super().__init__("claimer", store, settings, shared, telemetry, life)
+        self.outbox = outbox
+        self.limit = settings.batch_size
+        self.limits = settings.fire_rates
+        if self.limits:
+            log.info("fire-rate limits: %s", self.limits)
+        self.max_held = settings.batch_size * 4
+        self.stopped = threading.Event()
+        self.claims_paused = False
+        self.next_claim = 0.0
+        self.next_schedules = 0.0
+
+    def loop(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                self.claim(time.time())
+                wait = self.next_claim - time.time()
+                self.outage.ok()
+            except StoreUnavailable as exc:
+                if self.stopped.is_set():  # the claim cancelled by stop()
+                    return
+                wait = self.outage.failed(exc)
+            self.stopped.wait(max(0.0, wait))
+
+    def stop(self) -> None:
+        """Stop claiming (called from the sender's thread): a claim running now is cancelled, so a
+        SIGTERM does not wait for a slow one. A cancelled claim rolls back and holds nothing."""
+        self.stopped.set()
+        self.store.cancel()
+
+    def claim(self, now: float) -> None:
+        """Claim what is due now (wall-clock `now`), unless Kafka lags or enough rows are held, and
+        set `next_claim`."""
+        # Kafka does not acknowledge, or acknowledges so slowly that publishes wait for seconds (an
+        # overloaded broker): rows claimed now would only wait, be handed to a peer after the hold time
+        # and be published again by it, over and over; claim nothing until Kafka catches up
+        stalled = self.shared.stalled(time.monotonic())
+        if stalled > self.settings.hold_time_ms / 2000.0:
+            if not self.claims_paused:
+                self.claims_paused = True
+                log.warning("a publish has waited %.1fs for Kafka's acknowledgement: claiming nothing until "
+                            "Kafka catches up", stalled)
+            self.next_claim = now + 0.05
+            return
+        if self.claims_paused:
+            self.claims_paused = False
+            log.warning("Kafka acknowledges again: claiming rows")
+        if time.monotonic() < self.shared.claims_resume_at:  # the producer is being replaced: rows would bounce
+            self.next_claim = now + 0.05
+            return
+        held = self.shared.held()
+        if held >= self.max_held:
+            self.next_claim = now + 0.005  # wait for acknowledgements before claiming more
+            return
+        limit = min(self.limit, self.max_held - held)
+        started, sent = time.perf_counter(), time.monotonic()
+        if self.limits:  # fire-rate limits: topic by topic, within each limited topic's budget
+            rows, backlog = self.store.claim_limited(self.limits, self.settings.output_topic, limit,
+                                                     self.settings.lookahead_ms)
+        else:
+            rows = self.store.claim(limit, self.settings.lookahead_ms)
+            backlog = len(rows) == limit
+        self.hand_to_sender(sent, rows)  # before the schedules' claim, which may be the slow one
+        occurrences = []
+        if now >= self.next_schedules:  # recurring schedules: once per poll interval, even in a backlog
+            self.next_schedules = now + self.settings.poll_interval_ms / 1000.0
+            sent = time.monotonic()
+            occurrences = self.store.claim_schedules(limit, self.settings.lookahead_ms, time.time_ns() // 1000)
+            self.hand_to_sender(sent, occurrences)
+        self.measured("claim", len(rows) + len(occurrences), started)
+        if backlog:
+            self.next_claim = now  # a backlog: drain it without sleeping
+        else:
+            interval = self.settings.poll_interval_ms / 1000.0
+            self.next_claim = now + interval * random.uniform(0.9, 1.1)
+
+    def hand_to_sender(self, sent: float, rows: list[Claimed]) -> None:
+        """Hand rows over with the time their claim was sent (monotonic): the database stamped them no
+        earlier, so their age counted from it is never less than what a detector sees."""
+        if rows:
+            self.shared.totals.claimed += len(rows)
+            self.outbox.put((sent, rows))

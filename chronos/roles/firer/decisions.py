@@ -1,0 +1,81 @@
+"""The firer's decisions, pure: what becomes of a row whose publish failed (`after_failure`), how
+long it waits before its next publish (`retry_delay_ms`), and when to publish a row so that it lands
+on the output topic at its deadline (`PublishTiming`). What they depend on comes in as arguments."""
+
+from __future__ import annotations
+
+import enum
+
+from chronos.adapters.kafka.clients import PERMANENT_FAILURE, PRODUCER_FAILURE, UNANSWERED_FAILURE
+
+TICK = 0.001                 # the sender sleeps at least this long: rows due within it go together
+RETRY_FIRST_MS = 1000        # backoff after a row's first refused publish; doubled after each further one
+RETRY_CAP_MS = 60_000        # and never longer than this
+
+
+class AfterFailure(enum.Enum):
+    """What becomes of a row whose publish failed."""
+
+    RELEASE = "release"  # handed back as it is
+    RETRY = "retry"      # kept, published again after a backoff
+    DEAD = "dead"        # to the dead-letter topic
+
+
+def retry_delay_ms(failures_before: int) -> int:
+    """How long a row waits before its next publish, given how many of its publishes failed before
+    this one: 1 s, 2 s, 4 s, ... up to a minute."""
+    return min(RETRY_CAP_MS, RETRY_FIRST_MS << min(failures_before, 16))
+
+
+def after_failure(kind: str, failures: int, max_attempts: int) -> AfterFailure:
+    """What to do with a row whose publish failed (`kind` from `ProducerWatch.failed`; `failures`
+    counts this one): dead-letter it, retry it after a backoff, or hand it back as it is (Kafka
+    did not answer, or the producer itself is at fault: that says nothing about the message, and
+    the firer stops claiming meanwhile)."""
+    if kind == PERMANENT_FAILURE:
+        return AfterFailure.DEAD
+    if kind in (UNANSWERED_FAILURE, PRODUCER_FAILURE):
+        return AfterFailure.RELEASE
+    return AfterFailure.DEAD if failures >= max_attempts else AfterFailure.RETRY
+
+
+class PublishTiming:
+    """When to publish a row so that it lands on the output topic at its deadline.
+
+    `offset_us` is the database clock minus the local clock (deadlines are in database time),
+    measured by the settler (`Settler.sync_clock`: its connection never waits behind a claim);
+    `latency` is a moving average of produce→acknowledgement time, measured by the sender from its
+    delivery reports. The sender publishes a row `advance` before its deadline: the latency plus one
+    tick of its loop, capped at the configured timing advance so nothing is ever published earlier
+    than that.
+    """
+
+    def __init__(self, timing_advance_ms: int):
+        self.cap = timing_advance_ms / 1000.0
+        self.latency = 0.0
+        self.offset_us = 0
+        self._best_rtt: float | None = None
+
+    def observe_ack(self, seconds: float) -> None:
+        self.latency += 0.05 * (seconds - self.latency)
+
+    def observe_clock(self, db_us: int, before: float, after: float) -> None:
+        """The database's clock read `db_us` between local times `before` and `after`."""
+        rtt = after - before
+        # keep the sample with the tightest round trip; re-accept slightly worse ones so drift is followed
+        if self._best_rtt is None or rtt <= self._best_rtt * 2:
+            self._best_rtt = rtt if self._best_rtt is None else min(rtt, self._best_rtt)
+            # the database read its clock somewhere in [before, after]: assuming the latest moment
+            # (the smallest offset) means a slow round trip can make firing late, never early
+            self.offset_us = db_us - int(after * 1e6)
+
+    @property
+    def advance(self) -> float:
+        """How long before its deadline a row is published. The sender's loop wakes once per tick at
+        most and publishes what falls due before the next tick, so rows go out between
+        latency + tick and latency before their deadline."""
+        return min(self.latency + TICK, self.cap)
+
+    def local_deadline(self, deadline_us: int) -> float:
+        """The deadline (database time) on the local wall clock, in seconds."""
+        return (deadline_us - self.offset_us) / 1e6

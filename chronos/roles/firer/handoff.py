@@ -1,0 +1,122 @@
+"""What the firer's three threads hand each other (see the package's docstring): the state they
+share (`Shared`, with the running totals `FirerTotals`), the rows the claimer hands the sender
+(`Claims`), and the outcomes the sender sends the settler (`Outcomes`, then `Stop`)."""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from chronos.domain.model import Claimed
+from chronos.roles.firer.decisions import PublishTiming
+
+
+class FirerTotals:
+    """The firer's running totals, exported as counters (`FirerTelemetry.totals`) and logged at
+    the end. `claimed` is written by the claimer, `expired` by the sender, the others by the
+    settler; `released` also by the sender's thread at shutdown, once the settler has ended."""
+
+    __slots__ = ("claimed", "fired", "vanished", "released", "retried", "dead", "parked", "expired")
+
+    def __init__(self) -> None:
+        self.claimed = self.fired = self.vanished = self.released = self.retried = self.dead = self.parked = 0
+        self.expired = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class Shared:
+    """What the firer's three threads know of each other. Every field has one writer; the others
+    only read it (an int or a float, read whole under the GIL).
+
+    A row is *held* from its claim (SQL: `readied_at` set) until it is settled: deleted once
+    fired or dead-lettered, handed back, put off for a retry, or parked.
+
+    - the claimer writes `totals.claimed`, the rows it ever claimed;
+    - the settler writes `settled`, the rows it ever settled, and `timing.offset_us`, the database
+      clock's offset, which the sender reads;
+    - the sender writes `in_flight`, `ack_progress`, `sent_at`, `timing.latency` and
+      `claims_resume_at`, which the claimer reads.
+    """
+
+    def __init__(self, timing: PublishTiming):
+        self.totals = FirerTotals()
+        self.settled = 0
+        self.timing = timing
+        self.in_flight = 0        # publishes waiting for Kafka's acknowledgement
+        self.ack_progress = 0.0   # monotonic: the last acknowledgement, or the first publish since none was in flight
+        self.sent_at: deque[float] = deque()  # monotonic send time of each publish in flight, oldest first
+        self.claims_resume_at = 0.0  # monotonic: rows were handed back for a producer fault; claim none before
+
+    def held(self) -> int:
+        """Rows claimed by this firer and not settled yet."""
+        return self.totals.claimed - self.settled
+
+    def stalled(self, now: float) -> float:
+        """How long Kafka has kept the firer waiting (`now` monotonic): since the last acknowledgement
+        while publishes are in flight, or the age of the oldest publish in flight, whichever is
+        longer. Acknowledgements come back about in publish order, so one send time is dropped from
+        the front per acknowledgement."""
+        stalled = now - self.ack_progress if self.in_flight else 0.0
+        try:
+            return max(stalled, now - self.sent_at[0])
+        except IndexError:  # emptied by the sender meanwhile
+            return stalled
+
+    # -- written by the sender ----------------------------------------------------------------
+
+    def sending(self, sent: float) -> None:
+        if not self.in_flight:
+            self.ack_progress = time.monotonic()
+        self.in_flight += 1
+        self.sent_at.append(sent)
+
+    def delivered(self, count: int = 1) -> None:
+        """`count` publishes were answered (acknowledged or failed)."""
+        self.in_flight -= count
+        sent_at = self.sent_at
+        for _ in range(min(count, len(sent_at))):
+            sent_at.popleft()
+        self.ack_progress = time.monotonic()
+
+
+@dataclass
+class Outcomes:
+    """What became of held rows, sent by the sender to the settler, which settles them in the store."""
+
+    acked: list[Claimed] = field(default_factory=list)                  # acknowledged: to delete
+    release: list[Claimed] = field(default_factory=list)                # not published: to hand back as they are
+    retry: list[tuple[Claimed, str, int]] = field(default_factory=list)  # (row, error, delay_ms): refused, try later
+    dead: list[tuple[Claimed, str]] = field(default_factory=list)        # (row, reason): dead-lettered, to delete
+    park: list[tuple[Claimed, str]] = field(default_factory=list)        # (row, reason): the dead-letter topic refused
+
+    def __bool__(self) -> bool:
+        return bool(self.acked or self.pending())
+
+    def pending(self) -> bool:
+        """Rows settled at once (acknowledged rows are deleted in batches)."""
+        return bool(self.release or self.retry or self.dead or self.park)
+
+    def add(self, other: "Outcomes") -> None:
+        self.acked += other.acked
+        self.release += other.release
+        self.retry += other.retry
+        self.dead += other.dead
+        self.park += other.park
+
+    def count(self) -> int:
+        return len(self.acked) + len(self.release) + len(self.retry) + len(self.dead) + len(self.park)
+
+
+class Stop:
+    """Sent to the settler after the last `Outcomes`: settle them all, then end."""
+
+
+# The claimer → the sender: each claim's rows, with the time the claim was sent (monotonic).
+Claims: TypeAlias = "queue.SimpleQueue[tuple[float, list[Claimed]]]"
+# The sender → the settler: outcomes to settle, then the stop.
+ToSettle: TypeAlias = "queue.SimpleQueue[Outcomes | Stop]"

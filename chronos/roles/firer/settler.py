@@ -1,0 +1,137 @@
+"""The settler: the firer's thread that settles held rows in the store as the sender reports what
+became of them, and measures the database clock."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+
+from chronos.config import Settings
+from chronos.errors import StoreUnavailable
+from chronos.ops.telemetry import FirerTelemetry
+from chronos.ports import Store
+from chronos.roles.firer.handoff import Outcomes, Shared, Stop, ToSettle
+from chronos.roles.firer.store_thread import StoreThread
+from chronos.runtime.process import Lifecycle
+
+log = logging.getLogger("chronos.firer")
+
+DELETE_BATCH = 1000          # acknowledged rows deleted in one statement at most
+DELETE_EVERY = 0.02          # seconds between deletes while acknowledgements trickle in
+CLOCK_SYNC_EVERY = 10.0      # seconds between measurements of the database clock offset
+
+
+class Settler(StoreThread):
+    """The settler: settles held rows as the sender reports their outcomes (`inbox`): deletes the
+    acknowledged ones in batches, hands back, retries later, deletes as dead-lettered or parks
+    the others. On its own thread and connection, never behind a claim, which is why it also
+    measures the database clock for the sender (`sync_clock`)."""
+
+    def __init__(self, store: Store, settings: Settings, shared: Shared, telemetry: FirerTelemetry, life: Lifecycle):
+        super().__init__("settler", store, settings, shared, telemetry, life)
+        self.inbox: ToSettle = queue.SimpleQueue()
+        self.todo = Outcomes()
+        self.stopping = False
+        self.next_clock_sync = 0.0
+        self.last_delete = 0.0
+        self.down_until = 0.0
+
+    def loop(self) -> None:
+        while True:
+            self.receive(self.wait_time())
+            now = time.time()
+            if now < self.down_until:
+                continue
+            try:
+                self.settle(now)
+                if self.stopping:
+                    if not self.todo:
+                        return
+                    continue
+                if now >= self.next_clock_sync:
+                    self.sync_clock(now)
+                self.outage.ok()
+            except StoreUnavailable as exc:
+                if self.stopping and self.outage.down_for() > 5:
+                    log.warning("postgres unavailable at shutdown (%s): %d held rows will be taken over "
+                                "after the hold time", exc, self.todo.count())
+                    return
+                self.down_until = time.time() + self.outage.failed(exc)
+
+    def wait_time(self) -> float:
+        now = time.time()
+        if now < self.down_until:  # PostgreSQL is away: nothing to do before the next try
+            return min(self.down_until - now, 1.0)
+        wake = now + 1.0 if self.stopping else self.next_clock_sync
+        if self.todo.acked:
+            wake = min(wake, self.last_delete + DELETE_EVERY)
+        if self.todo.pending() or (self.stopping and self.todo.acked):
+            wake = now
+        return max(0.0, min(wake - now, 1.0))
+
+    def receive(self, timeout: float) -> None:
+        """Take what the sender sent: outcomes, or the stop."""
+        try:
+            item = self.inbox.get(timeout=timeout) if timeout > 0 else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if isinstance(item, Stop):
+                self.stopping = True
+            else:
+                self.todo.add(item)
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def settle(self, now: float) -> None:
+        """Delete acknowledged rows in batches, hand back rows that will not be published, and settle
+        failed ones: retried later, deleted once dead-lettered, or parked."""
+        todo, totals = self.todo, self.shared.totals
+        if todo.release:
+            totals.released += self.store.release(todo.release)
+            self.shared.settled += len(todo.release)
+            todo.release = []
+        if todo.retry:
+            totals.retried += self.store.retry_later(todo.retry)
+            self.shared.settled += len(todo.retry)
+            todo.retry = []
+        if todo.dead:
+            totals.dead += self.store.delete_fired([row for row, _ in todo.dead])
+            self.metrics.dead_lettered(reason for _, reason in todo.dead)
+            self.shared.settled += len(todo.dead)
+            todo.dead = []
+        if todo.park:
+            totals.parked += self.store.park_claimed(todo.park, self.settings.output_topic)
+            for row, reason in todo.park:
+                log.warning("parked %s in chronos_parked: neither %s nor the dead-letter topic %s took it (%s)",
+                            row.id, row.topic or self.settings.output_topic, self.settings.dlq_topic, reason)
+            self.shared.settled += len(todo.park)
+            todo.park = []
+        if not todo.acked or (len(todo.acked) < DELETE_BATCH and now - self.last_delete < DELETE_EVERY
+                              and not self.stopping):
+            return
+        self.last_delete = now
+        while todo.acked:
+            done = todo.acked[:DELETE_BATCH]
+            started = time.perf_counter()
+            deleted = self.store.delete_fired(done)
+            del todo.acked[:DELETE_BATCH]
+            self.shared.settled += len(done)
+            self.measured("delete", len(done), started)
+            totals.fired += len(done)
+            if deleted < len(done):
+                totals.vanished += len(done) - deleted
+                self.throttle.warning("vanished", "%d published rows were no longer ours to delete "
+                                      "(taken over by a peer after the hold time)", len(done) - deleted)
+
+    def sync_clock(self, now: float) -> None:
+        """Measure the database clock's offset (`PublishTiming.observe_clock`), which the sender turns
+        deadlines into local times with, every `CLOCK_SYNC_EVERY` seconds."""
+        self.next_clock_sync = now + CLOCK_SYNC_EVERY
+        self.store.db_clock_us()  # (re)connect first if need be: a connect inside the measurement skews it
+        before = time.time()
+        db_us = self.store.db_clock_us()
+        self.shared.timing.observe_clock(db_us, before, time.time())

@@ -49,18 +49,18 @@ def cmd_process(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from chronos.adapters.postgres import pooling, store
+    from chronos.adapters.postgres import migrations, pooling
     settings = config.load(args)
     url = settings.require_database()
     # a pool mode the processes would fail with is found here, before they start
-    if store.resolve_pool_mode(url, settings.database_pool_mode, check=True) == pooling.TRANSACTION:
+    if pooling.resolve_pool_mode(url, settings.database_pool_mode, check=True) == pooling.TRANSACTION:
         print("PostgreSQL is reached through a pooler in transaction mode: the processes prepare no statement "
               "and make their settings in each transaction")
-    applied = store.migrate(url)
+    applied = migrations.migrate(url)
     if applied:
-        print(f"applied migrations {', '.join(map(str, applied))}; schema at version {store.LATEST_VERSION}")
+        print(f"applied migrations {', '.join(map(str, applied))}; schema at version {migrations.LATEST_VERSION}")
     else:
-        print(f"schema already at version {store.LATEST_VERSION}")
+        print(f"schema already at version {migrations.LATEST_VERSION}")
     return 0
 
 

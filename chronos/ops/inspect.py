@@ -31,7 +31,8 @@ import orjson
 
 from chronos import codec
 from chronos.errors import ConfigError, InFlightSkipped, NeedsConfirmation, NotFound
-from chronos.adapters.postgres.store import QUERIES, Store
+from chronos.adapters.postgres.queries import QUERIES
+from chronos.adapters.postgres.store import Store
 
 log = logging.getLogger("chronos.operator")
 

@@ -24,7 +24,8 @@ from chronos.errors import ConfigError, SchemaError, StoreRefused, StoreUnavaila
 from chronos.runtime.backoff import Outage
 from chronos.adapters.kafka.admin import probe
 from chronos.adapters.postgres import pooling
-from chronos.adapters.postgres.store import check_schema, connect, resolve_pool_mode
+from chronos.adapters.postgres.connection import connect
+from chronos.adapters.postgres.migrations import check_schema
 
 log = logging.getLogger("chronos")
 
@@ -92,7 +93,7 @@ def wait_for_schema(settings: Settings, life: Lifecycle) -> Settings | None:
         try:
             with connect(url) as conn:
                 check_schema(conn)
-            mode = resolve_pool_mode(url, settings.database_pool_mode)
+            mode = pooling.resolve_pool_mode(url, settings.database_pool_mode)
             outage.ok()
         except StoreRefused:
             raise

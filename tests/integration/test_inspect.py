@@ -276,7 +276,7 @@ def forge_statistics(conn) -> None:
 
 
 def plan(conn, f: Filters, after: str | None = None) -> str:
-    from chronos.adapters.postgres.store import QUERIES
+    from chronos.adapters.postgres.queries import QUERIES
     params = inspect._params(f, 50, cursor=inspect.decode_cursor(after) if after else None)
     sql = QUERIES["list_by_id" if f.id_prefix else "list_by_deadline"]
     with conn.cursor() as cur:

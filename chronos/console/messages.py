@@ -82,7 +82,7 @@ async def detail(request: Request) -> Response:
     message_id = id_from_path(request.scope.get("raw_path") or request.url.path.encode())
     if message_id is None:
         raise HTTPException(404)
-    m = await console.reader.call(lambda s: inspect.show(s, message_id, output_topic=console.settings.output_topic))
+    m = await console.reader.call(lambda s: s.show(message_id, output_topic=console.settings.output_topic))
     if m is None:
         return console.page(request, "error.html", 404, title="Not found",
                             message=f"No message or schedule with the id {message_id!r} is in the store "

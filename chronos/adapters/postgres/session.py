@@ -197,10 +197,6 @@ class Session:
         self.last_ok = time.monotonic()
         return result
 
-    def run(self, fn) -> Any:
-        """Run fn(connection) with the store's reconnection and error translation (for chronos.ops.inspect)."""
-        return self._run(fn)
-
     def _execute(self, conn: psycopg.Connection, query: str, params: Any = None, *,
                  prepare: bool | None = None) -> psycopg.Cursor:
         """conn.execute(query, params, prepare=prepare); through a pooler in transaction mode never prepared,

@@ -35,7 +35,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Generic, TypeVar
 
 from confluent_kafka import KafkaError
 
@@ -52,7 +52,7 @@ from chronos.runtime.backoff import POSTGRES_RETRY_CAP_S, Outage
 from chronos.domain import reasons
 from chronos.domain.model import Claimed
 from chronos.adapters.postgres.store import role_store
-from chronos.ports import Publisher, Store
+from chronos.ports import ClaimStore, Publisher, SettleStore, Store, StoreHandle
 
 log = logging.getLogger("chronos.firer")
 
@@ -239,12 +239,16 @@ class Stop:
     """Sent to the settling thread after the last `Outcomes`: settle them all, then end."""
 
 
-class StoreThread(threading.Thread):
-    """A thread of the firer that talks to PostgreSQL, on a `Store` of its own (a Store is one
-    connection, not thread-safe), which it closes when it ends. psycopg releases the GIL while it
-    waits on the network, so no statement of these threads delays a publish that is due."""
+S = TypeVar("S", bound=StoreHandle)
 
-    def __init__(self, name: str, store: Store, settings: Settings, shared: Shared, telemetry: FirerTelemetry,
+
+class StoreThread(threading.Thread, Generic[S]):
+    """A thread of the firer that talks to PostgreSQL, on a store of its own (a store is one
+    connection, not thread-safe), which it closes when it ends; its port says which statements it
+    may run. psycopg releases the GIL while it waits on the network, so no statement of these threads
+    delays a publish that is due."""
+
+    def __init__(self, name: str, store: S, settings: Settings, shared: Shared, telemetry: FirerTelemetry,
                  life: Lifecycle):
         super().__init__(name=name, daemon=True)
         self.store, self.settings, self.shared, self.metrics, self.life = store, settings, shared, telemetry, life
@@ -279,7 +283,7 @@ class StoreThread(threading.Thread):
                                   step, elapsed, rows, self.shared.held())
 
 
-class Claimer(StoreThread):
+class Claimer(StoreThread[ClaimStore]):
     """Where rows are claimed: due rows (within each rate-limited topic's budget) and recurring
     schedules' occurrences, handed to the publishing thread through `outbox`. It paces itself:
     at once again while a claim comes back full (a backlog), otherwise after the poll interval;
@@ -289,7 +293,7 @@ class Claimer(StoreThread):
     already held keep being deleted once published, so none of them ages past the hold time into
     a peer's hands."""
 
-    def __init__(self, store: Store, settings: Settings, shared: Shared, telemetry: FirerTelemetry, life: Lifecycle,
+    def __init__(self, store: ClaimStore, settings: Settings, shared: Shared, telemetry: FirerTelemetry, life: Lifecycle,
                  outbox: "queue.SimpleQueue[tuple[float, list[Claimed]]]"):
         super().__init__("firer-claim", store, settings, shared, telemetry, life)
         self.outbox = outbox
@@ -375,13 +379,14 @@ class Claimer(StoreThread):
             self.outbox.put((sent, rows))
 
 
-class Settler(StoreThread):
+class Settler(StoreThread[SettleStore]):
     """Settles held rows as the publishing thread reports their outcomes (`inbox`): deletes the
     acknowledged ones in batches, hands back, retries later, deletes as dead-lettered or parks
     the others; and measures the database clock. On its own thread and connection: never behind
     a claim (`Claimer`)."""
 
-    def __init__(self, store: Store, settings: Settings, shared: Shared, telemetry: FirerTelemetry, life: Lifecycle):
+    def __init__(self, store: SettleStore, settings: Settings, shared: Shared, telemetry: FirerTelemetry,
+                 life: Lifecycle):
         super().__init__("firer-store", store, settings, shared, telemetry, life)
         self.inbox: queue.SimpleQueue[Outcomes | Stop] = queue.SimpleQueue()
         self.todo = Outcomes()

@@ -319,7 +319,8 @@ SELECT now(),
 -- name: count_cron_schedules
 SELECT count(*) FROM chronos_messages WHERE cron IS NOT NULL;
 
--- Operators: `chronos show`, `list`, `cancel`, `fire-now`, `reschedule` (chronos/ops/inspect.py).
+-- Operators: `chronos show`, `list`, `cancel`, `fire-now`, `reschedule` (the OperatorsStore port, chronos/ports.py;
+-- chronos/ops/inspect.py walks filters and actions in batches over it).
 
 -- name: show_message
 -- The value's size and its first bytes only: a value may be megabytes.

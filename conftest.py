@@ -22,7 +22,7 @@ TEMPLATE = "chronos_template"
 @pytest.fixture(scope="session")
 def pg_server(tmp_path_factory: pytest.TempPathFactory):
     """The session's embedded PostgreSQL, with the migrated database `chronos_template`."""
-    from chronos.adapters.postgres.store import migrate
+    from chronos.adapters.postgres.migrations import migrate
     from chronos.embedded.postgres import EmbeddedPostgres
     base = tmp_path_factory.mktemp("pg")
     server = EmbeddedPostgres(base / "data", fast=True, log_path=base / "postgres.log")

@@ -82,7 +82,7 @@ def write_records(path: Path, n: int, seed: int = 2) -> None:
 
 
 def fresh_database(server_url: str, name: str) -> str:
-    from chronos.adapters.postgres.store import migrate
+    from chronos.adapters.postgres.migrations import migrate
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name}")
         conn.execute(f"CREATE DATABASE {name}")

@@ -22,7 +22,8 @@ import psycopg
 
 from chronos.ops import inspect
 from chronos.ops.inspect import Filters
-from chronos.adapters.postgres.store import Store, migrate
+from chronos.adapters.postgres.migrations import migrate
+from chronos.adapters.postgres.store import Store
 
 OUT = "chronos.output"
 

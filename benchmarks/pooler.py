@@ -26,8 +26,9 @@ from pathlib import Path
 
 import psycopg
 
-from chronos.adapters.postgres import pooling, store
-from chronos.adapters.postgres.store import Store, migrate
+from chronos.adapters.postgres import pooling, session
+from chronos.adapters.postgres.migrations import migrate
+from chronos.adapters.postgres.store import Store
 from chronos.domain.model import Row
 from chronos.embedded.postgres import EmbeddedPostgres
 from chronos.runtime.process import tune_gc
@@ -51,7 +52,7 @@ class Way:
         self.times: dict[str, list[float]] = {step: [] for step in (*STEPS, "round")}
 
     def round(self, batch: int, counted: bool) -> None:
-        store.PIPELINE = self.pipeline and psycopg.Pipeline.is_supported()
+        session.PIPELINE = self.pipeline and psycopg.Pipeline.is_supported()
         run = uuid.uuid4().hex[:8]
         due = time.time_ns() // 1000 - 1_000_000
         rows = [Row(f"{run}-{i}", due, None, b"k", VALUE, b"") for i in range(batch)]

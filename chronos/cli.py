@@ -8,7 +8,7 @@ import sys
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from chronos import __version__, config
 from chronos.errors import ChronosError, UnavailableError
@@ -49,18 +49,18 @@ def cmd_process(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from chronos.adapters.postgres import pooling, store
+    from chronos.adapters.postgres import migrations, pooling
     settings = config.load(args)
     url = settings.require_database()
     # a pool mode the processes would fail with is found here, before they start
-    if store.resolve_pool_mode(url, settings.database_pool_mode, check=True) == pooling.TRANSACTION:
+    if pooling.resolve_pool_mode(url, settings.database_pool_mode, check=True) == pooling.TRANSACTION:
         print("PostgreSQL is reached through a pooler in transaction mode: the processes prepare no statement "
               "and make their settings in each transaction")
-    applied = store.migrate(url)
+    applied = migrations.migrate(url)
     if applied:
-        print(f"applied migrations {', '.join(map(str, applied))}; schema at version {store.LATEST_VERSION}")
+        print(f"applied migrations {', '.join(map(str, applied))}; schema at version {migrations.LATEST_VERSION}")
     else:
-        print(f"schema already at version {store.LATEST_VERSION}")
+        print(f"schema already at version {migrations.LATEST_VERSION}")
     return 0
 
 
@@ -160,7 +160,7 @@ def cmd_schedules(args: argparse.Namespace) -> int:
     store = Store(settings.require_database(), pool_mode=settings.database_pool_mode)
     rows = store.list_schedules()
     store.close()
-    schedules = [{"id": sid, "cron": expr, "timezone": tz,
+    schedules: list[dict[str, Any]] = [{"id": sid, "cron": expr, "timezone": tz,
                   "next_occurrence": cron.from_us(next_us).isoformat(timespec="milliseconds"),
                   "topic": topic, "ordering_key": okey, "created_at": created.isoformat(timespec="seconds")}
                  for sid, expr, tz, next_us, topic, okey, created in rows]
@@ -205,7 +205,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from chronos.ops import inspect
     settings, store = _operator_store(args)
     try:
-        m = inspect.show(store, args.id, output_topic=settings.output_topic)
+        m = store.show(args.id, output_topic=settings.output_topic)
     finally:
         store.close()
     if args.json:

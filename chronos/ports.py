@@ -1,8 +1,12 @@
-"""The ports: what the roles need from the outside world, as Protocols.
+"""The ports: what the roles and the operators need from the outside world, as Protocols.
 
-`Store` is implemented by the PostgreSQL adapter (`chronos.adapters.postgres.store.Store`) and by
-its in-memory twin (`chronos.adapters.memory.MemoryStore`); both pass the same contract tests.
-The roles take a store (or a factory of stores, one per thread) as a constructor argument.
+The store, one Protocol per caller, so that each thread's type says which statements it may run:
+`IntakeStore` (the consumer), `ClaimStore` and `SettleStore` (the firer's claiming and settling
+threads), `DetectStore` (the detector), `OperatorsStore` (`chronos show`, `list`, the actions, the
+console). `Store` is every role's statements together. Both the PostgreSQL adapter
+(`chronos.adapters.postgres.store.Store`) and its in-memory twin (`chronos.adapters.memory.MemoryStore`)
+implement `Store` and `OperatorsStore`, and pass the same contract tests. The roles take a store (or a
+factory of stores, one per thread) as a constructor argument.
 
 `Publisher` is what the firer and the consumer need of a Kafka producer (confluent-kafka's
 `Producer` is one; unit tests use a double that acknowledges on `poll`).
@@ -11,9 +15,11 @@ The roles take a store (or a factory of stores, one per thread) as a constructor
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from chronos.domain.model import Claimed, Overview, Parked, Row, Stale, Throttled
+from chronos.domain.operators import Filters, Listed, Message, ParkedMessage, Position, Schedule
 from chronos.domain.ratelimit import FireRateLimits
 
 
@@ -58,9 +64,10 @@ class Publisher(Protocol):
     def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None: ...
 
 
-class Store(Protocol):
-    """The scheduler's table of waiting messages. One per thread: an implementation need not be
-    thread-safe, except `cancel`, which another thread may call to stop a statement running."""
+class StoreHandle(Protocol):
+    """What every store is: one connection of one process to the table of waiting messages. One per
+    thread: an implementation need not be thread-safe, except `cancel`, which another thread may call to
+    stop a statement running."""
 
     node_id: uuid.UUID | None
     last_ok: float  # time.monotonic() of the last statement the store answered (for /healthz)
@@ -70,7 +77,10 @@ class Store(Protocol):
 
     def cancel(self) -> None: ...
 
-    # consumer
+
+class IntakeStore(StoreHandle, Protocol):
+    """The consumer's statements: a batch written, messages parked, which late ids are waiting."""
+
     def apply(self, inserts: Sequence[Row], replaces: Sequence[Row],
               cancels: Sequence[str]) -> tuple[int, int, int, int]: ...
 
@@ -78,13 +88,23 @@ class Store(Protocol):
 
     def waiting_ids(self, ids: Iterable[str]) -> set[str]: ...
 
-    # firer
+    def db_clock_us(self) -> int: ...
+
+
+class ClaimStore(StoreHandle, Protocol):
+    """The statements of the firer's claiming thread: due rows and due occurrences claimed."""
+
     def claim(self, limit: int, lookahead_ms: int) -> list[Claimed]: ...
 
     def claim_limited(self, limits: FireRateLimits, output_topic: str, limit: int,
                       lookahead_ms: int) -> tuple[list[Claimed], bool]: ...
 
     def claim_schedules(self, limit: int, lookahead_ms: int, now_us: int) -> list[Claimed]: ...
+
+
+class SettleStore(StoreHandle, Protocol):
+    """The statements of the firer's settling thread: claimed rows deleted once published, handed back,
+    retried later or parked; and the database clock."""
 
     def delete_fired(self, done: Sequence[Claimed]) -> int: ...
 
@@ -96,7 +116,10 @@ class Store(Protocol):
 
     def db_clock_us(self) -> int: ...
 
-    # detector
+
+class DetectStore(StoreHandle, Protocol):
+    """The detector's statements: rows held past the hold time found and handed back; its gauges."""
+
     def find_stale(self, hold_ms: int, limit: int = 10000) -> list[Stale]: ...
 
     def reset_stale(self, seen: Sequence[Stale]) -> list[uuid.UUID]: ...
@@ -104,3 +127,46 @@ class Store(Protocol):
     def overview(self, hold_ms: int, *, exact: bool | None = None) -> Overview: ...
 
     def throttled(self, output_topic: str) -> list[Throttled]: ...
+
+
+class Store(IntakeStore, ClaimStore, SettleStore, DetectStore, Protocol):
+    """Every role's statements: what both stores implement and the contract suite checks."""
+
+
+class OperatorsStore(StoreHandle, Protocol):
+    """What operators ask of the store and do to it (`chronos.ops.inspect`, `chronos schedules`, the
+    console). An action changes only rows no firer holds."""
+
+    def show(self, message_id: str, *, output_topic: str) -> Message | None:
+        """The message or schedule with this id (its value's first PREVIEW_BYTES only), or None."""
+        ...
+
+    def list_messages(self, f: Filters, *, output_topic: str, limit: int, after: Position | None = None,
+                      not_at: datetime | None = None) -> list[Listed]:
+        """Up to `limit` rows matching `f` (and whose deadline is not `not_at`) after the position `after`: in
+        (deadline, seq) order, in id order with an id prefix."""
+        ...
+
+    def list_parked(self, *, limit: int, before: int | None = None) -> list[ParkedMessage]:
+        """Up to `limit` parked messages numbered below `before`, newest first."""
+        ...
+
+    def list_schedules(self) -> list[Schedule]:
+        """Every recurring schedule, by next occurrence."""
+        ...
+
+    def present(self, ids: Sequence[str]) -> dict[str, bool]:
+        """Of these ids, those the store holds, each with whether a firer holds it (in flight)."""
+        ...
+
+    def apply_action(self, action: str, ids: Sequence[str], at: datetime | None, *, counted: bool) -> list[str]:
+        """Cancel, fire now (due at `at`, or earlier) or reschedule (to `at`) those of these rows that no firer
+        holds, and add to the action's totals (one more time taken when `counted`, and the rows changed), in
+        one transaction. Returns the ids changed."""
+        ...
+
+    def action_totals(self) -> dict[str, tuple[int, int]]:
+        """action -> (times taken, messages changed), over the store's life."""
+        ...
+
+    def db_clock_us(self) -> int: ...

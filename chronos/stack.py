@@ -40,7 +40,7 @@ from chronos.runtime import orphans
 from chronos.adapters.kafka.admin import check_reachable, create_topics
 from chronos.adapters.kafka.clients import EMBEDDED_PROFILE
 from chronos.adapters.kafka.offset_process import OffsetReaderProcess
-from chronos.adapters.postgres import pooling, store
+from chronos.adapters.postgres import connection, migrations, pooling
 from chronos.config import Settings, redact_url
 from chronos.console.launch import ConsoleProcess
 from chronos.embedded.broker import EmbeddedBroker
@@ -163,9 +163,9 @@ class Stack:
         s = self.settings
         if s.database_url:
             print(f"using PostgreSQL at {redact_url(s.database_url)}", flush=True)
-            store.wait_for_database(s.database_url, timeout=10)
+            connection.wait_for_database(s.database_url, timeout=10)
             # settled here, once, for the programs; session refused if the probe finds a pooler in transaction mode
-            mode = store.resolve_pool_mode(s.database_url, s.database_pool_mode, check=True)
+            mode = pooling.resolve_pool_mode(s.database_url, s.database_pool_mode, check=True)
             if mode == pooling.TRANSACTION:
                 print("PostgreSQL is reached through a pooler in transaction mode: the programs prepare no "
                       "statement and make their settings in each transaction", flush=True)
@@ -201,8 +201,8 @@ class Stack:
         self.create_topics()
         if self.broker is not None:
             self.watch_broker()
-        applied = store.migrate(s.database_url)
-        print(f"schema at version {store.LATEST_VERSION}"
+        applied = migrations.migrate(s.database_url)
+        print(f"schema at version {migrations.LATEST_VERSION}"
               + (f" (applied {', '.join(map(str, applied))})" if applied else ""), flush=True)
         life_check()
         if self.console is not None and not s.metrics_port:

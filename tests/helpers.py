@@ -118,7 +118,7 @@ def settings(env: dict | None = None, argv: list[str] | None = None):
 
 def claim_plan(conn) -> str:
     """PostgreSQL's plan (EXPLAIN) of the claim statement, for 100 rows due now, on connection `conn`."""
-    from chronos.adapters.postgres.store import QUERIES
+    from chronos.adapters.postgres.queries import QUERIES
     sql = QUERIES["claim"].replace("%(lookahead_ms)s", "0").replace("%(limit)s", "100") \
         .replace("%(node)s", f"'{uuid.uuid4()}'")
     return "\n".join(row[0] for row in conn.execute("EXPLAIN " + sql))

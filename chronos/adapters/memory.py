@@ -1,9 +1,9 @@
 """The in-memory store: a twin of the PostgreSQL store (`chronos.adapters.postgres.store.Store`)
-with the same observable semantics, for unit tests of the roles. Both pass one contract suite
-(tests/contract).
+with the same observable semantics (the roles' statements and the operators'), for unit tests of the
+roles and of the operators' functions. Both pass one contract suite (tests/contract).
 
-`MemoryDatabase` is the shared state of one database: its rows, parked messages, fire-rate buckets
-and its clock (`now_us`, injected so that tests control time; PostgreSQL uses its own clock).
+`MemoryDatabase` is the shared state of one database: its rows, parked messages, fire-rate buckets,
+the operators' action totals and its clock (`now_us`, injected so that tests control time; PostgreSQL uses its own clock).
 `MemoryStore` is a handle on it, one per thread as a PostgreSQL `Store` is one connection. Every
 call runs as one statement under the database's lock, so handles in several threads behave like
 connections to one database; where PostgreSQL's concurrent claims skip rows another one has
@@ -23,10 +23,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Callable, Iterable, Sequence, TypeVar
 
-from chronos import ports
+from chronos import codec, ports
 from chronos.domain import cron, ratelimit, schedules
 from chronos.domain.model import (DUE_CAP, ESTIMATE_ABOVE, Claimed, NodeLoad, Overview, Parked, Row, Stale,
                                   Throttled)
+from chronos.domain.operators import (ACTIONS, PREVIEW_BYTES, Filters, Listed, Message, ParkedMessage, Position,
+                                      Schedule, state_of)
 from chronos.errors import StoreRejected, StoreUnavailable
 
 log = logging.getLogger("chronos.store")
@@ -68,6 +70,7 @@ class StoredRow:
     dst_policy: str | None
     seq: int
     ctid: str                       # changes with every write, as a row version's place does in PostgreSQL
+    enqueued_us: int                # when it was written (or replaced)
     readied_us: int | None = None   # claimed at (readied_at)
     readied_by: uuid.UUID | None = None
     attempts: int = 0
@@ -87,6 +90,15 @@ class StoredRow:
 
 
 @dataclass(slots=True)
+class StoredParked:
+    """One row of chronos_parked: a parked message, its number (the table's id) and when it was parked."""
+
+    number: int
+    parked_us: int
+    message: Parked
+
+
+@dataclass(slots=True)
 class Bucket:
     """A destination topic's fire-rate bucket, as a row of chronos_rate_limits."""
 
@@ -102,17 +114,22 @@ class MemoryDatabase:
         self.now_us = now_us
         self.lock = threading.Lock()
         self.rows: dict[str, StoredRow] = {}
-        self.parked: list[Parked] = []
+        self.parked: list[StoredParked] = []
         self.buckets: dict[str, Bucket] = {}     # by destination topic name, as chronos_rate_limits
+        self.actions: dict[str, tuple[int, int]] = {}  # action -> (times taken, messages changed): chronos_actions
         self.unavailable: str | None = None       # set: every statement fails with StoreUnavailable(this)
         self._seq = itertools.count(1)
         self._ctid = itertools.count(1)
+        self._parked = itertools.count(1)
 
     def next_seq(self) -> int:
         return next(self._seq)
 
     def new_ctid(self) -> str:
         return f"(0,{next(self._ctid)})"
+
+    def park(self, message: Parked, now_us: int) -> None:
+        self.parked.append(StoredParked(next(self._parked), now_us, message))
 
 
 _ANY_TOPIC = object()  # the claim's topic filter: none
@@ -182,14 +199,14 @@ class MemoryStore:
             inserted = replaced = cancelled = in_flight = 0
             for r in inserts:
                 if r.id not in db.rows:
-                    db.rows[r.id] = self._new_row(r)
+                    db.rows[r.id] = self._new_row(r, now)
                     inserted += 1
             for r in replaces:
                 old = db.rows.get(r.id)
                 if old is None:
-                    db.rows[r.id] = self._new_row(r)
+                    db.rows[r.id] = self._new_row(r, now)
                 else:  # the new version, waiting, with no failed publishes; seq and last occurrence kept
-                    db.rows[r.id] = replace(self._new_row(r, seq=old.seq), last_occurrence_us=old.last_occurrence_us)
+                    db.rows[r.id] = replace(self._new_row(r, now, seq=old.seq), last_occurrence_us=old.last_occurrence_us)
                 replaced += 1
             for mid in dict.fromkeys(cancels):
                 gone = db.rows.pop(mid, None)
@@ -201,9 +218,9 @@ class MemoryStore:
             return inserted, replaced, cancelled, in_flight
         return self._run(run)
 
-    def _new_row(self, r: Row, seq: int | None = None) -> StoredRow:
+    def _new_row(self, r: Row, now: int, seq: int | None = None) -> StoredRow:
         return StoredRow(r.id, r.deadline_us, r.topic, r.key, r.value, r.headers, r.ordering_key, r.cron,
-                         r.timezone, r.dst_policy, self.db.next_seq() if seq is None else seq, self.db.new_ctid())
+                         r.timezone, r.dst_policy, self.db.next_seq() if seq is None else seq, self.db.new_ctid(), now)
 
     def waiting_ids(self, ids: Iterable[str]) -> set[str]:
         """Which of these ids the store holds (waiting, claimed or a recurring schedule)."""
@@ -212,8 +229,11 @@ class MemoryStore:
 
     def park(self, messages: Sequence[Parked]) -> None:
         """Keep messages no topic accepted."""
+        def run(now: int) -> None:
+            for m in messages:
+                self.db.park(replace(m), now)
         if messages:
-            self._run(lambda now: self.db.parked.extend(replace(m) for m in messages))
+            self._run(run)
 
     # -- firer -----------------------------------------------------------------------------
 
@@ -313,7 +333,7 @@ class MemoryStore:
                 occ = step.occurrence
                 if occ is not None and occ.id not in db.rows:
                     db.rows[occ.id] = StoredRow(occ.id, occ.deadline_us, s.topic, s.key, s.value, occ.headers,
-                                                s.ordering_key, None, None, None, db.next_seq(), db.new_ctid(),
+                                                s.ordering_key, None, None, None, db.next_seq(), db.new_ctid(), now,
                                                 readied_us=now, readied_by=self.node_id)
                     claimed.append(self._as_claimed(db.rows[occ.id]))
                 s.deadline_us, s.ctid = step.next_us, db.new_ctid()
@@ -369,9 +389,8 @@ class MemoryStore:
             for c, reason in rows:
                 if (row := self._held(c)) is not None:
                     del self.db.rows[c.id]
-                    self.db.parked.append(Parked(row.id, f"store/{row.id}", row.topic or output_topic,
-                                                 cron.from_us(row.position[0]), row.key, row.value, row.headers,
-                                                 reason))
+                    self.db.park(Parked(row.id, f"store/{row.id}", row.topic or output_topic,
+                                        cron.from_us(row.position[0]), row.key, row.value, row.headers, reason), now)
                     moved += 1
             return moved
         return self._run(run) if rows else 0
@@ -429,6 +448,110 @@ class MemoryStore:
         return self._run(run)
 
 
+    # -- operators -------------------------------------------------------------------------
+
+    def show(self, message_id: str, *, output_topic: str) -> Message | None:
+        """The message or schedule with this id (its value's first PREVIEW_BYTES), or None."""
+        def run(now: int) -> Message | None:
+            r = self.db.rows.get(message_id)
+            if r is None:
+                return None
+            return Message(id=r.id, state=_state(r), deadline=cron.from_us(r.deadline_us), topic=r.topic or output_topic,
+                           key=r.key, headers=codec.decode_headers(r.headers) if r.headers else [],
+                           value_size=None if r.value is None else len(r.value),
+                           value_preview=b"" if r.value is None else r.value[:PREVIEW_BYTES],
+                           ordering_key=r.ordering_key, enqueued_at=cron.from_us(r.enqueued_us), firer=r.readied_by,
+                           claimed_at=None if r.readied_us is None else cron.from_us(r.readied_us), cron=r.cron,
+                           timezone=(r.timezone or "UTC") if r.cron is not None else None, dst_policy=r.dst_policy,
+                           attempts=r.attempts, last_error=r.last_error,
+                           original_deadline=None if r.original_deadline_us is None
+                           else cron.from_us(r.original_deadline_us))
+        return self._run(run)
+
+    def list_messages(self, f: Filters, *, output_topic: str, limit: int, after: Position | None = None,
+                      not_at: datetime | None = None) -> list[Listed]:
+        """Up to `limit` rows matching `f` after `after`: in (deadline, seq) order, in id order with an id
+        prefix (a string's code points: the order of PostgreSQL's C collation, the embedded server's)."""
+        bounds = [None if t is None else cron.to_us(t) for t in (f.due_after, f.due_before, not_at)]
+        due_after, due_before, not_at_us = bounds
+
+        def matches(r: StoredRow) -> bool:
+            return ((f.state is None or _state(r) == f.state)
+                    and (due_after is None or r.deadline_us > due_after)
+                    and (due_before is None or r.deadline_us < due_before)
+                    and (not_at_us is None or r.deadline_us != not_at_us)
+                    and (f.topic is None or r.topic == f.topic) and (not f.output_topic or r.topic is None)
+                    and (f.key is None or r.key == f.key)
+                    and (f.ordering_key is None or r.ordering_key == f.ordering_key)
+                    and (f.id_prefix is None or r.id.startswith(f.id_prefix)))
+
+        def run(now: int) -> list[Listed]:
+            found = [r for r in self.db.rows.values() if matches(r)]
+            if f.id_prefix is not None:
+                found = sorted((r for r in found if not isinstance(after, str) or r.id > after), key=lambda r: r.id)
+            else:
+                found = sorted((r for r in found if not isinstance(after, tuple) or (r.deadline_us, r.seq) > after),
+                               key=lambda r: (r.deadline_us, r.seq))
+            return [Listed(_state(r), r.id, cron.from_us(r.deadline_us), r.seq, r.topic or output_topic, r.key,
+                           r.ordering_key, r.readied_by, r.cron) for r in found[:limit]]
+        return self._run(run)
+
+    def list_parked(self, *, limit: int, before: int | None = None) -> list[ParkedMessage]:
+        """Up to `limit` parked messages numbered below `before`, newest first."""
+        def shown(p: StoredParked) -> ParkedMessage:
+            m = p.message
+            return ParkedMessage(p.number, m.message_id, m.source, m.topic, m.deadline, m.key,
+                                 codec.decode_headers(m.headers) if m.headers else [],
+                                 None if m.value is None else len(m.value),
+                                 b"" if m.value is None else m.value[:PREVIEW_BYTES], m.reason, cron.from_us(p.parked_us))
+        return self._run(lambda now: [shown(p) for p in reversed(self.db.parked)
+                                      if before is None or p.number < before][:limit])
+
+    def list_schedules(self) -> list[Schedule]:
+        """Every recurring schedule, by next occurrence (then id)."""
+        def run(now: int) -> list[Schedule]:
+            found = [Schedule(r.id, r.cron, r.timezone or "UTC", r.deadline_us, r.topic, r.ordering_key,
+                              cron.from_us(r.enqueued_us)) for r in self.db.rows.values() if r.cron is not None]
+            return sorted(found, key=lambda s: (s.next_us, s.id))
+        return self._run(run)
+
+    def present(self, ids: Sequence[str]) -> dict[str, bool]:
+        """Of these ids, those held, each with whether a firer holds it."""
+        return self._run(lambda now: {i: self.db.rows[i].readied_us is not None for i in ids if i in self.db.rows})
+
+    def apply_action(self, action: str, ids: Sequence[str], at: datetime | None, *, counted: bool) -> list[str]:
+        """Cancel, fire now or reschedule the rows no firer holds, and count it, all at once."""
+        if action not in ACTIONS:
+            raise ValueError(f"unknown action {action!r}")
+
+        def run(now: int) -> list[str]:
+            db = self.db
+            changed = []
+            for mid in dict.fromkeys(ids):
+                row = db.rows.get(mid)
+                if row is None or row.readied_us is not None:
+                    continue
+                if action == "cancel":
+                    del db.rows[mid]
+                else:
+                    assert at is not None  # inspect.act sets it for fire-now and reschedule
+                    to = cron.to_us(at)
+                    row.deadline_us, row.ctid = min(row.deadline_us, to) if action == "fire_now" else to, db.new_ctid()
+                changed.append(mid)
+            times, messages = db.actions.get(action, (0, 0))
+            db.actions[action] = (times + (1 if counted else 0), messages + len(changed))
+            return changed
+        return self._run(run)
+
+    def action_totals(self) -> dict[str, tuple[int, int]]:
+        """action -> (times taken, messages changed)."""
+        return self._run(lambda now: dict(sorted(self.db.actions.items())))
+
+
+def _state(row: StoredRow) -> str:
+    return state_of(row.cron, row.readied_us is not None)
+
+
 def _readied(row: StoredRow) -> int:
     assert row.readied_us is not None
     return row.readied_us
@@ -443,5 +566,6 @@ def _first(deadlines: list[int]) -> datetime | None:
     return cron.from_us(min(deadlines)) if deadlines else None
 
 
-# held to the port by the type checker, as the PostgreSQL store is
+# held to the ports by the type checker, as the PostgreSQL store is
 _PORT: type[ports.Store] = MemoryStore
+_OPERATORS_PORT: type[ports.OperatorsStore] = MemoryStore

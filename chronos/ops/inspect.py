@@ -1,11 +1,10 @@
-"""What operators ask of the store and do to it: show, list, cancel, fire-now, reschedule.
+"""What operators ask of the store and do to it: list, cancel, fire-now, reschedule, parked messages.
 
-Pure functions over a `Store`, returning typed results; `chronos show|list|cancel|fire-now|
-reschedule` (chronos/cli.py) is one face on them, and `to_json` gives every result as plain JSON.
-
-States: `waiting` (not claimed, due at `deadline`), `in_flight` (claimed by a firer, which
-publishes it from memory at the deadline it was claimed with), `recurring` (a cron schedule;
-`deadline` is its next occurrence).
+Functions over the operators' store port (`chronos.ports.OperatorsStore`: its statements, on PostgreSQL
+or the in-memory twin), returning typed results: the flags parsed, pages and their cursors, actions
+walked in batches, confirmed above a threshold and logged. `chronos show|list|cancel|fire-now|reschedule`
+(chronos/cli.py) and the console are two faces on them, and `to_json` gives every result as plain JSON.
+What operators select and see (filters, states, messages) is `chronos.domain.operators`.
 
 In-flight rows: no action changes them. The firer that holds the row publishes it at the deadline
 in force when it claimed it and then deletes it; changing or deleting the row under it could not
@@ -22,22 +21,19 @@ import base64
 import dataclasses
 import logging
 import re
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator, Sequence
 
 import orjson
 
-from chronos import codec
+from chronos.domain.cron import from_us, to_us
+from chronos.domain.operators import ACTIONS, PREVIEW_BYTES, STATES, Filters, Listed, Message, ParkedMessage, Position
 from chronos.errors import ConfigError, InFlightSkipped, NeedsConfirmation, NotFound
-from chronos.adapters.postgres.store import QUERIES, Store
+from chronos.ports import OperatorsStore
 
 log = logging.getLogger("chronos.operator")
 
-STATES = ("waiting", "in_flight", "recurring")
-ACTIONS = ("cancel", "fire_now", "reschedule")
-PREVIEW_BYTES = 64
 BATCH = 1000            # rows per transaction when an action walks a filter
 SAMPLE = 20             # ids a dry run shows
 
@@ -93,24 +89,6 @@ def parse_key(text: str | None) -> bytes | None:
     return text.encode()
 
 
-@dataclass(frozen=True)
-class Filters:
-    """What `list` and the filtered actions select; None means no condition."""
-
-    due_after: datetime | None = None
-    due_before: datetime | None = None
-    topic: str | None = None            # a destination other than the output topic
-    output_topic: bool = False          # only messages for the output topic (stored as NULL)
-    key: bytes | None = None
-    ordering_key: str | None = None
-    id_prefix: str | None = None
-    state: str | None = None
-
-    @property
-    def empty(self) -> bool:
-        return self == Filters()
-
-
 def filters_for(*, output_topic: str, due_after: datetime | None = None, due_before: datetime | None = None,
                 topic: str | None = None, key: bytes | None = None, ordering_key: str | None = None,
                 id_prefix: str | None = None, state: str | None = None) -> Filters:
@@ -145,64 +123,9 @@ def decode_cursor(text: str) -> tuple[str, list[Any]]:
 # -- results -----------------------------------------------------------------------------------
 
 @dataclass
-class Message:
-    """Everything `chronos show` tells about one message or schedule."""
-
-    id: str
-    state: str                      # waiting, in_flight, recurring
-    deadline: datetime              # for a recurring schedule: its next occurrence
-    topic: str                      # the destination (the output topic unless overridden)
-    key: bytes | None
-    headers: list[tuple[str, bytes | None]]
-    value_size: int | None          # None: a null value (tombstone)
-    value_preview: bytes
-    ordering_key: str | None
-    enqueued_at: datetime
-    firer: uuid.UUID | None = None          # in flight: the firer's node id
-    claimed_at: datetime | None = None      # in flight: since when
-    cron: str | None = None
-    timezone: str | None = None
-    dst_policy: str | None = None
-    attempts: int = 0                       # failed publishes so far (retried after a backoff)
-    last_error: str | None = None           # why the last publish failed
-    original_deadline: datetime | None = None   # as scheduled, when a retry's backoff moved `deadline`
-
-
-@dataclass
-class Parked:
-    """A message no topic accepted (neither its destination nor the dead-letter topic), kept in
-    chronos_parked."""
-
-    number: int                     # its row in chronos_parked (the page's cursor)
-    message_id: str | None          # None when the message had no usable id
-    source: str                     # `store/<id>`, or `<topic>/<partition>/<offset>` of the input
-    topic: str                      # where it was going
-    deadline: datetime | None
-    key: bytes | None
-    headers: list[tuple[str, bytes | None]]
-    value_size: int | None
-    value_preview: bytes
-    reason: str
-    parked_at: datetime
-
-
-@dataclass
 class ParkedPage:
-    items: list[Parked]
+    items: list[ParkedMessage]
     cursor: int | None              # pass as `before` for the next (older) page; None on the last
-
-
-@dataclass
-class Listed:
-    state: str
-    id: str
-    deadline: datetime
-    seq: int
-    topic: str
-    key: bytes | None
-    ordering_key: str | None
-    firer: uuid.UUID | None
-    cron: str | None
 
 
 @dataclass
@@ -234,35 +157,7 @@ class ActionResult:
 
 # -- queries -------------------------------------------------------------------------------------
 
-def show(store: Store, message_id: str, *, output_topic: str) -> Message | None:
-    """The message or schedule with this id, or None."""
-    row = store.run(lambda c: c.execute(QUERIES["show_message"], {"id": message_id, "preview": PREVIEW_BYTES})
-                    .fetchone())
-    if row is None:
-        return None
-    (mid, deadline, readied_at, readied_by, topic, key, size, preview, headers, okey, enqueued_at, cron, tz,
-     dst, attempts, last_error, original_deadline) = row
-    state = "recurring" if cron is not None else "in_flight" if readied_at is not None else "waiting"
-    return Message(id=mid, state=state, deadline=deadline, topic=topic or output_topic, key=key,
-                   headers=codec.decode_headers(headers) if headers else [],
-                   value_size=size, value_preview=b"" if preview is None else bytes(preview),
-                   ordering_key=okey, enqueued_at=enqueued_at, firer=readied_by, claimed_at=readied_at,
-                   cron=cron, timezone=(tz or "UTC") if cron is not None else None, dst_policy=dst,
-                   attempts=attempts, last_error=last_error, original_deadline=original_deadline)
-
-
-def _params(f: Filters, limit: int, *, cursor: tuple[str, list[Any]] | None = None,
-            not_at: datetime | None = None) -> dict[str, Any]:
-    order, values = cursor if cursor is not None else ("", [])
-    return {"state": f.state, "due_after": f.due_after, "due_before": f.due_before, "not_at": not_at,
-            "topic": f.topic, "output_topic": f.output_topic, "key": f.key, "ordering_key": f.ordering_key,
-            "id_prefix": f.id_prefix, "limit": limit,
-            "after_deadline": _from_us(values[0]) if order == "d" else None,
-            "after_seq": values[1] if order == "d" else None,
-            "after_id": values[0] if order == "i" else None}
-
-
-def list_messages(store: Store, f: Filters, *, output_topic: str, limit: int = 50, after: str | None = None,
+def list_messages(store: OperatorsStore, f: Filters, *, output_topic: str, limit: int = 50, after: str | None = None,
                   not_at: datetime | None = None) -> Page:
     """One page of what matches, in deadline order (id order with an id prefix), after a cursor."""
     if limit <= 0:
@@ -271,41 +166,29 @@ def list_messages(store: Store, f: Filters, *, output_topic: str, limit: int = 5
     by_id = f.id_prefix is not None
     if cursor is not None and (cursor[0] == "i") != by_id:
         raise ConfigError("--after is a cursor of a listing with other filters (--id-prefix changes the order)")
-    params = _params(f, limit, cursor=cursor, not_at=not_at)
-    # prepare=False: planned for these values every time (see list_by_deadline)
-    rows = store.run(lambda c: c.execute(QUERIES["list_by_id" if by_id else "list_by_deadline"], params,
-                                          prepare=False).fetchall())
-    items = [Listed(state=s, id=i, deadline=d, seq=q, topic=t or output_topic, key=k, ordering_key=o, firer=r,
-                    cron=cr) for s, i, d, q, t, k, o, r, cr in rows]
+    position: Position | None = None
+    if cursor is not None:
+        order, values = cursor
+        position = values[0] if order == "i" else (values[0], values[1])
+    items = store.list_messages(f, output_topic=output_topic, limit=limit, after=position, not_at=not_at)
     next_cursor = None
     if len(items) == limit:
         last = items[-1]
-        next_cursor = encode_cursor("i", [last.id]) if by_id else encode_cursor("d", [_to_us(last.deadline), last.seq])
+        next_cursor = encode_cursor("i", [last.id]) if by_id else encode_cursor("d", [to_us(last.deadline), last.seq])
     return Page(items, next_cursor)
 
 
-def list_parked(store: Store, *, limit: int = 50, before: int | None = None) -> ParkedPage:
+def list_parked(store: OperatorsStore, *, limit: int = 50, before: int | None = None) -> ParkedPage:
     """One page of parked messages, newest first, older than the cursor `before`."""
     if limit <= 0:
         raise ConfigError(f"--limit must be greater than 0, got {limit}")
-    rows = store.run(lambda c: c.execute(QUERIES["list_parked"], {"before": before, "limit": limit,
-                                                                  "preview": PREVIEW_BYTES}).fetchall())
-    items = [Parked(number=n, message_id=mid, source=src, topic=topic, deadline=deadline, key=key,
-                    headers=codec.decode_headers(headers) if headers else [], value_size=size,
-                    value_preview=b"" if preview is None else bytes(preview), reason=reason, parked_at=at)
-             for n, mid, src, topic, deadline, key, size, preview, headers, reason, at in rows]
+    items = store.list_parked(limit=limit, before=before)
     return ParkedPage(items, items[-1].number if len(items) == limit else None)
-
-
-def action_totals(store: Store) -> dict[str, tuple[int, int]]:
-    """action -> (times taken, messages changed), over the store's life."""
-    rows = store.run(lambda c: c.execute(QUERIES["action_totals"]).fetchall())
-    return {a: (n, m) for a, n, m in rows}
 
 
 # -- actions -------------------------------------------------------------------------------------
 
-def act(store: Store, action: str, *, ids: Sequence[str] = (), filters: Filters | None = None,
+def act(store: OperatorsStore, action: str, *, ids: Sequence[str] = (), filters: Filters | None = None,
         output_topic: str, at: datetime | None = None, dry_run: bool = False,
         confirm_above: int | None = None, yes: bool = False, batch: int = BATCH) -> ActionResult:
     """Cancel, fire now or reschedule (to `at`) the messages with these ids, or every message matching
@@ -322,7 +205,7 @@ def act(store: Store, action: str, *, ids: Sequence[str] = (), filters: Filters 
     if action == "reschedule" and at is None:
         raise ConfigError("reschedule needs --at or --delay")
     if action == "fire_now":
-        at = store.run(lambda c: c.execute(QUERIES["db_now"]).fetchone()[0])
+        at = from_us(store.db_clock_us())
     result = ActionResult(action=action, dry_run=dry_run, at=at if action != "cancel" else None)
     if filters is None:
         batches = _id_batches(store, list(dict.fromkeys(ids)), batch, result)
@@ -355,7 +238,7 @@ def act(store: Store, action: str, *, ids: Sequence[str] = (), filters: Filters 
         if dry_run:
             changed = chunk
         else:
-            changed = _apply(store, action, chunk, at, count_action=first)
+            changed = store.apply_action(action, chunk, at, counted=first)
             first = False
             # rows claimed between the read and the change
             held = set(chunk) - set(changed)
@@ -366,7 +249,7 @@ def act(store: Store, action: str, *, ids: Sequence[str] = (), filters: Filters 
             result.sample.extend(changed[:room])
     if not dry_run:
         if first:
-            _apply(store, action, [], at, count_action=True)   # counted even when nothing matched
+            store.apply_action(action, [], at, counted=True)   # counted even when nothing matched
         # one line per action that changed something (an action that changed nothing is counted, not logged:
         # its outcome is the command's own output or error line)
         log.log(logging.INFO if result.changed else logging.DEBUG,
@@ -380,11 +263,11 @@ def act(store: Store, action: str, *, ids: Sequence[str] = (), filters: Filters 
 _DONE = {"cancel": "cancelled", "fire_now": "made due now", "reschedule": "rescheduled"}
 
 
-def _id_batches(store: Store, ids: list[str], batch: int, result: ActionResult) -> Iterator[list[str]]:
+def _id_batches(store: OperatorsStore, ids: list[str], batch: int, result: ActionResult) -> Iterator[list[str]]:
     """The ids given that no firer holds, in batches; records the unknown and in-flight ones."""
     for start in range(0, len(ids), batch):
         chunk = ids[start:start + batch]
-        found = dict(store.run(lambda c: c.execute(QUERIES["present_ids"], {"ids": chunk}).fetchall()))
+        found = store.present(chunk)
         result.not_found.extend(i for i in chunk if i not in found)
         result.in_flight.extend(i for i in chunk if found.get(i))
         ready = [i for i in chunk if found.get(i) is False]
@@ -392,7 +275,7 @@ def _id_batches(store: Store, ids: list[str], batch: int, result: ActionResult) 
             yield ready
 
 
-def _filter_batches(store: Store, f: Filters, batch: int, output_topic: str, not_at: datetime | None,
+def _filter_batches(store: OperatorsStore, f: Filters, batch: int, output_topic: str, not_at: datetime | None,
                     result: ActionResult) -> Iterator[list[str]]:
     """Ids of the rows matching the filters, a page at a time; records the in-flight ones."""
     after = None
@@ -405,19 +288,6 @@ def _filter_batches(store: Store, f: Filters, batch: int, output_topic: str, not
         if page.cursor is None:
             return
         after = page.cursor
-
-
-def _apply(store: Store, action: str, ids: list[str], at: datetime | None, *, count_action: bool) -> list[str]:
-    """Change these rows (those no firer holds) and count it, in one transaction; returns the ids changed."""
-    def run(conn: Any) -> list[str]:
-        with conn.transaction():
-            changed: list[str] = []
-            if ids:
-                changed = [r[0] for r in conn.execute(QUERIES[f"act_{action}"], {"ids": ids, "at": at})]
-            conn.execute(QUERIES["count_action"], {"action": action, "actions": 1 if count_action else 0,
-                                                   "messages": len(changed)})
-            return changed
-    return store.run(run)
 
 
 # -- JSON ----------------------------------------------------------------------------------------
@@ -481,7 +351,7 @@ def schedule_facts(m: Message) -> list[tuple[str, str]]:
     firer holding it (in flight), its cron and next occurrence (recurring), or its deadline."""
     facts = []
     if m.state == "in_flight":
-        assert m.claimed_at is not None  # in flight means claimed: show() sets both from readied_at
+        assert m.claimed_at is not None  # in flight means claimed: the store sets both from readied_at
         facts.append(("firer", f"{m.firer} since {iso(m.claimed_at)}"))
     if m.state == "recurring":
         facts += [("cron", f"{m.cron} ({m.timezone}" + (f", {m.dst_policy})" if m.dst_policy else ")")),
@@ -494,10 +364,3 @@ def schedule_facts(m: Message) -> list[tuple[str, str]]:
 def iso(when: datetime) -> str:
     return when.astimezone(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
-
-def _to_us(t: datetime) -> int:
-    return (t - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
-
-
-def _from_us(us: int) -> datetime:
-    return datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=us)

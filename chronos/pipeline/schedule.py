@@ -272,7 +272,9 @@ def run(spark: "SparkSession", *, input_path: str, fmt: str, database_url: str, 
 def check_store(url: str, pool_mode: str = "auto") -> str:
     """Fail before Spark does any work when PostgreSQL is unreachable or not migrated; the pool mode to
     talk to it in (`pool_mode` settled: chronos.adapters.postgres.pooling)."""
-    from chronos.adapters.postgres.store import check_schema, connect, resolve_pool_mode
+    from chronos.adapters.postgres.connection import connect
+    from chronos.adapters.postgres.migrations import check_schema
+    from chronos.adapters.postgres.pooling import resolve_pool_mode
 
     with connect(url) as conn:
         check_schema(conn)

@@ -36,7 +36,7 @@ from chronos.runtime.process import Lifecycle
 from chronos.runtime.backoff import Backoff, POSTGRES_RETRY_CAP_S, Outage
 from chronos.domain.model import Parked, Row
 from chronos.adapters.postgres.store import role_store
-from chronos.ports import Publisher, Store
+from chronos.ports import IntakeStore, Publisher
 
 log = logging.getLogger("chronos.consumer")
 
@@ -176,7 +176,7 @@ def commit_offsets(messages: list[Message]) -> list[TopicPartition]:
 class ConsumerProcess:
     """The consumer's loop: read a batch, sort it, make it durable, commit its offsets."""
 
-    def __init__(self, settings: Settings, life: Lifecycle, *, store: Store,
+    def __init__(self, settings: Settings, life: Lifecycle, *, store: IntakeStore,
                  producers: Callable[[], tuple[Publisher, OutageLog]],
                  consumers: Callable[[Callable], tuple[KafkaConsumer, OutageLog]], telemetry: ConsumerTelemetry):
         """`producers` makes a Kafka producer and the log of its outages (again after a fatal error);

@@ -13,7 +13,6 @@ import time
 import uuid
 from typing import Callable, Mapping
 
-from chronos.ops import inspect
 from chronos.config import Settings
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.runtime.logs import Throttle
@@ -21,7 +20,7 @@ from chronos.ops.telemetry import DetectorTelemetry
 from chronos.runtime.process import Lifecycle
 from chronos.runtime.backoff import POSTGRES_RETRY_CAP_S, Outage
 from chronos.adapters.postgres.store import role_store
-from chronos.ports import Store
+from chronos.ports import DetectStore
 
 log = logging.getLogger("chronos.detector")
 
@@ -36,7 +35,7 @@ def suspected_nodes(reset_by: list[uuid.UUID]) -> list[tuple[uuid.UUID, int]]:
 class DetectorProcess:
     """The detector's loop: scan for rows held past the hold time, hand them back, refresh the gauges."""
 
-    def __init__(self, settings: Settings, life: Lifecycle, *, store: Store, telemetry: DetectorTelemetry,
+    def __init__(self, settings: Settings, life: Lifecycle, *, store: DetectStore, telemetry: DetectorTelemetry,
                  action_totals: Callable[[], Mapping[str, tuple[int, int]]] = dict):
         """`action_totals` reads the operators' action totals for their counters (none by default)."""
         self.settings, self.life = settings, life
@@ -101,7 +100,7 @@ def build(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> DetectorPr
     """The detector with its real adapter, a PostgreSQL store."""
     store = role_store(settings, node_id, "detector")
     return DetectorProcess(settings, life, store=store, telemetry=DetectorTelemetry(node_id, settings),
-                           action_totals=lambda: inspect.action_totals(store))
+                           action_totals=store.action_totals)
 
 
 def run(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> None:

@@ -24,7 +24,8 @@ from chronos.errors import ConfigError, KafkaRefused, PoolModeMismatch, SchemaEr
 from chronos.runtime.backoff import Outage
 from chronos.adapters.kafka.admin import probe
 from chronos.adapters.postgres import pooling
-from chronos.adapters.postgres.store import check_schema, connect, resolve_pool_mode
+from chronos.adapters.postgres.connection import connect
+from chronos.adapters.postgres.migrations import check_schema
 
 log = logging.getLogger("chronos")
 
@@ -37,9 +38,9 @@ CRASH_WAIT_CAP_S = 60.0
 
 # The cyclic garbage collector's youngest generation is collected every 700 allocations by default.
 # A batch of 2,000 messages allocates tens of thousands of containers that live until the batch is
-# written, so each collection traversed them again and again: a tenth of the consumer's
-# instructions per message and a twelfth of the firer's (docs/benchmarks/hot-path.md). Every 20,000
-# allocations, about once per batch, and the older generations as often as before relative to it.
+# written, so each collection traversed them again and again, a sizeable share of the consumer's and
+# the firer's instructions per message (measured in docs/benchmarks/hot-path.md, "What changed"). Every
+# 20,000 allocations, about once per batch, and the older generations as often as before relative to it.
 GC_THRESHOLD = (20_000, 10, 10)
 
 
@@ -92,7 +93,7 @@ def wait_for_schema(settings: Settings, life: Lifecycle) -> Settings | None:
         try:
             with connect(url) as conn:
                 check_schema(conn)
-            mode = resolve_pool_mode(url, settings.database_pool_mode)
+            mode = pooling.resolve_pool_mode(url, settings.database_pool_mode)
             outage.ok()
         except StoreRefused:
             raise

@@ -201,7 +201,6 @@ def test_detail_page_shows_headers_and_the_script_value_as_text(stack, known, pa
 
 
 def test_search_then_cancel_from_the_message_page_removes_it_from_the_store(stack, known, page):
-    from chronos.ops import inspect
     sign_in(page, stack["console_url"])
     assert search(page, stack["console_url"], id_prefix="known-005") == ["known-005"]
     page.click("#results td.id a")
@@ -212,14 +211,13 @@ def test_search_then_cancel_from_the_message_page_removes_it_from_the_store(stac
     assert page.locator("#done-count").inner_text() == "1 message cancelled."
     store = Store(stack["database_url"])
     try:
-        assert inspect.show(store, "known-005", output_topic=stack["output_topic"]) is None
-        assert inspect.action_totals(store)["cancel"][1] >= 1
+        assert store.show("known-005", output_topic=stack["output_topic"]) is None
+        assert store.action_totals()["cancel"][1] >= 1
     finally:
         store.close()
 
 
 def test_reschedule_every_message_a_search_matches_after_seeing_the_count(stack, known, page):
-    from chronos.ops import inspect
     sign_in(page, stack["console_url"])
     matched = search(page, stack["console_url"], key="key-3")
     assert len(matched) == 5
@@ -232,7 +230,7 @@ def test_reschedule_every_message_a_search_matches_after_seeing_the_count(stack,
     store = Store(stack["database_url"])
     try:
         for message_id in matched:
-            m = inspect.show(store, message_id, output_topic=stack["output_topic"])
+            m = store.show(message_id, output_topic=stack["output_topic"])
             assert (m.state, m.deadline) == ("waiting", datetime(2031, 2, 3, 4, 5, 6, tzinfo=timezone.utc))
     finally:
         store.close()
@@ -240,7 +238,6 @@ def test_reschedule_every_message_a_search_matches_after_seeing_the_count(stack,
 
 def test_a_form_on_another_origin_cannot_act_even_with_the_session_and_its_form_token(stack, known, page):
     """127.0.0.1 on another port is the same site: the SameSite cookie goes along, the Origin check stops it."""
-    from chronos.ops import inspect
     sign_in(page, stack["console_url"])
     page.goto(stack["console_url"] + "messages/known-007")
     form_token = page.locator("input[name=form_token]").first.get_attribute("value")
@@ -256,7 +253,7 @@ def test_a_form_on_another_origin_cannot_act_even_with_the_session_and_its_form_
     assert "This request did not come from the console's own page." in page.locator("main").inner_text()
     store = Store(stack["database_url"])
     try:
-        assert inspect.show(store, "known-007", output_topic=stack["output_topic"]).state == "waiting"
+        assert store.show("known-007", output_topic=stack["output_topic"]).state == "waiting"
     finally:
         store.close()
 

@@ -17,7 +17,6 @@ import pytest
 
 from chronos import codec
 
-from chronos.ops import inspect
 from chronos.domain.model import Parked, Row
 from chronos.adapters.postgres.store import Store
 
@@ -136,7 +135,7 @@ def far(store: Store, *ids: str, key: bytes = b"k") -> None:
 
 
 def present(store: Store, *ids: str) -> list[str]:
-    return [i for i in ids if inspect.show(store, i, output_topic=OUT) is not None]
+    return [i for i in ids if store.show(i, output_topic=OUT) is not None]
 
 
 def sign_in(url: str) -> tuple[str, str]:
@@ -187,7 +186,7 @@ def test_actions_need_a_session_its_form_token_and_the_consoles_own_origin(conso
     status, text = post(console.url, "/actions/apply", {**cancel, "form_token": token}, cookie, **same)
     assert status == 200 and "1 message cancelled." in text
     assert present(store, "m1", "m2") == ["m2"]
-    assert inspect.action_totals(store)["cancel"] == (1, 1)
+    assert store.action_totals()["cancel"] == (1, 1)
 
 
 def test_a_read_only_console_refuses_every_action(database_url, store, tmp_path):
@@ -324,7 +323,7 @@ def test_fire_now_and_a_reschedule_by_delay_from_a_message_page(console, store):
         confirm = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', text))
         status, text = post(console.url, "/actions/apply", confirm, cookie)
         assert status == 200 and "1 message " in text
-    fired, moved = (inspect.show(store, i, output_topic=OUT) for i in ("m1", "m2"))
+    fired, moved = (store.show(i, output_topic=OUT) for i in ("m1", "m2"))
     assert fired.deadline <= datetime.now(timezone.utc)
     assert before + timedelta(hours=2) <= moved.deadline <= datetime.now(timezone.utc) + timedelta(hours=2)
-    assert {a: n for a, (n, _) in inspect.action_totals(store).items()} == {"fire_now": 1, "reschedule": 1}
+    assert {a: n for a, (n, _) in store.action_totals().items()} == {"fire_now": 1, "reschedule": 1}

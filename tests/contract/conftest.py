@@ -1,8 +1,9 @@
 """One database per test, behind either store: the PostgreSQL `Store` on the embedded PostgreSQL
 (tests/conftest.py) or the in-memory twin on a `MemoryDatabase` with a manual clock.
 
-A test reaches the database only through the `Store` port, plus `Backend`'s few ways round it
-(read a row as stored, let time pass for claims or buckets), each written for both."""
+A test reaches the database only through the store ports (`Store`, `OperatorsStore`: both stores
+implement both), plus `Backend`'s few ways round it (read a row as stored, let time pass for claims
+or buckets), each written for both."""
 
 from __future__ import annotations
 
@@ -142,8 +143,8 @@ class MemoryBackend(Backend):
         return set(self.db.rows)
 
     def parked(self) -> list[tuple[Any, ...]]:
-        return [(p.message_id, p.source, p.topic, None if p.deadline is None else cron.to_us(p.deadline), p.key,
-                 p.value, p.headers, p.reason) for p in self.db.parked]
+        return [(m.message_id, m.source, m.topic, None if m.deadline is None else cron.to_us(m.deadline), m.key,
+                 m.value, m.headers, m.reason) for m in (p.message for p in self.db.parked)]
 
     def age_claims(self, seconds: float) -> None:
         for r in self.db.rows.values():

@@ -23,7 +23,8 @@ from chronos import codec
 from chronos.embedded.postgres import EmbeddedPostgres
 from chronos.embedded.procs import free_port
 from chronos.domain.model import Row
-from chronos.adapters.postgres.store import Store, migrate
+from chronos.adapters.postgres.migrations import migrate
+from chronos.adapters.postgres.store import Store
 from helpers import Collector, chronos_headers, producer, send
 from helpers import wait_for as poll
 

@@ -16,9 +16,9 @@ import orjson
 import pytest
 
 from benchmarks.stack import supervisor
-from chronos.errors import EXIT_CONFIG, EXIT_SCHEMA, EXIT_UNAVAILABLE
+from chronos.errors import EXIT_CONFIG, EXIT_SCHEMA, EXIT_UNAVAILABLE, StoreUnavailable
 from chronos.stack import supervisord_conf
-from chronos.adapters.postgres.store import StoreUnavailable, connect
+from chronos.adapters.postgres.connection import connect
 
 CHRONOS = [sys.executable, "-m", "chronos"]
 DB_SECRET = "Db-S3cret-pw"

@@ -16,7 +16,7 @@ from chronos.runtime.process import Lifecycle
 
 
 def synchronous_commit(store) -> str:
-    return store.run(lambda conn: conn.execute("SHOW synchronous_commit").fetchone()[0])
+    return store._run(lambda conn: conn.execute("SHOW synchronous_commit").fetchone()[0])
 
 
 @pytest.fixture

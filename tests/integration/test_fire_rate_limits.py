@@ -35,7 +35,7 @@ def test_a_topic_claim_and_the_topic_list_use_the_topic_index(firers, database_u
     st = firers[0]
     st.insert([row(i, base + 3_600_000_000 + i, topic=f"t{i % 5}") for i in range(5000)])
     st.insert([row(f"o{i}", base + 3_600_000_000 + i) for i in range(5000)])
-    from chronos.adapters.postgres.store import QUERIES
+    from chronos.adapters.postgres.queries import QUERIES
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("ANALYZE chronos_messages")
         conn.execute("SET plan_cache_mode = force_generic_plan")  # as the firer's prepared statement runs

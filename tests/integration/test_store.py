@@ -10,8 +10,8 @@ import uuid
 import psycopg
 import pytest
 
-from chronos.adapters.postgres import store
-from chronos.errors import SchemaError
+from chronos.adapters.postgres import migrations
+from chronos.errors import SchemaError, StoreRejected, StoreUnavailable
 from chronos.domain.model import Row
 from chronos.adapters.postgres.store import Store
 
@@ -33,27 +33,27 @@ def s(database_url):
 
 
 def test_migrate_is_idempotent_and_versioned(empty_database_url):
-    assert store.migrate(empty_database_url) == [v for v, _, _ in store.migrations()]
-    assert store.migrate(empty_database_url) == []
+    assert migrations.migrate(empty_database_url) == [v for v, _, _ in migrations.migrations()]
+    assert migrations.migrate(empty_database_url) == []
     with psycopg.connect(empty_database_url) as conn:
-        store.check_schema(conn)
+        migrations.check_schema(conn)
 
 
 def test_migrations_run_concurrently_once(empty_database_url):
     results = []
-    threads = [threading.Thread(target=lambda: results.append(store.migrate(empty_database_url)))
+    threads = [threading.Thread(target=lambda: results.append(migrations.migrate(empty_database_url)))
                for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert sorted(len(r) for r in results) == [0, 0, len(store.migrations())]
+    assert sorted(len(r) for r in results) == [0, 0, len(migrations.migrations())]
 
 
 def test_unmigrated_database_is_refused_with_a_hint(empty_database_url):
     with psycopg.connect(empty_database_url) as conn:
         with pytest.raises(SchemaError, match="chronos migrate"):
-            store.check_schema(conn)
+            migrations.check_schema(conn)
 
 
 def test_insert_keeps_microsecond_deadlines(s, database_url):
@@ -95,11 +95,11 @@ def test_ids_with_quotes_backslashes_percent_and_unicode_are_stored_verbatim(s):
 
 def test_store_unavailable_is_translated(pg_server):
     st = Store(pg_server.url.rsplit(":", 1)[0] + ":1/postgres")
-    with pytest.raises(store.StoreUnavailable):
+    with pytest.raises(StoreUnavailable):
         st.claim(1, 0)
 
 
 def test_data_postgres_refuses_is_rejected_not_unavailable(s):
-    with pytest.raises(store.StoreRejected):
+    with pytest.raises(StoreRejected):
         s.insert([Row("nul\x00id", now_us(), None, None, None, b"")])
     assert s.insert([row(1, now_us())]) == 1  # the connection is still usable

@@ -15,7 +15,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from chronos.domain import cron
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.domain.model import Row
-from chronos.adapters.postgres.store import Store, connect, migrate
+from chronos.adapters.postgres.connection import connect
+from chronos.adapters.postgres.migrations import migrate
+from chronos.adapters.postgres.store import Store
 
 
 def us(text: str) -> int:

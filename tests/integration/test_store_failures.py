@@ -11,7 +11,8 @@ import psycopg
 import pytest
 
 from chronos.adapters.kafka.clients import PERMANENT_FAILURE, classify, produce
-from chronos.adapters.postgres.store import QUERIES, Store
+from chronos.adapters.postgres.queries import QUERIES
+from chronos.adapters.postgres.store import Store
 from chronos.domain.model import Row
 from helpers import claim_plan
 

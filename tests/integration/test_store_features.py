@@ -51,7 +51,7 @@ def test_deleting_fired_rows_goes_by_tid_even_under_a_generic_plan(database_url)
     s = store(database_url)
     s.insert([r(f"d{i}", now_us() - 1000) for i in range(3000)])
     held = s.claim(3000, 0)
-    from chronos.adapters.postgres.store import QUERIES
+    from chronos.adapters.postgres.queries import QUERIES
     sql = (QUERIES["delete_fired"].replace("%(ctids)s", "$1").replace("%(ids)s", "$2")
            .replace("%(readied_at)s", "$3").replace("%(node)s", "$4"))
     with psycopg.connect(database_url, autocommit=True, cursor_factory=psycopg.ClientCursor) as conn:

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import psycopg
 import pytest
 
-from chronos.adapters.postgres.store import QUERIES, Store
+from chronos.adapters.postgres.queries import QUERIES
+from chronos.adapters.postgres.store import Store
 from chronos.domain.model import Claimed, Row, Stale
 from chronos.domain.ratelimit import FireRateLimits, TopicRates
 

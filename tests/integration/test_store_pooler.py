@@ -12,7 +12,7 @@ import uuid
 import psycopg
 import pytest
 
-from chronos.adapters.postgres import pooling, store
+from chronos.adapters.postgres import pooling, session
 from chronos.adapters.postgres.store import Store
 from chronos.domain.model import Row
 from chronos.errors import ConfigError, PoolModeMismatch, StoreUnavailable
@@ -116,7 +116,7 @@ def exercise(bouncer: PgBouncer, database_url: str) -> None:
         assert firer.db_clock_us() > 0
 
         if bouncer.pool_mode == pooling.TRANSACTION:  # the settings hold in each transaction, and in it only
-            seen = firer.run(lambda c: firer._execute(c, "SELECT current_setting('enable_seqscan'), "
+            seen = firer._run(lambda c: firer._execute(c, "SELECT current_setting('enable_seqscan'), "
                                                          "current_setting('synchronous_commit')").fetchone())
             assert seen == ("off", "off")
     finally:
@@ -132,7 +132,7 @@ def test_the_processes_statements_work_through_the_pooler_and_leave_nothing_behi
 
 def test_where_libpq_has_no_pipeline_mode_the_settings_go_in_an_explicit_transaction(monkeypatch, pg_server,
                                                                                      database_url):
-    monkeypatch.setattr(store, "PIPELINE", False)
+    monkeypatch.setattr(session, "PIPELINE", False)
     with PgBouncer(pg_server.port, pooling.TRANSACTION) as bouncer:
         exercise(bouncer, database_url)
 
@@ -164,15 +164,15 @@ def test_a_connection_dropped_in_a_transaction_leaves_nothing_done(pooler, datab
 
 
 def test_the_probe_tells_the_modes_apart(pooler, database_url):
-    assert store.detect_pool_mode(database_url) == pooling.SESSION  # no pooler
-    assert store.detect_pool_mode(pooler.url(database_url)) == pooler.pool_mode
-    assert store.resolve_pool_mode(pooler.url(database_url), pooling.AUTO) == pooler.pool_mode
+    assert pooling.detect_pool_mode(database_url) == pooling.SESSION  # no pooler
+    assert pooling.detect_pool_mode(pooler.url(database_url)) == pooler.pool_mode
+    assert pooling.resolve_pool_mode(pooler.url(database_url), pooling.AUTO) == pooler.pool_mode
 
 
 def test_the_probe_finds_a_pooler_that_lends_its_connections_in_turn(transaction_pooler, database_url):
     url = transaction_pooler.url(database_url)
     warm(url)
-    assert store.detect_pool_mode(url) == pooling.TRANSACTION
+    assert pooling.detect_pool_mode(url) == pooling.TRANSACTION
 
 
 def test_session_mode_is_refused_at_start_behind_a_pooler_in_transaction_mode(transaction_pooler, database_url):
@@ -180,14 +180,14 @@ def test_session_mode_is_refused_at_start_behind_a_pooler_in_transaction_mode(tr
     with pytest.raises(PoolModeMismatch, match="CHRONOS_DATABASE_POOL_MODE=session, but PostgreSQL at .* is reached "
                                                "through a pooler in transaction mode .*: set "
                                                "CHRONOS_DATABASE_POOL_MODE=transaction or auto"):
-        store.resolve_pool_mode(url, pooling.SESSION, check=True)
-    assert store.resolve_pool_mode(url, pooling.SESSION) == pooling.SESSION  # trusted without the check
+        pooling.resolve_pool_mode(url, pooling.SESSION, check=True)
+    assert pooling.resolve_pool_mode(url, pooling.SESSION) == pooling.SESSION  # trusted without the check
 
 
 def test_a_pooler_in_statement_mode_is_refused(pg_server, database_url):
     with PgBouncer(pg_server.port, "statement") as bouncer:
         with pytest.raises(ConfigError, match="a pooler in statement mode, which allows no transaction"):
-            store.detect_pool_mode(bouncer.url(database_url))
+            pooling.detect_pool_mode(bouncer.url(database_url))
 
 
 def test_a_store_in_session_mode_behind_a_pooler_in_transaction_mode_stops_with_the_setting(

@@ -44,7 +44,7 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory, authority: Authority):
     """Debian's PostgreSQL 15 with TLS (a certificate for 127.0.0.1 from `authority`), the migrated
     database `chronos_template`, and the role `chronos_app` (overrides the embedded server for the
     tests here)."""
-    from chronos.adapters.postgres.store import migrate
+    from chronos.adapters.postgres.migrations import migrate
     from chronos.embedded.postgres import EmbeddedPostgres
     base = tmp_path_factory.mktemp("pg15")
     server = EmbeddedPostgres(base / "data", fast=True, log_path=base / "postgres.log", bin_dir=require_pg15(),

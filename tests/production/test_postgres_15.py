@@ -11,7 +11,7 @@ from test_core import test_killed_firer_rows_are_fired_by_a_peer_after_the_hold_
 import test_core as core
 import test_store_plans as plans
 
-from chronos.adapters.postgres import store
+from chronos.adapters.postgres import connection, migrations
 from chronos.errors import EXIT_SCHEMA, UnsupportedServer
 from chronos.runtime.process import Lifecycle, wait_for_schema
 from helpers import settings
@@ -23,18 +23,18 @@ def test_the_server_is_postgresql_15(pg_server):
 
 
 def test_the_migrations_build_the_schema_on_postgresql_15(empty_database_url):
-    assert store.migrate(empty_database_url) == [v for v, _, _ in store.migrations()]
-    assert store.migrate(empty_database_url) == []
-    with store.connect(empty_database_url) as conn:
-        store.check_schema(conn)
+    assert migrations.migrate(empty_database_url) == [v for v, _, _ in migrations.migrations()]
+    assert migrations.migrate(empty_database_url) == []
+    with connection.connect(empty_database_url) as conn:
+        migrations.check_schema(conn)
 
 
 def test_a_server_older_than_the_oldest_supported_is_refused(monkeypatch, database_url, empty_database_url):
     """As if PostgreSQL 15 were too old: `chronos migrate` and a process's start say so (exit 4)."""
-    monkeypatch.setattr(store, "MIN_SERVER_VERSION", 160000)
+    monkeypatch.setattr(migrations, "MIN_SERVER_VERSION", 160000)
     with pytest.raises(UnsupportedServer, match=r"PostgreSQL 15\.\d+ is older than the oldest this chronos "
                                                 r"supports \(16\): upgrade the server") as refused:
-        store.migrate(empty_database_url)
+        migrations.migrate(empty_database_url)
     assert refused.value.exit_code == EXIT_SCHEMA
     with pytest.raises(UnsupportedServer):
         wait_for_schema(settings({"CHRONOS_DATABASE_URL": database_url}), Lifecycle())

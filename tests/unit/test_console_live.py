@@ -195,7 +195,7 @@ def test_up_without_the_console_extra_starts_without_a_console():
 
 
 def test_the_overview_shows_the_embedded_broker_when_there_is_one():
-    from chronos.console.app import display
+    from chronos.console.views import display
     store = {"waiting_age_s": 0, "waiting": 1, "waiting_estimated": False, "due_now": 0, "in_flight": 0,
              "oldest_overdue_s": None, "past_hold_time": 0, "parked": 0, "recurring_schedules": None,
              "next_deadline_in_s": None, "next_deadline": None, "at": "now",
@@ -245,7 +245,7 @@ def _postgres(processes=(), held=()):
 
 
 def test_the_overview_lists_each_processes_server_and_flags_one_elsewhere_or_on_none():
-    from chronos.console.app import display, postgres_processes
+    from chronos.console.views import display, postgres_processes
     from chronos.ops import servers, status
     postgres = _postgres(processes=[("consumer", CONSUMER, 1), ("detector", DETECTOR, 1)], held=[(GONE, 4)])
     asked = [servers.Asked("http://h:1/metrics", True, parse_scrape(LINKS).links),

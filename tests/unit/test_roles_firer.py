@@ -189,7 +189,7 @@ def test_a_publish_refused_for_now_is_retried_later_and_one_refused_for_good_is_
     assert [(p.topic, p.value) for p in f.publisher.produced] == [
         (f.settings.output_topic, b"later"), (f.settings.output_topic, b"huge"), (f.settings.dlq_topic, b"huge")]
     assert f.state() == {"later": "waiting"} and f.db.rows["later"].attempts == 1
-    assert [p.message_id for p in f.db.parked] == ["huge"]
+    assert [p.message.message_id for p in f.db.parked] == ["huge"]
     assert f.proc.shared.held() == 0
 
 

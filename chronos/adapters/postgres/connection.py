@@ -15,6 +15,8 @@ or hang without a word.
   statement or found the server read-only.
 - `translate` turns driver errors into the project's: the connection's trouble (`StoreUnavailable`, also
   for a server that became read-only, a demoted primary) apart from the data's (`StoreRejected`).
+
+A store's connection, kept open and used under these rules, is `chronos.adapters.postgres.session.Session`.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from chronos.config import database_passwords, redact_url
-from chronos.errors import StoreRefused, StoreRejected, StoreUnavailable
+from chronos.errors import StoreRefused, StoreRejected, StoreUnavailable, UnavailableError
 
 log = logging.getLogger("chronos.store")
 
@@ -119,6 +121,28 @@ def connect(url: str, *, autocommit: bool = True, application_name: str = "chron
         if refused(exc):
             raise StoreRefused(f"PostgreSQL at {redact_url(url)} refused the connection: {short(exc, url)}") from None
         raise StoreUnavailable(f"cannot connect to PostgreSQL at {redact_url(url)}: {short(exc, url)}") from None
+
+
+def wait_for_database(url: str, timeout: float) -> None:
+    """Block until PostgreSQL answers, or raise UnavailableError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last = ""
+    while True:
+        try:
+            connect(url, connect_timeout=max(1, int(min(5, timeout)))).close()
+            return
+        except StoreUnavailable as exc:
+            last = str(exc)
+        if time.monotonic() >= deadline:
+            raise UnavailableError(last)
+        time.sleep(0.5)
+
+
+def one(cursor: psycopg.Cursor) -> tuple[Any, ...]:
+    """The row of a query that always returns exactly one (an aggregate, or a SELECT without FROM)."""
+    row = cursor.fetchone()
+    assert row is not None, "a single-row query returned no row"
+    return row
 
 
 def server_of(conn: psycopg.Connection) -> str:

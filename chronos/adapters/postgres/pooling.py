@@ -17,8 +17,9 @@ transaction, then to whichever client asks next: nothing may outlive a transacti
   one implicit transaction and one round trip;
 - makes the consumer's staging table in the transaction that uses it, dropped at its commit.
 
-`auto` (the default) asks the pooler, when a process starts, which of the two it is (`probe`). A pooler in
-statement mode allows no transaction of more than one statement: Chronos refuses it.
+`auto` (the default) asks the pooler, when a process starts, which of the two it is (`probe`, on two
+connections of `detect_pool_mode`'s own). A pooler in statement mode allows no transaction of more than one
+statement: Chronos refuses it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ from typing import Callable
 
 import psycopg
 
-from chronos.errors import ConfigError, PoolModeMismatch
+from chronos.adapters.postgres.connection import DEADLINES, connect, one, short
+from chronos.adapters.postgres.queries import QUERIES
+from chronos.config import redact_url
+from chronos.errors import ConfigError, PoolModeMismatch, StoreUnavailable
 
 AUTO, SESSION, TRANSACTION = "auto", "session", "transaction"
 MODES = (AUTO, SESSION, TRANSACTION)
@@ -41,6 +45,9 @@ PROBE_ROUNDS = 3
 # is (duplicate_prepared_statement), the session's staging table is gone (undefined_table).
 _PREPARED_MISSING, _PREPARED_TAKEN, _UNDEFINED_TABLE = "26000", "42P05", "42P01"
 _STAGING_TABLE = "chronos_staging"
+
+# How long the pool mode probe may wait for PostgreSQL (through a pooler whose servers are all busy, it waits).
+POOL_PROBE_DEADLINE_S = 10.0
 
 
 def probe(a: psycopg.Connection, b: psycopg.Connection, backend_pid: Callable[[psycopg.Connection], int]) -> str:
@@ -75,6 +82,38 @@ def probe(a: psycopg.Connection, b: psycopg.Connection, backend_pid: Callable[[p
                               f"transaction: put Chronos behind one in transaction or session mode ({SETTING})") from None
         raise
     return TRANSACTION if any(backend_pid(a) != first for _ in range(PROBE_ROUNDS)) else SESSION
+
+
+def detect_pool_mode(url: str, *, deadline_s: float = POOL_PROBE_DEADLINE_S) -> str:
+    """Whether `url` leads to PostgreSQL through a pooler in transaction mode (TRANSACTION) or not (SESSION),
+    by `probe` on two connections of its own. StoreUnavailable (StoreRefused) when they cannot be had or
+    PostgreSQL does not answer within `deadline_s`; ConfigError for a pooler in statement mode."""
+    name = "chronos pool probe"
+    with connect(url, application_name=name, prepared=False) as a, connect(url, application_name=name,
+                                                                         prepared=False) as b:
+        watches = [DEADLINES.arm(conn, deadline_s) for conn in (a, b)]
+        try:
+            return probe(a, b, lambda conn: one(conn.execute(QUERIES["backend_pid"]))[0])
+        except psycopg.Error as exc:
+            if any(w.fired for w in watches):
+                raise StoreUnavailable(f"PostgreSQL at {redact_url(url)} did not answer the pool mode probe within "
+                                       f"{deadline_s:g}s") from None
+            raise StoreUnavailable(f"probing PostgreSQL at {redact_url(url)} for a pooler: {short(exc, url)}") from None
+        finally:
+            for w in watches:
+                DEADLINES.disarm(w)
+
+
+def resolve_pool_mode(url: str, mode: str, *, check: bool = False) -> str:
+    """The mode to talk to `url` in: `mode` itself when it is session or transaction, what the probe finds
+    for auto. With `check` (`chronos up`, `chronos migrate`: before anything starts) session is probed too,
+    and refused when the probe finds a pooler in transaction mode (PoolModeMismatch)."""
+    if mode == TRANSACTION or (mode == SESSION and not check):
+        return mode
+    found = detect_pool_mode(url)
+    if mode == SESSION and found == TRANSACTION:
+        raise contradicted(redact_url(url))
+    return found if mode == AUTO else mode
 
 
 def vanished(exc: psycopg.Error) -> str | None:

@@ -1,93 +1,36 @@
-"""The PostgreSQL store: every SQL path the processes use, and the migrations.
-
-SQL lives in `sql/` beside this module: `queries.sql` holds named statements, `NNNN_*.sql` the versioned
-schema. Driver errors are translated here into `StoreUnavailable` (connection trouble: retry)
-so the processes never see psycopg's exception tree. Through a connection pooler in transaction mode a
-store keeps no state on its connection between transactions (`pooling`).
+"""The PostgreSQL store: the statements of the consumer, the firer, the detector, `chronos status` and the
+operators, each a method, run on the store's own connection (`session.Session`: its deadline, reconnection
+and error translation). The SQL is in `sql/queries.sql` (`queries.QUERIES`), never here.
 """
 
 from __future__ import annotations
 
 import logging
-import re
-import time
 import uuid
-from contextlib import AbstractContextManager, contextmanager
-from importlib import resources
-from typing import Any, Iterable, Iterator, Sequence
+from datetime import datetime
+from typing import Any, Iterable, Sequence
 
 import psycopg
 
 from chronos import codec, ports
-from chronos.adapters.postgres import pooling
-from chronos.adapters.postgres.connection import (DEADLINES, connect, connection_lost, refused,  # noqa: F401
-                                                  server_of, short, translate)
-from chronos.config import Settings, redact_url
+from chronos.adapters.postgres.connection import one
+from chronos.adapters.postgres.queries import QUERIES
+from chronos.adapters.postgres.session import Session
+from chronos.config import Settings
 from chronos.domain import cron, ratelimit, schedules
 from chronos.domain.model import (DUE_CAP, ESTIMATE_ABOVE, Claimed, NodeLoad, Overview, Parked, Row, ServerView,
                                   Sessions, Stale, Standby, Throttled)
-from chronos.errors import (SchemaError, StoreRefused, StoreRejected, StoreUnavailable,  # noqa: F401
-                            UnavailableError, UnsupportedServer)
+from chronos.domain.operators import (ACTIONS, PREVIEW_BYTES, Filters, Listed, Message, ParkedMessage, Position,
+                                      Schedule, state_of)
 
 log = logging.getLogger("chronos.store")
 
-_SQL_DIR = resources.files("chronos.adapters.postgres.sql")
-_NAME_RE = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.MULTILINE)
-_INCLUDE_RE = re.compile(r"/\* include: (\w+) \*/")
-# Postgres advisory lock key that serialises concurrent `chronos migrate` runs.
-_MIGRATE_LOCK = 0x6368726F6E6F73
-
-
-# Statements that differ from another only in their topic filter are one body in queries.sql, with
-# the filter's place marked: the claim and the token bucket's refill, for any topic, for one topic
-# named by chronosTopic, and for the output topic (rows without one).
-_TOPIC_MARK = "/* topic filter */"
-_TOPIC_VARIANTS = {  # statement: (body, its topic filter)
-    "claim": ("claim", ""),
-    "claim_topic": ("claim", "AND topic = %(topic)s"),
-    "claim_output_topic": ("claim", "AND topic IS NULL"),
-    "take_tokens": ("take_tokens", "AND topic = %(topic)s"),
-    "take_output_tokens": ("take_tokens", "AND topic IS NULL"),
-}
-
-
-def _load_queries() -> dict[str, str]:
-    text = (_SQL_DIR / "queries.sql").read_text()
-    parts = _NAME_RE.split(text)
-    blocks = {(kind, name): body.strip().rstrip(";") for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3])}
-    # a fragment is a piece of SQL several statements share, put where they say /* include: NAME */
-    fragments = {name: "\n".join(line for line in body.splitlines() if not line.startswith("--"))
-                 for (kind, name), body in blocks.items() if kind == "fragment"}
-    queries = {name: _INCLUDE_RE.sub(lambda m: fragments[m.group(1)], body)
-               for (kind, name), body in blocks.items() if kind == "name"}
-    bodies = {body: queries[body] for body, _ in _TOPIC_VARIANTS.values()}
-    for name, (body, topic_filter) in _TOPIC_VARIANTS.items():
-        assert _TOPIC_MARK in bodies[body], f"queries.sql: {body} has no {_TOPIC_MARK} mark"
-        queries[name] = bodies[body].replace(_TOPIC_MARK, topic_filter)
-    return queries
-
-
-QUERIES = _load_queries()
-
-
-def migrations() -> list[tuple[int, str, str]]:
-    """(version, name, sql) of every migration file, in order."""
-    found = []
-    for entry in _SQL_DIR.iterdir():
-        match = re.match(r"^(\d{4})_(\w+)\.sql$", entry.name)
-        if match:
-            found.append((int(match.group(1)), match.group(2), entry.read_text()))
-    return sorted(found)
-
-
-LATEST_VERSION = migrations()[-1][0]
-
 
 def text_array(values: Iterable[str]) -> str:
-    """A PostgreSQL array literal of text values, for a `%s::text[]` parameter. On the firer's
-    hot path psycopg's list adapter cost 1 ms per 1,000 ids (and 3 ms per 1,000 timestamps);
-    this costs 0.15 ms, and 0.05 ms when no value holds a quote or a backslash (the firer's ids
-    and ctids, nearly always): joined and checked once, not escaped one by one."""
+    """A PostgreSQL array literal of text values, for a `%s::text[]` parameter: on the firer's hot path,
+    far cheaper than psycopg's list adapter (docs/benchmarks/history.md, the array literals' row), and
+    cheaper still when no value holds a quote or a backslash (the firer's ids and ctids, nearly always):
+    joined and checked once, not escaped one by one."""
     values = list(values)
     if not values:
         return "{}"
@@ -108,323 +51,21 @@ def _claimed_params(rows: Sequence[Claimed], node: Any) -> dict[str, Any]:
             "readied_at": "{" + ",".join(stamps[r.readied_at] for r in rows) + "}", "node": node}
 
 
-# The oldest PostgreSQL Chronos supports: the oldest its tests run against (Debian's PostgreSQL 15, beside
-# the embedded 18). Older servers are refused by `chronos migrate` and by the processes at start.
-MIN_SERVER_VERSION = 150000  # server_version_num
+def list_params(f: Filters, limit: int, *, after: Position | None = None,
+                not_at: datetime | None = None) -> dict[str, Any]:
+    """The parameters of list_by_deadline and list_by_id: every filter (None: none) and the position to
+    start after."""
+    return {"state": f.state, "due_after": f.due_after, "due_before": f.due_before, "not_at": not_at,
+            "topic": f.topic, "output_topic": f.output_topic, "key": f.key, "ordering_key": f.ordering_key,
+            "id_prefix": f.id_prefix, "limit": limit,
+            "after_deadline": cron.from_us(after[0]) if isinstance(after, tuple) else None,
+            "after_seq": after[1] if isinstance(after, tuple) else None,
+            "after_id": after if isinstance(after, str) else None}
 
 
-def check_server_version(conn: psycopg.Connection) -> None:
-    """UnsupportedServer if the server is older than MIN_SERVER_VERSION."""
-    version = conn.info.server_version
-    if version < MIN_SERVER_VERSION:
-        raise UnsupportedServer(f"PostgreSQL {version // 10000}.{version % 10000} is older than the oldest this "
-                                f"chronos supports ({MIN_SERVER_VERSION // 10000}): upgrade the server")
-
-
-def migrate(url: str) -> list[int]:
-    """Apply every migration not yet applied; safe to run concurrently and repeatedly. A database already
-    at the latest version is left untouched, so a role without the right to create tables (the one the
-    processes run as) may run it too."""
-    applied: list[int] = []
-    try:
-        # one transaction, nothing prepared: the same through a pooler in transaction mode
-        with connect(url, autocommit=False, prepared=False) as conn:
-            check_server_version(conn)
-            with conn.transaction():
-                conn.execute(QUERIES["migrate_lock"], {"lock": _MIGRATE_LOCK})
-                exists = _one(conn.execute(QUERIES["has_schema_version"]))[0]
-                current = _one(conn.execute(QUERIES["schema_version"]))[0] if exists else 0
-                if current > LATEST_VERSION:
-                    raise SchemaError(f"database schema is at version {current}, newer than this chronos "
-                                      f"({LATEST_VERSION}): upgrade chronos")
-                if current == LATEST_VERSION:
-                    return []
-                conn.execute(QUERIES["create_schema_version"])
-                for version, name, text in migrations():
-                    if version <= current:
-                        continue
-                    conn.execute(text)
-                    conn.execute(QUERIES["record_migration"], {"version": version, "name": name})
-                    applied.append(version)
-    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-        raise StoreUnavailable(f"PostgreSQL at {redact_url(url)}: {short(exc, url)}") from None
-    except psycopg.Error as exc:  # e.g. no right to create the table: a one-line error, not a traceback
-        raise StoreRejected(f"migration failed: {short(exc, url)}") from None
-    return applied
-
-
-def _one(cursor: psycopg.Cursor) -> tuple[Any, ...]:
-    """The row of a query that always returns exactly one (an aggregate, or a SELECT without FROM)."""
-    row = cursor.fetchone()
-    assert row is not None, "a single-row query returned no row"
-    return row
-
-
-def check_schema(conn: psycopg.Connection) -> None:
-    """SchemaError unless the database is migrated to this chronos's version on a supported server."""
-    try:
-        _check_schema(conn)
-    except psycopg.OperationalError as exc:
-        raise StoreUnavailable(short(exc)) from None
-
-
-def _check_schema(conn: psycopg.Connection) -> None:
-    """check_schema, with the driver's errors left to the caller."""
-    check_server_version(conn)
-    exists = _one(conn.execute(QUERIES["has_schema_version"]))[0]
-    current = _one(conn.execute(QUERIES["schema_version"]))[0] if exists else 0
-    if current < LATEST_VERSION:
-        raise SchemaError(f"database schema is at version {current}, this chronos needs {LATEST_VERSION}: "
-                          f"run `chronos migrate` first")
-    if current > LATEST_VERSION:
-        raise SchemaError(f"database schema is at version {current}, newer than this chronos "
-                          f"({LATEST_VERSION}): upgrade chronos")
-
-
-# How long the pool mode probe may wait for PostgreSQL (through a pooler whose servers are all busy, it waits).
-POOL_PROBE_DEADLINE_S = 10.0
-
-
-def detect_pool_mode(url: str, *, deadline_s: float = POOL_PROBE_DEADLINE_S) -> str:
-    """Whether `url` leads to PostgreSQL through a pooler in transaction mode (`pooling.TRANSACTION`) or not
-    (`pooling.SESSION`), by `pooling.probe` on two connections of its own. StoreUnavailable (StoreRefused) when
-    they cannot be had or PostgreSQL does not answer within `deadline_s`; ConfigError for a pooler in
-    statement mode."""
-    name = "chronos pool probe"
-    with connect(url, application_name=name, prepared=False) as a, connect(url, application_name=name,
-                                                                         prepared=False) as b:
-        watches = [DEADLINES.arm(conn, deadline_s) for conn in (a, b)]
-        try:
-            return pooling.probe(a, b, lambda conn: _one(conn.execute(QUERIES["backend_pid"]))[0])
-        except psycopg.Error as exc:
-            if any(w.fired for w in watches):
-                raise StoreUnavailable(f"PostgreSQL at {redact_url(url)} did not answer the pool mode probe within "
-                                       f"{deadline_s:g}s") from None
-            raise StoreUnavailable(f"probing PostgreSQL at {redact_url(url)} for a pooler: {short(exc, url)}") from None
-        finally:
-            for w in watches:
-                DEADLINES.disarm(w)
-
-
-def resolve_pool_mode(url: str, mode: str, *, check: bool = False) -> str:
-    """The mode to talk to `url` in (`pooling`): `mode` itself when it is session or transaction, what the
-    probe finds for auto. With `check` (`chronos up`, `chronos migrate`: before anything starts) session
-    is probed too, and refused when the probe finds a pooler in transaction mode (PoolModeMismatch)."""
-    if mode == pooling.TRANSACTION or (mode == pooling.SESSION and not check):
-        return mode
-    found = detect_pool_mode(url)
-    if mode == pooling.SESSION and found == pooling.TRANSACTION:
-        raise pooling.contradicted(redact_url(url))
-    return found if mode == pooling.AUTO else mode
-
-
-# How long a call of an operator's or a command's store may wait for PostgreSQL; the processes pass
-# CHRONOS_DATABASE_TIMEOUT_MS instead.
-DEFAULT_DEADLINE_S = 60.0
-
-# Whether this libpq has pipeline mode (14 and later): through a pooler in transaction mode a statement and
-# its settings then go in one round trip.
-PIPELINE = psycopg.Pipeline.is_supported()
-
-
-@contextmanager
-def _begun(conn: psycopg.Connection, first: list[tuple[str, Any]]) -> Iterator[None]:
-    """A transaction that runs `first` (statements and their parameters) before anything else, sent together
-    where libpq has pipeline mode."""
-    with conn.transaction():
-        if len(first) > 1 and PIPELINE:
-            with conn.pipeline():
-                for query, params in first:
-                    conn.execute(query, params)
-        else:
-            for query, params in first:
-                conn.execute(query, params)
-        yield
-
-
-class Store:
-    """One connection, reopened with backoff when it breaks. Not thread-safe: one per thread (only
-    `cancel` may be called from another).
-
-    Every call has a deadline (`deadline_s`): a server that has not answered by then is taken for hung,
-    the connection is dropped (`connection.Deadlines`) and the call fails with StoreUnavailable, like
-    any lost connection; the next call connects again, to whichever server of the URL is the primary
-    then, the one that failed last. A connection that finds its server read-only (a standby, a demoted
-    primary) is dropped the same way. `link` tells which server the store is connected to and how
-    often it changed.
-
-    `hot_path=True` for the processes' own stores (consumer, firer, detector): their connection
-    gets the planner settings of `hot_path_settings`, which their statements are written for.
-    `synchronous_commit=False` makes every session of this store commit without waiting for the
-    WAL flush (for the firer, whose lost commits only fire a row again); the default keeps the
-    server's setting (the consumer's inserts must be durable before its offsets are committed).
-
-    `pool_mode` (CHRONOS_DATABASE_POOL_MODE) says how to talk through a connection pooler (`pooling`):
-    `session` as to PostgreSQL itself; `transaction` with nothing prepared and the settings above made in
-    each transaction; `auto` probes the URL when the store first connects. A store in session mode that
-    finds out it is behind a pooler in transaction mode (a prepared statement or its staging table gone)
-    raises PoolModeMismatch, a configuration error, never a StoreUnavailable to retry or a StoreRejected
-    that would dead-letter data."""
-
-    def __init__(self, url: str, *, node_id: uuid.UUID | None = None, hot_path: bool = False,
-                 synchronous_commit: bool = True, deadline_s: float = DEFAULT_DEADLINE_S,
-                 application_name: str = "chronos", pool_mode: str = pooling.SESSION):
-        self.url = url
-        self.node_id = node_id
-        self.hot_path = hot_path
-        self.synchronous_commit = synchronous_commit
-        self.deadline_s = deadline_s
-        self.application_name = application_name
-        self.pool_mode = pool_mode
-        # transaction_settings' parameters, for a transaction through a pooler in transaction mode; None: none to make
-        self._settings: dict[str, str | None] | None = None
-        if hot_path or not synchronous_commit:
-            self._settings = {"planner": "off" if hot_path else None,
-                              "synchronous_commit": None if synchronous_commit else "off"}
-        self.conn: psycopg.Connection | None = None
-        self.link = ports.Link()
-        self._avoid: str | None = None  # the server the last connection failed on: tried last next time
-        self._staging_ready = False
-        self.last_ok = 0.0  # time.monotonic() of the last statement PostgreSQL answered (for /healthz)
-
-    # -- connection management -------------------------------------------------------------
-
-    @property
-    def pooled(self) -> bool:
-        """Whether this store talks to PostgreSQL through a pooler in transaction mode."""
-        return self.pool_mode == pooling.TRANSACTION
-
-    def open(self, *, check: bool = True) -> None:
-        self.close()
-        if self.pool_mode == pooling.AUTO:
-            self.pool_mode = resolve_pool_mode(self.url, self.pool_mode)
-        conn = connect(self.url, application_name=self.application_name, avoid=self._avoid, prepared=not self.pooled)
-        self.conn, self._staging_ready = conn, False
-        replaced = self.link.connected(server_of(conn))
-        if replaced is not None:
-            log.warning("connected to PostgreSQL at %s, another server than before (%s): a failover or a "
-                        "switchover", self.link.server, replaced)
-
-        def settle(conn: psycopg.Connection) -> None:
-            if check:
-                _check_schema(conn)
-            if self.pooled:  # made in each transaction instead: see _execute and _transaction
-                return
-            if self.hot_path:
-                conn.execute(QUERIES["hot_path_settings"])
-            if not self.synchronous_commit:
-                conn.execute(QUERIES["async_commit"])
-        self._guarded(conn, settle)
-
-    def close(self) -> None:
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except psycopg.Error as exc:
-                log.debug("closing a broken connection: %s", short(exc, self.url))
-            self.conn = None
-            self.link.lost()
-
-    def cancel(self) -> None:
-        """Cancel the statement running on this store's connection, if one is. The one method another
-        thread than the store's own may call: psycopg's cancel is safe from any thread."""
-        conn = self.conn
-        if conn is None or conn.closed:
-            return
-        try:
-            conn.cancel_safe(timeout=2.0)
-        except psycopg.Error as exc:
-            log.debug("cancelling a statement: %s", short(exc, self.url))
-
-    def _c(self) -> psycopg.Connection:
-        if self.conn is None or self.conn.closed:
-            self.open()
-        assert self.conn is not None
-        return self.conn
-
-    def _guarded(self, conn: psycopg.Connection, fn, *args: Any) -> Any:
-        """fn(conn, ...) within the store's deadline; a driver error comes out as the project's. A
-        connection past its deadline, broken, or on a read-only server is closed: the next call opens
-        another."""
-        watch = DEADLINES.arm(conn, self.deadline_s)
-        try:
-            try:
-                return fn(conn, *args)
-            finally:
-                DEADLINES.disarm(watch)  # before anything closes the connection: see Deadlines
-        except psycopg.errors.TransactionRollback:
-            raise  # the caller runs it again
-        except psycopg.Error as exc:
-            server = self.link.server
-            if watch.fired:
-                self.link.unanswered += 1
-                self._lost(server)
-                raise StoreUnavailable(f"PostgreSQL at {server} did not answer within {self.deadline_s:g}s: "
-                                       f"connection dropped, the statement's outcome unknown") from None
-            vanished = None if self.pooled else pooling.vanished(exc)
-            if vanished is not None:
-                self._lost(server)
-                raise pooling.mismatch(server, vanished) from None
-            error = translate(exc, self.url, server)
-            if connection_lost(exc):
-                if exc.sqlstate == "25006":
-                    self.link.read_only += 1
-                self._lost(server)
-            raise error from None
-
-    def _lost(self, server: str | None) -> None:
-        self._avoid = server
-        self.close()
-
-    def _run(self, fn, *args: Any) -> Any:
-        """Run fn(conn, ...) (see `_guarded`).
-
-        A deadlock or serialization failure (concurrent writers of the same ids) rolled the whole
-        transaction back: it is run again, a few times, before it counts as a failure."""
-        for attempt in range(5):
-            try:
-                result = self._guarded(self._c(), fn, *args)
-                break
-            except psycopg.errors.TransactionRollback as exc:
-                if attempt == 4:
-                    raise StoreUnavailable(short(exc, self.url)) from None
-                log.info("transaction rolled back (%s); running it again", short(exc, self.url))
-                time.sleep(0.01 * (attempt + 1))
-        self.last_ok = time.monotonic()
-        return result
-
-    def run(self, fn) -> Any:
-        """Run fn(connection) with the store's reconnection and error translation (for chronos.ops.inspect)."""
-        return self._run(fn)
-
-    def _execute(self, conn: psycopg.Connection, query: str, params: Any = None, *,
-                 prepare: bool | None = None) -> psycopg.Cursor:
-        """conn.execute(query, params, prepare=prepare); through a pooler in transaction mode never prepared,
-        and, outside a transaction, sent in one pipeline after the store's transaction_settings: one
-        implicit transaction (the pipeline's one sync ends it) and one round trip (three, in an explicit
-        transaction, where libpq has no pipeline mode: before 14). Its results are there when this returns."""
-        if not self.pooled:
-            return conn.execute(query, params, prepare=prepare)
-        if self._settings is None or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            return conn.execute(query, params)
-        with conn.pipeline() if PIPELINE else conn.transaction():
-            conn.execute(QUERIES["transaction_settings"], self._settings)
-            cur = conn.execute(query, params)
-        return cur
-
-    def _transaction(self, conn: psycopg.Connection, *, settings: bool = True,
-                     staging: bool = False) -> AbstractContextManager[Any]:
-        """conn.transaction(); through a pooler in transaction mode it begins with the store's
-        transaction_settings (unless `settings` is False: nothing in it is planned) and, with `staging`, the
-        staging table, in one round trip."""
-        if not self.pooled:
-            return conn.transaction()
-        first: list[tuple[str, Any]] = []
-        if settings and self._settings:
-            first.append((QUERIES["transaction_settings"], self._settings))
-        if staging:
-            first.append((QUERIES["create_staging_in_transaction"], None))
-        return _begun(conn, first)
+class Store(Session):
+    """The scheduler's table of waiting messages on PostgreSQL: `ports.Store` and `ports.Operators`. One per
+    thread, as its connection is (see `Session`)."""
 
     # -- consumer --------------------------------------------------------------------------
 
@@ -547,11 +188,11 @@ class Store:
         and not claimed, held back by the limit (at most DUE_CAP counted), and how late the oldest
         of them is, by the database clock."""
         def run(conn: psycopg.Connection) -> list[Throttled]:
-            at = _one(self._execute(conn, QUERIES["db_now"]))[0]
+            at = one(self._execute(conn, QUERIES["db_now"]))[0]
             found = []
             for topic, rate in self._execute(conn, QUERIES["limited_topics"]).fetchall():
                 output = topic == output_topic
-                rows, oldest = _one(self._execute(conn, QUERIES["throttled_output_topic" if output else "throttled_topic"],
+                rows, oldest = one(self._execute(conn, QUERIES["throttled_output_topic" if output else "throttled_topic"],
                                                   {"topic": topic, "cap": DUE_CAP}))
                 found.append(Throttled(topic, rate, rows, max(0.0, (at - oldest).total_seconds()) if oldest else 0.0))
             return found
@@ -588,9 +229,6 @@ class Store:
                                                                "last_us": occ.deadline_us if occ else None})
             return claimed
         return self._run(run)
-
-    def list_schedules(self) -> list[tuple]:
-        return self._run(lambda c: self._execute(c, QUERIES["list_schedules"]).fetchall())
 
     def delete_fired(self, done: Sequence[Claimed]) -> int:
         """Delete exactly these rows if this node still owns them as claimed; returns how many."""
@@ -638,7 +276,7 @@ class Store:
         self._run(run)
 
     def db_clock_us(self) -> int:
-        return self._run(lambda c: _one(self._execute(c, QUERIES["db_clock"]))[0])
+        return self._run(lambda c: one(self._execute(c, QUERIES["db_clock"]))[0])
 
     # -- detector --------------------------------------------------------------------------
 
@@ -665,26 +303,26 @@ class Store:
         """
         def run(conn: psycopg.Connection) -> Overview:
             execute = self._execute
-            has_cron, estimate = _one(execute(conn, QUERIES["overview_features"]))
+            has_cron, estimate = one(execute(conn, QUERIES["overview_features"]))
             nodes = [NodeLoad(*r) for r in execute(conn, QUERIES["overview_in_flight"], {"hold_ms": hold_ms})]
             count = exact if exact is not None else estimate < ESTIMATE_ABOVE
-            at, first, next_deadline, waiting, due = _one(execute(
+            at, first, next_deadline, waiting, due = one(execute(
                 conn, QUERIES["overview_waiting_cron" if has_cron else "overview_waiting"],
                 {"exact": count, "due_cap": DUE_CAP}))
-            schedules = _one(execute(conn, QUERIES["count_cron_schedules"]))[0] if has_cron else None
+            schedules = one(execute(conn, QUERIES["count_cron_schedules"]))[0] if has_cron else None
             parked = None
-            if _one(execute(conn, QUERIES["has_parked"]))[0]:
-                parked = _one(execute(conn, QUERIES["count_parked"]))[0]
+            if one(execute(conn, QUERIES["has_parked"]))[0]:
+                parked = one(execute(conn, QUERIES["count_parked"]))[0]
             return Overview.build(at, first, next_deadline, waiting, estimate, due, nodes, schedules, parked)
         return self._run(run)
 
     def server_view(self) -> ServerView:
         """The server this store is connected to, as it sees itself (address, standby or primary,
         version), the servers replicating from it, and the Chronos processes with sessions on it (by
-        their application name, `application_name`). For `chronos status` and the console; not part
-        of `ports.Store`, which the roles use."""
+        their application name, `application_name`). For `chronos status` and the console; in no port:
+        the in-memory twin has no server."""
         def run(conn: psycopg.Connection) -> ServerView:
-            at, host, port, in_recovery, version = _one(conn.execute(QUERIES["server_self"]))
+            at, host, port, in_recovery, version = one(conn.execute(QUERIES["server_self"]))
             standbys = [Standby(*r) for r in conn.execute(QUERIES["server_standbys"])]
             processes = [Sessions(role, node, count, list(clients), start, visible)
                          for role, node, count, clients, start, visible in conn.execute(QUERIES["chronos_sessions"])]
@@ -692,6 +330,62 @@ class Store:
             return ServerView(at, self.link.server, address, in_recovery, version, standbys, processes)
         return self._run(run)
 
+
+    # -- operators -------------------------------------------------------------------------
+
+    def show(self, message_id: str, *, output_topic: str) -> Message | None:
+        row = self._run(lambda c: c.execute(QUERIES["show_message"], {"id": message_id, "preview": PREVIEW_BYTES})
+                        .fetchone())
+        if row is None:
+            return None
+        (mid, deadline, readied_at, readied_by, topic, key, size, preview, headers, okey, enqueued_at, expr, tz,
+         dst, attempts, last_error, original_deadline) = row
+        return Message(id=mid, state=state_of(expr, readied_at is not None), deadline=deadline,
+                       topic=topic or output_topic, key=key, headers=codec.decode_headers(headers) if headers else [],
+                       value_size=size, value_preview=b"" if preview is None else bytes(preview),
+                       ordering_key=okey, enqueued_at=enqueued_at, firer=readied_by, claimed_at=readied_at,
+                       cron=expr, timezone=(tz or "UTC") if expr is not None else None, dst_policy=dst,
+                       attempts=attempts, last_error=last_error, original_deadline=original_deadline)
+
+    def list_messages(self, f: Filters, *, output_topic: str, limit: int, after: Position | None = None,
+                      not_at: datetime | None = None) -> list[Listed]:
+        params = list_params(f, limit, after=after, not_at=not_at)
+        # prepare=False: planned for these values every time (see list_by_deadline)
+        rows = self._run(lambda c: c.execute(QUERIES["list_by_deadline" if f.id_prefix is None else "list_by_id"],
+                                             params, prepare=False).fetchall())
+        return [Listed(state=s, id=i, deadline=d, seq=q, topic=t or output_topic, key=k, ordering_key=o, firer=r,
+                       cron=cr) for s, i, d, q, t, k, o, r, cr in rows]
+
+    def list_parked(self, *, limit: int, before: int | None = None) -> list[ParkedMessage]:
+        rows = self._run(lambda c: c.execute(QUERIES["list_parked"], {"before": before, "limit": limit,
+                                                                      "preview": PREVIEW_BYTES}).fetchall())
+        return [ParkedMessage(number=n, message_id=mid, source=src, topic=topic, deadline=deadline, key=key,
+                              headers=codec.decode_headers(headers) if headers else [], value_size=size,
+                              value_preview=b"" if preview is None else bytes(preview), reason=reason, parked_at=at)
+                for n, mid, src, topic, deadline, key, size, preview, headers, reason, at in rows]
+
+    def list_schedules(self) -> list[Schedule]:
+        return self._run(lambda c: [Schedule(*r) for r in self._execute(c, QUERIES["list_schedules"])])
+
+    def present(self, ids: Sequence[str]) -> dict[str, bool]:
+        return dict(self._run(lambda c: c.execute(QUERIES["present_ids"], {"ids": list(ids)}).fetchall()))
+
+    def apply_action(self, action: str, ids: Sequence[str], at: datetime | None, *, counted: bool) -> list[str]:
+        if action not in ACTIONS:
+            raise ValueError(f"unknown action {action!r}")
+
+        def run(conn: psycopg.Connection) -> list[str]:
+            with conn.transaction():
+                changed: list[str] = []
+                if ids:
+                    changed = [r[0] for r in conn.execute(QUERIES[f"act_{action}"], {"ids": list(ids), "at": at})]
+                conn.execute(QUERIES["count_action"], {"action": action, "actions": 1 if counted else 0,
+                                                       "messages": len(changed)})
+                return changed
+        return self._run(run)
+
+    def action_totals(self) -> dict[str, tuple[int, int]]:
+        return {a: (n, m) for a, n, m in self._run(lambda c: c.execute(QUERIES["action_totals"]).fetchall())}
 
 
 def role_store(settings: Settings, node_id: uuid.UUID, role: str, *, synchronous_commit: bool = True) -> Store:
@@ -708,22 +402,6 @@ def application_name(role: str, node_id: uuid.UUID) -> str:
     return f"chronos {role} {node_id}"
 
 
-def wait_for_database(url: str, timeout: float) -> None:
-    """Block until PostgreSQL answers, or raise UnavailableError after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    last = ""
-    while True:
-        try:
-            connect(url, connect_timeout=max(1, int(min(5, timeout)))).close()
-            return
-        except StoreUnavailable as exc:
-            last = str(exc)
-        if time.monotonic() >= deadline:
-            raise UnavailableError(last)
-        time.sleep(0.5)
-
-
-
-
-# held to the port by the type checker: a method the roles call that this store lacks fails `mypy`
+# held to the ports by the type checker: a method the roles or the operators call that this store lacks fails `mypy`
 _PORT: type[ports.Store] = Store
+_OPERATORS_PORT: type[ports.OperatorsStore] = Store

@@ -11,7 +11,7 @@ from chronos.config import Settings
 from chronos.domain.model import Claimed
 from chronos.errors import StoreUnavailable
 from chronos.ops.telemetry import FirerTelemetry
-from chronos.ports import Store
+from chronos.ports import ClaimStore
 from chronos.roles.firer.handoff import Claims, Shared
 from chronos.roles.firer.store_thread import StoreThread
 from chronos.runtime.process import Lifecycle
@@ -19,7 +19,7 @@ from chronos.runtime.process import Lifecycle
 log = logging.getLogger("chronos.firer")
 
 
-class Claimer(StoreThread):
+class Claimer(StoreThread[ClaimStore]):
     """The claimer: claims due rows (within each rate-limited topic's budget) and recurring
     schedules' occurrences, and hands them to the sender through `outbox`. It paces itself:
     at once again while a claim comes back full (a backlog), otherwise after the poll interval;
@@ -28,7 +28,7 @@ class Claimer(StoreThread):
     long (a lock, a plan gone bad) stops only further claims, and the rows already held keep being
     deleted once published, so none of them ages past the hold time into a peer's hands."""
 
-    def __init__(self, store: Store, settings: Settings, shared: Shared, telemetry: FirerTelemetry, life: Lifecycle,
+    def __init__(self, store: ClaimStore, settings: Settings, shared: Shared, telemetry: FirerTelemetry, life: Lifecycle,
                  outbox: Claims):
         super().__init__("claimer", store, settings, shared, telemetry, life)
         self.outbox = outbox

@@ -10,7 +10,7 @@ import time
 from chronos.config import Settings
 from chronos.errors import StoreUnavailable
 from chronos.ops.telemetry import FirerTelemetry
-from chronos.ports import Store
+from chronos.ports import SettleStore
 from chronos.roles.firer.handoff import Outcomes, Shared, Stop, ToSettle
 from chronos.roles.firer.store_thread import StoreThread
 from chronos.runtime.process import Lifecycle
@@ -22,13 +22,13 @@ DELETE_EVERY = 0.02          # seconds between deletes while acknowledgements tr
 CLOCK_SYNC_EVERY = 10.0      # seconds between measurements of the database clock offset
 
 
-class Settler(StoreThread):
+class Settler(StoreThread[SettleStore]):
     """The settler: settles held rows as the sender reports their outcomes (`inbox`): deletes the
     acknowledged ones in batches, hands back, retries later, deletes as dead-lettered or parks
     the others. On its own thread and connection, never behind a claim, which is why it also
     measures the database clock for the sender (`sync_clock`)."""
 
-    def __init__(self, store: Store, settings: Settings, shared: Shared, telemetry: FirerTelemetry, life: Lifecycle):
+    def __init__(self, store: SettleStore, settings: Settings, shared: Shared, telemetry: FirerTelemetry, life: Lifecycle):
         super().__init__("settler", store, settings, shared, telemetry, life)
         self.inbox: ToSettle = queue.SimpleQueue()
         self.todo = Outcomes()

@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Generic, TypeVar
 
 from chronos.config import Settings
 from chronos.errors import ConfigError
 from chronos.ops.telemetry import FirerTelemetry
-from chronos.ports import Store
+from chronos.ports import StoreHandle
 from chronos.roles.firer.handoff import Shared
 from chronos.runtime.backoff import POSTGRES_RETRY_CAP_S, Outage
 from chronos.runtime.logs import Throttle
@@ -20,13 +21,17 @@ log = logging.getLogger("chronos.firer")
 SLOW_STATEMENT = 1.0         # seconds: a claim or delete slower than this is logged (aggregated)
 
 
-class StoreThread(threading.Thread):
-    """A thread of the firer that talks to PostgreSQL, on a `Store` of its own (a Store is one
-    connection, not thread-safe), which it closes when it ends. psycopg releases the GIL while it
+S = TypeVar("S", bound=StoreHandle)
+
+
+class StoreThread(threading.Thread, Generic[S]):
+    """A thread of the firer that talks to PostgreSQL, on a store of its own (a store is one
+    connection, not thread-safe), which it closes when it ends; its port says which statements it may
+    run. psycopg releases the GIL while it
     waits on the network, so no statement of these threads delays a publish that is due. The
     thread's name is the one its class goes by (`claimer`, `settler`)."""
 
-    def __init__(self, name: str, store: Store, settings: Settings, shared: Shared, telemetry: FirerTelemetry,
+    def __init__(self, name: str, store: S, settings: Settings, shared: Shared, telemetry: FirerTelemetry,
                  life: Lifecycle):
         super().__init__(name=name, daemon=True)
         self.store, self.settings, self.shared, self.metrics, self.life = store, settings, shared, telemetry, life

@@ -124,7 +124,7 @@ SELECT set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan
 -- With fire-rate limits the claim goes topic by topic: `claim_topic` (one topic named by
 -- chronosTopic, off the topic index, so a throttled backlog of one topic never stands in front of
 -- another's due rows) and `claim_output_topic` (rows without chronosTopic, off the due index) are
--- this statement with a topic filter at the mark (chronos/adapters/postgres/store.py makes them).
+-- this statement with a topic filter at the mark (chronos/adapters/postgres/queries.py makes them).
 WITH candidates AS MATERIALIZED (
     SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq FROM chronos_messages
     WHERE readied_at IS NULL AND cron IS NULL /* topic filter */
@@ -319,7 +319,8 @@ SELECT now(),
 -- name: count_cron_schedules
 SELECT count(*) FROM chronos_messages WHERE cron IS NOT NULL;
 
--- Operators: `chronos show`, `list`, `cancel`, `fire-now`, `reschedule` (chronos/ops/inspect.py).
+-- Operators: `chronos show`, `list`, `cancel`, `fire-now`, `reschedule` (the OperatorsStore port, chronos/ports.py;
+-- chronos/ops/inspect.py walks filters and actions in batches over it).
 
 -- name: show_message
 -- The value's size and its first bytes only: a value may be megabytes.

@@ -1,22 +1,35 @@
-"""The console's messages pages and actions: a second face on `chronos.ops.inspect`, the functions
-behind `chronos show`, `list`, `cancel`, `fire-now` and `reschedule` (same parsing, same
-queries, same actions; nothing here talks SQL)."""
+"""The console's pages: the overview and its live JSON, the schedules, signing in and out, the
+messages pages (search, a message, parked messages) and the actions over them, and the error pages.
+
+The messages pages and the actions are a second face on `chronos.ops.inspect` and the operators' store
+port, the functions behind `chronos show`, `list`, `cancel`, `fire-now` and `reschedule` (same parsing,
+same statements, same actions; nothing here talks SQL). Every store call runs off the event loop through
+the console's store reader."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from datetime import datetime, timezone
 from typing import Any, Mapping, NamedTuple
 from urllib.parse import urlencode
 
+import orjson
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 
-from chronos.ops import inspect
-from chronos.console.app import _console, check_action, read_form
+from chronos.console.auth import COOKIE, same_origin
+from chronos.console.context import Console, check_action, console_of, read_form
 from chronos.console.views import id_from_path, message_url, show_bytes
+from chronos.domain import cron
+from chronos.domain.operators import STATES, Filters
 from chronos.errors import ChronosError, ConfigError, NeedsConfirmation
+from chronos.ops import inspect
 
+log = logging.getLogger("chronos.console")
+
+NEXT_OCCURRENCES = 5
 FILTER_FIELDS = ("id_prefix", "key", "topic", "ordering_key", "state", "due_after", "due_before")
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
@@ -24,7 +37,77 @@ VERBS = {"cancel": ("Cancel", "cancel", "cancelled"), "fire_now": ("Fire now", "
          "reschedule": ("Reschedule", "reschedule", "rescheduled")}
 
 
-def filters_from(fields: Mapping[str, str], output_topic: str, now: datetime) -> inspect.Filters:
+# -- the overview and the schedules ------------------------------------------------------------
+
+async def overview(request: Request) -> Response:
+    console = console_of(request)
+    return console.page(request, "overview.html", live=orjson.loads(await console.live()))
+
+
+async def overview_json(request: Request) -> Response:
+    return Response(await console_of(request).live(), media_type="application/json")
+
+
+async def schedules(request: Request) -> Response:
+    console = console_of(request)
+    try:
+        rows = await console.reader.call(lambda s: s.list_schedules())
+        error = None
+    except ChronosError as exc:
+        rows, error = [], str(exc)
+    items = []
+    for sid, expr, tz, next_us, topic, okey, created in rows:
+        upcoming: list[datetime] = [cron.from_us(next_us)]
+        problem = None
+        try:
+            schedule = cron.parse(expr, tz)
+            while len(upcoming) < NEXT_OCCURRENCES:
+                upcoming.append(schedule.next_after(upcoming[-1]))
+        except cron.CronError as exc:
+            problem = str(exc)
+        items.append({"id": sid, "cron": expr, "timezone": tz, "topic": topic, "ordering_key": okey,
+                      "created_at": created, "next": upcoming, "problem": problem})
+    return console.page(request, "schedules.html", schedules=items, error=error,
+                        now=datetime.now(timezone.utc))
+
+
+# -- signing in --------------------------------------------------------------------------------
+
+async def login_form(request: Request) -> Response:
+    console = console_of(request)
+    if console.auth.read_only:
+        return console.page(request, "error.html", 403, title="Read-only console",
+                            message="This console has no token (CHRONOS_CONSOLE_TOKEN), so nobody can act "
+                                    "through it.")
+    return console.page(request, "login.html", failed=False)
+
+
+async def login(request: Request) -> Response:
+    console = console_of(request)
+    if console.auth.read_only:
+        return await login_form(request)
+    if not same_origin(request.headers, request.url.scheme, request.headers.get("host", "")):
+        return console.page(request, "error.html", 403, title="Refused",
+                            message="This request did not come from the console's own page.")
+    form = await read_form(request)
+    if not console.auth.check_token(form.get("token", "")):
+        await asyncio.sleep(0.5)  # slows down guessing
+        return console.page(request, "login.html", 403, failed=True)
+    response = RedirectResponse("/", status_code=303)
+    response.set_cookie(COOKIE, console.auth.new_session(), httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https", path="/")
+    return response
+
+
+async def logout(request: Request) -> Response:
+    response = RedirectResponse("/", status_code=303)
+    response.delete_cookie(COOKIE, path="/")
+    return response
+
+
+# -- messages ----------------------------------------------------------------------------------
+
+def filters_from(fields: Mapping[str, str], output_topic: str, now: datetime) -> Filters:
     """The search's filters as `chronos list` parses its flags (raises ConfigError on bad input)."""
     def get(name: str) -> str | None:
         return fields.get(name, "").strip() or None
@@ -52,7 +135,7 @@ def _limit(text: str | None) -> int:
 
 async def search(request: Request) -> Response:
     """`/messages`: one page of `chronos list` for the filters in the query string."""
-    console = _console(request)
+    console = console_of(request)
     params = {k: v for k, v in request.query_params.items() if k in (*FILTER_FIELDS, "limit", "after")}
     output_topic = console.settings.output_topic
     rows: list[dict[str, Any]] = []
@@ -73,16 +156,16 @@ async def search(request: Request) -> Response:
     filter_fields = [(k, params[k]) for k in FILTER_FIELDS if params.get(k)]
     return console.page(request, "messages.html", 400 if error else 200, rows=rows, error=error,
                         next_url=next_url, filters=params, filter_fields=filter_fields,
-                        states=("", *inspect.STATES))
+                        states=("", *STATES))
 
 
 async def detail(request: Request) -> Response:
     """`/messages/<url-encoded id>`: what `chronos show` tells about one message or schedule."""
-    console = _console(request)
+    console = console_of(request)
     message_id = id_from_path(request.scope.get("raw_path") or request.url.path.encode())
     if message_id is None:
         raise HTTPException(404)
-    m = await console.reader.call(lambda s: inspect.show(s, message_id, output_topic=console.settings.output_topic))
+    m = await console.reader.call(lambda s: s.show(message_id, output_topic=console.settings.output_topic))
     if m is None:
         return console.page(request, "error.html", 404, title="Not found",
                             message=f"No message or schedule with the id {message_id!r} is in the store "
@@ -99,6 +182,8 @@ async def detail(request: Request) -> Response:
             "headers": [(name, show_bytes(v)) for name, v in m.headers], "value": value}
     return console.page(request, "message.html", m=view)
 
+
+# -- actions ---------------------------------------------------------------------------------
 
 def _target(form: Mapping[str, str], output_topic: str, now: datetime) -> dict[str, Any]:
     """What an action form names: one id, or the filters of a search."""
@@ -122,7 +207,7 @@ def _when(form: Mapping[str, str], action: str, now: datetime) -> datetime | Non
 class _Action(NamedTuple):
     """An action form the request may post, read: what it acts on and, for a reschedule, the new time."""
 
-    console: Any
+    console: Console
     form: Mapping[str, str]
     action: str
     target: dict[str, Any]
@@ -132,7 +217,7 @@ class _Action(NamedTuple):
 async def _action_form(request: Request) -> _Action | Response:
     """The posted action form, or a refusal page (403) when the request may not act (read-only, no
     session, another origin, a wrong form token); 400 when the form names no valid action or target."""
-    console = _console(request)
+    console = console_of(request)
     form = await read_form(request)
     refused = check_action(request, form)
     if refused:
@@ -205,9 +290,11 @@ async def apply(request: Request) -> Response:
                         back="/messages")
 
 
+# -- parked messages ---------------------------------------------------------------------------
+
 async def parked(request: Request) -> Response:
     """Messages no topic accepted, newest first (`chronos_parked`), a page at a time."""
-    console = _console(request)
+    console = console_of(request)
     text = request.query_params.get("before", "")
     error = None
     rows: list[dict[str, Any]] = []
@@ -232,3 +319,22 @@ async def parked(request: Request) -> Response:
             if page.cursor is not None:
                 next_url = "/parked?" + urlencode({"before": page.cursor})
     return console.page(request, "parked.html", 400 if error else 200, rows=rows, error=error, next_url=next_url)
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+async def not_found(request: Request, exc: Exception) -> Response:
+    console = console_of(request)
+    status_code = getattr(exc, "status_code", 404)
+    detail = getattr(exc, "detail", None)
+    if status_code == 404:
+        return console.page(request, "error.html", 404, title="Not found",
+                            message="There is nothing at this address.")
+    return console.page(request, "error.html", status_code, title="Cannot do that",
+                        message=str(detail) if detail else "The request was refused.")
+
+
+async def server_error(request: Request, exc: Exception) -> Response:
+    log.error("%s %s failed: %s", request.method, request.url.path, type(exc).__name__, exc_info=exc)
+    return console_of(request).page(request, "error.html", 500, title="Something went wrong",
+                                    message="The console could not answer; its log says why.")

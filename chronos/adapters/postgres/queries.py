@@ -1,0 +1,45 @@
+"""The named SQL statements of `sql/queries.sql`, loaded once into `QUERIES`.
+
+Each statement sits under a `-- name: x` header; a `-- fragment: x` is a piece of SQL several statements
+share, put where they say `/* include: x */`. Statements that differ from another only in their topic
+filter are one body with the filter's place marked, made into one statement per filter here
+(`TOPIC_VARIANTS`).
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+SQL_DIR = resources.files("chronos.adapters.postgres.sql")
+_NAME_RE = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.MULTILINE)
+_INCLUDE_RE = re.compile(r"/\* include: (\w+) \*/")
+
+# The claim and the token bucket's refill, for any topic, for one topic named by chronosTopic, and for the
+# output topic (rows without one).
+TOPIC_MARK = "/* topic filter */"
+TOPIC_VARIANTS = {  # statement: (body, its topic filter)
+    "claim": ("claim", ""),
+    "claim_topic": ("claim", "AND topic = %(topic)s"),
+    "claim_output_topic": ("claim", "AND topic IS NULL"),
+    "take_tokens": ("take_tokens", "AND topic = %(topic)s"),
+    "take_output_tokens": ("take_tokens", "AND topic IS NULL"),
+}
+
+
+def load(text: str) -> dict[str, str]:
+    """The statements of a queries.sql text by name, fragments put in and topic variants made."""
+    parts = _NAME_RE.split(text)
+    blocks = {(kind, name): body.strip().rstrip(";") for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3])}
+    fragments = {name: "\n".join(line for line in body.splitlines() if not line.startswith("--"))
+                 for (kind, name), body in blocks.items() if kind == "fragment"}
+    queries = {name: _INCLUDE_RE.sub(lambda m: fragments[m.group(1)], body)
+               for (kind, name), body in blocks.items() if kind == "name"}
+    bodies = {body: queries[body] for body, _ in TOPIC_VARIANTS.values()}
+    for name, (body, topic_filter) in TOPIC_VARIANTS.items():
+        assert TOPIC_MARK in bodies[body], f"queries.sql: {body} has no {TOPIC_MARK} mark"
+        queries[name] = bodies[body].replace(TOPIC_MARK, topic_filter)
+    return queries
+
+
+QUERIES = load((SQL_DIR / "queries.sql").read_text())

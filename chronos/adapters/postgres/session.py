@@ -1,0 +1,228 @@
+"""One connection to PostgreSQL as a store uses it: opened on first use and again after it broke, every
+call under a deadline and with the driver's errors translated into the project's, and the session's
+settings made once per connection, or in every transaction through a pooler in transaction mode
+(`pooling`). `chronos.adapters.postgres.store.Store` runs its statements through it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Iterator
+
+import psycopg
+
+from chronos import ports
+from chronos.adapters.postgres import pooling
+from chronos.adapters.postgres.connection import DEADLINES, connect, connection_lost, server_of, short, translate
+from chronos.adapters.postgres.migrations import check_schema_raw
+from chronos.adapters.postgres.queries import QUERIES
+from chronos.errors import StoreUnavailable
+
+log = logging.getLogger("chronos.store")
+
+
+# How long a call of an operator's or a command's store may wait for PostgreSQL; the processes pass
+# CHRONOS_DATABASE_TIMEOUT_MS instead.
+DEFAULT_DEADLINE_S = 60.0
+
+# Whether this libpq has pipeline mode (14 and later): through a pooler in transaction mode a statement and
+# its settings then go in one round trip.
+PIPELINE = psycopg.Pipeline.is_supported()
+
+
+@contextmanager
+def _begun(conn: psycopg.Connection, first: list[tuple[str, Any]]) -> Iterator[None]:
+    """A transaction that runs `first` (statements and their parameters) before anything else, sent together
+    where libpq has pipeline mode."""
+    with conn.transaction():
+        if len(first) > 1 and PIPELINE:
+            with conn.pipeline():
+                for query, params in first:
+                    conn.execute(query, params)
+        else:
+            for query, params in first:
+                conn.execute(query, params)
+        yield
+
+
+class Session:
+    """One connection, reopened with backoff when it breaks. Not thread-safe: one per thread (only
+    `cancel` may be called from another). `node_id` is the process's, whose claims a store stamps with it.
+
+    Every call has a deadline (`deadline_s`): a server that has not answered by then is taken for hung,
+    the connection is dropped (`connection.Deadlines`) and the call fails with StoreUnavailable, like
+    any lost connection; the next call connects again, to whichever server of the URL is the primary
+    then, the one that failed last. A connection that finds its server read-only (a standby, a demoted
+    primary) is dropped the same way. `link` tells which server the store is connected to and how
+    often it changed.
+
+    `hot_path=True` for the processes' own stores (consumer, firer, detector): their connection
+    gets the planner settings of `hot_path_settings`, which their statements are written for.
+    `synchronous_commit=False` makes every session of this store commit without waiting for the
+    WAL flush (for the firer, whose lost commits only fire a row again); the default keeps the
+    server's setting (the consumer's inserts must be durable before its offsets are committed).
+
+    `pool_mode` (CHRONOS_DATABASE_POOL_MODE) says how to talk through a connection pooler (`pooling`):
+    `session` as to PostgreSQL itself; `transaction` with nothing prepared and the settings above made in
+    each transaction; `auto` probes the URL when the store first connects. A store in session mode that
+    finds out it is behind a pooler in transaction mode (a prepared statement or its staging table gone)
+    raises PoolModeMismatch, a configuration error, never a StoreUnavailable to retry or a StoreRejected
+    that would dead-letter data."""
+
+    def __init__(self, url: str, *, node_id: uuid.UUID | None = None, hot_path: bool = False,
+                 synchronous_commit: bool = True, deadline_s: float = DEFAULT_DEADLINE_S,
+                 application_name: str = "chronos", pool_mode: str = pooling.SESSION):
+        self.url = url
+        self.node_id = node_id
+        self.hot_path = hot_path
+        self.synchronous_commit = synchronous_commit
+        self.deadline_s = deadline_s
+        self.application_name = application_name
+        self.pool_mode = pool_mode
+        # transaction_settings' parameters, for a transaction through a pooler in transaction mode; None: none to make
+        self._settings: dict[str, str | None] | None = None
+        if hot_path or not synchronous_commit:
+            self._settings = {"planner": "off" if hot_path else None,
+                              "synchronous_commit": None if synchronous_commit else "off"}
+        self.conn: psycopg.Connection | None = None
+        self.link = ports.Link()
+        self._avoid: str | None = None  # the server the last connection failed on: tried last next time
+        self._staging_ready = False  # the consumer's staging table is made on this connection (create_staging)
+        self.last_ok = 0.0  # time.monotonic() of the last statement PostgreSQL answered (for /healthz)
+
+    @property
+    def pooled(self) -> bool:
+        """Whether this store talks to PostgreSQL through a pooler in transaction mode."""
+        return self.pool_mode == pooling.TRANSACTION
+
+    def open(self, *, check: bool = True) -> None:
+        self.close()
+        if self.pool_mode == pooling.AUTO:
+            self.pool_mode = pooling.resolve_pool_mode(self.url, self.pool_mode)
+        conn = connect(self.url, application_name=self.application_name, avoid=self._avoid, prepared=not self.pooled)
+        self.conn, self._staging_ready = conn, False
+        replaced = self.link.connected(server_of(conn))
+        if replaced is not None:
+            log.warning("connected to PostgreSQL at %s, another server than before (%s): a failover or a "
+                        "switchover", self.link.server, replaced)
+
+        def settle(conn: psycopg.Connection) -> None:
+            if check:
+                check_schema_raw(conn)
+            if self.pooled:  # made in each transaction instead: see _execute and _transaction
+                return
+            if self.hot_path:
+                conn.execute(QUERIES["hot_path_settings"])
+            if not self.synchronous_commit:
+                conn.execute(QUERIES["async_commit"])
+        self._guarded(conn, settle)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except psycopg.Error as exc:
+                log.debug("closing a broken connection: %s", short(exc, self.url))
+            self.conn = None
+            self.link.lost()
+
+    def cancel(self) -> None:
+        """Cancel the statement running on this store's connection, if one is. The one method another
+        thread than the store's own may call: psycopg's cancel is safe from any thread."""
+        conn = self.conn
+        if conn is None or conn.closed:
+            return
+        try:
+            conn.cancel_safe(timeout=2.0)
+        except psycopg.Error as exc:
+            log.debug("cancelling a statement: %s", short(exc, self.url))
+
+    def _c(self) -> psycopg.Connection:
+        if self.conn is None or self.conn.closed:
+            self.open()
+        assert self.conn is not None
+        return self.conn
+
+    def _guarded(self, conn: psycopg.Connection, fn, *args: Any) -> Any:
+        """fn(conn, ...) within the store's deadline; a driver error comes out as the project's. A
+        connection past its deadline, broken, or on a read-only server is closed: the next call opens
+        another."""
+        watch = DEADLINES.arm(conn, self.deadline_s)
+        try:
+            try:
+                return fn(conn, *args)
+            finally:
+                DEADLINES.disarm(watch)  # before anything closes the connection: see Deadlines
+        except psycopg.errors.TransactionRollback:
+            raise  # the caller runs it again
+        except psycopg.Error as exc:
+            server = self.link.server
+            if watch.fired:
+                self.link.unanswered += 1
+                self._lost(server)
+                raise StoreUnavailable(f"PostgreSQL at {server} did not answer within {self.deadline_s:g}s: "
+                                       f"connection dropped, the statement's outcome unknown") from None
+            vanished = None if self.pooled else pooling.vanished(exc)
+            if vanished is not None:
+                self._lost(server)
+                raise pooling.mismatch(server, vanished) from None
+            error = translate(exc, self.url, server)
+            if connection_lost(exc):
+                if exc.sqlstate == "25006":
+                    self.link.read_only += 1
+                self._lost(server)
+            raise error from None
+
+    def _lost(self, server: str | None) -> None:
+        self._avoid = server
+        self.close()
+
+    def _run(self, fn, *args: Any) -> Any:
+        """Run fn(conn, ...) (see `_guarded`).
+
+        A deadlock or serialization failure (concurrent writers of the same ids) rolled the whole
+        transaction back: it is run again, a few times, before it counts as a failure."""
+        for attempt in range(5):
+            try:
+                result = self._guarded(self._c(), fn, *args)
+                break
+            except psycopg.errors.TransactionRollback as exc:
+                if attempt == 4:
+                    raise StoreUnavailable(short(exc, self.url)) from None
+                log.info("transaction rolled back (%s); running it again", short(exc, self.url))
+                time.sleep(0.01 * (attempt + 1))
+        self.last_ok = time.monotonic()
+        return result
+
+    def _execute(self, conn: psycopg.Connection, query: str, params: Any = None, *,
+                 prepare: bool | None = None) -> psycopg.Cursor:
+        """conn.execute(query, params, prepare=prepare); through a pooler in transaction mode never prepared,
+        and, outside a transaction, sent in one pipeline after the store's transaction_settings: one
+        implicit transaction (the pipeline's one sync ends it) and one round trip (three, in an explicit
+        transaction, where libpq has no pipeline mode: before 14). Its results are there when this returns."""
+        if not self.pooled:
+            return conn.execute(query, params, prepare=prepare)
+        if self._settings is None or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            return conn.execute(query, params)
+        with conn.pipeline() if PIPELINE else conn.transaction():
+            conn.execute(QUERIES["transaction_settings"], self._settings)
+            cur = conn.execute(query, params)
+        return cur
+
+    def _transaction(self, conn: psycopg.Connection, *, settings: bool = True,
+                     staging: bool = False) -> AbstractContextManager[Any]:
+        """conn.transaction(); through a pooler in transaction mode it begins with the store's
+        transaction_settings (unless `settings` is False: nothing in it is planned) and, with `staging`, the
+        staging table, in one round trip."""
+        if not self.pooled:
+            return conn.transaction()
+        first: list[tuple[str, Any]] = []
+        if settings and self._settings:
+            first.append((QUERIES["transaction_settings"], self._settings))
+        if staging:
+            first.append((QUERIES["create_staging_in_transaction"], None))
+        return _begun(conn, first)
+

@@ -1,0 +1,126 @@
+"""What every page handler of the console shares: the console object (settings, the store reader, the
+metrics sampler, auth, templates, the live overview), the form of a request read, and whether a request
+may act."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs
+
+import orjson
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+
+from chronos.config import Settings
+from chronos.console.auth import COOKIE, Auth, same_origin
+from chronos.console.live import MetricsSampler, StoreReader, histogram_svg, rates_svg
+from chronos.console.views import display, postgres_processes, relative, seconds_text
+from chronos.ops import status
+
+TEMPLATES = resources.files("chronos.console") / "templates"
+MAX_FORM_BYTES = 64 * 1024
+
+
+class Console:
+    """Everything a request handler needs: settings, the store reader, metrics, auth, templates."""
+
+    def __init__(self, settings: Settings, store: Any, *, metrics_urls: tuple[str, ...] = ()):
+        self.settings = settings
+        self.reader = StoreReader(store, settings.hold_time_ms, settings.output_topic)
+        self.sampler = MetricsSampler(metrics_urls)
+        self.auth = Auth(settings.console_token)
+        self.env = Environment(loader=FileSystemLoader(str(TEMPLATES)),
+                               autoescape=select_autoescape(default=True, default_for_string=True))
+        self.env.globals["relative"] = relative
+        self._live: tuple[float, bytes] | None = None
+        self._live_lock = asyncio.Lock()
+
+    # -- rendering ---------------------------------------------------------------------------
+
+    def page(self, request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+        sid = self.auth.session(request.cookies.get(COOKIE))
+        context.update(read_only=self.auth.read_only, signed_in=sid is not None,
+                       form_token=self.auth.form_token(sid) if sid else None, path=request.url.path)
+        return HTMLResponse(self.env.get_template(template).render(**context), status_code=status_code)
+
+    # -- the live overview ---------------------------------------------------------------------
+
+    async def live(self) -> bytes:
+        """The overview as JSON, built at most once a second whoever asks."""
+        self.sampler.watched()
+        async with self._live_lock:
+            now = time.monotonic()
+            if self._live is not None and now - self._live[0] < self.reader.ttl:
+                return self._live[1]
+            body = orjson.dumps(await self.snapshot())
+            self._live = (now, body)
+            return body
+
+    async def snapshot(self) -> dict[str, Any]:
+        store, error = await self.reader.overview()
+        history = self.sampler.history
+        lateness = history.lateness()
+        rates = history.rates()
+        shown = display(store, rates, lateness)
+        stalled, longest = history.stalled()
+        publishing_stalled = (f"{stalled} process{'es' if stalled > 1 else ''} published nothing Kafka acknowledged "
+                              f"for up to {seconds_text(longest)}: their producers are being replaced; see their logs"
+                              if stalled else "")
+        postgres = (store or {}).get("postgres")
+        reported = status.reported_dicts(history.asked(), postgres) if self.sampler.urls else None
+        processes, postgres_apart = postgres_processes(postgres, reported)
+        shown.update(metrics_answering=str(history.sources_up), store_error=error or "",
+                     publishing_stalled=publishing_stalled, postgres_apart=postgres_apart)
+        return {"store": store, "store_error": error, "rates": rates, "publishing_stalled": publishing_stalled,
+                "postgres_apart": postgres_apart, "postgres_processes": processes,
+                "lateness": None if lateness is None else {k: lateness[k] for k in
+                                                          ("count", "window_s", "p50", "p99", "p999")},
+                "metrics": {"sources": len(self.sampler.urls), "answering": history.sources_up},
+                "display": shown,
+                "nodes": [[n["node"], f"{n['rows']:,}", seconds_text(n["held_for_s"]), f"{n['past_hold_time']:,}"]
+                          for n in (store or {}).get("in_flight_by_node", [])],
+                # topics under a fire-rate limit: due rows it holds back, and how late the oldest is
+                "throttled": [[t["topic"], f"{t['rate_per_s']:g}/s", f"{t['rows']:,}",
+                               seconds_text(t["lateness_s"]) if t["rows"] else "-"]
+                              for t in (store or {}).get("throttled", [])],
+                "charts": {"lateness": histogram_svg(lateness),
+                           "rates": rates_svg(history.series(), time.time())}}
+
+
+def console_of(request: Request) -> Console:
+    """The console a request is served by."""
+    return request.app.state.console
+
+
+async def read_form(request: Request) -> dict[str, str]:
+    """An urlencoded form body (the console's forms are small), first value of each field."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise HTTPException(413, "form too large")
+    try:
+        fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+    except UnicodeDecodeError:
+        raise HTTPException(400, "the form is not UTF-8") from None
+    return {k: v[0] for k, v in fields.items()}
+
+
+def check_action(request: Request, form: dict[str, str]) -> str | None:
+    """Why this action request must be refused, or None when it may go ahead."""
+    console = console_of(request)
+    if console.auth.read_only:
+        return "This console is read-only: start it with CHRONOS_CONSOLE_TOKEN set to act through it."
+    sid = console.auth.session(request.cookies.get(COOKIE))
+    if sid is None:
+        return "Sign in with the console token first."
+    if not same_origin(request.headers, request.url.scheme, request.headers.get("host", "")):
+        return "This request did not come from the console's own page."
+    if not console.auth.check_form(sid, form.get("form_token")):
+        return "The form is stale or forged: reload the page and try again."
+    return None

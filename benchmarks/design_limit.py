@@ -34,7 +34,8 @@ import orjson
 import psycopg
 
 from chronos import codec
-from chronos.adapters.postgres.store import QUERIES, migrate
+from chronos.adapters.postgres.migrations import migrate
+from chronos.adapters.postgres.queries import QUERIES
 from chronos.domain.model import Row
 
 BATCH = 2000
@@ -42,6 +43,22 @@ VALUE = b"x" * 100
 APP_HEADERS = [("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
                ("content-type", b"application/json")]
 LAYOUTS = {"1/1/1": (1, 1, 1), "2/2/2": (2, 2, 2)}
+
+# A schema in which a claim can be a HOT update (no index holds or filters on readied_at or readied_by, so
+# the claim writes no index entry, only a new row version on the same page when it has room): the claim's
+# index scan then steps over the rows in flight, and the detector finds them through the due range.
+HOT_SCHEMA = (
+    "DROP INDEX chronos_messages_readied",
+    "DROP INDEX chronos_messages_due",
+    "CREATE INDEX chronos_messages_due ON chronos_messages (deadline, seq) WHERE cron IS NULL",
+    "DROP INDEX chronos_messages_topic",
+    "CREATE INDEX chronos_messages_topic ON chronos_messages (topic, deadline, seq) WHERE topic IS NOT NULL",
+    "DROP INDEX chronos_messages_key",
+    "CREATE INDEX chronos_messages_key ON chronos_messages USING hash (key) WHERE key IS NOT NULL",
+)
+HOT_FIND_STALE = ("SELECT id, readied_at, readied_by, ctid FROM chronos_messages "
+                  "WHERE cron IS NULL AND deadline <= now() + interval '1 hour' AND readied_at IS NOT NULL "
+                  "AND readied_at < now() - %(hold_ms)s * interval '1 millisecond' LIMIT %(limit)s")
 
 # The claim, its RETURNING folded into text arrays the delete takes back unchanged.
 CLAIM = (f"WITH claimed AS ({QUERIES['claim']}) "
@@ -88,8 +105,9 @@ def copy_streams(count: int, run: str) -> list[bytes]:
 class Drive:
     """The threads of one layout on one database, and their counts."""
 
-    def __init__(self, url: str, consumers: int, firers: int, detectors: int, backlog: int, streams: list[bytes]):
-        self.url, self.backlog, self.streams = url, backlog, streams
+    def __init__(self, url: str, consumers: int, firers: int, detectors: int, backlog: int, streams: list[bytes],
+                 find_stale: str = QUERIES["find_stale"]):
+        self.url, self.backlog, self.streams, self.find_stale = url, backlog, streams, find_stale
         self.inserted = self.deleted = self.claims = 0
         self.lock = threading.Lock()
         self.halt = threading.Event()
@@ -158,13 +176,15 @@ class Drive:
         with psycopg.connect(self.url, autocommit=True) as conn:
             conn.execute(QUERIES["hot_path_settings"])
             while not self.halt.wait(0.5):
-                conn.execute(QUERIES["find_stale"], {"hold_ms": 5000, "limit": 10000}).fetchall()
+                conn.execute(self.find_stale, {"hold_ms": 5000, "limit": 10000}).fetchall()
 
 
 def run_layout(url: str, postmaster: int, layout: str, duration: float, warmup: float, backlog: int,
-               streams: list[bytes]) -> dict:
+               streams: list[bytes], schema: str = "current") -> dict:
     consumers, firers, detectors = LAYOUTS[layout]
-    drive = Drive(url, consumers, firers, detectors, backlog, streams)
+    drive = Drive(url, consumers, firers, detectors, backlog, streams,
+                  HOT_FIND_STALE if schema == "hot" else QUERIES["find_stale"])
+    stats0 = table_stats(url)
     for t in drive.threads:
         t.start()
     time.sleep(warmup)
@@ -178,10 +198,22 @@ def run_layout(url: str, postmaster: int, layout: str, duration: float, warmup: 
     if drive.errors:
         raise RuntimeError("; ".join(drive.errors))
     elapsed, messages = t1 - t0, d1 - d0
-    return {"layout": layout, "seconds": round(elapsed, 1), "messages": messages,
+    stats1 = table_stats(url)
+    updates = stats1[0] - stats0[0]
+    return {"layout": layout, "schema": schema, "seconds": round(elapsed, 1), "messages": messages,
+            "hot_update_share": round((stats1[1] - stats0[1]) / updates, 3) if updates else None,
             "rate_per_s": round(messages / elapsed), "postgres_cores": round((pg1 - pg0) / elapsed, 3),
             "postgres_us_per_message": round((pg1 - pg0) / messages * 1e6, 2) if messages else None,
             "driver_cores": round((me1 - me0) / elapsed, 3), "claims": drive.claims}
+
+
+def table_stats(url: str) -> tuple[int, int]:
+    """(updates, HOT updates) of chronos_messages so far."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        row = conn.execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+                           "WHERE relname = 'chronos_messages'").fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=30.0, help="measured seconds per layout (default 30)")
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--backlog", type=int, default=20_000, help="rows that may wait before writers pause")
+    parser.add_argument("--schema", choices=("current", "hot"), default="current",
+                        help="hot: no index on readied_at, so a claim may be a HOT update")
+    parser.add_argument("--fillfactor", type=int, default=None, help="the table's fillfactor (the schema's: 80)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     from chronos.embedded.postgres import EmbeddedPostgres
@@ -201,9 +236,14 @@ def main(argv: list[str] | None = None) -> int:
         pg.start()
         try:
             migrate(pg.url)
+            with psycopg.connect(pg.url, autocommit=True) as conn:
+                for statement in HOT_SCHEMA if args.schema == "hot" else ():
+                    conn.execute(statement)
+                if args.fillfactor:
+                    conn.execute(f"ALTER TABLE chronos_messages SET (fillfactor = {int(args.fillfactor)})")
             streams = copy_streams(max(20, 8 * args.backlog // BATCH), uuid.uuid4().hex[:8])
             for layout in args.layout or sorted(LAYOUTS):
-                row = run_layout(pg.url, pg.pid, layout, args.duration, args.warmup, args.backlog, streams)
+                row = run_layout(pg.url, pg.pid, layout, args.duration, args.warmup, args.backlog, streams, args.schema)
                 rows.append(row)
                 print(orjson.dumps(row).decode(), flush=True)
         finally:

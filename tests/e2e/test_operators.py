@@ -17,7 +17,7 @@ import pytest
 
 from benchmarks.stack import supervisor
 from chronos.errors import EXIT_CONFIG, EXIT_SCHEMA, EXIT_UNAVAILABLE
-from chronos.stack import supervisord_conf
+from chronos.up.supervisor import supervisord_conf
 from chronos.adapters.postgres.store import StoreUnavailable, connect
 
 CHRONOS = [sys.executable, "-m", "chronos"]

@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.procstat import descendants
 from benchmarks.stack import CHRONOS, Stack, clean_env, supervisor
-from chronos.stack import SOCKET_PATH_MAX
+from chronos.up.datadir import SOCKET_PATH_MAX
 from helpers import Collector, Received
 
 def _gone(pid: int) -> bool:

@@ -1,8 +1,9 @@
 """The system under test, for the benchmarks and the tests alike: `chronos up` as a subprocess.
 
-`Stack` runs `chronos up` in a working directory (its own embedded PostgreSQL and broker, under
-`.chronos` there), waits for its ready file, talks to its supervisord, and stops it with SIGTERM
-like a user's Ctrl-C. The e2e, fault and console tests and every benchmark that needs a stack use it.
+`ChronosUp` runs `chronos up` in a working directory (its own embedded PostgreSQL and broker, under
+`.chronos` there), waits for its ready file, talks to its supervisord (through `chronos up`'s own
+client, chronos.up.supervisor), and stops it with SIGTERM like a user's Ctrl-C. The e2e, fault and
+console tests and every benchmark that needs a stack use it.
 For a peer target (`--target pgqueuer`, `--target graphile`) an embedded PostgreSQL with the same
 settings as `chronos up`'s (durable: fsync on) is started instead (`OwnPostgres`); a stack somebody
 else runs is named by its ready file (`External`). `run_on` is a benchmark's start-run-stop.
@@ -18,11 +19,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import xmlrpc.client
 from pathlib import Path
 from typing import Callable, TypeVar
 
 import orjson
+
+from chronos.up.supervisor import Supervisor
 
 CHRONOS = [sys.executable, "-m", "chronos"]
 T = TypeVar("T")
@@ -42,14 +44,12 @@ def layout_args(consumers: int, firers: int, detectors: int) -> list[str]:
     return ["--consumers", str(consumers), "--firers", str(firers), "--detectors", str(detectors)]
 
 
-def supervisor(info: dict) -> xmlrpc.client.ServerProxy:
-    """XML-RPC to the supervisord of the stack whose ready file says `info`."""
-    from supervisor.xmlrpc import SupervisorTransport
-    transport = SupervisorTransport(None, None, f"unix://{info['supervisor_socket']}")
-    return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
+def supervisor(info: dict) -> Supervisor:
+    """The supervisord of the stack whose ready file says `info`."""
+    return Supervisor(info["supervisor_socket"])
 
 
-class Stack:
+class ChronosUp:
     """`chronos up ARGS` run in `workdir`, or in a temporary directory of its own (removed at `stop`).
 
     `launch` only starts it (for a start that is meant to fail); `start` also waits for it to be
@@ -69,7 +69,7 @@ class Stack:
         self.proc: subprocess.Popen | None = None
         self.info: dict = {}
 
-    def launch(self) -> "Stack":
+    def launch(self) -> "ChronosUp":
         """Start `chronos up` without waiting for it; its output goes to a file of this start's own."""
         self.out = self.workdir / f"up-{time.monotonic_ns()}.out"
         self.proc = subprocess.Popen(CHRONOS + self.args, cwd=self.workdir, env=self.env, stdin=subprocess.DEVNULL,
@@ -143,12 +143,12 @@ class Stack:
     def log_dir(self) -> Path:
         return Path(self.info["log_dir"])
 
-    def rpc(self) -> xmlrpc.client.ServerProxy:
+    def supervisor(self) -> Supervisor:
         return supervisor(self.info)
 
     def programs(self) -> dict[str, dict]:
         """Supervisor's process info by name (`consumer_00`, `firer_01`, ...)."""
-        return {p["name"]: p for p in self.rpc().supervisor.getAllProcessInfo()}
+        return {p["name"]: p for p in self.supervisor().programs()}
 
     def program_pids(self) -> list[int]:
         return [p["pid"] for p in self.programs().values() if p["pid"]]
@@ -247,7 +247,7 @@ class External:
         pass
 
 
-def run_on(stack: Stack | OwnPostgres | External, body: Callable[[dict], T]) -> tuple[int, T | None]:
+def run_on(stack: ChronosUp | OwnPostgres | External, body: Callable[[dict], T]) -> tuple[int, T | None]:
     """A benchmark's run: start `stack`, call `body` with its ready information, stop the stack (its
     directory is kept for a look when the run did not finish). (0, what `body` returned), or (3, None)
     when the stack failed, (130, None) when interrupted: the exit codes of every benchmark."""
@@ -267,9 +267,3 @@ def run_on(stack: Stack | OwnPostgres | External, body: Callable[[dict], T]) -> 
         print("stopping ...", flush=True)
         stack.stop(keep=failed)
 
-
-def database_url_for(url: str, name: str) -> str:
-    """The URL of database `name` on the same server as `url`."""
-    base, _, rest = url.rpartition("/")
-    query = rest.partition("?")[2]
-    return f"{base}/{name}" + (f"?{query}" if query else "")

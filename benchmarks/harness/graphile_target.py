@@ -1,12 +1,12 @@
 """The same workload through graphile-worker (`--target graphile`), a Node.js PostgreSQL job queue.
 
 graphile-worker and its dependencies are installed from the npm registry into
-benchmarks/graphile/node_modules (`npm ci` from the committed package-lock.json) the first time the
+benchmarks/harness/graphile/node_modules (`npm ci` from the committed package-lock.json) the first time the
 target is used; nothing of it is part of Chronos.
 
 The producer process enqueues each message as a job with `run_at` = its deadline, in one call of
 graphile-worker's bulk SQL function `graphile_worker.add_jobs` per tick, the way the pgqueuer
-producer batches. Each worker is a Node process (benchmarks/graphile/worker.js) whose task only
+producer batches. Each worker is a Node process (benchmarks/harness/graphile/worker.js) whose task only
 notes when the job runs and writes `<id> <epoch ms>` to its stdout; a Python process per worker
 reads those lines and stamps them into the Records. jitter = that time − run_at.
 
@@ -30,9 +30,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.kafka_load import LoadPlan, quiet_interrupts, take_due
-from benchmarks.records import ACKED, FAILED, Records
-from benchmarks.stack import StackFailed
+from benchmarks.harness.kafka_load import LoadPlan, quiet_interrupts, take_due
+from benchmarks.harness.records import ACKED, FAILED, Records
+from benchmarks.harness.stack import StackFailed
 
 HERE = Path(__file__).resolve().parent / "graphile"
 TASK = "chronos_bench"  # must match worker.js
@@ -75,7 +75,7 @@ def _tool(name: str) -> str:
 
 
 def installed_version() -> str | None:
-    """The graphile-worker version in benchmarks/graphile/node_modules, or None if it is not installed."""
+    """The graphile-worker version in benchmarks/harness/graphile/node_modules, or None if it is not installed."""
     try:
         return json.loads((HERE / "node_modules" / "graphile-worker" / "package.json").read_text())["version"]
     except (OSError, ValueError, KeyError):

@@ -30,7 +30,7 @@ from typing import Sequence
 
 import numpy as np
 
-from benchmarks.records import ACKED, FAILED, Records
+from benchmarks.harness.records import ACKED, FAILED, Records
 
 SLA_P999_MS = 500.0
 BACKLOG_GRACE = SLA_P999_MS / 1000.0

@@ -1,53 +1,29 @@
-"""CPU time per process during a step (Linux /proc), so a run shows which process the time goes to."""
+"""CPU time and memory per process (Linux /proc), so a run shows which process the time and the memory
+go to. The /proc readers are `chronos up`'s own (chronos.embedded): one reading of a process for the
+product and the benchmarks."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
+
+from chronos.embedded.procs import descendants, proc_stat
+from chronos.embedded.watch import rss_bytes
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _stat(pid: int) -> list[str] | None:
-    try:
-        data = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return data[data.rfind(")") + 2:].split()
-
-
 def cpu_seconds(pid: int) -> float | None:
-    st = _stat(pid)
+    """CPU time process `pid` used so far (user and system), or None when it is gone."""
+    st = proc_stat(pid)
     if st is None:
         return None
     return (int(st[11]) + int(st[12])) / _TICK  # utime, stime
 
 
-def rss_kb(pid: int) -> int | None:
-    """Resident memory of process `pid` (kB), or None when it is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`: its children and all their descendants."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            st = _stat(int(entry.name))
-            if st is not None:
-                children.setdefault(int(st[1]), []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
+def rss_mb(pid: int | None) -> float | None:
+    """Resident memory of process `pid` (MB, one decimal), or None when it is not there."""
+    rss = rss_bytes(pid) if pid else None
+    return None if rss is None else round(rss / 2**20, 1)
 
 
 class CpuMeter:

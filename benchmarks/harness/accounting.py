@@ -14,7 +14,7 @@ undelivered id into the first that knows it:
 - consumed_and_gone: on the input topic before the committed offset and nowhere else: a real loss;
 - not_on_input: acknowledged to the load producer but not on the input topic (the broker lost it).
 
-Benchmarks identify their messages by the `bench-run` and `bench-id` headers (benchmarks/kafka_load.py);
+Benchmarks identify their messages by the `bench-run` and `bench-id` headers (benchmarks/harness/kafka_load.py);
 the chronosMessageId is `<run>-<id>`.
 """
 
@@ -153,10 +153,10 @@ def account(ids: list[str], *, database_url: str, bootstrap: str, input_topic: s
 
 def undelivered_ids(rec, tag: str) -> list[str]:
     """The chronosMessageIds of a run's messages acknowledged on the input and not delivered (`rec`:
-    benchmarks.records.Records, filled by kafka_load's producer and reader)."""
+    benchmarks.harness.records.Records, filled by kafka_load's producer and reader)."""
     import numpy as np
 
-    from benchmarks.records import ACKED
+    from benchmarks.harness.records import ACKED
 
     n = int(rec.get("sent"))
     lost = (rec.state[:n] == ACKED) & np.isnan(rec.delivered_at[:n])

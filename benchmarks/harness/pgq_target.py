@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
-from benchmarks.kafka_load import LoadPlan, quiet_interrupts, take_due
-from benchmarks.records import ACKED, FAILED, Records
+from benchmarks.harness.kafka_load import LoadPlan, quiet_interrupts, take_due
+from benchmarks.harness.records import ACKED, FAILED, Records
 
 ENTRYPOINT = "chronos_bench"
 TABLE = "pgqueuer"

@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from benchmarks.records import ACKED, FAILED, SENT, Records
+from benchmarks.harness.records import ACKED, FAILED, SENT, Records
 from chronos.adapters.kafka.clients import EMBEDDED_GROUP_TIMEOUTS
 
 # Per docs/operations/embedded-stack.md: short group timeouts for the embedded broker; the output reader stays at the

@@ -1,4 +1,4 @@
-// The graphile-worker side of `python -m benchmarks.sla --target graphile` (see benchmarks/graphile_target.py).
+// The graphile-worker side of `python -m benchmarks.sla --target graphile` (see benchmarks/harness/graphile_target.py).
 //
 //   node worker.js migrate '<settings json>'   install graphile-worker's schema, print its version
 //   node worker.js run '<settings json>'       run a worker; print "ready", then "<id> <epoch ms>" per job run

@@ -1,13 +1,15 @@
 """The fault-test harness: a real `chronos up`, a steady load, a reader, and the accounting.
 
-Used by the fault scenarios (tests/faults) and the soak run (benchmarks/soak.py), on the stack of
-`benchmarks.stack` (`chronos up` as a subprocess, its supervisord over XML-RPC):
+Used by the fault scenarios (tests/faults, tests/ha), the soak run (benchmarks/soak.py) and the
+PostgreSQL failures under load (benchmarks/ha.py), on the stack of harness.stack (`chronos up` as a
+subprocess, its supervisord through chronos.up.supervisor):
 
 - `Load` produces a steady rate of messages from a thread (mixed delays, some already late);
   only messages the broker acknowledged count as sent.
 - `Reader` reads the output topic from a thread and stamps every arrival with the local clock.
 - `analyse` turns both into the verdict: lost, early, duplicates (and whether each one is
-  explained by a fault), lateness, and the recovery time of every fault.
+  explained by a fault), lateness, and the recovery time of every fault; `resumed`, when firing
+  resumed after a fault and the jitter after it.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ import orjson
 import psycopg
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from benchmarks.report import percentiles
-from benchmarks.stack import Stack
+from benchmarks.harness.report import percentiles
+from benchmarks.harness.stack import ChronosUp
 from chronos.adapters.kafka.clients import EMBEDDED_GROUP_TIMEOUTS as EMBEDDED_KAFKA
 TIMING_ADVANCE_S = 0.050   # chronos's default CHRONOS_TIMING_ADVANCE_MS
 LATE_S = 1.0               # a delivery later than this after its due time counts as delayed by a fault
@@ -359,7 +361,7 @@ class Scenario:
                  partitions: int = 4, seed: int | None = None, linger_ms: int = 5, fetch_wait_ms: int = 10):
         self.name, self.rate, self.hold_s, self.partitions, self.seed = name, rate, hold_s, partitions, seed
         self.linger_ms, self.fetch_wait_ms = linger_ms, fetch_wait_ms
-        self.stack = Stack("--hold-time-ms", str(int(hold_s * 1000)), "--partitions", str(partitions), *up_args,
+        self.stack = ChronosUp("--hold-time-ms", str(int(hold_s * 1000)), "--partitions", str(partitions), *up_args,
                            workdir=workdir)
         self.faults: list[Fault] = []
         self.load: Load | None = None
@@ -461,3 +463,31 @@ class Scenario:
             self.offsets.close()
             self.offsets = None
         self.stack.stop()
+
+
+# -- when firing resumed ---------------------------------------------------------------------
+
+
+def longest_pause(sc: Scenario, fault_at: float, within: float = 150.0) -> tuple[float, float] | None:
+    """(start, end) of the longest pause between two deliveries in the `within` seconds after a fault at
+    `fault_at` began (from the fault itself to the first delivery, if none came sooner)."""
+    sent, arrivals = sc.load.sent, sc.reader.arrivals
+    times = sorted(t for m in sent if m in arrivals for t in arrivals[m] if fault_at <= t <= fault_at + within)
+    if not times:
+        return None
+    return max(zip([fault_at, *times[:-1]], times), key=lambda pair: pair[1] - pair[0])
+
+
+def resumed(sc: Scenario, fault_at: float, within: float = 150.0) -> tuple[float | None, dict[str, float]]:
+    """When firing resumed after a fault at `fault_at`: the end of the longest pause between deliveries
+    after it began (a fault that stops nothing leaves only the load's own short gaps, see
+    `longest_pause`); and the jitter of the messages due from five seconds after that, sent ahead of their
+    deadline."""
+    pause = longest_pause(sc, fault_at, within)
+    if pause is None:
+        return None, {}
+    resume = pause[1]
+    sent, arrivals = sc.load.sent, sc.reader.arrivals
+    late = [min(arrivals[m]) - s.due for m, s in sent.items()
+            if m in arrivals and s.due >= resume + 5.0 and s.deadline > s.produced]
+    return resume, percentiles(late) or {}

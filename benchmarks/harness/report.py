@@ -58,8 +58,9 @@ def overdue_curve(deadline: np.ndarray, delivered_at: np.ndarray, times: np.ndar
     return np.searchsorted(starts, times, side="right") - np.searchsorted(ends, times, side="right")
 
 
-def enqueue_rate(samples: list[tuple[float, int, int]], t_first: float, t_last: float) -> float | None:
-    """Rows inserted per second while the load was offered, from pg_stat_user_tables.n_tup_ins samples.
+def enqueue_rate(samples: Sequence[tuple], t_first: float, t_last: float) -> float | None:
+    """Rows inserted per second while the load was offered, from samples of pg_stat_user_tables that start
+    with (time, n_tup_ins), as harness.samplers.TableStats do.
 
     PostgreSQL publishes these counters with up to about a second of delay, the same at both
     ends of the window, so the rate over a window of several seconds is right.
@@ -74,7 +75,7 @@ def enqueue_rate(samples: list[tuple[float, int, int]], t_first: float, t_last: 
 
 def summarize(rec: Records, *, target: str, rate: float, duration: float, delay: tuple[float, float],
               timing_advance_ms: float, probe: tuple[np.ndarray, np.ndarray] | None,
-              store_samples: list[tuple[float, int, int]], drain_timeout: float, t0: float) -> dict:
+              store_samples: Sequence[tuple], drain_timeout: float, t0: float) -> dict:
     n = int(rec.get("sent"))
     state = rec.state[:n]
     deadline = rec.deadline[:n]

@@ -78,14 +78,14 @@ class Options:
 class Stack:
     """The services of one `chronos up`, started by `start`, kept by `watch`, stopped by `stop`. `settings`
     become the programs' own as the services start (the embedded ones' addresses, the pool mode, the
-    metrics port)."""
+    metrics port). The web console, when one is to run, is set in `console` before `start`."""
 
-    def __init__(self, options: Options, console: ConsoleProcess | None = None):
+    def __init__(self, options: Options):
         self.options = options
         self.settings = options.settings
         self.counts = options.counts
         self.data = DataDir(options.data_dir)
-        self.console = console
+        self.console: ConsoleProcess | None = None
         self.partitions = options.partitions
         self.postgres: EmbeddedPostgres | None = None
         self.broker: EmbeddedBroker | None = None

@@ -14,7 +14,7 @@ from typing import Iterator
 import psycopg
 import pytest
 
-from benchmarks.stack import database_url_for
+from benchmarks.harness.database import database_url_for
 
 TEMPLATE = "chronos_template"
 

@@ -29,7 +29,8 @@ from pathlib import Path
 import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from benchmarks.report import percentiles
+from benchmarks.harness.procstat import cpu_seconds, rss_mb
+from benchmarks.harness.report import percentiles
 from chronos.adapters.kafka.admin import create_topics
 from chronos.embedded.broker import EmbeddedBroker
 from chronos.embedded.procs import proc_stat
@@ -41,18 +42,6 @@ VARIANTS = {  # name -> (partitions of input and output, linger.ms of their prod
     "4p-linger5": (4, 5),
 }
 PAYLOAD = b"x" * 100
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 class Load(threading.Thread):
@@ -162,7 +151,7 @@ def run_variant(name: str, partitions: int, linger_ms: int, rate: float, message
             p = percentiles([x * 1000 for x in window]) or {}
             row = {"t_s": round(now - started, 1), "messages": held,
                    "batches": sum(load.requests for load in loads),
-                   "rss_mb": round(rss_bytes(broker.pid) / 2**20, 1),
+                   "rss_mb": rss_mb(broker.pid),
                    "broker_cpu": round((cpu - cpu_prev) / (now - t_prev), 3),
                    "probe_p50_ms": p.get("p50"), "probe_p999_ms": p.get("p999"),
                    "read": sum(h.read for h in heads)}

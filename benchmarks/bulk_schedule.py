@@ -99,7 +99,7 @@ def count_rows(url: str) -> int:
 def metered(pg_pid: int, fn):
     """Run fn(); returns (its result, CPU seconds of this process with its children — the Spark
     JVM and Python workers —, CPU seconds of PostgreSQL with its backends)."""
-    from benchmarks.procstat import CpuMeter
+    from benchmarks.harness.procstat import CpuMeter
     meter = CpuMeter({"driver": (os.getpid(), True), "postgres": (pg_pid, True)})
     meter.start(time.monotonic())
     done = threading.Event()

@@ -17,18 +17,14 @@ import http.client
 import os
 import threading
 import time
-from datetime import datetime, timezone
 from urllib.parse import urlsplit
 
 import orjson
-import psycopg
 
-from benchmarks.procstat import CpuMeter, descendants
-from benchmarks.stack import Stack, layout_args
-from chronos import codec
-from chronos.domain import cron
-from chronos.domain.model import Row
-from chronos.adapters.postgres.store import Store
+from benchmarks.harness.database import DAY_S, fill_far
+from benchmarks.harness.procstat import CpuMeter
+from benchmarks.harness.stack import ChronosUp, layout_args
+from chronos.embedded.procs import descendants
 
 
 def console_pid(up_pid: int) -> int:
@@ -40,19 +36,6 @@ def console_pid(up_pid: int) -> int:
         if b"console" in cmdline and b"chronos" in cmdline:
             return pid
     raise RuntimeError("no console process under chronos up (is the console extra installed?)")
-
-
-def fill(database_url: str, rows: int) -> None:
-    now_us = cron.to_us(datetime.now(timezone.utc))
-    store = Store(database_url)
-    headers = codec.encode_headers([("source", b"benchmark")])
-    for start in range(0, rows, 10_000):
-        store.insert([Row(id=f"bench-{i:08d}", deadline_us=now_us + 86_400_000_000 + i * 1000, topic=None,
-                          key=b"k", value=b"v" * 100, headers=headers) for i in range(start, min(rows, start + 10_000))])
-    store.close()
-    # a store in its steady state has been vacuumed and analyzed (autovacuum does it within a minute)
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("VACUUM ANALYZE chronos_messages")
 
 
 def client(url: str, stop: threading.Event, counts: list[int], errors: list[str]) -> None:
@@ -112,10 +95,10 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--rows", type=int, default=100_000, help="far-future messages in the store (default 100,000)")
     args = p.parse_args()
-    stack = Stack(*layout_args(1, 1, 1), "--console-port", "0")
+    stack = ChronosUp(*layout_args(1, 1, 1), "--console-port", "0")
     info = stack.start()
     try:
-        fill(info["database_url"], args.rows)
+        fill_far(info["database_url"], args.rows, prefix="bench-", ahead_s=DAY_S)
         console = console_pid(info["pid"])
         idle = window(info, console, args.seconds, 0)
         busy = window(info, console, args.seconds, args.clients)

@@ -10,7 +10,8 @@ Phases, in this order, on one stack that is never restarted:
   steady        1,000 msg/s for 60 s
   burst 1..3    10,000 msg/s for 15 s, each followed by 40 s of quiet
   spike         200,000 messages all due at the same instant, sent in the 30 s before it
-  far-future    1,000,000 rows due in a year written in bulk (COPY through the PostgreSQL store), then 5,000 msg/s for 60 s
+  far-future    1,000,000 rows due in a year written in bulk (COPY through the store: harness.database.fill_far),
+                then 5,000 msg/s for 60 s
   VACUUM        5,000 msg/s for 60 s, a manual VACUUM of the table during it
   autovacuum    5,000 msg/s for 60 s and until an autovacuum of the table has run (its thresholds and
                 autovacuum_naptime lowered for the phase, then restored)
@@ -21,8 +22,8 @@ messages more than 60 s late, lost ones; the spike adds its drain time and fire 
 broker (the stats file `chronos up` writes): the messages it held at the phase's end and how many went
 through it during the phase, its memory (RSS) at the end and the most, its CPU, and the intake lag (the
 most input messages the consumer group had not read yet, sampled every few seconds). The load
-generator, output reader and probe are the SLA harness's (benchmarks/kafka_load.py); see
-benchmarks/report.py for how jitter and the floor are measured. Results: a printed table and
+generator, output reader and probe are the harness's (benchmarks/harness/kafka_load.py); see
+benchmarks/harness/report.py for how jitter and the floor are measured. Results: a printed table and
 benchmarks/results/<date>/day-<layout>.json (or --out).
 """
 
@@ -45,10 +46,14 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from benchmarks import accounting, kafka_load, report, sla
-from benchmarks.procstat import CpuMeter
-from benchmarks.records import ACKED, FAILED, Records
-from benchmarks.stack import External, Stack, StackFailed, layout_args, run_on
+from benchmarks.harness import accounting, kafka_load, report
+from benchmarks.harness.database import fill_far
+from benchmarks.harness.procstat import CpuMeter
+from benchmarks.harness.records import ACKED, FAILED, Records
+from benchmarks.harness.samplers import BrokerSampler, TableSampler
+from benchmarks.harness.stack import ChronosUp, External, StackFailed, layout_args, run_on
+from benchmarks.harness.step import add_layout, add_measurement, parse_delay, resolve_layout, split_argv
+from benchmarks.harness.targets import ChronosTarget, wait_ready
 from chronos.ops.endpoints import pick_metrics_base
 
 TABLE = "chronos_messages"
@@ -59,7 +64,6 @@ STATEMENTS = {"claim": ("firer", "claim"), "delete": ("firer", "delete"), "scan"
               "insert": ("consumer", "insert")}
 COUNTERS = {"reset": "chronos_messages_reset_total", "vanished": "chronos_messages_vanished_total",
             "released": "chronos_messages_released_total"}
-FAR_CHUNK = 50_000
 # lowered for the autovacuum phase only, so that an autovacuum comes within seconds
 AUTOVACUUM_OPTIONS = {"autovacuum_vacuum_threshold": "1000", "autovacuum_vacuum_scale_factor": "0",
                       "autovacuum_vacuum_insert_threshold": "1000", "autovacuum_vacuum_insert_scale_factor": "0",
@@ -322,7 +326,7 @@ def table_lines(result: dict) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# the stack's side: metrics, table statistics, bulk rows, vacuum
+# the stack's side: metrics, vacuum
 
 
 class Scraper:
@@ -347,87 +351,6 @@ class Scraper:
             except OSError as exc:
                 print(f"cannot scrape {name} on port {port}: {exc}", flush=True)
         return out
-
-
-class BrokerWatch(threading.Thread):
-    """Every second: the embedded broker's memory (read now) and the messages it holds and the input
-    messages not read yet (as `chronos up` last sampled them, in its stats file). Nothing without one."""
-
-    def __init__(self, stats_file: str | None):
-        super().__init__(name="broker-watch", daemon=True)
-        self.stats_file = stats_file
-        self.samples: list[tuple[float, int | None, int | None, int | None]] = []
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        from chronos.embedded.watch import read_stats, rss_bytes
-        while self.stats_file and not self.stopping.is_set():
-            stats = read_stats(self.stats_file)
-            if stats is not None:
-                rss = rss_bytes(stats["pid"]) if stats.get("pid") else None
-                self.samples.append((time.time(), rss if rss is not None else stats.get("rss_bytes"),
-                                     stats.get("messages"), stats.get("input_unread")))
-            self.stopping.wait(1.0)
-
-
-class StoreWatch(threading.Thread):
-    """Twice a second: the table's live and dead rows, vacuum and autovacuum counts, and whether a
-    vacuum of it runs (pg_stat_progress_vacuum)."""
-
-    SQL = ("SELECT n_live_tup, n_dead_tup, vacuum_count, autovacuum_count, autoanalyze_count, "
-           "(SELECT count(*) FROM pg_stat_progress_vacuum v WHERE v.relid = s.relid) "
-           "FROM pg_stat_user_tables s WHERE relname = %s")
-
-    def __init__(self, url: str):
-        super().__init__(name="store-watch", daemon=True)
-        self.url = url
-        self.samples: list[tuple[float, int, int, int, int, int, int]] = []
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        import psycopg
-        try:
-            with psycopg.connect(self.url, autocommit=True) as conn:
-                while not self.stopping.is_set():
-                    row = conn.execute(self.SQL, (TABLE,)).fetchone()
-                    if row is not None:
-                        self.samples.append((time.time(), *(int(v) for v in row)))
-                    self.stopping.wait(0.5)
-        except psycopg.Error as exc:
-            print(f"store sampling stopped: {str(exc).strip().splitlines()[0]}", flush=True)
-
-    def live_rows(self) -> int | None:
-        return self.samples[-1][1] if self.samples else None
-
-    def figures(self, start: float, end: float) -> dict:
-        """Within [start, end): the most live and dead rows, vacuums and autovacuums that ended, and
-        the seconds during which a vacuum of the table ran."""
-        inside = [s for s in self.samples if start <= s[0] < end]
-        if not inside:
-            return {}
-        before = [s for s in self.samples if s[0] < start][-1:] or inside[:1]
-        return {"live_rows_max": max(s[1] for s in inside), "dead_rows_max": max(s[2] for s in inside),
-                "vacuums": inside[-1][3] - before[0][3], "autovacuums": inside[-1][4] - before[0][4],
-                "autoanalyzes": inside[-1][5] - before[0][5],
-                "vacuum_running_s": round(0.5 * sum(1 for s in inside if s[6]), 1)}
-
-
-def fill_far(url: str, rows: int, payload_bytes: int, tag: str) -> float:
-    """Write `rows` messages due within a year from now, through the consumer's COPY path
-    (`Store.insert`, FAR_CHUNK rows per transaction); returns the seconds it took."""
-    from chronos.domain.model import Row
-    from chronos.adapters.postgres.store import Store
-    store = Store(url)
-    value = b"\xab" * payload_bytes
-    start_us = time.time_ns() // 1000 + 365 * 86_400_000_000
-    started = time.monotonic()
-    try:
-        for lo in range(0, rows, FAR_CHUNK):
-            store.insert([Row(id=f"far-{tag}-{i}", deadline_us=start_us + i * 1_000_000, topic=None, key=b"%d" % i,
-                              value=value, headers=b"") for i in range(lo, min(rows, lo + FAR_CHUNK))])
-    finally:
-        store.close()
-    return time.monotonic() - started
 
 
 class Event(threading.Thread):
@@ -518,29 +441,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--metrics-port", type=int, default=None,
                    help="with --ready-file: the stack's CHRONOS_METRICS_PORT (without it, no statement figures); "
                         "a stack started here gets a free one")
-    p.add_argument("--delay", type=sla.parse_delay, default=(2.0, 6.0),
+    p.add_argument("--delay", type=parse_delay, default=(2.0, 6.0),
                    help="deadline = send time + uniform(MIN, MAX) s, every phase but the spike (default 2:6)")
     p.add_argument("--payload-bytes", type=int, default=100)
     p.add_argument("--out", type=Path, help="result file (default benchmarks/results/<date>/day-<layout>.json)")
     p.add_argument("--table", type=Path, metavar="RESULT",
                    help="print the table of a result file written before, and run nothing")
-    sla.add_layout(p.add_argument_group("layout of the stack started here; also taken from after `--`"))
-    g = p.add_argument_group("measurement: as in `python -m benchmarks.sla --help`")
-    g.add_argument("--timing-advance-ms", type=float, default=50.0)
-    g.add_argument("--fetch-wait-ms", type=int, default=5)
-    g.add_argument("--linger-ms", type=int, default=25)
-    g.add_argument("--probe-linger-ms", type=int, default=0)
-    g.add_argument("--probe-interval-ms", type=float, default=25.0)
-    g.add_argument("--drain-timeout", type=float, default=90.0,
-                   help="after the last phase, wait this long past the last deadline for stragglers; the rest "
-                        "count as lost (default 90: later than 60 s is still seen)")
+    add_layout(p.add_argument_group("layout of the stack started here; also taken from after `--`"))
+    g = p.add_argument_group("measurement (the drain timeout counts from the last phase's last deadline; at 90 s by "
+                             "default, a message later than 60 s is still seen)")
+    add_measurement(g, drain_timeout=90.0)
     g.add_argument("--phase-drain", type=float, default=30.0,
                    help="a phase without quiet time ends when its messages arrived, or this long after its last "
                         "deadline (default 30); stragglers are still counted for it")
-    g.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines")
-    own, up_args = sla.split_argv(argv)
+    own, up_args = split_argv(argv)
     args = p.parse_args(own)
-    sla.resolve_layout(p, args, up_args)
+    resolve_layout(p, args, up_args)
     if args.scale <= 0:
         p.error(f"--scale must be positive, got {args.scale}")
     return args
@@ -551,15 +467,15 @@ class Day:
 
     def __init__(self, args: argparse.Namespace, stack, info: dict, metrics_base: int | None):
         self.args, self.stack, self.info = args, stack, info
-        self.target = sla.ChronosTarget(args, info)
+        self.target = ChronosTarget(args, info)
         self.url = info["database_url"]
         self.plan = phases(args.scale)
         self.tag = uuid.uuid4().hex[:8]
         self.ctx = mp.get_context("spawn")
         self.recs = [Records.create(self.ctx, ph.capacity) for ph in self.plan]
         self.scraper = Scraper(metrics_base, lambda: [p["name"] for p in self.target.programs() or []])
-        self.watch = StoreWatch(self.url)
-        self.broker_watch = BrokerWatch(info.get("broker_stats_file"))
+        self.table_stats = TableSampler(self.url, TABLE, interval=0.5)
+        self.broker_stats = BrokerSampler(info.get("broker_stats_file"))
         self.stop = self.ctx.Event()
         self.helpers: list = []
 
@@ -585,9 +501,9 @@ class Day:
         reader.start()
         probe.start()
         self.helpers = [reader, probe]
-        sla._wait_ready([(reader, ready_r), (probe, ready_p)])
-        self.watch.start()
-        self.broker_watch.start()
+        wait_ready([(reader, ready_r), (probe, ready_p)])
+        self.table_stats.start()
+        self.broker_stats.start()
 
     def check(self) -> None:
         for proc in self.helpers:
@@ -610,8 +526,8 @@ class Day:
                 proc.join(15)
                 if proc.is_alive():
                     proc.terminate()
-            self.watch.stopping.set()
-            self.broker_watch.stopping.set()
+            self.table_stats.stopping.set()
+            self.broker_stats.stopping.set()
             self.target.drop_probe_topic()
         probe = self.target.probe()
         for k, d in enumerate(done):
@@ -621,8 +537,8 @@ class Day:
             floor_from = self.recs[k].get("t_first") or d["window"][0]
             d.update(phase_figures(self.recs[k], window=(floor_from, d["window"][1]), probe=probe,
                                    timing_advance_ms=self.args.timing_advance_ms, spike_deadline=spike_deadline))
-            d["store"] = self.watch.figures(*d["window"])
-            d["broker"] = broker_figures(self.broker_watch.samples, *d["window"], d.get("cpu"))
+            d["store"] = self.table_stats.figures(*d["window"])
+            d["broker"] = broker_figures(self.broker_stats.samples, *d["window"], d.get("cpu"))
             d["window_s"] = [round(d["window"][0] - started, 1), round(d["window"][1] - started, 1)]
             d.pop("window")
             d["targets"] = targets(d)
@@ -648,7 +564,8 @@ class Day:
         if ph.far_rows:
             print(f"  writing {ph.far_rows:,} far-future rows ...", flush=True)
             result["far_rows"] = ph.far_rows
-            result["far_fill_s"] = round(fill_far(self.url, ph.far_rows, args.payload_bytes, self.tag), 2)
+            result["far_fill_s"] = round(fill_far(self.url, ph.far_rows, prefix=f"far-{self.tag}-",
+                                                  payload_bytes=args.payload_bytes, spacing_ms=1000.0, vacuum=False), 2)
             print(f"  ... in {result['far_fill_s']:.1f} s", flush=True)
         t0 = time.time() + 1.5  # the producer process's start
         seed = random.randrange(1 << 30)
@@ -730,7 +647,7 @@ class Day:
         n = int(rec.get("sent"))
         delivered = int(np.count_nonzero(~np.isnan(rec.delivered_at[:n])))
         overdue = sum(r.overdue(time.time(), 0.5) for r in self.recs[:k + 1])
-        live = self.watch.live_rows()
+        live = self.table_stats.live_rows()
         print(f"  [{elapsed:6.1f}s] {self.plan[k].name}: sent {n:>8} delivered {delivered:>8}  "
               f"overdue>0.5s (every phase so far) {overdue:>7}  store ~{live if live is not None else '?'} rows  "
               f"probe samples {int(self.target.probe_count.value)}",
@@ -765,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     up_args = list(args.up_args)
     metrics_base = args.metrics_port
     if args.ready_file:
-        stack: Stack | External = External(args.ready_file)
+        stack: ChronosUp | External = External(args.ready_file)
     else:
         given = argparse.ArgumentParser(add_help=False)
         given.add_argument("--metrics-port", type=int)
@@ -775,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             metrics_base = metrics_base or pick_metrics_base(counts)
             up_args += ["--metrics-port", str(metrics_base)]
-        stack = Stack(*layout_args(args.consumers, args.firers, args.detectors), *up_args)
+        stack = ChronosUp(*layout_args(args.consumers, args.firers, args.detectors), *up_args)
 
     def run(info: dict) -> tuple[str, str, dict]:
         day = Day(args, stack, info, metrics_base)

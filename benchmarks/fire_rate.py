@@ -20,28 +20,9 @@ from pathlib import Path
 import orjson
 import psycopg
 
-from benchmarks.procstat import rss_kb
-from benchmarks.stack import Stack, layout_args, supervisor
-
-FAR_CHUNK = 1_000_000
-
-
-def fill_far(url: str, rows: int, payload: int) -> float:
-    """Rows due in about two years, written in chunks; returns the seconds it took."""
-    started = time.monotonic()
-    with psycopg.connect(url, autocommit=True) as conn:
-        done = 0
-        while done < rows:
-            n = min(FAR_CHUNK, rows - done)
-            conn.execute(
-                "INSERT INTO chronos_messages (id, deadline, key, value, headers) "
-                "SELECT 'far-' || g, now() + interval '730 days' + g * interval '1 millisecond', "
-                "convert_to('k' || g, 'UTF8'), decode(repeat('ab', %s), 'hex'), ''::bytea "
-                "FROM generate_series(%s, %s) AS g", (payload, done + 1, done + n))
-            done += n
-            print(f"  far rows: {done:,}/{rows:,}", flush=True)
-        conn.execute("VACUUM ANALYZE chronos_messages")
-    return time.monotonic() - started
+from benchmarks.harness.database import DAY_S, fill_far
+from benchmarks.harness.procstat import rss_mb
+from benchmarks.harness.stack import ChronosUp, layout_args, supervisor
 
 
 def load_due(url: str, rows: int, payload: int) -> float:
@@ -60,13 +41,13 @@ def remaining(conn: psycopg.Connection) -> int:
     return conn.execute("SELECT count(*) FROM chronos_messages WHERE id >= 'due-' AND id < 'due.'").fetchone()[0]
 
 
-def rss_mb(info: dict) -> dict[str, float]:
+def programs_rss_mb(info: dict) -> dict[str, float]:
     """Resident memory (MB) of every supervisord program of the stack."""
     out = {}
-    for proc in supervisor(info).supervisor.getAllProcessInfo():
-        kb = rss_kb(proc["pid"]) if proc["pid"] else None
-        if kb is not None:
-            out[proc["name"]] = round(kb / 1024, 1)
+    for proc in supervisor(info).programs():
+        mb = rss_mb(proc["pid"])
+        if mb is not None:
+            out[proc["name"]] = mb
     return out
 
 
@@ -81,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("up_args", nargs="*", help="after `--`: extra `chronos up` arguments")
     args = p.parse_args(argv)
 
-    stack = Stack(*layout_args(0, args.firers, 1), *args.up_args)
+    stack = ChronosUp(*layout_args(0, args.firers, 1), *args.up_args)
     info = stack.start()
     url = info["database_url"]
     result: dict = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {_cores()} cores",
@@ -89,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.far:
             print(f"writing {args.far:,} far-future rows ...", flush=True)
-            result["far_fill_s"] = round(fill_far(url, args.far, args.payload_bytes), 1)
+            result["far_fill_s"] = round(fill_far(url, args.far, ahead_s=730 * DAY_S, payload_bytes=args.payload_bytes,
+                                                  progress=True), 1)
         print(f"writing {args.due:,} due rows ...", flush=True)
         committed = load_due(url, args.due, args.payload_bytes)
         with psycopg.connect(url, autocommit=True) as conn:
@@ -101,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                 left = remaining(conn)
         seconds = time.time() - committed
         result.update(drain_s=round(seconds, 2), fire_rate=round(args.due / seconds))
-        result["rss_mb"] = rss_mb(info)
+        result["rss_mb"] = programs_rss_mb(info)
         print(f"fired {args.due:,} rows in {seconds:.1f}s: {args.due / seconds:,.0f} msg/s "
               f"with {args.far:,} far-future rows waiting; memory (MB) {result['rss_mb']}", flush=True)
     finally:

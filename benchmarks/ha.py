@@ -37,9 +37,8 @@ from typing import Any, Callable
 
 import orjson
 
-from benchmarks.faultload import Report, Scenario
-from benchmarks.report import percentiles
-from benchmarks.stack import layout_args
+from benchmarks.harness.faultload import Report, Scenario, longest_pause, resumed
+from benchmarks.harness.stack import layout_args
 
 SCENARIOS = ("kill", "switchover", "standby", "freeze", "outage", "firer")
 LOG_SIGNS = ("did not answer within", "another server than before", "postgres unavailable", "is read-only",
@@ -134,31 +133,6 @@ def postgres_counters(metrics_urls: list[str]) -> dict[str, float]:
 
 
 # -- the figures ----------------------------------------------------------------------------------
-
-
-def longest_pause(sc: Scenario, fault_at: float, within: float = 150.0) -> tuple[float, float] | None:
-    """(start, end) of the longest pause between two deliveries in the `within` seconds after a fault at
-    `fault_at` began (from the fault itself to the first delivery, if none came sooner)."""
-    sent, arrivals = sc.load.sent, sc.reader.arrivals
-    times = sorted(t for m in sent if m in arrivals for t in arrivals[m] if fault_at <= t <= fault_at + within)
-    if not times:
-        return None
-    return max(zip([fault_at, *times[:-1]], times), key=lambda pair: pair[1] - pair[0])
-
-
-def resumed(sc: Scenario, fault_at: float, within: float = 150.0) -> tuple[float | None, dict[str, float]]:
-    """When firing resumed after a fault at `fault_at`: the end of the longest pause between deliveries
-    after it began (a fault that stops nothing leaves only the load's own short gaps, see
-    `longest_pause`); and the jitter of the messages due from five seconds after that, sent ahead of their
-    deadline."""
-    pause = longest_pause(sc, fault_at, within)
-    if pause is None:
-        return None, {}
-    resume = pause[1]
-    sent, arrivals = sc.load.sent, sc.reader.arrivals
-    late = [min(arrivals[m]) - s.due for m, s in sent.items()
-            if m in arrivals and s.due >= resume + 5.0 and s.deadline > s.produced]
-    return resume, percentiles(late) or {}
 
 
 def scenario_row(name: str, report: Report, fault_at: float, promoted_at: float | None, sc: Scenario,

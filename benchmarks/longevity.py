@@ -7,18 +7,18 @@ carried millions of messages: does it keep its promises as it ages?
     python -m benchmarks.longevity --rate 4000 --steps 6 -- --partitions 4     # any `chronos up` argument
     python -m benchmarks.longevity --rate 10000 --duration 60 --steps 10 --renew-broker   # an aged database
 
-Every step is a step of the SLA harness (benchmarks/sla.py: its load generator, output reader, broker
-probe and report) on the stack the steps before it aged; between steps the stack is not touched, unless
+Every step is a step of the harness (benchmarks/harness/step.py: its load generator, output reader, broker
+probe and report, as the SLA study's) on the stack the steps before it aged; between steps the stack is not touched, unless
 --renew-broker: then `chronos up` is stopped and started again on the same data directory between steps,
 so PostgreSQL keeps all it carried (tables, indexes, their bloat and statistics) while the memory-only
 embedded broker starts empty. That measures Chronos's part of a long-lived stack at rates the embedded
 broker alone could not carry for long (docs/operations/embedded-stack.md), as it would be with a real
 Kafka whose retention frees what was read. The
-broker probe sends one message every 100 ms unless --probe-interval-ms says otherwise (see main). Per
+broker probe sends one message every 100 ms unless --probe-interval-ms says otherwise (PROBE_INTERVAL_MS). Per
 step: messages carried so far (sent to the input topic), p99.9 jitter, the broker's floor p99.9 in the same
 step, the firer's publish lateness (CreateTime - deadline) p50 and p99.9, the embedded broker's RSS,
-lost messages (accounted for: benchmarks/accounting.py), and the CPU of each part of the stack. Results: a printed table and
-benchmarks/results/<date>/longevity-<layout>-<rate>.json (or --out).
+lost messages (accounted for: benchmarks/harness/accounting.py), and the CPU of each part of the stack.
+Results: a printed table and benchmarks/results/<date>/longevity-<layout>-<rate>.json (or --out).
 """
 
 from __future__ import annotations
@@ -30,21 +30,17 @@ from pathlib import Path
 
 import orjson
 
-from benchmarks import report, sla
-from benchmarks.stack import External, Stack, layout_args, run_on
+from benchmarks.harness import report
+from benchmarks.harness.database import table_mb
+from benchmarks.harness.procstat import rss_mb
+from benchmarks.harness.stack import ChronosUp, External, layout_args, run_on
+from benchmarks.harness.step import add_step_arguments, parse_args, run_step
+from benchmarks.harness.targets import ChronosTarget
 
-PROBE_INTERVAL_MS = 100  # unless --probe-interval-ms says otherwise
-
-
-def rss_mb(pid: int | None) -> float | None:
-    """A process's resident memory (MB), None if it is not there."""
-    if not pid:
-        return None
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return round(int(f.read().split()[1]) * 4096 / 2**20, 1)
-    except OSError:
-        return None
+# The probe's own one-message batches pile up on its topic over a long step, and a reader at the head lists
+# them all on every fetch: at the SLA study's 25 ms the probe made much of the broker's work in a long step
+# (measured: docs/operations/embedded-stack.md#an-hour-at-1000-msgs).
+PROBE_INTERVAL_MS = 100
 
 
 def row(k: int, carried: int, s: dict, rss: float | None) -> dict:
@@ -78,53 +74,45 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def table_mb(database_url: str) -> float | None:
-    """chronos_messages with its indexes and TOAST, MB: what the steps left behind (bloat included)."""
-    import psycopg
-    try:
-        with psycopg.connect(database_url, connect_timeout=10) as conn:
-            size = conn.execute("SELECT pg_total_relation_size('chronos_messages')").fetchone()
-    except psycopg.Error:
-        return None
-    return round(size[0] / 2**20, 1) if size else None
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.longevity", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Arguments after `--` are passed to `chronos up` unchanged, except --consumers, --firers "
+                                       "and --detectors, which are taken as the benchmark's own.")
+    p.add_argument("--steps", type=int, default=6, help="steps of load (default 6)")
+    p.add_argument("--renew-broker", action="store_true",
+                   help="start `chronos up` again on the same data directory between steps (a fresh broker, the "
+                        "same PostgreSQL)")
+    add_step_arguments(p, probe_interval_ms=PROBE_INTERVAL_MS)
+    p.add_argument("--out", type=Path, help="output directory (default benchmarks/out/<time>-longevity)")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    steps_parser = argparse.ArgumentParser(add_help=False)
-    steps_parser.add_argument("--steps", type=int, default=6)
-    steps_parser.add_argument("--renew-broker", action="store_true")
-    own, rest = steps_parser.parse_known_args(argv)
-    head = rest[:rest.index("--")] if "--" in rest else rest
-    if not any(a.startswith("--probe-interval-ms") for a in head):
-        # the probe's own one-message batches pile up on its topic over a long step, and a reader at
-        # the head lists them all on every fetch: at 25 ms (the SLA harness's default) the probe made
-        # more than half of the broker's work in a 600 s step (0.44 cores against 0.19 at 100 ms)
-        rest = ["--probe-interval-ms", str(PROBE_INTERVAL_MS), *rest]
-    args = sla.parse_args(rest)
-    if own.steps < 1 or args.rate <= 0 or args.duration <= 0:
+    args = parse_args(build_parser(), list(sys.argv[1:] if argv is None else argv))
+    if args.steps < 1 or args.rate <= 0 or args.duration <= 0:
         print("--steps, --rate and --duration must be positive", file=sys.stderr)
         return 2
-    if own.renew_broker and args.ready_file:
+    if args.renew_broker and args.ready_file:
         print("--renew-broker restarts the stack the benchmark starts; it cannot restart one given by --ready-file",
               file=sys.stderr)
         return 2
-    stack: Stack | External = External(args.ready_file) if args.ready_file else \
-        Stack(*layout_args(args.consumers, args.firers, args.detectors), *args.up_args)
+    stack: ChronosUp | External = External(args.ready_file) if args.ready_file else \
+        ChronosUp(*layout_args(args.consumers, args.firers, args.detectors), *args.up_args)
     date = report.now_iso()
     base = args.out or Path("benchmarks/out") / (datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-longevity")
 
     def run(info: dict) -> dict:
-        target = sla.ChronosTarget(args, info)
+        target = ChronosTarget(args, info)
         rows: list[dict] = []
         carried = 0
-        for k in range(1, own.steps + 1):
-            if own.renew_broker and k > 1:
-                assert isinstance(stack, Stack)
+        for k in range(1, args.steps + 1):
+            if args.renew_broker and k > 1:
+                assert isinstance(stack, ChronosUp)
                 stack.stop(keep=True)  # the same data directory: PostgreSQL's data stays, the broker's goes
                 info = stack.start()
-                target = sla.ChronosTarget(args, info)
-            summary = sla.run_step(target, args, args.rate, args.duration, base / f"step-{k:02d}", stack)
+                target = ChronosTarget(args, info)
+            summary = run_step(target, args, args.rate, args.duration, base / f"step-{k:02d}", stack)
             carried += summary["sent"]
             rows.append({**row(k, carried, summary, rss_mb(info.get("broker_pid"))),
                          "table_mb": table_mb(target.database_url)})
@@ -135,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     out = {"benchmark": "longevity", "date": date, "rate": args.rate, "step_duration_s": args.duration,
            "layout": result["layout"], "chronos_up_args": args.up_args,
-           "broker": "renewed before each step" if own.renew_broker else "one for all steps", "rows": result["rows"],
+           "broker": "renewed before each step" if args.renew_broker else "one for all steps", "rows": result["rows"],
            "machine": report.machine_info(), "code": report.code_version()}
     print(f"\nlongevity, layout {result['layout']}, {args.rate:g} msg/s in steps of {args.duration:g} s:")
     print("\n".join(table(result["rows"])), flush=True)

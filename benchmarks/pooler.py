@@ -34,7 +34,7 @@ from chronos.embedded.postgres import EmbeddedPostgres
 from chronos.runtime.process import tune_gc
 from tests.pgbouncerkit import PgBouncer
 
-from benchmarks.stack import database_url_for
+from benchmarks.harness.database import database_url_for
 
 STEPS = ("insert", "replace", "claim", "delete")
 WARM_ROUNDS = 5

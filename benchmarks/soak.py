@@ -11,7 +11,7 @@ jitter percentiles (arrival on the output topic − deadline, for messages sent 
 deadline), the recovery time of each kill, and each process's memory (RSS) at the start and the
 end, the embedded PostgreSQL (with its backends) and broker included.
 
-It uses the fault tests' harness (benchmarks/faultload.py), so the soak and the fault scenarios
+It uses the fault tests' harness (benchmarks/harness/faultload.py), so the soak and the fault scenarios
 count the same way.
 """
 
@@ -26,11 +26,16 @@ from pathlib import Path
 
 import orjson
 
-from benchmarks.faultload import Scenario, held_rows
-from benchmarks.procstat import descendants, rss_kb
-from benchmarks.report import percentiles
+from benchmarks.harness.faultload import Scenario, held_rows
+from benchmarks.harness.report import percentiles
+from chronos.embedded.procs import descendants
+from chronos.embedded.watch import rss_bytes
 
 ROLES = ("consumer", "firer", "detector")
+
+
+def rss_kb(pid: int) -> int | None:
+    return None if (rss := rss_bytes(pid)) is None else rss // 1024
 
 
 def memory(sc: Scenario) -> dict[str, dict]:

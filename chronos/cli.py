@@ -65,8 +65,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from chronos import stack
-    return stack.run(args)
+    from chronos.up import command
+    return command.run(args)
 
 
 def cmd_send(args: argparse.Namespace) -> int:
@@ -380,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("up", help="run the whole stack in the foreground (embedded PostgreSQL and broker "
                                   "unless real ones are configured)")
     config.add_arguments(p)
-    from chronos.stack import add_arguments as up_arguments
+    from chronos.up.command import add_arguments as up_arguments
     up_arguments(p)
     p.set_defaults(func=cmd_up)
 

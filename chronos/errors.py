@@ -83,3 +83,9 @@ class InFlightSkipped(ChronosError):
 
 class InputError(ConfigError):
     """A pipeline job's input is missing or has the wrong schema (exit code 2, like a bad flag)."""
+
+
+class StackError(ChronosError):
+    """`chronos up` cannot run its stack: the data directory is taken, supervisord or a program failed."""
+
+    exit_code = EXIT_EMBEDDED

@@ -12,14 +12,14 @@ from typing import Iterator
 
 import pytest
 
-from benchmarks.stack import Stack, clean_env
+from benchmarks.harness.stack import ChronosUp, clean_env
 from consolekit import CHROMIUM, CHROMIUM_ARGS, TOKEN, Console
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[dict]:
     """`chronos up` with a console token; its ready file's contents."""
-    up = Stack("--console-port", "0", workdir=tmp_path_factory.mktemp("console-up"),
+    up = ChronosUp("--console-port", "0", workdir=tmp_path_factory.mktemp("console-up"),
                env={"CHRONOS_CONSOLE_TOKEN": TOKEN})
     try:
         info = up.start()

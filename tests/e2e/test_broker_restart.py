@@ -18,7 +18,7 @@ import psycopg
 from confluent_kafka.admin import AdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.stack import CHRONOS, Stack, clean_env
+from benchmarks.harness.stack import CHRONOS, ChronosUp, clean_env
 from chronos.embedded.watch import read_stats
 from chronos.ops.endpoints import pick_metrics_base
 from helpers import Collector, chronos_headers, producer, wait_for
@@ -61,7 +61,7 @@ def status_text(ready_file: Path) -> str:
 def test_a_killed_broker_is_started_again_and_says_what_it_lost(tmp_path):
     base = pick_metrics_base({"consumer": 1, "firer": 1, "detector": 1})
     # a threshold of 1 MB: the broker is above it from the start
-    up = Stack("--no-console", "--broker-memory-warning-mb", "1", workdir=tmp_path,
+    up = ChronosUp("--no-console", "--broker-memory-warning-mb", "1", workdir=tmp_path,
                env={"CHRONOS_METRICS_PORT": str(base)}).launch()
     try:
         info = up.wait_ready()
@@ -70,7 +70,7 @@ def test_a_killed_broker_is_started_again_and_says_what_it_lost(tmp_path):
         send(up.ready_file, "--delay", "25s", "--value", "stored before", "--id", "stored-before")
         wait_for(lambda: stored(info["database_url"], "stored-before"), what="the message stored")
         # input messages nobody reads: the consumer is stopped
-        up.rpc().supervisor.stopProcess("consumer:consumer_00", True)
+        up.supervisor().stop("consumer_00")
         p = producer(info["bootstrap_servers"])
         for i in range(UNREAD):
             p.produce(info["input_topic"], f"unread {i}".encode(),

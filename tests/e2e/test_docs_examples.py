@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from benchmarks.stack import Stack, clean_env
+from benchmarks.harness.stack import ChronosUp, clean_env
 from helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +48,7 @@ def test_the_guide_has_runnable_examples():
 @pytest.fixture(scope="module")
 def reader_dir(tmp_path_factory):
     """A directory as a reader's would be after `make up`: `.chronos/ready.json` and `.venv/`."""
-    stack = Stack("--no-console")
+    stack = ChronosUp("--no-console")
     info = stack.start()
     home = tmp_path_factory.mktemp("reader")
     (home / ".chronos").mkdir()

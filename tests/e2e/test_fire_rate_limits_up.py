@@ -9,7 +9,7 @@ import urllib.request
 
 import orjson
 
-from benchmarks.stack import CHRONOS, Stack, clean_env
+from benchmarks.harness.stack import CHRONOS, ChronosUp, clean_env
 from chronos.adapters.kafka.admin import create_topics
 from chronos.ops.endpoints import pick_metrics_base
 from helpers import Collector, chronos_headers, producer
@@ -17,7 +17,7 @@ from helpers import Collector, chronos_headers, producer
 RATE, COUNT = 50, 200
 
 
-def status(up: Stack) -> dict:
+def status(up: ChronosUp) -> dict:
     out = subprocess.run(CHRONOS + ["status", "--json", "--ready-file", str(up.ready_file)], env=clean_env(),
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
@@ -28,7 +28,7 @@ def test_a_limited_topic_is_spread_at_its_rate_by_two_firers_while_another_fires
     # every program's port free (one free port says nothing of base + 100, base + 101, ...)
     metrics_port = pick_metrics_base({"consumer": 1, "firer": 2, "detector": 1})
     # two firers: the limit is theirs together (each with a bucket of its own would take half the time)
-    up = Stack("--fire-rate-limits", f"fragile={RATE}", "--allowed-topics", "fragile|chronos.output",
+    up = ChronosUp("--fire-rate-limits", f"fragile={RATE}", "--allowed-topics", "fragile|chronos.output",
                "--metrics-port", str(metrics_port), "--firers", "2", workdir=tmp_path).launch()
     try:
         info = up.wait_ready()

@@ -15,9 +15,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from benchmarks.stack import supervisor
 from chronos.errors import EXIT_CONFIG, EXIT_SCHEMA, EXIT_UNAVAILABLE, StoreUnavailable
-from chronos.stack import supervisord_conf
+from chronos.up.supervisor import Supervisor, SupervisorError, supervisord_conf
 from chronos.adapters.postgres.connection import connect
 
 CHRONOS = [sys.executable, "-m", "chronos"]
@@ -198,8 +197,8 @@ def _supervise(tmp_path: Path, **env: str) -> tuple[subprocess.Popen, Path]:
 def _programs(proc: subprocess.Popen, run_dir: Path) -> list[dict]:
     assert proc.poll() is None, "supervisord exited"
     try:
-        return supervisor({"supervisor_socket": run_dir / "supervisor.sock"}).supervisor.getAllProcessInfo()
-    except OSError:  # not listening yet
+        return Supervisor(run_dir / "supervisor.sock").programs()
+    except SupervisorError:  # not listening yet
         return []
 
 

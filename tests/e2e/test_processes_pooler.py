@@ -10,7 +10,7 @@ import time
 import psycopg
 import pytest
 
-from benchmarks.stack import Stack
+from benchmarks.harness.stack import ChronosUp
 from helpers import Collector, chronos_headers, producer, send, wait_for
 from pgbouncerkit import PgBouncer
 
@@ -85,7 +85,7 @@ def test_told_session_behind_a_pooler_in_transaction_mode_a_process_stops_with_o
 
 
 def test_up_told_session_behind_a_pooler_in_transaction_mode_refuses_before_ready(tmp_path, pooler, database_url):
-    up = Stack("--database-url", pooler.url(database_url), "--database-pool-mode", "session",
+    up = ChronosUp("--database-url", pooler.url(database_url), "--database-pool-mode", "session",
                workdir=tmp_path).launch()
     try:
         code, out = up.proc.wait(30), up.output()

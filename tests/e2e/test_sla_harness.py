@@ -92,7 +92,7 @@ def test_sla_harness_graphile_worker_peer(tmp_path):
     assert summary["jitter_ms"]["max"] < 5000, run.stdout
     assert summary["layout"] == "1 worker x 24 jobs"
     target = summary["config"]["target"]
-    lock = orjson.loads((ROOT / "benchmarks" / "graphile" / "package-lock.json").read_bytes())
+    lock = orjson.loads((ROOT / "benchmarks" / "harness" / "graphile" / "package-lock.json").read_bytes())
     assert target["graphile_worker_version"] == lock["packages"]["node_modules/graphile-worker"]["version"]
     assert target["poll_interval_ms"] == 100
     assert summary["cpu"]["graphile-worker-0 (node)"]["cpu_s"] > 0, summary["cpu"]
@@ -107,5 +107,5 @@ def test_sla_harness_graphile_without_node_stops_before_starting_anything(tmp_pa
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert run.returncode == 3, run.stdout + run.stderr
     assert run.stderr.strip() == (f"benchmark failed: node is not on PATH: --target graphile needs Node.js (>= 14) "
-                                  f"and npm to install graphile-worker into {ROOT}/benchmarks/graphile/node_modules")
+                                  f"and npm to install graphile-worker into {ROOT}/benchmarks/harness/graphile/node_modules")
     assert "starting" not in run.stdout  # no PostgreSQL was started for nothing

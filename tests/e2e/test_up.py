@@ -11,9 +11,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from benchmarks.procstat import descendants
-from benchmarks.stack import CHRONOS, Stack, clean_env, supervisor
-from chronos.stack import SOCKET_PATH_MAX
+from benchmarks.harness.stack import CHRONOS, ChronosUp, clean_env, supervisor
+from chronos.embedded.procs import descendants
+from chronos.up.datadir import SOCKET_PATH_MAX
 from helpers import Collector, Received
 
 def _gone(pid: int) -> bool:
@@ -42,7 +42,7 @@ def only_output(info: dict) -> Received:
 
 
 def test_up_send_receive_and_clean_stop(tmp_path):
-    up = Stack(workdir=tmp_path).launch()
+    up = ChronosUp(workdir=tmp_path).launch()
     try:
         info = up.wait_ready()
         assert "\nready bootstrap_servers=" in "\n" + up.output()
@@ -73,14 +73,14 @@ def test_up_send_receive_and_clean_stop(tmp_path):
 
 
 def test_restart_keeps_waiting_messages(tmp_path):
-    up = Stack(workdir=tmp_path).launch()
+    up = ChronosUp(workdir=tmp_path).launch()
     try:
         up.wait_ready()
         send(up.ready_file, "--delay", "12s", "--value", "survives", "--id", "keep-me")
         time.sleep(0.2)
         _wait_stored(tmp_path, "keep-me")
         assert up.stop() == 0
-        up2 = Stack("--no-console", workdir=tmp_path).launch()
+        up2 = ChronosUp("--no-console", workdir=tmp_path).launch()
         try:
             info = up2.wait_ready()
             assert info["console_url"] is None and info["console_pid"] is None and info["metrics_urls"] == []
@@ -115,7 +115,7 @@ def busy_port():
 
 def refused(workdir: Path, *args: str, timeout: float = 60) -> tuple[int, str]:
     """`chronos up ARGS` that is expected to give up by itself: (exit code, output)."""
-    up = Stack(*args, workdir=workdir).launch()
+    up = ChronosUp(*args, workdir=workdir).launch()
     try:
         return up.proc.wait(timeout), up.output()
     finally:
@@ -171,7 +171,7 @@ def test_broken_data_directory_is_a_clear_error(tmp_path):
     assert "pgdata" in out
 
 
-def _stack_pids(up: Stack, info: dict) -> set[int]:
+def _stack_pids(up: ChronosUp, info: dict) -> set[int]:
     """Every process of a running `chronos up`: its children and all their descendants."""
     tree = set(descendants(up.proc.pid))
     named = {info["supervisord_pid"], info["postgres_pid"], info["broker_pid"], *up.program_pids()}
@@ -189,7 +189,7 @@ def _wait_all_gone(pids: set[int], timeout: float) -> set[int]:
 
 
 def test_a_killed_up_leaves_nothing_running_and_the_next_one_starts(tmp_path):
-    up = Stack(workdir=tmp_path).launch()
+    up = ChronosUp(workdir=tmp_path).launch()
     try:
         info = up.wait_ready()
         pids = _stack_pids(up, info)
@@ -197,7 +197,7 @@ def test_a_killed_up_leaves_nothing_running_and_the_next_one_starts(tmp_path):
         up.kill()  # SIGKILL: no chance to stop anything itself
         survivors = _wait_all_gone(pids, timeout=30)
         assert not survivors, [Path(f"/proc/{p}/cmdline").read_bytes() for p in survivors if not _gone(p)]
-        up2 = Stack(workdir=tmp_path).launch()
+        up2 = ChronosUp(workdir=tmp_path).launch()
         try:
             info2 = up2.wait_ready()
             assert "left" not in up2.output()  # nothing was left behind to stop
@@ -215,7 +215,7 @@ def test_processes_a_killed_up_left_behind_are_stopped_by_the_next_one(tmp_path)
     data_dir = (tmp_path / ".chronos").resolve()
     env = clean_env(CHRONOS_STACK_DIR=str(data_dir))
     survivor = subprocess.Popen(["sleep", "300"], env=env)
-    up = Stack(workdir=tmp_path).launch()
+    up = ChronosUp(workdir=tmp_path).launch()
     try:
         up.wait_ready(timeout=90)
         assert survivor.wait(5) == -signal.SIGTERM
@@ -230,7 +230,7 @@ def test_processes_a_killed_up_left_behind_are_stopped_by_the_next_one(tmp_path)
 
 
 def test_a_second_up_on_a_data_directory_in_use_refuses_and_touches_nothing(tmp_path):
-    up = Stack(workdir=tmp_path).launch()
+    up = ChronosUp(workdir=tmp_path).launch()
     try:
         info = up.wait_ready()
         code, out = refused(tmp_path)
@@ -249,12 +249,12 @@ def test_a_data_directory_too_deep_for_a_unix_socket(tmp_path):
     directory its socket goes through a short link in /tmp, removed when the stack stops."""
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     assert len(str(deep / "run" / "supervisor.sock")) > SOCKET_PATH_MAX
-    up = Stack("--no-console", "--data-dir", str(deep), workdir=tmp_path)
+    up = ChronosUp("--no-console", "--data-dir", str(deep), workdir=tmp_path)
     try:
         info = up.start()
         link = Path(info["supervisor_socket"]).parent
         assert link.is_symlink() and link.resolve() == (deep / "run").resolve()
-        assert {p["statename"] for p in supervisor(info).supervisor.getAllProcessInfo()} == {"RUNNING"}
+        assert {p["statename"] for p in supervisor(info).programs()} == {"RUNNING"}
         send(up.ready_file, "--delay", "1s", "--value", "deep")
         assert only_output(info).value == b"deep"
         assert up.stop() == 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.faultload import Report, Scenario
+from benchmarks.harness.faultload import Report, Scenario
 
 
 def check_common(sc: Scenario, report: Report, stopped: tuple[str, ...] = ()) -> None:

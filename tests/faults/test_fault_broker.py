@@ -9,7 +9,7 @@ import time
 import pytest
 
 from faultchecks import check_common
-from benchmarks.faultload import Scenario
+from benchmarks.harness.faultload import Scenario
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

@@ -14,7 +14,7 @@ from chronos.embedded.postgres import EmbeddedPostgres
 from chronos.embedded.procs import free_port
 from faultchecks import check_common
 from tlskit import Authority, require_pg15
-from benchmarks.faultload import Scenario
+from benchmarks.harness.faultload import Scenario
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

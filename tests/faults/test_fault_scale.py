@@ -7,7 +7,7 @@ import time
 import pytest
 
 from faultchecks import check_common
-from benchmarks.faultload import Scenario
+from benchmarks.harness.faultload import Scenario
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -22,11 +22,11 @@ def test_two_of_each_then_remove_one_of_each(tmp_path, fault_report):
         # take longer than the sleep to get there, and would then log nothing to check
         for name in REMOVED:
             sc.stack.wait_running(name, timeout=60)
-        rpc = sc.stack.rpc()
+        supervisor = sc.stack.supervisor()
         for name in REMOVED:
             at = time.time()
             committed = sc.offsets.committed() if name.startswith("consumer") else None
-            assert rpc.supervisor.stopProcess(f"{name[:-3]}:{name}", True)
+            supervisor.stop(name)
             sc.fault(f"stop {name}", at, end=time.time(), committed=committed)
         time.sleep(15)
         report = sc.finish()

@@ -12,9 +12,8 @@ import time
 
 import pytest
 
-from benchmarks.faultload import Report, Scenario
-from benchmarks.ha import resumed
-from benchmarks.stack import layout_args
+from benchmarks.harness.faultload import Report, Scenario, resumed
+from benchmarks.harness.stack import layout_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 

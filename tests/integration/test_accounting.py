@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 import psycopg
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from benchmarks.accounting import account, render
+from benchmarks.harness.accounting import account, render
 from chronos import codec
 from chronos.adapters.postgres.store import Store
 from chronos.domain.model import Parked, Row

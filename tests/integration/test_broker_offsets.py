@@ -124,7 +124,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from chronos import config
 from chronos.adapters.kafka.admin import create_topics
-from chronos.stack import broker_offset_reader
+from chronos.up.stack import broker_offset_reader
 
 bootstrap = sys.argv[1]
 settings = config.load(None, {"CHRONOS_KAFKA_BOOTSTRAP_SERVERS": bootstrap}, default_ready_file=False)

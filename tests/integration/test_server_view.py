@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from benchmarks.stack import database_url_for
+from benchmarks.harness.database import database_url_for
 from chronos.adapters.postgres.store import Store, application_name
 from chronos.domain.model import Sessions
 

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from tlskit import APP_GRANTS, APP_PASSWORD, APP_ROLE, Authority, require_pg15
 
-from benchmarks.stack import database_url_for
+from benchmarks.harness.database import database_url_for
 
 # the plan tests and the core end-to-end tests run again here, against PostgreSQL 15 (test_postgres_15.py)
 HERE = Path(__file__).resolve().parent

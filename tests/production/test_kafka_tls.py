@@ -28,7 +28,7 @@ from chronos.adapters.kafka.admin import create_topics
 from chronos.embedded.broker import BROKER_STORAGE, EmbeddedBroker, broker_bin
 from chronos.embedded.procs import free_port, tcp_accepts
 from chronos.errors import EXIT_CONFIG
-from chronos.stack import supervisord_conf
+from chronos.up.supervisor import supervisord_conf
 
 CHRONOS = [sys.executable, "-m", "chronos"]
 ROLES = ("consumer", "firer", "detector")

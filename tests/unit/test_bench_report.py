@@ -1,4 +1,5 @@
-"""The SLA harness's arithmetic (benchmarks/report.py), on records made up here: no I/O."""
+"""The benchmarks' arithmetic (benchmarks/harness/report.py, step.py) and the studies' options, on records made
+up here: no I/O."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import multiprocessing as mp
 import numpy as np
 import pytest
 
-from benchmarks import graphile_target, longevity, report, sla
-from benchmarks.records import ACKED, Records
+from benchmarks import longevity, sla
+from benchmarks.harness import graphile_target, report, step
+from benchmarks.harness.records import ACKED, Records
+from benchmarks.harness.targets import format_layout
 
 
 def records(deadlines, delivered, t_first=0.0, t_last=None) -> Records:
@@ -70,7 +73,7 @@ def test_enqueue_rate_from_insert_counter_samples():
     assert report.enqueue_rate(samples, 0.0, 10.0) == pytest.approx(1000.0)
 
 
-# -- the harness's layout and CPU split (benchmarks/sla.py), and its arguments
+# -- the harness's layout and CPU split (benchmarks/harness/step.py), and the studies' arguments
 
 
 def test_layout_options_are_the_harness_own_also_after_the_separator():
@@ -78,7 +81,7 @@ def test_layout_options_are_the_harness_own_also_after_the_separator():
                            "--detectors=3"])
     assert (args.consumers, args.firers, args.detectors) == (2, 2, 3)
     assert args.up_args == ["--batch-size", "5000"]  # the rest still goes to `chronos up`
-    assert sla.format_layout(vars(args)) == "2/2/3"
+    assert format_layout(vars(args)) == "2/2/3"
     defaults = sla.parse_args([])
     assert (defaults.consumers, defaults.firers, defaults.detectors) == (1, 1, 1)
 
@@ -96,37 +99,45 @@ CPU = {"postgres": {"cpu_s": 8.4, "cores": 0.42}, "firer_00": {"cpu_s": 2.6, "co
 
 
 def test_cpu_split_lists_every_process_busiest_first_with_the_total():
-    assert sla.format_cpu(CPU) == "broker 0.52, postgres 0.42, firer_01 0.14, firer_00 0.13 (total 1.21)"
-    assert sla.format_cpu({}) == "(not measured)"
+    assert step.format_cpu(CPU) == "broker 0.52, postgres 0.42, firer_01 0.14, firer_00 0.13 (total 1.21)"
+    assert step.format_cpu({}) == "(not measured)"
 
 
 def test_summary_lines_show_the_layout_and_the_cpu_split():
     deadlines = np.arange(1000) / 100.0
     s = summarize(records(deadlines, deadlines + 0.010, t_last=9.99))
     s.update(layout="2/2/2", cpu=CPU)
-    verdict, cpu = sla.summary_lines(s)
+    verdict, cpu = step.summary_lines(s)
     assert verdict.startswith("chronos layout 2/2/2 100 msg/s: sent 1000 delivered 1000 lost 0")
     assert verdict.endswith("SLA PASS")
-    assert cpu == "  cpu (cores): " + sla.format_cpu(CPU)
+    assert cpu == "  cpu (cores): " + step.format_cpu(CPU)
 
 
 def test_find_max_lines_show_the_layout_and_each_step_cpu_split():
-    step = {"layout": "2/2/2", "jitter_p999_ms": 40.0, "lost": 0, "cpu": CPU}
+    one = {"layout": "2/2/2", "jitter_p999_ms": 40.0, "lost": 0, "cpu": CPU}
     result = {"target": "chronos", "layout": "2/2/2", "max_sustained_rate": 4000.0, "first_failing_rate": 8000.0,
-              "steps": [{**step, "rate": 4000.0, "sla_pass": True, "failed": []},
-                        {**step, "rate": 8000.0, "sla_pass": False, "failed": ["p999_within_500ms"]}]}
+              "steps": [{**one, "rate": 4000.0, "sla_pass": True, "failed": []},
+                        {**one, "rate": 8000.0, "sla_pass": False, "failed": ["p999_within_500ms"]}]}
     lines = sla.find_max_lines(result)
     assert lines[0].startswith("find-max chronos layout 2/2/2: highest rate holding the SLA: 4000.0 msg/s")
     assert "first failing: 8000.0" in lines[0]
     assert lines[1].split() == ["4000", "msg/s", "layout", "2/2/2", "pass", "p99.9", "40.0", "ms", "lost", "0"]
     assert lines[3].split()[:5] == ["8000", "msg/s", "layout", "2/2/2", "FAIL"]
-    assert lines[2].strip() == lines[4].strip() == "cpu (cores): " + sla.format_cpu(CPU)
+    assert lines[2].strip() == lines[4].strip() == "cpu (cores): " + step.format_cpu(CPU)
 
 
 def test_graphile_target_without_node_says_what_is_missing(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # neither node nor npm
     with pytest.raises(graphile_target.SetupFailed, match="node is not on PATH: --target graphile needs Node.js"):
         graphile_target.ensure_installed()
+
+
+def test_longevity_takes_a_steps_options_and_probes_less_often():
+    args = step.parse_args(longevity.build_parser(), ["--rate", "4000", "--steps", "3", "--", "--firers", "2",
+                                                      "--partitions", "4"])
+    assert (args.rate, args.steps, args.firers, args.up_args) == (4000.0, 3, 2, ["--partitions", "4"])
+    assert args.probe_interval_ms == longevity.PROBE_INTERVAL_MS and not args.renew_broker
+    assert sla.parse_args([]).probe_interval_ms == 25.0
 
 
 def test_longevity_counts_the_schedulers_cpu_not_the_brokers_or_the_harness():

@@ -5,12 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import pytest
-
-from chronos.config import ConfigError
 from chronos.embedded import watch
 from chronos.embedded.watch import BrokerWatch, default_warning_bytes, loss_line, read_stats
-from chronos.stack import _positive_mb
 
 MB = 2 ** 20
 
@@ -112,77 +108,3 @@ def test_default_threshold_and_unreadable_stats(tmp_path):
     assert read_stats(tmp_path / "missing.json") is None
     (tmp_path / "bad.json").write_text("{not json")
     assert read_stats(tmp_path / "bad.json") is None
-
-
-@pytest.mark.parametrize("value", ["0", "-5", "2GB", "1.5"])
-def test_a_bad_memory_threshold_is_a_clear_error(value):
-    with pytest.raises(ConfigError, match="must be a positive whole number of MB"):
-        _positive_mb(value)
-    assert _positive_mb("512") == 512 and _positive_mb(None) is None
-
-
-class FlakyBroker:
-    """An embedded broker that died (SIGKILL) and does not start at the first attempt."""
-
-    port, pid, returncode = 9092, 111, -9
-
-    def __init__(self, failures: int):
-        self.failures, self.notes = failures, []
-
-    def start(self, timeout: float) -> None:
-        from chronos.embedded.procs import EmbeddedError
-        if self.failures:
-            self.failures -= 1
-            raise EmbeddedError("port 9092 is already in use")
-        self.pid = 222
-
-    def note(self, line: str) -> None:
-        self.notes.append(line)
-
-
-class NoWait:
-    """A stop event that is never set and does not wait (the backoff's pauses take no time here)."""
-
-    def __init__(self) -> None:
-        self.waited: list[float] = []
-
-    def is_set(self) -> bool:
-        return False
-
-    def wait(self, delay: float) -> bool:
-        self.waited.append(delay)
-        return False
-
-
-def test_a_dead_broker_is_started_again_with_backoff_then_its_topics_and_the_ready_file(tmp_path, monkeypatch,
-                                                                                         capsys):
-    import orjson
-
-    from chronos import stack
-    from chronos.config import Settings
-    created, steps = [], []
-    monkeypatch.setattr(stack, "create_topics", lambda bootstrap, topics, **kw: steps.append("topics") or
-                        created.append(topics))
-    monkeypatch.setattr(stack.Stack, "stop_programs", lambda self: steps.append("stop programs"))
-    monkeypatch.setattr(stack.Stack, "start_programs", lambda self: steps.append("start programs"))
-    st = stack.Stack(Settings(kafka_bootstrap_servers="127.0.0.1:9092"), tmp_path, {"consumer": 1, "firer": 1,
-                     "detector": 1}, partitions=3, ready_file=tmp_path / "ready.json")
-    st.broker = FlakyBroker(failures=2)
-    st.run_dir.mkdir(parents=True)
-    st.broker_watch = BrokerWatch(st.run_dir / "stats.json", "in", reader=Reader, say=st.say,
-                                  warning_bytes=MB)
-    st.broker_watch.record(FakeOffsets(100, 7), 1000.0)
-    stopping = NoWait()
-    st.restart_broker(stopping)
-    out = capsys.readouterr().out
-    assert "the embedded broker (pid 111) stopped unexpectedly (killed by SIGKILL); stopping the programs and " \
-           "starting it again on port 9092" in out
-    # no program runs while the broker is down and until its topics are back
-    assert steps == ["stop programs", "topics", "start programs"]
-    assert out.count("the embedded broker does not start again (port 9092 is already in use); retrying in") == 2
-    assert stopping.waited == [1.0, 2.0]
-    assert "started again on port 9092; it kept messages in memory only: about 7 input messages" in out
-    assert created == [{"chronos.input": 3, "chronos.output": 3, "chronos.dlq": 3}]
-    assert orjson.loads((tmp_path / "ready.json").read_bytes())["broker_pid"] == 222
-    assert st.broker.notes and "about 7 input messages" in st.broker.notes[-1]
-    assert read_stats(st.broker_watch.path)["restarts"] == 1

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.exposition import generate_latest
 
 from benchmarks import day
-from benchmarks.records import ACKED, Records
+from benchmarks.harness.records import ACKED, Records
 from chronos.config import Settings
 from chronos.ops.telemetry import DetectorTelemetry, FirerTelemetry
 

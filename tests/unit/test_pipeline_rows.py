@@ -127,7 +127,7 @@ def test_service_processes_never_import_pyspark():
     """The consumer, firer, detector, `chronos up` and the CLI (with the pipeline and console
     commands) stay free of PySpark and of the console's web framework."""
     code = ("import sys\n"
-            "import chronos.roles.consumer, chronos.roles.firer, chronos.roles.detector, chronos.cli, chronos.stack\n"
+            "import chronos.roles.consumer, chronos.roles.firer, chronos.roles.detector, chronos.cli, chronos.up.command\n"
             "import chronos.console.launch\n"
             "chronos.cli.build_parser()\n"
             "import chronos.pipeline.commands, chronos.pipeline.rows\n"

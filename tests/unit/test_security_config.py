@@ -9,7 +9,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from chronos import cli, config
 from chronos.adapters.kafka.clients import consumer_config, describe, producer_config
-from chronos.stack import Stack
+from chronos.up.stack import Options, Stack
 
 SASL_SSL = {
     "security.protocol": "SASL_SSL",
@@ -86,8 +86,8 @@ def test_settings_reach_the_programs_of_chronos_up_unchanged(tmp_path):
         "--kafka-properties-file", str(props)])
     args.ready_file = None
     s = config.load(args, environ={}, default_ready_file=False)
-    stack = Stack(s, tmp_path / "data", {"consumer": 1, "firer": 1, "detector": 1},
-                  kafka_properties_file=str(props))
+    stack = Stack(Options(s, tmp_path / "data", {"consumer": 1, "firer": 1, "detector": 1},
+                          kafka_properties_file=str(props)))
     env = stack.environ()
     child = config.load(argparse.Namespace(), environ={k: v for k, v in env.items() if k.startswith("CHRONOS_")},
                         default_ready_file=False)

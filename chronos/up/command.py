@@ -1,0 +1,126 @@
+"""The `chronos up` command: its arguments, and its run from the first line to the exit code."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from chronos import config
+from chronos.console.launch import ConsoleProcess
+from chronos.errors import ChronosError
+from chronos.up.programs import ROLES
+from chronos.up.stack import EMBEDDED_PARTITIONS, EXTERNAL_PARTITIONS, Options, Stack
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`chronos up`'s own arguments (the settings' are config.add_arguments)."""
+    parser.add_argument("--data-dir", default=os.environ.get("CHRONOS_DATA_DIR", ".chronos"),
+                        help="where the embedded PostgreSQL keeps its data, and logs go [env CHRONOS_DATA_DIR] "
+                             "(default: .chronos)")
+    parser.add_argument("--bootstrap-servers", dest="kafka_bootstrap_servers_alias", default=None,
+                        help="same as --kafka-bootstrap-servers")
+    for role in ROLES:
+        parser.add_argument(f"--{role}s", type=int, default=1, dest=f"n_{role}",
+                            help=f"number of {role} processes (default 1)")
+    parser.add_argument("--partitions", type=int, default=None,
+                        help=f"partitions of the topics it creates (default {EMBEDDED_PARTITIONS} on the embedded broker, "
+                             f"whose fetches slow with every batch a partition holds; {EXTERNAL_PARTITIONS} on a real Kafka)")
+    parser.add_argument("--pg-port", type=int, default=None, help="port of the embedded PostgreSQL (default: free)")
+    parser.add_argument("--kafka-port", type=int, default=None, help="port of the embedded broker (default: free)")
+    parser.add_argument("--broker-memory-warning-mb", metavar="MB",
+                        default=os.environ.get("CHRONOS_BROKER_MEMORY_WARNING_MB"),
+                        help="warn when the embedded broker's memory passes this many MB "
+                             "[env CHRONOS_BROKER_MEMORY_WARNING_MB] (default: 2048, or half the machine's "
+                             "memory when that is less)")
+    parser.add_argument("--no-console", action="store_true",
+                        help="do not start the web console (it serves on CHRONOS_CONSOLE_HOST:CHRONOS_CONSOLE_PORT)")
+
+
+def options(args: argparse.Namespace) -> Options:
+    """What the command line and the environment ask for; a config.ConfigError when it makes no sense."""
+    if args.kafka_bootstrap_servers_alias and not args.kafka_bootstrap_servers:
+        args.kafka_bootstrap_servers = args.kafka_bootstrap_servers_alias
+    data_dir = Path(args.data_dir).resolve()
+    ready_file = Path(args.ready_file).resolve() if args.ready_file else data_dir / "ready.json"
+    args.ready_file = None  # `up` writes the ready file; it does not read one
+    settings = config.load(args, default_ready_file=False)
+    counts = {role: getattr(args, f"n_{role}") for role in ROLES}
+    for role, n in counts.items():
+        if n < 0 or n > 64:
+            raise config.ConfigError(f"--{role}s must be between 0 and 64, got {n}")
+    if args.partitions is not None and args.partitions < 1:
+        raise config.ConfigError(f"--partitions must be at least 1, got {args.partitions}")
+    warning_mb = positive_mb(args.broker_memory_warning_mb)
+    return Options(settings, data_dir, counts, partitions=args.partitions, pg_port=args.pg_port,
+                   kafka_port=args.kafka_port, ready_file=ready_file,
+                   kafka_properties_file=str(Path(args.kafka_properties_file).resolve())
+                   if args.kafka_properties_file else None,
+                   broker_warning_bytes=None if warning_mb is None else warning_mb * 2 ** 20)
+
+
+def positive_mb(value: str | None) -> int | None:
+    """--broker-memory-warning-mb (or its variable, a string): a positive whole number of MB, or None."""
+    if value is None or value == "":
+        return None
+    try:
+        mb = int(value)
+    except ValueError:
+        mb = 0
+    if mb < 1:
+        raise config.ConfigError(f"--broker-memory-warning-mb (CHRONOS_BROKER_MEMORY_WARNING_MB) must be a "
+                                 f"positive whole number of MB, got {value!r}")
+    return mb
+
+
+def console(args: argparse.Namespace, opts: Options, log_dir: Path) -> ConsoleProcess | None:
+    """The web console to start, unless --no-console or its extra is missing (which is said)."""
+    if args.no_console:
+        return None
+    why_not = ConsoleProcess.available()
+    if why_not:
+        print(f"console not started: {why_not}", flush=True)
+        return None
+    return ConsoleProcess(opts.settings, log_dir, port_chosen=args.console_port is not None
+                          or "CHRONOS_CONSOLE_PORT" in os.environ)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the stack, say it is ready, keep it until SIGTERM or SIGINT, stop it: the exit code."""
+    opts = options(args)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    stack = Stack(opts)
+    stack.console = console(args, opts, stack.data.logs)
+    stopping = threading.Event()
+
+    def on_signal(signum, _frame):
+        print(f"received {signal.Signals(signum).name}: stopping", flush=True)
+        stopping.set()
+
+    def life_check():
+        if stopping.is_set():
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    code = 0
+    try:
+        stack.start(life_check)
+        stack.announce()
+        stack.watch(stopping)
+    except KeyboardInterrupt:
+        pass
+    except ChronosError as exc:
+        print(f"chronos up: {exc}", file=sys.stderr, flush=True)
+        code = exc.exit_code
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stack.stop()
+    if code == 0:
+        print("stopped", flush=True)
+    return code

@@ -1,0 +1,56 @@
+"""The benchmarks' direct access to the stack's PostgreSQL (benchmarks/harness/database.py, samplers.py),
+against a real one: far-future rows where the studies expect them, the queue table's statistics."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+
+from benchmarks.harness.database import DAY_S, fill_far, table_mb
+from benchmarks.harness.samplers import TableSampler
+
+
+def test_far_future_rows_are_written_due_from_ahead_and_spaced(database_url):
+    seconds = fill_far(database_url, 1500, prefix="far-x-", ahead_s=2 * DAY_S, spacing_ms=1000.0, payload_bytes=3)
+    assert seconds > 0
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute(
+            "SELECT count(*), min(id), max(id), extract(epoch FROM min(deadline) - now()), "
+            "extract(epoch FROM max(deadline) - min(deadline)), count(topic), count(ordering_key), "
+            "min(length(value)), count(*) FILTER (WHERE readied_at IS NULL) FROM chronos_messages").fetchone()
+        assert rows[:3] == (1500, "far-x-000000001", "far-x-000001500")
+        assert 2 * DAY_S - 60 < rows[3] <= 2 * DAY_S
+        assert rows[4] == 1499.0 and rows[5:] == (0, 0, 3, 1500)
+        assert conn.execute("SELECT key FROM chronos_messages WHERE id = 'far-x-000000042'").fetchone()[0] == \
+            b"customer-42"
+        # vacuumed and analyzed, like a store in its steady state
+        assert conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'chronos_messages'").fetchone()[0] == 1500
+
+
+def test_varied_rows_go_to_another_topic_or_carry_an_ordering_key_one_in_a_hundred(database_url):
+    fill_far(database_url, 1000, prefix="order-", ahead_s=3600.0, varied=True, vacuum=False)
+    with psycopg.connect(database_url) as conn:
+        topics = conn.execute("SELECT topic, count(*) FROM chronos_messages GROUP BY topic ORDER BY topic").fetchall()
+        assert topics == [("billing.reminders", 10), (None, 990)]
+        assert conn.execute("SELECT ordering_key FROM chronos_messages WHERE id = 'order-000000203'").fetchone()[0] == \
+            "invoice-203"
+        assert conn.execute("SELECT count(ordering_key) FROM chronos_messages").fetchone()[0] == 10
+
+
+def test_the_table_sampler_follows_inserts_and_live_rows(database_url):
+    sampler = TableSampler(database_url, "public.chronos_messages", interval=0.1)
+    sampler.start()
+    fill_far(database_url, 200, vacuum=True)
+    end = time.monotonic() + 15  # the statistics are published up to a second late
+    while time.monotonic() < end and not (sampler.samples and sampler.samples[-1].inserted == 200
+                                           and sampler.samples[-1].vacuums == 1):
+        time.sleep(0.1)
+    sampler.stop()
+    assert sampler.error is None
+    last = sampler.samples[-1]
+    assert (last.inserted, last.vacuums, last.autovacuums) == (200, 1, 0) and last.live > 0 and not last.vacuuming
+    assert sampler.live_rows() == last.live
+    figures = sampler.figures(0.0, time.time() + 1)
+    assert figures["live_rows_max"] == max(s.live for s in sampler.samples) and figures["vacuum_running_s"] == 0
+    assert table_mb(database_url) > 0

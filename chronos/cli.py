@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -65,7 +66,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from chronos import stack
+    from chronos import embedded, stack
+    # before anything starts: the servers it would embed come with the embedded extra
+    given = {"PostgreSQL": args.database_url or os.environ.get("CHRONOS_DATABASE_URL"),
+             "broker": args.kafka_bootstrap_servers or args.kafka_bootstrap_servers_alias
+             or os.environ.get("CHRONOS_KAFKA_BOOTSTRAP_SERVERS")}
+    embedded.require_extra(*(server for server, url in given.items() if not url))
     return stack.run(args)
 
 

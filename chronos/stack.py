@@ -43,7 +43,7 @@ from chronos.adapters.kafka.offset_process import OffsetReaderProcess
 from chronos.adapters.postgres import pooling, store
 from chronos.config import Settings, redact_url
 from chronos.console.launch import ConsoleProcess
-from chronos.embedded.broker import EmbeddedBroker
+from chronos.embedded.broker import KNOWN_CLIENTS, EmbeddedBroker
 from chronos.embedded.postgres import EmbeddedPostgres
 from chronos.embedded.procs import EmbeddedError
 from chronos.embedded.watch import STATS_ENV, BrokerWatch, default_warning_bytes, machine_memory_bytes
@@ -190,7 +190,7 @@ class Stack:
             kafka_extra = {**EMBEDDED_PROFILE, **kafka_extra}
             s = config.replace(s, kafka_bootstrap_servers=self.broker.bootstrap_servers)
             print(f"started embedded Kafka-compatible broker on {self.broker.bootstrap_servers} "
-                  f"(memory only)", flush=True)
+                  f"(memory only; {KNOWN_CLIENTS})", flush=True)
         s = config.replace(s, kafka_properties=kafka_extra)
         self.settings = s
         # both were given or the embedded services were started above

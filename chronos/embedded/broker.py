@@ -15,6 +15,10 @@ from chronos.embedded.procs import HOST, EmbeddedError, ServerProcess, proc_stat
 log = logging.getLogger("chronos.embedded")
 
 BROKER_STORAGE = "memory://tansu/"
+#: The Kafka clients tried against this broker, which `chronos up` names when it starts it. Older librdkafka
+#: builds fail every connection ("ApiVersionRequest failed: Local: Read underflow").
+KNOWN_CLIENTS = ("librdkafka 2.16 (confluent-kafka 2.16) and kafkajs 2.2 work with it; "
+                 "librdkafka 2.0 (Debian 12's kcat) cannot connect")
 
 
 def broker_bin() -> str:

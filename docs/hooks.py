@@ -7,7 +7,9 @@ dead-letter reason codes from `chronos.domain.reasons`, the exit codes from `chr
 The tests call the same functions (tests/unit/test_docs_reference.py).
 
 It also adds to the site the benchmark figures the pages show, from benchmarks/results/, so they
-are not copied into docs/.
+are not copied into docs/, and writes every table of figures that comes from a result file: the latest
+performance figures (`glance_page`, also the README's table, `readme_table`: a test compares the two),
+capacity planning (`capacity_page`) and the PostgreSQL failures (`ha_page`).
 """
 
 from __future__ import annotations
@@ -252,6 +254,244 @@ def ha_page(result: str = HA_RESULT) -> str:
                           "p99.9 jitter after recovery", "first log line", "health"), rows)
 
 
+# -- performance figures (benchmarks/sla.py, day.py, longevity.py, fire_rate.py, bulk_schedule.py) -----
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _result(path: str) -> Any:
+    import orjson
+    return orjson.loads((RESULTS / path).read_bytes())
+
+
+def _ms(value: float) -> str:
+    return f"{value:,.0f} ms" if value >= 100 else f"{value:.1f} ms"
+
+
+def _day(iso: str) -> str:
+    return iso[:16].replace("T", " ")
+
+
+def _scheduler_cores(cpu: dict[str, Any]) -> float:
+    """Cores of Chronos's processes and PostgreSQL, out of a run's per-process CPU (cores, or {cores: ...})."""
+    cores = {name: (v["cores"] if isinstance(v, dict) else v) for name, v in cpu.items()}
+    return sum(c for name, c in cores.items() if name.startswith(("consumer", "firer", "detector", "postgres")))
+
+
+def _jitter(path: str) -> str:
+    r = _result(path)
+    return f"{_ms(r['jitter_ms']['p999'])} (the broker's own floor {_ms(r['broker_floor_ms']['p999'])})"
+
+
+def _find_max(path: str) -> str:
+    fm = _result(path)["find_max"]
+    return f"{fm['max_sustained_rate']:,.0f} msg/s (fails at {fm['first_failing_rate']:,.0f})"
+
+
+def _aged_cpu(path: str, through: int = 4_800_000) -> str:
+    """The range of Chronos's and PostgreSQL's cores per step of a longevity run, while it carried up to `through`."""
+    rows = [r for r in _result(path)["rows"] if r["messages_carried"] <= through]
+    cores = [_scheduler_cores(r["cpu_cores"]) for r in rows]
+    return f"{min(cores):.2f}-{max(cores):.2f} cores"
+
+
+def _fresh_cpu(path: str) -> str:
+    return f"{_scheduler_cores(_result(path)['cpu']):.2f} cores"
+
+
+def _spike(path: str) -> str:
+    r = _result(path)
+    (phase,) = [p for p in r["phases"] if p.get("spike")]
+    lost = "nothing lost" if phase["lost"] == 0 else f"{phase['lost']} not received"
+    dup = "nothing duplicated" if phase["duplicates"] == 0 else f"{phase['duplicates']} duplicates"
+    return f"drained in {phase['spike']['drain_s']:.1f} s ({phase['spike']['fire_rate']:,.0f} msg/s), {lost}, {dup}"
+
+
+def _slowest_statement(path: str) -> str:
+    phases = _result(path)["phases"]
+    slowest = max(v["slowest_s"] for p in phases for k, v in p["statements"].items() if k in ("claim", "delete", "scan"))
+    return f"{slowest:.2f} s"
+
+
+def _fire_rate(path: str) -> str:
+    return f"{_result(path)['fire_rate']:,} msg/s"
+
+
+def _bulk(path: str) -> str:
+    r = _result(path)["fsync_on"]
+    return (f"{r['single_process']['rows_per_s']:,.0f} rows/s in one process, "
+            f"{r['spark']['rows_per_s']:,.0f} rows/s on Spark `local[*]`")
+
+
+def _memory(path: str) -> str:
+    rss = _result(path)["rss_mb"]
+    return ", ".join(f"{name.split('_')[0]} {mb:g} MB" for name, mb in sorted(rss.items()))
+
+
+#: (figure, target, [(what, the function that reads it, result file), ...]), in the order shown. Each result
+#: file under benchmarks/results/.
+FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
+    ("p99.9 jitter at 1,000 msg/s", "broker floor + 5 ms", [
+        ("one process per role", _jitter, "2026-11-25/linger-ab/l100-1.json"),
+        ("the same, producers lingering 25 ms instead of the embedded profile's 100", _jitter,
+         "2026-11-23/compare/chronos-1-1-1-1000.json"),
+        ("two of every role, 25 ms", _jitter, "2026-11-23/compare/chronos-2-2-2-1000.json")]),
+    ("p99.9 jitter at 10,000 msg/s", "≤ 500 ms", [
+        ("one process per role", _jitter, "2026-11-25/cpu-10000/c111.json"),
+        ("two of every role", _jitter, "2026-11-25/cpu-10000/c222.json")]),
+    ("highest rate holding p99.9 ≤ 500 ms", "35,000 msg/s (one per role), 30,000 (two)", [
+        ("one process per role", _find_max, "2026-11-25/find-max/chronos-1x1x1.json"),
+        ("two of every role", _find_max, "2026-11-25/find-max/chronos-2x2x2.json")]),
+    ("CPU at 10,000 msg/s, Chronos and PostgreSQL, fresh stack", "≤ 0.30 cores", [
+        ("one process per role", _fresh_cpu, "2026-11-25/cpu-10000/c111.json"),
+        ("two of every role", _fresh_cpu, "2026-11-25/cpu-10000/c222.json"),
+        ("graphile-worker and its PostgreSQL, same load", _fresh_cpu, "2026-11-25/cpu-10000/gw.json")]),
+    ("CPU at 10,000 msg/s, on a stack that has carried up to 4.8 M messages", "≤ 0.30 cores", [
+        ("one process per role", _aged_cpu, "2026-11-25/aged-10000/1x1x1.json"),
+        ("two of every role", _aged_cpu, "2026-11-25/aged-10000/2x2x2.json")]),
+    ("200,000 messages due at the same instant", "", [
+        ("one process per role", _spike, "2026-11-23/day-1x1x1.json"),
+        ("two of every role", _spike, "2026-11-23/day-2x2x2.json")]),
+    ("slowest claim, delete or detector scan through bursts, drains and vacuums", "≤ 1 s", [
+        ("one process per role", _slowest_statement, "2026-11-23/day-1x1x1.json"),
+        ("two of every role", _slowest_statement, "2026-11-23/day-2x2x2.json")]),
+    ("fire rate of one firer, 100,000 due rows", "within 10% of an empty table", [
+        ("10 million rows due in two years waiting", _fire_rate, "2026-11-21/s2-fire_rate-far10m/fire_rate.json"),
+        ("an earlier run the same day: an empty table", _fire_rate, "2026-11-21/fire_rate-empty/fire_rate.json"),
+        ("that earlier run: 10 million rows waiting", _fire_rate, "2026-11-21/fire_rate-far10m/fire_rate.json")]),
+    ("resident memory per process", "< 200 MB", [
+        ("after draining 100,000 rows", _memory, "2026-11-21/s2-fire_rate-far10m/fire_rate.json")]),
+    ("bulk scheduling of 10 million rows", "", [
+        ("fsync on", _bulk, "2026-11-21/bulk_schedule-10m.json")]),
+]
+
+#: The README's rows: (figure, the FIGURES entry, which of its lines)
+README_FIGURES = [
+    ("p99.9 jitter at 1,000 msg/s, one process per role", "p99.9 jitter at 1,000 msg/s", (0, 1)),
+    ("highest rate holding p99.9 ≤ 500 ms", "highest rate holding p99.9 ≤ 500 ms", (0, 1)),
+    ("CPU at 10,000 msg/s, Chronos and PostgreSQL, on a stack that has carried up to 4.8 M messages",
+     "CPU at 10,000 msg/s, on a stack that has carried up to 4.8 M messages", (0, 1)),
+    ("firing with 10 million far-future rows waiting", "fire rate of one firer, 100,000 due rows", (0,)),
+    ("200,000 messages due at the same instant", "200,000 messages due at the same instant", (0,)),
+]
+
+
+def _source(path: str) -> str:
+    return f"`{path}`"
+
+
+def glance_page() -> str:
+    """The latest figure of every benchmark, each read from its result file."""
+    rows = []
+    for figure, target, lines in FIGURES:
+        for i, (what, read, path) in enumerate(lines):
+            date = str(_result(path).get("date") or path.split("/")[0])  # a run without its date: its directory's
+            rows.append((figure if i == 0 else "", target if i == 0 else "", what, read(path), _day(date),
+                         _source(path)))
+    return _table(("figure", "target", "run", "result", "date (UTC)", "result file (benchmarks/results/)"), rows)
+
+
+def readme_table() -> str:
+    """The README's performance table: the headline figures, read from the same result files."""
+    by_name = {figure: lines for figure, _, lines in FIGURES}
+    rows = []
+    for label, name, which in README_FIGURES:
+        lines = [by_name[name][i] for i in which]
+        rows.append((label, "; ".join(f"{what}: {read(path)}" for what, read, path in lines),
+                     ", ".join(_source(path) for _, _, path in lines)))
+    return _table(("figure", "result", "result files (benchmarks/results/)"), rows)
+
+
+def _cell_ms(value: Any) -> str:
+    return "-" if value is None else f"{value:,.0f}" if abs(value) >= 100 else f"{value:.1f}"
+
+
+def _slowest_cell(statement: dict[str, Any] | None) -> str:
+    """A phase's slowest statement: exact, or the bucket bound it stayed under ("≤")."""
+    if not statement:
+        return "-"
+    over = f" ({statement['over_1s']}>1s)" if statement.get("over_1s") else ""
+    return f"{'' if statement.get('exact') else '≤'}{statement['slowest_s']:.3f}{over}"
+
+
+def day_table(result: str) -> str:
+    """One run of benchmarks/day.py (a stack aged phase after phase), a row per phase, from its result file."""
+    rows = []
+    for p in _result(result)["phases"]:
+        j, pub, floor, st = (p.get("jitter_ms") or {}), (p.get("publish_lateness_ms") or {}), \
+            (p.get("broker_floor_ms") or {}), p["statements"]
+        notes = []
+        if p.get("spike"):
+            notes.append(f"drained in {p['spike']['drain_s']:.1f} s at {p['spike']['fire_rate']:,.0f}/s")
+        if p.get("far_rows"):
+            notes.append(f"{p['far_rows']:,} rows in {p['far_fill_s']:.1f} s")
+        event = p.get("event") or {}
+        if event.get("vacuum_s") is not None:
+            notes.append(f"VACUUM {event['vacuum_s']:.1f} s")
+        missed = [k for k, ok in (p.get("targets") or {}).items() if not ok]
+        if missed:
+            notes.append("missed: " + ", ".join(missed))
+        rows.append((p["name"], "all due at once" if p.get("spike") else f"{p['rate']:,.0f}", f"{p['sent']:,}",
+                     " / ".join(_cell_ms(j.get(q)) for q in ("p50", "p99", "p999")), _cell_ms(pub.get("p999")),
+                     _cell_ms(floor.get("p999")), _slowest_cell(st.get("claim")), _slowest_cell(st.get("delete")),
+                     _slowest_cell(st.get("scan")), p["duplicates"], f"{p['late_over_60s']:,}", f"{p['lost']:,}",
+                     "; ".join(notes)))
+    return _table(("phase", "msg/s", "sent", "jitter p50 / p99 / p99.9 ms", "publish lateness p99.9 ms",
+                   "floor p99.9 ms", "slowest claim s", "slowest delete s", "slowest scan s", "dup", ">60 s late",
+                   "not received by the reader", "notes"), rows)
+
+
+DAY_MARKER = re.compile(r"<!-- generated: day (?P<result>[\w./-]+) -->")
+
+
+# -- capacity planning (benchmarks/capacity.py) ---------------------------------------------------
+
+#: The run of `python -m benchmarks.capacity` that docs/operations/capacity.md shows.
+CAPACITY_RESULT = "2026-11-26/capacity-1x1x1.json"
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:,.0f} MB" if n >= 2**20 else f"{n / 2**10:,.0f} kB"
+
+
+#: A long-lived stack's table at 10,000 msg/s: what the churn of rows adds to the waiting ones
+AGED_RESULT = "2026-11-25/aged-10000/1x1x1.json"
+
+
+def capacity_page(result: str = CAPACITY_RESULT) -> str:
+    """Disk per million waiting messages, WAL per 10,000 msg/s and sessions per process, from one result file."""
+    data = _result(result)
+    disk, load = data["disk"], data["load"]
+    per = disk["bytes_per_million"]
+    disk_rows = [("all of it", _mb(per["total"])), ("the table (heap)", _mb(per["heap"])),
+                 *((f"index `{name}`", _mb(size)) for name, size in per["indexes"].items()), ("TOAST", _mb(per["toast"]))]
+    sessions = "; ".join(f"{role}: {', '.join(map(str, counts))}" for role, counts in load["sessions"].items())
+    wal_s = load["wal_mb_per_s_at_10000"]
+    load_rows = [
+        ("WAL per message (insert, claim, delete and the vacuum of its row)", f"{load['wal_bytes_per_message']:,} bytes"),
+        ("WAL at 10,000 msg/s", f"{wal_s:g} MB/s, {wal_s * 3600 / 1024:,.1f} GB an hour"),
+        ("of the WAL, full-page images", f"{load['wal_full_page_images']:,} of {load['wal_records']:,} records "
+         f"(checkpoint_timeout {load['checkpoint_timeout']}, max_wal_size {load['max_wal_size']})"),
+        ("PostgreSQL sessions per process, by role", sessions),
+        ("CPU of Chronos's processes and PostgreSQL, per 10,000 msg/s, in this run",
+         f"{load['scheduler_cores_per_10000']:g} cores"),
+    ]
+    aged = _result(AGED_RESULT)
+    later = [r["table_mb"] for r in aged["rows"][1:]]
+    churn = (f"\n\nThe table of a stack that carries a steady load holds dead row versions as well as the waiting "
+             f"rows, until vacuum makes their space reusable: at {aged['rate']:,.0f} msg/s (delays 3-10 s: about "
+             f"{aged['rate'] * 6.5:,.0f} messages waiting at any moment), `chronos_messages` with its indexes took "
+             f"{min(later):,.0f}-{max(later):,.0f} MB from {aged['rows'][1]['messages_carried'] / 1e6:.1f} M messages "
+             f"carried to {aged['rows'][-1]['messages_carried'] / 1e6:.1f} M (`benchmarks/results/{AGED_RESULT}`).")
+    head = (f"Run of {_day(data['date'])} UTC (`{data['command'].strip()}`; result file "
+            f"`benchmarks/results/{result}`): {disk['rows']:,} waiting messages (36-character ids, "
+            f"{disk.get('payload_bytes', 100)}-byte values, "
+            f"a key, one 16-byte header) written through the consumer's own write path; then {load['rate']:,.0f} msg/s "
+            f"for {load['duration_s']:g} s (delays 3-10 s), layout {load['layout']}, on a fresh `chronos up`.\n\n")
+    return (head + "Disk per million waiting messages:\n\n" + _table(("part", "size"), disk_rows)
+            + churn + "\n\nUnder load:\n\n" + _table(("figure", "measured"), load_rows))
+
+
 # -- MkDocs -------------------------------------------------------------------------------------
 
 GENERATED: dict[str, Callable[[], str]] = {
@@ -260,6 +500,8 @@ GENERATED: dict[str, Callable[[], str]] = {
     "reference/metrics.md": metrics_page,
     "reference/reason-codes.md": reason_codes_page,
     "operations/postgresql-ha.md": ha_page,
+    "operations/capacity.md": capacity_page,
+    "benchmarks/latest.md": glance_page,
 }
 
 
@@ -273,7 +515,8 @@ def on_files(files: Any, config: Any) -> Any:
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    """Fill in a reference page's generated part."""
+    """Fill in a page's generated parts: its own table, and the tables of day-in-the-life runs it names."""
+    markdown = DAY_MARKER.sub(lambda m: day_table(m["result"]), markdown)
     make = GENERATED.get(page.file.src_uri)
     if make is None:
         return markdown

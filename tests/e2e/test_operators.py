@@ -188,7 +188,7 @@ def _supervise(tmp_path: Path, **env: str) -> tuple[subprocess.Popen, Path]:
     log_dir.mkdir()
     full = _env(CHRONOS_BIN=f"{sys.executable} -m chronos", CHRONOS_RUN_DIR=str(run_dir),
                 CHRONOS_LOG_DIR=str(log_dir), CHRONOS_CONSUMERS="1", CHRONOS_FIRERS="1", CHRONOS_DETECTORS="1",
-                **env)
+                CHRONOS_CONSOLES="0", **env)
     proc = subprocess.Popen([sys.executable, "-m", "supervisor.supervisord", "-c", str(supervisord_conf()), "-n"],
                             env=full, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     return proc, run_dir

@@ -1,0 +1,77 @@
+"""The user-facing pages keep to one source for every figure, and speak of the product, not of its making.
+
+README's performance table is the one docs/hooks.py reads from the result files it names (the Latest
+results page shows the same figures, generated at every build); no page speaks of a work session, an
+issue or a note, which mean nothing to a user.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
+BEGIN, END = "<!-- performance: generated from benchmarks/results/ -->", "<!-- end of performance -->"
+#: how lab notes speak: of the session they were written in, of issue numbers, of notes
+LAB_NOTES = re.compile(
+    r"\b(?:this|that|our|last|previous|next|an earlier|a later|another) session\b"
+    r"|\bsession(?:'s)? notes?\b|\bnotes? of (?:this|the|that) session\b"
+    r"|\bissues? #?\d+|\b(?:see|in) the issues?\b|\bfiled by\b",
+    re.IGNORECASE)
+
+
+def hooks():
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readmes_performance_table_is_the_one_its_result_files_give():
+    readme = (ROOT / "README.md").read_text()
+    assert BEGIN in readme and END in readme, "README.md lost the markers of its performance table"
+    table = readme.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    assert table == hooks().readme_table().strip(), (
+        "README.md's performance table differs from its result files; paste docs/hooks.py readme_table():\n"
+        + hooks().readme_table())
+
+
+def test_every_result_file_the_figures_name_exists():
+    h = hooks()
+    named = [path for _, _, lines in h.FIGURES for _, _, path in lines] + [h.CAPACITY_RESULT, h.HA_RESULT]
+    assert all((ROOT / "benchmarks" / "results" / path).is_file() for path in named), named
+
+
+def test_a_changed_figure_fails_the_comparison(tmp_path, monkeypatch):
+    """The check has teeth: a result file that says something else gives another table."""
+    h = hooks()
+    before = h.readme_table()
+    results = tmp_path / "results"
+    for _, _, lines in h.FIGURES:
+        for _, _, path in lines:
+            (results / path).parent.mkdir(parents=True, exist_ok=True)
+            (results / path).write_bytes((h.RESULTS / path).read_bytes())
+    first = h.FIGURES[0][2][0][2]
+    (results / first).write_text((results / first).read_text().replace('"p999": 90.223', '"p999": 91.5', 1))
+    monkeypatch.setattr(h, "RESULTS", results)
+    assert h.readme_table() != before
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_page_speaks_of_a_session_or_an_issue(page):
+    found = [(n, line.strip()) for n, line in enumerate(page.read_text().splitlines(), 1) if LAB_NOTES.search(line)]
+    assert not found, f"{page.relative_to(ROOT)} speaks of how it was made, not of the product: {found}"
+
+
+def test_the_lab_note_check_finds_lab_notes():
+    for text in ("After this session's restructure", "the note of this session lists it as open",
+                 "Issue 16's untried levers", "the publish loop (issue 24)"):
+        assert LAB_NOTES.search(text), text
+    for text in ("a session cookie", "the session timeout", "in session mode", "its sessions commit",
+                 "an already running Spark session", "a session advisory lock"):
+        assert not LAB_NOTES.search(text), text

@@ -33,6 +33,7 @@ class Link:
         self.connects = 0                    # connections opened
         self.server_changes = 0              # connections that reached another server than the last one
         self.unanswered = 0                  # statements given up at their deadline (connection dropped)
+        self.unanswered_at = 0.0             # time.monotonic() of the last one
         self.read_only = 0                   # connections dropped because their server was read-only
 
     def connected(self, server: str) -> str | None:

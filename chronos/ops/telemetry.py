@@ -203,6 +203,13 @@ class _PostgresLinks:
         return families
 
 
+def postgres_reached(*stores: Any) -> float:
+    """When the process last reached PostgreSQL, for its health (`time.monotonic()`): the latest statement
+    any of its stores had answered, but never before a statement one of them gave up after it (a hung
+    server fails the health check at the statement's deadline, not a health window later)."""
+    return max((store.last_ok if store.last_ok >= store.link.unanswered_at else 0.0) for store in stores)
+
+
 class Telemetry:
     """One process's metrics, health record and HTTP server. Subclassed once per role."""
 

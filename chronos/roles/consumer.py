@@ -31,7 +31,7 @@ from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, PRODUCER_FAILURE,
 from chronos.adapters.kafka.slot import ProducerSlot
 from chronos.adapters.kafka.watch import ProducerWatch
 from chronos.runtime.logs import Throttle
-from chronos.ops.telemetry import ConsumerTelemetry
+from chronos.ops.telemetry import ConsumerTelemetry, postgres_reached
 from chronos.runtime.process import Lifecycle
 from chronos.runtime.backoff import Backoff, POSTGRES_RETRY_CAP_S, Outage
 from chronos.domain.model import Parked, Row
@@ -206,7 +206,7 @@ class ConsumerProcess:
         log.info("consuming %s (group %s), batch %d", self.settings.input_topic, self.settings.consumer_group,
                  self.settings.batch_size)
         # the producer answers metadata requests at once; the group consumer may take seconds
-        self.metrics.serve(postgres=lambda: self.store.last_ok, kafka=lambda: self.slot.producer,
+        self.metrics.serve(postgres=lambda: postgres_reached(self.store), kafka=lambda: self.slot.producer,
                            kafka_topic=self.settings.input_topic)
         # the store, the producer and the stats are the writer's while a batch is pending
         writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="consumer-writer")

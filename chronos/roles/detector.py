@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 from chronos.config import Settings
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.runtime.logs import Throttle
-from chronos.ops.telemetry import DetectorTelemetry
+from chronos.ops.telemetry import DetectorTelemetry, postgres_reached
 from chronos.runtime.process import Lifecycle
 from chronos.runtime.backoff import POSTGRES_RETRY_CAP_S, Outage
 from chronos.adapters.postgres.store import role_store
@@ -53,7 +53,7 @@ class DetectorProcess:
         interval = self.settings.failure_detection_interval_ms / 1000.0
         log.info("watching for rows held longer than %d ms, every %d ms", self.settings.hold_time_ms,
                  self.settings.failure_detection_interval_ms)
-        self.metrics.serve(postgres=lambda: self.store.last_ok)
+        self.metrics.serve(postgres=lambda: postgres_reached(self.store))
         try:
             while self.life.running:
                 self.metrics.beat()

@@ -15,6 +15,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from chronos.adapters.postgres.store import Store
 from chronos.domain.model import Row
 from chronos.errors import StoreUnavailable
+from chronos.ops.telemetry import postgres_reached
 from netkit import FreezableProxy
 
 
@@ -50,6 +51,7 @@ def test_a_statement_the_server_never_answers_is_given_up_at_the_deadline(databa
         st.claim(10, 0)
     assert time.monotonic() - started < 3.0
     assert st.link.unanswered == 1 and st.link.server is None and st.conn is None
+    assert postgres_reached(st) == 0.0  # what /healthz reads: not reached since the statement was given up
     proxy.thaw()
     assert st.waiting_ids(["a"]) == {"a"}  # a new connection, same server
     assert st.link.connects == 2 and st.link.server_changes == 0

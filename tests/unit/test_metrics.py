@@ -468,3 +468,18 @@ def test_status_says_what_a_role_may_not_see_and_when_no_process_is_asked():
     assert "  processes report               -   no /metrics URLs known (CHRONOS_CONSOLE_METRICS_URLS, or the " \
            "ready file of chronos up)" in text
     assert "postgres" not in status.render(status.to_dict(_overview(at), 5000))
+
+
+def test_postgres_is_unreached_from_a_statement_given_up_until_one_is_answered():
+    """A hung server fails the health check at the statement's deadline, not a health window later."""
+    from types import SimpleNamespace
+
+    from chronos.ports import Link
+    claim, settle = SimpleNamespace(last_ok=100.0, link=Link()), SimpleNamespace(last_ok=104.0, link=Link())
+    assert telemetry.postgres_reached(claim, settle) == 104.0
+    settle.link.unanswered_at = 109.0  # the settler's delete was given up; the claimer has not noticed yet
+    assert telemetry.postgres_reached(claim, settle) == 100.0
+    claim.link.unanswered_at = 109.5
+    assert telemetry.postgres_reached(claim, settle) == 0.0  # neither reached it since: unhealthy now
+    settle.last_ok = 112.0  # answered on a new connection
+    assert telemetry.postgres_reached(claim, settle) == 112.0

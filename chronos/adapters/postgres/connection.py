@@ -39,7 +39,11 @@ from chronos.errors import StoreRefused, StoreRejected, StoreUnavailable, Unavai
 
 log = logging.getLogger("chronos.store")
 
-CONNECT_TIMEOUT_S = 2  # per host of the URL, unless the URL sets connect_timeout (libpq's floor)
+# Per host, unless the URL sets connect_timeout. With several hosts (a replicated cluster) a host that does
+# not answer is passed over after libpq's floor of 2 s, so a hung member costs a reconnection little; a
+# single server is given longer, which a loaded machine may need to start a backend.
+CONNECT_TIMEOUT_S = 5
+CONNECT_TIMEOUT_PER_HOST_S = 2
 
 # Set on every connection unless the URL names them. A dead or partitioned peer: keepalive probes after 5 s
 # idle, 3 unanswered 2 s apart; data sent and not acknowledged for 10 s (tcp_user_timeout) ends the
@@ -104,13 +108,14 @@ def connect(url: str, *, autocommit: bool = True, application_name: str = "chron
     extra: dict[str, Any] = {k: v for k, v in TCP_SETTINGS.items() if k not in params}
     if not prepared:
         extra["prepare_threshold"] = None
+    hosts = hosts_of(url)
     if connect_timeout is not None or "connect_timeout" not in params:
-        extra["connect_timeout"] = connect_timeout or CONNECT_TIMEOUT_S
+        extra["connect_timeout"] = connect_timeout or (CONNECT_TIMEOUT_PER_HOST_S if len(hosts) > 1 else
+                                                       CONNECT_TIMEOUT_S)
     if "target_session_attrs" not in params:
         extra["target_session_attrs"] = "read-write"
     if "application_name" not in params:
         extra["application_name"] = application_name
-    hosts = hosts_of(url)
     if avoid and len(hosts) > 1 and "hostaddr" not in params:
         hosts.sort(key=lambda hp: f"{hp[0]}:{hp[1]}" == avoid)  # stable: the others keep their order
         extra["host"] = ",".join(h for h, _ in hosts)

@@ -162,6 +162,7 @@ class Session:
             server = self.link.server
             if watch.fired:
                 self.link.unanswered += 1
+                self.link.unanswered_at = time.monotonic()
                 self._lost(server)
                 raise StoreUnavailable(f"PostgreSQL at {server} did not answer within {self.deadline_s:g}s: "
                                        f"connection dropped, the statement's outcome unknown") from None

@@ -47,7 +47,7 @@ from chronos.adapters.postgres.store import role_store
 from chronos.config import Settings
 from chronos.domain.model import Claimed
 from chronos.errors import ConfigError, StoreUnavailable
-from chronos.ops.telemetry import FirerTelemetry
+from chronos.ops.telemetry import FirerTelemetry, postgres_reached
 from chronos.ports import Publisher, Store
 from chronos.roles.firer.claimer import Claimer
 from chronos.roles.firer.decisions import PublishTiming
@@ -87,7 +87,7 @@ class FirerProcess:
                  self.settings.output_topic, self.settings.batch_size, self.settings.lookahead_ms,
                  self.settings.poll_interval_ms, self.settings.timing_advance_ms)
         # `last_ok` is a float the claimer and the settler write: reading it uses no connection
-        self.metrics.serve(postgres=lambda: max(self.settler.store.last_ok, self.claimer.store.last_ok),
+        self.metrics.serve(postgres=lambda: postgres_reached(self.settler.store, self.claimer.store),
                            kafka=lambda: self.slot.producer, kafka_topic=self.settings.output_topic)
         self.settler.start()
         self.claimer.start()

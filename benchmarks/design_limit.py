@@ -43,6 +43,7 @@ VALUE = b"x" * 100
 APP_HEADERS = [("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
                ("content-type", b"application/json")]
 LAYOUTS = {"1/1/1": (1, 1, 1), "2/2/2": (2, 2, 2)}
+POLL_S = 0.1  # CHRONOS_POLL_INTERVAL_MS's default
 
 # A schema in which a claim can be a HOT update (no index holds or filters on readied_at or readied_by, so
 # the claim writes no index entry, only a new row version on the same page when it has room): the claim's
@@ -106,8 +107,11 @@ class Drive:
     """The threads of one layout on one database, and their counts."""
 
     def __init__(self, url: str, consumers: int, firers: int, detectors: int, backlog: int, streams: list[bytes],
-                 find_stale: str = QUERIES["find_stale"]):
+                 find_stale: str = QUERIES["find_stale"], rate: float | None = None):
         self.url, self.backlog, self.streams, self.find_stale = url, backlog, streams, find_stale
+        # with a rate, the writers together COPY a batch every BATCH / rate seconds, on a shared schedule
+        self.every = None if rate is None else BATCH / rate
+        self.next_copy = time.monotonic()
         self.inserted = self.deleted = self.claims = 0
         self.lock = threading.Lock()
         self.halt = threading.Event()
@@ -134,6 +138,11 @@ class Drive:
                 with self.lock:
                     stream = self.streams[self.next_stream % len(self.streams)]
                     self.next_stream += 1
+                    at = self.next_copy
+                    if self.every is not None:
+                        self.next_copy = max(self.next_copy, time.monotonic() - 1.0) + self.every
+                if self.every is not None and at > time.monotonic():
+                    time.sleep(at - time.monotonic())
                 with conn.transaction(), conn.cursor() as cur, cur.copy(QUERIES["copy_messages"]) as copy:
                     copy.write(stream)
                 with self.lock:
@@ -153,8 +162,8 @@ class Drive:
                 self.claims += 1
                 if count:
                     settled.put((count, ctids, ids, readied))
-                else:
-                    time.sleep(0.001)
+                if count < BATCH:  # as the firer paces itself: at once again only while a claim comes back full
+                    time.sleep(POLL_S)
         settled.put(None)
         deleter.join(10)
 
@@ -180,10 +189,12 @@ class Drive:
 
 
 def run_layout(url: str, postmaster: int, layout: str, duration: float, warmup: float, backlog: int,
-               streams: list[bytes], schema: str = "current") -> dict:
+               streams: list[bytes], schema: str = "current", rate: float | None = None) -> dict:
     consumers, firers, detectors = LAYOUTS[layout]
+    with psycopg.connect(url, autocommit=True) as conn:  # what an earlier layout left, whose ids come again
+        conn.execute("TRUNCATE chronos_messages")
     drive = Drive(url, consumers, firers, detectors, backlog, streams,
-                  HOT_FIND_STALE if schema == "hot" else QUERIES["find_stale"])
+                  HOT_FIND_STALE if schema == "hot" else QUERIES["find_stale"], rate)
     stats0 = table_stats(url)
     for t in drive.threads:
         t.start()
@@ -200,7 +211,7 @@ def run_layout(url: str, postmaster: int, layout: str, duration: float, warmup: 
     elapsed, messages = t1 - t0, d1 - d0
     stats1 = table_stats(url)
     updates = stats1[0] - stats0[0]
-    return {"layout": layout, "schema": schema, "seconds": round(elapsed, 1), "messages": messages,
+    return {"layout": layout, "schema": schema, "offered_rate": rate, "seconds": round(elapsed, 1), "messages": messages,
             "hot_update_share": round((stats1[1] - stats0[1]) / updates, 3) if updates else None,
             "rate_per_s": round(messages / elapsed), "postgres_cores": round((pg1 - pg0) / elapsed, 3),
             "postgres_us_per_message": round((pg1 - pg0) / messages * 1e6, 2) if messages else None,
@@ -222,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=30.0, help="measured seconds per layout (default 30)")
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--backlog", type=int, default=20_000, help="rows that may wait before writers pause")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="messages per second the writers offer (default: as fast as the machine allows)")
     parser.add_argument("--schema", choices=("current", "hot"), default="current",
                         help="hot: no index on readied_at, so a claim may be a HOT update")
     parser.add_argument("--fillfactor", type=int, default=None, help="the table's fillfactor (the schema's: 80)")
@@ -243,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                     conn.execute(f"ALTER TABLE chronos_messages SET (fillfactor = {int(args.fillfactor)})")
             streams = copy_streams(max(20, 8 * args.backlog // BATCH), uuid.uuid4().hex[:8])
             for layout in args.layout or sorted(LAYOUTS):
-                row = run_layout(pg.url, pg.pid, layout, args.duration, args.warmup, args.backlog, streams, args.schema)
+                row = run_layout(pg.url, pg.pid, layout, args.duration, args.warmup, args.backlog, streams, args.schema,
+                                 args.rate)
                 rows.append(row)
                 print(orjson.dumps(row).decode(), flush=True)
         finally:
@@ -251,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_bytes(orjson.dumps({"date": time.strftime("%Y-%m-%d"), "batch": BATCH, "backlog": args.backlog,
+                                           "schema": args.schema, "fillfactor": args.fillfactor, "rate": args.rate,
                                            "command": "python -m benchmarks.design_limit " + " ".join(argv or sys.argv[1:]),
                                            "rows": rows}, option=orjson.OPT_INDENT_2))
     return 0

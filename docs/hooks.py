@@ -492,6 +492,40 @@ def capacity_page(result: str = CAPACITY_RESULT) -> str:
             + churn + "\n\nUnder load:\n\n" + _table(("figure", "measured"), load_rows))
 
 
+# -- the design's limit (benchmarks/design_limit.py) against Chronos -----------------------------
+
+DESIGN_LIMIT = "2026-11-26/design-limit"
+
+
+def design_limit_page(folder: str = DESIGN_LIMIT) -> str:
+    """The hot path's own SQL with no Kafka and no Python per message, as fast as the machine allows and
+    at 10,000 msg/s, beside Chronos at 10,000 msg/s in the same hour and its highest rate within the SLA."""
+    limit, at_rate = _result(f"{folder}/max.json"), _result(f"{folder}/rate-10000.json")
+    by_layout = {r["layout"]: r for r in limit["rows"]}
+    rated = {r["layout"]: r for r in at_rate["rows"]}
+    rows = []
+    for layout, name, find_max in (("1/1/1", "chronos-111.json", "2026-11-25/find-max/chronos-1x1x1.json"),
+                                   ("2/2/2", "chronos-222.json", "2026-11-25/find-max/chronos-2x2x2.json")):
+        chronos = _result(f"{folder}/{name}")
+        cpu = {k: (v["cores"] if isinstance(v, dict) else v) for k, v in chronos["cpu"].items()}
+        pg, total = cpu["postgres"], _scheduler_cores(chronos["cpu"])
+        design, design_10k = by_layout[layout], rated[layout]
+        design_total = design_10k["postgres_cores"] + design_10k["driver_cores"]
+        best = _result(find_max)["find_max"]["max_sustained_rate"]
+        rows.append((layout, f"{design['rate_per_s']:,} msg/s ({design['postgres_cores']:.2f} cores of PostgreSQL)",
+                     f"{best:,.0f} msg/s", f"{best / design['rate_per_s']:.2f}",
+                     f"{design_10k['postgres_cores']:.2f}", f"{pg:.2f}", f"{pg / design_10k['postgres_cores']:.2f}",
+                     f"{design_total:.2f}", f"{total:.2f}", f"{total / design_total:.2f}"))
+    head = (f"`{limit['command']}` and `{at_rate['command']}`, then `python -m benchmarks.sla --rate 10000 --duration 60`"
+            f" in each layout, one after the other on the quiet machine ({limit['date']}; result files in "
+            f"`benchmarks/results/{folder}/`; the highest rates within the SLA from `benchmarks/results/2026-11-25/"
+            f"find-max/`). CPU in cores: all of PostgreSQL's processes, and for the totals Chronos's processes or "
+            f"the driver's.\n\n")
+    return head + _table(("layout", "the design's limit", "Chronos within the SLA", "ratio",
+                          "PostgreSQL at 10,000 msg/s: the design", "Chronos", "ratio",
+                          "all at 10,000 msg/s: the design", "Chronos", "ratio"), rows)
+
+
 # -- MkDocs -------------------------------------------------------------------------------------
 
 GENERATED: dict[str, Callable[[], str]] = {
@@ -502,6 +536,7 @@ GENERATED: dict[str, Callable[[], str]] = {
     "operations/postgresql-ha.md": ha_page,
     "operations/capacity.md": capacity_page,
     "benchmarks/latest.md": glance_page,
+    "benchmarks/hot-path.md": design_limit_page,
 }
 
 

@@ -95,7 +95,10 @@ class IntakeStore(StoreHandle, Protocol):
 class ClaimStore(StoreHandle, Protocol):
     """The statements of the firer's claiming thread: due rows and due occurrences claimed."""
 
-    def claim(self, limit: int, lookahead_ms: int) -> list[Claimed]: ...
+    def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None) -> list[Claimed]:
+        """Claim up to `limit` rows due within `lookahead_ms`, in (deadline, seq) order; with
+        `window_ms`, only rows due at most that long ago (a cheaper claim: see `Claimer.claim_rows`)."""
+        ...
 
     def claim_limited(self, limits: FireRateLimits, output_topic: str, limit: int,
                       lookahead_ms: int) -> tuple[list[Claimed], bool]: ...

@@ -237,17 +237,21 @@ class MemoryStore:
 
     # -- firer -----------------------------------------------------------------------------
 
-    def claim(self, limit: int, lookahead_ms: int) -> list[Claimed]:
-        """Claim due rows and rows due within the lookahead, in (deadline, seq) order, at most `limit`."""
-        return self._run(lambda now: self._claim(now, limit, lookahead_ms, _ANY_TOPIC))
+    def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None) -> list[Claimed]:
+        """Claim due rows and rows due within the lookahead, in (deadline, seq) order, at most `limit`;
+        with `window_ms`, only rows due at most that long ago."""
+        return self._run(lambda now: self._claim(now, limit, lookahead_ms, _ANY_TOPIC, window_ms))
 
-    def _claim(self, now: int, limit: int, lookahead_ms: int, topic: object) -> list[Claimed]:
+    def _claim(self, now: int, limit: int, lookahead_ms: int, topic: object,
+               window_ms: int | None = None) -> list[Claimed]:
         """The claim's rule (see `claim` in queries.sql): a keyed candidate is claimed only when
         every earlier row of its key (by deadline as scheduled, then seq) is a candidate of this
         same claim; a row held by a peer or still waiting holds back the later rows of its key."""
         bound = now + lookahead_ms * 1000
+        floor = None if window_ms is None else now - window_ms * 1000
         candidates = sorted((r for r in self.db.rows.values()
-                             if r.waiting and r.deadline_us <= bound and (topic is _ANY_TOPIC or r.topic == topic)),
+                             if r.waiting and r.deadline_us <= bound and (floor is None or r.deadline_us >= floor)
+                             and (topic is _ANY_TOPIC or r.topic == topic)),
                             key=lambda r: (r.deadline_us, r.seq))[:limit]
         chosen = {r.id for r in candidates}
         keys = {r.ordering_key for r in candidates if r.ordering_key is not None}

@@ -115,6 +115,20 @@ def test_claim_lookahead_takes_rows_due_soon_and_never_a_later_one(s, backend):
     assert [r.id for r in s.claim(10, 1000)] == ["m-1"]
 
 
+def test_a_claim_with_a_window_takes_only_rows_due_within_it(s, backend):
+    base = backend.now_us()
+    insert(s, [row("old", base - 10_000_000), row("recent", base - 1_000_000), row("soon", base + 200_000)])
+    assert [r.id for r in s.claim(10, 1000, 2000)] == ["recent", "soon"]
+    assert [r.id for r in s.claim(10, 1000)] == ["old"]  # without one, every due row
+
+
+def test_a_row_due_before_the_window_still_holds_back_its_key(s, backend):
+    base = backend.now_us()
+    insert(s, [row("A-old", base - 10_000_000, "A"), row("A-new", base - 500_000, "A"), row("N", base - 400_000)])
+    assert [r.id for r in s.claim(10, 0, 2000)] == ["N"]
+    assert [r.id for r in s.claim(10, 0)] == ["A-old", "A-new"]
+
+
 def test_two_competing_firers_never_claim_a_row_twice(backend):
     base = backend.now_us() - 1_000_000
     insert(backend.store(uuid.uuid4()), [row(f"m-{i}", base + i) for i in range(3000)])

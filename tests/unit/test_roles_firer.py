@@ -19,6 +19,7 @@ from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.domain.model import Claimed, Row
 from chronos.ops.telemetry import FirerTelemetry
 from chronos.roles.firer import FirerProcess
+from chronos.roles.firer.claimer import FULL_CLAIM_EVERY, RECENT_WINDOW_MS
 from chronos.roles.firer.decisions import TICK
 from chronos.roles.firer.handoff import Outcomes, Stop
 from chronos.roles.firer.sender import IDLE_WAIT
@@ -79,6 +80,49 @@ def test_a_full_claim_claims_again_at_once_and_a_partial_one_after_the_poll_inte
     assert f.state() == {"a": "held", "b": "held", "c": "held"}
     assert now + 0.18 <= claimer.next_claim <= now + 0.22  # the poll interval, jittered by 10%
     assert [len(rows) for _, rows in (f.proc.sender.inbox.get_nowait(), f.proc.sender.inbox.get_nowait())] == [2, 1]
+
+
+class WindowsSeen(MemoryStore):
+    """The in-memory store, keeping the window of every claim (None: a full claim)."""
+
+    windows: list[int | None] = []
+
+    def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None) -> list[Claimed]:
+        self.windows.append(window_ms)
+        return super().claim(limit, lookahead_ms, window_ms)
+
+
+def test_claims_between_full_ones_take_only_recent_deadlines_and_a_late_row_waits_for_the_next_full_one():
+    WindowsSeen.windows = []
+    f = Firer(store_class=WindowsSeen)
+    claimer = f.proc.claimer
+    f.add("first", due_in=-0.5)
+    claimer.claim(time.time())  # the first claim is a full one: it found nothing late
+    full_at = time.monotonic()
+    assert full_at + 0.4 <= claimer.next_full_claim <= full_at + FULL_CLAIM_EVERY
+    f.add("late", due_in=-10.0)  # written 10 s after its deadline (a lagging consumer)
+    f.add("recent", due_in=-0.5)
+    claimer.claim(time.time())
+    assert f.state() == {"first": "held", "late": "waiting", "recent": "held"}
+    claimer.next_full_claim = time.monotonic()  # FULL_CLAIM_EVERY went by
+    claimer.claim(time.time())
+    assert f.state()["late"] == "held"
+    # a full claim that found a row older than the window: the next claim is a full one too
+    assert claimer.next_full_claim <= time.monotonic()
+    claimer.claim(time.time())
+    assert WindowsSeen.windows == [None, RECENT_WINDOW_MS, None, None]
+    assert claimer.next_full_claim > time.monotonic()  # found nothing late: back to recent claims
+
+
+def test_a_full_claim_that_comes_back_full_is_followed_by_a_full_one():
+    """A backlog older than the window is drained by full claims, not left to one every half second."""
+    WindowsSeen.windows = []
+    f = Firer(store_class=WindowsSeen, CHRONOS_BATCH_SIZE="2")
+    f.add("a", "b", "c", due_in=-0.5)
+    claimer = f.proc.claimer
+    claimer.claim(time.time())
+    claimer.claim(time.time())
+    assert WindowsSeen.windows == [None, None] and set(f.state().values()) == {"held"}
 
 
 def test_no_more_than_four_batches_are_held_and_claiming_resumes_as_rows_are_settled():

@@ -2,8 +2,8 @@
 
 Each statement sits under a `-- name: x` header; a `-- fragment: x` is a piece of SQL several statements
 share, put where they say `/* include: x */`. Statements that differ from another only in their topic
-filter are one body with the filter's place marked, made into one statement per filter here
-(`TOPIC_VARIANTS`).
+filter (or the claim's window of recent deadlines) are one body with the filter's place marked, made into
+one statement per filter here (`TOPIC_VARIANTS`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ _NAME_RE = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.MULTILINE)
 _INCLUDE_RE = re.compile(r"/\* include: (\w+) \*/")
 
 # The claim and the token bucket's refill, for any topic, for one topic named by chronosTopic, and for the
-# output topic (rows without one).
+# output topic (rows without one); and the claim of recent deadlines.
 TOPIC_MARK = "/* topic filter */"
-TOPIC_VARIANTS = {  # statement: (body, its topic filter)
+TOPIC_VARIANTS = {  # statement: (body, the filter put at its mark)
     "claim": ("claim", ""),
+    # the claim of recent deadlines only: see `Claimer.claim_rows`
+    "claim_recent": ("claim", "AND deadline >= now() - %(window_ms)s * interval '1 millisecond'"),
     "claim_topic": ("claim", "AND topic = %(topic)s"),
     "claim_output_topic": ("claim", "AND topic IS NULL"),
     "take_tokens": ("take_tokens", "AND topic = %(topic)s"),

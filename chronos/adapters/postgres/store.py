@@ -137,11 +137,12 @@ class Store(Session):
 
     # -- firer -----------------------------------------------------------------------------
 
-    def claim(self, limit: int, lookahead_ms: int) -> list[Claimed]:
-        params = {"node": self.node_id, "limit": limit, "lookahead_ms": lookahead_ms}
+    def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None) -> list[Claimed]:
+        params = {"node": self.node_id, "limit": limit, "lookahead_ms": lookahead_ms, "window_ms": window_ms}
+        statement = QUERIES["claim" if window_ms is None else "claim_recent"]
 
         def run(conn: psycopg.Connection) -> list[Claimed]:
-            cur = self._execute(conn, QUERIES["claim"], params, prepare=True)
+            cur = self._execute(conn, statement, params, prepare=True)
             rows = [Claimed(*r) for r in cur.fetchall()]
             rows.sort(key=lambda r: (r.scheduled_us, r.seq))  # RETURNING has no order of its own
             return rows

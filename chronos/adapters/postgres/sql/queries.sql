@@ -125,6 +125,9 @@ SELECT set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan
 -- chronosTopic, off the topic index, so a throttled backlog of one topic never stands in front of
 -- another's due rows) and `claim_output_topic` (rows without chronosTopic, off the due index) are
 -- this statement with a topic filter at the mark (chronos/adapters/postgres/queries.py makes them).
+-- `claim_recent` is this statement with a lower bound on the deadline at the mark (the firer's claims
+-- between full ones, see Claimer.claim_rows): the due index keeps an entry for every row claimed
+-- since its last vacuum, all at the head of its range, and a scan from the start walks them all.
 WITH candidates AS MATERIALIZED (
     SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq FROM chronos_messages
     WHERE readied_at IS NULL AND cron IS NULL /* topic filter */

@@ -24,7 +24,11 @@ from chronos.ports import DetectStore
 
 log = logging.getLogger("chronos.detector")
 
-GAUGES_EVERY = 5.0  # seconds between reads of the store gauges (waiting, due, held) when serving metrics
+# seconds between reads of the store gauges (waiting, due, held) when serving metrics: about one
+# scrape interval. A read counts the waiting rows off the due index (exactly, below a million), and
+# under load that is tens of milliseconds of PostgreSQL: at 10,000 msg/s with 60,000 rows waiting,
+# 30-80 ms a read (the waiting count and the in-flight one), every detector.
+GAUGES_EVERY = 15.0
 
 
 def suspected_nodes(reset_by: list[uuid.UUID]) -> list[tuple[uuid.UUID, int]]:

@@ -11,7 +11,7 @@ from chronos import codec
 from chronos.adapters.memory import ManualClock, MemoryDatabase, MemoryStore
 from chronos.domain.model import Row
 from chronos.ops.telemetry import DetectorTelemetry
-from chronos.roles.detector import DetectorProcess
+from chronos.roles.detector import GAUGES_EVERY, DetectorProcess
 from chronos.runtime.process import Lifecycle
 from kafka_double import settings
 
@@ -80,3 +80,22 @@ def test_the_loop_waits_out_a_postgres_outage_and_scans_again(caplog):
         thread.join(TIMEOUT)
     assert not thread.is_alive()
     assert any(r.getMessage().startswith("postgres reachable again after") for r in caplog.records)
+
+
+def test_the_store_gauges_are_read_once_per_scrape_interval_not_at_every_scan():
+    """Each read counts the waiting rows: tens of milliseconds of PostgreSQL under load, every detector."""
+    reads: list[float] = []
+
+    class Counting(MemoryStore):
+        def overview(self, hold_ms, *, exact=None):
+            reads.append(time.monotonic())
+            return super().overview(hold_ms, exact=exact)
+
+    s = settings(CHRONOS_HOLD_TIME_MS="5000")
+    node = uuid.uuid4()
+    proc = DetectorProcess(s, Lifecycle(), store=Counting(MemoryDatabase(), node_id=node),
+                           telemetry=DetectorTelemetry(node, s))
+    proc.metrics.server = object()  # serving /metrics: the gauges are read
+    for _ in range(3):  # three scans, a failure-detection interval apart
+        proc.refresh_gauges()
+    assert len(reads) == 1 and GAUGES_EVERY >= 15.0 and proc.next_gauges > reads[0] + GAUGES_EVERY - 0.1

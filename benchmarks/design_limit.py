@@ -8,8 +8,9 @@ Per layout (consumers/firers/detectors), as many connections as Chronos opens: o
 consumer, a claim and a delete connection per firer (with the firer's planner settings and
 `synchronous_commit = off`), one scan connection per detector. The COPY streams are built before the
 clock starts (binary, as the consumer's native codec writes them, rows of the size the hot-path benchmark
-uses: a 100-byte value and two application headers); the claim is Chronos's own statement with its
-RETURNING folded into three text arrays, which the delete takes back as they are, so no Python runs per
+uses: a 100-byte value and two application headers); the claim is Chronos's own statement (of recent
+deadlines, with a full one at least every half second, as the firer takes them) with its RETURNING folded
+into three text arrays, which the delete takes back as they are, so no Python runs per
 row. Writers stop while more than `--backlog` rows wait, so the table stays the size a balanced stack
 keeps and the figure is the rate at which rows go in, are claimed and go out.
 
@@ -37,6 +38,7 @@ from chronos import codec
 from chronos.adapters.postgres.migrations import migrate
 from chronos.adapters.postgres.queries import QUERIES
 from chronos.domain.model import Row
+from chronos.roles.firer.claimer import FULL_CLAIM_EVERY, RECENT_WINDOW_MS
 
 BATCH = 2000
 VALUE = b"x" * 100
@@ -61,9 +63,12 @@ HOT_FIND_STALE = ("SELECT id, readied_at, readied_by, ctid FROM chronos_messages
                   "WHERE cron IS NULL AND deadline <= now() + interval '1 hour' AND readied_at IS NOT NULL "
                   "AND readied_at < now() - %(hold_ms)s * interval '1 millisecond' LIMIT %(limit)s")
 
-# The claim, its RETURNING folded into text arrays the delete takes back unchanged.
-CLAIM = (f"WITH claimed AS ({QUERIES['claim']}) "
-         "SELECT count(*), array_agg(ctid)::text, array_agg(id)::text, array_agg(readied_at)::text FROM claimed")
+# The claim, its RETURNING folded into text arrays the delete takes back unchanged; a full one, and one of
+# recent deadlines only, taken in turn as the firer takes them (`Claimer.claim_rows`).
+CLAIM, CLAIM_RECENT = (
+    f"WITH claimed AS ({QUERIES[name]}) "
+    "SELECT count(*), array_agg(ctid)::text, array_agg(id)::text, array_agg(readied_at)::text FROM claimed"
+    for name in ("claim", "claim_recent"))
 
 
 def ticks() -> int:
@@ -156,9 +161,14 @@ class Drive:
         with psycopg.connect(self.url, autocommit=True) as conn:
             conn.execute(QUERIES["hot_path_settings"])
             conn.execute(QUERIES["async_commit"])
-            params = {"node": node, "limit": BATCH, "lookahead_ms": 300}
+            params = {"node": node, "limit": BATCH, "lookahead_ms": 300, "window_ms": RECENT_WINDOW_MS}
+            next_full = 0.0
             while not self.halt.is_set():
-                count, ctids, ids, readied = conn.execute(CLAIM, params, prepare=True).fetchone()
+                full = time.monotonic() >= next_full
+                count, ctids, ids, readied = conn.execute(CLAIM if full else CLAIM_RECENT, params,
+                                                          prepare=True).fetchone()
+                if full:  # no row is ever late here: only a full claim that came back full calls for another
+                    next_full = time.monotonic() + (0 if count == BATCH else FULL_CLAIM_EVERY)
                 self.claims += 1
                 if count:
                     settled.put((count, ctids, ids, readied))

@@ -65,9 +65,12 @@ HOT_FIND_STALE = ("SELECT id, readied_at, readied_by, ctid FROM chronos_messages
 
 # The claim, its RETURNING folded into text arrays the delete takes back unchanged; a full one, and one of
 # recent deadlines only, taken in turn as the firer takes them (`Claimer.claim_rows`).
+# The fifth column says whether the claim took a row due before the window (a full claim must follow).
 CLAIM, CLAIM_RECENT = (
-    f"WITH claimed AS ({QUERIES[name]}) "
-    "SELECT count(*), array_agg(ctid)::text, array_agg(id)::text, array_agg(readied_at)::text FROM claimed"
+    f"WITH claimed (id, deadline_us, topic, key, value, headers, readied_at, seq, attempts, original_us, ctid) "
+    f"AS ({QUERIES[name]}) "
+    "SELECT count(*), array_agg(ctid)::text, array_agg(id)::text, array_agg(readied_at)::text, "
+    "coalesce(bool_or(deadline_us < extract(epoch FROM now()) * 1000000 - %(window_ms)s * 1000), false) FROM claimed"
     for name in ("claim", "claim_recent"))
 
 
@@ -165,10 +168,10 @@ class Drive:
             next_full = 0.0
             while not self.halt.is_set():
                 full = time.monotonic() >= next_full
-                count, ctids, ids, readied = conn.execute(CLAIM if full else CLAIM_RECENT, params,
-                                                          prepare=True).fetchone()
-                if full:  # no row is ever late here: only a full claim that came back full calls for another
-                    next_full = time.monotonic() + (0 if count == BATCH else FULL_CLAIM_EVERY)
+                count, ctids, ids, readied, late = conn.execute(CLAIM if full else CLAIM_RECENT, params,
+                                                                prepare=True).fetchone()
+                if full:  # as the firer: another full claim at once after one that came back full or found late rows
+                    next_full = time.monotonic() + (0 if count == BATCH or late else FULL_CLAIM_EVERY)
                 self.claims += 1
                 if count:
                     settled.put((count, ctids, ids, readied))

@@ -275,7 +275,8 @@ def _day(iso: str) -> str:
 def _scheduler_cores(cpu: dict[str, Any]) -> float:
     """Cores of Chronos's processes and PostgreSQL, out of a run's per-process CPU (cores, or {cores: ...})."""
     cores = {name: (v["cores"] if isinstance(v, dict) else v) for name, v in cpu.items()}
-    return sum(c for name, c in cores.items() if name.startswith(("consumer", "firer", "detector", "postgres")))
+    return sum(c for name, c in cores.items()
+               if name.startswith(("consumer", "firer", "detector", "postgres", "graphile-worker")))
 
 
 def _jitter(path: str) -> str:
@@ -288,11 +289,24 @@ def _find_max(path: str) -> str:
     return f"{fm['max_sustained_rate']:,.0f} msg/s (fails at {fm['first_failing_rate']:,.0f})"
 
 
-def _aged_cpu(path: str, through: int = 4_800_000) -> str:
-    """The range of Chronos's and PostgreSQL's cores per step of a longevity run, while it carried up to `through`."""
-    rows = [r for r in _result(path)["rows"] if r["messages_carried"] <= through]
-    cores = [_scheduler_cores(r["cpu_cores"]) for r in rows]
-    return f"{min(cores):.2f}-{max(cores):.2f} cores"
+AGED_AB = "2026-11-26/claim-window/aged-ab.json"
+
+
+def _aged_ab_cpu(path: str, layout: str) -> str:
+    """The range of Chronos's and PostgreSQL's cores over the runs of the code as it is now in an A/B on one
+    long-lived stack (`after`), and PostgreSQL's share of them."""
+    runs = [r for r in _result(path)["runs"] if r["layout"] == layout and r["code"] == "after"]
+    cores = [_scheduler_cores(r["cpu"]) for r in runs]
+    pg = [r["cpu"]["postgres"] for r in runs]
+    return f"{min(cores):.2f}-{max(cores):.2f} cores (PostgreSQL {min(pg):.2f}-{max(pg):.2f})"
+
+
+def _aged_ab_cpu_111(path: str) -> str:
+    return _aged_ab_cpu(path, "1/1/1")
+
+
+def _aged_ab_cpu_222(path: str) -> str:
+    return _aged_ab_cpu(path, "2/2/2")
 
 
 def _fresh_cpu(path: str) -> str:
@@ -337,18 +351,18 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          "2026-11-23/compare/chronos-1-1-1-1000.json"),
         ("two of every role, 25 ms", _jitter, "2026-11-23/compare/chronos-2-2-2-1000.json")]),
     ("p99.9 jitter at 10,000 msg/s", "≤ 500 ms", [
-        ("one process per role", _jitter, "2026-11-25/cpu-10000/c111.json"),
-        ("two of every role", _jitter, "2026-11-25/cpu-10000/c222.json")]),
+        ("one process per role", _jitter, "2026-11-26/cpu-10000/c111.json"),
+        ("two of every role", _jitter, "2026-11-26/cpu-10000/c222.json")]),
     ("highest rate holding p99.9 ≤ 500 ms", "35,000 msg/s (one per role), 30,000 (two)", [
-        ("one process per role", _find_max, "2026-11-25/find-max/chronos-1x1x1.json"),
-        ("two of every role", _find_max, "2026-11-25/find-max/chronos-2x2x2.json")]),
+        ("one process per role", _find_max, "2026-11-26/find-max/chronos-1x1x1.json"),
+        ("two of every role", _find_max, "2026-11-26/find-max/chronos-2x2x2.json")]),
     ("CPU at 10,000 msg/s, Chronos and PostgreSQL, fresh stack", "≤ 0.30 cores", [
-        ("one process per role", _fresh_cpu, "2026-11-25/cpu-10000/c111.json"),
-        ("two of every role", _fresh_cpu, "2026-11-25/cpu-10000/c222.json"),
-        ("graphile-worker and its PostgreSQL, same load", _fresh_cpu, "2026-11-25/cpu-10000/gw.json")]),
-    ("CPU at 10,000 msg/s, on a stack that has carried up to 4.8 M messages", "≤ 0.30 cores", [
-        ("one process per role", _aged_cpu, "2026-11-25/aged-10000/1x1x1.json"),
-        ("two of every role", _aged_cpu, "2026-11-25/aged-10000/2x2x2.json")]),
+        ("one process per role", _fresh_cpu, "2026-11-26/cpu-10000/c111.json"),
+        ("two of every role", _fresh_cpu, "2026-11-26/cpu-10000/c222.json"),
+        ("graphile-worker and its PostgreSQL, same load", _fresh_cpu, "2026-11-26/cpu-10000/gw.json")]),
+    ("CPU at 10,000 msg/s, on a stack that has carried 9 to 14 M messages", "≤ 0.30 cores", [
+        ("one process per role", _aged_ab_cpu_111, AGED_AB),
+        ("two of every role", _aged_ab_cpu_222, AGED_AB)]),
     ("200,000 messages due at the same instant", "", [
         ("one process per role", _spike, "2026-11-23/day-1x1x1.json"),
         ("two of every role", _spike, "2026-11-23/day-2x2x2.json")]),
@@ -369,8 +383,8 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
 README_FIGURES = [
     ("p99.9 jitter at 1,000 msg/s, one process per role", "p99.9 jitter at 1,000 msg/s", (0, 1)),
     ("highest rate holding p99.9 ≤ 500 ms", "highest rate holding p99.9 ≤ 500 ms", (0, 1)),
-    ("CPU at 10,000 msg/s, Chronos and PostgreSQL, on a stack that has carried up to 4.8 M messages",
-     "CPU at 10,000 msg/s, on a stack that has carried up to 4.8 M messages", (0, 1)),
+    ("CPU at 10,000 msg/s, Chronos and PostgreSQL, on a stack that has carried 9 to 14 M messages",
+     "CPU at 10,000 msg/s, on a stack that has carried 9 to 14 M messages", (0, 1)),
     ("firing with 10 million far-future rows waiting", "fire rate of one firer, 100,000 due rows", (0,)),
     ("200,000 messages due at the same instant", "200,000 messages due at the same instant", (0,)),
 ]
@@ -398,7 +412,7 @@ def readme_table() -> str:
     for label, name, which in README_FIGURES:
         lines = [by_name[name][i] for i in which]
         rows.append((label, "; ".join(f"{what}: {read(path)}" for what, read, path in lines),
-                     ", ".join(_source(path) for _, _, path in lines)))
+                     ", ".join(_source(path) for path in dict.fromkeys(path for _, _, path in lines))))
     return _table(("figure", "result", "result files (benchmarks/results/)"), rows)
 
 
@@ -494,7 +508,9 @@ def capacity_page(result: str = CAPACITY_RESULT) -> str:
 
 # -- the design's limit (benchmarks/design_limit.py) against Chronos -----------------------------
 
-DESIGN_LIMIT = "2026-11-26/design-limit"
+DESIGN_LIMIT = "2026-11-26/design-limit-window"
+CPU_10000 = "2026-11-26/cpu-10000"
+FIND_MAX = "2026-11-26/find-max"
 
 
 def design_limit_page(folder: str = DESIGN_LIMIT) -> str:
@@ -504,23 +520,23 @@ def design_limit_page(folder: str = DESIGN_LIMIT) -> str:
     by_layout = {r["layout"]: r for r in limit["rows"]}
     rated = {r["layout"]: r for r in at_rate["rows"]}
     rows = []
-    for layout, name, find_max in (("1/1/1", "chronos-111.json", "2026-11-25/find-max/chronos-1x1x1.json"),
-                                   ("2/2/2", "chronos-222.json", "2026-11-25/find-max/chronos-2x2x2.json")):
-        chronos = _result(f"{folder}/{name}")
+    for layout, name, find_max in (("1/1/1", "c111.json", "chronos-1x1x1.json"),
+                                   ("2/2/2", "c222.json", "chronos-2x2x2.json")):
+        chronos = _result(f"{CPU_10000}/{name}")
         cpu = {k: (v["cores"] if isinstance(v, dict) else v) for k, v in chronos["cpu"].items()}
         pg, total = cpu["postgres"], _scheduler_cores(chronos["cpu"])
         design, design_10k = by_layout[layout], rated[layout]
         design_total = design_10k["postgres_cores"] + design_10k["driver_cores"]
-        best = _result(find_max)["find_max"]["max_sustained_rate"]
+        best = _result(f"{FIND_MAX}/{find_max}")["find_max"]["max_sustained_rate"]
         rows.append((layout, f"{design['rate_per_s']:,} msg/s ({design['postgres_cores']:.2f} cores of PostgreSQL)",
                      f"{best:,.0f} msg/s", f"{best / design['rate_per_s']:.2f}",
                      f"{design_10k['postgres_cores']:.2f}", f"{pg:.2f}", f"{pg / design_10k['postgres_cores']:.2f}",
                      f"{design_total:.2f}", f"{total:.2f}", f"{total / design_total:.2f}"))
     head = (f"`{limit['command']}` and `{at_rate['command']}`, then `python -m benchmarks.sla --rate 10000 --duration 60`"
             f" in each layout, one after the other on the quiet machine ({limit['date']}; result files in "
-            f"`benchmarks/results/{folder}/`; the highest rates within the SLA from `benchmarks/results/2026-11-25/"
-            f"find-max/`). CPU in cores: all of PostgreSQL's processes, and for the totals Chronos's processes or "
-            f"the driver's.\n\n")
+            f"`benchmarks/results/{folder}/`, Chronos's runs in `benchmarks/results/{CPU_10000}/`; the highest rates "
+            f"within the SLA from `benchmarks/results/{FIND_MAX}/`, the same hour). CPU in cores: all of PostgreSQL's "
+            f"processes, and for the totals Chronos's processes or the driver's.\n\n")
     return head + _table(("layout", "the design's limit", "Chronos within the SLA", "ratio",
                           "PostgreSQL at 10,000 msg/s: the design", "Chronos", "ratio",
                           "all at 10,000 msg/s: the design", "Chronos", "ratio"), rows)

@@ -13,7 +13,8 @@ from helpers import wait_for
 
 pytestmark = pytest.mark.slow
 
-FAILOVER_S = 60  # BROKER.md: a killed primary's node is replaced in about 20 s (Patroni's ttl)
+# a killed primary's node is replaced in about 20 s: Patroni 4's ttl is 20 s at least (docs/operations/postgresql-ha.md)
+FAILOVER_S = 60
 
 
 def _pg_port(cluster, name: str) -> int:

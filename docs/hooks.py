@@ -15,6 +15,7 @@ capacity planning (`capacity_page`) and the PostgreSQL failures (`ha_page`).
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -301,14 +302,6 @@ def _aged_ab_cpu(path: str, layout: str) -> str:
     return f"{min(cores):.2f}-{max(cores):.2f} cores (PostgreSQL {min(pg):.2f}-{max(pg):.2f})"
 
 
-def _aged_ab_cpu_111(path: str) -> str:
-    return _aged_ab_cpu(path, "1/1/1")
-
-
-def _aged_ab_cpu_222(path: str) -> str:
-    return _aged_ab_cpu(path, "2/2/2")
-
-
 def _fresh_cpu(path: str) -> str:
     return f"{_scheduler_cores(_result(path)['cpu']):.2f} cores"
 
@@ -361,8 +354,8 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("two of every role", _fresh_cpu, "2026-11-26/cpu-10000/c222.json"),
         ("graphile-worker and its PostgreSQL, same load", _fresh_cpu, "2026-11-26/cpu-10000/gw.json")]),
     ("CPU at 10,000 msg/s, on a stack that has carried 9 to 14 M messages", "≤ 0.30 cores", [
-        ("one process per role", _aged_ab_cpu_111, AGED_AB),
-        ("two of every role", _aged_ab_cpu_222, AGED_AB)]),
+        ("one process per role", functools.partial(_aged_ab_cpu, layout="1/1/1"), AGED_AB),
+        ("two of every role", functools.partial(_aged_ab_cpu, layout="2/2/2"), AGED_AB)]),
     ("200,000 messages due at the same instant", "", [
         ("one process per role", _spike, "2026-11-23/day-1x1x1.json"),
         ("two of every role", _spike, "2026-11-23/day-2x2x2.json")]),

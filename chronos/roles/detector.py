@@ -27,7 +27,7 @@ log = logging.getLogger("chronos.detector")
 # seconds between reads of the store gauges (waiting, due, held) when serving metrics: about one
 # scrape interval. A read counts the waiting rows off the due index (exactly, below a million), and
 # under load that is tens of milliseconds of PostgreSQL: at 10,000 msg/s with 60,000 rows waiting,
-# 30-80 ms a read (the waiting count and the in-flight one), every detector.
+# 60-130 ms a read (the waiting count and the in-flight one), in every detector.
 GAUGES_EVERY = 15.0
 
 

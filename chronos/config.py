@@ -183,7 +183,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("output_topic", "topic Chronos publishes messages to at their deadline", _topic, "chronos.output"),
     Option("dlq_topic", "dead-letter topic for invalid messages", _topic, "chronos.dlq"),
     Option("timing_advance_ms", "publish up to this early to make up for publish latency", _non_negative_int, "50"),
-    Option("hold_time_ms", "how long a firer may hold a claimed message before a peer takes it over",
+    Option("hold_time_ms", "how long a firer may hold a claimed message before a peer takes it over, and a "
+           "consumer its partitions while PostgreSQL (or Kafka, for its late messages) does not answer",
            _positive_int, "5000"),
     Option("poll_interval_ms", "firer poll interval when nothing is due", _positive_int, "100"),
     Option("failure_detection_interval_ms", "detector scan interval", _positive_int, "500"),

@@ -53,7 +53,8 @@ class Link:
 class Publisher(Protocol):
     """A Kafka producer: `produce` queues a message, and `poll`/`flush` serve its delivery
     reports, calling `on_delivery(err, msg)` (err None once acknowledged) on the calling thread.
-    `purge` fails what it has not had acknowledged (reported as purged at the next `poll`/`flush`)."""
+    `purge` fails what it has not had acknowledged (reported as purged at the next `poll`/`flush`);
+    `list_topics` asks the cluster for its metadata (raising when it does not answer in time)."""
 
     def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *,
                 on_delivery: Callable[[Any, Any], None] | None = None, headers: Any = None) -> None: ...
@@ -63,6 +64,8 @@ class Publisher(Protocol):
     def flush(self, timeout: float = -1) -> int: ...
 
     def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None: ...
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any: ...
 
 
 class StoreHandle(Protocol):

@@ -314,16 +314,17 @@ class Telemetry:
         report.update(role=self.role, node=self.node)
         return ok, report
 
-    def serve(self, *, postgres: Callable[[], float], kafka: Callable[[], Any] | None = None,
-              kafka_topic: str | None = None, host: str = "0.0.0.0") -> None:
+    def serve(self, *, postgres: Callable[[], float], postgres_detail: Callable[[], str | None] | None = None,
+              kafka: Callable[[], Any] | None = None, kafka_topic: str | None = None, host: str = "0.0.0.0") -> None:
         """Start the HTTP server (if a port is set) and the health checks of PostgreSQL and Kafka.
 
-        `postgres` returns when the process last reached PostgreSQL; `kafka` returns the process's
-        current Kafka client, which a probe thread asks for `kafka_topic`'s metadata.
+        `postgres` returns when the process last reached PostgreSQL, `postgres_detail` what the process
+        does about it not answering (if anything); `kafka` returns the process's current Kafka client,
+        which a probe thread asks for `kafka_topic`'s metadata.
         """
         if not self.port:
             return
-        self.health.watch("postgres", postgres)
+        self.health.watch("postgres", postgres, detail=postgres_detail)
         if kafka is not None and kafka_topic is not None:
             probe = self.probe = KafkaProbe(kafka, kafka_topic, every_s=max(1.0, self.health.window / 4))
             self.health.watch("kafka", lambda: probe.last_ok, detail=lambda: probe.error)

@@ -6,6 +6,12 @@ say) is dead-lettered; a dead letter the dead-letter topic refuses for good is p
 PostgreSQL (`chronos_parked`). Offsets are committed only after every message of the batch is
 durable somewhere (the store, its destination, the dead-letter topic or parked), so a crash at
 any point loses nothing.
+
+PostgreSQL out of reach for longer than the hold time while a batch waits to be written (this host
+cut off from it, Kafka still reachable), or Kafka acknowledging none of a batch's late messages for as
+long: the consumer gives that batch up, uncommitted (its late publishes not yet sent are purged), and
+leaves its consumer group, so that the other consumers take its partitions and read the batch again;
+it rejoins once the service answers again.
 """
 
 from __future__ import annotations
@@ -26,8 +32,9 @@ from chronos.domain import cron, reasons
 from chronos.config import Settings
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.domain.intake import Decision, Rules, Verdict, decide
-from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, PRODUCER_FAILURE, OutageLog, dead_letter_headers,
-                                            failure_reason, make_consumer, make_producer, produce)
+from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, PRODUCER_FAILURE, OutageLog, answers,
+                                            dead_letter_headers, failure_reason, make_consumer, make_producer,
+                                            produce)
 from chronos.adapters.kafka.slot import ProducerSlot
 from chronos.adapters.kafka.watch import ProducerWatch
 from chronos.runtime.logs import Throttle
@@ -41,6 +48,23 @@ from chronos.ports import IntakeStore, Publisher
 log = logging.getLogger("chronos.consumer")
 
 INSERT, REPLACE, CANCEL = "insert", "replace", "cancel"
+
+# Out of the group, the consumer is called with this timeout at most: how soon it sees a stop.
+SERVE_SLICE_S = 0.05
+KAFKA_PROBE_S = 2.0  # out of the group for Kafka: how long a metadata request may take, and the longest wait between two
+
+
+POSTGRES, KAFKA = "PostgreSQL", "Kafka"
+
+
+class OutOfReach(Exception):
+    """PostgreSQL did not answer for longer than the hold time while a batch waited to be written, or
+    Kafka acknowledged none of its late messages for as long: the batch is given up (never committed,
+    it is read again by whoever consumes its partitions)."""
+
+    def __init__(self, service: str, down_for: float, retry_in: float):
+        super().__init__(f"{service} out of reach for {down_for:.1f}s")
+        self.service, self.down_for, self.retry_in = service, down_for, retry_in
 
 
 @dataclass
@@ -178,13 +202,19 @@ class ConsumerProcess:
 
     def __init__(self, settings: Settings, life: Lifecycle, *, store: IntakeStore,
                  producers: Callable[[], tuple[Publisher, OutageLog]],
-                 consumers: Callable[[Callable], tuple[KafkaConsumer, OutageLog]], telemetry: ConsumerTelemetry):
+                 consumers: Callable[[Callable], tuple[KafkaConsumer, OutageLog]], telemetry: ConsumerTelemetry,
+                 clock: Callable[[], float] = time.monotonic):
         """`producers` makes a Kafka producer and the log of its outages (again after a fatal error);
-        `consumers(on_commit)` makes the input topic's consumer, reporting commits to `on_commit`."""
+        `consumers(on_commit)` makes the input topic's consumer, reporting commits to `on_commit`;
+        `clock` measures PostgreSQL's outages against the hold time."""
         self.settings, self.life = settings, life
         self.rules = Rules.from_settings(settings)
         self.store = store
-        self.db_outage = Outage(log, cap=POSTGRES_RETRY_CAP_S)
+        self.clock = clock
+        self.hold_s = settings.hold_time_ms / 1000.0
+        self.db_outage = Outage(log, cap=POSTGRES_RETRY_CAP_S, clock=clock)
+        self.left_group_at: float | None = None  # `clock()` when it left the group for an outage; None while in it
+        self.left_for = POSTGRES                  # the service whose outage it left for
         self.throttle = Throttle(log)
         self.slot = ProducerSlot(producers, ProducerWatch("the consumer", settings.publish_stall_ms / 1000.0,
                                                           time.monotonic()))
@@ -206,8 +236,8 @@ class ConsumerProcess:
         log.info("consuming %s (group %s), batch %d", self.settings.input_topic, self.settings.consumer_group,
                  self.settings.batch_size)
         # the producer answers metadata requests at once; the group consumer may take seconds
-        self.metrics.serve(postgres=lambda: postgres_reached(self.store), kafka=lambda: self.slot.producer,
-                           kafka_topic=self.settings.input_topic)
+        self.metrics.serve(postgres=lambda: postgres_reached(self.store), postgres_detail=self.out_of_group,
+                           kafka=lambda: self.slot.producer, kafka_topic=self.settings.input_topic)
         # the store, the producer and the stats are the writer's while a batch is pending
         writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="consumer-writer")
         pending: tuple[Future, list[Message]] | None = None
@@ -219,7 +249,15 @@ class ConsumerProcess:
                 batch = sort_batch(real, time.time_ns() // 1000, self.rules) if real else None
                 if pending is not None and (real or pending[0].done()):
                     done, pending = pending, None
-                    if not self.finish(*done):
+                    try:
+                        durable = self.finish(*done)
+                    except OutOfReach as exc:
+                        # the batch read meanwhile (`real`) follows the given-up one: committing it would
+                        # skip that one, so it is given up too, and read again with it
+                        if not self.sit_out(exc, len(done[1]) + len(real)):
+                            break
+                        continue
+                    if not durable:
                         break  # stopped before that batch was durable: it is read again
                 if batch is not None:
                     self.consumer_outage.ok()
@@ -227,7 +265,11 @@ class ConsumerProcess:
                 elif pending is None and not messages:
                     self.keep_alive()
             if pending is not None:
-                self.finish(*pending)
+                try:
+                    self.finish(*pending)
+                except OutOfReach as exc:
+                    log.warning("stopping: gave up the last batch (%s); it was not committed, so it is read again",
+                                exc)
         finally:
             writer.shutdown(wait=True)
             self.close()
@@ -244,7 +286,8 @@ class ConsumerProcess:
         return real
 
     def finish(self, written: Future, messages: list[Message]) -> bool:
-        """Wait for a batch's write; commit its offsets if it is durable. False if it is not."""
+        """Wait for a batch's write; commit its offsets if it is durable. False if it is not (stopped
+        first); raises `OutOfReach` if the write gave it up."""
         if not written.result():
             return False
         self.commit(messages)
@@ -252,8 +295,12 @@ class ConsumerProcess:
         return True
 
     def write(self, messages: list[Message], batch: Batch) -> bool:
-        """Make one sorted batch durable and acknowledged; False if stopped before it was."""
+        """Make one sorted batch durable and acknowledged; False if stopped before it was. Raises
+        `OutOfReach`, the batch not written, once PostgreSQL has not answered for the hold time (or its late
+        messages not published, once Kafka has acknowledged none of them for as long)."""
+        unreached_since: float | None = None
         while True:
+            tried = self.clock()
             try:
                 started = time.perf_counter()
                 try:
@@ -265,7 +312,12 @@ class ConsumerProcess:
                 waiting = self.store.waiting_ids(cast(str, p.message_id) for _, p in batch.late)
                 break
             except StoreUnavailable as exc:
-                if not self.wait_for_store(exc):
+                if unreached_since is None:
+                    # out of reach since this first failed try at the latest (a statement PostgreSQL does not
+                    # answer fails only CHRONOS_DATABASE_TIMEOUT_MS later), or since the idle probes failed
+                    unreached_since = min(tried, self.clock() - self.db_outage.down_for())
+                delay = self.db_outage.failed(exc)
+                if not self.wait_to_retry(unreached_since, self.clock(), delay):
                     return False
         self.db_outage.ok()
         if batch.ops:
@@ -324,21 +376,24 @@ class ConsumerProcess:
                    for msg, reason, carried in dead]
         refused: list[str] = []
         backoff = Backoff(first=0.5, cap=10.0)
+        started, acked = self.clock(), [0]
         while outbox:
             reports: dict[int, KafkaError | None] = {}  # id(item) -> its delivery report's error
 
             def delivered(err, _msg, item: Outgoing) -> None:
                 reports[id(item)] = err
                 if err is None:
+                    acked[0] += 1
                     self.slot.watch.acked(time.monotonic())
             for item in outbox:
                 produce(self.slot.producer, item.topic, item.msg.value(), item.msg.key(), item.headers(),
                         lambda err, msg, item=item: delivered(err, msg, item))
             self.slot.watch.working(True, time.monotonic())
-            while self.slot.producer.flush(1.0) > 0:
+            while self.slot.producer.flush(min(1.0, self.hold_s)) > 0:
                 if not self.life.running and self.life.hard_stop:
                     return None
                 self.slot.look_after(time.monotonic())  # a producer that hangs: its publishes are purged, failed, retried
+                self.give_up_unacknowledged(started, acked[0])
             # a replaced producer that never reported a publish: published again (at least once)
             unreported = KafkaError(KafkaError._PURGE_INFLIGHT, "no delivery report from a replaced producer")
             failed = [(item, err, self.slot.watch.failed(err, item.topic, time.monotonic()))
@@ -368,9 +423,23 @@ class ConsumerProcess:
                 outbox += [item for item, _ in transient]
                 if any(kind == PRODUCER_FAILURE for _, _, kind in failed):
                     self.slot.look_after(time.monotonic())
+                self.give_up_unacknowledged(started, acked[0])
                 if not self.life.sleep(backoff.failed()):
                     return None
         return refused
+
+    def give_up_unacknowledged(self, started: float, acked: int) -> None:
+        """Raise `OutOfReach` when Kafka has acknowledged none of the batch's publishes since `started`
+        (by `self.clock`) for longer than the hold time, after purging what waits to be sent (a new
+        producer takes the old one's place), so that nothing of the given-up batch is published later by
+        this consumer: whoever takes its partitions publishes it. A request already on the wire cannot be
+        recalled: it may still land, once more (at least once)."""
+        down_for = self.clock() - started
+        if acked or down_for <= self.hold_s or not self.life.running:
+            return
+        self.slot.replace(f"nothing of a batch's late messages acknowledged for {down_for:.1f}s", time.monotonic())
+        self.slot.serve_retired()
+        raise OutOfReach(KAFKA, down_for, 1.0)
 
     def parked(self, item: Outgoing, err: KafkaError) -> Parked:
         """What to keep of a dead letter the dead-letter topic refused for good: the message as it was
@@ -434,6 +503,86 @@ class ConsumerProcess:
     def wait_for_store(self, exc: StoreUnavailable) -> bool:
         """Wait out a PostgreSQL outage's backoff; False if stopped meanwhile."""
         return self.life.sleep(self.db_outage.failed(exc))
+
+    def wait_to_retry(self, unreached_since: float, now: float, delay: float) -> bool:
+        """Wait `delay` (the outage's backoff) before writing a batch again, but not past the hold time
+        since PostgreSQL was last reached (`unreached_since`, by `self.clock`); False if stopped meanwhile.
+        Raises `OutOfReach` once the hold time is over: the partitions go to a consumer that can
+        serve them rather than wait here for as long as the outage lasts."""
+        down_for = now - unreached_since
+        if down_for >= self.hold_s and self.life.running:
+            raise OutOfReach(POSTGRES, down_for, delay)
+        return self.life.sleep(max(0.0, min(delay, self.hold_s - down_for)))
+
+    def sit_out(self, exc: OutOfReach, given_up: int) -> bool:
+        """Leave the consumer group for an outage of PostgreSQL or Kafka, probe the service until it
+        answers, rejoin.
+
+        Leaving (`unsubscribe`, which sends LeaveGroup) rebalances the group at once, so its other
+        consumers take these partitions and read the `given_up` messages again from the last commit;
+        staying in it, the client's background thread would go on heartbeating and hold them for as long
+        as the outage lasts. False if stopped before the service answered."""
+        # nothing read before leaving may be committed later: once back in the group, a commit of a partition
+        # another consumer has moved past meanwhile would move its offset back (the broker does not check
+        # which partitions a member commits), and its messages would be read and delivered again
+        self.uncommitted.clear()
+        self.last_batch = None
+        self.consumer.unsubscribe()
+        self.left_group_at, self.left_for = self.clock(), exc.service
+        log.warning("cannot reach %s for %.1fs, longer than the hold time (%d ms): gave up %d messages "
+                    "(not committed: they are read again) and left consumer group %s so that other consumers take "
+                    "its partitions; rejoining once %s answers", exc.service, exc.down_for,
+                    self.settings.hold_time_ms, given_up, self.settings.consumer_group, exc.service)
+        if not self.wait_for(exc.service, exc.retry_in):
+            return False
+        out_for = self.clock() - self.left_group_at
+        self.consumer.subscribe([self.settings.input_topic])
+        self.left_group_at = None
+        log.warning("%s answers again: rejoining consumer group %s (out of it for %.1fs)",
+                    exc.service, self.settings.consumer_group, out_for)
+        return True
+
+    def wait_for(self, service: str, delay: float) -> bool:
+        """Out of the group: ask `service` with the outage's backoff until it answers (PostgreSQL the time,
+        the cheapest statement; Kafka the cluster's metadata), serving the Kafka consumer in between; False
+        if stopped first."""
+        backoff = Backoff(first=max(delay, 0.1), cap=KAFKA_PROBE_S)
+        while self.serve_kafka(delay):
+            if service == KAFKA:
+                if answers(self.slot.producer, KAFKA_PROBE_S):
+                    return True
+                delay = backoff.failed()
+                continue
+            try:
+                self.store.db_clock_us()
+            except StoreUnavailable as exc:
+                delay = self.db_outage.failed(exc)
+                continue
+            self.db_outage.ok()
+            return True
+        return False
+
+    def serve_kafka(self, seconds: float) -> bool:
+        """Call the Kafka consumer for `seconds`, the loop's health beating meanwhile; False if stopped
+        first. The client completes leaving the group, and serves its callbacks, only inside these calls."""
+        until = time.monotonic() + seconds
+        while self.life.running:
+            # nothing is assigned out of the group; a message still handed out is not committed, so the
+            # partition's owner reads it
+            self.readable(self.consumer.consume(num_messages=1,
+                                                timeout=max(0.0, min(SERVE_SLICE_S, until - time.monotonic()))))
+            self.metrics.beat()
+            if time.monotonic() >= until:
+                return True
+        return False
+
+    def out_of_group(self) -> str | None:
+        """What /healthz adds to its PostgreSQL check while the consumer is out of its group for it."""
+        left = self.left_group_at
+        if left is None:
+            return None
+        return (f"out of consumer group {self.settings.consumer_group} for {self.clock() - left:.1f}s, "
+                f"its partitions left to the other consumers until {self.left_for} answers")
 
     def close(self) -> None:
         log.info("stopping: consumed %(consumed)d, enqueued %(enqueued)d, late %(late)d, dead-lettered %(dead)d, "

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from chronos import config
 from chronos.adapters.kafka.clients import OutageLog
@@ -67,6 +67,12 @@ class FakePublisher:
     def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
         self.purged += self.pending
         self.pending = []
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> dict:
+        """The cluster's metadata (none here) while `answering`; a timeout while Kafka is away."""
+        if not self.answering:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Kafka is away"))
+        return {}
 
     def factory(self) -> Callable[[], tuple["FakePublisher", OutageLog]]:
         """A `producers` argument of the roles that always hands out this publisher."""

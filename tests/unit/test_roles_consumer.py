@@ -8,13 +8,15 @@ import threading
 import time
 import uuid
 
+from confluent_kafka import KafkaError, KafkaException
+
 from chronos import codec
 from chronos.adapters.kafka.clients import OutageLog
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.domain.intake import Rules
 from chronos.domain.model import Row
 from chronos.errors import StoreRejected
-from chronos.ops.telemetry import ConsumerTelemetry
+from chronos.ops.telemetry import ConsumerTelemetry, postgres_reached
 from chronos.roles.consumer import ConsumerProcess, sort_batch
 from chronos.runtime.process import Lifecycle
 from kafka_double import FakeMessage, FakePublisher, settings
@@ -27,13 +29,17 @@ TIMEOUT = 10.0
 
 
 class FakeConsumer:
-    """The input topic: `consume` hands out the batches given to `feed`, one per call; `commit`
-    records the offsets and what `snapshot()` says at that moment."""
+    """The input topic: `consume` hands out the batches given to `feed`, one per call, while subscribed
+    (out of the group nothing is assigned: it counts the calls in `idle_calls`); `commit` records the
+    offsets and what `snapshot()` says at that moment; `group` records subscribe/unsubscribe in order."""
 
     def __init__(self, on_commit, snapshot=lambda: None):
         self.on_commit, self.snapshot = on_commit, snapshot
         self.batches: list[list[FakeMessage]] = []
         self.commits: list[tuple[dict, object]] = []
+        self.group: list[str] = []
+        self.idle_calls = 0
+        self.refuse_commits = False  # set: `commit` raises, as the client does when the coordinator is away
         self.lock = threading.Lock()
 
     def feed(self, messages):
@@ -41,28 +47,56 @@ class FakeConsumer:
             self.batches.append(messages)
 
     def subscribe(self, topics):
-        self.topics = topics
+        with self.lock:
+            self.topics = topics
+            self.group.append("subscribe")
+
+    def unsubscribe(self):
+        with self.lock:
+            self.group.append("unsubscribe")
+
+    @property
+    def subscribed(self) -> bool:
+        with self.lock:
+            return bool(self.group) and self.group[-1] == "subscribe"
 
     def consume(self, num_messages=1, timeout=-1):
         with self.lock:
-            if self.batches:
+            if self.group[-1] != "subscribe":
+                self.idle_calls += 1
+            elif self.batches:
                 return self.batches.pop(0)
         time.sleep(timeout)  # as the client does when nothing is there
         return []
 
     def commit(self, *, offsets, asynchronous=True):
         with self.lock:
+            if self.refuse_commits:
+                raise KafkaException(KafkaError(KafkaError._TRANSPORT))
             self.commits.append(({(tp.topic, tp.partition): tp.offset for tp in offsets}, self.snapshot()))
 
     def close(self):
         pass
 
 
+class Clock:
+    """A `time.monotonic` for tests: it moves only when `advance` is called."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 class Consumer:
     """A consumer process on an in-memory database, with its parts at hand."""
 
-    def __init__(self, store=None, **env):
-        self.db = MemoryDatabase()
+    def __init__(self, store=None, clock=time.monotonic, **env):
+        self.db = store.db if store is not None else MemoryDatabase()
         self.store = store or MemoryStore(self.db)
         self.publisher = FakePublisher()
         self.settings = settings(**env)
@@ -73,7 +107,8 @@ class Consumer:
             self.input = FakeConsumer(on_commit, snapshot=lambda: sorted(self.db.rows))
             return self.input, OutageLog("test consumer")
         self.proc = ConsumerProcess(self.settings, self.life, store=self.store, producers=self.publisher.factory(),
-                                    consumers=consumers, telemetry=ConsumerTelemetry(uuid.uuid4(), self.settings))
+                                    consumers=consumers, telemetry=ConsumerTelemetry(uuid.uuid4(), self.settings),
+                                    clock=clock)
 
 
 def hdrs(mid, deadline_ms, action=None):
@@ -128,11 +163,13 @@ def test_rows_postgres_refuses_are_dead_lettered_one_by_one():
     assert [(h[0][1], r.split(":")[0]) for _, r, h in batch.dead] == [(b"poison", "store_rejected")]
 
 
-def wait_for(predicate, what: str) -> None:
+def wait_for(predicate, what: str):
+    """Poll until predicate() is truthy; returns what it returned."""
     deadline = time.monotonic() + TIMEOUT
-    while not predicate():
+    while not (found := predicate()):
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.005)
+    return found
 
 
 def test_offsets_are_committed_only_once_their_batch_is_durable(caplog):
@@ -177,3 +214,189 @@ def test_a_batch_not_yet_durable_when_the_consumer_stops_is_not_committed(caplog
         thread.join(TIMEOUT)
     assert not thread.is_alive()
     assert c.input.commits == [] and c.db.rows == {}
+
+
+
+def logged(caplog, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+
+
+class CountingStore(MemoryStore):
+    """Counts the batches it is asked to apply (failed tries included)."""
+
+    tries = 0
+
+    def apply(self, inserts, replaces, cancels):
+        self.tries += 1
+        return super().apply(inserts, replaces, cancels)
+
+
+class Running:
+    """A consumer process (on a `CountingStore`) running on a thread, its clock driven by the test, stopped
+    on leaving."""
+
+    def __init__(self, caplog, **env):
+        self.clock = Clock()
+        self.store = CountingStore()
+        self.c = Consumer(store=self.store, clock=self.clock, **env)
+        caplog.set_level("INFO", logger="chronos.consumer")
+        self.thread = threading.Thread(target=self.c.proc.run)
+
+    def __enter__(self):
+        self.thread.start()
+        wait_for(lambda: self.c.input is not None and self.c.input.subscribed, "the consumer to subscribe")
+        return self
+
+    @property
+    def input(self) -> FakeConsumer:
+        assert self.c.input is not None
+        return self.c.input
+
+    def stop(self) -> float:
+        """Stop the process; how long it took to end."""
+        stopped = time.monotonic()
+        self.c.life.stop()
+        self.thread.join(TIMEOUT)
+        assert not self.thread.is_alive()
+        return time.monotonic() - stopped
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def cut_off(self, *messages: FakeMessage) -> None:
+        """PostgreSQL out of reach; a batch of `messages` arrives and fails to be written."""
+        self.c.db.unavailable = "connection refused"
+        tries = self.store.tries
+        self.input.feed(list(messages))
+        wait_for(lambda: self.store.tries > tries, "a failed write")
+
+
+def in_1h_ms() -> int:
+    return time.time_ns() // 1_000_000 + 3_600_000
+
+
+def test_postgres_out_of_reach_past_the_hold_time_gives_the_batch_up_and_leaves_the_group(caplog):
+    """This host cut off from PostgreSQL only: once the hold time is over with a batch to write, the
+    consumer leaves the group so that other consumers take its partitions; neither the batch nor the one
+    read after it is committed, then or at close, and it stays out (serving the client, its loop beating,
+    PostgreSQL reported not reached) until PostgreSQL answers."""
+    with Running(caplog) as r:
+        c = r.c
+        r.input.feed([FakeMessage(hdrs("a", in_1h_ms()), offset=1)])
+        wait_for(lambda: r.input.commits, "the first batch's commit")
+        reached = postgres_reached(c.store)
+        r.cut_off(FakeMessage(hdrs("b", in_1h_ms()), offset=5))
+        r.input.feed([FakeMessage(hdrs("c", in_1h_ms()), offset=6)])
+        wait_for(lambda: not r.input.batches, "the next batch to be read")
+        tries = r.store.tries
+        wait_for(lambda: r.store.tries > tries, "another try")
+        assert r.input.group == ["subscribe"]  # within the hold time: it retries
+        r.clock.advance(c.settings.hold_time_ms / 1000.0 + 0.1)
+        wait_for(lambda: r.input.group == ["subscribe", "unsubscribe"], "the consumer to leave the group")
+        [left] = wait_for(lambda: logged(caplog, "left consumer group"), "the warning")  # logged after leaving
+        assert re.search(r"cannot reach PostgreSQL for 5\.\ds, longer than the hold time \(5000 ms\): gave up 2 "
+                         r"messages .* left consumer group chronos so that other consumers take its partitions", left)
+        assert "out of consumer group chronos" in (c.proc.out_of_group() or "")
+        calls, beat = r.input.idle_calls, c.proc.metrics.last_loop
+        wait_for(lambda: r.input.idle_calls > calls + 2 and c.proc.metrics.last_loop > beat,
+                 "the client served and the loop beating out of the group")
+        assert postgres_reached(c.store) == reached
+        assert r.input.group == ["subscribe", "unsubscribe"]
+    assert [offsets for offsets, _ in r.input.commits] == [{("in", 0): 2}]  # not b, not c, and a not again
+    assert sorted(c.db.rows) == ["a"]
+
+
+def test_back_in_the_group_once_postgres_answers_the_next_batch_is_written_and_committed(caplog):
+    with Running(caplog) as r:
+        r.cut_off(FakeMessage(hdrs("b", in_1h_ms()), offset=5))
+        r.clock.advance(r.c.settings.hold_time_ms / 1000.0)
+        wait_for(lambda: r.input.group == ["subscribe", "unsubscribe"], "the consumer to leave the group")
+        r.c.db.unavailable = None
+        wait_for(lambda: r.input.group == ["subscribe", "unsubscribe", "subscribe"], "the consumer to rejoin")
+        wait_for(lambda: logged(caplog, "PostgreSQL answers again: rejoining consumer group chronos"), "the log line")
+        assert r.c.proc.out_of_group() is None
+        # the given-up batch is read again (by whichever consumer holds the partition), with what follows it
+        r.input.feed([FakeMessage(hdrs("b", in_1h_ms()), offset=5), FakeMessage(hdrs("c", in_1h_ms()), offset=6)])
+        wait_for(lambda: r.input.commits, "the commit")
+        offsets, stored_then = r.input.commits[0]
+        assert offsets == {("in", 0): 7} and stored_then == ["b", "c"]
+
+
+def test_an_outage_shorter_than_the_hold_time_keeps_the_consumer_in_the_group(caplog):
+    """Past most of the hold time the consumer still retries the batch in the group, and commits it once
+    PostgreSQL answers."""
+    with Running(caplog) as r:
+        r.cut_off(FakeMessage(hdrs("b", in_1h_ms()), offset=5))
+        r.clock.advance(r.c.settings.hold_time_ms / 1000.0 - 0.5)
+        tries = r.store.tries
+        wait_for(lambda: r.store.tries >= tries + 2, "two more tries past most of the hold time")
+        assert r.input.group == ["subscribe"]
+        r.c.db.unavailable = None
+        wait_for(lambda: r.input.commits, "the commit")
+        assert r.input.commits[0][0] == {("in", 0): 6}
+        assert r.input.group == ["subscribe"] and not logged(caplog, "left consumer group")
+
+
+def test_a_stop_while_out_of_the_group_is_prompt_and_commits_nothing(caplog):
+    with Running(caplog) as r:
+        r.cut_off(FakeMessage(hdrs("b", in_1h_ms()), offset=5))
+        r.clock.advance(r.c.settings.hold_time_ms / 1000.0)
+        wait_for(lambda: r.input.group == ["subscribe", "unsubscribe"], "the consumer to leave the group")
+        assert r.stop() < 0.5
+    assert r.input.commits == [] and r.input.group == ["subscribe", "unsubscribe"]
+
+
+def test_offsets_left_uncommitted_before_leaving_the_group_are_not_committed_after_rejoining(caplog):
+    """A commit that failed before the outage is not retried once back in the group: the partition may be
+    another consumer's by then, its offset moved past, and committing would move it back."""
+    with Running(caplog) as r:
+        r.input.refuse_commits = True
+        r.input.feed([FakeMessage(hdrs("a", in_1h_ms()), offset=1)])
+        wait_for(lambda: logged(caplog, "offset commit failed"), "the failed commit")
+        r.input.refuse_commits = False
+        r.cut_off(FakeMessage(hdrs("b", in_1h_ms()), offset=5))
+        r.clock.advance(r.c.settings.hold_time_ms / 1000.0)
+        wait_for(lambda: r.input.group == ["subscribe", "unsubscribe"], "the consumer to leave the group")
+        r.c.db.unavailable = None
+        wait_for(lambda: r.input.group[-1] == "subscribe", "the consumer to rejoin")
+        r.input.feed([FakeMessage(hdrs("c", in_1h_ms()), offset=9, partition=1)])
+        wait_for(lambda: r.input.commits, "the commit")
+    # c's offset, as the loop commits it and again at close; never partition 0's
+    assert [offsets for offsets, _ in r.input.commits] == [{("in", 1): 10}] * 2
+
+
+def test_late_messages_kafka_acknowledges_none_of_for_the_hold_time_give_the_batch_up_and_leave_the_group(caplog):
+    """This host cut off from Kafka while a batch's late messages wait for their acknowledgements: once
+    the hold time is over the consumer purges what waits to be sent (nothing of the batch is published
+    by it later: the partition's next owner publishes it), leaves the group without committing, and
+    rejoins once Kafka answers a metadata request."""
+    with Running(caplog) as r:
+        r.c.publisher.answering = False
+        r.input.feed([FakeMessage(hdrs("late", time.time_ns() // 1_000_000 - 1000), offset=4)])
+        wait_for(lambda: r.c.publisher.produced, "the late message's publish")
+        assert r.input.group == ["subscribe"]  # within the hold time: it waits for the acknowledgement
+        r.clock.advance(r.c.settings.hold_time_ms / 1000.0 + 0.1)
+        wait_for(lambda: r.input.group == ["subscribe", "unsubscribe"], "the consumer to leave the group")
+        [left] = wait_for(lambda: logged(caplog, "left consumer group"), "the warning")  # logged after leaving
+        assert re.search(r"cannot reach Kafka for 5\.\ds, longer than the hold time \(5000 ms\): gave up 1 messages", left)
+        assert r.c.publisher.pending == []  # purged: not sent once Kafka answers again
+        calls = r.input.idle_calls
+        wait_for(lambda: r.input.idle_calls > calls + 2, "the client served out of the group")
+        assert r.input.group == ["subscribe", "unsubscribe"]
+        r.c.publisher.answering = True
+        wait_for(lambda: r.input.group == ["subscribe", "unsubscribe", "subscribe"], "the consumer to rejoin")
+        wait_for(lambda: logged(caplog, "Kafka answers again: rejoining consumer group chronos"), "the log line")
+        assert [p.value for p in r.c.publisher.produced] == [b"v"]  # published once, never again by this consumer
+    assert r.input.commits == []
+
+
+def test_late_messages_acknowledged_within_the_hold_time_keep_the_consumer_in_the_group(caplog):
+    with Running(caplog) as r:
+        r.c.publisher.answering = False
+        r.input.feed([FakeMessage(hdrs("late", time.time_ns() // 1_000_000 - 1000), offset=4)])
+        wait_for(lambda: r.c.publisher.produced, "the late message's publish")
+        r.clock.advance(r.c.settings.hold_time_ms / 1000.0 - 0.5)
+        r.c.publisher.answering = True
+        wait_for(lambda: r.input.commits, "the commit")
+        assert r.input.commits[0][0] == {("in", 0): 5}
+        assert r.input.group == ["subscribe"] and not logged(caplog, "left consumer group")

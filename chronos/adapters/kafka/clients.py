@@ -159,6 +159,16 @@ def _create(cls, conf: dict[str, Any], settings: Settings, what: str):
             from None
 
 
+def answers(client: Publisher, timeout: float = 1.0) -> bool:
+    """Whether Kafka answers the client's metadata request (for every topic: asking for one would let
+    a producer create it) within `timeout` seconds."""
+    try:
+        client.list_topics(timeout=timeout)
+    except KafkaException:
+        return False
+    return True
+
+
 def produce(producer: Publisher, topic: str, value: bytes | None, key: bytes | None,
             headers: list | None, on_delivery: Callable) -> None:
     """Produce, waiting for queue space instead of failing when the local queue is full.

@@ -343,3 +343,77 @@ def test_rows_claimed_longer_ago_than_three_quarters_of_the_hold_time_are_handed
     assert [m.value for m in f.publisher.produced] == [b"recent"]
     assert [r.id for r in proc.sender.done.release] == ["old"] and proc.shared.totals.expired == 1
     assert "1 held rows were claimed more than 3.0s ago" in caplog.text
+
+
+def test_the_claimer_says_postgres_is_reachable_again_only_once_it_answered(caplog):
+    """A pass of the claimer that runs no statement (claims paused while Kafka does not acknowledge) says
+    nothing of PostgreSQL: during an outage it must not log that PostgreSQL is reachable again."""
+    f = Firer()
+    caplog.set_level("WARNING", logger="chronos.firer")
+    claimer, shared = f.proc.claimer, f.proc.shared
+    f.db.unavailable = "connection refused"
+    claimer.start()
+    try:
+        wait_for(lambda: any("postgres unavailable" in r.getMessage() for r in caplog.records), "the outage log")
+        shared.in_flight, shared.ack_progress = 1, time.monotonic() - 60  # Kafka silent: no claim is made
+        wait_for(lambda: any("claiming nothing until Kafka catches up" in r.getMessage() for r in caplog.records),
+                 "claims paused")
+        passes = claimer.next_claim
+        wait_for(lambda: claimer.next_claim > passes + 0.2, "passes of the claimer that claim nothing")
+        assert not [r for r in caplog.records if "reachable again" in r.getMessage()]
+        shared.in_flight = 0
+        f.db.unavailable = None
+        wait_for(lambda: any("postgres reachable again" in r.getMessage() for r in caplog.records),
+                 "the end of the outage, once a claim ran")
+    finally:
+        claimer.stop()
+        claimer.join(TIMEOUT)
+
+
+def test_after_a_stall_the_claimer_claims_again_only_once_kafka_answers_a_request_of_its_own(caplog):
+    """The producer was replaced because nothing was acknowledged (this host cut off from Kafka): its
+    publishes were purged, none is in flight, yet Kafka is as far away as before. Claiming then would
+    hold rows the firer cannot publish until a peer takes them, again and again; the claimer waits until
+    Kafka answers a metadata request."""
+    f = Firer()
+    caplog.set_level("WARNING", logger="chronos.firer")
+    f.add("a")
+    claimer, shared = f.proc.claimer, f.proc.shared
+    f.publisher.answering = False
+    shared.kafka_stall_at = time.monotonic()
+    claimer.claim(time.time())
+    assert f.state() == {"a": "waiting"}
+    claimer.next_kafka_probe = 0.0
+    claimer.claim(time.time())  # asks again: still no answer
+    assert f.state() == {"a": "waiting"}
+    f.publisher.answering = True
+    claimer.claim(time.time())  # within the second since it last asked: not yet
+    assert f.state() == {"a": "waiting"}
+    claimer.next_kafka_probe = 0.0
+    claimer.claim(time.time())
+    assert f.state() == {"a": "held"}
+    assert [r.getMessage() for r in caplog.records] == ["Kafka answers again: claiming rows"]
+
+
+def test_the_sender_tells_the_claimer_of_a_stall_until_kafka_acknowledges_again():
+    f = Firer(CHRONOS_PUBLISH_STALL_MS="1000")
+    sender, shared = f.proc.sender, f.proc.shared
+    f.publisher.answering = False
+    sender.inbox.put((time.monotonic(), [claimed("a", time.time() - 1)]))
+    sender.take_claimed()
+    sender.publish_due()
+    assert shared.in_flight == 1
+    sender.look_after_producer()  # publishes wait: the stall clock runs
+    watch = sender.slot.watch
+    watch.since -= 2.0  # nothing acknowledged for longer than the stall time (by a producer as old)
+    watch.last_replacement -= 2.0
+    watch.next_replacement -= 2.0
+    sender.look_after_producer()
+    assert shared.kafka_stall_at is not None and shared.in_flight == 0  # replaced: the publish purged
+    f.publisher.answering = True
+    sender.inbox.put((time.monotonic(), [claimed("b", time.time() - 1)]))
+    sender.take_claimed()
+    sender.publish_due()
+    sender.slot.producer.poll(0)
+    sender.look_after_producer()
+    assert shared.kafka_stall_at is None

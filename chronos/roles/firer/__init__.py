@@ -40,7 +40,7 @@ import time
 import uuid
 from typing import Callable
 
-from chronos.adapters.kafka.clients import OutageLog, make_producer
+from chronos.adapters.kafka.clients import OutageLog, answers, make_producer
 from chronos.adapters.kafka.slot import ProducerSlot
 from chronos.adapters.kafka.watch import ProducerWatch
 from chronos.adapters.postgres.store import role_store
@@ -76,7 +76,8 @@ class FirerProcess:
         self.shared = Shared(PublishTiming(settings.timing_advance_ms))
         self.settler = Settler(stores(), settings, self.shared, telemetry, life)
         self.sender = Sender(settings, life, self.slot, self.shared, telemetry, outbox=self.settler.inbox)
-        self.claimer = Claimer(stores(), settings, self.shared, telemetry, life, outbox=self.sender.inbox)
+        self.claimer = Claimer(stores(), settings, self.shared, telemetry, life, outbox=self.sender.inbox,
+                               kafka_answers=lambda: answers(self.slot.producer))
         self.metrics.follow(self.shared.totals.as_dict)
         self.metrics.follow_timing(lambda: len(self.sender.held) + self.shared.in_flight, self.shared.timing)
         self.metrics.follow_producer(self.slot.watch)

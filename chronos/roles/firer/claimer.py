@@ -6,6 +6,7 @@ import logging
 import random
 import threading
 import time
+from typing import Callable
 
 from chronos.config import Settings
 from chronos.domain.model import Claimed
@@ -20,6 +21,7 @@ log = logging.getLogger("chronos.firer")
 
 RECENT_WINDOW_MS = 2000  # most claims take rows due at most this long ago (`Claimer.claim_rows`)
 FULL_CLAIM_EVERY = 0.5   # seconds: a claim of every due row, however long ago, at least this often
+KAFKA_PROBE_EVERY = 1.0  # seconds: after a stall, how often the claimer asks Kafka whether it answers
 
 
 class Claimer(StoreThread[ClaimStore]):
@@ -32,9 +34,13 @@ class Claimer(StoreThread[ClaimStore]):
     deleted once published, so none of them ages past the hold time into a peer's hands."""
 
     def __init__(self, store: ClaimStore, settings: Settings, shared: Shared, telemetry: FirerTelemetry, life: Lifecycle,
-                 outbox: Claims):
+                 outbox: Claims, kafka_answers: Callable[[], bool] = lambda: True):
+        """`kafka_answers` asks Kafka for its metadata (blocking up to a second or so): whether it answered."""
         super().__init__("claimer", store, settings, shared, telemetry, life)
         self.outbox = outbox
+        self.kafka_answers = kafka_answers
+        self.kafka_answered_at = 0.0  # monotonic: Kafka last answered the claimer's own request
+        self.next_kafka_probe = 0.0   # monotonic
         self.limit = settings.batch_size
         self.limits = settings.fire_rates
         if self.limits:
@@ -49,14 +55,27 @@ class Claimer(StoreThread[ClaimStore]):
     def loop(self) -> None:
         while not self.stopped.is_set():
             try:
+                asked = time.monotonic()
                 self.claim(time.time())
                 wait = self.next_claim - time.time()
-                self.outage.ok()
+                if self.store.last_ok >= asked:  # a pass that ran no statement says nothing of PostgreSQL
+                    self.outage.ok()
             except StoreUnavailable as exc:
                 if self.stopped.is_set():  # the claim cancelled by stop()
                     return
                 wait = self.outage.failed(exc)
             self.stopped.wait(max(0.0, wait))
+
+    def kafka_answers_now(self) -> bool:
+        """Ask Kafka for its metadata, at most once a second: whether it answered."""
+        mono = time.monotonic()
+        if mono < self.next_kafka_probe:
+            return False
+        self.next_kafka_probe = mono + KAFKA_PROBE_EVERY
+        if not self.kafka_answers():
+            return False
+        self.kafka_answered_at = time.monotonic()
+        return True
 
     def stop(self) -> None:
         """Stop claiming (called from the sender's thread): a claim running now is cancelled, so a
@@ -78,7 +97,19 @@ class Claimer(StoreThread[ClaimStore]):
                             "Kafka catches up", stalled)
             self.next_claim = now + 0.05
             return
-        if self.claims_paused:
+        # the producer was replaced because nothing was acknowledged for the stall time, and nothing
+        # was since: the publishes in flight were purged, so none waits, yet Kafka may be as far away as
+        # before (this host cut off from it). Rows claimed now would wait out the hold time again and
+        # go to a peer, each time; claim again only once Kafka answers a request of the claimer's own.
+        stall_at = self.shared.kafka_stall_at
+        if stall_at is not None and self.kafka_answered_at < stall_at:
+            if not self.kafka_answers_now():
+                self.claims_paused = True
+                self.next_claim = now + 0.05
+                return
+            self.claims_paused = False
+            log.warning("Kafka answers again: claiming rows")
+        elif self.claims_paused:
             self.claims_paused = False
             log.warning("Kafka acknowledges again: claiming rows")
         if time.monotonic() < self.shared.claims_resume_at:  # the producer is being replaced: rows would bounce

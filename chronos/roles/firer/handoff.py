@@ -39,8 +39,8 @@ class Shared:
     - the claimer writes `totals.claimed`, the rows it ever claimed;
     - the settler writes `settled`, the rows it ever settled, and `timing.offset_us`, the database
       clock's offset, which the sender reads;
-    - the sender writes `in_flight`, `ack_progress`, `sent_at`, `timing.latency` and
-      `claims_resume_at`, which the claimer reads.
+    - the sender writes `in_flight`, `ack_progress`, `sent_at`, `timing.latency`,
+      `claims_resume_at` and `kafka_stall_at`, which the claimer reads.
     """
 
     def __init__(self, timing: PublishTiming):
@@ -51,6 +51,9 @@ class Shared:
         self.ack_progress = 0.0   # monotonic: the last acknowledgement, or the first publish since none was in flight
         self.sent_at: deque[float] = deque()  # monotonic send time of each publish in flight, oldest first
         self.claims_resume_at = 0.0  # monotonic: rows were handed back for a producer fault; claim none before
+        # monotonic: when the producer was replaced for a stall (nothing acknowledged for the stall time),
+        # None once an acknowledgement came since
+        self.kafka_stall_at: float | None = None
 
     def held(self) -> int:
         """Rows claimed by this firer and not settled yet."""

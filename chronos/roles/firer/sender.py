@@ -262,6 +262,8 @@ class Sender:
         self.slot.watch.working(self.shared.in_flight > 0, now)
         self.slot.look_after(now)
         self.take_reports()  # the purged publishes of the producers replaced
+        watch = self.slot.watch
+        self.shared.kafka_stall_at = watch.last_replacement if watch.stall_logged else None
 
     # -- shutdown, in `FirerProcess.shutdown`'s order ---------------------------------------------
 

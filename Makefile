@@ -5,12 +5,12 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test bench clean chromium stunnel postgresql-15 pgbouncer patroni
+.PHONY: up test bench clean chromium stunnel postgresql-15 pgbouncer patroni fleet
 
 up: $(VENV)/.installed
 	$(BIN)/chronos up $(ARGS)
 
-test: $(VENV)/.installed $(BIN)/promtool chromium stunnel postgresql-15 pgbouncer patroni
+test: $(VENV)/.installed $(BIN)/promtool chromium stunnel postgresql-15 pgbouncer patroni fleet
 	$(BIN)/ruff check chronos benchmarks tests
 	$(BIN)/lint-imports
 	$(BIN)/mypy chronos
@@ -76,6 +76,17 @@ $(PATRONI_VENV)/.installed:
 	$(PATRONI_VENV)/bin/pip install --quiet 'patroni[etcd3,psycopg3]==4.1.5'
 	chmod -R a+rX $(PATRONI_VENV)
 	touch $@
+
+# The fleet tests (tests/fleet, benchmarks/harness/fleet.py) make hosts of network namespaces (iproute2), cut
+# them apart with nftables, and install Chronos on them as docs/operations/host-install.md does: a virtual
+# environment of Debian's Python, psycopg's C implementation compiled against libpq (python3-dev, gcc,
+# libpq-dev). Installed here when missing, like stunnel; they need root, as the namespaces do.
+FLEET_PACKAGES ?= nftables iproute2 python3-venv python3-dev gcc libpq-dev
+fleet: patroni
+	@missing=$$(for p in $(FLEET_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	[ -z "$$missing" ] || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  else echo "make test: the fleet tests need root and Debian's $$missing: sudo apt-get install $$missing" >&2; exit 1; fi; }
 
 bench: $(VENV)/.installed
 	$(BIN)/python -m pytest benchmarks --benchmark-only $(ARGS)

@@ -153,6 +153,7 @@ class Reader(threading.Thread):
         self.consumer.subscribe([topic])
         self.arrivals: dict[str, list[float]] = {}
         self.created: dict[str, float] = {}  # first delivery's CreateTime: when the publisher produced it
+        self.create_times: dict[str, list[float]] = {}  # every delivery's CreateTime, in arrival order
         self.seen: set[tuple[int, int]] = set()
         self.assigned = threading.Event()
         self._halt = threading.Event()
@@ -169,6 +170,8 @@ class Reader(threading.Thread):
                             and (msg.partition(), msg.offset()) not in self.seen:
                         self.seen.add((msg.partition(), msg.offset()))
                         self.created.setdefault(msg.value().decode(errors="replace"), msg.timestamp()[1] / 1000.0)
+                        self.create_times.setdefault(msg.value().decode(errors="replace"), []).append(
+                            msg.timestamp()[1] / 1000.0)
                         self.arrivals.setdefault(msg.value().decode(errors="replace"), []).append(at)
         finally:
             self.consumer.close()

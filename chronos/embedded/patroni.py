@@ -101,8 +101,12 @@ def patroni_command() -> Path:
 
 def patroni_config(*, name: str, pg_port: int, restapi_port: int, etcd_port: int, node_dir: Path,
                    bin_dir: Path, passwords: dict[str, str], ttl: int, loop_wait: int, retry_timeout: int,
-                   strict: bool, fast: bool) -> dict[str, Any]:
+                   strict: bool, fast: bool, host: str = HOST, etcd_hosts: list[str] | None = None,
+                   clients: str | None = None) -> dict[str, Any]:
     """One member's Patroni configuration (written as JSON, which YAML reads).
+
+    The member listens on `host` and finds etcd at `etcd_hosts` (`host:port` each; by default etcd on
+    `HOST`:`etcd_port`); `clients` is the network its peers and clients come from (`host`/32 by default).
 
     The settings under `bootstrap.dcs` are the cluster's, stored in etcd by the member that initializes
     it. `synchronous_commit` keeps its default (on): a commit returns once the synchronous standby has
@@ -110,7 +114,7 @@ def patroni_config(*, name: str, pg_port: int, restapi_port: int, etcd_port: int
     pg_rewind needs them to bring a failed primary back as a standby.
     """
     local = {
-        "listen_addresses": HOST,
+        "listen_addresses": host,
         "unix_socket_directories": "",  # TCP only: no socket file in /tmp for each member
         "logging_collector": "off",     # PostgreSQL's output goes to Patroni's, in the member's log
         "log_destination": "stderr",
@@ -124,8 +128,8 @@ def patroni_config(*, name: str, pg_port: int, restapi_port: int, etcd_port: int
         "scope": SCOPE,
         "namespace": "/chronos/",
         "name": name,
-        "restapi": {"listen": f"{HOST}:{restapi_port}", "connect_address": f"{HOST}:{restapi_port}"},
-        "etcd3": {"hosts": [f"{HOST}:{etcd_port}"], "protocol": "http"},
+        "restapi": {"listen": f"{host}:{restapi_port}", "connect_address": f"{host}:{restapi_port}"},
+        "etcd3": {"hosts": etcd_hosts or [f"{HOST}:{etcd_port}"], "protocol": "http"},
         "bootstrap": {
             "dcs": {
                 "ttl": ttl, "loop_wait": loop_wait, "retry_timeout": retry_timeout,
@@ -149,8 +153,8 @@ def patroni_config(*, name: str, pg_port: int, restapi_port: int, etcd_port: int
             "initdb": [{"encoding": "UTF8"}, {"locale": "C"}],
         },
         "postgresql": {
-            "listen": f"{HOST}:{pg_port}",
-            "connect_address": f"{HOST}:{pg_port}",
+            "listen": f"{host}:{pg_port}",
+            "connect_address": f"{host}:{pg_port}",
             "data_dir": str(node_dir / "data"),
             "bin_dir": str(bin_dir),
             "pgpass": str(node_dir / "pgpass"),
@@ -160,8 +164,8 @@ def patroni_config(*, name: str, pg_port: int, restapi_port: int, etcd_port: int
             },
             "parameters": local,
             "pg_hba": [
-                f"host replication {REPLICATION_USER} {HOST}/32 scram-sha-256",
-                f"host all all {HOST}/32 scram-sha-256",
+                f"host replication {REPLICATION_USER} {clients or host + '/32'} scram-sha-256",
+                f"host all all {clients or host + '/32'} scram-sha-256",
             ],
             "use_pg_rewind": True,
             # a rewind that cannot work (or a timeline that went another way) ends in a fresh copy of
@@ -178,10 +182,10 @@ def patroni_config(*, name: str, pg_port: int, restapi_port: int, etcd_port: int
 # the REST API
 
 
-def rest(port: int, path: str, *, body: dict | None = None, timeout: float = 3.0) -> tuple[int, Any]:
+def rest(port: int, path: str, *, body: dict | None = None, timeout: float = 3.0, host: str = HOST) -> tuple[int, Any]:
     """(HTTP status, decoded JSON or text) of a Patroni REST API request; OSError when it does not answer."""
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(f"http://{HOST}:{port}{path}", data=data, method="POST" if body else "GET",
+    request = urllib.request.Request(f"http://{host}:{port}{path}", data=data, method="POST" if body else "GET",
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -568,7 +572,8 @@ class ReplicatedPostgres:
                 node.write_config(patroni_config(
                     name=name, pg_port=node.pg_port, restapi_port=node.port, etcd_port=self._etcd.port,
                     node_dir=node.node_dir, bin_dir=bin_dir, passwords=self._passwords, strict=self.strict,
-                    fast=self.fast, **self.timing))
+                    fast=self.fast, ttl=self.timing["ttl"], loop_wait=self.timing["loop_wait"],
+                    retry_timeout=self.timing["retry_timeout"]))
                 self._members[name] = node
             self.start_all(timeout=max(10.0, timeout - (time.monotonic() - t0)))
             self._create_app_database()

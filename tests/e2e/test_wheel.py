@@ -46,26 +46,6 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel `pip wheel` builds from a clean copy of the checkout."""
-    listed = run("git", "-C", ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard").stdout
-    src = tmp_path_factory.mktemp("checkout")
-    for name in filter(None, listed.split("\0")):
-        origin, copy = ROOT / name, src / name
-        if not origin.is_symlink() and not origin.exists():
-            continue  # deleted in the working tree, not yet in git
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        if origin.is_symlink():
-            copy.symlink_to(os.readlink(origin))
-        else:
-            copy.write_bytes(origin.read_bytes())
-    dist = tmp_path_factory.mktemp("dist")
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", dist, src, env=clean_env())
-    (built,) = dist.glob("chronos_scheduler-*.whl")
-    return built
-
-
-@pytest.fixture(scope="module")
 def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An empty virtual environment with the wheel installed, and nothing else asked for."""
     home = tmp_path_factory.mktemp("venv") / "venv"

@@ -1,0 +1,113 @@
+"""Network partitions under load on a fleet of hosts on this machine: two Chronos hosts installed from the
+wheel built from this checkout (as docs/operations/host-install.md says), a replicated PostgreSQL (Patroni,
+synchronous replication) and the broker, each host a network namespace, partitions as nftables rules that
+drop packets silently (benchmarks/harness/fleet.py, fleetload.py).
+
+    python -m benchmarks.fleet --out benchmarks/results/DATE/fleet.json          # every scenario, both layouts
+    python -m benchmarks.fleet --scenarios host,kafka --cut 30 --layouts 1
+
+Scenarios, each on the same fleet, whole again (no cut, a leader and a synchronous standby, every host
+running) before the next one starts:
+
+- `primary`      a) the PostgreSQL primary's host cut off from everything;
+- `host`         b) a Chronos host cut off from everything;
+- `host-db`      c) a Chronos host cut off from PostgreSQL only (Kafka reachable);
+- `host-kafka`   d) a Chronos host cut off from Kafka only (PostgreSQL reachable);
+- `kafka`        e) the Kafka host cut off from everything;
+- `primary-out`  f) one-way loss: the primary's host's packets dropped on the way out, delivered on the way in.
+
+Layouts: `1` is one process of every role on each of the two hosts, `2` two of every role on each. Per
+scenario: messages sent (acknowledged by the broker), lost, early, duplicated (explained by the fault,
+landed after the heal from a publish in flight at the cut, republished after the heal), the longest
+pause in deliveries and when it ended (after the fault, the heal, the promotion), the latest delivery
+after its due time, and what operators saw: each program's /healthz as a monitoring host and as the
+host itself saw it, the first log line of each kind, `chronos status` from a host on the right side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+from benchmarks.harness.fleet import ROOT, Fleet, install_chronos, require_fleet_tools
+from benchmarks.harness.fleetload import RUNNERS, SCENARIOS
+
+LAYOUTS = {"1": (1, 1, 1), "2": (2, 2, 2)}
+
+
+def build_wheel(dist: Path) -> Path:
+    """The wheel of this checkout (its committed files and the new ones git does not ignore)."""
+    src = dist / "checkout"
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, text=True, check=True).stdout
+    for name in filter(None, listed.split("\0")):
+        origin = ROOT / name
+        if origin.is_file() and not origin.is_symlink():
+            copy = src / name
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_bytes(origin.read_bytes())
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(dist), str(src)],
+                   check=True)
+    (wheel,) = dist.glob("chronos_scheduler-*.whl")
+    return wheel
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, of: " + ", ".join(SCENARIOS))
+    parser.add_argument("--layouts", default="1,2", help="comma-separated: 1 (one of every role per host), 2 (two)")
+    parser.add_argument("--rate", type=float, default=300.0, help="messages per second (default 300)")
+    parser.add_argument("--cut", type=float, default=60.0, help="seconds each cut lasts (default 60)")
+    parser.add_argument("--members", type=int, default=2, choices=(2, 3),
+                        help="PostgreSQL members: 2 with etcd on a host of its own, 3 with etcd on each (default 2)")
+    parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
+    layouts = [n.strip() for n in args.layouts.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(SCENARIOS)) + sorted(set(layouts) - set(LAYOUTS))
+    if unknown:
+        parser.error(f"unknown scenarios or layouts: {', '.join(unknown)}")
+    require_fleet_tools()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="chronos-fleet-") as tmp:
+        work = Path(tmp)
+        print("building the wheel and installing it as the install page says ...", flush=True)
+        opt = work / "opt"
+        install_chronos(build_wheel(work / "dist"), opt, work)
+        for layout in layouts:
+            fleet = Fleet(work / f"fleet-{layout}", opt, per_host=LAYOUTS[layout], members=args.members)
+            print(f"starting the fleet, layout {layout} ...", flush=True)
+            fleet.start()
+            carried = 0
+            try:
+                for name in names:
+                    fleet.heal_everything()
+                    print(f"scenario {name} (layout {layout}) ...", flush=True)
+                    report, row = RUNNERS[name](fleet, cut_s=args.cut, rate=args.rate)
+                    row.update(scenario_key=name, layout="{}/{}/{} per host".format(*LAYOUTS[layout]),
+                               carried_before=carried)
+                    carried += row["sent"]
+                    rows.append(row)
+                    print(report.line(), flush=True)
+            finally:
+                stuck = fleet.close()
+                if stuck:
+                    print(f"processes of the fleet outlive its close: {stuck}", file=sys.stderr)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_bytes(orjson.dumps({
+            "date": time.strftime("%Y-%m-%d"), "rate": args.rate, "cut_s": args.cut, "members": args.members,
+            "hosts": "2 Chronos hosts, PostgreSQL on 2 (Patroni, synchronous) with etcd on a third, the broker on one",
+            "command": "python -m benchmarks.fleet " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "rows": rows}, option=orjson.OPT_INDENT_2))
+    return 0 if all(r["lost"] == 0 and r["early"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

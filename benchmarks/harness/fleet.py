@@ -1,0 +1,625 @@
+"""A fleet on one machine: Chronos on several hosts, a replicated PostgreSQL and a Kafka broker on
+others, each host a network namespace on one bridge (harness.netns), and partitions between them.
+
+    client      the load, the reader and every probe of the tests (the test process's own threads)
+    etcd-1      etcd, Patroni's consensus store, on a host of its own (two members) ...
+    db-1, db-2  Patroni members, each with its PostgreSQL (synchronous replication); with three
+                members each runs an etcd member too, so a cut-off member leaves a quorum
+    kafka-1     the broker, advertising its bridge address
+    chronos-1 ...  Chronos hosts, installed as docs/operations/host-install.md says
+
+A Chronos host is installed and run by the commands of the install page itself: the blocks marked
+`<!-- fleet: once -->` (the system user, the virtual environment from the wheel built from the
+checkout: one environment, shared by every host) and `<!-- fleet: host -->` (the shipped files) are run
+as written, as root, the second on each host; the block marked `<!-- fleet: start -->` is what runs
+supervisord on each host; `<!-- fleet: check -->` runs on each host once it is up. What the page
+cannot give verbatim (the database's address and password, the Kafka client's settings, the process
+counts) is the host's environment file, written here with the page's variables. Each host has its own
+/etc/chronos, /run/chronos, /var/log/chronos, /var/lib/chronos and /etc/hosts (bind mounts in the
+host's own mount namespace, made by `ip netns exec`), and shares /opt/chronos.
+
+Everything the fleet starts runs inside a namespace of its own prefix, so `close` (and the next
+`start`, after a kit killed outright) ends it all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from benchmarks.harness.netns import Network, NetworkError
+
+ROOT = Path(__file__).resolve().parents[2]
+INSTALL_PAGE = ROOT / "docs" / "operations" / "host-install.md"
+PATRONI_VENV = ROOT / ".patroni-venv"
+ETCD = Path("/usr/bin/etcd")
+PG_PORT, REST_PORT, ETCD_PORT, KAFKA_PORT, METRICS_PORT = 5432, 8008, 2379, 9092, 9400
+ROLE_OFFSET = {"consumer": 0, "firer": 100, "detector": 200}
+# what a host's mount namespace gives it of its own (mount point -> directory under the host's folder)
+OWN_DIRS = {"/etc/chronos": "etc", "/run/chronos": "run", "/var/log/chronos": "log", "/var/lib/chronos": "home",
+            "/etc/systemd/system": "systemd"}
+SHARED_DIR = "/opt/chronos"
+APP_USER = APP_DATABASE = "chronos"
+BLOCK = re.compile(r"<!-- fleet: (?P<tag>[\w ]+) -->\n```(?:sh|bash)\n(?P<code>.*?)\n```", re.S)
+
+
+class FleetError(RuntimeError):
+    pass
+
+
+def page_blocks(page: Path, tag: str) -> list[str]:
+    """The shell blocks of `page` marked `<!-- fleet: TAG -->`, in page order."""
+    blocks = [m["code"] for m in BLOCK.finditer(page.read_text()) if m["tag"].strip() == tag]
+    if not blocks:
+        raise FleetError(f"{page.relative_to(ROOT)} has no block marked <!-- fleet: {tag} -->")
+    return blocks
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    os.chmod(path, mode)
+    return path
+
+
+def _get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    """(status, body) of a GET; (0, b"") when nothing answers in time."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except (OSError, ValueError):
+        return 0, b""
+
+
+def wait(condition: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:
+    end = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < end:
+        last = condition()
+        if last:
+            return last
+        time.sleep(every)
+    raise FleetError(f"{what}: not within {timeout:.0f}s (last: {last!r})")
+
+
+# -- the hosts' file systems ----------------------------------------------------------------------
+
+
+def mount_script(path: Path, binds: dict[str, Path]) -> Path:
+    """A script that bind-mounts each directory (or file) on its place, then runs its arguments: run
+    in a mount namespace of its own (`ip netns exec` makes one), the mounts are that host's alone."""
+    lines = ["#!/bin/sh", "set -e"]
+    lines += [f"mount --bind {shlex.quote(str(src))} {shlex.quote(target)}" for target, src in binds.items()]
+    lines.append('exec "$@"')
+    return _write(path, "\n".join(lines) + "\n", 0o755)
+
+
+def mount_points(targets: list[str]) -> None:
+    """The mount points must exist in the machine's own file system (empty directories are made)."""
+    for target in targets:
+        if target != "/etc/hosts":
+            Path(target).mkdir(parents=True, exist_ok=True)
+
+
+def install_chronos(wheel: Path, opt_dir: Path, workdir: Path, *, timeout: float = 600.0) -> Path:
+    """Install the package on the fleet's shared /opt/chronos as the install page says (its blocks
+    marked `once`), from the directory that holds `wheel`, with the machine's network (the package
+    registry). Returns the environment the page links as /opt/chronos/venv (here under `opt_dir`)."""
+    opt_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(opt_dir, 0o755)
+    home = workdir / "install-home"
+    home.mkdir(parents=True, exist_ok=True)
+    binds = {SHARED_DIR: opt_dir, "/var/lib/chronos": home}
+    mount_points(list(binds))
+    script = mount_script(workdir / "install-mounts", binds)
+    for code in page_blocks(INSTALL_PAGE, "once"):
+        if "useradd" in code and _user_exists("chronos"):
+            continue  # one system user serves every host of this machine
+        done = subprocess.run(["unshare", "--mount", "--propagation", "slave", str(script), "bash", "-euo",
+                               "pipefail", "-c", code], cwd=wheel.parent, capture_output=True, text=True,
+                              timeout=timeout, env=_plain_env())
+        if done.returncode != 0:
+            raise FleetError(f"the install page's block failed ({done.returncode}):\n{code}\n{done.stdout}\n{done.stderr}")
+    link = opt_dir / "venv"
+    if not link.is_symlink():
+        raise FleetError(f"the install page's blocks made no {SHARED_DIR}/venv")
+    return opt_dir / os.readlink(link).removeprefix(SHARED_DIR + "/")
+
+
+def _user_exists(name: str) -> bool:
+    import pwd
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
+        return False
+
+
+def _plain_env(**extra: str) -> dict[str, str]:
+    """A root shell's environment: nothing of this test run's (its virtual environment, CHRONOS_*)."""
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8",
+           "HOME": "/root"}
+    if "TZ" in os.environ:
+        env["TZ"] = os.environ["TZ"]
+    return {**env, **extra}
+
+
+# -- the servers ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Proc:
+    """A server the fleet started in a host."""
+
+    name: str
+    host: str
+    popen: subprocess.Popen
+    log: Path
+
+    def tail(self, lines: int = 15) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class ChronosHost:
+    """One Chronos host: its folder (what it has of its own), its supervisord, its settings."""
+
+    name: str
+    address: str
+    folder: Path
+    counts: dict[str, int]
+    supervisord: subprocess.Popen | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    starts: dict[str, int] = field(default_factory=dict)  # each program's starts logged before the last start
+
+    @property
+    def log_dir(self) -> Path:
+        return self.folder / "log"
+
+    def log(self, program: str) -> str:
+        path = self.log_dir / f"{program}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def programs(self) -> list[str]:
+        return [f"{role}_{i:02d}" for role in ("consumer", "firer", "detector") for i in range(self.counts[role])]
+
+    def metrics_port(self, program: str) -> int:
+        role, num = program.rsplit("_", 1)
+        return METRICS_PORT + ROLE_OFFSET[role] + int(num)
+
+
+class Fleet:
+    """The whole fleet; `start` builds and starts it, `close` ends and removes everything it made.
+
+    `members` 2: etcd on a host of its own; 3: an etcd member on each PostgreSQL host. `per_host` is
+    (consumers, firers, detectors) on each Chronos host. `settings` are more CHRONOS_* lines of every
+    host's environment file (the hold time, say)."""
+
+    def __init__(self, workdir: Path, opt_dir: Path, *, chronos_hosts: int = 2, per_host: tuple[int, int, int] = (1, 1, 1),
+                 members: int = 2, partitions: int = 4, prefix: str = "chf", settings: dict[str, str] | None = None,
+                 kafka_properties: dict[str, str] | None = None):
+        if members not in (2, 3):
+            raise FleetError(f"the fleet's PostgreSQL has 2 or 3 members, not {members}")
+        self.workdir = Path(workdir).absolute()
+        self.opt_dir = opt_dir
+        self.net = Network(prefix)
+        self.members = [f"db-{i + 1}" for i in range(members)]
+        self.etcd_hosts = self.members if members == 3 else ["etcd-1"]
+        self.chronos = [ChronosHost(f"chronos-{i + 1}", "", self.workdir / f"chronos-{i + 1}",
+                                    dict(zip(("consumer", "firer", "detector"), per_host)))
+                        for i in range(chronos_hosts)]
+        self.partitions = partitions
+        self.settings = settings or {}
+        self.kafka_properties = kafka_properties or {}
+        self.passwords = {role: secrets.token_hex(12) for role in ("superuser", "replication", "app")}
+        self.procs: dict[str, Proc] = {}
+        self.topics = {"input": "chronos.input", "output": "chronos.output", "dlq": "chronos.dlq"}
+
+    # -- addresses -------------------------------------------------------------------------------
+
+    def address(self, host: str) -> str:
+        return self.net[host].address
+
+    @property
+    def bootstrap(self) -> str:
+        """The broker, by address: for clients that run in the test process (which knows no host names)."""
+        return f"{self.address('kafka-1')}:{KAFKA_PORT}"
+
+    @property
+    def database_url(self) -> str:
+        """The application's multi-host URL by name, as the Chronos hosts have it (password in pgpass)."""
+        hosts = ",".join(f"{m}:{PG_PORT}" for m in self.members)
+        return f"postgresql://{APP_USER}@{hosts}/{APP_DATABASE}?target_session_attrs=read-write&connect_timeout=2"
+
+    def url(self, *, admin: bool = False, member: str | None = None) -> str:
+        """A URL by address with its password, for the test process (in the client host)."""
+        user, password, db = (("postgres", self.passwords["superuser"], "postgres") if admin
+                              else (APP_USER, self.passwords["app"], APP_DATABASE))
+        hosts = ",".join(f"{self.address(m)}:{PG_PORT}" for m in ([member] if member else self.members))
+        return (f"postgresql://{user}:{password}@{hosts}/{db}?connect_timeout=2"
+                + ("" if member else "&target_session_attrs=read-write"))
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 180.0) -> None:
+        t0 = time.monotonic()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "logs").mkdir(exist_ok=True)
+        self.net.start()
+        try:
+            for name in ["client", *([] if self.etcd_hosts == self.members else self.etcd_hosts), *self.members,
+                         "kafka-1", *(h.name for h in self.chronos)]:
+                self.net.add(name)
+            for host in self.chronos:
+                host.address = self.address(host.name)
+            _write(self.workdir / "hosts", self.net.hosts_file())
+            self._start_etcd()
+            self._start_members()
+            self._start_broker()
+            self.wait_leader(timeout=max(10.0, timeout - (time.monotonic() - t0)))
+            self.wait_sync_standby(timeout=60)
+            self._app_database()
+            self._topics()
+            for host in self.chronos:
+                self._install_host(host)
+            self._migrate()
+            for host in self.chronos:
+                self.start_host(host)
+            for host in self.chronos:
+                self.wait_host(host)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> list[str]:
+        """End everything and delete the namespaces; what would not end."""
+        for host in self.chronos:
+            if host.supervisord is not None and host.supervisord.poll() is None:
+                self.stop_host(host, timeout=20)
+        stuck = self.net.close()
+        for proc in self.procs.values():
+            if proc.popen.poll() is None:
+                proc.popen.kill()
+            proc.popen.wait(5)
+        return stuck
+
+    def __enter__(self) -> "Fleet":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- servers ---------------------------------------------------------------------------------
+
+    def _spawn(self, name: str, host: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+        log = self.workdir / "logs" / f"{name}.log"
+        popen = subprocess.Popen(self.net.command(host, argv), stdin=subprocess.DEVNULL, stdout=open(log, "ab"),
+                                 stderr=subprocess.STDOUT, env=env or _plain_env(), start_new_session=True)
+        proc = self.procs[name] = Proc(name, host, popen, log)
+        return proc
+
+    def _start_etcd(self) -> None:
+        cluster = ",".join(f"etcd-{h}=http://{self.address(h)}:{ETCD_PORT + 1}" for h in self.etcd_hosts)
+        for host in self.etcd_hosts:
+            a = self.address(host)
+            data = self.workdir / host / "etcd"
+            data.mkdir(parents=True, exist_ok=True)
+            os.chmod(data, 0o700)
+            self._spawn(f"etcd-{host}", host, [
+                str(ETCD), "--name", f"etcd-{host}", "--data-dir", str(data),
+                "--listen-client-urls", f"http://{a}:{ETCD_PORT}", "--advertise-client-urls", f"http://{a}:{ETCD_PORT}",
+                "--listen-peer-urls", f"http://{a}:{ETCD_PORT + 1}",
+                "--initial-advertise-peer-urls", f"http://{a}:{ETCD_PORT + 1}",
+                "--initial-cluster", cluster, "--initial-cluster-state", "new", "--initial-cluster-token", "chronos-fleet",
+                "--logger", "zap", "--log-outputs", "stderr"])
+
+    def _start_members(self) -> None:
+        from chronos.embedded.patroni import patroni_command, patroni_config
+        from chronos.embedded.postgres import ensure_traversable, postgres_bin_dir, server_user
+        user = server_user()
+        if user is None:
+            raise FleetError("the fleet runs as root (namespaces), so PostgreSQL has a user of its own")
+        bin_dir, command = postgres_bin_dir(), patroni_command()
+        ensure_traversable(bin_dir)
+        ensure_traversable(command)
+        etcd = [f"{self.address(h)}:{ETCD_PORT}" for h in self.etcd_hosts]
+        for name in self.members:
+            node = self.workdir / name / "pg"
+            node.mkdir(parents=True, exist_ok=True)
+            ensure_traversable(node)
+            config = patroni_config(name=name, pg_port=PG_PORT, restapi_port=REST_PORT, etcd_port=ETCD_PORT,
+                                    node_dir=node, bin_dir=bin_dir, passwords=self.passwords, ttl=20, loop_wait=1,
+                                    retry_timeout=4, strict=False, fast=True, host=self.address(name),
+                                    etcd_hosts=etcd, clients=str(self.net.net))
+            path = node / "patroni.yml"
+            _write(path, json.dumps(config, indent=2), 0o600)
+            for p in (node, path):
+                os.chown(p, *user)
+            os.chmod(node, 0o700)
+            self._spawn(name, name, ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups", "--",
+                                     str(command), str(path)], _plain_env(HOME=str(node), LC_ALL="C"))
+
+    def _start_broker(self) -> None:
+        from chronos.embedded.broker import BROKER_STORAGE, broker_bin
+        listener = f"tcp://{self.bootstrap}"
+        self._spawn("kafka-1", "kafka-1", [broker_bin(), "broker", "--listener-url", listener,
+                                           "--advertised-listener-url", listener, "--storage-engine", BROKER_STORAGE],
+                    _plain_env(RUST_LOG="warn", NO_COLOR="1"))
+
+    def _topics(self) -> None:
+        from chronos.adapters.kafka.admin import create_topics
+        with self.net.inside("client"):
+            wait(lambda: self._broker_answers(), 30, "the broker answering")
+            create_topics(self.bootstrap, {t: self.partitions for t in self.topics.values()})
+
+    def _broker_answers(self) -> bool:
+        from confluent_kafka.admin import AdminClient
+        try:
+            AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=2)
+            return True
+        except Exception:  # noqa: BLE001 - not up yet: asked again
+            return False
+
+    # -- Patroni, as the client host sees it --------------------------------------------------------
+
+    def rest(self, member: str, path: str, timeout: float = 2.0) -> Any:
+        """A member's REST API answer (decoded JSON), asked from the client host; None when it does not answer."""
+        with self.net.inside("client"):
+            status, body = _get(f"http://{self.address(member)}:{REST_PORT}{path}", timeout)
+        if status == 0:
+            return None
+        try:
+            return json.loads(body)
+        except ValueError:
+            return None
+
+    def cluster(self, exclude: tuple[str, ...] = ()) -> list[dict[str, Any]] | None:
+        for member in self.members:
+            if member in exclude:
+                continue
+            answer = self.rest(member, "/cluster", timeout=1.0)
+            if isinstance(answer, dict):
+                return list(answer.get("members", []))
+        return None
+
+    def leader(self, exclude: tuple[str, ...] = ()) -> str | None:
+        """The member whose PostgreSQL is the writable leader, as the members that answer (not `exclude`) say."""
+        for m in self.cluster(exclude) or []:
+            if m.get("role") == "leader" and m.get("state") == "running" and m["name"] not in exclude:
+                answer = self.rest(m["name"], "/patroni", timeout=1.0)
+                if isinstance(answer, dict) and answer.get("role") == "primary" and answer.get("state") == "running":
+                    return m["name"]
+        return None
+
+    def wait_leader(self, not_name: str | None = None, timeout: float = 90.0) -> tuple[str, float]:
+        """(leader, when it was first seen so) once a member other than `not_name` leads and takes writes."""
+        exclude = (not_name,) if not_name else ()
+        name = wait(lambda: self.leader(exclude), timeout, f"a leader other than {not_name}" if not_name else "a leader",
+                    every=0.05)
+        return name, time.time()
+
+    def sync_standby(self) -> str | None:
+        for m in self.cluster() or []:
+            if m.get("role") == "sync_standby" and m.get("state") == "streaming":
+                return m["name"]
+        return None
+
+    def wait_sync_standby(self, timeout: float = 90.0) -> str:
+        return wait(self.sync_standby, timeout, "a synchronous standby streaming", every=0.2)
+
+    def member_role(self, member: str) -> dict[str, Any] | None:
+        """What the member says of itself (`GET /patroni`), asked from the client host."""
+        answer = self.rest(member, "/patroni", timeout=1.0)
+        return answer if isinstance(answer, dict) else None
+
+    def _app_database(self) -> None:
+        import psycopg
+        from psycopg import sql
+        with self.net.inside("client"):
+            with psycopg.connect(self.url(admin=True) + "&target_session_attrs=read-write", autocommit=True) as conn:
+                conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                    sql.Identifier(APP_USER), sql.Literal(self.passwords["app"])))
+                conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                    sql.Identifier(APP_DATABASE), sql.Identifier(APP_USER)))
+
+    # -- Chronos hosts ------------------------------------------------------------------------------
+
+    def mounts(self, host: ChronosHost) -> Path:
+        binds: dict[str, Path] = {target: host.folder / sub for target, sub in OWN_DIRS.items()}
+        binds[SHARED_DIR] = self.opt_dir
+        binds["/etc/hosts"] = self.workdir / "hosts"
+        for target, src in binds.items():
+            if src.suffix == "" and target != "/etc/hosts":
+                src.mkdir(parents=True, exist_ok=True)
+        mount_points(list(binds))
+        return mount_script(host.folder / "mounts", binds)
+
+    def on(self, host: ChronosHost | str, script: str, *, timeout: float = 120.0, check: bool = True,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """Run a bash script as root on a Chronos host (its network, its own directories)."""
+        h = self.host(host)
+        argv = self.net.command(h.name, [str(h.folder / "mounts"), "bash", "-euo", "pipefail", "-c", script])
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env or _plain_env(),
+                              cwd="/")
+        if check and done.returncode != 0:
+            raise FleetError(f"on {h.name}, ({done.returncode}):\n{script}\n{done.stdout}\n{done.stderr}")
+        return done
+
+    def host(self, host: ChronosHost | str) -> ChronosHost:
+        if isinstance(host, ChronosHost):
+            return host
+        return next(h for h in self.chronos if h.name == host)
+
+    def environment(self, host: ChronosHost) -> dict[str, str]:
+        """The host's /etc/chronos/env: the page's variables, with this fleet's servers."""
+        consumers, firers, detectors = (host.counts[r] for r in ("consumer", "firer", "detector"))
+        return {
+            "CHRONOS_BIN": "/opt/chronos/venv/bin/chronos",
+            "CHRONOS_RUN_DIR": "/run/chronos",
+            "CHRONOS_LOG_DIR": "/var/log/chronos",
+            "CHRONOS_CONSUMERS": str(consumers),
+            "CHRONOS_FIRERS": str(firers),
+            "CHRONOS_DETECTORS": str(detectors),
+            "CHRONOS_CONSOLES": "0",
+            "CHRONOS_DATABASE_URL": self.database_url,
+            "PGPASSFILE": "/etc/chronos/pgpass",
+            "CHRONOS_KAFKA_BOOTSTRAP_SERVERS": f"kafka-1:{KAFKA_PORT}",
+            "CHRONOS_KAFKA_PROPERTIES_FILE": "/etc/chronos/kafka.properties",
+            "CHRONOS_METRICS_PORT": str(METRICS_PORT),
+            **self.settings,
+        }
+
+    def _install_host(self, host: ChronosHost) -> None:
+        from chronos.adapters.kafka.clients import EMBEDDED_PROFILE
+        self.mounts(host)
+        for code in page_blocks(INSTALL_PAGE, "host"):
+            self.on(host, code)
+        host.env = self.environment(host)
+        env_text = "".join(f"{k}={shlex.quote(v)}\n" for k, v in host.env.items())
+        props = {**EMBEDDED_PROFILE, **self.kafka_properties}
+        self.on(host, "install -o chronos -g chronos -m 0600 /dev/null /etc/chronos/pgpass\n"
+                      f"echo '*:{PG_PORT}:{APP_DATABASE}:{APP_USER}:{self.passwords['app']}' > /etc/chronos/pgpass\n"
+                      "install -o chronos -g chronos -m 0600 /dev/null /etc/chronos/kafka.properties\n"
+                      f"cat > /etc/chronos/kafka.properties <<'EOF'\n"
+                      + "".join(f"{k}={v}\n" for k, v in props.items()) + "EOF\n"
+                      "install -m 0600 /dev/null /etc/chronos/env\n"
+                      f"cat > /etc/chronos/env <<'EOF'\n{env_text}EOF\n")
+
+    def _migrate(self) -> None:
+        host = self.chronos[0]
+        self.on(host, self.chronos_function() + "chronos migrate\n")
+
+    def chronos_function(self) -> str:
+        """The shell functions of the install page (`chronos`, `supervisorctl`), as a script's first lines."""
+        code = page_blocks(INSTALL_PAGE, "check")[0]
+        return "\n".join(line for line in code.splitlines() if re.match(r"^\w+\(\) \{", line)) + "\n"
+
+    def start_host(self, host: ChronosHost | str) -> None:
+        """Run supervisord on the host as the install page's `start` block does (in the foreground, as
+        its own child here)."""
+        h = self.host(host)
+        h.starts = {p: h.log(p).count("starting: node") for p in h.programs()}
+        (code,) = page_blocks(INSTALL_PAGE, "start")
+        argv = self.net.command(h.name, [str(h.folder / "mounts"), "bash", "-euo", "pipefail", "-c", code])
+        log = self.workdir / "logs" / f"{h.name}-supervisord.out"
+        h.supervisord = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=open(log, "ab"),
+                                         stderr=subprocess.STDOUT, env=_plain_env(), cwd="/", start_new_session=True)
+
+    def wait_host(self, host: ChronosHost | str, timeout: float = 60.0) -> None:
+        """Until every program of the host has logged its start since `start_host`."""
+        h = self.host(host)
+
+        def started() -> bool:
+            if h.supervisord is not None and h.supervisord.poll() is not None:
+                raise FleetError(f"supervisord of {h.name} exited ({h.supervisord.returncode})")
+            return all(h.log(p).count("starting: node") > h.starts.get(p, 0) for p in h.programs())
+        wait(started, timeout, f"the programs of {h.name} started ({ {p: h.log(p)[-300:] for p in h.programs()} })")
+
+    def stop_host(self, host: ChronosHost | str, timeout: float = 60.0) -> int | None:
+        """SIGTERM the host's supervisord (it stops its programs gracefully) and wait for it."""
+        h = self.host(host)
+        if h.supervisord is None:
+            return None
+        pid_file = h.folder / "run" / "supervisord.pid"
+        try:
+            os.kill(int(pid_file.read_text().strip()), 15)
+        except (OSError, ValueError):
+            h.supervisord.terminate()
+        try:
+            return h.supervisord.wait(timeout)
+        except subprocess.TimeoutExpired:
+            h.supervisord.kill()
+            return h.supervisord.wait(5)
+
+    def supervisorctl(self, host: ChronosHost | str, *args: str, check: bool = True) -> str:
+        """The install page's `supervisorctl` function, on the host."""
+        return self.on(host, self.chronos_function() + "supervisorctl " + " ".join(map(shlex.quote, args)),
+                       check=check).stdout
+
+    def health(self, host: ChronosHost | str, program: str, timeout: float = 1.0) -> tuple[int, dict[str, Any]]:
+        """A program's /healthz, asked from the client host: (status, report); (0, {}) when it does not answer."""
+        h = self.host(host)
+        with self.net.inside("client"):
+            status, body = _get(f"http://{h.address}:{h.metrics_port(program)}/healthz", timeout)
+        try:
+            return status, json.loads(body) if body else {}
+        except ValueError:
+            return status, {}
+
+    def metrics(self, host: ChronosHost | str, program: str, timeout: float = 1.0) -> str:
+        h = self.host(host)
+        with self.net.inside("client"):
+            status, body = _get(f"http://{h.address}:{h.metrics_port(program)}/metrics", timeout)
+        return body.decode(errors="replace") if status == 200 else ""
+
+    def node_ids(self, host: ChronosHost | str) -> dict[str, str]:
+        """Program -> node id of its latest start, from its log."""
+        h = self.host(host)
+        out = {}
+        for program in h.programs():
+            found = re.findall(r"starting: node ([0-9a-f-]{36})", h.log(program))
+            if found:
+                out[program] = found[-1]
+        return out
+
+    def logs(self, host: ChronosHost | str) -> str:
+        h = self.host(host)
+        return "".join(h.log(p) for p in h.programs())
+
+    # -- partitions ----------------------------------------------------------------------------------
+
+    def cut(self, host: str, peers: list[str] | None = None, **how: bool) -> float:
+        """Cut `host` off (harness.netns.Network.cut); when (time.time())."""
+        self.net.cut(host, peers, **how)
+        return time.time()
+
+    def heal(self, host: str | None = None) -> float:
+        if host is None:
+            self.net.heal_all()
+        else:
+            self.net.heal(host)
+        return time.time()
+
+    def heal_everything(self, timeout: float = 120.0) -> None:
+        """Back to whole: no cut, every member running with a leader and a synchronous standby, every
+        Chronos host's supervisord running."""
+        self.net.heal_all()
+        self.wait_leader(timeout=timeout)
+        self.wait_sync_standby(timeout=timeout)
+        for h in self.chronos:
+            if h.supervisord is None or h.supervisord.poll() is not None:
+                self.start_host(h)
+                self.wait_host(h)
+
+    def processes(self) -> Iterator[Proc]:
+        return iter(self.procs.values())
+
+
+def require_fleet_tools() -> None:
+    """What the fleet needs on this machine, or a FleetError that says what to install."""
+    from benchmarks.harness.netns import require_tools
+    try:
+        require_tools()
+    except NetworkError as exc:
+        raise FleetError(str(exc)) from None
+    for path, hint in ((ETCD, "apt-get install etcd-server (make patroni)"),
+                       (Path("/usr/bin/python3"), "apt-get install python3-venv python3-dev")):
+        if not path.exists():
+            raise FleetError(f"{path} is missing: {hint}")
+    if shutil.which("setpriv") is None or shutil.which("unshare") is None:
+        raise FleetError("setpriv and unshare (util-linux) are missing")

@@ -1,0 +1,378 @@
+"""Partitions under load on a fleet (harness.fleet): the scenarios, what they measure, and their verdict.
+
+Each scenario runs a steady load from the client host (harness.faultload's `Load` and `Reader`, in the
+client's network), cuts a host off as the scenario says, heals it, drains, and returns one row of
+figures: messages sent (acknowledged by the broker), lost, early and duplicated (and how many
+duplicates the fault explains, how many the cut-off host published after the heal), the longest pause
+in deliveries and when it ended (after the fault, the heal or the promotion), the latest delivery,
+and what operators saw meanwhile: each program's /healthz as the monitoring host (the client) and as
+the host itself saw it, the first log lines that named the fault, `chronos status` from a host on the
+right side. The scenarios (docs/operations/failure-behaviour.md shows the figures):
+
+    primary      a) the PostgreSQL primary's host cut off from everything: Patroni promotes the
+                    synchronous standby, the old primary demotes itself and rejoins after the heal
+    host         b) a Chronos host cut off from everything
+    host-db      c) a Chronos host cut off from PostgreSQL only (Kafka reachable)
+    host-kafka   d) a Chronos host cut off from Kafka only (PostgreSQL reachable)
+    kafka        e) the Kafka host cut off from everything
+    primary-out  f) one-way loss: what the primary's host sends is dropped, what it receives arrives
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import threading
+import time
+from typing import Any, Callable
+
+import orjson
+
+from benchmarks.harness.faultload import LATE_S, Fault, Load, Reader, Report, analyse, longest_pause, reread
+from benchmarks.harness.fleet import ChronosHost, Fleet, FleetError
+from benchmarks.harness.report import percentiles
+from chronos.roles.firer.held import PUBLISHABLE_SHARE
+
+SCENARIOS = ("primary", "host", "host-db", "host-kafka", "kafka", "primary-out")
+LOG_SIGNS = ("postgres unavailable", "did not answer within", "another server than before", "is read-only",
+             "kafka unavailable", "left consumer group", "rejoining consumer group",
+             "held rows were claimed more than", "claiming nothing until Kafka", "publishing stalled",
+             "publishing works again",
+             "reachable again", "suspected")
+
+
+# Run on a host by the host's own Python: each program's /healthz as "<program> <status> <body>" lines.
+OWN_HEALTH = """
+import sys, urllib.request, urllib.error
+for arg in sys.argv[1:]:
+    program, port = arg.split("=")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=0.8) as r:
+            status, body = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, body = e.code, e.read()
+    except OSError:
+        status, body = 0, b""
+    print(program, status, body.decode(errors="replace").replace(chr(10), " "))
+"""
+
+
+class Watch(threading.Thread):
+    """Every second, from the client host: each program's /healthz on every Chronos host (as a monitoring
+    host scrapes it) and the Patroni leader; from the cut-off host itself, its programs' /healthz (what
+    the host believes: a cut-off host cannot be scraped)."""
+
+    def __init__(self, fleet: Fleet, inside: str | None = None, every: float = 1.0):
+        super().__init__(daemon=True, name="fleet-watch")
+        self.fleet, self.inside, self.every = fleet, inside, every
+        self.samples: list[dict[str, Any]] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.wait(self.every):
+            at = time.time()
+            sample: dict[str, Any] = {"at": at, "scraped": {}, "own": {}}
+            for host in self.fleet.chronos:
+                for program in host.programs():
+                    status, report = self.fleet.health(host, program, timeout=0.8)
+                    sample["scraped"][f"{host.name}/{program}"] = _health_word(status, report)
+            if self.inside is not None:
+                sample["own"] = self._own_view(self.fleet.host(self.inside))
+            self.samples.append(sample)
+
+    def _own_view(self, host: ChronosHost) -> dict[str, str]:
+        """The host's programs' /healthz asked on the host itself (its loopback stays reachable): one
+        short Python of the host's own, not a CLI start per program, to keep the sampling light."""
+        args = " ".join(f"{p}={host.metrics_port(p)}" for p in host.programs())
+        try:
+            done = self.fleet.on(host, f"/opt/chronos/venv/bin/python -I -c {shlex.quote(OWN_HEALTH)} {args}",
+                                 timeout=10, check=False)
+        except Exception:  # noqa: BLE001 - a sample missed is a gap in the timeline, not a failure
+            return {}
+        out = {}
+        for line in done.stdout.splitlines():
+            program, _, body = line.partition(" ")
+            status, _, body = body.partition(" ")
+            try:
+                report = orjson.loads(body) if body.strip() else {}
+            except ValueError:
+                report = {}
+            out[program] = _health_word(int(status), report if isinstance(report, dict) else {})
+        return out
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(15)
+
+    def timeline(self, since: float) -> dict[str, list[tuple[float, str]]]:
+        """Per program (scraped or `own:`), its health changes after `since`: (seconds after, word)."""
+        changes: dict[str, list[tuple[float, str]]] = {}
+        last: dict[str, str] = {}
+        for s in self.samples:
+            for kind, prefix in (("scraped", ""), ("own", f"own:{self.inside}/")):
+                for program, word in s[kind].items():
+                    key = prefix + program
+                    if last.get(key) != word:
+                        last[key] = word
+                        if s["at"] >= since - 1.0:
+                            changes.setdefault(key, []).append((round(s["at"] - since, 1), word))
+        return changes
+
+
+def _health_word(status: int, report: dict[str, Any]) -> str:
+    """`ok`, `unreachable`, or `failing: <checks that fail>`."""
+    if status == 0:
+        return "unreachable"
+    if status == 200:
+        return "ok"
+    failing = sorted(name for name, check in (report.get("checks") or {}).items() if not check.get("ok"))
+    return "failing: " + ",".join(failing or [str(report.get("reason") or status)])
+
+
+def first_log_lines(fleet: Fleet, since: float) -> dict[str, tuple[float, str]]:
+    """The first line of each of LOG_SIGNS after `since`, over every program of every host: sign ->
+    (seconds after, `host/program`)."""
+    found: dict[str, tuple[float, str]] = {}
+    for host in fleet.chronos:
+        for program in host.programs():
+            for line in host.log(program).splitlines():
+                sign = next((s for s in LOG_SIGNS if s in line), None)
+                if sign is None:
+                    continue
+                at = _log_time(line)
+                if at is not None and at >= since and (sign not in found or at - since < found[sign][0]):
+                    found[sign] = (round(at - since, 1), f"{host.name}/{program}")
+    return dict(sorted(found.items(), key=lambda kv: kv[1][0]))
+
+
+def _log_time(line: str) -> float | None:
+    match = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?", line)
+    if match is None:
+        return None
+    return time.mktime(time.strptime(match[1], "%Y-%m-%dT%H:%M:%S")) - time.timezone + float(match[2] or 0)
+
+
+class FleetScenario:
+    """One scenario's load, reader and faults on a running fleet; `finish` drains and judges."""
+
+    def __init__(self, fleet: Fleet, name: str, *, rate: float = 300, watch_inside: str | None = None,
+                 seed: int | None = None):
+        self.fleet, self.name, self.rate = fleet, name, rate
+        self.hold_s = int(fleet.environment(fleet.chronos[0]).get("CHRONOS_HOLD_TIME_MS", "5000")) / 1000.0
+        self.faults: list[Fault] = []
+        self.watch = Watch(fleet, watch_inside)
+        self.seed = seed
+        self.load: Load | None = None
+        self.reader: Reader | None = None
+        self.started = time.time()
+        self.restarts_before = self._starts()
+
+    def __enter__(self) -> "FleetScenario":
+        with self.fleet.net.inside("client"):  # the clients' threads and sockets are the client host's
+            self.reader = Reader(self.fleet.bootstrap, self.fleet.topics["output"], fetch_wait_ms=10)
+            self.reader.start()
+            self.reader.wait_assigned()
+            self.load = Load(self.fleet.bootstrap, self.fleet.topics["input"], rate=self.rate, seed=self.seed)
+            self.load.start()
+        self.watch.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.watch.stop()
+        if self.load is not None and self.load.is_alive():
+            self.load._halt.set()
+            self.load.join(10)
+        if self.reader is not None and self.reader.is_alive():
+            self.reader.stop()
+
+    def fault(self, what: str, start: float, end: float | None = None) -> Fault:
+        f = Fault(what, start, end)
+        self.faults.append(f)
+        return f
+
+    def _starts(self) -> dict[str, int]:
+        return {f"{h.name}/{p}": h.log(p).count("starting: node") for h in self.fleet.chronos for p in h.programs()}
+
+    def restarted(self) -> dict[str, int]:
+        """Programs started again during the scenario (by supervisord, after a crash): name -> times."""
+        now = self._starts()
+        return {k: v - self.restarts_before.get(k, 0) for k, v in now.items() if v > self.restarts_before.get(k, 0)}
+
+    def finish(self, drain: float = 45.0, settle: float = 3.0) -> Report:
+        assert self.load is not None and self.reader is not None
+        self.load.stop(flush_timeout=90)
+        wait = max(0.0, self.load.last_due - time.time()) + self.hold_s + drain
+        self.reader.wait_for(self.load.sent, timeout=wait)
+        time.sleep(settle)  # late duplicates
+        self.reader.stop()
+        report = analyse(self.name, self.load, self.reader, self.faults, hold_s=self.hold_s, window_explains=True)
+        if report.lost:
+            with self.fleet.net.inside("client"):
+                found = reread(self.fleet.bootstrap, self.fleet.topics["output"], set(report.lost))
+            report.lost_found_on_reread = sorted(found)
+            report.lost = [m for m in report.lost if m not in found]
+            report.delivered += len(found)
+        return report
+
+    def landed_after(self, heal_at: float, fault_at: float) -> tuple[list[str], list[str]]:
+        """Messages delivered before the heal and again after it, in two lists: those whose later copy
+        was produced while the cut-off host still held them (before the cut, or within three quarters of
+        the hold time after it, past which a firer publishes none of the rows it claimed before: its
+        request reached the broker only after the heal, sent again by the host's kernel), and those
+        produced later (a host that published rows it no longer held: must be none)."""
+        assert self.load is not None and self.reader is not None
+        in_flight: list[str] = []
+        republished: list[str] = []
+        for m in self.load.sent:
+            arrivals = self.reader.arrivals.get(m, ())
+            if len(arrivals) < 2 or not min(arrivals) < heal_at <= max(arrivals):
+                continue
+            created = self.reader.create_times[m]
+            later = [c for a, c in zip(arrivals, created) if a >= heal_at]
+            held_until = fault_at + PUBLISHABLE_SHARE * self.hold_s + 0.1  # CreateTime has millisecond precision
+            (in_flight if all(c < held_until for c in later) else republished).append(m)
+        return sorted(in_flight), sorted(republished)
+
+    def lateness_of(self, due_from: float, due_to: float) -> float:
+        """The latest delivery after its due time of the messages due between the two times (seconds)."""
+        assert self.load is not None and self.reader is not None
+        late = [min(self.reader.arrivals[m]) - s.due for m, s in self.load.sent.items()
+                if m in self.reader.arrivals and due_from <= s.due <= due_to]
+        return max(late, default=0.0)
+
+    def row(self, report: Report, *, fault_at: float, heal_at: float, promoted_at: float | None = None,
+            extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The scenario's figures, as the result file and the pages show them."""
+        pause = longest_pause(self, fault_at)  # type: ignore[arg-type]  # duck-typed: .load and .reader
+        row = report.row()
+        row.update({
+            "fault": self.faults[0].what if self.faults else self.name,
+            "cut_s": round(heal_at - fault_at, 1),
+            "duplicates_explained": report.duplicates - len(report.unexplained),
+            "published_while_held_landed_after_heal": len(self.landed_after(heal_at, fault_at)[0]),
+            "republished_after_heal": len(self.landed_after(heal_at, fault_at)[1]),
+            "longest_pause_s": None if pause is None else round(pause[1] - pause[0], 2),
+            "pause_began_after_fault_s": None if pause is None else round(pause[0] - fault_at, 2),
+            "pause_ended_after_fault_s": None if pause is None else round(pause[1] - fault_at, 2),
+            "pause_ended_after_heal_s": None if pause is None else round(pause[1] - heal_at, 2),
+            "promoted_after_fault_s": None if promoted_at is None else round(promoted_at - fault_at, 2),
+            "pause_ended_after_promotion_s": None if pause is None or promoted_at is None
+            else round(pause[1] - promoted_at, 2),
+            "max_lateness_during_fault_s": round(self.lateness_of(fault_at - self.hold_s, heal_at), 2),
+            "health": self.watch.timeline(fault_at),
+            "first_log_lines": first_log_lines(self.fleet, fault_at),
+            "restarted_programs": self.restarted(),
+            "lateness_p99_s": (percentiles([min(self.reader.arrivals[m]) - s.due for m, s in self.load.sent.items()
+                                            if m in self.reader.arrivals]) or {}).get("p99")
+            if self.load and self.reader else None,
+        })
+        row.update(extra or {})
+        return row
+
+
+# -- the scenarios ------------------------------------------------------------------------------------
+
+ScenarioResult = tuple[Report, dict[str, Any]]
+
+
+def _steady(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def primary_cut(fleet: Fleet, *, cut_s: float = 60.0, rate: float = 300, warmup: float = 5.0,
+                outbound_only: bool = False) -> ScenarioResult:
+    """a) (or f) with `outbound_only`): the primary's host cut off; the standby promoted; the heal; the old
+    primary back as a standby."""
+    old = fleet.leader()
+    if old is None:
+        raise FleetError("no leader to cut off")
+    name = "f) primary's packets dropped one way" if outbound_only else "a) primary's host cut off"
+    with FleetScenario(fleet, name, rate=rate) as sc:
+        _steady(warmup)
+        fault_at = fleet.cut(old, inbound=not outbound_only)
+        new, promoted_at = fleet.wait_leader(not_name=old, timeout=max(90.0, cut_s + 30))
+        time.sleep(max(0.0, fault_at + cut_s - time.time()))
+        status_during = status_from(fleet, fleet.chronos[0])
+        heal_at = fleet.heal(old)
+        sc.fault(f"{old} cut off {'(outbound only) ' if outbound_only else ''}{cut_s:.0f} s", fault_at, heal_at)
+        rejoined = _wait_standby(fleet, old, timeout=90)
+        time.sleep(3)
+        report = sc.finish()
+        row = sc.row(report, fault_at=fault_at, heal_at=heal_at, promoted_at=promoted_at, extra={
+            "old_primary": old, "new_primary": new,
+            "old_primary_rejoined_after_heal_s": None if rejoined is None else round(rejoined - heal_at, 1),
+            "status_during": status_during})
+    return report, row
+
+
+def _wait_standby(fleet: Fleet, member: str, timeout: float) -> float | None:
+    """When `member` runs as a streaming replica again (None if not within `timeout`)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for m in fleet.cluster() or []:
+            if m["name"] == member and m.get("role") in ("replica", "sync_standby") and m.get("state") == "streaming":
+                return time.time()
+        time.sleep(0.2)
+    return None
+
+
+def host_cut(fleet: Fleet, *, cut_s: float = 60.0, rate: float = 300, warmup: float = 5.0, peers: str = "all",
+             host: str = "chronos-1") -> ScenarioResult:
+    """b), c), d): a Chronos host cut off from everything (`peers` "all"), from PostgreSQL only ("db": every
+    member) or from Kafka only ("kafka")."""
+    names = {"all": None, "db": fleet.members, "kafka": ["kafka-1"]}[peers]
+    label = {"all": "b) a Chronos host cut off", "db": "c) a Chronos host cut off from PostgreSQL",
+             "kafka": "d) a Chronos host cut off from Kafka"}[peers]
+    other = next(h for h in fleet.chronos if h.name != host)
+    with FleetScenario(fleet, label, rate=rate, watch_inside=host) as sc:
+        _steady(warmup)
+        fault_at = fleet.cut(host, names)
+        time.sleep(max(0.0, fault_at + cut_s / 2 - time.time()))
+        status_during = status_from(fleet, other)
+        time.sleep(max(0.0, fault_at + cut_s - time.time()))
+        heal_at = fleet.heal(host)
+        sc.fault(f"{host} cut off from {peers} {cut_s:.0f} s", fault_at, heal_at)
+        time.sleep(8)  # the host rejoins: its consumer takes partitions again, its firer claims again
+        report = sc.finish()
+        row = sc.row(report, fault_at=fault_at, heal_at=heal_at, extra={"status_during": status_during})
+    return report, row
+
+
+def kafka_cut(fleet: Fleet, *, cut_s: float = 60.0, rate: float = 300, warmup: float = 5.0) -> ScenarioResult:
+    """e) the Kafka host cut off from everything."""
+    with FleetScenario(fleet, "e) the Kafka host cut off", rate=rate) as sc:
+        _steady(warmup)
+        fault_at = fleet.cut("kafka-1")
+        time.sleep(max(0.0, fault_at + cut_s / 2 - time.time()))
+        status_during = status_from(fleet, fleet.chronos[0])
+        time.sleep(max(0.0, fault_at + cut_s - time.time()))
+        heal_at = fleet.heal("kafka-1")
+        sc.fault(f"kafka-1 cut off {cut_s:.0f} s", fault_at, heal_at)
+        report = sc.finish(drain=60.0)
+        row = sc.row(report, fault_at=fault_at, heal_at=heal_at, extra={"status_during": status_during})
+    return report, row
+
+
+def status_from(fleet: Fleet, host: ChronosHost) -> dict[str, Any] | str:
+    """`chronos status --json` on `host`, with the install page's function (or what it said when it failed)."""
+    done = fleet.on(host, fleet.chronos_function() + "chronos status --json", check=False, timeout=30)
+    if done.returncode != 0:
+        return f"exit {done.returncode}: {(done.stderr or done.stdout).strip()[-300:]}"
+    try:
+        view = orjson.loads(done.stdout)
+    except ValueError:
+        return done.stdout[-300:]
+    keep = ("waiting", "due", "in_flight", "held_by", "suspected", "postgres")
+    return {k: v for k, v in view.items() if k in keep} if isinstance(view, dict) else view
+
+
+RUNNERS: dict[str, Callable[..., ScenarioResult]] = {
+    "primary": primary_cut,
+    "host": lambda fleet, **kw: host_cut(fleet, peers="all", **kw),
+    "host-db": lambda fleet, **kw: host_cut(fleet, peers="db", **kw),
+    "host-kafka": lambda fleet, **kw: host_cut(fleet, peers="kafka", **kw),
+    "kafka": kafka_cut,
+    "primary-out": lambda fleet, **kw: primary_cut(fleet, outbound_only=True, **kw),
+}
+
+__all__ = ["SCENARIOS", "RUNNERS", "FleetScenario", "Watch", "LATE_S"]

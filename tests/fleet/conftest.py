@@ -1,0 +1,47 @@
+"""A fleet on this machine (benchmarks/harness/fleet.py): two Chronos hosts installed from the wheel as
+docs/operations/host-install.md says, a replicated PostgreSQL (two Patroni members, etcd on a host of its
+own) and the broker, each host a network namespace of its own, partitions as nftables rules.
+
+Starting one takes a minute or two (the hosts' virtual environment is made from the wheel, psycopg's C
+implementation compiled), so the tests of this folder share it; each test gets it whole again (no cut, a
+leader, a synchronous standby, every host's supervisord running). Needs root, `make test`'s tools
+(iproute2, nftables, etcd, the Patroni environment); without them the tests fail saying what is missing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from benchmarks.harness.fleet import Fleet, install_chronos, require_fleet_tools
+
+
+@pytest.fixture(scope="package")
+def opt_dir(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The hosts' shared /opt/chronos: the package installed by the install page's own commands."""
+    require_fleet_tools()
+    work = tmp_path_factory.mktemp("fleet-install")
+    opt = work / "opt"
+    install_chronos(wheel, opt, work)
+    return opt
+
+
+@pytest.fixture(scope="package")
+def running_fleet(opt_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """The fleet; once it is closed, nothing of it may still run."""
+    fleet = Fleet(tmp_path_factory.mktemp("fleet"), opt_dir)
+    fleet.start()
+    try:
+        yield fleet
+    finally:
+        stuck = fleet.close()
+    assert not stuck, f"processes of the fleet outlive its close: {stuck}"
+
+
+@pytest.fixture
+def fleet(running_fleet: Fleet) -> Fleet:
+    """The fleet, whole again."""
+    running_fleet.heal_everything()
+    return running_fleet

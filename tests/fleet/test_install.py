@@ -1,0 +1,54 @@
+"""The production pages, run as written on the fleet's hosts: the install page's commands (the fleet
+installs and starts every host with them; here its checks), and the scaling page's way to change a role's
+count on a host."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from benchmarks.harness.fleet import ROOT, page_blocks
+from helpers import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+SCALING = ROOT / "docs" / "operations" / "scaling.md"
+
+
+def test_every_host_runs_the_install_pages_checks(fleet):
+    (code,) = page_blocks(ROOT / "docs" / "operations" / "host-install.md", "check")
+    for host in fleet.chronos:
+        out = fleet.on(host, code).stdout
+        assert re.search(r"^consumer:consumer_00\s+RUNNING", out, re.M), out
+        assert re.search(r"^firer:firer_00\s+RUNNING", out, re.M), out
+        assert re.search(r"^detector:detector_00\s+RUNNING", out, re.M), out
+        assert "waiting" in out  # chronos status
+
+
+def test_a_message_through_a_host_with_the_install_pages_commands(fleet):
+    (code,) = page_blocks(ROOT / "docs" / "operations" / "host-install.md", "message")
+    done = fleet.on(fleet.chronos[1], fleet.chronos_function() + code, timeout=90)
+    assert "key='hello' value='world'" in done.stdout, done.stdout + done.stderr
+    assert '"status":"ok"' in done.stdout.replace(" ", "") and '"role":"firer"' in done.stdout.replace(" ", "")
+
+
+def test_a_roles_count_on_a_host_changes_as_the_scaling_page_says(fleet):
+    """Firers to 0 on one host and back to 1, with the page's commands: supervisord reads the counts when
+    it starts, so the page changes the environment file and restarts it; the other host fires meanwhile."""
+    host = fleet.chronos[0]
+    to_zero, back = page_blocks(SCALING, "scale")
+    fleet.on(host, fleet.chronos_function() + to_zero)
+    assert host.supervisord is not None
+    assert host.supervisord.wait(60) == 0  # the page's shutdown ends the supervisord the start block ran
+    host.counts["firer"] = 0
+    fleet.start_host(host)
+    fleet.wait_host(host)
+    status = fleet.supervisorctl(host, "status", check=False)
+    assert "firer" not in status and "consumer:consumer_00" in status, status
+    fleet.on(host, fleet.chronos_function() + back)
+    assert host.supervisord.wait(60) == 0
+    host.counts["firer"] = 1
+    fleet.start_host(host)
+    fleet.wait_host(host)
+    wait_for(lambda: re.search(r"^firer:firer_00\s+RUNNING", fleet.supervisorctl(host, "status", check=False), re.M),
+             timeout=30, what="the firer back")

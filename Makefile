@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 up: $(VENV)/.installed
 	$(BIN)/chronos up $(ARGS)
 
-test: $(VENV)/.installed $(BIN)/promtool chromium stunnel postgresql-15 pgbouncer patroni fleet
+test: $(VENV)/.installed $(BIN)/promtool $(BIN)/prometheus chromium stunnel postgresql-15 pgbouncer patroni fleet
 	$(BIN)/ruff check chronos benchmarks tests
 	$(BIN)/lint-imports
 	$(BIN)/mypy chronos
@@ -117,17 +117,18 @@ $(VENV)/.installed: pyproject.toml setup.py native/_native.pyx
 	$(BIN)/python -c 'import psycopg; assert psycopg.pq.__impl__ == "c", psycopg.pq.__impl__'
 	touch $@
 
-# promtool checks the shipped Prometheus rules (tests/e2e/test_ops_files.py). It is taken out of Debian's
-# prometheus package without installing the package, so no Prometheus service is set up or started.
-# A promtool already on PATH is used instead. No way to get one fails here, with what to do.
-$(BIN)/promtool: | $(VENV)/.installed
-	@if command -v promtool >/dev/null 2>&1; then ln -sf "$$(command -v promtool)" $@; exit 0; fi; \
-	command -v apt-get >/dev/null 2>&1 || { echo "make: the tests need promtool (Prometheus): install it and put it on PATH" >&2; exit 1; }; \
+# promtool checks the shipped Prometheus rules (tests/e2e/test_ops_files.py), and prometheus evaluates them
+# on the fleet's monitoring host (benchmarks/harness/fleet.py: which alerts fired during each partition). Both
+# are taken out of Debian's prometheus package without installing the package, so no Prometheus service is
+# set up or started. One already on PATH is used instead. No way to get one fails here, with what to do.
+$(BIN)/promtool $(BIN)/prometheus: $(BIN)/%: | $(VENV)/.installed
+	@if command -v $* >/dev/null 2>&1; then ln -sf "$$(command -v $*)" $@; exit 0; fi; \
+	command -v apt-get >/dev/null 2>&1 || { echo "make: the tests need $* (Prometheus): install it and put it on PATH" >&2; exit 1; }; \
 	tmp=$$(mktemp -d) && cd $$tmp && \
 	{ apt-get download prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get download prometheus >/dev/null 2>&1; }; } && \
-	dpkg-deb --fsys-tarfile prometheus_*.deb | tar -xO ./usr/bin/promtool > $(CURDIR)/$@.tmp && \
+	dpkg-deb --fsys-tarfile prometheus_*.deb | tar -xO ./usr/bin/$* > $(CURDIR)/$@.tmp && \
 	chmod +x $(CURDIR)/$@.tmp && mv $(CURDIR)/$@.tmp $(CURDIR)/$@ && cd / && rm -rf $$tmp || \
-	{ rm -rf $$tmp $(CURDIR)/$@.tmp; echo "make: could not get promtool from Debian's prometheus package (apt-get download prometheus; apt-get update needs root): install promtool and put it on PATH" >&2; exit 1; }
+	{ rm -rf $$tmp $(CURDIR)/$@.tmp; echo "make: could not get $* from Debian's prometheus package (apt-get download prometheus; apt-get update needs root): install $* and put it on PATH" >&2; exit 1; }
 	$@ --version >/dev/null
 
 clean:

@@ -27,7 +27,6 @@ host itself saw it, the first log line of each kind, `chronos status` from a hos
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,27 +34,10 @@ from pathlib import Path
 
 import orjson
 
-from benchmarks.harness.fleet import ROOT, Fleet, install_chronos, require_fleet_tools
+from benchmarks.harness.fleet import Fleet, build_wheel, install_chronos, require_fleet_tools
 from benchmarks.harness.fleetload import RUNNERS, SCENARIOS
 
 LAYOUTS = {"1": (1, 1, 1), "2": (2, 2, 2)}
-
-
-def build_wheel(dist: Path) -> Path:
-    """The wheel of this checkout (its committed files and the new ones git does not ignore)."""
-    src = dist / "checkout"
-    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            capture_output=True, text=True, check=True).stdout
-    for name in filter(None, listed.split("\0")):
-        origin = ROOT / name
-        if origin.is_file() and not origin.is_symlink():
-            copy = src / name
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            copy.write_bytes(origin.read_bytes())
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(dist), str(src)],
-                   check=True)
-    (wheel,) = dist.glob("chronos_scheduler-*.whl")
-    return wheel
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         print("building the wheel and installing it as the install page says ...", flush=True)
         opt = work / "opt"
-        install_chronos(build_wheel(work / "dist"), opt, work)
+        install_chronos(build_wheel(work / "wheel"), opt, work)
         for layout in layouts:
             fleet = Fleet(work / f"fleet-{layout}", opt, per_host=LAYOUTS[layout], members=args.members)
             print(f"starting the fleet, layout {layout} ...", flush=True)

@@ -39,29 +39,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel `pip wheel` builds from a clean copy of the checkout: the files git tracks (and new files
-    it does not ignore), so no build output of the working tree leaks in; the native codec is compiled by
-    the build itself. Built once for the tests of the distribution and the fleet's hosts."""
-    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            capture_output=True, text=True, check=True).stdout
-    src = tmp_path_factory.mktemp("checkout")
-    for name in filter(None, listed.split("\0")):
-        origin, copy = ROOT / name, src / name
-        if not origin.is_symlink() and not origin.exists():
-            continue  # deleted in the working tree, not yet in git
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        if origin.is_symlink():
-            copy.symlink_to(os.readlink(origin))
-        else:
-            copy.write_bytes(origin.read_bytes())
-    dist = tmp_path_factory.mktemp("dist")
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("CHRONOS_") and k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(dist),
-                           str(src)], capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, f"pip wheel failed:\n{done.stdout}\n{done.stderr}"
-    (built,) = dist.glob("chronos_scheduler-*.whl")
-    return built
+    """The wheel built from a clean copy of the checkout, once for the tests of the distribution and the
+    fleet's hosts."""
+    from benchmarks.harness.fleet import build_wheel
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 @pytest.fixture(scope="session")

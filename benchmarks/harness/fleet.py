@@ -31,6 +31,7 @@ import secrets
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -44,7 +45,8 @@ ROOT = Path(__file__).resolve().parents[2]
 INSTALL_PAGE = ROOT / "docs" / "operations" / "host-install.md"
 PATRONI_VENV = ROOT / ".patroni-venv"
 ETCD = Path("/usr/bin/etcd")
-PG_PORT, REST_PORT, ETCD_PORT, KAFKA_PORT, METRICS_PORT = 5432, 8008, 2379, 9092, 9400
+PG_PORT, REST_PORT, ETCD_PORT, KAFKA_PORT, METRICS_PORT, PROMETHEUS_PORT = 5432, 8008, 2379, 9092, 9400, 9090
+RULES = ROOT / "ops" / "prometheus-rules.yml"
 ROLE_OFFSET = {"consumer": 0, "firer": 100, "detector": 200}
 # what a host's mount namespace gives it of its own (mount point -> directory under the host's folder)
 OWN_DIRS = {"/etc/chronos": "etc", "/run/chronos": "run", "/var/log/chronos": "log", "/var/lib/chronos": "home",
@@ -112,6 +114,32 @@ def mount_points(targets: list[str]) -> None:
     for target in targets:
         if target != "/etc/hosts":
             Path(target).mkdir(parents=True, exist_ok=True)
+
+
+def build_wheel(workdir: Path, timeout: float = 600.0) -> Path:
+    """The wheel `pip wheel` builds from a clean copy of the checkout: the files git tracks (and new files
+    it does not ignore, symbolic links as links), so no build output of the working tree leaks in; the
+    native codec is compiled by the build itself."""
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, text=True, check=True).stdout
+    src, dist = workdir / "checkout", workdir / "dist"
+    for name in filter(None, listed.split("\0")):
+        origin, copy = ROOT / name, src / name
+        if not origin.is_symlink() and not origin.exists():
+            continue  # deleted in the working tree, not yet in git
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        if origin.is_symlink():
+            copy.symlink_to(os.readlink(origin))
+        else:
+            copy.write_bytes(origin.read_bytes())
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("CHRONOS_") and k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(dist),
+                           str(src)], capture_output=True, text=True, timeout=timeout, env=env)
+    if done.returncode != 0:
+        raise FleetError(f"pip wheel failed:\n{done.stdout}\n{done.stderr}")
+    (built,) = dist.glob("chronos_scheduler-*.whl")
+    return built
 
 
 def install_chronos(wheel: Path, opt_dir: Path, workdir: Path, *, timeout: float = 600.0) -> Path:
@@ -281,6 +309,7 @@ class Fleet:
                 self.start_host(host)
             for host in self.chronos:
                 self.wait_host(host)
+            self._start_prometheus()
         except BaseException:
             self.close()
             raise
@@ -580,6 +609,60 @@ class Fleet:
     def logs(self, host: ChronosHost | str) -> str:
         h = self.host(host)
         return "".join(h.log(p) for p in h.programs())
+
+    # -- monitoring: Prometheus on the client host, with the shipped alert rules -------------------------
+
+    def _start_prometheus(self) -> None:
+        """Prometheus on the client host, scraping every program of every Chronos host every 2 s and
+        evaluating the shipped alert rules (ops/prometheus-rules.yml) as often, when a `prometheus` is at
+        hand (on PATH or beside this Python, where `make test` puts it); without one, no alerts are read."""
+        binary = shutil.which("prometheus") or str(Path(sys.executable).parent / "prometheus")
+        if not os.access(binary, os.X_OK):
+            return
+        targets = [f"{h.address}:{h.metrics_port(p)}" for h in self.chronos
+                   for p in (f"{role}_{i:02d}" for role in ROLE_OFFSET for i in range(max(h.counts[role], 1)))]
+        config = {"global": {"scrape_interval": "2s", "scrape_timeout": "1s", "evaluation_interval": "2s"},
+                  "rule_files": [str(RULES)],
+                  "scrape_configs": [{"job_name": "chronos", "static_configs": [{"targets": targets}]}]}
+        folder = self.workdir / "prometheus"
+        _write(folder / "prometheus.yml", json.dumps(config, indent=2))
+        self._spawn("prometheus", "client", [binary, f"--config.file={folder / 'prometheus.yml'}",
+                                             f"--storage.tsdb.path={folder / 'data'}", "--log.level=warn",
+                                             f"--web.listen-address={self.address('client')}:{PROMETHEUS_PORT}"])
+        wait(lambda: self._prometheus("/-/ready") is not None, 30, "Prometheus ready")
+
+    def _prometheus(self, path: str) -> Any:
+        if "prometheus" not in self.procs:
+            return None
+        with self.net.inside("client"):
+            status, body = _get(f"http://{self.address('client')}:{PROMETHEUS_PORT}{path}", 5.0)
+        if status != 200:
+            return None
+        try:
+            return json.loads(body)
+        except ValueError:
+            return body
+
+    def alerts(self, since: float, until: float, zero: float) -> dict[str, dict[str, float]] | None:
+        """The shipped rules' alerts between two times, as Prometheus evaluated them: alert name -> when
+        (seconds after `zero`) it was first pending and first firing; None without Prometheus."""
+        if "prometheus" not in self.procs:
+            return None
+        answer = self._prometheus(f"/api/v1/query_range?query=ALERTS&start={since:.3f}&end={until:.3f}&step=2")
+        out: dict[str, dict[str, float]] = {}
+        for series in (answer or {}).get("data", {}).get("result", []):
+            name, state = series["metric"].get("alertname", "?"), series["metric"].get("alertstate", "?")
+            first = min(float(t) for t, _ in series["values"])
+            seen = out.setdefault(name, {})
+            seen[state] = round(min(seen.get(state, first - zero), first - zero), 1)
+        return dict(sorted(out.items()))
+
+    def scrape_gaps(self, since: float, until: float) -> dict[str, float]:
+        """The targets Prometheus could not scrape between two times: target -> seconds it was down."""
+        if "prometheus" not in self.procs:
+            return {}
+        answer = self._prometheus(f"/api/v1/query_range?query=up%3D%3D0&start={since:.3f}&end={until:.3f}&step=2")
+        return {s["metric"]["instance"]: 2.0 * len(s["values"]) for s in (answer or {}).get("data", {}).get("result", [])}
 
     # -- partitions ----------------------------------------------------------------------------------
 

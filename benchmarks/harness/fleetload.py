@@ -260,6 +260,8 @@ class FleetScenario:
             else round(pause[1] - promoted_at, 2),
             "max_lateness_during_fault_s": round(self.lateness_of(fault_at - self.hold_s, heal_at), 2),
             "health": self.watch.timeline(fault_at),
+            "alerts": self.fleet.alerts(fault_at - 5.0, time.time(), fault_at),
+            "scrape_gaps": self.fleet.scrape_gaps(fault_at - 5.0, time.time()),
             "first_log_lines": first_log_lines(self.fleet, fault_at),
             "restarted_programs": self.restarted(),
             "lateness_p99_s": (percentiles([min(self.reader.arrivals[m]) - s.due for m, s in self.load.sent.items()

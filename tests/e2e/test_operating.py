@@ -195,6 +195,14 @@ def test_health_fails_when_postgres_stops_and_recovers(processes, tmp_path):
                                              else {"loop", "postgres", "kafka", "publishing"})
         ok = run_cli("health", "--url", f"http://127.0.0.1:{ports['firer']}/healthz")
         assert ok.returncode == 0 and orjson.loads(ok.stdout)["status"] == "ok"
+        # every process at once, from the /metrics URLs a ready file names (as `chronos up` writes it)
+        ready = tmp_path / "ready.json"
+        ready.write_bytes(orjson.dumps({"metrics_urls": [f"http://127.0.0.1:{p}/metrics" for p in ports.values()]}))
+        everyone = run_cli("health", "--ready-file", str(ready))
+        reports = [orjson.loads(line) for line in everyone.stdout.splitlines()]
+        assert everyone.returncode == 0, everyone.stderr
+        assert sorted(r["role"] for r in reports) == ["consumer", "detector", "firer"]
+        assert {r["status"] for r in reports} == {"ok"} and all(r["url"].endswith("/healthz") for r in reports)
 
         pg.stop()
         for role, port in ports.items():
@@ -206,6 +214,9 @@ def test_health_fails_when_postgres_stops_and_recovers(processes, tmp_path):
             assert report["checks"]["loop"]["ok"] is True  # it keeps running and retrying
         sick = run_cli("health", "--metrics-port", str(ports["detector"]))
         assert sick.returncode == 1 and "postgres" in orjson.loads(sick.stdout)["reason"]
+        urls = ",".join(f"http://127.0.0.1:{p}/metrics" for p in ports.values())
+        everyone = run_cli("health", env={"CHRONOS_CONSOLE_METRICS_URLS": urls})
+        assert everyone.returncode == 1 and len(everyone.stdout.splitlines()) == 3
 
         pg.start()
         for role, port in ports.items():
@@ -218,6 +229,9 @@ def test_health_fails_when_postgres_stops_and_recovers(processes, tmp_path):
 def test_health_command_without_an_answer_exits_3():
     result = run_cli("health", "--url", f"http://127.0.0.1:{free_port()}/healthz", "--timeout", "1")
     assert result.returncode == 3 and "no answer" in result.stderr
+    nobody = ",".join(f"http://127.0.0.1:{free_port()}/metrics" for _ in range(2))
+    result = run_cli("health", "--timeout", "1", env={"CHRONOS_CONSOLE_METRICS_URLS": nobody})
+    assert result.returncode == 3 and result.stderr.count("no answer") == 2 and result.stdout == ""
 
 
 # -- status ----------------------------------------------------------------------------------------

@@ -255,6 +255,24 @@ def ha_page(result: str = HA_RESULT) -> str:
                           "p99.9 jitter after recovery", "first log line", "health"), rows)
 
 
+# -- the alert rules (ops/prometheus-rules.yml) ------------------------------------------------------
+
+RULES = ROOT / "ops" / "prometheus-rules.yml"
+
+
+def alerts_page(path: Path = RULES) -> str:
+    """One row per alert rule of the shipped file: name, severity, how long it must hold, its expression,
+    and what it says (summary and description, as the alert carries them)."""
+    import yaml
+    rules = [r for group in yaml.safe_load(path.read_text())["groups"] for r in group["rules"] if "alert" in r]
+    return _table(("alert", "severity", "for", "expression", "what it says"),
+                  ((f'<a id="{r["alert"].lower()}"></a>`{r["alert"]}`', r["labels"].get("severity", ""),
+                    r.get("for", "at once"), f'`{r["expr"]}`',
+                    r["annotations"]["summary"] + (". " + r["annotations"]["description"]
+                                                   if "description" in r["annotations"] else ""))
+                   for r in rules))
+
+
 # -- performance figures (benchmarks/sla.py, day.py, longevity.py, fire_rate.py, bulk_schedule.py) -----
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -543,6 +561,7 @@ GENERATED: dict[str, Callable[[], str]] = {
     "reference/metrics.md": metrics_page,
     "reference/reason-codes.md": reason_codes_page,
     "operations/postgresql-ha.md": ha_page,
+    "observability/dashboard-and-alerts.md": alerts_page,
     "operations/capacity.md": capacity_page,
     "benchmarks/latest.md": glance_page,
     "benchmarks/hot-path.md": design_limit_page,

@@ -369,6 +369,14 @@ class ConsumerTelemetry(Telemetry):
     def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):
         super().__init__(node_id, settings, environ)
         self.count_dead_letters(CONSUMER_REASONS)
+        self.lag = self.gauge("chronos_consumer_lag_messages",
+                              "input messages on this consumer's partitions past its position: the high watermarks "
+                              "of its last fetches less what it has read (0 out of the group)")
+        self.assigned = self.gauge("chronos_consumer_partitions", "input partitions assigned to this consumer")
+
+    def consumer_lag(self, lag: int, partitions: int) -> None:
+        self.lag.set(lag)
+        self.assigned.set(partitions)
 
 
 class FirerTelemetry(Telemetry):

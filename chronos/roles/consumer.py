@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable, cast
 
 from confluent_kafka import Consumer as KafkaConsumer
-from confluent_kafka import KafkaError, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from chronos import codec
 
@@ -51,6 +51,7 @@ INSERT, REPLACE, CANCEL = "insert", "replace", "cancel"
 
 # Out of the group, the consumer is called with this timeout at most: how soon it sees a stop.
 SERVE_SLICE_S = 0.05
+LAG_EVERY_S = 5.0    # how often the consumer reads its positions for the lag gauge
 KAFKA_PROBE_S = 2.0  # out of the group for Kafka: how long a metadata request may take, and the longest wait between two
 
 
@@ -228,6 +229,7 @@ class ConsumerProcess:
         self.metrics.follow_producer(self.slot.watch)
         self.metrics.follow_postgres(lambda: [self.store.link])
         self.next_ping = 0.0
+        self.next_lag = 0.0  # monotonic: when `sample_lag` reads the positions next
 
     def run(self) -> None:
         """Read batch N+1 (and sort it) while batch N is written on the writer thread; commit N's
@@ -245,6 +247,7 @@ class ConsumerProcess:
             while self.life.running:
                 messages = self.consumer.consume(num_messages=self.settings.batch_size, timeout=0.05)
                 self.metrics.beat()
+                self.sample_lag(time.monotonic())
                 real = self.readable(messages)
                 batch = sort_batch(real, time.time_ns() // 1000, self.rules) if real else None
                 if pending is not None and (real or pending[0].done()):
@@ -273,6 +276,26 @@ class ConsumerProcess:
         finally:
             writer.shutdown(wait=True)
             self.close()
+
+    def sample_lag(self, now: float) -> None:
+        """Every LAG_EVERY_S, the input messages on the assigned partitions past this consumer's position,
+        for `chronos_consumer_lag_messages`: the high watermark each partition's last fetch reported (the
+        client's cached one, which a fetch keeps right; asking the broker would cost a request and, on
+        the embedded broker, be wrong) less the position. A partition not fetched yet counts 0."""
+        if now < self.next_lag:
+            return
+        self.next_lag = now + LAG_EVERY_S
+        try:
+            assigned = self.consumer.assignment()
+            lag = 0
+            for tp in self.consumer.position(assigned) if assigned else []:
+                _, high = self.consumer.get_watermark_offsets(tp, cached=True)
+                if tp.offset >= 0 and high >= 0:
+                    lag += max(0, high - tp.offset)
+        except KafkaException as exc:  # no gauge this time; the loop goes on
+            self.throttle.warning("lag", "could not read the consumer's positions for its lag gauge: %s", exc)
+            return
+        self.metrics.consumer_lag(lag, len(assigned))
 
     def readable(self, messages: list[Message]) -> list[Message]:
         """The messages of a poll without its errors (a partition's end is not one)."""
@@ -528,6 +551,7 @@ class ConsumerProcess:
         self.uncommitted.clear()
         self.last_batch = None
         self.consumer.unsubscribe()
+        self.metrics.consumer_lag(0, 0)  # its partitions are the other consumers' now
         self.left_group_at, self.left_for = self.clock(), exc.service
         log.warning("cannot reach %s for %.1fs, longer than the hold time (%d ms): gave up %d messages "
                     "(not committed: they are read again) and left consumer group %s so that other consumers take "

@@ -25,12 +25,14 @@ from chronos.embedded.procs import free_port
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "ops" / "grafana-dashboard.json"
 RULES = ROOT / "ops" / "prometheus-rules.yml"
+SCRAPE = ROOT / "ops" / "prometheus-scrape.yml"
 
 # PromQL words that are not label names when they stand before a parenthesised label list
 _GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
 _MATCHERS = re.compile(r"\{([^}]*)\}")
 _MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
-_METRIC = re.compile(r"\bchronos_[a-zA-Z0-9_]+\b")
+_METRIC = re.compile(r"\bchronos_[a-zA-Z0-9_]+\b|\bup(?=\{)")
+PROMETHEUS_OWN = {"up": {"job", "instance"}}  # the series Prometheus itself makes of every scrape
 _LEGEND = re.compile(r"\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")     # Grafana: {{label}}
 _ANNOTATION = re.compile(r"\$labels\.([a-zA-Z_][a-zA-Z0-9_]*)")           # Prometheus: {{ $labels.label }}
 
@@ -67,6 +69,7 @@ def names_used(expr: str, legend: list[str]) -> tuple[set[str], set[str]]:
 
 
 def unknown_names(exported: dict[str, set[str]]) -> list[str]:
+    exported = {**exported, **PROMETHEUS_OWN}
     problems = []
     for where, expr, legend in expressions():
         metrics, labels = names_used(expr, legend)
@@ -122,6 +125,14 @@ def test_rules_pass_promtool_and_dashboard_queries_parse(tmp_path):
     tool = promtool()
     checked = subprocess.run([tool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+    # the shipped scrape configuration, with the rules it loads; its job is the one ChronosTargetDown watches
+    checked = subprocess.run([tool, "check", "config", str(SCRAPE)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    jobs = [job["job_name"] for job in yaml.safe_load(SCRAPE.read_text())["scrape_configs"]]
+    assert jobs == ["chronos"] and 'up{job="chronos"}' in RULES.read_text()
+    # every rule says what to look at, not only what happened
+    rules = [r for group in yaml.safe_load(RULES.read_text())["groups"] for r in group["rules"]]
+    assert [r["alert"] for r in rules if not r["annotations"].get("description")] == []
     # the dashboard's queries, as recording rules, go through the same PromQL parser
     records = {"groups": [{"name": "dashboard", "rules": [
         {"record": f"chronos:dashboard:{i}", "expr": expr}

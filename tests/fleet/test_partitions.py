@@ -48,6 +48,8 @@ def test_a_chronos_host_cut_off_its_work_goes_to_the_other_and_it_rejoins(fleet,
     verdict(report, row)
     # its partitions (the group) and its claimed rows (the detector) served by the other host in time
     assert row["max_lateness_during_fault_s"] < TAKEOVER_S, row
+    # the one alert rule that sees a host nobody can scrape (its programs' own health is missing, not failing)
+    assert "pending" in (row["alerts"] or {}).get("ChronosTargetDown", {}), row["alerts"]
     health = row["health"]
     for program in ("consumer_00", "firer_00", "detector_00"):
         changes = health[f"chronos-1/{program}"]

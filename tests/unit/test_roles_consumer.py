@@ -8,7 +8,8 @@ import threading
 import time
 import uuid
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from prometheus_client.exposition import generate_latest
 
 from chronos import codec
 from chronos.adapters.kafka.clients import OutageLog
@@ -68,6 +69,21 @@ class FakeConsumer:
                 return self.batches.pop(0)
         time.sleep(timeout)  # as the client does when nothing is there
         return []
+
+    # what the lag gauge reads: the assigned partitions, the position in each, the cached high watermarks
+    assigned: list = []
+    positions: dict = {}
+    watermarks: dict = {}
+
+    def assignment(self):
+        return list(self.assigned)
+
+    def position(self, partitions):
+        return [TopicPartition(tp.topic, tp.partition, self.positions.get(tp.partition, -1001)) for tp in partitions]
+
+    def get_watermark_offsets(self, partition, timeout=None, cached=False):
+        assert cached, "the lag gauge reads the cached watermarks, never asks the broker"
+        return 0, self.watermarks.get(partition.partition, -1001)
 
     def commit(self, *, offsets, asynchronous=True):
         with self.lock:
@@ -400,3 +416,20 @@ def test_late_messages_acknowledged_within_the_hold_time_keep_the_consumer_in_th
         wait_for(lambda: r.input.commits, "the commit")
         assert r.input.commits[0][0] == {("in", 0): 5}
         assert r.input.group == ["subscribe"] and not logged(caplog, "left consumer group")
+
+
+def test_the_lag_gauge_is_what_the_assigned_partitions_hold_past_the_position():
+    """Partition 0 read to 5 of 12, partition 1 not fetched yet (no watermark): a lag of 7 on 2 partitions,
+    read every LAG_EVERY_S, not at every poll."""
+    c = Consumer()
+    c.proc.consumer.assigned = [TopicPartition("in", 0), TopicPartition("in", 1)]
+    c.proc.consumer.positions, c.proc.consumer.watermarks = {0: 5, 1: 3}, {0: 12}
+    c.proc.sample_lag(100.0)
+    text = generate_latest(c.proc.metrics.registry).decode()
+    assert re.search(r'^chronos_consumer_lag_messages\{[^}]*\} 7\.0$', text, re.M), text
+    assert re.search(r'^chronos_consumer_partitions\{[^}]*\} 2\.0$', text, re.M), text
+    c.proc.consumer.watermarks = {0: 20}
+    c.proc.sample_lag(101.0)  # within LAG_EVERY_S: not read again
+    assert re.search(r'^chronos_consumer_lag_messages\{[^}]*\} 7\.0$', generate_latest(c.proc.metrics.registry).decode(), re.M)
+    c.proc.sample_lag(106.0)
+    assert re.search(r'^chronos_consumer_lag_messages\{[^}]*\} 15\.0$', generate_latest(c.proc.metrics.registry).decode(), re.M)

@@ -27,6 +27,7 @@ host itself saw it, the first log line of each kind, `chronos status` from a hos
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
 import time
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown scenarios or layouts: {', '.join(unknown)}")
     require_fleet_tools()
+    # a SIGTERM ends the run as Ctrl-C does: the fleet is closed, nothing of it left running
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = []
     with tempfile.TemporaryDirectory(prefix="chronos-fleet-") as tmp:
         work = Path(tmp)

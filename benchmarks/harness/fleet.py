@@ -37,7 +37,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from benchmarks.harness.netns import Network, NetworkError
 
@@ -451,16 +451,11 @@ class Fleet:
     def wait_sync_standby(self, timeout: float = 90.0) -> str:
         return wait(self.sync_standby, timeout, "a synchronous standby streaming", every=0.2)
 
-    def member_role(self, member: str) -> dict[str, Any] | None:
-        """What the member says of itself (`GET /patroni`), asked from the client host."""
-        answer = self.rest(member, "/patroni", timeout=1.0)
-        return answer if isinstance(answer, dict) else None
-
     def _app_database(self) -> None:
         import psycopg
         from psycopg import sql
         with self.net.inside("client"):
-            with psycopg.connect(self.url(admin=True) + "&target_session_attrs=read-write", autocommit=True) as conn:
+            with psycopg.connect(self.url(admin=True), autocommit=True) as conn:
                 conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
                     sql.Identifier(APP_USER), sql.Literal(self.passwords["app"])))
                 conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
@@ -590,26 +585,6 @@ class Fleet:
         except ValueError:
             return status, {}
 
-    def metrics(self, host: ChronosHost | str, program: str, timeout: float = 1.0) -> str:
-        h = self.host(host)
-        with self.net.inside("client"):
-            status, body = _get(f"http://{h.address}:{h.metrics_port(program)}/metrics", timeout)
-        return body.decode(errors="replace") if status == 200 else ""
-
-    def node_ids(self, host: ChronosHost | str) -> dict[str, str]:
-        """Program -> node id of its latest start, from its log."""
-        h = self.host(host)
-        out = {}
-        for program in h.programs():
-            found = re.findall(r"starting: node ([0-9a-f-]{36})", h.log(program))
-            if found:
-                out[program] = found[-1]
-        return out
-
-    def logs(self, host: ChronosHost | str) -> str:
-        h = self.host(host)
-        return "".join(h.log(p) for p in h.programs())
-
     # -- monitoring: Prometheus on the client host, with the shipped alert rules -------------------------
 
     def _start_prometheus(self) -> None:
@@ -688,9 +663,6 @@ class Fleet:
             if h.supervisord is None or h.supervisord.poll() is not None:
                 self.start_host(h)
                 self.wait_host(h)
-
-    def processes(self) -> Iterator[Proc]:
-        return iter(self.procs.values())
 
 
 def require_fleet_tools() -> None:

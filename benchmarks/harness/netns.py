@@ -100,7 +100,7 @@ class Network:
         self.switch = f"{prefix}-switch"
         self.hosts: dict[str, Host] = {}
         self._next = 10
-        self._cuts: dict[str, str] = {}
+        self._cut: set[str] = set()  # hosts with a cut in place
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -178,9 +178,6 @@ class Network:
     def _in(self, ns: str, *argv: str) -> subprocess.CompletedProcess:
         return _run("ip", "netns", "exec", ns, *argv)
 
-    def pids(self, host: str) -> list[int]:
-        return pids_in(self.hosts[host].ns)
-
     @contextlib.contextmanager
     def inside(self, host: str) -> Iterator[Host]:
         """Move the calling thread into `host`'s network for the block: its sockets, and the threads it
@@ -219,24 +216,18 @@ class Network:
                  '    oif "lo" accept', f"    {match_out if outbound else ''}", "  }", "}"]
         self.heal(host)
         _run("ip", "netns", "exec", self.hosts[host].ns, "nft", "-f", "-", stdin="\n".join(rules) + "\n")
-        self._cuts[host] = f"{'both ways' if inbound and outbound else 'inbound' if inbound else 'outbound'}" \
-                           f" {'all' if peers is None else ','.join(peers)}"
+        self._cut.add(host)
 
     def heal(self, host: str) -> None:
         """Remove `host`'s cut, if it has one."""
         ns = self.hosts[host].ns
         if _run("ip", "netns", "exec", ns, "nft", "list", "table", "inet", TABLE, check=False).returncode == 0:
             _run("ip", "netns", "exec", ns, "nft", "delete", "table", "inet", TABLE)
-        self._cuts.pop(host, None)
+        self._cut.discard(host)
 
     def heal_all(self) -> None:
-        for host in list(self._cuts):
+        for host in list(self._cut):
             self.heal(host)
-
-    @property
-    def cuts(self) -> dict[str, str]:
-        """The cuts in place: host -> what it drops."""
-        return dict(self._cuts)
 
 
 def _setns(path: str | Path) -> None:

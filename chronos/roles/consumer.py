@@ -322,6 +322,7 @@ class ConsumerProcess:
         `OutOfReach`, the batch not written, once PostgreSQL has not answered for the hold time (or its late
         messages not published, once Kafka has acknowledged none of them for as long)."""
         unreached_since: float | None = None
+        others_before: dict[int, int] | None = None
         while True:
             tried = self.clock()
             try:
@@ -339,8 +340,9 @@ class ConsumerProcess:
                     # out of reach since this first failed try at the latest (a statement PostgreSQL does not
                     # answer fails only CHRONOS_DATABASE_TIMEOUT_MS later), or since the idle probes failed
                     unreached_since = min(tried, self.clock() - self.db_outage.down_for())
+                    others_before = self.group_progress()
                 delay = self.db_outage.failed(exc)
-                if not self.wait_to_retry(unreached_since, self.clock(), delay):
+                if not self.wait_to_retry(unreached_since, self.clock(), delay, others_before):
                     return False
         self.db_outage.ok()
         if batch.ops:
@@ -399,7 +401,9 @@ class ConsumerProcess:
                    for msg, reason, carried in dead]
         refused: list[str] = []
         backoff = Backoff(first=0.5, cap=10.0)
+        # the group's progress, read once the publishes have waited half the hold time (not per batch)
         started, acked = self.clock(), [0]
+        others_before: list[dict[int, int] | None] = []
         while outbox:
             reports: dict[int, KafkaError | None] = {}  # id(item) -> its delivery report's error
 
@@ -416,7 +420,7 @@ class ConsumerProcess:
                 if not self.life.running and self.life.hard_stop:
                     return None
                 self.slot.look_after(time.monotonic())  # a producer that hangs: its publishes are purged, failed, retried
-                self.give_up_unacknowledged(started, acked[0])
+                self.give_up_unacknowledged(started, acked[0], others_before)
             # a replaced producer that never reported a publish: published again (at least once)
             unreported = KafkaError(KafkaError._PURGE_INFLIGHT, "no delivery report from a replaced producer")
             failed = [(item, err, self.slot.watch.failed(err, item.topic, time.monotonic()))
@@ -446,19 +450,25 @@ class ConsumerProcess:
                 outbox += [item for item, _ in transient]
                 if any(kind == PRODUCER_FAILURE for _, _, kind in failed):
                     self.slot.look_after(time.monotonic())
-                self.give_up_unacknowledged(started, acked[0])
+                self.give_up_unacknowledged(started, acked[0], others_before)
                 if not self.life.sleep(backoff.failed()):
                     return None
         return refused
 
-    def give_up_unacknowledged(self, started: float, acked: int) -> None:
+    def give_up_unacknowledged(self, started: float, acked: int, others_before: list[dict[int, int] | None]) -> None:
         """Raise `OutOfReach` when Kafka has acknowledged none of the batch's publishes since `started`
-        (by `self.clock`) for longer than the hold time, after purging what waits to be sent (a new
-        producer takes the old one's place), so that nothing of the given-up batch is published later by
-        this consumer: whoever takes its partitions publishes it. A request already on the wire cannot be
-        recalled: it may still land, once more (at least once)."""
+        (by `self.clock`) for longer than the hold time while another consumer of the group commits
+        (`others_serve`; `others_before` holds `group_progress` as read half a hold time in), after
+        purging what waits to be sent (a new producer takes the old one's place), so that nothing of the
+        given-up batch is published later by this consumer: whoever takes its partitions publishes it.
+        A request already on the wire cannot be recalled: it may still land, once more (at least once).
+        While no other consumer commits, it goes on publishing, in the group."""
         down_for = self.clock() - started
-        if acked or down_for <= self.hold_s or not self.life.running:
+        if acked or not self.life.running:
+            return
+        if down_for > self.hold_s / 2 and not others_before:
+            others_before.append(self.group_progress())  # what the others had committed by then
+        if down_for <= self.hold_s or not self.others_serve(others_before[0] if others_before else None):
             return
         self.slot.replace(f"nothing of a batch's late messages acknowledged for {down_for:.1f}s", time.monotonic())
         self.slot.serve_retired()
@@ -527,15 +537,48 @@ class ConsumerProcess:
         """Wait out a PostgreSQL outage's backoff; False if stopped meanwhile."""
         return self.life.sleep(self.db_outage.failed(exc))
 
-    def wait_to_retry(self, unreached_since: float, now: float, delay: float) -> bool:
+    def wait_to_retry(self, unreached_since: float, now: float, delay: float,
+                      others_before: dict[int, int] | None) -> bool:
         """Wait `delay` (the outage's backoff) before writing a batch again, but not past the hold time
         since PostgreSQL was last reached (`unreached_since`, by `self.clock`); False if stopped meanwhile.
-        Raises `OutOfReach` once the hold time is over: the partitions go to a consumer that can
-        serve them rather than wait here for as long as the outage lasts."""
+        Raises `OutOfReach` once the hold time is over and another consumer of the group has committed
+        since the outage began (`others_before`: `group_progress` then): the partitions go to a consumer
+        that can serve them rather than wait here for as long as the outage lasts. While no other
+        consumer commits (PostgreSQL is down for all of them, or this one is the only one), leaving would
+        hand the partitions to nobody who can serve them: it goes on waiting, in the group."""
         down_for = now - unreached_since
         if down_for >= self.hold_s and self.life.running:
-            raise OutOfReach(POSTGRES, down_for, delay)
+            if self.others_serve(others_before):
+                raise OutOfReach(POSTGRES, down_for, delay)
+            self.throttle.warning("alone", "cannot reach PostgreSQL for %.1fs, and no other consumer of group %s "
+                                  "has committed since: staying in the group (no one else could serve its "
+                                  "partitions)", down_for, self.settings.consumer_group)
+            return self.life.sleep(delay)
         return self.life.sleep(max(0.0, min(delay, self.hold_s - down_for)))
+
+    def group_progress(self) -> dict[int, int] | None:
+        """The group's committed offsets of the input partitions not assigned to this consumer (partition
+        -> offset), or None when Kafka does not say in time (its coordinator out of reach too)."""
+        topic = self.settings.input_topic
+        try:
+            meta = self.consumer.list_topics(topic, timeout=KAFKA_PROBE_S).topics.get(topic)
+            if meta is None or meta.error is not None:
+                return None
+            mine = {tp.partition for tp in self.consumer.assignment()}
+            others = [TopicPartition(topic, p) for p in sorted(meta.partitions) if p not in mine]
+            if not others:
+                return {}
+            return {tp.partition: tp.offset for tp in self.consumer.committed(others, timeout=KAFKA_PROBE_S)}
+        except KafkaException:
+            return None
+
+    def others_serve(self, before: dict[int, int] | None) -> bool:
+        """Whether another consumer of the group committed since `before` (`group_progress` then): it
+        reaches what this one cannot, so the partitions are better in its hands."""
+        now = self.group_progress()
+        if before is None or now is None:
+            return False
+        return any(offset > before.get(partition, -1001) for partition, offset in now.items())
 
     def sit_out(self, exc: OutOfReach, given_up: int) -> bool:
         """Leave the consumer group for an outage of PostgreSQL or Kafka, probe the service until it

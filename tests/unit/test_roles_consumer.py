@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+import types
 import uuid
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -74,6 +75,30 @@ class FakeConsumer:
     assigned: list = []
     positions: dict = {}
     watermarks: dict = {}
+    # the input topic's partitions, and what the whole group has committed of each (another consumer
+    # serving its partitions moves these); None: the coordinator does not answer
+    partitions = (0, 1, 2, 3)
+    group_offsets: dict | None = {}
+
+    def others_commit(self) -> None:
+        """Another consumer of the group commits on every partition (it reaches PostgreSQL and Kafka)."""
+        assert self.group_offsets is not None
+        self.group_offsets = {p: self.group_offsets.get(p, 0) + 10 for p in self.partitions}
+
+    progress_reads = 0
+
+    def list_topics(self, topic=None, timeout=-1):
+        self.progress_reads += 1
+        if self.group_offsets is None:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+        meta = types.SimpleNamespace(partitions={p: None for p in self.partitions}, error=None)
+        return types.SimpleNamespace(topics={topic: meta})
+
+    def committed(self, partitions, timeout=None):
+        if self.group_offsets is None:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+        return [TopicPartition(tp.topic, tp.partition, self.group_offsets.get(tp.partition, -1001))
+                for tp in partitions]
 
     def assignment(self):
         return list(self.assigned)
@@ -302,6 +327,7 @@ def test_postgres_out_of_reach_past_the_hold_time_gives_the_batch_up_and_leaves_
         wait_for(lambda: r.input.commits, "the first batch's commit")
         reached = postgres_reached(c.store)
         r.cut_off(FakeMessage(hdrs("b", in_1h_ms()), offset=5))
+        r.input.others_commit()  # the other consumers reach PostgreSQL: they can take the partitions
         r.input.feed([FakeMessage(hdrs("c", in_1h_ms()), offset=6)])
         wait_for(lambda: not r.input.batches, "the next batch to be read")
         tries = r.store.tries
@@ -325,6 +351,7 @@ def test_postgres_out_of_reach_past_the_hold_time_gives_the_batch_up_and_leaves_
 def test_back_in_the_group_once_postgres_answers_the_next_batch_is_written_and_committed(caplog):
     with Running(caplog) as r:
         r.cut_off(FakeMessage(hdrs("b", in_1h_ms()), offset=5))
+        r.input.others_commit()
         r.clock.advance(r.c.settings.hold_time_ms / 1000.0)
         wait_for(lambda: r.input.group == ["subscribe", "unsubscribe"], "the consumer to leave the group")
         r.c.db.unavailable = None
@@ -356,6 +383,7 @@ def test_an_outage_shorter_than_the_hold_time_keeps_the_consumer_in_the_group(ca
 def test_a_stop_while_out_of_the_group_is_prompt_and_commits_nothing(caplog):
     with Running(caplog) as r:
         r.cut_off(FakeMessage(hdrs("b", in_1h_ms()), offset=5))
+        r.input.others_commit()
         r.clock.advance(r.c.settings.hold_time_ms / 1000.0)
         wait_for(lambda: r.input.group == ["subscribe", "unsubscribe"], "the consumer to leave the group")
         assert r.stop() < 0.5
@@ -371,6 +399,7 @@ def test_offsets_left_uncommitted_before_leaving_the_group_are_not_committed_aft
         wait_for(lambda: logged(caplog, "offset commit failed"), "the failed commit")
         r.input.refuse_commits = False
         r.cut_off(FakeMessage(hdrs("b", in_1h_ms()), offset=5))
+        r.input.others_commit()
         r.clock.advance(r.c.settings.hold_time_ms / 1000.0)
         wait_for(lambda: r.input.group == ["subscribe", "unsubscribe"], "the consumer to leave the group")
         r.c.db.unavailable = None
@@ -391,10 +420,14 @@ def test_late_messages_kafka_acknowledges_none_of_for_the_hold_time_give_the_bat
         r.input.feed([FakeMessage(hdrs("late", time.time_ns() // 1_000_000 - 1000), offset=4)])
         wait_for(lambda: r.c.publisher.produced, "the late message's publish")
         assert r.input.group == ["subscribe"]  # within the hold time: it waits for the acknowledgement
-        r.clock.advance(r.c.settings.hold_time_ms / 1000.0 + 0.1)
+        reads = r.input.progress_reads
+        r.clock.advance(r.c.settings.hold_time_ms / 2000.0 + 0.1)
+        wait_for(lambda: r.input.progress_reads > reads, "the group's progress read half a hold time in")
+        r.input.others_commit()  # the other consumers reach Kafka
+        r.clock.advance(r.c.settings.hold_time_ms / 2000.0)
         wait_for(lambda: r.input.group == ["subscribe", "unsubscribe"], "the consumer to leave the group")
         [left] = wait_for(lambda: logged(caplog, "left consumer group"), "the warning")  # logged after leaving
-        assert re.search(r"cannot reach Kafka for 5\.\ds, longer than the hold time \(5000 ms\): gave up 1 messages", left)
+        assert re.search(r"cannot reach Kafka for 5\.\d+s, longer than the hold time \(5000 ms\): gave up 1 messages", left)
         assert r.c.publisher.pending == []  # purged: not sent once Kafka answers again
         calls = r.input.idle_calls
         wait_for(lambda: r.input.idle_calls > calls + 2, "the client served out of the group")
@@ -433,3 +466,31 @@ def test_the_lag_gauge_is_what_the_assigned_partitions_hold_past_the_position():
     assert re.search(r'^chronos_consumer_lag_messages\{[^}]*\} 7\.0$', generate_latest(c.proc.metrics.registry).decode(), re.M)
     c.proc.sample_lag(106.0)
     assert re.search(r'^chronos_consumer_lag_messages\{[^}]*\} 15\.0$', generate_latest(c.proc.metrics.registry).decode(), re.M)
+
+
+def test_while_no_other_consumer_commits_a_consumer_waits_out_the_outage_in_the_group(caplog):
+    """PostgreSQL out of reach for every consumer (a failover, a primary cut off): leaving would hand the
+    partitions to nobody who can serve them, and make the whole group join again afterwards. It stays,
+    says so, and leaves once another consumer commits."""
+    with Running(caplog) as r:
+        r.cut_off(FakeMessage(hdrs("b", in_1h_ms()), offset=5))
+        r.clock.advance(r.c.settings.hold_time_ms / 1000.0 + 0.1)
+        wait_for(lambda: logged(caplog, "and no other consumer of group chronos has committed since: staying"),
+                 "the consumer to say it stays")
+        tries = r.store.tries
+        wait_for(lambda: r.store.tries > tries, "another try, in the group")
+        assert r.input.group == ["subscribe"]
+        r.input.others_commit()
+        wait_for(lambda: r.input.group == ["subscribe", "unsubscribe"], "the consumer to leave once others serve")
+    assert r.input.commits == []
+
+
+def test_a_coordinator_out_of_reach_says_nothing_of_the_others_and_the_consumer_stays():
+    c = Consumer()
+    c.proc.consumer.group_offsets = None
+    assert c.proc.group_progress() is None
+    assert not c.proc.others_serve({0: 5}) and not c.proc.others_serve(None)
+    c.proc.consumer.group_offsets = {0: 5}
+    assert not c.proc.others_serve({0: 5}) and c.proc.others_serve({0: 4})
+    c.proc.consumer.assigned = [TopicPartition("in", 0)]
+    assert c.proc.group_progress() == {1: -1001, 2: -1001, 3: -1001}  # only the partitions of the others

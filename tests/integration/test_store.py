@@ -33,7 +33,7 @@ def s(database_url):
 
 
 def test_migrate_is_idempotent_and_versioned(empty_database_url):
-    assert migrations.migrate(empty_database_url) == [v for v, _, _ in migrations.migrations()]
+    assert migrations.migrate(empty_database_url) == [m.version for m in migrations.migrations()]
     assert migrations.migrate(empty_database_url) == []
     with psycopg.connect(empty_database_url) as conn:
         migrations.check_schema(conn)

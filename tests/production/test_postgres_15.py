@@ -23,7 +23,7 @@ def test_the_server_is_postgresql_15(pg_server):
 
 
 def test_the_migrations_build_the_schema_on_postgresql_15(empty_database_url):
-    assert migrations.migrate(empty_database_url) == [v for v, _, _ in migrations.migrations()]
+    assert migrations.migrate(empty_database_url) == [m.version for m in migrations.migrations()]
     assert migrations.migrate(empty_database_url) == []
     with connection.connect(empty_database_url) as conn:
         migrations.check_schema(conn)

@@ -1,9 +1,25 @@
 """The schema: versioned migrations (`sql/NNNN_*.sql`), `chronos migrate`, and the check every process
-makes at start that the database is at this chronos's version on a server it supports."""
+makes at start that the database is at a version this chronos runs on, on a server it supports.
+
+Rolling upgrades run two releases side by side: the new release migrates, then its processes replace
+the old ones host by host. So each migration says, in a directive among its first comment lines, which
+processes still run on the schema it makes:
+
+    -- chronos: compatible from 8     processes of schema version 8 and newer run on it (it only adds:
+                                      a column with a default, a table, an index); without the directive,
+                                      only processes of its own version or newer
+    -- chronos: outside a transaction its statements run one at a time, outside any transaction, as
+                                      CREATE INDEX CONCURRENTLY must (no write waits for the build)
+
+`chronos migrate` records each migration's window in `chronos_schema_version.compatible_from`, where
+the processes of an older release read it: they run on a newer schema whose every newer migration is
+compatible with their version, and stop with exit 4, naming the window, on one that is not.
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import psycopg
 
@@ -19,18 +35,53 @@ _MIGRATE_LOCK = 0x6368726F6E6F73
 # the embedded 18). Older servers are refused by `chronos migrate` and by the processes at start.
 MIN_SERVER_VERSION = 150000  # server_version_num
 
+_DIRECTIVE = re.compile(r"^--\s*chronos:\s*(.*?)\s*$", re.M)
+_CONCURRENT_INDEX = re.compile(r"\bCREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", re.I)
 
-def migrations() -> list[tuple[int, str, str]]:
-    """(version, name, sql) of every migration file, in order."""
+
+@dataclass(frozen=True)
+class Migration:
+    """One migration file: its version, name and SQL, the oldest schema version whose processes run on
+    the schema it makes, and whether it runs outside a transaction."""
+
+    version: int
+    name: str
+    sql: str
+    compatible_from: int
+    outside_transaction: bool = False
+
+    @classmethod
+    def parse(cls, version: int, name: str, sql: str) -> "Migration":
+        compatible, outside = version, False
+        for directive in _DIRECTIVE.findall(sql):
+            if match := re.fullmatch(r"compatible from (\d+)", directive):
+                compatible = int(match.group(1))
+            elif directive == "outside a transaction":
+                outside = True
+            else:
+                raise ValueError(f"migration {version:04d}_{name}: unknown directive {directive!r}")
+        if compatible > version:
+            raise ValueError(f"migration {version:04d}_{name}: compatible from {compatible}, a version after its own")
+        return cls(version, name, sql, compatible, outside)
+
+    def statements(self) -> list[str]:
+        """Its statements one by one (for a migration outside a transaction: one statement a line ends with
+        `;`, comments apart)."""
+        body = "\n".join(line for line in self.sql.splitlines() if not line.lstrip().startswith("--"))
+        return [s.strip() for s in re.split(r";\s*$", body, flags=re.M) if s.strip()]
+
+
+def migrations() -> list[Migration]:
+    """Every migration file, in order."""
     found = []
     for entry in SQL_DIR.iterdir():
         match = re.match(r"^(\d{4})_(\w+)\.sql$", entry.name)
         if match:
-            found.append((int(match.group(1)), match.group(2), entry.read_text()))
-    return sorted(found)
+            found.append(Migration.parse(int(match.group(1)), match.group(2), entry.read_text()))
+    return sorted(found, key=lambda m: m.version)
 
 
-LATEST_VERSION = migrations()[-1][0]
+LATEST_VERSION = migrations()[-1].version
 
 
 def check_server_version(conn: psycopg.Connection) -> None:
@@ -41,40 +92,88 @@ def check_server_version(conn: psycopg.Connection) -> None:
                                 f"chronos supports ({MIN_SERVER_VERSION // 10000}): upgrade the server")
 
 
-def migrate(url: str) -> list[int]:
-    """Apply every migration not yet applied; safe to run concurrently and repeatedly. A database already
-    at the latest version is left untouched, so a role without the right to create tables (the one the
-    processes run as) may run it too."""
+def migrate(url: str, available: list[Migration] | None = None) -> list[int]:
+    """Apply every migration not yet applied (`available`: the package's); safe to run concurrently and
+    repeatedly. A database already at the latest version is left untouched, so a role without the right
+    to create tables (the one the processes run as) may run it too.
+
+    Migrations run in transactions, several in one while they follow each other, under an advisory lock
+    held to the end of it (which works through a pooler in transaction mode too). One that runs outside a
+    transaction runs under a session lock instead, and is resumable: an index that an interrupted
+    CREATE INDEX CONCURRENTLY left invalid is dropped and built again."""
+    available = migrations() if available is None else available
+    latest = available[-1].version
     applied: list[int] = []
     try:
-        # one transaction, nothing prepared: the same through a pooler in transaction mode
-        with connect(url, autocommit=False, prepared=False) as conn:
+        with connect(url, autocommit=True, prepared=False) as conn:
             check_server_version(conn)
-            with conn.transaction():
-                conn.execute(QUERIES["migrate_lock"], {"lock": _MIGRATE_LOCK})
-                exists = one(conn.execute(QUERIES["has_schema_version"]))[0]
-                current = one(conn.execute(QUERIES["schema_version"]))[0] if exists else 0
-                if current > LATEST_VERSION:
-                    raise SchemaError(f"database schema is at version {current}, newer than this chronos "
-                                      f"({LATEST_VERSION}): upgrade chronos")
-                if current == LATEST_VERSION:
-                    return []
-                conn.execute(QUERIES["create_schema_version"])
-                for version, name, text in migrations():
-                    if version <= current:
-                        continue
-                    conn.execute(text)
-                    conn.execute(QUERIES["record_migration"], {"version": version, "name": name})
-                    applied.append(version)
+            while True:
+                with conn.transaction():
+                    conn.execute(QUERIES["migrate_lock"], {"lock": _MIGRATE_LOCK})
+                    current = _current(conn)
+                    if current > latest:
+                        raise SchemaError(f"database schema is at version {current}, newer than this chronos "
+                                          f"({latest}): upgrade chronos")
+                    pending = [m for m in available if m.version > current]
+                    if not pending:
+                        return applied
+                    conn.execute(QUERIES["create_schema_version"])
+                    conn.execute(QUERIES["add_compatible_from"])
+                    for m in pending:
+                        if m.outside_transaction:
+                            break
+                        conn.execute(m.sql)
+                        _record(conn, m)
+                        applied.append(m.version)
+                pending = [m for m in pending if m.version not in applied]
+                if pending and pending[0].outside_transaction:
+                    if _apply_outside(conn, pending[0]):
+                        applied.append(pending[0].version)
     except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
         raise StoreUnavailable(f"PostgreSQL at {redact_url(url)}: {short(exc, url)}") from None
     except psycopg.Error as exc:  # e.g. no right to create the table: a one-line error, not a traceback
         raise StoreRejected(f"migration failed: {short(exc, url)}") from None
-    return applied
+
+
+def _current(conn: psycopg.Connection) -> int:
+    exists = one(conn.execute(QUERIES["has_schema_version"]))[0]
+    return one(conn.execute(QUERIES["schema_version"]))[0] if exists else 0
+
+
+def _record(conn: psycopg.Connection, m: Migration) -> None:
+    conn.execute(QUERIES["record_migration"], {"version": m.version, "name": m.name,
+                                               "compatible_from": m.compatible_from})
+
+
+def _apply_outside(conn: psycopg.Connection, m: Migration) -> bool:
+    """Run a migration outside a transaction under the session lock, unless another `chronos migrate`
+    applied it meanwhile; whether this one did. An index of it left invalid by an interrupted build
+    (a migrate killed, a connection lost) is dropped first, so the build runs again."""
+    conn.execute(QUERIES["migrate_session_lock"], {"lock": _MIGRATE_LOCK})
+    try:
+        if _current(conn) >= m.version:
+            return False
+        for index in _CONCURRENT_INDEX.findall(m.sql):
+            if one(conn.execute(QUERIES["index_invalid"], {"index": index}))[0]:
+                conn.execute(QUERIES["drop_index_concurrently"].format(index=_identifier(index)))
+        for statement in m.statements():
+            conn.execute(statement)
+        with conn.transaction():
+            _record(conn, m)
+        return True
+    finally:
+        conn.execute(QUERIES["migrate_session_unlock"], {"lock": _MIGRATE_LOCK})
+
+
+def _identifier(name: str) -> str:
+    """An index name from a migration file, checked (it is put in a DROP INDEX, not bound)."""
+    if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
+        raise ValueError(f"index name {name!r} is not a plain identifier")
+    return name
 
 
 def check_schema(conn: psycopg.Connection) -> None:
-    """SchemaError unless the database is migrated to this chronos's version on a supported server."""
+    """SchemaError unless the database is migrated to a version this chronos runs on, on a supported server."""
     try:
         check_schema_raw(conn)
     except psycopg.OperationalError as exc:
@@ -84,11 +183,13 @@ def check_schema(conn: psycopg.Connection) -> None:
 def check_schema_raw(conn: psycopg.Connection) -> None:
     """check_schema, with the driver's errors left to the caller (a store's, which translates them)."""
     check_server_version(conn)
-    exists = one(conn.execute(QUERIES["has_schema_version"]))[0]
-    current = one(conn.execute(QUERIES["schema_version"]))[0] if exists else 0
+    current = _current(conn)
     if current < LATEST_VERSION:
         raise SchemaError(f"database schema is at version {current}, this chronos needs {LATEST_VERSION}: "
                           f"run `chronos migrate` first")
     if current > LATEST_VERSION:
-        raise SchemaError(f"database schema is at version {current}, newer than this chronos "
-                          f"({LATEST_VERSION}): upgrade chronos")
+        outside = conn.execute(QUERIES["compatible_from"], {"mine": LATEST_VERSION}).fetchone()
+        if outside is not None:
+            raise SchemaError(f"database schema is at version {current}, newer than this chronos ({LATEST_VERSION}) "
+                              f"and outside its compatibility window: migration {outside[0]} runs only with "
+                              f"processes of version {outside[1]} or newer; upgrade chronos")

@@ -7,14 +7,43 @@ SELECT coalesce(max(version), 0) FROM chronos_schema_version;
 -- One migrator at a time, until its transaction ends.
 SELECT pg_advisory_xact_lock(%(lock)s);
 
+-- name: migrate_session_lock
+-- One migrator at a time, while a migration runs outside a transaction (until the unlock below).
+SELECT pg_advisory_lock(%(lock)s);
+
+-- name: migrate_session_unlock
+SELECT pg_advisory_unlock(%(lock)s);
+
 -- name: create_schema_version
--- Before the first migration: the table of applied migrations itself.
+-- Before the first migration: the table of applied migrations itself. compatible_from: the oldest schema
+-- version whose processes run on the schema this migration makes (NULL: its own version).
 CREATE TABLE IF NOT EXISTS chronos_schema_version (
-    version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now()
+    version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(),
+    compatible_from integer
 );
 
+-- name: add_compatible_from
+-- A table made before the compatibility window was recorded gets its column (every earlier migration
+-- keeps NULL: compatible with its own version only).
+ALTER TABLE chronos_schema_version ADD COLUMN IF NOT EXISTS compatible_from integer;
+
 -- name: record_migration
-INSERT INTO chronos_schema_version (version, name) VALUES (%(version)s, %(name)s);
+INSERT INTO chronos_schema_version (version, name, compatible_from) VALUES (%(version)s, %(name)s, %(compatible_from)s);
+
+-- name: compatible_from
+-- The first migration after `mine` that processes of version `mine` do not run on: (its version, the
+-- oldest version whose processes do); none when every later one is compatible with `mine`.
+SELECT version, coalesce(compatible_from, version) FROM chronos_schema_version
+ WHERE version > %(mine)s AND coalesce(compatible_from, version) > %(mine)s ORDER BY version LIMIT 1;
+
+-- name: index_invalid
+-- Whether an index of this name exists and is invalid: a CREATE INDEX CONCURRENTLY that did not finish.
+SELECT coalesce((SELECT NOT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+                  WHERE c.relname = %(index)s AND pg_table_is_visible(c.oid)), false);
+
+-- name: drop_index_concurrently
+-- The index name is a plain identifier taken from a migration file (checked before it is put here).
+DROP INDEX CONCURRENTLY IF EXISTS {index};
 
 -- name: has_schema_version
 SELECT to_regclass('chronos_schema_version') IS NOT NULL;

@@ -32,6 +32,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.error
 import urllib.request
@@ -53,7 +54,8 @@ OWN_DIRS = {"/etc/chronos": "etc", "/run/chronos": "run", "/var/log/chronos": "l
             "/etc/systemd/system": "systemd"}
 SHARED_DIR = "/opt/chronos"
 APP_USER = APP_DATABASE = "chronos"
-BLOCK = re.compile(r"<!-- fleet: (?P<tag>[\w ]+) -->\n```(?:sh|bash)\n(?P<code>.*?)\n```", re.S)
+BLOCK = re.compile(r"^(?P<indent>[ \t]*)<!-- fleet: (?P<tag>[\w ]+) -->\n(?P=indent)```(?:sh|bash)\n(?P<code>.*?)\n"
+                   r"(?P=indent)```", re.S | re.M)
 
 
 class FleetError(RuntimeError):
@@ -62,7 +64,8 @@ class FleetError(RuntimeError):
 
 def page_blocks(page: Path, tag: str) -> list[str]:
     """The shell blocks of `page` marked `<!-- fleet: TAG -->`, in page order."""
-    blocks = [m["code"] for m in BLOCK.finditer(page.read_text()) if m["tag"].strip() == tag]
+    blocks = [textwrap.dedent(m["indent"] + m["code"]) for m in BLOCK.finditer(page.read_text())
+              if m["tag"].strip() == tag]  # a block in a list item is indented with it
     if not blocks:
         raise FleetError(f"{page.relative_to(ROOT)} has no block marked <!-- fleet: {tag} -->")
     return blocks

@@ -52,3 +52,24 @@ def test_a_roles_count_on_a_host_changes_as_the_scaling_page_says(fleet):
     fleet.wait_host(host)
     wait_for(lambda: re.search(r"^firer:firer_00\s+RUNNING", fleet.supervisorctl(host, "status", check=False), re.M),
              timeout=30, what="the firer back")
+
+
+def test_the_supervisorctl_lines_of_the_backup_and_upgrade_pages_run_as_written(fleet):
+    """Stop all and start all (Backups and restore), a role's restart (Upgrades), on one host."""
+    host = fleet.chronos[1]
+    ops = ROOT / "docs" / "operations"
+    (stop,) = page_blocks(ops / "backups.md", "backup stop")
+    (start,) = page_blocks(ops / "backups.md", "backup start")
+    (restart,) = page_blocks(ops / "upgrading.md", "restart role")
+    fleet.on(host, fleet.chronos_function() + stop)
+    status = fleet.supervisorctl(host, "status", check=False)
+    assert len(re.findall(r"\bSTOPPED\b", status)) == 3, status
+    firer_starts = host.log("firer_00").count("starting: node")
+    fleet.on(host, fleet.chronos_function() + start, timeout=90)
+    wait_for(lambda: len(re.findall(r"\bRUNNING\b", fleet.supervisorctl(host, "status", check=False))) == 3,
+             timeout=30, what="every program running again")
+    wait_for(lambda: host.log("firer_00").count("starting: node") == firer_starts + 1, timeout=30,
+             what="the firer started again")
+    fleet.on(host, fleet.chronos_function() + restart)
+    wait_for(lambda: host.log("firer_00").count("starting: node") == firer_starts + 2, timeout=30,
+             what="the firer restarted")

@@ -31,14 +31,13 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
 import orjson
 
 from benchmarks.harness.faultload import Report, Scenario, longest_pause, resumed
-from benchmarks.harness.stack import layout_args
+from benchmarks.harness.stack import http_get, layout_args
 
 SCENARIOS = ("kill", "switchover", "standby", "freeze", "outage", "firer")
 LOG_SIGNS = ("did not answer within", "another server than before", "postgres unavailable", "is read-only",
@@ -46,16 +45,6 @@ LOG_SIGNS = ("did not answer within", "another server than before", "postgres un
 
 
 # -- what operators saw ---------------------------------------------------------------------------
-
-
-def _get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-    except OSError:
-        return 0, b""
 
 
 class Watch(threading.Thread):
@@ -76,7 +65,7 @@ class Watch(threading.Thread):
         try:
             while not self.halt.wait(1.0):
                 at = time.time()
-                healthy = sum(_get(u)[0] == 200 for u in self.urls)
+                healthy = sum(http_get(u)[0] == 200 for u in self.urls)
                 try:
                     view = store.overview(5000)
                     status = f"ok: {view.waiting} waiting, {view.in_flight} held, server {store.link.server}"
@@ -124,7 +113,7 @@ def postgres_counters(metrics_urls: list[str]) -> dict[str, float]:
     """The processes' chronos_postgres_* counters, summed."""
     totals: dict[str, float] = {}
     for url in metrics_urls:
-        status, body = _get(url)
+        status, body = http_get(url)
         for line in body.decode(errors="replace").splitlines():
             if line.startswith("chronos_postgres_") and "_total" in line:
                 name, value = line.split("{", 1)[0], float(line.rsplit(" ", 1)[1])

@@ -34,13 +34,12 @@ import subprocess
 import sys
 import textwrap
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from benchmarks.harness.netns import Network, NetworkError
+from benchmarks.harness.stack import http_get
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL_PAGE = ROOT / "docs" / "operations" / "host-install.md"
@@ -76,17 +75,6 @@ def _write(path: Path, text: str, mode: int = 0o644) -> Path:
     path.write_text(text)
     os.chmod(path, mode)
     return path
-
-
-def _get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
-    """(status, body) of a GET; (0, b"") when nothing answers in time."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-    except (OSError, ValueError):
-        return 0, b""
 
 
 def wait(condition: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:
@@ -412,7 +400,7 @@ class Fleet:
     def rest(self, member: str, path: str, timeout: float = 2.0) -> Any:
         """A member's REST API answer (decoded JSON), asked from the client host; None when it does not answer."""
         with self.net.inside("client"):
-            status, body = _get(f"http://{self.address(member)}:{REST_PORT}{path}", timeout)
+            status, body = http_get(f"http://{self.address(member)}:{REST_PORT}{path}", timeout)
         if status == 0:
             return None
         try:
@@ -582,7 +570,7 @@ class Fleet:
         """A program's /healthz, asked from the client host: (status, report); (0, {}) when it does not answer."""
         h = self.host(host)
         with self.net.inside("client"):
-            status, body = _get(f"http://{h.address}:{h.metrics_port(program)}/healthz", timeout)
+            status, body = http_get(f"http://{h.address}:{h.metrics_port(program)}/healthz", timeout)
         try:
             return status, json.loads(body) if body else {}
         except ValueError:
@@ -613,7 +601,7 @@ class Fleet:
         if "prometheus" not in self.procs:
             return None
         with self.net.inside("client"):
-            status, body = _get(f"http://{self.address('client')}:{PROMETHEUS_PORT}{path}", 5.0)
+            status, body = http_get(f"http://{self.address('client')}:{PROMETHEUS_PORT}{path}", 5.0)
         if status != 200:
             return None
         try:

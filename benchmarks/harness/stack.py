@@ -19,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -32,6 +34,18 @@ T = TypeVar("T")
 
 class StackFailed(RuntimeError):
     pass
+
+
+def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    """(status, body) of a GET, an error status included; (0, b"") when nothing answers in time (a
+    process's /healthz or /metrics, a Patroni member's REST API)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except (OSError, ValueError):
+        return 0, b""
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -27,6 +27,7 @@ host itself saw it, the first log line of each kind, `chronos status` from a hos
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import tempfile
@@ -50,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--members", type=int, default=2, choices=(2, 3),
                         help="PostgreSQL members: 2 with etcd on a host of its own, 3 with etcd on each (default 2)")
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="work in this directory and keep it (every host's logs, each scenario's raw "
+                             "deliveries); by default a temporary one, removed at the end")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
     layouts = [n.strip() for n in args.layouts.split(",") if n.strip()]
@@ -60,8 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     # a SIGTERM ends the run as Ctrl-C does: the fleet is closed, nothing of it left running
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = []
-    with tempfile.TemporaryDirectory(prefix="chronos-fleet-") as tmp:
+    with (contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(prefix="chronos-fleet-")) as tmp:
         work = Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         print("building the wheel and installing it as the install page says ...", flush=True)
         opt = work / "opt"
         install_chronos(build_wheel(work / "wheel"), opt, work)

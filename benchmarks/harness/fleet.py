@@ -609,18 +609,21 @@ class Fleet:
         except ValueError:
             return body
 
-    def alerts(self, since: float, until: float, zero: float) -> dict[str, dict[str, float]] | None:
+    def alerts(self, since: float, until: float, zero: float) -> dict[str, dict[str, Any]] | None:
         """The shipped rules' alerts between two times, as Prometheus evaluated them: alert name -> when
-        (seconds after `zero`) it was first pending and first firing; None without Prometheus."""
+        (seconds after `zero`) it was first pending and first firing, and `before: True` for one already
+        active at `since` (left by an earlier fault); None without Prometheus."""
         if "prometheus" not in self.procs:
             return None
         answer = self._prometheus(f"/api/v1/query_range?query=ALERTS&start={since:.3f}&end={until:.3f}&step=2")
-        out: dict[str, dict[str, float]] = {}
+        out: dict[str, dict[str, Any]] = {}
         for series in (answer or {}).get("data", {}).get("result", []):
             name, state = series["metric"].get("alertname", "?"), series["metric"].get("alertstate", "?")
             first = min(float(t) for t, _ in series["values"])
             seen = out.setdefault(name, {})
             seen[state] = round(min(seen.get(state, first - zero), first - zero), 1)
+            if first <= since + 2.0:  # the first evaluation step of the window: it was active already
+                seen["before"] = True
         return dict(sorted(out.items()))
 
     def scrape_gaps(self, since: float, until: float) -> dict[str, float]:

@@ -205,6 +205,7 @@ class FleetScenario:
         self.reader.wait_for(self.load.sent, timeout=wait)
         time.sleep(settle)  # late duplicates
         self.reader.stop()
+        self.dump()
         report = analyse(self.name, self.load, self.reader, self.faults, hold_s=self.hold_s, window_explains=True)
         if report.lost:
             with self.fleet.net.inside("client"):
@@ -213,6 +214,15 @@ class FleetScenario:
             report.lost = [m for m in report.lost if m not in found]
             report.delivered += len(found)
         return report
+
+    def dump(self) -> None:
+        """Everything sent and read, and the faults, beside the fleet's logs, for a look after the run."""
+        assert self.load is not None and self.reader is not None
+        slug = re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
+        (self.fleet.workdir / f"raw-{slug}-{int(self.started)}.json").write_bytes(orjson.dumps({
+            "sent": {m: [s.deadline, s.produced, s.partition, s.offset] for m, s in self.load.sent.items()},
+            "arrivals": self.reader.arrivals, "create_times": self.reader.create_times,
+            "faults": [{"what": f.what, "start": f.start, "end": f.end} for f in self.faults]}))
 
     def landed_after(self, heal_at: float, fault_at: float) -> tuple[list[str], list[str]]:
         """Messages delivered before the heal and again after it, in two lists: those whose later copy

@@ -206,7 +206,10 @@ class FleetScenario:
         time.sleep(settle)  # late duplicates
         self.reader.stop()
         self.dump()
-        report = analyse(self.name, self.load, self.reader, self.faults, hold_s=self.hold_s, window_explains=True)
+        observed = self.rebalances()
+        report = analyse(self.name, self.load, self.reader, self.faults + observed, hold_s=self.hold_s,
+                         window_explains=True)
+        report.session_losses = len(observed)
         if report.lost:
             with self.fleet.net.inside("client"):
                 found = reread(self.fleet.bootstrap, self.fleet.topics["output"], set(report.lost))
@@ -214,6 +217,25 @@ class FleetScenario:
             report.lost = [m for m in report.lost if m not in found]
             report.delivered += len(found)
         return report
+
+    def rebalances(self, before: float = 10.0) -> list[Fault]:
+        """The consumer group's rebalances the consumers' logs show during the scenario, as observed faults:
+        a consumer that leaves or rejoins the group, or whose session or commit was lost, leaves its
+        uncommitted batch to be read again, so what was sent in the seconds `before` may be published
+        twice (its late messages, published straight away, above all)."""
+        signs = ("left consumer group", "rejoining consumer group", "offset commit failed", "session timed out")
+        found = []
+        for host in self.fleet.chronos:
+            for program in host.programs():
+                if not program.startswith("consumer"):
+                    continue
+                for line in host.log(program).splitlines():
+                    if any(sign in line for sign in signs):
+                        at = _log_time(line)
+                        if at is not None and at >= self.started:
+                            found.append(Fault(f"{host.name}/{program}: {line[24:104].strip()}", at - before, at + 2.0,
+                                               observed=True))
+        return found
 
     def dump(self) -> None:
         """Everything sent and read, and the faults, beside the fleet's logs, for a look after the run."""

@@ -2,9 +2,10 @@
 docs/operations/host-install.md says, a replicated PostgreSQL (two Patroni members, etcd on a host of its
 own) and the broker, each host a network namespace of its own, partitions as nftables rules.
 
-Starting one takes a minute or two (the hosts' virtual environment is made from the wheel, psycopg's C
-implementation compiled), so the tests of this folder share it; each test gets it whole again (no cut, a
-leader, a synchronous standby, every host's supervisord running). Needs root, `make test`'s tools
+Installing the package takes a minute or two (the hosts' virtual environment is made from the wheel,
+psycopg's C implementation compiled), so the tests of this folder share it; each module has a fleet of its
+own, and each test gets it whole again (no cut, a leader, a synchronous standby, every host's supervisord
+running). Needs root, `make test`'s tools
 (iproute2, nftables, etcd, the Patroni environment); without them the tests fail saying what is missing.
 """
 
@@ -28,9 +29,12 @@ def opt_dir(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return opt
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def running_fleet(opt_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    """The fleet; once it is closed, nothing of it may still run."""
+    """A fleet for the tests of one module (a fleet starts in about 15 s once the package is installed);
+    once it is closed, nothing of it may still run. One per module, because the embedded broker can lose
+    track of a consumer group whose members restart (docs/explanations/embedded-broker.md, behaviour 8):
+    the install tests restart the hosts' programs, the partition tests need a group that serves."""
     fleet = Fleet(tmp_path_factory.mktemp("fleet"), opt_dir)
     fleet.start()
     try:

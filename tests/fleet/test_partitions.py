@@ -57,6 +57,16 @@ def test_a_chronos_host_cut_off_its_work_goes_to_the_other_and_it_rejoins(fleet,
         assert changes[0][1] == "unreachable" and changes[-1][1] == "ok", (program, changes)  # back by itself
 
 
+def test_the_kafka_host_cut_off_firing_resumes_at_the_heal(fleet, fault_report):
+    report, row = kafka_cut(fleet, cut_s=20.0, rate=RATE)
+    fault_report(report)
+    verdict(report, row)
+    assert row["pause_ended_after_heal_s"] is not None and row["pause_ended_after_heal_s"] < 15.0, row
+    for host in ("chronos-1", "chronos-2"):
+        words = [word for _, word in row["health"][f"{host}/firer_00"]]
+        assert any("kafka" in word for word in words) and words[-1] == "ok", (host, words)  # loud, then well
+
+
 def test_a_chronos_host_cut_off_from_postgresql_gives_up_its_partitions(fleet, fault_report):
     """Kafka still reachable: its consumer, unable to store anything, leaves the group once the hold time
     is over (and the write under way has given up), since the other host's consumer commits: that one
@@ -70,13 +80,3 @@ def test_a_chronos_host_cut_off_from_postgresql_gives_up_its_partitions(fleet, f
     assert "rejoining consumer group" in signs, signs
     words = [word for _, word in row["health"]["chronos-1/consumer_00"]]
     assert "failing: postgres" in words and words[-1] == "ok", words  # says what it cannot reach
-
-
-def test_the_kafka_host_cut_off_firing_resumes_at_the_heal(fleet, fault_report):
-    report, row = kafka_cut(fleet, cut_s=20.0, rate=RATE)
-    fault_report(report)
-    verdict(report, row)
-    assert row["pause_ended_after_heal_s"] is not None and row["pause_ended_after_heal_s"] < 15.0, row
-    for host in ("chronos-1", "chronos-2"):
-        words = [word for _, word in row["health"][f"{host}/firer_00"]]
-        assert any("kafka" in word for word in words) and words[-1] == "ok", (host, words)  # loud, then well

@@ -417,3 +417,27 @@ def test_the_sender_tells_the_claimer_of_a_stall_until_kafka_acknowledges_again(
     sender.slot.producer.poll(0)
     sender.look_after_producer()
     assert shared.kafka_stall_at is None
+
+
+def test_the_settler_says_postgres_is_reachable_again_only_once_it_answered(caplog):
+    """Its clock measurement failed (PostgreSQL away); its next passes have nothing to settle and no
+    measurement due, so they run no statement: they must not say that PostgreSQL is reachable again."""
+    f = Firer()
+    caplog.set_level("WARNING", logger="chronos.firer")
+    settler = f.proc.settler
+    f.db.unavailable = "connection refused"
+    settler.start()
+    try:
+        wait_for(lambda: any("postgres unavailable" in r.getMessage() for r in caplog.records), "the outage log")
+        for _ in range(2):  # the second is taken only once the pass that took the first has ended
+            settler.inbox.put(Outcomes())
+            wait_for(lambda: settler.inbox.empty() and time.time() > settler.down_until, "a pass of the settler")
+        assert not [r for r in caplog.records if "reachable again" in r.getMessage()]
+        f.db.unavailable = None
+        settler.next_clock_sync = 0.0
+        settler.inbox.put(Outcomes())
+        wait_for(lambda: any("postgres reachable again" in r.getMessage() for r in caplog.records),
+                 "the end of the outage, once a statement ran")
+    finally:
+        settler.inbox.put(Stop())
+        settler.join(TIMEOUT)

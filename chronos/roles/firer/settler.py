@@ -44,6 +44,7 @@ class Settler(StoreThread[SettleStore]):
             if now < self.down_until:
                 continue
             try:
+                asked = time.monotonic()
                 self.settle(now)
                 if self.stopping:
                     if not self.todo:
@@ -51,7 +52,8 @@ class Settler(StoreThread[SettleStore]):
                     continue
                 if now >= self.next_clock_sync:
                     self.sync_clock(now)
-                self.outage.ok()
+                if self.store.last_ok >= asked:  # a pass that ran no statement says nothing of PostgreSQL
+                    self.outage.ok()
             except StoreUnavailable as exc:
                 if self.stopping and self.outage.down_for() > 5:
                     log.warning("postgres unavailable at shutdown (%s): %d held rows will be taken over "

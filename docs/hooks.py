@@ -255,6 +255,86 @@ def ha_page(result: str = HA_RESULT) -> str:
                           "p99.9 jitter after recovery", "first log line", "health"), rows)
 
 
+# -- network partitions on a fleet of hosts (benchmarks/fleet.py) ----------------------------------
+
+#: The run of `python -m benchmarks.fleet` that failure-behaviour.md and postgresql-ha.md show.
+FLEET_RESULT = "2026-11-27/fleet.json"
+
+
+def _health_summary(health: dict[str, list[list[Any]]], host: str) -> str:
+    """What a host's programs' /healthz said during a scenario: as a monitoring host scraped them, and
+    (a cut-off host) as the host itself saw them; each program's first change and when it was ok again."""
+    parts = []
+    for prefix, who in (("", "scraped"), ("own:", "on the host")):
+        words = []
+        for key, changes in sorted(health.items()):
+            if not key.startswith(f"{prefix}{host}/"):
+                continue
+            program = key.split("/", 1)[1]
+            bad = [(t, w) for t, w in changes if w != "ok"]
+            if not bad:
+                continue
+            ok_again = next((t for t, w in changes if w == "ok" and t > bad[0][0]), None)
+            words.append(f"{program} {bad[0][1]} at {bad[0][0]:g} s" +
+                         (f", ok at {ok_again:g} s" if ok_again is not None else ""))
+        if words:
+            parts.append(f"{who}: " + "; ".join(words))
+    return " / ".join(parts) or "ok throughout"
+
+
+def fleet_rows(result: str = FLEET_RESULT, keys: Iterable[str] | None = None) -> list[tuple[Any, ...]]:
+    import orjson
+    data = orjson.loads((ROOT / "benchmarks" / "results" / result).read_bytes())
+    rows = []
+    for r in data["rows"]:
+        if keys is not None and r["scenario_key"] not in keys:
+            continue
+        cut_host = "chronos-1" if r["scenario_key"].startswith("host") else None
+        pause = ("-" if r.get("longest_pause_s") is None else
+                 f"{r['longest_pause_s']:g} s, ended {r['pause_ended_after_fault_s']:g} s after the cut "
+                 f"({r['pause_ended_after_heal_s']:+g} s from the heal"
+                 + (f", {r['pause_ended_after_promotion_s']:+g} s from the promotion" if
+                    r.get("pause_ended_after_promotion_s") is not None else "") + ")")
+        signs = "; ".join(f"`{sign}` {at:g} s ({where})" for sign, (at, where) in list(r["first_log_lines"].items())[:4])
+        alerts = r.get("alerts")
+
+        def carried(states: dict[str, Any]) -> bool:
+            """Active at the window's first step, 5 s before the cut: left by the scenario before."""
+            return bool(states.get("before")) or min(v for k, v in states.items() if k != "before") <= -4.0
+        fired = "-" if alerts is None else "; ".join(
+            f"{name} " + ", ".join(f"{state} at {at:g} s" for state, at in sorted(
+                ((k, v) for k, v in states.items() if k != "before"), key=lambda kv: kv[1]))
+            for name, states in alerts.items() if not carried(states)) or "none"
+        if alerts:
+            earlier = sorted(name for name, states in alerts.items() if carried(states))
+            if earlier:
+                fired += " (still active from the scenario before: " + ", ".join(earlier) + ")"
+        rows.append((r["scenario"], r["layout"], f"{r['carried_before']:,}", f"{r['lost']} of {r['sent']:,}", r["early"],
+                     f"{r['duplicates']} ({r['duplicates_explained']} explained; "
+                     f"{r['published_while_held_landed_after_heal']} published while held, landed after the heal; "
+                     f"{r['republished_after_heal']} republished after it)",
+                     "-" if r.get("promoted_after_fault_s") is None else f"{r['promoted_after_fault_s']:g} s",
+                     pause, f"{r['max_lateness_during_fault_s']:g} s",
+                     _health_summary(r["health"], cut_host) if cut_host else
+                     _health_summary(r["health"], "chronos-1") + " (chronos-2 alike)", signs or "-", fired))
+    return rows
+
+
+def fleet_page(result: str = FLEET_RESULT, keys: Iterable[str] | None = None) -> str:
+    """The figures of one run of benchmarks/fleet.py: one row per scenario and layout, from its result file."""
+    import orjson
+    data = orjson.loads((ROOT / "benchmarks" / "results" / result).read_bytes())
+    head = (f"Run of {data['date']}: {data['hosts']}, each a network namespace on this 2-core machine; "
+            f"{data['rate']:g} msg/s (delays 0.5-5 s, 10% already late), each cut {data['cut_s']:g} s, hold time 5 s, "
+            f"the consumer group's session timeout 2 s; one fleet per layout carried every scenario's messages in "
+            f"turn (`{data['command']}`; result file `benchmarks/results/{result}`). Times are from the cut.\n\n")
+    return head + _table(("scenario", "layout", "messages the fleet carried before", "acknowledged lost", "early",
+                          "duplicates", "new primary after", "longest pause in deliveries",
+                          "latest delivery during the cut", "/healthz of the cut-off host", "first log lines",
+                          "alerts (the shipped rules, evaluated every 2 s)"),
+                         fleet_rows(result, keys))
+
+
 # -- the alert rules (ops/prometheus-rules.yml) ------------------------------------------------------
 
 RULES = ROOT / "ops" / "prometheus-rules.yml"
@@ -560,7 +640,11 @@ GENERATED: dict[str, Callable[[], str]] = {
     "reference/commands.md": lambda: commands_page() + "\n\n## Exit codes\n\n" + exit_codes_page(),
     "reference/metrics.md": metrics_page,
     "reference/reason-codes.md": reason_codes_page,
-    "operations/postgresql-ha.md": ha_page,
+    "operations/postgresql-ha.md": lambda: ha_page() + "\n\nThe same primary cut off by a network partition, and "
+                                         "its packets dropped one way only, on a fleet of hosts ([all the "
+                                         "partitions](failure-behaviour.md#network-partitions-on-a-fleet-of-hosts)):"
+                                         "\n\n" + fleet_page(keys=("primary", "primary-out")),
+    "operations/failure-behaviour.md": fleet_page,
     "observability/dashboard-and-alerts.md": alerts_page,
     "operations/capacity.md": capacity_page,
     "benchmarks/latest.md": glance_page,

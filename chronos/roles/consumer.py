@@ -204,10 +204,13 @@ class ConsumerProcess:
     def __init__(self, settings: Settings, life: Lifecycle, *, store: IntakeStore,
                  producers: Callable[[], tuple[Publisher, OutageLog]],
                  consumers: Callable[[Callable], tuple[KafkaConsumer, OutageLog]], telemetry: ConsumerTelemetry,
-                 clock: Callable[[], float] = time.monotonic):
+                 watchers: Callable[[], KafkaConsumer], clock: Callable[[], float] = time.monotonic):
         """`producers` makes a Kafka producer and the log of its outages (again after a fatal error);
         `consumers(on_commit)` makes the input topic's consumer, reporting commits to `on_commit`;
-        `clock` measures PostgreSQL's outages against the hold time."""
+        `watchers()` a client of the group that never joins it, to read what the group has committed
+        (made at the first outage; the input consumer serves one caller at a time, and the loop calls it
+        every 50 ms, so another thread's call waits on it for good); `clock` measures PostgreSQL's
+        outages against the hold time."""
         self.settings, self.life = settings, life
         self.rules = Rules.from_settings(settings)
         self.store = store
@@ -216,6 +219,8 @@ class ConsumerProcess:
         self.db_outage = Outage(log, cap=POSTGRES_RETRY_CAP_S, clock=clock)
         self.left_group_at: float | None = None  # `clock()` when it left the group for an outage; None while in it
         self.left_for = POSTGRES                  # the service whose outage it left for
+        self.watchers, self.watcher = watchers, cast(KafkaConsumer | None, None)
+        self.committed_here: dict[int, int] = {}  # input partition -> the offset this consumer committed last
         self.throttle = Throttle(log)
         self.slot = ProducerSlot(producers, ProducerWatch("the consumer", settings.publish_stall_ms / 1000.0,
                                                           time.monotonic()))
@@ -506,6 +511,7 @@ class ConsumerProcess:
         lost commit only means a re-read, which the store ignores); the last one is waited for."""
         offsets = commit_offsets(messages)
         self.uncommitted.update({(tp.topic, tp.partition): tp for tp in offsets})
+        self.committed_here.update({tp.partition: tp.offset for tp in offsets})
         try:
             pending = list(self.uncommitted.values())
             if wait:  # two calls: the client's overloads take `asynchronous` as a literal
@@ -557,28 +563,30 @@ class ConsumerProcess:
         return self.life.sleep(max(0.0, min(delay, self.hold_s - down_for)))
 
     def group_progress(self) -> dict[int, int] | None:
-        """The group's committed offsets of the input partitions not assigned to this consumer (partition
-        -> offset), or None when Kafka does not say in time (its coordinator out of reach too)."""
+        """The group's committed offset of every input partition (partition -> offset), read by the
+        watcher on the writer thread, or None when Kafka does not say in time (its coordinator out of
+        reach too)."""
         topic = self.settings.input_topic
         try:
-            meta = self.consumer.list_topics(topic, timeout=KAFKA_PROBE_S).topics.get(topic)
+            if self.watcher is None:
+                self.watcher = self.watchers()
+            meta = self.watcher.list_topics(topic, timeout=KAFKA_PROBE_S).topics.get(topic)
             if meta is None or meta.error is not None:
                 return None
-            mine = {tp.partition for tp in self.consumer.assignment()}
-            others = [TopicPartition(topic, p) for p in sorted(meta.partitions) if p not in mine]
-            if not others:
-                return {}
-            return {tp.partition: tp.offset for tp in self.consumer.committed(others, timeout=KAFKA_PROBE_S)}
+            partitions = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+            return {tp.partition: tp.offset for tp in self.watcher.committed(partitions, timeout=KAFKA_PROBE_S)}
         except KafkaException:
             return None
 
     def others_serve(self, before: dict[int, int] | None) -> bool:
         """Whether another consumer of the group committed since `before` (`group_progress` then): it
-        reaches what this one cannot, so the partitions are better in its hands."""
+        reaches what this one cannot, so the partitions are better in its hands. An offset this consumer
+        committed itself (an asynchronous commit landing after `before`) is not the others' progress."""
         now = self.group_progress()
         if before is None or now is None:
             return False
-        return any(offset > before.get(partition, -1001) for partition, offset in now.items())
+        return any(offset > before.get(partition, -1001) and offset != self.committed_here.get(partition)
+                   for partition, offset in now.items())
 
     def sit_out(self, exc: OutOfReach, given_up: int) -> bool:
         """Leave the consumer group for an outage of PostgreSQL or Kafka, probe the service until it
@@ -659,10 +667,12 @@ class ConsumerProcess:
         self.metrics.close()  # first: its probe thread uses a Kafka client
         if self.last_batch:
             self.commit(self.last_batch, wait=True)
-        try:
-            self.consumer.close()
-        except Exception as exc:  # noqa: BLE001 - closing is best effort; offsets are already committed
-            log.warning("closing the Kafka consumer: %s", exc)
+        for client in (self.consumer, self.watcher):
+            try:
+                if client is not None:
+                    client.close()
+            except Exception as exc:  # noqa: BLE001 - closing is best effort; offsets are already committed
+                log.warning("closing the Kafka consumer: %s", exc)
         self.slot.producer.flush(5.0)
         self.store.close()
 
@@ -673,6 +683,7 @@ def build(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> ConsumerPr
                            store=role_store(settings, node_id, "consumer"),
                            producers=lambda: make_producer(settings, "consumer producer"),
                            consumers=lambda on_commit: make_consumer(settings, "consumer", on_commit=on_commit),
+                           watchers=lambda: make_consumer(settings, "consumer's group watcher")[0],
                            telemetry=ConsumerTelemetry(node_id, settings))
 
 

@@ -244,7 +244,7 @@ def test_a_fenced_consumer_producer_is_replaced_and_the_late_message_delivered_n
         inputs.append(FakeConsumer(on_commit))
         return inputs[-1], OutageLog("test consumer")
     proc = ConsumerProcess(env, Lifecycle(), store=MemoryStore(db), producers=publishers, consumers=consumers,
-                           telemetry=ConsumerTelemetry(uuid.uuid4(), env))
+                           telemetry=ConsumerTelemetry(uuid.uuid4(), env), watchers=lambda: inputs[-1])
     late = FakeMessage(hdrs("late", int(time.time() * 1000) - 1000))
     batch = sort_batch([late], time.time_ns() // 1000, proc.rules)
     assert proc.write([late], batch)

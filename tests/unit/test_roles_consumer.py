@@ -149,7 +149,7 @@ class Consumer:
             return self.input, OutageLog("test consumer")
         self.proc = ConsumerProcess(self.settings, self.life, store=self.store, producers=self.publisher.factory(),
                                     consumers=consumers, telemetry=ConsumerTelemetry(uuid.uuid4(), self.settings),
-                                    clock=clock)
+                                    watchers=lambda: self.input, clock=clock)
 
 
 def hdrs(mid, deadline_ms, action=None):
@@ -492,5 +492,25 @@ def test_a_coordinator_out_of_reach_says_nothing_of_the_others_and_the_consumer_
     assert not c.proc.others_serve({0: 5}) and not c.proc.others_serve(None)
     c.proc.consumer.group_offsets = {0: 5}
     assert not c.proc.others_serve({0: 5}) and c.proc.others_serve({0: 4})
-    c.proc.consumer.assigned = [TopicPartition("in", 0)]
-    assert c.proc.group_progress() == {1: -1001, 2: -1001, 3: -1001}  # only the partitions of the others
+    assert c.proc.group_progress() == {0: 5, 1: -1001, 2: -1001, 3: -1001}
+
+
+def test_its_own_commit_landing_late_is_not_the_others_progress():
+    c = Consumer()
+    c.proc.commit([FakeMessage(hdrs("a", in_1h_ms()), offset=4)])
+    c.proc.consumer.group_offsets = {0: 5}  # its own asynchronous commit, landed after the outage began
+    assert not c.proc.others_serve({0: 3})
+    c.proc.consumer.group_offsets = {0: 7}
+    assert c.proc.others_serve({0: 3})
+
+
+def test_the_group_is_watched_by_a_client_of_its_own_made_at_the_first_look():
+    """The input consumer serves one call at a time and the loop calls it every 50 ms: the writer thread
+    asking it for the group's offsets waited for good (seen: a consumer that stopped consuming)."""
+    made = []
+    c = Consumer()
+    c.proc.watchers = lambda: made.append(FakeConsumer(lambda *a: None)) or made[-1]
+    assert made == []
+    c.proc.group_progress()
+    c.proc.group_progress()
+    assert len(made) == 1 and made[0] is not c.proc.consumer

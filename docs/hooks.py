@@ -341,16 +341,18 @@ RULES = ROOT / "ops" / "prometheus-rules.yml"
 
 
 def alerts_page(path: Path = RULES) -> str:
-    """One row per alert rule of the shipped file: name, severity, how long it must hold, its expression,
-    and what it says (summary and description, as the alert carries them)."""
+    """One section per alert rule of the shipped file, the target of its runbook_url: what it watches
+    (severity, how long it must hold, its expression), what it says (summary and description, as the
+    alert carries them), how to confirm it, and what to do."""
     import yaml
     rules = [r for group in yaml.safe_load(path.read_text())["groups"] for r in group["rules"] if "alert" in r]
-    return _table(("alert", "severity", "for", "expression", "what it says"),
-                  ((f'<a id="{r["alert"].lower()}"></a>`{r["alert"]}`', r["labels"].get("severity", ""),
-                    r.get("for", "at once"), f'`{r["expr"]}`',
-                    r["annotations"]["summary"] + (". " + r["annotations"]["description"]
-                                                   if "description" in r["annotations"] else ""))
-                   for r in rules))
+    sections = []
+    for r in rules:
+        notes = r["annotations"]
+        sections.append(f"### {r['alert']}\n\n**{r['labels'].get('severity', '')}**, "
+                        f"{'after ' + r['for'] if 'for' in r else 'at once'}: `{r['expr']}`\n\n"
+                        f"{notes['summary']}. {notes['description']}\n\n**Confirm:** {notes['confirm']}")
+    return "\n\n".join(sections)
 
 
 # -- performance figures (benchmarks/sla.py, day.py, longevity.py, fire_rate.py, bulk_schedule.py) -----

@@ -46,7 +46,7 @@ INSTALL_PAGE = ROOT / "docs" / "operations" / "host-install.md"
 PATRONI_VENV = ROOT / ".patroni-venv"
 ETCD = Path("/usr/bin/etcd")
 PG_PORT, REST_PORT, ETCD_PORT, KAFKA_PORT, METRICS_PORT, PROMETHEUS_PORT = 5432, 8008, 2379, 9092, 9400, 9090
-RULES = ROOT / "ops" / "prometheus-rules.yml"
+SCRAPE = ROOT / "ops" / "prometheus-scrape.yml"
 ROLE_OFFSET = {"consumer": 0, "firer": 100, "detector": 200}
 # what a host's mount namespace gives it of its own (mount point -> directory under the host's folder)
 OWN_DIRS = {"/etc/chronos": "etc", "/run/chronos": "run", "/var/log/chronos": "log", "/var/lib/chronos": "home",
@@ -579,18 +579,23 @@ class Fleet:
     # -- monitoring: Prometheus on the client host, with the shipped alert rules -------------------------
 
     def _start_prometheus(self) -> None:
-        """Prometheus on the client host, scraping every program of every Chronos host every 2 s and
-        evaluating the shipped alert rules (ops/prometheus-rules.yml) as often, when a `prometheus` is at
-        hand (on PATH or beside this Python, where `make test` puts it); without one, no alerts are read."""
+        """Prometheus on the client host with the shipped configuration (ops/prometheus-scrape.yml, its
+        alert rules, its file-based discovery: a targets file per Chronos host, as the shipped examples
+        are written), scraping and evaluating every 2 s instead of 15, when a `prometheus` is at hand (on
+        PATH or beside this Python, where `make test` puts it); without one, no alerts are read."""
         binary = shutil.which("prometheus") or str(Path(sys.executable).parent / "prometheus")
         if not os.access(binary, os.X_OK):
             return
-        targets = [f"{h.address}:{h.metrics_port(p)}" for h in self.chronos
-                   for p in (f"{role}_{i:02d}" for role in ROLE_OFFSET for i in range(max(h.counts[role], 1)))]
-        config = {"global": {"scrape_interval": "2s", "scrape_timeout": "1s", "evaluation_interval": "2s"},
-                  "rule_files": [str(RULES)],
-                  "scrape_configs": [{"job_name": "chronos", "static_configs": [{"targets": targets}]}]}
         folder = self.workdir / "prometheus"
+        for h in self.chronos:
+            groups = [{"targets": [f"{h.address}:{h.metrics_port(f'{role}_{i:02d}')}"
+                                   for i in range(max(h.counts[role], 1))],
+                       "labels": {"host": h.name, "program": role}} for role in ROLE_OFFSET]
+            _write(folder / "chronos-targets" / f"{h.name}.yml", json.dumps(groups, indent=2))
+        import yaml  # a dev dependency, like the benchmarks
+        config = yaml.safe_load(SCRAPE.read_text())
+        config["global"].update(scrape_interval="2s", scrape_timeout="1s", evaluation_interval="2s")
+        config["rule_files"] = [str(SCRAPE.parent / f) for f in config["rule_files"]]
         _write(folder / "prometheus.yml", json.dumps(config, indent=2))
         self._spawn("prometheus", "client", [binary, f"--config.file={folder / 'prometheus.yml'}",
                                              f"--storage.tsdb.path={folder / 'data'}", "--log.level=warn",

@@ -369,14 +369,23 @@ class ConsumerTelemetry(Telemetry):
     def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):
         super().__init__(node_id, settings, environ)
         self.count_dead_letters(CONSUMER_REASONS)
-        self.lag = self.gauge("chronos_consumer_lag_messages",
-                              "input messages on this consumer's partitions past its position: the high watermarks "
-                              "of its last fetches less what it has read (0 out of the group)")
+        self.lag = Gauge("chronos_consumer_lag_messages",
+                         "input messages past this consumer's position on each input partition assigned to it: "
+                         "the high watermark of its last fetch less what it has read (a partition not fetched "
+                         "yet counts 0; none out of the group)", ("role", "node", "partition"),
+                         registry=self.registry)
+        self.lag_shown: set[int] = set()
         self.assigned = self.gauge("chronos_consumer_partitions", "input partitions assigned to this consumer")
 
-    def consumer_lag(self, lag: int, partitions: int) -> None:
-        self.lag.set(lag)
-        self.assigned.set(partitions)
+    def consumer_lag(self, lag: dict[int, int]) -> None:
+        """The lag of each assigned input partition (partition -> messages); a partition no longer
+        assigned leaves the gauge, so that a sum over the consumers counts each partition once."""
+        for gone in self.lag_shown - lag.keys():
+            self.lag.remove(self.role, self.node, str(gone))
+        for partition, messages in lag.items():
+            self.lag.labels(self.role, self.node, str(partition)).set(messages)
+        self.lag_shown = set(lag)
+        self.assigned.set(len(lag))
 
 
 class FirerTelemetry(Telemetry):

@@ -284,23 +284,22 @@ class ConsumerProcess:
 
     def sample_lag(self, now: float) -> None:
         """Every LAG_EVERY_S, the input messages on the assigned partitions past this consumer's position,
-        for `chronos_consumer_lag_messages`: the high watermark each partition's last fetch reported (the
-        client's cached one, which a fetch keeps right; asking the broker would cost a request and, on
+        for `chronos_consumer_lag_messages`, per partition: the high watermark its last fetch reported
+        (the client's cached one, which a fetch keeps right; asking the broker would cost a request and, on
         the embedded broker, be wrong) less the position. A partition not fetched yet counts 0."""
         if now < self.next_lag:
             return
         self.next_lag = now + LAG_EVERY_S
         try:
             assigned = self.consumer.assignment()
-            lag = 0
+            lag = {}
             for tp in self.consumer.position(assigned) if assigned else []:
                 _, high = self.consumer.get_watermark_offsets(tp, cached=True)
-                if tp.offset >= 0 and high >= 0:
-                    lag += max(0, high - tp.offset)
+                lag[tp.partition] = max(0, high - tp.offset) if tp.offset >= 0 and high >= 0 else 0
         except KafkaException as exc:  # no gauge this time; the loop goes on
             self.throttle.warning("lag", "could not read the consumer's positions for its lag gauge: %s", exc)
             return
-        self.metrics.consumer_lag(lag, len(assigned))
+        self.metrics.consumer_lag(lag)
 
     def readable(self, messages: list[Message]) -> list[Message]:
         """The messages of a poll without its errors (a partition's end is not one)."""
@@ -602,7 +601,7 @@ class ConsumerProcess:
         self.uncommitted.clear()
         self.last_batch = None
         self.consumer.unsubscribe()
-        self.metrics.consumer_lag(0, 0)  # its partitions are the other consumers' now
+        self.metrics.consumer_lag({})  # its partitions are the other consumers' now
         self.left_group_at, self.left_for = self.clock(), exc.service
         log.warning("cannot reach %s for %.1fs, longer than the hold time (%d ms): gave up %d messages "
                     "(not committed: they are read again) and left consumer group %s so that other consumers take "

@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import orjson
 import psycopg
@@ -101,13 +102,18 @@ def exported_families(port: int) -> set[str]:
             for f in text_string_to_metric_families(body) if f.name.startswith("chronos_")}
 
 
-def documented_metrics() -> set[str]:
-    """The metrics of the generated reference page (docs/hooks.py)."""
+def docs_hooks() -> Any:
+    """docs/hooks.py, which generates the reference pages."""
     spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
     assert spec is not None and spec.loader is not None
     hooks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hooks)
-    return set(hooks.metric_families())
+    return hooks
+
+
+def documented_metrics() -> set[str]:
+    """The metrics of the generated reference page (docs/hooks.py)."""
+    return set(docs_hooks().metric_families())
 
 
 def test_the_checker_catches_a_wrong_metric_and_a_wrong_label():
@@ -130,9 +136,18 @@ def test_rules_pass_promtool_and_dashboard_queries_parse(tmp_path):
     assert checked.returncode == 0, checked.stdout + checked.stderr
     jobs = [job["job_name"] for job in yaml.safe_load(SCRAPE.read_text())["scrape_configs"]]
     assert jobs == ["chronos"] and 'up{job="chronos"}' in RULES.read_text()
-    # every rule says what to look at, not only what happened
+    # every rule says what to look at, not only what happened, how to confirm it, and links to its section
     rules = [r for group in yaml.safe_load(RULES.read_text())["groups"] for r in group["rules"]]
     assert [r["alert"] for r in rules if not r["annotations"].get("description")] == []
+    assert [r["alert"] for r in rules if not r["annotations"].get("confirm")] == []
+    page = docs_hooks().alerts_page()
+    for rule in rules:
+        assert rule["annotations"]["runbook_url"] == ("{{ $externalLabels.chronos_docs }}/observability/"
+                                                      f"dashboard-and-alerts/#{rule['alert'].lower()}")
+        assert f"### {rule['alert']}\n" in page  # the section the URL's anchor names
+    # the targets files the shipped configuration discovers: every role of each example host
+    targets = yaml.safe_load((SCRAPE.parent / "chronos-targets" / "chronos-1.yml").read_text())
+    assert sorted(group["labels"]["program"] for group in targets) == ["consumer", "detector", "firer"]
     # the dashboard's queries, as recording rules, go through the same PromQL parser
     records = {"groups": [{"name": "dashboard", "rules": [
         {"record": f"chronos:dashboard:{i}", "expr": expr}
@@ -141,6 +156,27 @@ def test_rules_pass_promtool_and_dashboard_queries_parse(tmp_path):
     path.write_text(yaml.safe_dump(records))
     checked = subprocess.run([tool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_every_alert_fires_on_its_condition_and_is_silent_on_healthy_series(tmp_path):
+    """`promtool test rules` with the cases of prometheus-rules.test.yml, on the shipped rules without their
+    annotations (templates `promtool check rules` checks, which the cases would otherwise have to copy)."""
+    cases_file = Path(__file__).with_name("prometheus-rules.test.yml")
+    rules = yaml.safe_load(RULES.read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+    (tmp_path / "cases.yml").write_text(cases_file.read_text())
+    tested = subprocess.run([promtool(), "test", "rules", "cases.yml"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    checks = [check for case in yaml.safe_load(cases_file.read_text())["tests"] for check in case["alert_rule_test"]]
+    alerts = {r["alert"] for group in rules["groups"] for r in group["rules"] if "alert" in r}
+    fires = {c["alertname"] for c in checks if c["exp_alerts"]}
+    silent = {c["alertname"] for c in checks if not c["exp_alerts"]}
+    assert alerts - fires == set(), "alerts with no case where they fire"
+    assert alerts - silent == set(), "alerts with no case where they stay silent"
 
 
 def test_dashboard_and_rules_name_only_what_running_processes_export(chronos_env, tmp_path):

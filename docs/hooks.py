@@ -156,7 +156,7 @@ def metric_families() -> dict[str, dict[str, Any]]:
         for cls in (telemetry.ConsumerTelemetry, telemetry.FirerTelemetry, telemetry.DetectorTelemetry):
             t = cls("00000000-0000-0000-0000-000000000000", Settings(), environ={STATS_ENV: stats.name})
             # what each role's run() attaches to its telemetry (chronos/roles/*.py); a process's real scrape is
-            # checked against this list by tests/e2e/test_ops_files.py
+            # checked against this list by tests/e2e/test_monitoring_files.py
             t.follow(dict)
             t.follow_postgres(lambda: [SimpleNamespace(server="db:5432", connects=1, server_changes=0, unanswered=0,
                                                        read_only=0)])
@@ -335,9 +335,9 @@ def fleet_page(result: str = FLEET_RESULT, keys: Iterable[str] | None = None) ->
                          fleet_rows(result, keys))
 
 
-# -- the alert rules (ops/prometheus-rules.yml) ------------------------------------------------------
+# -- the alert rules (monitoring/prometheus-rules.yml) ------------------------------------------------------
 
-RULES = ROOT / "ops" / "prometheus-rules.yml"
+RULES = ROOT / "monitoring" / "prometheus-rules.yml"
 
 
 def alerts_page(path: Path = RULES) -> str:

@@ -46,7 +46,7 @@ INSTALL_PAGE = ROOT / "docs" / "operations" / "host-install.md"
 PATRONI_VENV = ROOT / ".patroni-venv"
 ETCD = Path("/usr/bin/etcd")
 PG_PORT, REST_PORT, ETCD_PORT, KAFKA_PORT, METRICS_PORT, PROMETHEUS_PORT = 5432, 8008, 2379, 9092, 9400, 9090
-SCRAPE = ROOT / "ops" / "prometheus-scrape.yml"
+SCRAPE = ROOT / "monitoring" / "prometheus-scrape.yml"
 ROLE_OFFSET = {"consumer": 0, "firer": 100, "detector": 200}
 # what a host's mount namespace gives it of its own (mount point -> directory under the host's folder)
 OWN_DIRS = {"/etc/chronos": "etc", "/run/chronos": "run", "/var/log/chronos": "log", "/var/lib/chronos": "home",
@@ -579,7 +579,7 @@ class Fleet:
     # -- monitoring: Prometheus on the client host, with the shipped alert rules -------------------------
 
     def _start_prometheus(self) -> None:
-        """Prometheus on the client host with the shipped configuration (ops/prometheus-scrape.yml, its
+        """Prometheus on the client host with the shipped configuration (monitoring/prometheus-scrape.yml, its
         alert rules, its file-based discovery: a targets file per Chronos host, as the shipped examples
         are written), scraping and evaluating every 2 s instead of 15, when a `prometheus` is at hand (on
         PATH or beside this Python, where `make test` puts it); without one, no alerts are read."""

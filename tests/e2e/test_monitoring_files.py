@@ -1,4 +1,4 @@
-"""The shipped Grafana dashboard and Prometheus alert rules (ops/) name only metrics and labels that
+"""The shipped Grafana dashboard and Prometheus alert rules (monitoring/) name only metrics and labels that
 the running processes export, and the rules pass promtool."""
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from chronos.embedded.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-DASHBOARD = ROOT / "ops" / "grafana-dashboard.json"
-RULES = ROOT / "ops" / "prometheus-rules.yml"
-SCRAPE = ROOT / "ops" / "prometheus-scrape.yml"
+DASHBOARD = ROOT / "monitoring" / "grafana-dashboard.json"
+RULES = ROOT / "monitoring" / "prometheus-rules.yml"
+SCRAPE = ROOT / "monitoring" / "prometheus-scrape.yml"
 
 # PromQL words that are not label names when they stand before a parenthesised label list
 _GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")

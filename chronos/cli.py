@@ -438,6 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from chronos.ops.status import add_parsers as operating_parsers
     operating_parsers(sub)
+    from chronos.ops.rewind import add_parser as rewind_parser
+    rewind_parser(sub)
     add_operator_parsers(sub)
 
     from chronos.console import add_parser as console_parser

@@ -54,20 +54,31 @@ def test_a_roles_count_on_a_host_changes_as_the_scaling_page_says(fleet):
              timeout=30, what="the firer back")
 
 
-def test_the_supervisorctl_lines_of_the_backup_and_upgrade_pages_run_as_written(fleet):
-    """Stop all and start all (Backups and restore), a role's restart (Upgrades), on one host."""
-    host = fleet.chronos[1]
+def test_the_restore_pages_stop_rewind_start_and_the_upgrade_pages_restart_run_as_written(fleet):
+    """Stop all on every host, the consumer group moved back by `chronos rewind`, start all (Backups and
+    restore); a role's restart (Upgrades)."""
     ops = ROOT / "docs" / "operations"
     (stop,) = page_blocks(ops / "backups.md", "backup stop")
+    (rewind,) = page_blocks(ops / "backups.md", "backup rewind")
     (start,) = page_blocks(ops / "backups.md", "backup start")
     (restart,) = page_blocks(ops / "upgrading.md", "restart role")
-    fleet.on(host, fleet.chronos_function() + stop)
-    status = fleet.supervisorctl(host, "status", check=False)
-    assert len(re.findall(r"\bSTOPPED\b", status)) == 3, status
+    for host in fleet.chronos:
+        fleet.on(host, fleet.chronos_function() + stop)
+        status = fleet.supervisorctl(host, "status", check=False)
+        assert len(re.findall(r"\bSTOPPED\b", status)) == 3, status
+    host = fleet.chronos[1]
+    # the input topic is younger than the page's moment: every partition goes back to its start
+    moved = fleet.on(host, fleet.chronos_function() + rewind, timeout=120).stdout
+    assert moved.startswith("group chronos on chronos.input moved to 2026-11-26T06:14:13Z:"), moved
+    partitions = re.findall(r"^  partition (\d+): (\S+) -> (\d+)$", moved, re.M)
+    assert partitions and all(now == "0" for _, _, now in partitions), moved
+    assert any(was not in ("-", "0") for _, was, _ in partitions), moved  # the messages sent before were read
     firer_starts = host.log("firer_00").count("starting: node")
-    fleet.on(host, fleet.chronos_function() + start, timeout=90)
-    wait_for(lambda: len(re.findall(r"\bRUNNING\b", fleet.supervisorctl(host, "status", check=False))) == 3,
-             timeout=30, what="every program running again")
+    for h in fleet.chronos:
+        fleet.on(h, fleet.chronos_function() + start, timeout=90)
+    for h in fleet.chronos:
+        wait_for(lambda: len(re.findall(r"\bRUNNING\b", fleet.supervisorctl(h, "status", check=False))) == 3,
+                 timeout=30, what="every program running again")
     wait_for(lambda: host.log("firer_00").count("starting: node") == firer_starts + 1, timeout=30,
              what="the firer started again")
     fleet.on(host, fleet.chronos_function() + restart)

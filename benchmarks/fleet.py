@@ -14,7 +14,10 @@ running) before the next one starts:
 - `host-db`      c) a Chronos host cut off from PostgreSQL only (Kafka reachable);
 - `host-kafka`   d) a Chronos host cut off from Kafka only (PostgreSQL reachable);
 - `kafka`        e) the Kafka host cut off from everything;
-- `primary-out`  f) one-way loss: the primary's host's packets dropped on the way out, delivered on the way in.
+- `primary-out`  f) one-way loss: the primary's host's packets dropped on the way out, delivered on the way in;
+- `upgrade`      g) a rolling upgrade from the previous release (built from its commit, CHANGELOG.md) and a
+                 rollback, with the upgrade page's blocks, `--settle` seconds between steps, on a fleet of
+                 its own that starts on the previous release.
 
 Layouts: `1` is one process of every role on each of the two hosts, `2` two of every role on each. Per
 scenario: messages sent (acknowledged by the broker), lost, early, duplicated (explained by the fault,
@@ -36,18 +39,22 @@ from pathlib import Path
 
 import orjson
 
-from benchmarks.harness.fleet import Fleet, build_wheel, install_chronos, require_fleet_tools
-from benchmarks.harness.fleetload import RUNNERS, SCENARIOS
+from benchmarks.harness.fleet import Fleet, build_wheel, install_chronos, previous_release, release_wheel, require_fleet_tools
+from benchmarks.harness.fleetload import RUNNERS, SCENARIOS, rolling_upgrade
+
+ALL = (*SCENARIOS, "upgrade")
 
 LAYOUTS = {"1": (1, 1, 1), "2": (2, 2, 2)}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, of: " + ", ".join(SCENARIOS))
+    parser.add_argument("--scenarios", default=",".join(ALL), help="comma-separated, of: " + ", ".join(ALL))
     parser.add_argument("--layouts", default="1,2", help="comma-separated: 1 (one of every role per host), 2 (two)")
     parser.add_argument("--rate", type=float, default=300.0, help="messages per second (default 300)")
     parser.add_argument("--cut", type=float, default=60.0, help="seconds each cut lasts (default 60)")
+    parser.add_argument("--settle", type=float, default=20.0,
+                        help="seconds of load between the upgrade's steps (default 20)")
     parser.add_argument("--members", type=int, default=2, choices=(2, 3),
                         help="PostgreSQL members: 2 with etcd on a host of its own, 3 with etcd on each (default 2)")
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
@@ -57,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
     layouts = [n.strip() for n in args.layouts.split(",") if n.strip()]
-    unknown = sorted(set(names) - set(SCENARIOS)) + sorted(set(layouts) - set(LAYOUTS))
+    unknown = sorted(set(names) - set(ALL)) + sorted(set(layouts) - set(LAYOUTS))
     if unknown:
         parser.error(f"unknown scenarios or layouts: {', '.join(unknown)}")
     require_fleet_tools()
@@ -70,13 +77,34 @@ def main(argv: list[str] | None = None) -> int:
         print("building the wheel and installing it as the install page says ...", flush=True)
         opt = work / "opt"
         install_chronos(build_wheel(work / "wheel"), opt, work)
+        cuts = [n for n in names if n != "upgrade"]
+        if "upgrade" in names:
+            print(f"building release {previous_release()} from its commit and installing it beside ...", flush=True)
+            install_chronos(release_wheel(previous_release(), work / "previous"), opt, work / "previous")
         for layout in layouts:
+            if "upgrade" in names:
+                fleet = Fleet(work / f"fleet-upgrade-{layout}", opt, per_host=LAYOUTS[layout], members=args.members,
+                              release=previous_release())
+                print(f"starting the fleet on release {previous_release()}, layout {layout} ...", flush=True)
+                fleet.start()
+                try:
+                    report, row = rolling_upgrade(fleet, rate=args.rate, settle=args.settle)
+                    row.update(scenario_key="upgrade", layout="{}/{}/{} per host".format(*LAYOUTS[layout]),
+                               carried_before=0, settle_s=args.settle)
+                    rows.append(row)
+                    print(report.line(), f"longest pause {row['longest_pause_s']} s", flush=True)
+                finally:
+                    stuck = fleet.close()
+                    if stuck:
+                        print(f"processes of the fleet outlive its close: {stuck}", file=sys.stderr)
+            if not cuts:
+                continue
             fleet = Fleet(work / f"fleet-{layout}", opt, per_host=LAYOUTS[layout], members=args.members)
             print(f"starting the fleet, layout {layout} ...", flush=True)
             fleet.start()
             carried = 0
             try:
-                for name in names:
+                for name in cuts:
                     fleet.heal_everything()
                     print(f"scenario {name} (layout {layout}) ...", flush=True)
                     report, row = RUNNERS[name](fleet, cut_s=args.cut, rate=args.rate)

@@ -335,6 +335,35 @@ def fleet_page(result: str = FLEET_RESULT, keys: Iterable[str] | None = None) ->
                          fleet_rows(result, keys))
 
 
+#: The run of `python -m benchmarks.fleet --scenarios upgrade` that upgrading.md shows.
+UPGRADE_RESULT = "2026-11-27/fleet-upgrade.json"
+
+
+def upgrade_page(result: str = UPGRADE_RESULT) -> str:
+    """The rolling upgrades of one run of benchmarks/fleet.py: one row per layout, from its result file."""
+    import orjson
+    data = orjson.loads((ROOT / "benchmarks" / "results" / result).read_bytes())
+    rows = []
+    for r in data["rows"]:
+        if r["scenario_key"] != "upgrade":
+            continue
+        steps = "; ".join(f"{s['step']} at {s['at_s']:g} s ({s['took_s']:g} s)" for s in r["steps"])
+        alerts = "-" if r.get("alerts") is None else ", ".join(
+            f"{name} ({', '.join(sorted(k for k in states if k != 'before'))})"
+            for name, states in r["alerts"].items()) or "none"
+        rows.append((r["layout"], f"{r['lost']} of {r['sent']:,}", r["early"],
+                     f"{r['duplicates']} ({r['duplicates_explained']} explained)",
+                     f"{r['longest_pause_s']:g} s", f"{r['max_lateness_s']:g} s", steps, alerts))
+    settle = next((r.get("settle_s") for r in data["rows"] if r["scenario_key"] == "upgrade"), None)
+    head = (f"Run of {data['date']}: {data['hosts']}, each a network namespace on this 2-core machine; "
+            f"{data['rate']:g} msg/s (delays 0.5-5 s, 10% already late), hold time 5 s, {settle:g} s of load between "
+            f"steps (`{data['command']}`; result file `benchmarks/results/{result}`). A killed firer's claimed rows "
+            f"wait out the hold time, which is the latest delivery; times are from the first step.\n\n")
+    return head + _table(("layout", "acknowledged lost", "early", "duplicates", "longest pause in deliveries",
+                          "latest delivery after its due time", "steps (how long each took)",
+                          "alerts (the shipped rules, evaluated every 2 s)"), rows)
+
+
 # -- the alert rules (monitoring/prometheus-rules.yml) ------------------------------------------------------
 
 RULES = ROOT / "monitoring" / "prometheus-rules.yml"
@@ -647,6 +676,7 @@ GENERATED: dict[str, Callable[[], str]] = {
                                          "partitions](failure-behaviour.md#network-partitions-on-a-fleet-of-hosts)):"
                                          "\n\n" + fleet_page(keys=("primary", "primary-out")),
     "operations/failure-behaviour.md": fleet_page,
+    "operations/upgrading.md": upgrade_page,
     "observability/dashboard-and-alerts.md": alerts_page,
     "operations/capacity.md": capacity_page,
     "benchmarks/latest.md": glance_page,

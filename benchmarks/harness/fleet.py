@@ -16,7 +16,9 @@ supervisord on each host; `<!-- fleet: check -->` runs on each host once it is u
 cannot give verbatim (the database's address and password, the Kafka client's settings, the process
 counts) is the host's environment file, written here with the page's variables. Each host has its own
 /etc/chronos, /run/chronos, /var/log/chronos, /var/lib/chronos and /etc/hosts (bind mounts in the
-host's own mount namespace, made by `ip netns exec`), and shares /opt/chronos.
+host's own mount namespace, made by `ip netns exec`) and its own /opt/chronos, where the environments
+installed once (`venv-<version>`) are mounted and the link `venv` is the host's: during a rolling upgrade
+each host runs the release its link names.
 
 Everything the fleet starts runs inside a namespace of its own prefix, so `close` (and the next
 `start`, after a kit killed outright) ends it all.
@@ -24,6 +26,7 @@ Everything the fleet starts runs inside a namespace of its own prefix, so `close
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -37,7 +40,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from benchmarks.harness.netns import Network, NetworkError
 from benchmarks.harness.stack import http_get
@@ -54,7 +57,8 @@ OWN_DIRS = {"/etc/chronos": "etc", "/run/chronos": "run", "/var/log/chronos": "l
             "/etc/systemd/system": "systemd"}
 SHARED_DIR = "/opt/chronos"
 APP_USER = APP_DATABASE = "chronos"
-BLOCK = re.compile(r"^(?P<indent>[ \t]*)<!-- fleet: (?P<tag>[\w ]+) -->\n(?P=indent)```(?:sh|bash)\n(?P<code>.*?)\n"
+GROUP = "chronos"  # the hosts' consumer group (CHRONOS_CONSUMER_GROUP's default)
+BLOCK = re.compile(r"^(?P<indent>[ \t]*)<!-- fleet: (?P<tag>[\w ]+) -->\n(?P=indent)```(?P<lang>sh|bash|yaml)\n(?P<code>.*?)\n"
                    r"(?P=indent)```", re.S | re.M)
 
 
@@ -62,10 +66,10 @@ class FleetError(RuntimeError):
     pass
 
 
-def page_blocks(page: Path, tag: str) -> list[str]:
-    """The shell blocks of `page` marked `<!-- fleet: TAG -->`, in page order."""
-    blocks = [textwrap.dedent(m["indent"] + m["code"]) for m in BLOCK.finditer(page.read_text())
-              if m["tag"].strip() == tag]  # a block in a list item is indented with it
+def page_blocks(page: Path, tag: str, lang: tuple[str, ...] = ("sh", "bash")) -> list[str]:
+    """The shell blocks (or blocks of `lang`) of `page` marked `<!-- fleet: TAG -->`, in page order."""
+    blocks = [textwrap.dedent(m["code"]) for m in BLOCK.finditer(page.read_text())
+              if m["tag"].strip() == tag and m["lang"] in lang]  # a block in a list item is indented with it
     if not blocks:
         raise FleetError(f"{page.relative_to(ROOT)} has no block marked <!-- fleet: {tag} -->")
     return blocks
@@ -124,14 +128,59 @@ def build_wheel(workdir: Path, timeout: float = 600.0) -> Path:
             copy.symlink_to(os.readlink(origin))
         else:
             copy.write_bytes(origin.read_bytes())
+    return _pip_wheel(src, dist, "*", timeout)
+
+
+def _pip_wheel(src: Path, dist: Path, version: str, timeout: float) -> Path:
+    """`pip wheel` of the source tree `src` into `dist`, with nothing of this test run's environment; the wheel."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("CHRONOS_") and k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(dist),
                            str(src)], capture_output=True, text=True, timeout=timeout, env=env)
     if done.returncode != 0:
-        raise FleetError(f"pip wheel failed:\n{done.stdout}\n{done.stderr}")
-    (built,) = dist.glob("chronos_scheduler-*.whl")
+        raise FleetError(f"pip wheel of {src} failed:\n{done.stdout}\n{done.stderr}")
+    (built,) = dist.glob(f"chronos_scheduler-{version}-*.whl")
     return built
+
+
+CHANGELOG = ROOT / "CHANGELOG.md"
+
+
+def release_commit(version: str) -> str:
+    """The commit a release was built from, as CHANGELOG.md records it under the release's heading."""
+    section = re.search(rf"^## {re.escape(version)}\b.*?(?=^## |\Z)", CHANGELOG.read_text(), re.S | re.M)
+    found = section and re.search(r"commit `([0-9a-f]{40})`", section[0])
+    if not found:
+        raise FleetError(f"CHANGELOG.md names no commit for release {version}")
+    return found[1]
+
+
+def previous_release() -> str:
+    """The release before this checkout's, the second in CHANGELOG.md (newest first)."""
+    versions = re.findall(r"^## (\d+\.\d+\.\d+)\b", CHANGELOG.read_text(), re.M)
+    if len(versions) < 2:
+        raise FleetError("CHANGELOG.md names no release before this one")
+    return versions[1]
+
+
+def release_wheel(version: str, workdir: Path, timeout: float = 600.0) -> Path:
+    """The wheel of an earlier release, built by `pip wheel` from its commit's files (`git archive`), as a
+    site that keeps its releases' wheels would have it."""
+    commit = release_commit(version)
+    known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
+    if known.returncode != 0:
+        raise FleetError(f"release {version}'s commit {commit} is not in this clone (a shallow clone?): "
+                         "clone the repository with its history")
+    src, dist = workdir / f"release-{version}", workdir / "dist"
+    src.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit], capture_output=True,
+                             check=True, timeout=120).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True, timeout=120)
+    return _pip_wheel(src, dist, version, timeout)
+
+
+def wheel_version(wheel: Path) -> str:
+    return wheel.name.split("-")[1]
 
 
 def install_chronos(wheel: Path, opt_dir: Path, workdir: Path, *, timeout: float = 600.0) -> Path:
@@ -139,9 +188,15 @@ def install_chronos(wheel: Path, opt_dir: Path, workdir: Path, *, timeout: float
     marked `once`), from the directory that holds `wheel`, with the machine's network (the package
     registry). Returns the environment the page links as /opt/chronos/venv (here under `opt_dir`).
 
+    A wheel of another release than the page's is installed with the page's commands for its own version,
+    in an environment of its own beside the others, and the link is left as it was (Upgrades: "install the
+    new version beside the running one").
+
     pip also finds the wheels `make test` built into this venv's `wheelhouse` (psycopg-c, compiled against
     the same libpq): the page's command runs as written, as on a site with a wheelhouse, without a
     minute of compiling psycopg-c again."""
+    from chronos import __version__ as page_version
+    version = wheel_version(wheel)
     opt_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(opt_dir, 0o755)
     home = workdir / "install-home"
@@ -153,11 +208,17 @@ def install_chronos(wheel: Path, opt_dir: Path, workdir: Path, *, timeout: float
     for code in page_blocks(INSTALL_PAGE, "once"):
         if "useradd" in code and _user_exists("chronos"):
             continue  # one system user serves every host of this machine
+        if version != page_version:
+            code = "\n".join(line for line in code.replace(page_version, version).splitlines()
+                              if not line.startswith("ln -sfn"))
+            code = code.replace(f"{SHARED_DIR}/venv/", f"{SHARED_DIR}/venv-{version}/")
         done = subprocess.run(["unshare", "--mount", "--propagation", "slave", str(script), "bash", "-euo",
                                "pipefail", "-c", code], cwd=wheel.parent, capture_output=True, text=True,
                               timeout=timeout, env=_plain_env(**wheelhouse))
         if done.returncode != 0:
             raise FleetError(f"the install page's block failed ({done.returncode}):\n{code}\n{done.stdout}\n{done.stderr}")
+    if version != page_version:
+        return opt_dir / f"venv-{version}"
     link = opt_dir / "venv"
     if not link.is_symlink():
         raise FleetError(f"the install page's blocks made no {SHARED_DIR}/venv")
@@ -247,7 +308,7 @@ class Fleet:
 
     def __init__(self, workdir: Path, opt_dir: Path, *, chronos_hosts: int = 2, per_host: tuple[int, int, int] = (1, 1, 1),
                  members: int = 2, partitions: int = 4, prefix: str = "chf", settings: dict[str, str] | None = None,
-                 kafka_properties: dict[str, str] | None = None):
+                 kafka_properties: dict[str, str] | None = None, release: str | None = None, archive: bool = False):
         if members not in (2, 3):
             raise FleetError(f"the fleet's PostgreSQL has 2 or 3 members, not {members}")
         self.workdir = Path(workdir).absolute()
@@ -261,6 +322,9 @@ class Fleet:
         self.partitions = partitions
         self.settings = settings or {}
         self.kafka_properties = kafka_properties or {}
+        self.release = release  # the release every host runs at first (its environment's version); None: the link's
+        # every member archives its finished WAL files here (Backups and restore), shared as a network file system would be
+        self.archive = self.workdir / "wal-archive" if archive else None
         self.passwords = {role: secrets.token_hex(12) for role in ("superuser", "replication", "app")}
         self.procs: dict[str, Proc] = {}
         self.topics = {"input": "chronos.input", "output": "chronos.output", "dlq": "chronos.dlq"}
@@ -339,6 +403,17 @@ class Fleet:
         self.start()
         return self
 
+    @contextlib.contextmanager
+    def serving(self) -> Iterator["Fleet"]:
+        """Started for the block, closed after it; a FleetError if anything it started outlives the close."""
+        self.start()
+        try:
+            yield self
+        finally:
+            stuck = self.close()
+        if stuck:
+            raise FleetError(f"processes of the fleet outlive its close: {stuck}")
+
     def __exit__(self, *exc: object) -> None:
         self.close()
 
@@ -367,7 +442,7 @@ class Fleet:
                 "--logger", "zap", "--log-outputs", "stderr"])
 
     def _start_members(self) -> None:
-        from chronos.embedded.patroni import patroni_command, patroni_config
+        from chronos.embedded.patroni import patroni_command
         from chronos.embedded.postgres import ensure_traversable, postgres_bin_dir, server_user
         user = server_user()
         if user is None:
@@ -375,22 +450,109 @@ class Fleet:
         bin_dir, command = postgres_bin_dir(), patroni_command()
         ensure_traversable(bin_dir)
         ensure_traversable(command)
-        etcd = [f"{self.address(h)}:{ETCD_PORT}" for h in self.etcd_hosts]
+        if self.archive is not None:
+            self.archive.mkdir(parents=True, exist_ok=True)
+            os.chown(self.archive, *user)
         for name in self.members:
-            node = self.workdir / name / "pg"
-            node.mkdir(parents=True, exist_ok=True)
-            ensure_traversable(node)
-            config = patroni_config(name=name, pg_port=PG_PORT, restapi_port=REST_PORT, etcd_port=ETCD_PORT,
-                                    node_dir=node, bin_dir=bin_dir, passwords=self.passwords, ttl=20, loop_wait=1,
-                                    retry_timeout=4, strict=False, fast=True, host=self.address(name),
-                                    etcd_hosts=etcd, clients=str(self.net.net))
-            path = node / "patroni.yml"
-            _write(path, json.dumps(config, indent=2), 0o600)
-            for p in (node, path):
-                os.chown(p, *user)
-            os.chmod(node, 0o700)
-            self._spawn(name, name, ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups", "--",
-                                     str(command), str(path)], _plain_env(HOME=str(node), LC_ALL="C"))
+            self._start_member(name)
+
+    def member_config(self, name: str, bootstrap: dict[str, Any] | None = None) -> Path:
+        """Write the member's Patroni configuration (with a bootstrap method of `bootstrap`'s, for a cluster
+        made from a backup); its path."""
+        from chronos.embedded.patroni import patroni_config
+        from chronos.embedded.postgres import ensure_traversable, postgres_bin_dir, server_user
+        user = server_user()
+        assert user is not None
+        node = self.workdir / name / "pg"
+        node.mkdir(parents=True, exist_ok=True)
+        ensure_traversable(node)
+        etcd = [f"{self.address(h)}:{ETCD_PORT}" for h in self.etcd_hosts]
+        config = patroni_config(name=name, pg_port=PG_PORT, restapi_port=REST_PORT, etcd_port=ETCD_PORT,
+                                node_dir=node, bin_dir=postgres_bin_dir(), passwords=self.passwords, ttl=20, loop_wait=1,
+                                retry_timeout=4, strict=False, fast=True, host=self.address(name),
+                                etcd_hosts=etcd, clients=str(self.net.net))
+        if self.archive is not None:
+            config["postgresql"]["parameters"].update(
+                archive_mode="on", archive_command=f"test ! -f {self.archive}/%f && cp %p {self.archive}/%f")
+        if bootstrap is not None:
+            config["bootstrap"].update(bootstrap)
+        path = node / "patroni.yml"
+        _write(path, json.dumps(config, indent=2), 0o600)
+        for p in (node, path):
+            os.chown(p, *user)
+        os.chmod(node, 0o700)
+        return path
+
+    def _start_member(self, name: str, bootstrap: dict[str, Any] | None = None) -> None:
+        from chronos.embedded.patroni import patroni_command
+        from chronos.embedded.postgres import server_user
+        user = server_user()
+        assert user is not None
+        path = self.member_config(name, bootstrap)
+        self._spawn(name, name, ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups", "--",
+                                 str(patroni_command()), str(path)], _plain_env(HOME=str(path.parent), LC_ALL="C"))
+
+    def as_server_user(self, host: str, argv: list[str], *, timeout: float = 120.0,
+                       input: str | None = None) -> subprocess.CompletedProcess:
+        """A command run in `host`'s network as PostgreSQL's user (the members' files are its)."""
+        from chronos.embedded.postgres import server_user
+        user = server_user()
+        assert user is not None
+        return subprocess.run(self.net.command(host, ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}",
+                                                      "--clear-groups", "--", *argv]),
+                              capture_output=True, text=True, timeout=timeout, input=input,
+                              env=_plain_env(HOME=str(self.workdir), LC_ALL="C"), cwd="/")
+
+    # -- backups and a restore into a fresh cluster (Backups and restore) ------------------------------
+
+    def base_backup(self, dest: Path) -> None:
+        """`pg_basebackup` of the leader, from the client host, as the replication user."""
+        from chronos.embedded.patroni import REPLICATION_USER
+        from chronos.embedded.postgres import postgres_bin_dir
+        leader = self.leader()
+        if leader is None:
+            raise FleetError("no leader to back up")
+        done = self.as_server_user("client", [
+            "env", f"PGPASSWORD={self.passwords['replication']}", str(postgres_bin_dir() / "pg_basebackup"),
+            "--host", self.address(leader), "--port", str(PG_PORT), "--username", REPLICATION_USER,
+            "--pgdata", str(dest), "--checkpoint=fast", "--wal-method=stream"])
+        if done.returncode != 0:
+            raise FleetError(f"pg_basebackup failed: {done.stderr}")
+
+    def stop_members(self, timeout: float = 60.0) -> None:
+        """Patroni stopped on every member (its PostgreSQL with it), as `systemctl stop patroni` does."""
+        for name in self.members:
+            self.procs[name].popen.terminate()
+        for name in self.members:
+            self.procs[name].popen.wait(timeout)
+
+    def patronictl(self, member: str, *args: str, input: str | None = None) -> str:
+        from chronos.embedded.patroni import patroni_command
+        ctl = patroni_command().parent / "patronictl"
+        done = self.as_server_user(member, [str(ctl), "-c", str(self.workdir / member / "pg" / "patroni.yml"), *args],
+                                   input=input)
+        if done.returncode != 0:
+            raise FleetError(f"patronictl {' '.join(args)}: {done.stdout}{done.stderr}")
+        return done.stdout
+
+    def restore_cluster(self, bootstrap: dict[str, Any], timeout: float = 120.0) -> str:
+        """A fresh cluster made from a backup, as Backups and restore says for Patroni: every member
+        stopped, the cluster's keys removed from etcd, every data directory moved aside, the first member
+        started with `bootstrap` (a method that makes its data directory from the backup and replays the
+        archive), the others once it leads (each copies it). The leader."""
+        from chronos.embedded.patroni import SCOPE
+        self.stop_members()
+        self.patronictl(self.members[0], "remove", SCOPE, input=f"{SCOPE}\nYes I am aware\n")
+        for name in self.members:
+            data = self.workdir / name / "pg" / "data"
+            if data.exists():
+                data.rename(data.with_name(f"data.before-restore-{int(time.time())}"))
+        self._start_member(self.members[0], bootstrap)
+        leader, _ = self.wait_leader(timeout=timeout)
+        for name in self.members[1:]:
+            self._start_member(name)
+        self.wait_sync_standby(timeout=timeout)
+        return leader
 
     def _start_broker(self) -> None:
         from chronos.embedded.broker import BROKER_STORAGE, broker_bin
@@ -473,13 +635,22 @@ class Fleet:
     # -- Chronos hosts ------------------------------------------------------------------------------
 
     def mounts(self, host: ChronosHost) -> Path:
+        """The host's mount script: its own directories, its own /opt/chronos with every environment
+        installed once mounted in it, and its own `venv` link (to `release`'s environment, or to the one the
+        install linked)."""
         binds: dict[str, Path] = {target: host.folder / sub for target, sub in OWN_DIRS.items()}
-        binds[SHARED_DIR] = self.opt_dir
         binds["/etc/hosts"] = self.workdir / "hosts"
+        own_opt = binds[SHARED_DIR] = host.folder / "opt"
         for target, src in binds.items():
             if src.suffix == "" and target != "/etc/hosts":
                 src.mkdir(parents=True, exist_ok=True)
         mount_points(list(binds))
+        for env in sorted(self.opt_dir.glob("venv-*")):
+            (own_opt / env.name).mkdir(exist_ok=True)  # the mount point, inside the host's /opt/chronos
+            binds[f"{SHARED_DIR}/{env.name}"] = env
+        link = own_opt / "venv"
+        if not link.is_symlink():
+            link.symlink_to(f"{SHARED_DIR}/venv-{self.release}" if self.release else os.readlink(self.opt_dir / "venv"))
         return mount_script(host.folder / "mounts", binds)
 
     def on(self, host: ChronosHost | str, script: str, *, timeout: float = 120.0, check: bool = True,
@@ -578,6 +749,78 @@ class Fleet:
         except subprocess.TimeoutExpired:
             h.supervisord.kill()
             return h.supervisord.wait(5)
+
+    def restart_host(self, host: ChronosHost | str, timeout: float = 60.0) -> None:
+        """What `systemctl restart chronos` does to the host: supervisord stopped (its programs gracefully),
+        then started again, here until every program has logged its start. On the embedded broker its
+        consumers leave the group one at a time first (`leave_group_one_at_a_time`)."""
+        h = self.host(host)
+        self.leave_group_one_at_a_time(h)
+        self.stop_host(h, timeout=timeout)
+        self.start_host(h)
+        self.wait_host(h, timeout=timeout)
+
+    def group_state(self) -> tuple[str, int]:
+        """The consumer group's state on the broker (STABLE, EMPTY, ...: ConsumerGroupState's names) and
+        its members, asked from the client host."""
+        from confluent_kafka.admin import AdminClient
+        with self.net.inside("client"):
+            admin = AdminClient({"bootstrap.servers": self.bootstrap})
+            try:
+                (future,) = admin.describe_consumer_groups([GROUP], request_timeout=5).values()
+                described = future.result()
+            except Exception as exc:  # noqa: BLE001 - an answer of its own: asked again by the caller
+                return f"no answer ({exc})", 0
+        return described.state.name, len(described.members)
+
+    def wait_group_settled(self, timeout: float = 30.0) -> str:
+        """Until the consumer group is STABLE (its members hold their partitions) or EMPTY (no member)."""
+        return wait(lambda: self.group_state()[0] in ("STABLE", "EMPTY") and self.group_state()[0], timeout,
+                    "the consumer group settled")
+
+    def leave_group_one_at_a_time(self, host: ChronosHost | str) -> None:
+        """Stop the host's consumers one after another, each once the group has settled: the embedded
+        broker (Tansu 0.6.0) keeps a leader that leaves while the group rebalances as its leader for ever,
+        so that no member gets a partition again (docs/explanations/embedded-broker.md, behaviour 8). A
+        Kafka cluster has no such need; an operator's `systemctl stop` stops them together."""
+        h = self.host(host)
+        for i in range(h.counts["consumer"]):
+            self.wait_group_settled()
+            self.supervisorctl(h, "stop", f"consumer:consumer_{i:02d}")
+        self.wait_group_settled()
+
+    def run_block(self, host: ChronosHost | str, code: str, *, timeout: float = 120.0) -> str:
+        """A page's block on a host, with the install page's shell functions; its `systemctl restart chronos`
+        lines are `restart_host` (the fleet's supervisord is the kit's child, not systemd's). Its output."""
+        out, part = [], []
+        for line in [*code.splitlines(), None]:
+            if line is None or line.strip().startswith("systemctl restart chronos"):
+                if any(x.strip() and not x.lstrip().startswith("#") for x in part):
+                    out.append(self.on(host, self.chronos_function() + "\n".join(part), timeout=timeout).stdout)
+                part = []
+                if line is not None:
+                    self.restart_host(host)
+            else:
+                part.append(line)
+        return "".join(out)
+
+    def release_of(self, host: ChronosHost | str) -> str:
+        """The release the host's `venv` link names."""
+        return os.readlink(self.host(host).folder / "opt" / "venv").rsplit("venv-", 1)[-1]
+
+    def running_releases(self, host: ChronosHost | str) -> dict[str, str]:
+        """The release each program of the host runs: program -> the version of the environment its process
+        loaded its files from (the link resolved when it started), "-" for one not running."""
+        h = self.host(host)
+        script = self.chronos_function() + "".join(
+            f"pid=$(supervisorctl pid {p.rsplit('_', 1)[0]}:{p} || true)\n"
+            f"echo {p} $(grep -o '{SHARED_DIR}/venv-[0-9][^/]*/' /proc/$pid/maps 2>/dev/null | sort -u | head -1)\n"
+            for p in h.programs())
+        out = {}
+        for line in self.on(h, script).stdout.splitlines():
+            program, _, path = line.partition(" ")
+            out[program] = path.strip().rstrip("/").rsplit("venv-", 1)[-1] if path.strip() else "-"
+        return out
 
     def supervisorctl(self, host: ChronosHost | str, *args: str, check: bool = True) -> str:
         """The install page's `supervisorctl` function, on the host."""

@@ -16,6 +16,9 @@ right side. The scenarios (docs/operations/failure-behaviour.md shows the figure
     host-kafka   d) a Chronos host cut off from Kafka only (PostgreSQL reachable)
     kafka        e) the Kafka host cut off from everything
     primary-out  f) one-way loss: what the primary's host sends is dropped, what it receives arrives
+
+and, not a partition, `rolling_upgrade`: g) a rolling upgrade from the previous release and a rollback, with
+the upgrade page's blocks (docs/operations/upgrading.md)
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any, Callable
 import orjson
 
 from benchmarks.harness.faultload import LATE_S, Fault, Load, Reader, Report, analyse, longest_pause, reread
-from benchmarks.harness.fleet import ChronosHost, Fleet, FleetError
+from benchmarks.harness.fleet import ROOT, ChronosHost, Fleet, FleetError, page_blocks, wait
 from benchmarks.harness.report import percentiles
 from chronos.roles.firer.held import PUBLISHABLE_SHARE
 
@@ -384,6 +387,79 @@ def kafka_cut(fleet: Fleet, *, cut_s: float = 60.0, rate: float = 300, warmup: f
         sc.fault(f"kafka-1 cut off {cut_s:.0f} s", fault_at, heal_at)
         report = sc.finish(drain=60.0)
         row = sc.row(report, fault_at=fault_at, heal_at=heal_at, extra={"status_during": status_during})
+    return report, row
+
+
+UPGRADING = ROOT / "docs" / "operations" / "upgrading.md"
+
+
+def _program_pid(fleet: Fleet, host: ChronosHost, program: str) -> int:
+    status = fleet.supervisorctl(host, "pid", f"{program.rsplit('_', 1)[0]}:{program}", check=False).strip()
+    if not status.isdigit() or status == "0":
+        raise FleetError(f"{host.name}/{program} is not running: {status!r}")
+    return int(status)
+
+
+def rolling_upgrade(fleet: Fleet, *, rate: float = 300, warmup: float = 5.0, settle: float = 8.0) -> ScenarioResult:
+    """g) A rolling upgrade under load, with the upgrade page's blocks as written: every host on the previous
+    release; the schema migrated by the new one; the first host upgraded (its link to the new environment,
+    its supervisord restarted); an old process of the second host killed (supervisord starts it again, on the
+    old release, on the new schema); the second host upgraded; the first rolled back. `settle` seconds of
+    load between steps (two releases side by side meanwhile)."""
+    (migrate,) = page_blocks(UPGRADING, "upgrade migrate")
+    (upgrade,) = page_blocks(UPGRADING, "upgrade host")
+    (rollback,) = page_blocks(UPGRADING, "rollback host")
+    first, second = fleet.chronos[0], fleet.chronos[1]
+    steps: list[dict[str, Any]] = []
+
+    def step(what: str, action: Callable[[], Any]) -> None:
+        began = time.time()
+        out = action()
+        ended = time.time()
+        sc.fault(what, began, ended)
+        steps.append({"step": what, "at_s": round(began - t0, 1), "took_s": round(ended - began, 1),
+                      "running": {h.name: fleet.running_releases(h) for h in fleet.chronos},
+                      **({"output": out.strip()[-300:]} if isinstance(out, str) and out.strip() else {})})
+        time.sleep(settle)
+
+    def kill_old_firer() -> str:
+        pid = _program_pid(fleet, second, "firer_00")
+        starts = second.log("firer_00").count("starting: node")
+        fleet.on(second, f"kill -KILL {pid}")
+        wait(lambda: second.log("firer_00").count("starting: node") > starts, 60, "the killed firer started again")
+        return f"firer_00 (pid {pid}) killed; started again on {fleet.release_of(second)}"
+
+    with FleetScenario(fleet, "g) a rolling upgrade and a rollback", rate=rate) as sc:
+        _steady(warmup)
+        t0 = time.time()
+        before = {h.name: fleet.running_releases(h) for h in fleet.chronos}
+        step("chronos migrate with the new release", lambda: fleet.run_block(first, migrate))
+        step(f"{first.name} upgraded", lambda: fleet.run_block(first, upgrade))
+        step(f"{second.name}: an old firer killed", kill_old_firer)
+        step(f"{second.name} upgraded", lambda: fleet.run_block(second, upgrade))
+        step(f"{first.name} rolled back", lambda: fleet.run_block(first, rollback))
+        done_at = time.time()
+        report = sc.finish()
+        # the longest gap between deliveries from the first step to the last one's end (and a stall up to it)
+        times = sorted(t for m in sc.load.sent if m in sc.reader.arrivals for t in sc.reader.arrivals[m]
+                       if t0 <= t <= done_at) if sc.load and sc.reader else []
+        edges = [t0, *times, done_at]
+        pause = max(zip(edges[:-1], edges[1:]), key=lambda pair: pair[1] - pair[0])
+        row = report.row()
+        row.update({
+            "fault": "a rolling upgrade and a rollback",
+            "steps": steps,
+            "running_before": before,
+            "duplicates_explained": report.duplicates - len(report.unexplained),
+            "longest_pause_s": None if pause is None else round(pause[1] - pause[0], 2),
+            "pause_began_s": None if pause is None else round(pause[0] - t0, 2),
+            "max_lateness_s": round(sc.lateness_of(t0, done_at), 2),
+            "started_again": sc.restarted(),  # by the steps' restarts, and by supervisord after the kill
+            "alerts": fleet.alerts(t0 - 5.0, time.time(), t0),
+            "lateness_p99_s": (percentiles([min(sc.reader.arrivals[m]) - s.due for m, s in sc.load.sent.items()
+                                            if m in sc.reader.arrivals]) or {}).get("p99")
+            if sc.load and sc.reader else None,
+        })
     return report, row
 
 

@@ -17,12 +17,15 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from benchmarks.harness.fleet import ROOT, page_blocks
 from chronos.adapters.postgres.migrations import migrate
 from chronos.embedded.postgres import EmbeddedPostgres, postgres_bin_dir, server_user
 
 from helpers import Collector, chronos_headers, producer, send, wait_for
 
 pytestmark = pytest.mark.timeout(400)
+BACKUPS = ROOT / "docs" / "operations" / "backups.md"
+PAGE_ARCHIVE, PAGE_MOMENT = "/var/lib/postgresql/wal-archive", "2026-11-26T06:14:13Z"  # as the page's block names them
 ROLES = ("consumer", "firer", "detector")
 FAR = 3600.0  # seconds: a deadline no part of the test reaches
 
@@ -114,12 +117,14 @@ def test_a_point_in_time_restore_and_a_rewind_lose_nothing_and_fire_again_what_f
     # the restore: the base backup, WAL replayed from the archive up to the moment, then promoted
     restored_dir = tmp_path / "restored"
     shutil.copytree(backup, restored_dir)
-    (restored_dir / "recovery.signal").touch()
-    with open(restored_dir / "postgresql.auto.conf", "a") as conf:
-        conf.write(f"restore_command = 'cp {archive}/%f %p'\n"
-                   f"recovery_target_time = '{moment.isoformat()}'\n"
-                   "recovery_target_action = 'promote'\n"
-                   "archive_mode = off\n")
+    # the page's block, with its archive and moment the run's own, in the restored data directory
+    (recovery,) = page_blocks(BACKUPS, "restore recovery")
+    for page, ours in ((PAGE_ARCHIVE, str(archive)), (PAGE_MOMENT, moment.isoformat())):
+        assert page in recovery, page
+        recovery = recovery.replace(page, ours)
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", recovery], env={**os.environ, "PGDATA": str(restored_dir)},
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
     restored = EmbeddedPostgres(restored_dir, log_path=tmp_path / "restored.log")
     restored.start()
     try:

@@ -35,13 +35,8 @@ def running_fleet(opt_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     once it is closed, nothing of it may still run. One per module, because the embedded broker can lose
     track of a consumer group whose members restart (docs/explanations/embedded-broker.md, behaviour 8):
     the install tests restart the hosts' programs, the partition tests need a group that serves."""
-    fleet = Fleet(tmp_path_factory.mktemp("fleet"), opt_dir)
-    fleet.start()
-    try:
+    with Fleet(tmp_path_factory.mktemp("fleet"), opt_dir).serving() as fleet:
         yield fleet
-    finally:
-        stuck = fleet.close()
-    assert not stuck, f"processes of the fleet outlive its close: {stuck}"
 
 
 @pytest.fixture

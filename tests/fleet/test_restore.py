@@ -1,0 +1,131 @@
+"""A point-in-time restore of the fleet's Patroni cluster into a fresh cluster, as Backups and restore
+says: every member archiving its WAL, a base backup of the leader under load, messages before and after
+the moment, Chronos stopped on every host with the page's block, the fresh cluster made from the backup by
+the page's Patroni bootstrap method (its paths and moment the run's own), the consumer group moved back
+by `chronos rewind` on a Chronos host, Chronos started with the page's block. Counted: every message the
+store held at the moment or received after it waits or fires, and what fired after the moment fires again."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+from typing import Iterator
+
+import psycopg
+import pytest
+import yaml
+
+from benchmarks.harness.fleet import ROOT, Fleet, page_blocks
+from chronos.embedded.postgres import server_user
+
+from helpers import Collector, chronos_headers, producer, send, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(600)]
+BACKUPS = ROOT / "docs" / "operations" / "backups.md"
+FAR = 3600.0  # seconds: a deadline no part of the test reaches
+# what the page's block names, and what stands for it on the fleet
+PAGE_BACKUP, PAGE_DATA = "/var/backups/chronos-base-20261126T061423Z", "/var/lib/postgresql/15/main"
+PAGE_ARCHIVE, PAGE_MOMENT = "/var/lib/postgresql/wal-archive", "2026-11-26T06:14:13Z"
+
+
+@pytest.fixture(scope="module")
+def archiving_fleet(opt_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    with Fleet(tmp_path_factory.mktemp("fleet-restore"), opt_dir, archive=True).serving() as fleet:
+        yield fleet
+
+
+def _sql(url: str, query: str, *params) -> list[tuple]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(query, params)
+        return cur.fetchall() if cur.description else []
+
+
+def test_a_patroni_cluster_restored_to_a_moment_loses_nothing_and_fires_again_what_fired_after(archiving_fleet):
+    fleet = archiving_fleet
+    topic = fleet.topics["input"]
+    with fleet.net.inside("client"):
+        p = producer(fleet.bootstrap)
+        out = Collector(fleet.bootstrap, [fleet.topics["output"]])
+    url, admin = fleet.url(), fleet.url(admin=True)
+
+    def sent(tag: str, delay_s: float, count: int = 4) -> set[str]:
+        ids = {f"{tag}-{i}" for i in range(count)}
+        for mid in sorted(ids):
+            send(p, topic, b"k", mid.encode(), chronos_headers(mid, time.time() + delay_s))
+        p.flush(10)
+        return ids
+
+    def fired() -> set[str]:
+        with fleet.net.inside("client"):
+            out.poll_for(0.2)
+        return {m.value.decode() for m in out.on(fleet.topics["output"])}
+
+    def sql(query: str, on: str = url) -> list[tuple]:
+        with fleet.net.inside("client"):
+            return _sql(on, query)
+
+    def waiting() -> set[str]:
+        return {row[0] for row in sql("SELECT id FROM chronos_messages")}
+
+    try:
+        held_before, short_before = sent("before-backup", FAR), sent("fired-before-backup", 1.0)
+        wait_for(lambda: short_before <= fired() and held_before <= waiting(), 60, "the first messages")
+        backups = fleet.workdir / "backups"
+        backups.mkdir()
+        user = server_user()
+        assert user is not None
+        os.chown(backups, *user)
+        fleet.base_backup(backups / "base")
+
+        held_after = sent("after-backup", FAR)
+        due_after_moment = sent("due-after-moment", 8.0)  # waiting at the moment: fires before the restore and after
+        wait_for(lambda: (held_after | due_after_moment) <= waiting(), 60, "the messages after the backup")
+        ((moment,),) = sql("SELECT now()")
+        assert isinstance(moment, datetime) and moment.tzinfo is not None
+        received_after, fired_after = sent("received-after-moment", FAR), sent("fired-after-moment", 1.0)
+        wait_for(lambda: (due_after_moment | fired_after) <= fired() and received_after <= waiting(), 60,
+                 "the messages after the moment")
+
+        (stop,) = page_blocks(BACKUPS, "backup stop")
+        for host in fleet.chronos:
+            fleet.leave_group_one_at_a_time(host)  # the embedded broker's need, not the page's
+            fleet.on(host, fleet.chronos_function() + stop)
+        ((segment,),) = sql("SELECT pg_walfile_name(pg_switch_wal())", admin)  # the WAL past the moment
+        assert fleet.archive is not None
+        wait_for(lambda: (fleet.archive / segment).exists(), 60, "the WAL past the moment archived")
+
+        (block,) = page_blocks(BACKUPS, "patroni restore", ("yaml",))
+        first = fleet.members[0]
+        for page, ours in ((PAGE_BACKUP, str(backups / "base")), (PAGE_DATA, str(fleet.workdir / first / "pg" / "data")),
+                           (PAGE_ARCHIVE, str(fleet.archive)), (PAGE_MOMENT, moment.isoformat())):
+            assert page in block, page
+            block = block.replace(page, ours)
+        leader = fleet.restore_cluster(yaml.safe_load(block)["bootstrap"])
+        assert leader == first
+        at_moment = waiting()
+        assert held_before | held_after | due_after_moment <= at_moment
+        assert not (received_after & at_moment) and not (short_before & at_moment)
+        assert fleet.sync_standby() == fleet.members[1]  # the other member copied the new leader
+
+        rewound = fleet.on(fleet.chronos[1], fleet.chronos_function() + f"chronos rewind --to {moment.isoformat()}",
+                           timeout=120).stdout
+        assert "moved to" in rewound, rewound
+        seen_before = Counter(m.value.decode() for m in out.on(fleet.topics["output"]))
+        (start,) = page_blocks(BACKUPS, "backup start")
+        for host in fleet.chronos:
+            fleet.on(host, fleet.chronos_function() + start, timeout=90)
+
+        def twice(ids: set[str]) -> bool:
+            fired()
+            seen = Counter(m.value.decode() for m in out.on(fleet.topics["output"]))
+            return all(seen[mid] > seen_before[mid] >= 1 for mid in ids)
+        # what fired after the moment fires again: from the restored store, or re-read from the input topic
+        wait_for(lambda: twice(due_after_moment | fired_after), 90, "what fired after the moment, again")
+        # nothing lost: what arrived after the moment is back, re-read from the input topic
+        wait_for(lambda: held_before | held_after | received_after <= waiting(), 60, "every far message waiting")
+        assert not (short_before & waiting())
+    finally:
+        out.close()

@@ -272,7 +272,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_act(args: argparse.Namespace) -> int:
     """cancel, fire-now, reschedule: by ids or by --filter; --dry-run; --yes above the threshold."""
     from chronos.ops import inspect
-    from chronos.runtime import logs
+    from chronos import logs
     action = args.command.replace("-", "_")
     settings, store = _operator_store(args)
     logs.setup("operator", str(uuid.uuid4()), settings.log_level, settings.log_format, settings.secrets())

@@ -19,7 +19,7 @@ import orjson
 
 from chronos.errors import ConfigError
 from chronos.domain.ratelimit import FireRateLimits, TopicRates, parse_rate, parse_topic_rates
-from chronos.domain.topics import is_topic_name
+from chronos.codec.topics import is_topic_name
 
 
 # librdkafka properties whose values are secrets: never logged, redacted from messages.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from chronos.domain.topics import MAX_TOPIC_LENGTH, TOPIC_CHARS
+from chronos.codec.topics import MAX_TOPIC_LENGTH, TOPIC_CHARS
 
 __all__ = [
     "Parsed",

@@ -9,7 +9,7 @@ import uuid
 
 import uvicorn
 
-from chronos.runtime import logs
+from chronos import logs
 from chronos.config import Settings, redact_url
 from chronos.console.app import create_app
 from chronos.console.launch import listen_socket

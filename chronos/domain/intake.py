@@ -5,14 +5,24 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from chronos.domain import cron
 from chronos.domain.reasons import BAD_CRON, TOO_LATE, TOPIC_NOT_ALLOWED
 from chronos.codec import Parsed
 
-if TYPE_CHECKING:
-    from chronos.config import Settings
+
+class IntakeSettings(Protocol):
+    """The settings the rules come from (chronos.config.Settings has them; the domain does not import it)."""
+
+    @property
+    def timing_advance_ms(self) -> int: ...
+    @property
+    def output_topic(self) -> str: ...
+    @property
+    def allowed_topics_re(self) -> re.Pattern[str]: ...
+    @property
+    def max_lateness_ms(self) -> int | None: ...
 
 
 class Verdict(enum.Enum):
@@ -38,7 +48,7 @@ class Rules:
     max_lateness_us: int | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Rules:
+    def from_settings(cls, settings: IntakeSettings) -> Rules:
         """The rules a deployment's settings give (the consumer's and the bulk pipeline's alike)."""
         return cls(timing_advance_us=settings.timing_advance_ms * 1000, output_topic=settings.output_topic,
                    allowed_topics=settings.allowed_topics_re,

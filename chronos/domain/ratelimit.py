@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from chronos.domain.model import Claimed
-from chronos.domain.topics import MAX_TOPIC_LENGTH, TOPIC_CHARS
+from chronos.codec.topics import MAX_TOPIC_LENGTH, TOPIC_CHARS
 from chronos.errors import ConfigError
 
 _PATTERN_RE = re.compile(f"[*{TOPIC_CHARS}]{{1,{MAX_TOPIC_LENGTH}}}")

@@ -37,7 +37,7 @@ from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, PRODUCER_FAILURE,
                                             produce)
 from chronos.adapters.kafka.slot import ProducerSlot
 from chronos.adapters.kafka.watch import ProducerWatch
-from chronos.runtime.logs import Throttle
+from chronos.logs import Throttle
 from chronos.ops.telemetry import ConsumerTelemetry, postgres_reached
 from chronos.runtime.process import Lifecycle
 from chronos.runtime.backoff import Backoff, POSTGRES_RETRY_CAP_S, Outage

@@ -6,7 +6,7 @@ import logging
 import time
 from typing import Callable
 
-from chronos.runtime.logs import Throttle
+from chronos.logs import Throttle
 
 
 # The processes try PostgreSQL again at least this often while it is away: a new connection costs the server

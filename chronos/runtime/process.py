@@ -18,7 +18,8 @@ import psycopg
 
 from chronos import codec, config
 
-from chronos.runtime import logs, orphans
+from chronos import logs
+from chronos.runtime import orphans
 from chronos.config import Settings, redact_url
 from chronos.errors import ConfigError, KafkaRefused, PoolModeMismatch, SchemaError, StoreRefused, StoreUnavailable
 from chronos.runtime.backoff import Outage

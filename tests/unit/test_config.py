@@ -9,7 +9,7 @@ import pytest
 
 from chronos import config
 
-from chronos.runtime import logs
+from chronos import logs
 from chronos.errors import ConfigError
 from helpers import settings
 

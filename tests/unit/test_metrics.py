@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.exposition import generate_latest
 
-from chronos.runtime import logs
+from chronos import logs
 
 from chronos.ops import endpoints, status, telemetry
 from chronos.ops.health import Health

@@ -13,7 +13,7 @@ from chronos.config import ConfigError, load
 from chronos.domain import reasons
 from chronos.domain.intake import Rules, Verdict, decide
 from chronos.domain.ratelimit import parse_topic_rates
-from chronos.domain.topics import is_topic_name
+from chronos.codec.topics import is_topic_name
 
 NOW = 1_800_000_000_000_000
 

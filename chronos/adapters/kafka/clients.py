@@ -13,7 +13,7 @@ from chronos.config import SECRET_KAFKA_KEYS, Settings
 from chronos.domain.reasons import PUBLISH_FAILED, TOO_LARGE
 from chronos.errors import ConfigError
 from chronos.ports import Publisher
-from chronos.runtime.logs import RepeatFilter
+from chronos.logs import RepeatFilter
 
 log = logging.getLogger("chronos.kafka")
 # librdkafka's own log lines go through logging (one format, JSON included), each kind at most

@@ -27,7 +27,7 @@ from chronos.ops.telemetry import FirerTelemetry
 from chronos.roles.firer.decisions import TICK, AfterFailure, after_failure, retry_delay_ms
 from chronos.roles.firer.handoff import Claims, Outcomes, Shared, ToSettle
 from chronos.roles.firer.held import Held
-from chronos.runtime.logs import Throttle
+from chronos.logs import Throttle
 from chronos.runtime.process import Lifecycle
 
 log = logging.getLogger("chronos.firer")

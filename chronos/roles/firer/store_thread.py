@@ -13,7 +13,7 @@ from chronos.ops.telemetry import FirerTelemetry
 from chronos.ports import StoreHandle
 from chronos.roles.firer.handoff import Shared
 from chronos.runtime.backoff import POSTGRES_RETRY_CAP_S, Outage
-from chronos.runtime.logs import Throttle
+from chronos.logs import Throttle
 from chronos.runtime.process import Lifecycle
 
 log = logging.getLogger("chronos.firer")

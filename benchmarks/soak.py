@@ -29,7 +29,7 @@ import orjson
 from benchmarks.harness.faultload import Scenario, held_rows
 from benchmarks.harness.report import percentiles
 from chronos.embedded.procs import descendants
-from chronos.embedded.watch import rss_bytes
+from chronos.adapters.kafka.brokerstats import rss_bytes
 
 ROLES = ("consumer", "firer", "detector")
 

@@ -145,7 +145,8 @@ def metric_families() -> dict[str, dict[str, Any]]:
 
     from chronos.adapters.kafka.watch import ProducerWatch
     from chronos.config import Settings
-    from chronos.embedded.watch import STATS_ENV, BrokerStats
+    from chronos.adapters.kafka.brokerstats import STATS_ENV
+    from chronos.embedded.watch import BrokerStats
     from chronos.ops import telemetry
     found: dict[str, dict[str, Any]] = {}
     # the detector exports the embedded broker's figures from the stats file `chronos up` writes

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from chronos.embedded.procs import descendants, proc_stat
-from chronos.embedded.watch import rss_bytes
+from chronos.adapters.kafka.brokerstats import rss_bytes
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 

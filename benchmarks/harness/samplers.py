@@ -106,7 +106,7 @@ class BrokerSampler(Sampler):
             super().run()
 
     def sample(self) -> None:
-        from chronos.embedded.watch import read_stats, rss_bytes
+        from chronos.adapters.kafka.brokerstats import read_stats, rss_bytes
         assert self.stats_file is not None
         stats = read_stats(self.stats_file)
         if stats is not None:

@@ -21,27 +21,15 @@ from typing import Any, Callable, Protocol
 
 import orjson
 
+from chronos.adapters.kafka.brokerstats import rss_bytes
 from chronos.errors import UnavailableError
 
 log = logging.getLogger("chronos.up")
 
-# the environment variable that tells the programs where the stats file is
-STATS_ENV = "CHRONOS_EMBEDDED_BROKER_STATS"
 SAMPLE_EVERY_S = 5.0
 WARN_CAP_BYTES = 2 * 1024 ** 3
 # once warned, warn again only when the memory has grown this much further
 WARN_AGAIN_FACTOR = 1.5
-
-
-def rss_bytes(pid: int) -> int | None:
-    """Resident memory of process `pid` in bytes (Linux /proc), None when it is gone or unknown."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def machine_memory_bytes() -> int | None:
@@ -90,16 +78,6 @@ class BrokerStats:
     lost_input: int = 0
     last_restart: dict[str, Any] | None = None
     warning_bytes: int = 0
-
-
-def read_stats(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The stats file as a dict, None when it is missing or unreadable (the stack is not embedded,
-    or not started yet)."""
-    try:
-        data = orjson.loads(Path(path).read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def loss_line(pid: int | None, how: str, port: int, stats: BrokerStats, now: float) -> str:

@@ -16,7 +16,7 @@ import orjson
 
 from chronos import config
 from chronos.domain.model import NodeLoad, ServerView
-from chronos.embedded.watch import STATS_ENV, read_stats, rss_bytes
+from chronos.adapters.kafka.brokerstats import STATS_ENV, read_stats, rss_bytes
 from chronos.errors import EXIT_FAILURE, EXIT_UNAVAILABLE, ConfigError, StoreUnavailable
 from chronos.ops import servers
 

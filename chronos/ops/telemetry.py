@@ -29,7 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from chronos import __version__, codec
 from chronos.config import Settings
 from chronos.domain.reasons import CONSUMER_REASONS, FIRER_REASONS, code_of
-from chronos.embedded.watch import STATS_ENV, read_stats
+from chronos.adapters.kafka.brokerstats import STATS_ENV, read_stats
 from chronos.errors import ConfigError
 from chronos.ops.endpoints import metrics_port
 from chronos.ops.health import Health, KafkaProbe

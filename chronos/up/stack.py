@@ -32,7 +32,8 @@ from chronos.config import Settings, redact_url
 from chronos.console.launch import ConsoleProcess
 from chronos.embedded.broker import KNOWN_CLIENTS, EmbeddedBroker
 from chronos.embedded.postgres import EmbeddedPostgres
-from chronos.embedded.watch import STATS_ENV, BrokerWatch, default_warning_bytes, machine_memory_bytes
+from chronos.adapters.kafka.brokerstats import STATS_ENV
+from chronos.embedded.watch import BrokerWatch, default_warning_bytes, machine_memory_bytes
 from chronos.errors import StackError
 from chronos.ops.endpoints import metrics_urls, pick_metrics_base
 from chronos.runtime import orphans

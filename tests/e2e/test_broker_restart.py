@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.harness.stack import CHRONOS, ChronosUp, clean_env
-from chronos.embedded.watch import read_stats
+from chronos.adapters.kafka.brokerstats import read_stats
 from chronos.ops.endpoints import pick_metrics_base
 from helpers import Collector, chronos_headers, producer, wait_for
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from chronos.embedded import watch
-from chronos.embedded.watch import BrokerWatch, default_warning_bytes, loss_line, read_stats
+from chronos.adapters.kafka.brokerstats import read_stats
+from chronos.embedded.watch import BrokerWatch, default_warning_bytes, loss_line
 
 MB = 2 ** 20
 

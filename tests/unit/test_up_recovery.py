@@ -11,7 +11,8 @@ import pytest
 
 from chronos.config import ConfigError, Settings
 from chronos.embedded.procs import EmbeddedError
-from chronos.embedded.watch import BrokerWatch, read_stats
+from chronos.adapters.kafka.brokerstats import read_stats
+from chronos.embedded.watch import BrokerWatch
 from chronos.errors import StackError, UnavailableError
 from chronos.up import recovery
 from chronos.up.command import positive_mb

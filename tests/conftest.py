@@ -182,7 +182,6 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
 SERVER_GROUPS = ("fleet", "ha")
 
 
-@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: nothing without it (-p no:xdist)
 def pytest_xdist_make_scheduler(config, log):
     """pytest-xdist's scheduling by scope, with two scopes: the servers' tests and the others."""
     from xdist.scheduler import LoadScopeScheduling

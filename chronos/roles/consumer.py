@@ -58,6 +58,12 @@ KAFKA_PROBE_S = 2.0  # out of the group for Kafka: how long a metadata request m
 POSTGRES, KAFKA = "PostgreSQL", "Kafka"
 
 
+class PartitionsLost(Exception):
+    """The group's session was lost (this consumer was out of touch with the coordinator past the session
+    timeout) after the batch was read: other consumers may have read and served its partitions, so the
+    batch is given up unwritten and uncommitted; whoever holds its partitions now reads it again."""
+
+
 class OutOfReach(Exception):
     """PostgreSQL did not answer for longer than the hold time while a batch waited to be written, or
     Kafka acknowledged none of its late messages for as long: the batch is given up (never committed,
@@ -227,6 +233,7 @@ class ConsumerProcess:
         self.consumer, self.consumer_outage = consumers(self.on_committed)
         self.uncommitted: dict[tuple[str, int], TopicPartition] = {}
         self.last_batch: list[Message] | None = None
+        self.losses = 0  # the group's sessions lost so far (`on_lost`): a batch read before one is not written
         self.stats = {"consumed": 0, "enqueued": 0, "late": 0, "dead": 0, "duplicates": 0, "replaced": 0,
                       "cancelled": 0, "cancelled_in_flight": 0, "cancel_unknown": 0, "parked": 0}
         self.metrics = telemetry
@@ -239,7 +246,7 @@ class ConsumerProcess:
     def run(self) -> None:
         """Read batch N+1 (and sort it) while batch N is written on the writer thread; commit N's
         offsets once N is durable, and never before, so offsets are committed in order."""
-        self.consumer.subscribe([self.settings.input_topic])
+        self.consumer.subscribe([self.settings.input_topic], on_lost=self.on_lost)
         log.info("consuming %s (group %s), batch %d", self.settings.input_topic, self.settings.consumer_group,
                  self.settings.batch_size)
         # the producer answers metadata requests at once; the group consumer may take seconds
@@ -247,13 +254,14 @@ class ConsumerProcess:
                            kafka=lambda: self.slot.producer, kafka_topic=self.settings.input_topic)
         # the store, the producer and the stats are the writer's while a batch is pending
         writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="consumer-writer")
-        pending: tuple[Future, list[Message]] | None = None
+        pending: tuple[Future, list[Message], int] | None = None
         try:
             while self.life.running:
                 messages = self.consumer.consume(num_messages=self.settings.batch_size, timeout=0.05)
                 self.metrics.beat()
                 self.sample_lag(time.monotonic())
                 real = self.readable(messages)
+                epoch = self.losses  # after the poll: a loss it reported came before these messages
                 batch = sort_batch(real, time.time_ns() // 1000, self.rules) if real else None
                 if pending is not None and (real or pending[0].done()):
                     done, pending = pending, None
@@ -265,19 +273,24 @@ class ConsumerProcess:
                         if not self.sit_out(exc, len(done[1]) + len(real)):
                             break
                         continue
+                    except PartitionsLost:
+                        log.warning("gave up a batch of %d messages read before the group's session was lost: "
+                                    "not written, not committed; whoever holds its partitions reads it again",
+                                    len(done[1]))
+                        durable = True  # nothing of it to wait for
                     if not durable:
                         break  # stopped before that batch was durable: it is read again
                 if batch is not None:
                     self.consumer_outage.ok()
-                    pending = (writer.submit(self.write, real, batch), real)
+                    pending = (writer.submit(self.write, real, batch, epoch), real, epoch)
                 elif pending is None and not messages:
                     self.keep_alive()
             if pending is not None:
                 try:
                     self.finish(*pending)
-                except OutOfReach as exc:
+                except (OutOfReach, PartitionsLost) as exc:
                     log.warning("stopping: gave up the last batch (%s); it was not committed, so it is read again",
-                                exc)
+                                exc or "the group's session was lost")
         finally:
             writer.shutdown(wait=True)
             self.close()
@@ -312,22 +325,29 @@ class ConsumerProcess:
                 self.throttle.warning("consume", "consume error: %s", err.str())
         return real
 
-    def finish(self, written: Future, messages: list[Message]) -> bool:
-        """Wait for a batch's write; commit its offsets if it is durable. False if it is not (stopped
-        first); raises `OutOfReach` if the write gave it up."""
+    def finish(self, written: Future, messages: list[Message], epoch: int) -> bool:
+        """Wait for a batch's write; commit its offsets if it is durable and the group's session it was read
+        in still holds (after a loss its partitions may be another consumer's, whose offsets a commit
+        would move back). False if it is not durable (stopped first); raises `OutOfReach` or
+        `PartitionsLost` if the write gave it up."""
         if not written.result():
             return False
+        if self.losses != epoch:
+            return True
         self.commit(messages)
         self.last_batch = messages
         return True
 
-    def write(self, messages: list[Message], batch: Batch) -> bool:
+    def write(self, messages: list[Message], batch: Batch, epoch: int | None = None) -> bool:
         """Make one sorted batch durable and acknowledged; False if stopped before it was. Raises
         `OutOfReach`, the batch not written, once PostgreSQL has not answered for the hold time (or its late
-        messages not published, once Kafka has acknowledged none of them for as long)."""
+        messages not published, once Kafka has acknowledged none of them for as long), and `PartitionsLost`
+        before a try when the group's session was lost since the batch was read (`epoch`)."""
         unreached_since: float | None = None
         others_before: dict[int, int] | None = None
         while True:
+            if epoch is not None and self.losses != epoch:
+                raise PartitionsLost()
             tried = self.clock()
             try:
                 started = time.perf_counter()
@@ -521,6 +541,16 @@ class ConsumerProcess:
         except Exception as exc:  # noqa: BLE001 - a failed commit only means a re-read; the store is idempotent
             self.throttle.warning("commit", "offset commit failed (%s); the batch may be read again", exc)
 
+    def on_lost(self, _consumer, partitions: list[TopicPartition]) -> None:
+        """The client's word that the group's session was lost (no answer from the coordinator past the
+        session timeout): the partitions may be another consumer's already. What was read before is neither
+        written (`write` checks before each try) nor committed."""
+        self.losses += 1
+        self.uncommitted.clear()
+        self.last_batch = None
+        log.warning("lost partitions %s of %s: the group's session timed out; what was read before is given up, "
+                    "and the client joins again", sorted(tp.partition for tp in partitions), self.settings.input_topic)
+
     def on_committed(self, err, partitions) -> None:
         if err is not None:
             self.throttle.warning("commit", "offset commit failed (%s); the batch may be read again", err)
@@ -610,7 +640,7 @@ class ConsumerProcess:
         if not self.wait_for(exc.service, exc.retry_in):
             return False
         out_for = self.clock() - self.left_group_at
-        self.consumer.subscribe([self.settings.input_topic])
+        self.consumer.subscribe([self.settings.input_topic], on_lost=self.on_lost)
         self.left_group_at = None
         log.warning("%s answers again: rejoining consumer group %s (out of it for %.1fs)",
                     exc.service, self.settings.consumer_group, out_for)

@@ -48,10 +48,12 @@ class FakeConsumer:
         with self.lock:
             self.batches.append(messages)
 
-    def subscribe(self, topics):
+    def subscribe(self, topics, on_lost=None):
         with self.lock:
-            self.topics = topics
+            self.topics, self.on_lost = topics, on_lost
             self.group.append("subscribe")
+
+    lose_next = False  # set: the next `consume` reports the session lost, as the client does (on_lost)
 
     def unsubscribe(self):
         with self.lock:
@@ -63,6 +65,10 @@ class FakeConsumer:
             return bool(self.group) and self.group[-1] == "subscribe"
 
     def consume(self, num_messages=1, timeout=-1):
+        with self.lock:
+            lost, self.lose_next = self.lose_next, False
+        if lost:
+            self.on_lost(self, [TopicPartition("in", 0)])
         with self.lock:
             if self.group[-1] != "subscribe":
                 self.idle_calls += 1
@@ -520,3 +526,24 @@ def test_the_group_is_watched_by_a_client_of_its_own_made_at_the_first_look():
     c.proc.group_progress()
     c.proc.group_progress()
     assert len(made) == 1 and made[0] is not c.proc.consumer
+
+
+def test_a_batch_read_before_the_groups_session_was_lost_is_never_written_nor_committed(caplog):
+    """This host cut off from everything: the batch it read just before cannot be written, and the client
+    reports the group's session lost (its partitions may be another consumer's, who reads and fires the
+    batch). Once PostgreSQL answers again, that batch is given up, not written late behind the other's
+    back, and not committed; what is read after the loss is written and committed as usual."""
+    with Running(caplog) as r:
+        c = r.c
+        r.cut_off(FakeMessage(hdrs("b", in_1h_ms()), offset=5))
+        r.input.lose_next = True
+        wait_for(lambda: logged(caplog, "the group's session timed out"), "the loss reported")
+        c.db.unavailable = None  # PostgreSQL answers again: the write's next try would succeed
+        [gave_up] = wait_for(lambda: logged(caplog, "read before the group's session was lost"), "the batch given up")
+        assert "gave up a batch of 1 messages" in gave_up
+        assert "b" not in c.db.rows
+        r.input.feed([FakeMessage(hdrs("b", in_1h_ms()), offset=5), FakeMessage(hdrs("c", in_1h_ms()), offset=6)])
+        wait_for(lambda: r.input.commits, "the batch read after the loss committed")
+    # only the batch read after the loss (again at close, as its last), never the one given up
+    assert {tuple(offsets.items()) for offsets, _ in r.input.commits} == {((("in", 0), 7),)}
+    assert sorted(c.db.rows) == ["b", "c"]

@@ -471,11 +471,17 @@ class Scenario:
 # -- when firing resumed ---------------------------------------------------------------------
 
 
-def longest_pause(sc: Scenario, fault_at: float, within: float = 150.0) -> tuple[float, float] | None:
+def longest_pause(sc: Scenario, fault_at: float, within: float = 150.0, *,
+                  to_end: bool = False) -> tuple[float, float] | None:
     """(start, end) of the longest pause between two deliveries in the `within` seconds after a fault at
-    `fault_at` began (from the fault itself to the first delivery, if none came sooner)."""
+    `fault_at` began (from the fault itself to the first delivery, if none came sooner); with `to_end`, a
+    stall from the last delivery to the window's end counts too (a window that ends with the fault's
+    last step, not one longer than the scenario)."""
     sent, arrivals = sc.load.sent, sc.reader.arrivals
-    times = sorted(t for m in sent if m in arrivals for t in arrivals[m] if fault_at <= t <= fault_at + within)
+    end = fault_at + within
+    times = sorted(t for m in sent if m in arrivals for t in arrivals[m] if fault_at <= t <= end)
+    if to_end:
+        times.append(end)
     if not times:
         return None
     return max(zip([fault_at, *times[:-1]], times), key=lambda pair: pair[1] - pair[0])

@@ -245,6 +245,11 @@ def _with_wheelhouse(built: Path) -> dict[str, str]:
     return {"PIP_FIND_LINKS": " ".join(links)}
 
 
+def _as_user(user: tuple[int, int], argv: list[str]) -> list[str]:
+    """`argv` run as `user` (uid, gid) with no supplementary groups."""
+    return ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups", "--", *argv]
+
+
 def _plain_env(**extra: str) -> dict[str, str]:
     """A root shell's environment: nothing of this test run's (its virtual environment, CHRONOS_*)."""
     env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8",
@@ -489,8 +494,8 @@ class Fleet:
         user = server_user()
         assert user is not None
         path = self.member_config(name, bootstrap)
-        self._spawn(name, name, ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups", "--",
-                                 str(patroni_command()), str(path)], _plain_env(HOME=str(path.parent), LC_ALL="C"))
+        self._spawn(name, name, _as_user(user, [str(patroni_command()), str(path)]),
+                    _plain_env(HOME=str(path.parent), LC_ALL="C"))
 
     def as_server_user(self, host: str, argv: list[str], *, timeout: float = 120.0,
                        input: str | None = None) -> subprocess.CompletedProcess:
@@ -498,10 +503,8 @@ class Fleet:
         from chronos.embedded.postgres import server_user
         user = server_user()
         assert user is not None
-        return subprocess.run(self.net.command(host, ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}",
-                                                      "--clear-groups", "--", *argv]),
-                              capture_output=True, text=True, timeout=timeout, input=input,
-                              env=_plain_env(HOME=str(self.workdir), LC_ALL="C"), cwd="/")
+        return subprocess.run(self.net.command(host, _as_user(user, argv)), capture_output=True, text=True,
+                              timeout=timeout, input=input, env=_plain_env(HOME=str(self.workdir), LC_ALL="C"), cwd="/")
 
     # -- backups and a restore into a fresh cluster (Backups and restore) ------------------------------
 
@@ -760,9 +763,9 @@ class Fleet:
         self.start_host(h)
         self.wait_host(h, timeout=timeout)
 
-    def group_state(self) -> tuple[str, int]:
-        """The consumer group's state on the broker (STABLE, EMPTY, ...: ConsumerGroupState's names) and
-        its members, asked from the client host."""
+    def group_state(self) -> str:
+        """The consumer group's state on the broker (STABLE, EMPTY, ...: ConsumerGroupState's names), asked
+        from the client host."""
         from confluent_kafka.admin import AdminClient
         with self.net.inside("client"):
             admin = AdminClient({"bootstrap.servers": self.bootstrap})
@@ -770,12 +773,12 @@ class Fleet:
                 (future,) = admin.describe_consumer_groups([GROUP], request_timeout=5).values()
                 described = future.result()
             except Exception as exc:  # noqa: BLE001 - an answer of its own: asked again by the caller
-                return f"no answer ({exc})", 0
-        return described.state.name, len(described.members)
+                return f"no answer ({exc})"
+        return described.state.name
 
     def wait_group_settled(self, timeout: float = 30.0) -> str:
         """Until the consumer group is STABLE (its members hold their partitions) or EMPTY (no member)."""
-        return wait(lambda: self.group_state()[0] in ("STABLE", "EMPTY") and self.group_state()[0], timeout,
+        return wait(lambda: (state := self.group_state()) in ("STABLE", "EMPTY") and state, timeout,
                     "the consumer group settled")
 
     def leave_group_one_at_a_time(self, host: ChronosHost | str) -> None:

@@ -275,6 +275,13 @@ class FleetScenario:
                 if m in self.reader.arrivals and due_from <= s.due <= due_to]
         return max(late, default=0.0)
 
+    def lateness_p99(self) -> float | None:
+        """The 99th percentile of every delivered message's first delivery after its due time (seconds)."""
+        if self.load is None or self.reader is None:
+            return None
+        return (percentiles([min(self.reader.arrivals[m]) - s.due for m, s in self.load.sent.items()
+                             if m in self.reader.arrivals]) or {}).get("p99")
+
     def row(self, report: Report, *, fault_at: float, heal_at: float, promoted_at: float | None = None,
             extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """The scenario's figures, as the result file and the pages show them."""
@@ -299,9 +306,7 @@ class FleetScenario:
             "scrape_gaps": self.fleet.scrape_gaps(fault_at - 5.0, time.time()),
             "first_log_lines": first_log_lines(self.fleet, fault_at),
             "restarted_programs": self.restarted(),
-            "lateness_p99_s": (percentiles([min(self.reader.arrivals[m]) - s.due for m, s in self.load.sent.items()
-                                            if m in self.reader.arrivals]) or {}).get("p99")
-            if self.load and self.reader else None,
+            "lateness_p99_s": self.lateness_p99(),
         })
         row.update(extra or {})
         return row
@@ -441,10 +446,7 @@ def rolling_upgrade(fleet: Fleet, *, rate: float = 300, warmup: float = 5.0, set
         done_at = time.time()
         report = sc.finish()
         # the longest gap between deliveries from the first step to the last one's end (and a stall up to it)
-        times = sorted(t for m in sc.load.sent if m in sc.reader.arrivals for t in sc.reader.arrivals[m]
-                       if t0 <= t <= done_at) if sc.load and sc.reader else []
-        edges = [t0, *times, done_at]
-        pause = max(zip(edges[:-1], edges[1:]), key=lambda pair: pair[1] - pair[0])
+        pause = longest_pause(sc, t0, done_at - t0, to_end=True)  # type: ignore[arg-type]  # duck-typed
         row = report.row()
         row.update({
             "fault": "a rolling upgrade and a rollback",
@@ -456,9 +458,7 @@ def rolling_upgrade(fleet: Fleet, *, rate: float = 300, warmup: float = 5.0, set
             "max_lateness_s": round(sc.lateness_of(t0, done_at), 2),
             "started_again": sc.restarted(),  # by the steps' restarts, and by supervisord after the kill
             "alerts": fleet.alerts(t0 - 5.0, time.time(), t0),
-            "lateness_p99_s": (percentiles([min(sc.reader.arrivals[m]) - s.due for m, s in sc.load.sent.items()
-                                            if m in sc.reader.arrivals]) or {}).get("p99")
-            if sc.load and sc.reader else None,
+            "lateness_p99_s": sc.lateness_p99(),
         })
     return report, row
 

@@ -246,7 +246,7 @@ class ConsumerProcess:
     def run(self) -> None:
         """Read batch N+1 (and sort it) while batch N is written on the writer thread; commit N's
         offsets once N is durable, and never before, so offsets are committed in order."""
-        self.consumer.subscribe([self.settings.input_topic], on_lost=self.on_lost)
+        self.subscribe()
         log.info("consuming %s (group %s), batch %d", self.settings.input_topic, self.settings.consumer_group,
                  self.settings.batch_size)
         # the producer answers metadata requests at once; the group consumer may take seconds
@@ -290,7 +290,7 @@ class ConsumerProcess:
                     self.finish(*pending)
                 except (OutOfReach, PartitionsLost) as exc:
                     log.warning("stopping: gave up the last batch (%s); it was not committed, so it is read again",
-                                exc or "the group's session was lost")
+                                exc)
         finally:
             writer.shutdown(wait=True)
             self.close()
@@ -347,7 +347,7 @@ class ConsumerProcess:
         others_before: dict[int, int] | None = None
         while True:
             if epoch is not None and self.losses != epoch:
-                raise PartitionsLost()
+                raise PartitionsLost("the group's session was lost since it was read")
             tried = self.clock()
             try:
                 started = time.perf_counter()
@@ -541,6 +541,10 @@ class ConsumerProcess:
         except Exception as exc:  # noqa: BLE001 - a failed commit only means a re-read; the store is idempotent
             self.throttle.warning("commit", "offset commit failed (%s); the batch may be read again", exc)
 
+    def subscribe(self) -> None:
+        """Join the group on the input topic, told when the group's session is lost (`on_lost`)."""
+        self.consumer.subscribe([self.settings.input_topic], on_lost=self.on_lost)
+
     def on_lost(self, _consumer, partitions: list[TopicPartition]) -> None:
         """The client's word that the group's session was lost (no answer from the coordinator past the
         session timeout): the partitions may be another consumer's already. What was read before is neither
@@ -640,7 +644,7 @@ class ConsumerProcess:
         if not self.wait_for(exc.service, exc.retry_in):
             return False
         out_for = self.clock() - self.left_group_at
-        self.consumer.subscribe([self.settings.input_topic], on_lost=self.on_lost)
+        self.subscribe()
         self.left_group_at = None
         log.warning("%s answers again: rejoining consumer group %s (out of it for %.1fs)",
                     exc.service, self.settings.consumer_group, out_for)

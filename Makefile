@@ -10,11 +10,15 @@ BIN := $(VENV)/bin
 up: $(VENV)/.installed
 	$(BIN)/chronos up $(ARGS)
 
+# Two workers: tests/fleet, tests/ha (servers of their own) and tests/faults (a stack under load and faults) in
+# one, the rest in the other (tests/conftest.py groups them); PYTEST_WORKERS= runs everything in this process.
+PYTEST_WORKERS ?= -n 2
+
 test: $(VENV)/.installed $(BIN)/promtool $(BIN)/prometheus chromium stunnel postgresql-15 pgbouncer patroni fleet
 	$(BIN)/ruff check chronos benchmarks tests
 	$(BIN)/lint-imports
 	$(BIN)/mypy chronos
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(ARGS)
 
 # The console's browser tests drive Debian's chromium (Playwright's own browser download is not
 # used). Installed here when missing; without it the browser tests fail rather than skip.

@@ -155,16 +155,41 @@ def fault_report(tmp_path_factory: pytest.TempPathFactory):
     return record
 
 
-def pytest_terminal_summary(terminalreporter) -> None:
-    if not _FAULT_ROWS:
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    rows, paths = list(_FAULT_ROWS), list(_FAULT_REPORT)
+    if not rows and not hasattr(config, "workerinput") and config.pluginmanager.hasplugin("xdist"):
+        # the workers' reports (pytest-xdist): each wrote its own under the session's base directory
+        for path in sorted(config._tmp_path_factory.getbasetemp().glob("*/faults-report.json")):
+            rows += orjson.loads(path.read_bytes())
+            paths.append(path)
+    if not rows:
         return
     tr = terminalreporter
     tr.section("fault scenarios")
     tr.write_line(f"{'scenario':<28} {'sent':>6} {'delivered':>9} {'lost':>4} {'early':>5} {'dups':>5} "
                   f"{'unexpl.':>7} {'recovery':>9} {'max late':>9} {'reread':>6}")
-    for r in _FAULT_ROWS:
+    for r in rows:
         tr.write_line(f"{r['scenario']:<28} {r['sent']:>6} {r['delivered']:>9} {r['lost']:>4} {r['early']:>5} "
                       f"{r['duplicates']:>5} {r['unexplained_duplicates']:>7} {r['recovery_s']:>8.1f}s "
                       f"{r['max_lateness_s']:>8.1f}s {r['lost_found_on_reread']:>6}")
     tr.write_line("reread: delivered, but only seen when the output topic was read again from the start")
-    tr.write_line(f"JSON: {_FAULT_REPORT[0]}")
+    tr.write_line("JSON: " + ", ".join(map(str, paths)))
+
+
+# -- two workers (make test): the tests of servers of their own (a fleet of hosts, a replicated PostgreSQL) and
+# the fault scenarios under load in one, everything else in the other; each group runs in order in its worker,
+# the two groups side by side, about as long as each other --
+
+SERVER_GROUPS = ("fleet", "ha", "faults")
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: nothing without it (-p no:xdist)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scheduling by scope, with two scopes: the servers' and the faults' tests, and the others."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TwoGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            parts = nodeid.split("/")
+            return "servers" if len(parts) > 2 and parts[1] in SERVER_GROUPS else "main"
+    return TwoGroups(config, log)

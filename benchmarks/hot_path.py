@@ -31,7 +31,8 @@ from typing import Any, Callable
 from confluent_kafka import Message
 
 from chronos import codec
-from chronos.adapters.postgres.store import Store, _claimed_params
+from chronos.adapters.postgres.arrays import claimed_params
+from chronos.adapters.postgres.store import Store
 from chronos.domain.intake import Rules
 from chronos.domain.model import Claimed
 from chronos.roles.consumer import CANCEL, INSERT, REPLACE, sort_batch
@@ -131,7 +132,7 @@ def firer_pass(proc: Any, rows: list[Claimed]) -> int:
     proc.slot.producer.poll(0)
     proc.sender.hand_over()
     acked = proc.settler.inbox.get_nowait().acked
-    params = _claimed_params(acked, proc.settler.store.node_id)
+    params = claimed_params(acked, proc.settler.store.node_id)
     assert len(acked) == len(rows) and params["ids"], len(acked)
     return len(acked)
 

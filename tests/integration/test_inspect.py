@@ -14,7 +14,8 @@ import pytest
 
 from chronos import codec
 from chronos.adapters.postgres.queries import QUERIES
-from chronos.adapters.postgres.store import Store, list_params
+from chronos.adapters.postgres.operators import list_params
+from chronos.adapters.postgres.store import Store
 from chronos.domain.model import Row
 from chronos.domain.operators import Filters
 from chronos.ops import inspect

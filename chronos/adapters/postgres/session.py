@@ -1,7 +1,8 @@
 """One connection to PostgreSQL as a store uses it: opened on first use and again after it broke, every
 call under a deadline and with the driver's errors translated into the project's, and the session's
 settings made once per connection, or in every transaction through a pooler in transaction mode
-(`pooling`). `chronos.adapters.postgres.store.Store` runs its statements through it.
+(`pooling`). `chronos.adapters.postgres.store.Store` runs its statements through it: one class per port
+(`intake`, `claims`, `settle`, `detect`, `operators`), each over this one.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import psycopg
 
 from chronos import ports
 from chronos.adapters.postgres import pooling
-from chronos.adapters.postgres.connection import DEADLINES, connect, connection_lost, server_of, short, translate
+from chronos.adapters.postgres.connection import DEADLINES, connect, connection_lost, one, server_of, short, translate
 from chronos.adapters.postgres.migrations import check_schema_raw
 from chronos.adapters.postgres.queries import QUERIES
 from chronos.errors import StoreUnavailable
@@ -139,6 +140,11 @@ class Session:
             conn.cancel_safe(timeout=2.0)
         except psycopg.Error as exc:
             log.debug("cancelling a statement: %s", short(exc, self.url))
+
+    def db_clock_us(self) -> int:
+        """The database's clock, in epoch microseconds: a statement of every port's (the consumer's, the
+        settling thread's, the operators')."""
+        return self._run(lambda c: one(self._execute(c, QUERIES["db_clock"]))[0])
 
     def _c(self) -> psycopg.Connection:
         if self.conn is None or self.conn.closed:

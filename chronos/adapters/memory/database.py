@@ -1,0 +1,110 @@
+"""The in-memory database: its rows, parked messages, fire-rate buckets, the operators' action totals and
+its clock (`now_us`, injected so that tests control time; PostgreSQL uses its own clock), shared by any
+number of store handles (`MemoryStore`). The clocks a test gives it: the machine's, or a manual one."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+from chronos.domain.model import Parked
+
+
+def wall_clock_us() -> int:
+    """Epoch microseconds now, by this machine's clock."""
+    return time.time_ns() // 1000
+
+
+class ManualClock:
+    """A clock for tests: epoch microseconds that move only when `advance` is called."""
+
+    def __init__(self, start_us: int | None = None):
+        self.now_us = wall_clock_us() if start_us is None else start_us
+
+    def __call__(self) -> int:
+        return self.now_us
+
+    def advance(self, seconds: float) -> None:
+        self.now_us += round(seconds * 1_000_000)
+
+
+@dataclass(slots=True)
+class StoredRow:
+    """One row of chronos_messages, as the twin keeps it (times in epoch microseconds)."""
+
+    id: str
+    deadline_us: int
+    topic: str | None
+    key: bytes | None
+    value: bytes | None
+    headers: bytes
+    ordering_key: str | None
+    cron: str | None
+    timezone: str | None
+    dst_policy: str | None
+    seq: int
+    ctid: str                       # changes with every write, as a row version's place does in PostgreSQL
+    enqueued_us: int                # when it was written (or replaced)
+    readied_us: int | None = None   # claimed at (readied_at)
+    readied_by: uuid.UUID | None = None
+    attempts: int = 0
+    last_error: str | None = None
+    original_deadline_us: int | None = None
+    last_occurrence_us: int | None = None
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """Where the row stands in its ordering key: the deadline as scheduled, then enqueue order."""
+        return (self.deadline_us if self.original_deadline_us is None else self.original_deadline_us, self.seq)
+
+    @property
+    def waiting(self) -> bool:
+        """Unclaimed and not a recurring schedule: what the claim and the counts of waiting rows see."""
+        return self.readied_us is None and self.cron is None
+
+
+@dataclass(slots=True)
+class StoredParked:
+    """One row of chronos_parked: a parked message, its number (the table's id) and when it was parked."""
+
+    number: int
+    parked_us: int
+    message: Parked
+
+
+@dataclass(slots=True)
+class Bucket:
+    """A destination topic's fire-rate bucket, as a row of chronos_rate_limits."""
+
+    rate: float
+    tokens: float
+    refilled_us: int
+
+
+class MemoryDatabase:
+    """The shared state behind any number of `MemoryStore` handles: one database."""
+
+    def __init__(self, now_us: Callable[[], int] = wall_clock_us):
+        self.now_us = now_us
+        self.lock = threading.Lock()
+        self.rows: dict[str, StoredRow] = {}
+        self.parked: list[StoredParked] = []
+        self.buckets: dict[str, Bucket] = {}     # by destination topic name, as chronos_rate_limits
+        self.actions: dict[str, tuple[int, int]] = {}  # action -> (times taken, messages changed): chronos_actions
+        self.unavailable: str | None = None       # set: every statement fails with StoreUnavailable(this)
+        self._seq = itertools.count(1)
+        self._ctid = itertools.count(1)
+        self._parked = itertools.count(1)
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    def new_ctid(self) -> str:
+        return f"(0,{next(self._ctid)})"
+
+    def park(self, message: Parked, now_us: int) -> None:
+        self.parked.append(StoredParked(next(self._parked), now_us, message))

@@ -1,0 +1,69 @@
+"""The detector's statements on PostgreSQL (`ports.DetectStore`): rows held past the hold time found and
+handed back, and the gauges (`overview`, also `chronos status`'s; `throttled`). Run on the store's session
+(`session.Session`)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Sequence
+
+import psycopg
+
+from chronos.adapters.postgres.arrays import text_array
+from chronos.adapters.postgres.connection import one
+from chronos.adapters.postgres.queries import QUERIES
+from chronos.adapters.postgres.session import Session
+from chronos.domain.model import DUE_CAP, ESTIMATE_ABOVE, NodeLoad, Overview, Stale, Throttled
+
+
+class DetectStatements(Session):
+    """The detector's side of the store."""
+
+    def find_stale(self, hold_ms: int, limit: int = 10000) -> list[Stale]:
+        return self._run(lambda c: [Stale(*r) for r in
+                                    self._execute(c, QUERIES["find_stale"], {"hold_ms": hold_ms, "limit": limit})])
+
+    def reset_stale(self, seen: Sequence[Stale]) -> list[uuid.UUID]:
+        """Reset the rows whose readied_at/readied_by are still what the detector saw."""
+        if not seen:
+            return []
+        params = {"ctids": text_array(s.ctid for s in seen), "ids": [s.id for s in seen],
+                  "readied_at": [s.readied_at for s in seen], "readied_by": [s.readied_by for s in seen]}
+        return self._run(lambda c: [r[0] for r in self._execute(c, QUERIES["reset_stale"], params)])
+
+    def overview(self, hold_ms: int, *, exact: bool | None = None) -> "Overview":
+        """What `chronos status` and the detector's gauges show, from cheap index-backed queries.
+
+        The waiting count is exact below ESTIMATE_ABOVE rows (or with exact=True), else the
+        planner's estimate; the due count stops at DUE_CAP. Tolerates schemas without recurring
+        schedules (no `cron` column: a database migrated by an older chronos).
+        """
+        def run(conn: psycopg.Connection) -> Overview:
+            execute = self._execute
+            has_cron, estimate = one(execute(conn, QUERIES["overview_features"]))
+            nodes = [NodeLoad(*r) for r in execute(conn, QUERIES["overview_in_flight"], {"hold_ms": hold_ms})]
+            count = exact if exact is not None else estimate < ESTIMATE_ABOVE
+            at, first, next_deadline, waiting, due = one(execute(
+                conn, QUERIES["overview_waiting_cron" if has_cron else "overview_waiting"],
+                {"exact": count, "due_cap": DUE_CAP}))
+            schedules = one(execute(conn, QUERIES["count_cron_schedules"]))[0] if has_cron else None
+            parked = None
+            if one(execute(conn, QUERIES["has_parked"]))[0]:
+                parked = one(execute(conn, QUERIES["count_parked"]))[0]
+            return Overview.build(at, first, next_deadline, waiting, estimate, due, nodes, schedules, parked)
+        return self._run(run)
+
+    def throttled(self, output_topic: str) -> list["Throttled"]:
+        """Per topic the firers limit (their buckets in chronos_rate_limits): how many rows are due
+        and not claimed, held back by the limit (at most DUE_CAP counted), and how late the oldest
+        of them is, by the database clock."""
+        def run(conn: psycopg.Connection) -> list[Throttled]:
+            at = one(self._execute(conn, QUERIES["db_now"]))[0]
+            found = []
+            for topic, rate in self._execute(conn, QUERIES["limited_topics"]).fetchall():
+                output = topic == output_topic
+                rows, oldest = one(self._execute(conn, QUERIES["throttled_output_topic" if output else "throttled_topic"],
+                                                  {"topic": topic, "cap": DUE_CAP}))
+                found.append(Throttled(topic, rate, rows, max(0.0, (at - oldest).total_seconds()) if oldest else 0.0))
+            return found
+        return self._run(run)

@@ -29,6 +29,7 @@ from chronos.domain.model import (DUE_CAP, ESTIMATE_ABOVE, Claimed, NodeLoad, Ov
                                   Throttled)
 from chronos.domain.operators import (ACTIONS, PREVIEW_BYTES, Filters, Listed, Message, ParkedMessage, Position,
                                       Schedule, state_of)
+from chronos.adapters.memory_shares import MemoryShares
 from chronos.errors import StoreRejected, StoreUnavailable
 
 log = logging.getLogger("chronos.store")
@@ -117,6 +118,7 @@ class MemoryDatabase:
         self.parked: list[StoredParked] = []
         self.buckets: dict[str, Bucket] = {}     # by destination topic name, as chronos_rate_limits
         self.actions: dict[str, tuple[int, int]] = {}  # action -> (times taken, messages changed): chronos_actions
+        self.firers: dict[uuid.UUID, int] = {}   # node -> its lease renewed at: chronos_firers
         self.unavailable: str | None = None       # set: every statement fails with StoreUnavailable(this)
         self._seq = itertools.count(1)
         self._ctid = itertools.count(1)
@@ -135,7 +137,7 @@ class MemoryDatabase:
 _ANY_TOPIC = object()  # the claim's topic filter: none
 
 
-class MemoryStore:
+class MemoryStore(MemoryShares):
     """A handle on a `MemoryDatabase` (a fresh one when none is given), for one thread."""
 
     def __init__(self, db: MemoryDatabase | None = None, *, node_id: uuid.UUID | None = None):
@@ -242,17 +244,20 @@ class MemoryStore:
         with `window_ms`, only rows due at most that long ago."""
         return self._run(lambda now: self._claim(now, limit, lookahead_ms, _ANY_TOPIC, window_ms))
 
-    def _claim(self, now: int, limit: int, lookahead_ms: int, topic: object,
-               window_ms: int | None = None) -> list[Claimed]:
+    def _claim(self, now: int, limit: int, lookahead_ms: int, topic: object = _ANY_TOPIC,
+               window_ms: int | None = None,
+               pick: Callable[[list[StoredRow]], list[StoredRow]] | None = None) -> list[Claimed]:
         """The claim's rule (see `claim` in queries.sql): a keyed candidate is claimed only when
         every earlier row of its key (by deadline as scheduled, then seq) is a candidate of this
-        same claim; a row held by a peer or still waiting holds back the later rows of its key."""
+        same claim; a row held by a peer or still waiting holds back the later rows of its key.
+        `pick` chooses the candidates from the due rows in order (default: the first `limit`)."""
         bound = now + lookahead_ms * 1000
         floor = None if window_ms is None else now - window_ms * 1000
-        candidates = sorted((r for r in self.db.rows.values()
-                             if r.waiting and r.deadline_us <= bound and (floor is None or r.deadline_us >= floor)
-                             and (topic is _ANY_TOPIC or r.topic == topic)),
-                            key=lambda r: (r.deadline_us, r.seq))[:limit]
+        ordered = sorted((r for r in self.db.rows.values()
+                          if r.waiting and r.deadline_us <= bound and (floor is None or r.deadline_us >= floor)
+                          and (topic is _ANY_TOPIC or r.topic == topic)),
+                         key=lambda r: (r.deadline_us, r.seq))
+        candidates = ordered[:limit] if pick is None else pick(ordered)
         chosen = {r.id for r in candidates}
         keys = {r.ordering_key for r in candidates if r.ordering_key is not None}
         first_left: dict[str, tuple[int, int]] = {}  # per key, the earliest row not among the candidates

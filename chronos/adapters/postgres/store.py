@@ -15,7 +15,7 @@ import psycopg
 from chronos import codec, ports
 from chronos.adapters.postgres.connection import one
 from chronos.adapters.postgres.queries import QUERIES
-from chronos.adapters.postgres.session import Session
+from chronos.adapters.postgres.shares import FirerShares
 from chronos.config import Settings
 from chronos.domain import cron, ratelimit, schedules
 from chronos.domain.model import (DUE_CAP, ESTIMATE_ABOVE, Claimed, NodeLoad, Overview, Parked, Row, ServerView,
@@ -63,9 +63,9 @@ def list_params(f: Filters, limit: int, *, after: Position | None = None,
             "after_id": after if isinstance(after, str) else None}
 
 
-class Store(Session):
+class Store(FirerShares):
     """The scheduler's table of waiting messages on PostgreSQL: `ports.Store` and `ports.Operators`. One per
-    thread, as its connection is (see `Session`)."""
+    thread, as its connection is (see `Session`); the firers' shares are `FirerShares`."""
 
     # -- consumer --------------------------------------------------------------------------
 

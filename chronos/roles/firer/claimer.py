@@ -14,7 +14,7 @@ from chronos.domain.shares import Shares, overdue_ms
 from chronos.errors import StoreUnavailable
 from chronos.ops.telemetry import FirerTelemetry
 from chronos.ports import ClaimStore
-from chronos.roles.firer.handoff import Claims, Shared
+from chronos.roles.firer.handoff import Claims, Shared, size_of
 from chronos.roles.firer.store_thread import StoreThread
 from chronos.runtime.process import Lifecycle
 
@@ -23,6 +23,11 @@ log = logging.getLogger("chronos.firer")
 RECENT_WINDOW_MS = 2000  # most claims take rows due at most this long ago (`Claimer.claim_rows`)
 FULL_CLAIM_EVERY = 0.5   # seconds: a claim of every due row, however long ago, at least this often
 KAFKA_PROBE_EVERY = 1.0  # seconds: after a stall, how often the claimer asks Kafka whether it answers
+# The cap on rows held, in batches: at 25,000 msg/s the lookahead alone holds 7,500 rows, and rows stay held
+# until acknowledged and deleted; four batches (8,000) held claims back and made them late (publish lateness
+# p99.9 167 ms, 79 ms with sixteen: docs/benchmarks/hot-path.md). The bytes they come to are capped apart
+# (CHRONOS_FIRER_MAX_HELD_BYTES), so large messages cannot fill memory.
+MAX_HELD_BATCHES = 16
 
 
 class Claimer(StoreThread[ClaimStore]):
@@ -49,7 +54,8 @@ class Claimer(StoreThread[ClaimStore]):
         self.limits = settings.fire_rates
         if self.limits:
             log.info("fire-rate limits: %s", self.limits)
-        self.max_held = settings.batch_size * 4
+        self.max_held = settings.batch_size * MAX_HELD_BATCHES
+        self.max_held_bytes = settings.firer_max_held_bytes
         self.stopped = threading.Event()
         self.claims_paused = False
         self.next_claim = 0.0
@@ -133,7 +139,7 @@ class Claimer(StoreThread[ClaimStore]):
             self.next_claim = now + 0.05
             return
         held = self.shared.held()
-        if held >= self.max_held:
+        if held >= self.max_held or self.shared.held_bytes() >= self.max_held_bytes:
             self.next_claim = now + 0.005  # wait for acknowledgements before claiming more
             return
         limit = min(self.limit, self.max_held - held)
@@ -207,5 +213,6 @@ class Claimer(StoreThread[ClaimStore]):
         """Hand rows over with the time their claim was sent (monotonic): the database stamped them no
         earlier, so their age counted from it is never less than what a detector sees."""
         if rows:
+            self.shared.claimed_bytes += size_of(rows)
             self.shared.totals.claimed += len(rows)
             self.outbox.put((sent, rows))

@@ -47,6 +47,21 @@ def _non_negative_int(name: str, raw: str) -> int:
     return value
 
 
+_BYTE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def _bytes(name: str, raw: str) -> int:
+    """A size in bytes: a whole number, or one with a binary unit (`64M`, `512k`, `1G`)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([kmg]?)i?b?\s*", raw, re.IGNORECASE)
+    if match is None:
+        raise ConfigError(f"{name} must be a size in bytes, as a whole number or with a unit (512k, 64M, 1G), "
+                          f"got {raw!r}")
+    value = int(match.group(1)) * _BYTE_UNITS[match.group(2).lower()]
+    if value < 1 << 20:
+        raise ConfigError(f"{name} must be at least 1M (a batch of ordinary messages), got {raw!r}")
+    return value
+
+
 def _optional_non_negative_int(name: str, raw: str) -> int | None:
     if raw.strip().lower() in ("", "none", "off"):
         return None
@@ -191,6 +206,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("lookahead_ms", "firer claims rows this far ahead and publishes each from memory at its deadline",
            _non_negative_int, "300"),
     Option("batch_size", "consumer batch (messages per poll) and firer claim limit", _positive_int, "2000"),
+    Option("firer_max_held_bytes", "a firer claims no more while the messages it holds (claimed, not yet "
+           "published, acknowledged and deleted) come to this many bytes of key, value and headers, or to "
+           "sixteen batches; a claim may go over it by one batch (units k, M, G)", _bytes, "64M"),
     Option("consumer_group", "Kafka consumer group of the consumers", _str, "chronos"),
     Option("kafka_properties", "extra librdkafka properties as key=value,key=value (TLS, SASL, ...)",
            parse_kafka_properties, ""),
@@ -243,6 +261,7 @@ class Settings:
     failure_detection_interval_ms: int = 500
     lookahead_ms: int = 300
     batch_size: int = 2000
+    firer_max_held_bytes: int = 64 << 20
     consumer_group: str = "chronos"
     kafka_properties: dict[str, str] = field(default_factory=dict)
     kafka_properties_file: dict[str, str] = field(default_factory=dict)

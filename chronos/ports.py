@@ -95,7 +95,26 @@ class IntakeStore(StoreHandle, Protocol):
     def db_clock_us(self) -> int: ...
 
 
-class ClaimStore(StoreHandle, Protocol):
+class ShareStore(StoreHandle, Protocol):
+    """The firers' shares of the due rows (`chronos.domain.shares`): a firer's lease, and the claim of
+    its own slices."""
+
+    def firer_heartbeat(self, hold_ms: int) -> list[uuid.UUID]:
+        """Renew this firer's lease; the other firers whose lease is younger than `hold_ms`."""
+        ...
+
+    def firer_leave(self) -> None:
+        """Give this firer's slices up at once."""
+        ...
+
+    def claim_share(self, slices: tuple[int, ...], limit: int, lookahead_ms: int,
+                    window_ms: int | None = None) -> tuple[list[Claimed], bool]:
+        """`claim` within these slices, each up to its share of `limit`: (the rows in (deadline, seq)
+        order, whether a slice filled its share)."""
+        ...
+
+
+class ClaimStore(ShareStore, Protocol):
     """The statements of the firer's claiming thread: due rows and due occurrences claimed."""
 
     def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None) -> list[Claimed]:

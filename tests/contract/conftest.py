@@ -66,6 +66,10 @@ class Backend:
         """Let `seconds` pass for a fire-rate bucket without waiting: its last refill moved back."""
         raise NotImplementedError
 
+    def age_leases(self, seconds: float) -> None:
+        """Every firer's lease renewed `seconds` earlier than it was (firers that stopped renewing)."""
+        raise NotImplementedError
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -114,6 +118,9 @@ class PostgresBackend(Backend):
         self._q("UPDATE chronos_rate_limits SET refilled_at = refilled_at - %s * interval '1 second' "
                 "WHERE topic = %s", seconds, topic)
 
+    def age_leases(self, seconds: float) -> None:
+        self._q("UPDATE chronos_firers SET seen_at = seen_at - %s * interval '1 second'", seconds)
+
     def close(self) -> None:
         for st in self.opened:
             st.close()
@@ -158,6 +165,10 @@ class MemoryBackend(Backend):
 
     def age_bucket(self, topic: str, seconds: float) -> None:
         self.db.buckets[topic].refilled_us -= round(seconds * 1_000_000)
+
+    def age_leases(self, seconds: float) -> None:
+        for node in self.db.firers:
+            self.db.firers[node] -= round(seconds * 1_000_000)
 
     def close(self) -> None:
         pass

@@ -30,6 +30,12 @@ def test_flag_wins_over_environment():
     assert settings({"CHRONOS_HOLD_TIME_MS": "9000"}).hold_time_ms == 9000
 
 
+def test_the_firer_s_byte_cap_takes_a_binary_unit_and_defaults_to_64_mib():
+    assert settings({}).firer_max_held_bytes == 64 << 20
+    assert [settings({"CHRONOS_FIRER_MAX_HELD_BYTES": raw}).firer_max_held_bytes
+            for raw in ("2097152", "1024k", "16M", "16MiB", "1g")] == [2 << 20, 1 << 20, 16 << 20, 16 << 20, 1 << 30]
+
+
 @pytest.mark.parametrize("env,message", [
     ({"CHRONOS_HOLD_TIME_MS": "abc"}, "CHRONOS_HOLD_TIME_MS must be a whole number"),
     ({"CHRONOS_HOLD_TIME_MS": "0"}, "greater than 0"),
@@ -54,6 +60,9 @@ def test_flag_wins_over_environment():
     ({"CHRONOS_FIRE_RATE_LIMITS": "a=1,a=2"}, "'a' is given twice"),
     ({"CHRONOS_FIRE_RATE_DEFAULT": "lots"}, "CHRONOS_FIRE_RATE_DEFAULT: 'lots' is not a rate"),
     ({"CHRONOS_FIRE_RATE_DEFAULT": "0/s"}, "more than 0"),
+    ({"CHRONOS_FIRER_MAX_HELD_BYTES": "lots"}, "CHRONOS_FIRER_MAX_HELD_BYTES must be a size in bytes"),
+    ({"CHRONOS_FIRER_MAX_HELD_BYTES": "64T"}, "with a unit \\(512k, 64M, 1G\\)"),
+    ({"CHRONOS_FIRER_MAX_HELD_BYTES": "1000"}, "must be at least 1M"),
 ])
 def test_bad_values_give_a_clear_one_line_error(env, message):
     with pytest.raises(ConfigError, match=message) as err:

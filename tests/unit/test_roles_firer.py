@@ -19,7 +19,7 @@ from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.domain.model import Claimed, Row
 from chronos.ops.telemetry import FirerTelemetry
 from chronos.roles.firer import FirerProcess
-from chronos.roles.firer.claimer import FULL_CLAIM_EVERY, RECENT_WINDOW_MS
+from chronos.roles.firer.claimer import FULL_CLAIM_EVERY, MAX_HELD_BATCHES, RECENT_WINDOW_MS
 from chronos.roles.firer.decisions import TICK
 from chronos.roles.firer.handoff import Outcomes, Stop
 from chronos.roles.firer.sender import IDLE_WAIT
@@ -125,19 +125,36 @@ def test_a_full_claim_that_comes_back_full_is_followed_by_a_full_one():
     assert WindowsSeen.windows == [None, None] and set(f.state().values()) == {"held"}
 
 
-def test_no_more_than_four_batches_are_held_and_claiming_resumes_as_rows_are_settled():
+def test_no_more_than_sixteen_batches_are_held_and_claiming_resumes_as_rows_are_settled():
     f = Firer(CHRONOS_BATCH_SIZE="2")
-    f.add(*(f"m{i}" for i in range(12)))
+    f.add(*(f"m{i}" for i in range(40)))
     claimer = f.proc.claimer
-    for _ in range(6):
+    for _ in range(MAX_HELD_BATCHES + 2):
         claimer.claim(time.time())
-    assert f.proc.shared.held() == 8 and list(f.state().values()).count("held") == 8
+    assert MAX_HELD_BATCHES == 16  # four held claims back at 25,000 msg/s
+    assert f.proc.shared.held() == 32 and list(f.state().values()).count("held") == 32
     now = time.time()
     claimer.claim(now)
     assert claimer.next_claim == now + 0.005  # waits for acknowledgements
     f.proc.shared.settled += 1  # one row settled: room for one more, not a whole batch
     claimer.claim(time.time())
-    assert f.proc.shared.held() == 8 and list(f.state().values()).count("held") == 9
+    assert f.proc.shared.held() == 32 and list(f.state().values()).count("held") == 33
+
+
+def test_no_more_is_claimed_while_the_rows_held_come_to_the_byte_cap():
+    f = Firer(CHRONOS_BATCH_SIZE="2", CHRONOS_FIRER_MAX_HELD_BYTES="1M")
+    big = b"x" * (300 << 10)
+    MemoryStore(f.db).apply([Row(f"big{i}", int((time.time() - 1) * 1e6), None, None, big, b"") for i in range(6)],
+                            [], [])
+    claimer = f.proc.claimer
+    for _ in range(4):
+        claimer.claim(time.time())
+    # two claims of two (1.2 MB held): the cap passed by less than one batch, then nothing more
+    assert f.proc.shared.held() == 4 and f.proc.shared.held_bytes() == 4 * len(big)
+    _, first = f.proc.sender.inbox.get_nowait()
+    f.proc.settler.count_settled(first)  # the first claim's two settled: room again, and the last two claimed
+    claimer.claim(time.time())
+    assert f.proc.shared.held() == 4 and set(f.state().values()) == {"held"}
 
 
 def test_nothing_is_claimed_while_the_oldest_publish_waits_too_long_for_kafka(caplog):

@@ -4,11 +4,14 @@ limits or not, and due occurrences of recurring schedules."""
 from __future__ import annotations
 
 import logging
+from collections import Counter
+from typing import Callable
 
-from chronos.adapters.memory.base import MemoryHandle
+from chronos.adapters.memory.shares import MemoryShares, slice_of
 from chronos.adapters.memory.database import Bucket, StoredRow
 from chronos.domain import cron, ratelimit, schedules
 from chronos.domain.model import Claimed
+from chronos.domain.shares import slice_limits
 from chronos.errors import StoreRejected
 
 log = logging.getLogger("chronos.store")
@@ -16,8 +19,31 @@ log = logging.getLogger("chronos.store")
 _ANY_TOPIC = object()  # the claim's topic filter: none
 
 
-class MemoryClaims(MemoryHandle):
-    """The firer's claiming side of the twin."""
+class MemoryClaims(MemoryShares):
+    """The firer's claiming side of the twin: over the firers' leases, the claim of a firer's own slices too."""
+
+    def claim_share(self, slices: tuple[int, ...], limit: int, lookahead_ms: int,
+                    window_ms: int | None = None) -> tuple[list[Claimed], bool]:
+        """Claim up to `limit` rows of these slices, each slice up to its share of the limit; (the rows,
+        whether a slice filled its share). See the PostgreSQL store's `claim_share`."""
+        kept, limits = slice_limits(slices, limit)
+        shares = dict(zip(kept, limits))
+
+        def pick(ordered: list[StoredRow]) -> list[StoredRow]:
+            taken: Counter[int] = Counter()
+            chosen = []
+            for r in ordered:
+                at = slice_of(r)
+                if taken[at] < shares.get(at, 0):
+                    taken[at] += 1
+                    chosen.append(r)
+            return chosen
+
+        def run(now: int) -> tuple[list[Claimed], bool]:
+            rows = self._claim(now, limit, lookahead_ms, window_ms=window_ms, pick=pick)
+            per_slice = Counter(slice_of(self.db.rows[r.id]) for r in rows)
+            return rows, any(per_slice[s] >= n for s, n in shares.items())
+        return self._run(run)
 
     def _check_node(self) -> None:
         """A claim names its node (PostgreSQL's check constraint refuses a claimed row without one)."""
@@ -34,17 +60,20 @@ class MemoryClaims(MemoryHandle):
         with `window_ms`, only rows due at most that long ago."""
         return self._run(lambda now: self._claim(now, limit, lookahead_ms, _ANY_TOPIC, window_ms))
 
-    def _claim(self, now: int, limit: int, lookahead_ms: int, topic: object,
-               window_ms: int | None = None) -> list[Claimed]:
+    def _claim(self, now: int, limit: int, lookahead_ms: int, topic: object = _ANY_TOPIC,
+               window_ms: int | None = None,
+               pick: Callable[[list[StoredRow]], list[StoredRow]] | None = None) -> list[Claimed]:
         """The claim's rule (see `claim` in queries.sql): a keyed candidate is claimed only when
         every earlier row of its key (by deadline as scheduled, then seq) is a candidate of this
-        same claim; a row held by a peer or still waiting holds back the later rows of its key."""
+        same claim; a row held by a peer or still waiting holds back the later rows of its key.
+        `pick` chooses the candidates from the due rows in order (default: the first `limit`)."""
         bound = now + lookahead_ms * 1000
         floor = None if window_ms is None else now - window_ms * 1000
-        candidates = sorted((r for r in self.db.rows.values()
-                             if r.waiting and r.deadline_us <= bound and (floor is None or r.deadline_us >= floor)
-                             and (topic is _ANY_TOPIC or r.topic == topic)),
-                            key=lambda r: (r.deadline_us, r.seq))[:limit]
+        ordered = sorted((r for r in self.db.rows.values()
+                          if r.waiting and r.deadline_us <= bound and (floor is None or r.deadline_us >= floor)
+                          and (topic is _ANY_TOPIC or r.topic == topic)),
+                         key=lambda r: (r.deadline_us, r.seq))
+        candidates = ordered[:limit] if pick is None else pick(ordered)
         chosen = {r.id for r in candidates}
         keys = {r.ordering_key for r in candidates if r.ordering_key is not None}
         first_left: dict[str, tuple[int, int]] = {}  # per key, the earliest row not among the candidates

@@ -95,6 +95,7 @@ class MemoryDatabase:
         self.parked: list[StoredParked] = []
         self.buckets: dict[str, Bucket] = {}     # by destination topic name, as chronos_rate_limits
         self.actions: dict[str, tuple[int, int]] = {}  # action -> (times taken, messages changed): chronos_actions
+        self.firers: dict[uuid.UUID, int] = {}   # node -> its lease renewed at: chronos_firers
         self.unavailable: str | None = None       # set: every statement fails with StoreUnavailable(this)
         self._seq = itertools.count(1)
         self._ctid = itertools.count(1)

@@ -8,14 +8,14 @@ import logging
 import psycopg
 
 from chronos.adapters.postgres.queries import QUERIES
-from chronos.adapters.postgres.session import Session
+from chronos.adapters.postgres.shares import ShareStatements
 from chronos.domain import cron, ratelimit, schedules
 from chronos.domain.model import Claimed
 
 log = logging.getLogger("chronos.store")
 
 
-class ClaimStatements(Session):
+class ClaimStatements(ShareStatements):
     """The firer's claiming side of the store."""
 
     def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None) -> list[Claimed]:

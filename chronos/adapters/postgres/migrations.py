@@ -19,6 +19,7 @@ compatible with their version, and stop with exit 4, naming the window, on one t
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 
 import psycopg
@@ -30,6 +31,8 @@ from chronos.errors import SchemaError, StoreRejected, StoreUnavailable, Unsuppo
 
 # Postgres advisory lock key that serialises concurrent `chronos migrate` runs.
 _MIGRATE_LOCK = 0x6368726F6E6F73
+# How often a migrator asks again for the lock of a migration outside a transaction that another one runs.
+_LOCK_RETRY_S = 0.1
 
 # The oldest PostgreSQL Chronos supports: the oldest its tests run against (Debian's PostgreSQL 15, beside
 # the embedded 18). Older servers are refused by `chronos migrate` and by the processes at start.
@@ -149,7 +152,8 @@ def _apply_outside(conn: psycopg.Connection, m: Migration) -> bool:
     """Run a migration outside a transaction under the session lock, unless another `chronos migrate`
     applied it meanwhile; whether this one did. An index of it left invalid by an interrupted build
     (a migrate killed, a connection lost) is dropped first, so the build runs again."""
-    conn.execute(QUERIES["migrate_session_lock"], {"lock": _MIGRATE_LOCK})
+    while not one(conn.execute(QUERIES["migrate_session_lock"], {"lock": _MIGRATE_LOCK}))[0]:
+        time.sleep(_LOCK_RETRY_S)  # another migrator runs it: between tries this one holds no snapshot
     try:
         if _current(conn) >= m.version:
             return False

@@ -23,6 +23,9 @@ TOPIC_VARIANTS = {  # statement: (body, the filter put at its mark)
     # the claim of recent deadlines only: see `Claimer.claim_rows`
     "claim_recent": ("claim", "AND deadline >= now() - %(window_ms)s * interval '1 millisecond'"),
     "claim_topic": ("claim", "AND topic = %(topic)s"),
+    # a firer's claim of its own slices (chronos.domain.shares), and of their recent deadlines only
+    "claim_share": ("claim_share", ""),
+    "claim_share_recent": ("claim_share", "AND deadline >= now() - %(window_ms)s * interval '1 millisecond'"),
     "claim_output_topic": ("claim", "AND topic IS NULL"),
     "take_tokens": ("take_tokens", "AND topic = %(topic)s"),
     "take_output_tokens": ("take_tokens", "AND topic IS NULL"),

@@ -1,7 +1,8 @@
 """The PostgreSQL store: the statements of the consumer, the firer, the detector, `chronos status` and the
 operators, each a method, run on the store's own connection (`session.Session`: its deadline, reconnection
 and error translation). One class per port, each in its own module over the session: `intake`, `claims`,
-`settle`, `detect`, `operators`; `Store` is all of them. The SQL is in `sql/queries.sql`
+`settle`, `detect`, `operators`; `Store` is all of them. The claims stand on `shares` (the firers' leases
+and the claim of a firer's own slices). The SQL is in `sql/queries.sql`
 (`queries.QUERIES`), never in Python.
 """
 

@@ -10,10 +10,11 @@ from typing import Callable
 
 from chronos.config import Settings
 from chronos.domain.model import Claimed
+from chronos.domain.shares import Shares, overdue_ms
 from chronos.errors import StoreUnavailable
 from chronos.ops.telemetry import FirerTelemetry
 from chronos.ports import ClaimStore
-from chronos.roles.firer.handoff import Claims, Shared
+from chronos.roles.firer.handoff import Claims, Shared, size_of
 from chronos.roles.firer.store_thread import StoreThread
 from chronos.runtime.process import Lifecycle
 
@@ -22,6 +23,11 @@ log = logging.getLogger("chronos.firer")
 RECENT_WINDOW_MS = 2000  # most claims take rows due at most this long ago (`Claimer.claim_rows`)
 FULL_CLAIM_EVERY = 0.5   # seconds: a claim of every due row, however long ago, at least this often
 KAFKA_PROBE_EVERY = 1.0  # seconds: after a stall, how often the claimer asks Kafka whether it answers
+# The cap on rows held, in batches: at 25,000 msg/s the lookahead alone holds 7,500 rows, and rows stay held
+# until acknowledged and deleted; four batches (8,000) held claims back and made them late (publish lateness
+# p99.9 167 ms, 79 ms with sixteen: docs/benchmarks/hot-path.md). The bytes they come to are capped apart
+# (CHRONOS_FIRER_MAX_HELD_BYTES), so large messages cannot fill memory.
+MAX_HELD_BATCHES = 16
 
 
 class Claimer(StoreThread[ClaimStore]):
@@ -31,7 +37,10 @@ class Claimer(StoreThread[ClaimStore]):
     it claims nothing while Kafka keeps publishes waiting (back-pressure) nor beyond `max_held`
     rows held. On a thread and connection of its own, apart from the settler: a claim that runs
     long (a lock, a plan gone bad) stops only further claims, and the rows already held keep being
-    deleted once published, so none of them ages past the hold time into a peer's hands."""
+    deleted once published, so none of them ages past the hold time into a peer's hands.
+
+    With other firers live it claims first from its own share of the due rows (`shares`, renewed
+    through the store), and from the others' only what they left overdue once its own is drained."""
 
     def __init__(self, store: ClaimStore, settings: Settings, shared: Shared, telemetry: FirerTelemetry, life: Lifecycle,
                  outbox: Claims, kafka_answers: Callable[[], bool] = lambda: True):
@@ -45,26 +54,40 @@ class Claimer(StoreThread[ClaimStore]):
         self.limits = settings.fire_rates
         if self.limits:
             log.info("fire-rate limits: %s", self.limits)
-        self.max_held = settings.batch_size * 4
+        self.max_held = settings.batch_size * MAX_HELD_BATCHES
+        self.max_held_bytes = settings.firer_max_held_bytes
         self.stopped = threading.Event()
         self.claims_paused = False
         self.next_claim = 0.0
         self.next_schedules = 0.0
         self.next_full_claim = 0.0  # monotonic
+        self.shares = Shares(store.node_id, settings.hold_time_ms) if store.node_id is not None else None
 
     def loop(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                asked = time.monotonic()
-                self.claim(time.time())
-                wait = self.next_claim - time.time()
-                if self.store.last_ok >= asked:  # a pass that ran no statement says nothing of PostgreSQL
-                    self.outage.ok()
-            except StoreUnavailable as exc:
-                if self.stopped.is_set():  # the claim cancelled by stop()
-                    return
-                wait = self.outage.failed(exc)
-            self.stopped.wait(max(0.0, wait))
+        try:
+            while not self.stopped.is_set():
+                try:
+                    asked = time.monotonic()
+                    self.claim(time.time())
+                    wait = self.next_claim - time.time()
+                    if self.store.last_ok >= asked:  # a pass that ran no statement says nothing of PostgreSQL
+                        self.outage.ok()
+                except StoreUnavailable as exc:
+                    if self.stopped.is_set():  # the claim cancelled by stop()
+                        return
+                    wait = self.outage.failed(exc)
+                self.stopped.wait(max(0.0, wait))
+        finally:
+            self.leave()
+
+    def leave(self) -> None:
+        """Give this firer's share up, so the others take it at once rather than after the hold time."""
+        if self.shares is None or self.shares.next_renewal == 0.0:  # never took one
+            return
+        try:
+            self.store.firer_leave()
+        except StoreUnavailable as exc:
+            log.warning("could not give this firer's share up (%s): the others take it after the hold time", exc)
 
     def kafka_answers_now(self) -> bool:
         """Ask Kafka for its metadata, at most once a second: whether it answered."""
@@ -116,7 +139,7 @@ class Claimer(StoreThread[ClaimStore]):
             self.next_claim = now + 0.05
             return
         held = self.shared.held()
-        if held >= self.max_held:
+        if held >= self.max_held or self.shared.held_bytes() >= self.max_held_bytes:
             self.next_claim = now + 0.005  # wait for acknowledgements before claiming more
             return
         limit = min(self.limit, self.max_held - held)
@@ -125,8 +148,7 @@ class Claimer(StoreThread[ClaimStore]):
             rows, backlog = self.store.claim_limited(self.limits, self.settings.output_topic, limit,
                                                      self.settings.lookahead_ms)
         else:
-            rows = self.claim_rows(limit)
-            backlog = len(rows) == limit
+            rows, backlog = self.claim_rows(limit)
         self.hand_to_sender(sent, rows)  # before the schedules' claim, which may be the slow one
         occurrences = []
         if now >= self.next_schedules:  # recurring schedules: once per poll interval, even in a backlog
@@ -141,27 +163,56 @@ class Claimer(StoreThread[ClaimStore]):
             interval = self.settings.poll_interval_ms / 1000.0
             self.next_claim = now + interval * random.uniform(0.9, 1.1)
 
-    def claim_rows(self, limit: int) -> list[Claimed]:
-        """The claim without fire-rate limits. Most claims take only rows due at most
-        RECENT_WINDOW_MS ago: the due index keeps an entry for every row claimed since its last vacuum,
-        all at the head of its range (deadlines past), and a claim that starts there walks them all,
-        every time; under load that walk was a third of the claim's cost. Rows due longer ago (written
-        late, handed back by the detector, a backlog) are taken by a full claim, at least every
-        FULL_CLAIM_EVERY seconds, and at every claim while the last full one found such rows or came
-        back full: a row late by more than the window waits at most that much longer."""
+    def claim_rows(self, limit: int) -> tuple[list[Claimed], bool]:
+        """The claim without fire-rate limits: (the rows, whether they are a backlog's, to drain without
+        sleeping). Most claims take only rows due at most RECENT_WINDOW_MS ago: the due index keeps an
+        entry for every row claimed since its last vacuum, all at the head of its range (deadlines
+        past), and a claim that starts there walks them all, every time; under load that walk was a
+        third of the claim's cost. Rows due longer ago (written late, handed back by the detector, a
+        backlog) are taken by a full claim, at least every FULL_CLAIM_EVERY seconds, and at every claim
+        while the last full one found such rows or came back full: a row late by more than the window
+        waits at most that much longer.
+
+        With other firers live, the claim takes this firer's own slices, each up to its share of the
+        limit; a full claim that finds them drained also takes the rows of any slice left overdue
+        (`shares.overdue_ms`) by the firer they belong to."""
         now = time.monotonic()
-        if now < self.next_full_claim:
-            return self.store.claim(limit, self.settings.lookahead_ms, RECENT_WINDOW_MS)
-        rows = self.store.claim(limit, self.settings.lookahead_ms)
-        window_start = time.time() - RECENT_WINDOW_MS / 1000.0
-        local_deadline = self.shared.timing.local_deadline
-        behind = len(rows) == limit or any(local_deadline(r.deadline_us) < window_start for r in rows)
-        self.next_full_claim = now if behind else now + FULL_CLAIM_EVERY
-        return rows
+        full = now >= self.next_full_claim
+        mine = self.own_slices(now)
+        window = None if full else RECENT_WINDOW_MS
+        if mine is None:
+            rows = self.store.claim(limit, self.settings.lookahead_ms, window)
+            backlog = len(rows) == limit
+        else:
+            rows, backlog = self.store.claim_share(mine, limit, self.settings.lookahead_ms, window)
+            assert self.shares is not None
+            if self.shares.takes_others(full, backlog) and len(rows) < limit:
+                taken = self.store.claim(limit - len(rows), -overdue_ms(self.settings.poll_interval_ms))
+                backlog = len(rows) + len(taken) == limit
+                rows += taken
+        if full:
+            window_start = time.time() - RECENT_WINDOW_MS / 1000.0
+            local_deadline = self.shared.timing.local_deadline
+            behind = backlog or any(local_deadline(r.deadline_us) < window_start for r in rows)
+            self.next_full_claim = now if behind else now + FULL_CLAIM_EVERY
+        return rows, backlog
+
+    def own_slices(self, now: float) -> tuple[int, ...] | None:
+        """This firer's slices (None: every slice, it is alone), its lease renewed first when due
+        (`now` monotonic)."""
+        shares = self.shares
+        if shares is None:
+            return None
+        if shares.renewal_due(now):
+            if shares.renewed(self.store.firer_heartbeat(self.settings.hold_time_ms), now):
+                log.info("%d firers share the due rows: this one claims first from slices %s", shares.firers,
+                         "all" if shares.mine is None else ",".join(map(str, shares.mine)))
+        return shares.mine
 
     def hand_to_sender(self, sent: float, rows: list[Claimed]) -> None:
         """Hand rows over with the time their claim was sent (monotonic): the database stamped them no
         earlier, so their age counted from it is never less than what a detector sees."""
         if rows:
+            self.shared.claimed_bytes += size_of(rows)
             self.shared.totals.claimed += len(rows)
             self.outbox.put((sent, rows))

@@ -8,7 +8,7 @@ import queue
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import Iterable, TypeAlias
 
 from chronos.domain.model import Claimed
 from chronos.roles.firer.decisions import PublishTiming
@@ -29,6 +29,11 @@ class FirerTotals:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
+def size_of(rows: Iterable[Claimed]) -> int:
+    """The bytes of the rows' keys, values and headers: what holding them costs, near enough."""
+    return sum(len(r.key or b"") + len(r.value or b"") + len(r.headers or b"") for r in rows)
+
+
 class Shared:
     """What the firer's three threads know of each other. Every field has one writer; the others
     only read it (an int or a float, read whole under the GIL).
@@ -36,8 +41,9 @@ class Shared:
     A row is *held* from its claim (SQL: `readied_at` set) until it is settled: deleted once
     fired or dead-lettered, handed back, put off for a retry, or parked.
 
-    - the claimer writes `totals.claimed`, the rows it ever claimed;
-    - the settler writes `settled`, the rows it ever settled, and `timing.offset_us`, the database
+    - the claimer writes `totals.claimed`, the rows it ever claimed, and `claimed_bytes`, their size;
+    - the settler writes `settled`, the rows it ever settled, `settled_bytes`, their size, and
+      `timing.offset_us`, the database
       clock's offset, which the sender reads;
     - the sender writes `in_flight`, `ack_progress`, `sent_at`, `timing.latency`,
       `claims_resume_at` and `kafka_stall_at`, which the claimer reads.
@@ -46,6 +52,8 @@ class Shared:
     def __init__(self, timing: PublishTiming):
         self.totals = FirerTotals()
         self.settled = 0
+        self.claimed_bytes = 0
+        self.settled_bytes = 0
         self.timing = timing
         self.in_flight = 0        # publishes waiting for Kafka's acknowledgement
         self.ack_progress = 0.0   # monotonic: the last acknowledgement, or the first publish since none was in flight
@@ -58,6 +66,10 @@ class Shared:
     def held(self) -> int:
         """Rows claimed by this firer and not settled yet."""
         return self.totals.claimed - self.settled
+
+    def held_bytes(self) -> int:
+        """The size (`size_of`) of the rows claimed by this firer and not settled yet."""
+        return self.claimed_bytes - self.settled_bytes
 
     def stalled(self, now: float) -> float:
         """How long Kafka has kept the firer waiting (`now` monotonic): since the last acknowledgement

@@ -6,12 +6,14 @@ from __future__ import annotations
 import logging
 import queue
 import time
+from typing import Sequence
 
 from chronos.config import Settings
 from chronos.errors import StoreUnavailable
 from chronos.ops.telemetry import FirerTelemetry
 from chronos.ports import SettleStore
-from chronos.roles.firer.handoff import Outcomes, Shared, Stop, ToSettle
+from chronos.domain.model import Claimed
+from chronos.roles.firer.handoff import Outcomes, Shared, Stop, ToSettle, size_of
 from chronos.roles.firer.store_thread import StoreThread
 from chronos.runtime.process import Lifecycle
 
@@ -94,23 +96,23 @@ class Settler(StoreThread[SettleStore]):
         todo, totals = self.todo, self.shared.totals
         if todo.release:
             totals.released += self.store.release(todo.release)
-            self.shared.settled += len(todo.release)
+            self.count_settled(todo.release)
             todo.release = []
         if todo.retry:
             totals.retried += self.store.retry_later(todo.retry)
-            self.shared.settled += len(todo.retry)
+            self.count_settled([row for row, _, _ in todo.retry])
             todo.retry = []
         if todo.dead:
             totals.dead += self.store.delete_fired([row for row, _ in todo.dead])
             self.metrics.dead_lettered(reason for _, reason in todo.dead)
-            self.shared.settled += len(todo.dead)
+            self.count_settled([row for row, _ in todo.dead])
             todo.dead = []
         if todo.park:
             totals.parked += self.store.park_claimed(todo.park, self.settings.output_topic)
             for row, reason in todo.park:
                 log.warning("parked %s in chronos_parked: neither %s nor the dead-letter topic %s took it (%s)",
                             row.id, row.topic or self.settings.output_topic, self.settings.dlq_topic, reason)
-            self.shared.settled += len(todo.park)
+            self.count_settled([row for row, _ in todo.park])
             todo.park = []
         if not todo.acked or (len(todo.acked) < DELETE_BATCH and now - self.last_delete < DELETE_EVERY
                               and not self.stopping):
@@ -121,13 +123,18 @@ class Settler(StoreThread[SettleStore]):
             started = time.perf_counter()
             deleted = self.store.delete_fired(done)
             del todo.acked[:DELETE_BATCH]
-            self.shared.settled += len(done)
+            self.count_settled(done)
             self.measured("delete", len(done), started)
             totals.fired += len(done)
             if deleted < len(done):
                 totals.vanished += len(done) - deleted
                 self.throttle.warning("vanished", "%d published rows were no longer ours to delete "
                                       "(taken over by a peer after the hold time)", len(done) - deleted)
+
+    def count_settled(self, rows: Sequence[Claimed]) -> None:
+        """These rows are no longer held: counted, and their size, which the claimer's caps read."""
+        self.shared.settled_bytes += size_of(rows)
+        self.shared.settled += len(rows)
 
     def sync_clock(self, now: float) -> None:
         """Measure the database clock's offset (`PublishTiming.observe_clock`), which the sender turns

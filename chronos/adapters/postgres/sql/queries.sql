@@ -8,8 +8,10 @@ SELECT coalesce(max(version), 0) FROM chronos_schema_version;
 SELECT pg_advisory_xact_lock(%(lock)s);
 
 -- name: migrate_session_lock
--- One migrator at a time, while a migration runs outside a transaction (until the unlock below).
-SELECT pg_advisory_lock(%(lock)s);
+-- One migrator at a time, while a migration runs outside a transaction (until the unlock below): whether
+-- this one got the lock. Never waited for in a statement: a statement waiting holds a snapshot, and the
+-- concurrent index build of the migrator that holds the lock waits for every older snapshot to go.
+SELECT pg_try_advisory_lock(%(lock)s);
 
 -- name: migrate_session_unlock
 SELECT pg_advisory_unlock(%(lock)s);
@@ -140,6 +142,33 @@ SELECT set_config('enable_seqscan', coalesce(%(planner)s::text, current_setting(
 -- disabled nodes before comparing costs. (Where a statement has no other way, the scan still runs.)
 SELECT set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false);
 
+-- fragment: claim_held_back
+-- The claim's ordering check (see `claim`), on its `candidates` (ctid, ordering_key, place, seq): `due`,
+-- the candidates the claim may take.
+keyed AS (
+    SELECT ctid, ordering_key, place, seq,
+           lag(place, 1, '-infinity') OVER w AS prev_place, lag(seq, 1, 0::bigint) OVER w AS prev_seq
+    FROM candidates
+    WHERE ordering_key IS NOT NULL
+    WINDOW w AS (PARTITION BY ordering_key ORDER BY place, seq)
+), held AS (
+    SELECT ctid, bool_or(
+               EXISTS (SELECT FROM chronos_messages AS e
+                       WHERE e.ordering_key = k.ordering_key AND e.cron IS NULL AND e.original_deadline IS NULL
+                         AND (e.deadline, e.seq) > (k.prev_place, k.prev_seq)
+                         AND (e.deadline, e.seq) < (k.place, k.seq))
+               OR EXISTS (SELECT FROM chronos_messages AS e
+                          WHERE e.ordering_key = k.ordering_key AND e.original_deadline IS NOT NULL
+                            AND (e.original_deadline, e.seq) > (k.prev_place, k.prev_seq)
+                            AND (e.original_deadline, e.seq) < (k.place, k.seq)))
+           OVER (PARTITION BY ordering_key ORDER BY place, seq) AS held
+    FROM keyed AS k
+), due AS (
+    SELECT ctid FROM candidates WHERE ordering_key IS NULL
+    UNION ALL
+    SELECT ctid FROM held WHERE NOT held
+)
+
 -- name: claim
 -- A row with an ordering key is claimable only if every earlier row of its key (by deadline,
 -- then enqueue order) is claimed by this same statement: a row held by a peer, locked by a
@@ -169,29 +198,7 @@ WITH candidates AS MATERIALIZED (
     ORDER BY deadline, seq
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), keyed AS (
-    SELECT ctid, ordering_key, place, seq,
-           lag(place, 1, '-infinity') OVER w AS prev_place, lag(seq, 1, 0::bigint) OVER w AS prev_seq
-    FROM candidates
-    WHERE ordering_key IS NOT NULL
-    WINDOW w AS (PARTITION BY ordering_key ORDER BY place, seq)
-), held AS (
-    SELECT ctid, bool_or(
-               EXISTS (SELECT FROM chronos_messages AS e
-                       WHERE e.ordering_key = k.ordering_key AND e.cron IS NULL AND e.original_deadline IS NULL
-                         AND (e.deadline, e.seq) > (k.prev_place, k.prev_seq)
-                         AND (e.deadline, e.seq) < (k.place, k.seq))
-               OR EXISTS (SELECT FROM chronos_messages AS e
-                          WHERE e.ordering_key = k.ordering_key AND e.original_deadline IS NOT NULL
-                            AND (e.original_deadline, e.seq) > (k.prev_place, k.prev_seq)
-                            AND (e.original_deadline, e.seq) < (k.place, k.seq)))
-           OVER (PARTITION BY ordering_key ORDER BY place, seq) AS held
-    FROM keyed AS k
-), due AS (
-    SELECT ctid FROM candidates WHERE ordering_key IS NULL
-    UNION ALL
-    SELECT ctid FROM held WHERE NOT held
-)
+), /* include: claim_held_back */
 UPDATE chronos_messages AS m
 SET readied_at = now(), readied_by = %(node)s
 FROM due
@@ -199,6 +206,51 @@ WHERE m.ctid = due.ctid
 RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers,
           m.readied_at, m.seq,
           m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint, m.ctid;
+
+-- name: claim_share
+-- The claim of this firer's own slices (chronos.domain.shares): per slice, up to its share of the
+-- limit (%(limits)s, one per slice of %(slices)s) of that slice's due rows in deadline order, off the
+-- share index (migration 0009), so the claim reads only rows of its own slices and none a peer's
+-- claim is locking. A key's rows are all in one slice, so the ordering check is the claim's. Each
+-- row says its slice, so the firer tells a slice that filled its share (a backlog) from one drained.
+-- `claim_share_recent`: with the claim's lower bound on the deadline at the mark.
+WITH candidates AS MATERIALIZED (
+    SELECT c.ctid, c.ordering_key, c.place, c.seq
+    FROM unnest(%(slices)s::int[], %(limits)s::int[]) AS s(slice, share)
+    CROSS JOIN LATERAL (
+        SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq FROM chronos_messages
+        WHERE (hashtext(coalesce(ordering_key, id)) & 15) = s.slice
+          AND readied_at IS NULL AND cron IS NULL /* topic filter */
+          AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'
+        ORDER BY deadline, seq
+        LIMIT s.share
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+), /* include: claim_held_back */
+UPDATE chronos_messages AS m
+SET readied_at = now(), readied_by = %(node)s
+FROM due
+WHERE m.ctid = due.ctid
+RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers,
+          m.readied_at, m.seq,
+          m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint, m.ctid,
+          hashtext(coalesce(m.ordering_key, m.id)) & 15;
+
+-- name: firer_heartbeat
+-- A firer's lease renewed (made at its first call), the leases expired for good dropped, and the
+-- other firers seen within the hold time: the live ones, among which the slices are divided.
+WITH renewed AS (
+    INSERT INTO chronos_firers (node, seen_at) VALUES (%(node)s, now())
+    ON CONFLICT (node) DO UPDATE SET seen_at = now()
+), expired AS (
+    DELETE FROM chronos_firers WHERE node <> %(node)s AND seen_at <= now() - %(hold_ms)s * interval '1 millisecond'
+)
+SELECT node FROM chronos_firers
+WHERE node <> %(node)s AND seen_at > now() - %(hold_ms)s * interval '1 millisecond';
+
+-- name: firer_leave
+-- A firer that stops gives its slices up at once, rather than after the hold time.
+DELETE FROM chronos_firers WHERE node = %(node)s;
 
 -- name: due_schedules
 SELECT id, (extract(epoch FROM deadline) * 1000000)::bigint, cron, timezone, topic, key, value, headers,

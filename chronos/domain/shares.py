@@ -1,0 +1,85 @@
+"""Firers that divide the due rows instead of racing for them.
+
+Two firers whose claims scan the same due rows skip each other's locked candidates: with two, 26-80 %
+of the rows a claim took had first been fetched, and skipped, by the other's concurrent claim. So the
+rows are cut into `SLICES` slices (by a hash of the ordering key, else of the id: a key's rows share a
+slice) and the live firers divide the slices among them: each claims first from its own. A firer is
+live while its lease (a row of chronos_firers, renewed every `renew_every`) is younger than the hold
+time, so one that dies or hangs loses its slices to the others within the hold time, as its claimed
+rows pass to them; one that stops gives them up at once.
+
+The division is advisory: every claim still locks its rows (`FOR UPDATE SKIP LOCKED`), so two firers
+that briefly disagree on it (one has seen a new peer, the other not yet) only race as before, and no
+row is ever claimed twice. Rows nobody claims in time (their owner behind, hung or gone) are taken by
+the others once they are overdue by `overdue_ms`, when their own slices are drained.
+
+Pure decisions here; the leases and the claims are the stores' (`firer_heartbeat`, `claim_share`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Iterable
+
+SLICES = 16  # as in the share index's expression (migration 0009): hashtext(coalesce(ordering_key, id)) & 15
+RENEW_EVERY = 0.5  # seconds between a firer's lease renewals, at most (a quarter of the hold time if shorter)
+
+
+def slices_of(me: uuid.UUID, others: Iterable[uuid.UUID]) -> tuple[int, ...] | None:
+    """The slices that are `me`'s among the live firers (`others`: the live ones besides me): the
+    i-th of n firers, in node id order, owns slices i, i + n, i + 2n ... None when it is alone: every
+    slice is its own, and it claims as a firer with no shares does. Every firer that sees the same
+    live firers works out the same division."""
+    nodes = sorted({me, *others})
+    if len(nodes) == 1:
+        return None
+    at = nodes.index(me)
+    return tuple(range(at, SLICES, len(nodes)))
+
+
+def slice_limits(slices: tuple[int, ...], limit: int) -> tuple[list[int], list[int]]:
+    """The claim's `limit` shared out between `slices`, as evenly as whole rows go: (the slices that
+    get a share, their shares). A slice whose share would be none is left out of this claim."""
+    base, extra = divmod(limit, len(slices))
+    shares = [base + (1 if i < extra else 0) for i in range(len(slices))]
+    kept = [i for i, n in enumerate(shares) if n > 0]
+    return [slices[i] for i in kept], [shares[i] for i in kept]
+
+
+def overdue_ms(poll_interval_ms: int) -> int:
+    """How long past its deadline a row of another firer's slice waits before this firer takes it.
+    Its owner claims its rows up to the lookahead ahead, once per poll interval (give or take a
+    tenth): a row still unclaimed two poll intervals after its deadline means its owner is behind,
+    hung or gone (or the row was written or handed back that late)."""
+    return 2 * poll_interval_ms
+
+
+class Shares:
+    """One firer's view of the division: its slices (None: all of them, it is alone) and when its lease
+    is renewed next. Times are monotonic seconds, given by the caller."""
+
+    def __init__(self, me: uuid.UUID, hold_time_ms: int):
+        self.me = me
+        self.renew_every = min(RENEW_EVERY, hold_time_ms / 4000.0)
+        self.mine: tuple[int, ...] | None = None
+        self.firers = 1  # live firers, this one included, at the last renewal
+        self.next_renewal = 0.0
+
+    def renewal_due(self, now: float) -> bool:
+        return now >= self.next_renewal
+
+    def renewed(self, others: Iterable[uuid.UUID], now: float) -> bool:
+        """The lease was renewed at `now` and these other firers are live: this firer's slices from now
+        on. Whether the number of live firers changed."""
+        others = set(others) - {self.me}
+        self.mine = slices_of(self.me, others)
+        self.next_renewal = now + self.renew_every
+        changed = len(others) + 1 != self.firers
+        self.firers = len(others) + 1
+        return changed
+
+    def takes_others(self, full_pass: bool, own_backlog: bool) -> bool:
+        """Whether this claim also takes the others' overdue rows: only in a pass that may look at
+        rows due long ago (a full claim, see the claimer), only once its own slices are drained (its
+        own claim came back with no slice full), and only when there are others."""
+        return self.mine is not None and full_pass and not own_backlog

@@ -1,0 +1,118 @@
+"""Firers that divide the due rows (`chronos.domain.shares`): which slices are a firer's, when it takes
+the others' rows; and the claimer doing so on the in-memory store, beside a second firer."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from chronos import codec
+from chronos.adapters.memory import MemoryDatabase, MemoryStore
+from chronos.adapters.memory.shares import slice_of
+from chronos.domain.model import Row
+from chronos.domain.shares import SLICES, Shares, overdue_ms, slice_limits, slices_of
+from test_roles_firer import Firer
+
+NODES = sorted(uuid.uuid4() for _ in range(4))
+
+
+def test_a_firer_alone_owns_every_slice():
+    assert slices_of(NODES[0], []) is None
+    assert slices_of(NODES[0], [NODES[0]]) is None  # itself among the live ones
+
+
+def test_the_live_firers_divide_the_slices_between_them_the_same_way_whoever_works_it_out():
+    for n in (2, 3, 4):
+        live = NODES[:n]
+        division = [slices_of(me, [o for o in live if o != me]) for me in live]
+        owned = [s for mine in division for s in mine or ()]
+        assert sorted(owned) == list(range(SLICES))  # every slice once
+        assert max(map(len, division)) - min(map(len, division)) <= 1  # as evenly as they go
+        # the i-th firer by node id owns slices i, i + n, ...: the same whatever order they are seen in
+        assert division[1] == slices_of(live[1], reversed(live))
+
+
+def test_a_claim_s_limit_is_shared_out_between_the_slices_and_a_slice_with_no_share_is_left_out():
+    assert slice_limits((0, 2, 4), 7) == ([0, 2, 4], [3, 2, 2])
+    assert slice_limits((0, 2, 4), 2) == ([0, 2], [1, 1])
+
+
+def test_rows_of_another_firer_are_overdue_two_poll_intervals_after_their_deadline():
+    assert overdue_ms(100) == 200
+
+
+def test_the_lease_is_renewed_every_half_second_or_quarter_hold_time_and_says_when_the_firers_changed():
+    me, other = NODES[0], NODES[1]
+    shares = Shares(me, hold_time_ms=5000)
+    assert shares.renewal_due(0.0) and shares.mine is None
+    assert shares.renewed([other], 10.0)  # one firer became two
+    assert shares.mine == slices_of(me, [other]) and not shares.renewal_due(10.4) and shares.renewal_due(10.5)
+    assert not shares.renewed([other, me], 10.5)  # still two (itself among the live ones counts once)
+    assert shares.renewed([], 11.0) and shares.mine is None  # the other gone: every slice is its own
+    assert Shares(me, hold_time_ms=1000).renew_every == 0.25
+
+
+def test_a_firer_takes_others_rows_only_in_a_full_pass_with_its_own_slices_drained_and_others_live():
+    shares = Shares(NODES[0], 5000)
+    assert not shares.takes_others(full_pass=True, own_backlog=False)  # alone: its claim is every slice's
+    shares.renewed([NODES[1]], 0.0)
+    assert shares.takes_others(full_pass=True, own_backlog=False)
+    assert not shares.takes_others(full_pass=True, own_backlog=True)  # its own come first
+    assert not shares.takes_others(full_pass=False, own_backlog=False)  # overdue rows are old: full passes only
+
+
+# -- the claimer, beside a second firer ------------------------------------------------------------
+
+def add(db: MemoryDatabase, ids: list[str], due_in: float) -> None:
+    deadline = int((time.time() + due_in) * 1e6)
+    MemoryStore(db).apply([Row(i, deadline, None, b"k", i.encode(), codec.encode_headers([])) for i in ids], [], [])
+
+
+def with_peer(**env: str) -> tuple[Firer, MemoryStore]:
+    """A firer and a peer firer's store on the same database, the peer's lease made first."""
+    f = Firer(**env)
+    peer = MemoryStore(f.db, node_id=uuid.uuid4())
+    peer.firer_heartbeat(f.settings.hold_time_ms)
+    return f, peer
+
+
+def test_beside_a_live_peer_the_claimer_claims_only_its_own_slices_and_leaves_the_peer_s_rows_due_now():
+    f, peer = with_peer()
+    ids = [f"m{i}" for i in range(64)]
+    add(f.db, ids, due_in=-0.05)
+    f.proc.claimer.claim(time.time())
+    mine = set(slices_of(f.node, [peer.node_id]) or ())
+    held = {mid for mid, state in f.state().items() if state == "held"}
+    assert held == {mid for mid in ids if slice_of(f.db.rows[mid]) in mine}
+    assert 0 < len(held) < len(ids)
+
+
+def test_once_its_own_slices_are_drained_a_full_claim_takes_the_rows_a_peer_left_overdue():
+    f, peer = with_peer(CHRONOS_POLL_INTERVAL_MS="100")
+    overdue = [f"late{i}" for i in range(32)]
+    add(f.db, overdue, due_in=-(overdue_ms(100) / 1000 + 0.5))
+    f.proc.claimer.claim(time.time())  # the first claim is a full one
+    assert set(f.state().values()) == {"held"}  # its own slices', and the peer's, which the peer left overdue
+
+
+def test_a_peer_whose_lease_expired_loses_its_slices_at_the_next_renewal():
+    f, peer = with_peer()
+    claimer = f.proc.claimer
+    claimer.claim(time.time())
+    assert claimer.shares is not None and claimer.shares.mine is not None
+    for node in f.db.firers:  # the peer stopped renewing a hold time ago (dead, or hung)
+        if node != f.node:
+            f.db.firers[node] -= f.settings.hold_time_ms * 1000 + 1
+    claimer.shares.next_renewal = 0.0  # its renewal is due
+    add(f.db, [f"m{i}" for i in range(32)], due_in=-0.05)
+    claimer.claim(time.time())
+    assert claimer.shares.mine is None and set(f.state().values()) == {"held"}
+
+
+def test_a_claimer_that_stops_gives_its_share_up():
+    f, peer = with_peer()
+    f.proc.claimer.claim(time.time())
+    assert f.node in f.db.firers
+    f.proc.claimer.stop()
+    f.proc.claimer.run()  # the loop ends at once: stop was asked
+    assert f.node not in f.db.firers and peer.firer_heartbeat(f.settings.hold_time_ms) == []

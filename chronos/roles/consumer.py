@@ -16,34 +16,28 @@ it rejoins once the service answers again.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, cast
-
-from confluent_kafka import Consumer as KafkaConsumer
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from typing import Any, Callable, cast
 
 from chronos import codec
 
 from chronos.domain import cron, reasons
 from chronos.config import Settings
-from chronos.errors import StoreRejected, StoreUnavailable
+from chronos.errors import KafkaUnanswered, StoreRejected, StoreUnavailable
+from chronos.domain.delivery import (PARTITION_EOF, PERMANENT_FAILURE, PRODUCER_FAILURE, PURGED_IN_FLIGHT,
+                                     DeliveryError, Failure, dead_letter_headers, failure_reason)
 from chronos.domain.intake import Decision, Rules, Verdict, decide
-from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, PRODUCER_FAILURE, OutageLog, answers,
-                                            dead_letter_headers, failure_reason, make_consumer, make_producer,
-                                            produce)
-from chronos.adapters.kafka.slot import ProducerSlot
-from chronos.adapters.kafka.watch import ProducerWatch
 from chronos.logs import Throttle
 from chronos.ops.telemetry import ConsumerTelemetry, postgres_reached
 from chronos.runtime.process import Lifecycle
 from chronos.runtime.backoff import Backoff, POSTGRES_RETRY_CAP_S, Outage
+from chronos.runtime.producer import ProducerSlot, ProducerWatch
 from chronos.domain.model import Parked, Row
-from chronos.adapters.postgres.store import role_store
-from chronos.ports import IntakeStore, Publisher
+from chronos.ports import GroupWatcher, InputConsumer, InputMessage as Message, IntakeStore, KafkaOutage, Publisher
 
 log = logging.getLogger("chronos.consumer")
 
@@ -192,8 +186,8 @@ class Outgoing:
                                    f"{self.msg.topic()}/{self.msg.partition()}/{self.msg.offset()}")
 
 
-def commit_offsets(messages: list[Message]) -> list[TopicPartition]:
-    """The next offset to read for every partition in the batch."""
+def commit_offsets(messages: list[Message]) -> dict[tuple[str, int], int]:
+    """The next offset to read for every (topic, partition) in the batch."""
     top: dict[tuple[str, int], int] = {}
     for msg in messages:
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
@@ -201,16 +195,16 @@ def commit_offsets(messages: list[Message]) -> list[TopicPartition]:
         tp = (topic, partition)
         if offset + 1 > top.get(tp, -1):
             top[tp] = offset + 1
-    return [TopicPartition(t, p, o) for (t, p), o in top.items()]
+    return top
 
 
 class ConsumerProcess:
     """The consumer's loop: read a batch, sort it, make it durable, commit its offsets."""
 
     def __init__(self, settings: Settings, life: Lifecycle, *, store: IntakeStore,
-                 producers: Callable[[], tuple[Publisher, OutageLog]],
-                 consumers: Callable[[Callable], tuple[KafkaConsumer, OutageLog]], telemetry: ConsumerTelemetry,
-                 watchers: Callable[[], KafkaConsumer], clock: Callable[[], float] = time.monotonic):
+                 producers: Callable[[], tuple[Publisher, KafkaOutage]],
+                 consumers: Callable[[Callable], tuple[InputConsumer, KafkaOutage]], telemetry: ConsumerTelemetry,
+                 watchers: Callable[[], GroupWatcher], clock: Callable[[], float] = time.monotonic):
         """`producers` makes a Kafka producer and the log of its outages (again after a fatal error);
         `consumers(on_commit)` makes the input topic's consumer, reporting commits to `on_commit`;
         `watchers()` a client of the group that never joins it, to read what the group has committed
@@ -225,13 +219,13 @@ class ConsumerProcess:
         self.db_outage = Outage(log, cap=POSTGRES_RETRY_CAP_S, clock=clock)
         self.left_group_at: float | None = None  # `clock()` when it left the group for an outage; None while in it
         self.left_for = POSTGRES                  # the service whose outage it left for
-        self.watchers, self.watcher = watchers, cast(KafkaConsumer | None, None)
+        self.watchers, self.watcher = watchers, cast(GroupWatcher | None, None)
         self.committed_here: dict[int, int] = {}  # input partition -> the offset this consumer committed last
         self.throttle = Throttle(log)
         self.slot = ProducerSlot(producers, ProducerWatch("the consumer", settings.publish_stall_ms / 1000.0,
                                                           time.monotonic()))
         self.consumer, self.consumer_outage = consumers(self.on_committed)
-        self.uncommitted: dict[tuple[str, int], TopicPartition] = {}
+        self.uncommitted: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset, not committed yet
         self.last_batch: list[Message] | None = None
         self.losses = 0  # the group's sessions lost so far (`on_lost`): a batch read before one is not written
         self.stats = {"consumed": 0, "enqueued": 0, "late": 0, "dead": 0, "duplicates": 0, "replaced": 0,
@@ -304,24 +298,20 @@ class ConsumerProcess:
             return
         self.next_lag = now + LAG_EVERY_S
         try:
-            assigned = self.consumer.assignment()
-            lag = {}
-            for tp in self.consumer.position(assigned) if assigned else []:
-                _, high = self.consumer.get_watermark_offsets(tp, cached=True)
-                lag[tp.partition] = max(0, high - tp.offset) if tp.offset >= 0 and high >= 0 else 0
-        except KafkaException as exc:  # no gauge this time; the loop goes on
+            lag = self.consumer.lag()
+        except KafkaUnanswered as exc:  # no gauge this time; the loop goes on
             self.throttle.warning("lag", "could not read the consumer's positions for its lag gauge: %s", exc)
             return
         self.metrics.consumer_lag(lag)
 
-    def readable(self, messages: list[Message]) -> list[Message]:
+    def readable(self, messages: list[Any]) -> list[Message]:
         """The messages of a poll without its errors (a partition's end is not one)."""
         real = []
         for msg in messages:
             err = msg.error()
             if err is None:
                 real.append(msg)
-            elif err.code() != KafkaError._PARTITION_EOF:
+            elif err.name() != PARTITION_EOF:
                 self.throttle.warning("consume", "consume error: %s", err.str())
         return real
 
@@ -429,16 +419,16 @@ class ConsumerProcess:
         started, acked = self.clock(), [0]
         others_before: list[dict[int, int] | None] = []
         while outbox:
-            reports: dict[int, KafkaError | None] = {}  # id(item) -> its delivery report's error
+            reports: dict[int, DeliveryError | None] = {}  # id(item) -> its delivery report's error
 
             def delivered(err, _msg, item: Outgoing) -> None:
                 reports[id(item)] = err
                 if err is None:
                     acked[0] += 1
                     self.slot.watch.acked(time.monotonic())
+            send = self.slot.producer.send
             for item in outbox:
-                produce(self.slot.producer, item.topic, item.msg.value(), item.msg.key(), item.headers(),
-                        lambda err, msg, item=item: delivered(err, msg, item))
+                send(item.topic, item.msg.value(), item.msg.key(), item.headers(), functools.partial(delivered, item=item))
             self.slot.watch.working(True, time.monotonic())
             while self.slot.producer.flush(min(1.0, self.hold_s)) > 0:
                 if not self.life.running and self.life.hard_stop:
@@ -446,7 +436,7 @@ class ConsumerProcess:
                 self.slot.look_after(time.monotonic())  # a producer that hangs: its publishes are purged, failed, retried
                 self.give_up_unacknowledged(started, acked[0], others_before)
             # a replaced producer that never reported a publish: published again (at least once)
-            unreported = KafkaError(KafkaError._PURGE_INFLIGHT, "no delivery report from a replaced producer")
+            unreported = Failure(PURGED_IN_FLIGHT, "no delivery report from a replaced producer")
             failed = [(item, err, self.slot.watch.failed(err, item.topic, time.monotonic()))
                       for item in outbox if (err := reports.get(id(item), unreported)) is not None]
             self.slot.look_after(time.monotonic())
@@ -498,7 +488,7 @@ class ConsumerProcess:
         self.slot.serve_retired()
         raise OutOfReach(KAFKA, down_for, 1.0)
 
-    def parked(self, item: Outgoing, err: KafkaError) -> Parked:
+    def parked(self, item: Outgoing, err: DeliveryError) -> Parked:
         """What to keep of a dead letter the dead-letter topic refused for good: the message as it was
         read, where it was going, and both reasons."""
         msg, parsed = item.msg, item.parsed
@@ -529,14 +519,10 @@ class ConsumerProcess:
         """Commit the batch's offsets. Asynchronous while running (the batch is already durable, so a
         lost commit only means a re-read, which the store ignores); the last one is waited for."""
         offsets = commit_offsets(messages)
-        self.uncommitted.update({(tp.topic, tp.partition): tp for tp in offsets})
-        self.committed_here.update({tp.partition: tp.offset for tp in offsets})
+        self.uncommitted.update(offsets)
+        self.committed_here.update({partition: offset for (_, partition), offset in offsets.items()})
         try:
-            pending = list(self.uncommitted.values())
-            if wait:  # two calls: the client's overloads take `asynchronous` as a literal
-                self.consumer.commit(offsets=pending, asynchronous=False)
-            else:
-                self.consumer.commit(offsets=pending, asynchronous=True)
+            self.consumer.commit_offsets(self.uncommitted, wait=wait)
             self.uncommitted.clear()
         except Exception as exc:  # noqa: BLE001 - a failed commit only means a re-read; the store is idempotent
             self.throttle.warning("commit", "offset commit failed (%s); the batch may be read again", exc)
@@ -545,7 +531,7 @@ class ConsumerProcess:
         """Join the group on the input topic, told when the group's session is lost (`on_lost`)."""
         self.consumer.subscribe([self.settings.input_topic], on_lost=self.on_lost)
 
-    def on_lost(self, _consumer, partitions: list[TopicPartition]) -> None:
+    def on_lost(self, _consumer, partitions: list[Any]) -> None:
         """The client's word that the group's session was lost (no answer from the coordinator past the
         session timeout): the partitions may be another consumer's already. What was read before is neither
         written (`write` checks before each try) nor committed."""
@@ -599,17 +585,9 @@ class ConsumerProcess:
         """The group's committed offset of every input partition (partition -> offset), read by the
         watcher on the writer thread, or None when Kafka does not say in time (its coordinator out of
         reach too)."""
-        topic = self.settings.input_topic
-        try:
-            if self.watcher is None:
-                self.watcher = self.watchers()
-            meta = self.watcher.list_topics(topic, timeout=KAFKA_PROBE_S).topics.get(topic)
-            if meta is None or meta.error is not None:
-                return None
-            partitions = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
-            return {tp.partition: tp.offset for tp in self.watcher.committed(partitions, timeout=KAFKA_PROBE_S)}
-        except KafkaException:
-            return None
+        if self.watcher is None:
+            self.watcher = self.watchers()
+        return self.watcher.group_progress(self.settings.input_topic, KAFKA_PROBE_S)
 
     def others_serve(self, before: dict[int, int] | None) -> bool:
         """Whether another consumer of the group committed since `before` (`group_progress` then): it
@@ -657,7 +635,7 @@ class ConsumerProcess:
         backoff = Backoff(first=max(delay, 0.1), cap=KAFKA_PROBE_S)
         while self.serve_kafka(delay):
             if service == KAFKA:
-                if answers(self.slot.producer, KAFKA_PROBE_S):
+                if self.slot.producer.answers(KAFKA_PROBE_S):
                     return True
                 delay = backoff.failed()
                 continue
@@ -709,16 +687,3 @@ class ConsumerProcess:
         self.slot.producer.flush(5.0)
         self.store.close()
 
-
-def build(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> ConsumerProcess:
-    """The consumer with its real adapters: a PostgreSQL store and confluent-kafka clients."""
-    return ConsumerProcess(settings, life,
-                           store=role_store(settings, node_id, "consumer"),
-                           producers=lambda: make_producer(settings, "consumer producer"),
-                           consumers=lambda on_commit: make_consumer(settings, "consumer", on_commit=on_commit),
-                           watchers=lambda: make_consumer(settings, "consumer's group watcher")[0],
-                           telemetry=ConsumerTelemetry(node_id, settings))
-
-
-def run(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> None:
-    build(settings, node_id, life).run()

@@ -11,7 +11,7 @@ import uuid
 import psycopg
 
 from chronos import config
-from chronos.roles import consumer as consumer_role
+from chronos import processes
 from chronos.runtime.process import Lifecycle
 from helpers import chronos_headers, producer
 
@@ -52,7 +52,7 @@ def test_next_batch_is_read_while_one_is_written_and_offsets_wait_for_it(chronos
     settings = config.load(environ=chronos_env, default_ready_file=False)
     url = settings.database_url
     life = Lifecycle()
-    proc = consumer_role.build(settings, uuid.uuid4(), life)
+    proc = processes.build_consumer(settings, uuid.uuid4(), life)
     spy = proc.consumer = ConsumeSpy(proc.consumer)
     commits: list[tuple[dict[int, int], set[str]]] = []  # (offsets committed, ids stored at that moment)
     real_commit = proc.commit

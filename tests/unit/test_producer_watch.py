@@ -12,11 +12,10 @@ import uuid
 import pytest
 from confluent_kafka import KafkaError
 
-from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, PRODUCER_FAILURE, REFUSED, UNANSWERED_FAILURE,
-                                            UNCLEAR_FAILURE, classify)
 from chronos.adapters.kafka.clients import OutageLog
-from chronos.adapters.kafka.slot import ProducerSlot
-from chronos.adapters.kafka.watch import ProducerWatch
+from chronos.domain.delivery import (PERMANENT_FAILURE, PRODUCER_FAILURE, REFUSED, UNANSWERED_FAILURE,
+                                     UNCLEAR_FAILURE, classify)
+from chronos.runtime.producer import ProducerSlot, ProducerWatch
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.ops.telemetry import ConsumerTelemetry
 from chronos.roles.consumer import ConsumerProcess, sort_batch

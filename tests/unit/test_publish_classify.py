@@ -6,10 +6,10 @@ import pytest
 from confluent_kafka import KafkaError
 
 from chronos import codec
+from chronos.domain.delivery import (PERMANENT_FAILURE, PRODUCER_FAILURE, REFUSED, UNANSWERED_FAILURE, classify,
+                                     failure_reason)
 from chronos.roles.firer.decisions import AfterFailure, after_failure, retry_delay_ms
 from chronos.roles.firer.sender import iso_us
-from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, PRODUCER_FAILURE, REFUSED, UNANSWERED_FAILURE, classify,
-                                            failure_reason)
 
 
 @pytest.mark.parametrize("code,kind", [

@@ -9,7 +9,6 @@ import time
 import types
 import uuid
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from prometheus_client.exposition import generate_latest
 
 from chronos import codec
@@ -17,7 +16,7 @@ from chronos.adapters.kafka.clients import OutageLog
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.domain.intake import Rules
 from chronos.domain.model import Row
-from chronos.errors import StoreRejected
+from chronos.errors import KafkaUnanswered, StoreRejected
 from chronos.ops.telemetry import ConsumerTelemetry, postgres_reached
 from chronos.roles.consumer import ConsumerProcess, sort_batch
 from chronos.runtime.process import Lifecycle
@@ -68,7 +67,7 @@ class FakeConsumer:
         with self.lock:
             lost, self.lose_next = self.lose_next, False
         if lost:
-            self.on_lost(self, [TopicPartition("in", 0)])
+            self.on_lost(self, [types.SimpleNamespace(topic="in", partition=0)])
         with self.lock:
             if self.group[-1] != "subscribe":
                 self.idle_calls += 1
@@ -93,34 +92,22 @@ class FakeConsumer:
 
     progress_reads = 0
 
-    def list_topics(self, topic=None, timeout=-1):
+    def group_progress(self, topic, timeout):
         self.progress_reads += 1
         if self.group_offsets is None:
-            raise KafkaException(KafkaError(KafkaError._TRANSPORT))
-        meta = types.SimpleNamespace(partitions={p: None for p in self.partitions}, error=None)
-        return types.SimpleNamespace(topics={topic: meta})
+            return None
+        return {p: self.group_offsets.get(p, -1001) for p in self.partitions}
 
-    def committed(self, partitions, timeout=None):
-        if self.group_offsets is None:
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
-        return [TopicPartition(tp.topic, tp.partition, self.group_offsets.get(tp.partition, -1001))
-                for tp in partitions]
+    def lag(self):
+        """As the adapter computes it: the cached high watermark less the position, 0 where either is unknown."""
+        return {p: max(0, high - pos) if (pos := self.positions.get(p, -1001)) >= 0 and
+                (high := self.watermarks.get(p, -1001)) >= 0 else 0 for p in self.assigned}
 
-    def assignment(self):
-        return list(self.assigned)
-
-    def position(self, partitions):
-        return [TopicPartition(tp.topic, tp.partition, self.positions.get(tp.partition, -1001)) for tp in partitions]
-
-    def get_watermark_offsets(self, partition, timeout=None, cached=False):
-        assert cached, "the lag gauge reads the cached watermarks, never asks the broker"
-        return 0, self.watermarks.get(partition.partition, -1001)
-
-    def commit(self, *, offsets, asynchronous=True):
+    def commit_offsets(self, offsets, *, wait=False):
         with self.lock:
             if self.refuse_commits:
-                raise KafkaException(KafkaError(KafkaError._TRANSPORT))
-            self.commits.append(({(tp.topic, tp.partition): tp.offset for tp in offsets}, self.snapshot()))
+                raise KafkaUnanswered("the coordinator is away")
+            self.commits.append((dict(offsets), self.snapshot()))
 
     def close(self):
         pass
@@ -461,7 +448,7 @@ def test_the_lag_gauge_is_what_each_assigned_partition_holds_past_the_position()
     """Partition 0 read to 5 of 12, partition 1 not fetched yet (no watermark): lags of 7 and 0 on 2
     partitions, read every LAG_EVERY_S, not at every poll; a partition no longer assigned leaves the gauge."""
     c = Consumer()
-    c.proc.consumer.assigned = [TopicPartition("in", 0), TopicPartition("in", 1)]
+    c.proc.consumer.assigned = [0, 1]
     c.proc.consumer.positions, c.proc.consumer.watermarks = {0: 5, 1: 3}, {0: 12}
 
     def lags() -> dict[str, float]:
@@ -475,7 +462,7 @@ def test_the_lag_gauge_is_what_each_assigned_partition_holds_past_the_position()
     c.proc.consumer.watermarks = {0: 20}
     c.proc.sample_lag(101.0)  # within LAG_EVERY_S: not read again
     assert lags() == {"0": 7.0, "1": 0.0}
-    c.proc.consumer.assigned = [TopicPartition("in", 0)]
+    c.proc.consumer.assigned = [0]
     c.proc.sample_lag(106.0)
     assert lags() == {"0": 15.0}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import enum
 
-from chronos.adapters.kafka.clients import PERMANENT_FAILURE, PRODUCER_FAILURE, UNANSWERED_FAILURE
+from chronos.domain.delivery import PERMANENT_FAILURE, PRODUCER_FAILURE, UNANSWERED_FAILURE
 
 TICK = 0.001                 # the sender sleeps at least this long: rows due within it go together
 RETRY_FIRST_MS = 1000        # backoff after a row's first refused publish; doubled after each further one

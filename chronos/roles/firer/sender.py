@@ -14,14 +14,11 @@ import logging
 import queue
 import time
 
-from confluent_kafka import KafkaError
-
 from chronos import codec
-from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, PRODUCER_FAILURE, UNANSWERED_FAILURE,
-                                            dead_letter_headers, failure_reason, produce)
-from chronos.adapters.kafka.slot import ProducerSlot
 from chronos.config import Settings
 from chronos.domain import reasons
+from chronos.domain.delivery import (PERMANENT_FAILURE, PRODUCER_FAILURE, UNANSWERED_FAILURE, DeliveryError,
+                                     dead_letter_headers, failure_reason)
 from chronos.domain.model import Claimed
 from chronos.ops.telemetry import FirerTelemetry
 from chronos.roles.firer.decisions import TICK, AfterFailure, after_failure, retry_delay_ms
@@ -29,6 +26,7 @@ from chronos.roles.firer.handoff import Claims, Outcomes, Shared, ToSettle
 from chronos.roles.firer.held import Held
 from chronos.logs import Throttle
 from chronos.runtime.process import Lifecycle
+from chronos.runtime.producer import ProducerSlot
 
 log = logging.getLogger("chronos.firer")
 
@@ -61,7 +59,7 @@ class Sender:
         self.to_dead: list[tuple[Claimed, str]] = []      # to publish on the dead-letter topic
         # delivery reports not taken yet, in the order they came: (row, sent, producer generation, the
         # dead-letter reason of a dead letter (else None), error or None); see `take_reports`
-        self.reports: list[tuple[Claimed, float, int, str | None, KafkaError | None]] = []
+        self.reports: list[tuple[Claimed, float, int, str | None, DeliveryError | None]] = []
         self.reported = self._reported  # bound once: each publish's callback is a partial of it
         self.allowed = settings.allowed_topics_re
 
@@ -133,7 +131,7 @@ class Sender:
         """Publish due rows, in order. Their delivery reports are queued as they come (`_reported`)
         and taken in that order by `take_reports`, after the poll that served them: per message, a
         partial and a list append instead of a closure and half a dozen calls."""
-        output, allowed, producer, shared = self.settings.output_topic, self.allowed, self.slot.producer, self.shared
+        output, allowed, send, shared = self.settings.output_topic, self.allowed, self.slot.producer.send, self.shared
         reported, decode = self.reported, codec.decode_headers
         sent, generation = time.monotonic(), self.slot.generation
         for row in rows:
@@ -143,8 +141,8 @@ class Sender:
                 self.to_dead.append((row, f"{reasons.TOPIC_NOT_ALLOWED}: {topic!r} does not match CHRONOS_ALLOWED_TOPICS"))
                 continue
             shared.sending(sent)
-            produce(producer, topic or output, row.value, row.key, decode(row.headers),
-                    functools.partial(reported, row, sent, generation, None))
+            send(topic or output, row.value, row.key, decode(row.headers),
+                 functools.partial(reported, row, sent, generation, None))
 
     def _reported(self, row: Claimed, sent: float, generation: int, reason: str | None, err, _msg) -> None:
         """A delivery report, as librdkafka hands it over: queued for `take_reports`."""
@@ -231,8 +229,8 @@ class Sender:
             headers = dead_letter_headers(headers + codec.decode_headers(row.headers), reason, f"store/{row.id}")
             sent = time.monotonic()
             self.shared.sending(sent)
-            produce(self.slot.producer, self.settings.dlq_topic, row.value, row.key, headers,
-                    functools.partial(self.reported, row, sent, self.slot.generation, reason))
+            self.slot.producer.send(self.settings.dlq_topic, row.value, row.key, headers,
+                                    functools.partial(self.reported, row, sent, self.slot.generation, reason))
 
     def dead_letter_reported(self, row: Claimed, reason: str, generation: int, err) -> None:
         """The delivery report of a dead letter: the row is deleted once dead-lettered, parked if the

@@ -1,4 +1,5 @@
-"""What a failed publish means, and the dead letter it makes.
+"""What a failed publish means, what becomes of its message (`after_failure`, the one failure policy
+of the consumer's late messages and the firer's rows alike), and the dead letter it makes.
 
 A failed publish comes back as a `DeliveryError`: what the Kafka adapter hands over (confluent-kafka's
 `KafkaError` is one as it is; the in-memory twin makes `Failure`s). It is classified by its error's
@@ -8,6 +9,7 @@ so that nothing here depends on a client library.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -108,6 +110,31 @@ def failure_reason(err: DeliveryError) -> str:
     """The dead-letter reason for a publish that failed with `err`: `<reason>: <detail>`."""
     code = TOO_LARGE if err.name() in SIZE_ERRORS else PUBLISH_FAILED
     return f"{code}: {err.name()}: {err.str()}"
+
+
+class AfterFailure(enum.Enum):
+    """What becomes of a message whose publish failed."""
+
+    RELEASE = "release"  # handed back as it is: the failure says nothing about the message
+    RETRY = "retry"      # published again after a backoff
+    DEAD = "dead"        # to the dead-letter topic
+    PARK = "park"        # a dead letter the dead-letter topic refuses for good: kept in PostgreSQL
+
+
+def after_failure(kind: str, failures: int = 1, max_attempts: int | None = None, *,
+                  dead_letter: bool = False) -> AfterFailure:
+    """What to do with a message whose publish failed (`kind` from `ProducerWatch.failed`; `failures`
+    counts this one): a message refused for good is dead-lettered, or parked when it was a dead letter
+    already; Kafka not answering, or the producer itself at fault, says nothing about the message, which
+    is handed back as it is; a refusal that may pass is retried after a backoff, until `max_attempts`
+    publishes have failed (never, without it; a dead letter is retried for as long as it takes)."""
+    if kind == PERMANENT_FAILURE:
+        return AfterFailure.PARK if dead_letter else AfterFailure.DEAD
+    if kind in (UNANSWERED_FAILURE, PRODUCER_FAILURE):
+        return AfterFailure.RELEASE
+    if not dead_letter and max_attempts is not None and failures >= max_attempts:
+        return AfterFailure.DEAD
+    return AfterFailure.RETRY
 
 
 ERROR_HEADER = "chronosError"

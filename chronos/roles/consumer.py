@@ -28,8 +28,8 @@ from chronos import codec
 from chronos.domain import cron, reasons
 from chronos.config import Settings
 from chronos.errors import KafkaUnanswered, StoreRejected, StoreUnavailable
-from chronos.domain.delivery import (PARTITION_EOF, PERMANENT_FAILURE, PRODUCER_FAILURE, PURGED_IN_FLIGHT,
-                                     DeliveryError, Failure, dead_letter_headers, failure_reason)
+from chronos.domain.delivery import (PARTITION_EOF, PRODUCER_FAILURE, PURGED_IN_FLIGHT, AfterFailure, DeliveryError,
+                                     Failure, after_failure, dead_letter_headers, failure_reason)
 from chronos.domain.intake import Decision, Rules, Verdict, decide
 from chronos.logs import Throttle
 from chronos.ops.telemetry import ConsumerTelemetry, postgres_reached
@@ -446,13 +446,16 @@ class ConsumerProcess:
                 return refused
             outbox, parked, transient = [], [], []
             for item, err, kind in failed:
-                if kind != PERMANENT_FAILURE:
+                parsed = item.parsed if item.reason is None else None  # None: a dead letter
+                # a late message is tried until it is published or refused for good: a batch waits for it
+                action = after_failure(kind, dead_letter=parsed is None)
+                if action in (AfterFailure.RELEASE, AfterFailure.RETRY):
                     transient.append((item, err))
-                elif item.reason is None and item.parsed is not None:  # a late message refused for good
+                elif action is AfterFailure.DEAD and parsed is not None:  # a late message refused for good
                     reason = failure_reason(err)
                     refused.append(reason)
                     self.throttle.warning("refused", "publish of late message %s to %s failed for good (%s); "
-                                          "to the dead-letter topic", item.parsed.message_id, item.topic, reason)
+                                          "to the dead-letter topic", parsed.message_id, item.topic, reason)
                     outbox.append(Outgoing(self.settings.dlq_topic, item.msg, parsed=item.parsed, reason=reason))
                 else:
                     parked.append(self.parked(item, err))

@@ -17,11 +17,11 @@ import time
 from chronos import codec
 from chronos.config import Settings
 from chronos.domain import reasons
-from chronos.domain.delivery import (PERMANENT_FAILURE, PRODUCER_FAILURE, UNANSWERED_FAILURE, DeliveryError,
-                                     dead_letter_headers, failure_reason)
+from chronos.domain.delivery import (PERMANENT_FAILURE, PRODUCER_FAILURE, AfterFailure, DeliveryError,
+                                     after_failure, dead_letter_headers, failure_reason)
 from chronos.domain.model import Claimed
 from chronos.ops.telemetry import FirerTelemetry
-from chronos.roles.firer.decisions import TICK, AfterFailure, after_failure, retry_delay_ms
+from chronos.roles.firer.decisions import TICK, retry_delay_ms
 from chronos.roles.firer.handoff import Claims, Outcomes, Shared, ToSettle
 from chronos.roles.firer.held import Held
 from chronos.logs import Throttle
@@ -239,10 +239,10 @@ class Sender:
             self.slot.watch.acked(time.monotonic())
             self.done.dead.append((row, reason))
             return
-        kind = self.failure_kind(err, self.settings.dlq_topic, generation)
-        if kind == PERMANENT_FAILURE:
+        action = after_failure(self.failure_kind(err, self.settings.dlq_topic, generation), dead_letter=True)
+        if action is AfterFailure.PARK:
             self.done.park.append((row, f"{reason}; dead-letter topic: {err.name()}: {err.str()}"))
-        elif kind in (UNANSWERED_FAILURE, PRODUCER_FAILURE):
+        elif action is AfterFailure.RELEASE:
             self.done.release.append(row)
         else:  # the dead-letter topic refuses for now: the whole row is tried again after a backoff
             self.throttle.warning("dead retry", "dead-lettering %s failed (%s); trying it again later",

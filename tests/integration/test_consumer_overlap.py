@@ -53,16 +53,16 @@ def test_next_batch_is_read_while_one_is_written_and_offsets_wait_for_it(chronos
     url = settings.database_url
     life = Lifecycle()
     proc = processes.build_consumer(settings, uuid.uuid4(), life)
-    spy = proc.consumer = ConsumeSpy(proc.consumer)
+    spy = proc.group.consumer = ConsumeSpy(proc.group.consumer)
     commits: list[tuple[dict[int, int], set[str]]] = []  # (offsets committed, ids stored at that moment)
-    real_commit = proc.commit
+    real_commit = proc.group.commit
     watcher = psycopg.connect(url, autocommit=True)
 
     def commit(messages, *, wait=False):
         stored = {r[0] for r in watcher.execute("SELECT id FROM chronos_messages")}
         commits.append(({m.partition(): m.offset() + 1 for m in messages}, stored))
         real_commit(messages, wait=wait)
-    proc.commit = commit
+    proc.group.commit = commit
 
     blocker = psycopg.connect(url)
     blocker.execute("LOCK TABLE chronos_messages IN SHARE MODE")  # inserts wait until it rolls back

@@ -246,7 +246,7 @@ def test_a_fenced_consumer_producer_is_replaced_and_the_late_message_delivered_n
                            telemetry=ConsumerTelemetry(uuid.uuid4(), env), watchers=lambda: inputs[-1])
     late = FakeMessage(hdrs("late", int(time.time() * 1000) - 1000))
     batch = sort_batch([late], time.time_ns() // 1000, proc.rules)
-    assert proc.write([late], batch)
+    assert proc.writer.write([late], batch)
     assert len(publishers.made) == 2
     assert [p.topic for p in publishers.made[1].produced] == [env.output_topic]
     assert proc.stats["dead"] == 0 and proc.stats["late"] == 1

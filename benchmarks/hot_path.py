@@ -3,7 +3,7 @@ instruction count measure them (docs/benchmarks/hot-path.md).
 
 - consumer: a poll's `confluent_kafka.Message`s (headers in librdkafka's list, as consumed) →
   `sort_batch` → `Store.apply`, which COPYs the rows into a real PostgreSQL;
-- firer: claimed rows → the sender (`take_claimed`, `publish_due`, one `produce()` per row, the
+- firer: claimed rows → the sender (`take_claimed`, `publish_due`, one `send()` per row, the
   delivery reports) → the acknowledged rows handed to the settler → the delete's parameters. The
   producer is a stand-in that acknowledges every publish at the next `poll()`: what is measured is
   Chronos's own Python, not librdkafka's.
@@ -31,6 +31,7 @@ from typing import Any, Callable
 from confluent_kafka import Message
 
 from chronos import codec
+from chronos.adapters.kafka.clients import Producer
 from chronos.adapters.postgres.arrays import claimed_params
 from chronos.adapters.postgres.store import Store
 from chronos.domain.intake import Rules
@@ -83,6 +84,9 @@ def claimed_rows(n: int = BATCH) -> list[Claimed]:
 
 class NullProducer:
     """A producer that acknowledges every publish at the next `poll()` (Chronos's Python only)."""
+
+    # the Kafka adapter's own `send` (its queue-full and refusal handling), around this `produce`
+    send = Producer.send
 
     def __init__(self) -> None:
         self.reports: list[Callable] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import sys
@@ -38,15 +39,11 @@ def parse_at(text: str) -> datetime:
 # -- commands ------------------------------------------------------------------------------
 
 def cmd_process(args: argparse.Namespace) -> int:
+    from chronos import processes
     from chronos.runtime import process as runtime
     settings = config.load(args)
-    if args.command == "consumer":
-        from chronos.roles.consumer import run
-    elif args.command == "firer":
-        from chronos.roles.firer import run
-    else:
-        from chronos.roles.detector import run
-    return runtime.run_process(args.command, settings, run, kafka=args.command != "detector")
+    return runtime.run_process(args.command, settings, functools.partial(processes.run, args.command),
+                               kafka=args.command != "detector")
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

@@ -89,3 +89,9 @@ class StackError(ChronosError):
     """`chronos up` cannot run its stack: the data directory is taken, supervisord or a program failed."""
 
     exit_code = EXIT_EMBEDDED
+
+
+class KafkaUnanswered(ChronosError):
+    """Kafka did not answer a client's request in time (an outage, or a coordinator out of reach)."""
+
+    exit_code = EXIT_UNAVAILABLE

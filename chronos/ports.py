@@ -8,16 +8,22 @@ console). `Store` is every role's statements together. Both the PostgreSQL adapt
 implement `Store` and `OperatorsStore`, and pass the same contract tests. The roles take a store (or a
 factory of stores, one per thread) as a constructor argument.
 
-`Publisher` is what the firer and the consumer need of a Kafka producer (confluent-kafka's
-`Producer` is one; unit tests use a double that acknowledges on `poll`).
+Kafka, one Protocol per caller likewise: `InputMessage` (a message as read: confluent-kafka's `Message`
+is one as it is, so nothing is wrapped per message), `InputConsumer` (what the consumer reads, commits and
+learns of its group), `GroupWatcher` (the group's progress, read by a client that never joins it),
+`Publisher` (what a role's producer publishes and learns back: delivery reports on `poll`/`flush`) and
+`KafkaOutage` (the log of a client's outages). The confluent-kafka adapter
+(`chronos.adapters.kafka.clients`) and its in-memory twin (`chronos.adapters.kafka.memory`) implement
+them and pass the same contract tests; the roles take factories of them as constructor arguments.
 """
 
 from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
+from chronos.domain.delivery import DeliveryError
 from chronos.domain.model import Claimed, Overview, Parked, Row, Stale, Throttled
 from chronos.domain.operators import Filters, Listed, Message, ParkedMessage, Position, Schedule
 from chronos.domain.ratelimit import FireRateLimits
@@ -50,20 +56,83 @@ class Link:
         self.server = None
 
 
-class Publisher(Protocol):
-    """A Kafka producer: `produce` queues a message, and `poll`/`flush` serve its delivery
-    reports, calling `on_delivery(err, msg)` (err None once acknowledged) on the calling thread.
-    `purge` fails what it has not had acknowledged (reported as purged at the next `poll`/`flush`);
-    `list_topics` asks the cluster for its metadata (raising when it does not answer in time)."""
+class InputMessage(Protocol):
+    """A message as the consumer reads it (confluent-kafka's `Message` is one as it is): its headers in
+    the client's form (a list of (name, value) pairs, or None), key, value, where it was read, and the
+    error a read reports instead of a message (None for a message)."""
 
-    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, *,
-                on_delivery: Callable[[Any, Any], None] | None = None, headers: Any = None) -> None: ...
+    def headers(self) -> Any: ...
+
+    def key(self) -> bytes | None: ...
+
+    def value(self) -> bytes | None: ...
+
+    def topic(self) -> str | None: ...
+
+    def partition(self) -> int | None: ...
+
+    def offset(self) -> int | None: ...
+
+    def error(self) -> Any: ...
+
+
+class InputConsumer(Protocol):
+    """The consumer's client of the input topic, a member of its consumer group. One caller at a time.
+
+    `subscribe` joins the group; `on_lost(consumer, partitions)` is called inside `consume` when the
+    group's session was lost (each of `partitions` has a `.partition`). `consume` hands out what was
+    read (messages and read errors, `error()` set), and serves the group's callbacks. `commit_offsets`
+    commits the next offset to read of each (topic, partition); `lag` is the messages each assigned
+    partition holds past this consumer's position (raises `KafkaUnanswered` when the client cannot say)."""
+
+    def subscribe(self, topics: list[str], *, on_lost: Callable[[Any, list[Any]], None]) -> None: ...
+
+    def unsubscribe(self) -> None: ...
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]: ...
+
+    def commit_offsets(self, offsets: Mapping[tuple[str, int], int], *, wait: bool = False) -> None: ...
+
+    def lag(self) -> dict[int, int]: ...
+
+    def close(self) -> None: ...
+
+
+class GroupWatcher(Protocol):
+    """A client of the consumer group that never joins it: what the whole group has committed."""
+
+    def group_progress(self, topic: str, timeout: float) -> dict[int, int] | None:
+        """The group's committed offset of every partition of `topic` (partition -> offset; a partition
+        never committed has a negative one), or None when Kafka does not say within `timeout` seconds."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class KafkaOutage(Protocol):
+    """The log of a Kafka client's outages: told when the client works again."""
+
+    def ok(self) -> None: ...
+
+
+class Publisher(Protocol):
+    """A Kafka producer: `send` queues a message, and `poll`/`flush` serve its delivery reports,
+    calling `on_delivery(err, msg)` (err None once acknowledged, else a `DeliveryError`) on the calling
+    thread. `send` never raises: a message the client refuses at once is reported failed through
+    `on_delivery` like any other. `purge` fails what it has not had acknowledged (reported as purged at
+    the next `poll`/`flush`); `answers` says whether the cluster answers a metadata request in time,
+    `list_topics` asks for the metadata (raising when it does not answer in time)."""
+
+    def send(self, topic: str, value: bytes | None, key: bytes | None, headers: list | None,
+             on_delivery: Callable[[DeliveryError | None, Any], None]) -> None: ...
 
     def poll(self, timeout: float = -1) -> int: ...
 
     def flush(self, timeout: float = -1) -> int: ...
 
     def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None: ...
+
+    def answers(self, timeout: float = 1.0) -> bool: ...
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any: ...
 

@@ -143,7 +143,7 @@ def metric_families() -> dict[str, dict[str, Any]]:
 
     import orjson
 
-    from chronos.adapters.kafka.watch import ProducerWatch
+    from chronos.runtime.producer import ProducerWatch
     from chronos.config import Settings
     from chronos.adapters.kafka.brokerstats import STATS_ENV
     from chronos.embedded.watch import BrokerStats

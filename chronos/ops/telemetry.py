@@ -273,7 +273,7 @@ class Telemetry:
         self.registry.register(_Totals(self.role, self.node, self.totals, totals))
 
     def follow_producer(self, watch: Any) -> None:
-        """Export the Kafka producer's watchdog (`kafka.watch.ProducerWatch`): its replacements, and how
+        """Export the Kafka producer's watchdog (`chronos.runtime.producer.ProducerWatch`): its replacements, and how
         long publishing has stalled; /healthz fails while it has."""
         self.registry.register(_ProducerReplacements(self.role, self.node, watch.replacements))
         clock = self.health.clock

@@ -19,7 +19,6 @@ from chronos.logs import Throttle
 from chronos.ops.telemetry import DetectorTelemetry, postgres_reached
 from chronos.runtime.process import Lifecycle
 from chronos.runtime.backoff import POSTGRES_RETRY_CAP_S, Outage
-from chronos.adapters.postgres.store import role_store
 from chronos.ports import DetectStore
 
 log = logging.getLogger("chronos.detector")
@@ -99,13 +98,3 @@ class DetectorProcess:
         except StoreRejected as exc:  # a gauge is not worth stopping the detector for
             self.throttle.warning("gauges", "cannot read the store gauges: %s", exc)
 
-
-def build(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> DetectorProcess:
-    """The detector with its real adapter, a PostgreSQL store."""
-    store = role_store(settings, node_id, "detector")
-    return DetectorProcess(settings, life, store=store, telemetry=DetectorTelemetry(node_id, settings),
-                           action_totals=store.action_totals)
-
-
-def run(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> None:
-    build(settings, node_id, life).run()

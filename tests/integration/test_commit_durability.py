@@ -10,8 +10,7 @@ import psycopg
 import pytest
 
 from chronos import config
-from chronos.roles import consumer as consumer_role
-from chronos.roles import firer as firer_role
+from chronos import processes
 from chronos.runtime.process import Lifecycle
 
 
@@ -32,8 +31,8 @@ def durable_env(chronos_env):
 
 def test_firer_commits_asynchronously_and_the_consumer_synchronously(durable_env):
     settings = config.load(environ=durable_env, default_ready_file=False)
-    firer = firer_role.build(settings, uuid.uuid4(), Lifecycle())
-    consumer = consumer_role.build(settings, uuid.uuid4(), Lifecycle())
+    firer = processes.build_firer(settings, uuid.uuid4(), Lifecycle())
+    consumer = processes.build_consumer(settings, uuid.uuid4(), Lifecycle())
     try:
         assert synchronous_commit(firer.settler.store) == "off"   # deletes, hand-backs, retries
         assert synchronous_commit(firer.claimer.store) == "off"  # claims

@@ -11,7 +11,7 @@ import uuid
 import psycopg
 
 from chronos import config
-from chronos.roles import consumer as consumer_role
+from chronos import processes
 from chronos.runtime.process import Lifecycle
 from helpers import chronos_headers, producer
 
@@ -52,17 +52,17 @@ def test_next_batch_is_read_while_one_is_written_and_offsets_wait_for_it(chronos
     settings = config.load(environ=chronos_env, default_ready_file=False)
     url = settings.database_url
     life = Lifecycle()
-    proc = consumer_role.build(settings, uuid.uuid4(), life)
-    spy = proc.consumer = ConsumeSpy(proc.consumer)
+    proc = processes.build_consumer(settings, uuid.uuid4(), life)
+    spy = proc.group.consumer = ConsumeSpy(proc.group.consumer)
     commits: list[tuple[dict[int, int], set[str]]] = []  # (offsets committed, ids stored at that moment)
-    real_commit = proc.commit
+    real_commit = proc.group.commit
     watcher = psycopg.connect(url, autocommit=True)
 
     def commit(messages, *, wait=False):
         stored = {r[0] for r in watcher.execute("SELECT id FROM chronos_messages")}
         commits.append(({m.partition(): m.offset() + 1 for m in messages}, stored))
         real_commit(messages, wait=wait)
-    proc.commit = commit
+    proc.group.commit = commit
 
     blocker = psycopg.connect(url)
     blocker.execute("LOCK TABLE chronos_messages IN SHARE MODE")  # inserts wait until it rolls back

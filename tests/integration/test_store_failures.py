@@ -1,6 +1,6 @@
 """The plans of the publish failures' statements (retry with backoff, parking) against a real
-PostgreSQL, and `kafka.produce` against the real broker when librdkafka refuses a message in
-`produce()`. (What retry and parking do, both stores alike, is in the contract suite, tests/contract.)"""
+PostgreSQL, and the Kafka adapter's `Producer.send` against the real broker when librdkafka refuses a
+message in `produce()`. (What retry and parking do, both stores alike, is in the contract suite, tests/contract.)"""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import uuid
 import psycopg
 import pytest
 
-from chronos.adapters.kafka.clients import PERMANENT_FAILURE, classify, produce
+from chronos.adapters.kafka.clients import Producer
 from chronos.adapters.postgres.queries import QUERIES
 from chronos.adapters.postgres.store import Store
+from chronos.domain.delivery import PERMANENT_FAILURE, classify
 from chronos.domain.model import Row
 from helpers import claim_plan
 
@@ -53,11 +54,10 @@ def test_failure_statements_find_rows_by_primary_key_under_a_generic_plan(databa
     st.close()
 
 
-def test_produce_hands_a_refusal_inside_produce_to_the_delivery_callback(broker):
-    from confluent_kafka import Producer
+def test_send_hands_a_refusal_inside_produce_to_the_delivery_callback(broker):
     p = Producer({"bootstrap.servers": broker.bootstrap_servers})
     got = []
-    produce(p, f"t-{uuid.uuid4().hex[:8]}", b"x" * 1_500_000, b"k", [("h", b"v")], lambda err, msg: got.append(err))
+    p.send(f"t-{uuid.uuid4().hex[:8]}", b"x" * 1_500_000, b"k", [("h", b"v")], lambda err, msg: got.append(err))
     assert len(got) == 1 and got[0].code() == got[0].MSG_SIZE_TOO_LARGE
     assert classify(got[0]) == PERMANENT_FAILURE
 

@@ -60,9 +60,16 @@ class FakePublisher:
                 on_delivery(self.refuse(message.topic, message.value) if self.refuse else None, None)
         return len(pending)
 
+    def send(self, topic: str, value: bytes | None, key: bytes | None, headers: list | None,
+             on_delivery: Callable[[Any, Any], None]) -> None:
+        self.produce(topic, value, key, on_delivery=on_delivery, headers=headers)
+
     def flush(self, timeout: float = -1) -> int:
         self.poll(0)
         return len(self.pending)
+
+    def answers(self, timeout: float = 1.0) -> bool:
+        return self.answering
 
     def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
         self.purged += self.pending

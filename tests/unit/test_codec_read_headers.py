@@ -101,7 +101,7 @@ def _batch_of(*headers_lists):
 
 
 def test_sort_batch_dead_letters_bad_names_and_keeps_the_rest(impl, monkeypatch):
-    from chronos.roles import consumer
+    from chronos.roles.consumer import sorting as consumer
     monkeypatch.setattr(consumer.codec, "read_headers", impl.read_headers)
     far = str(NOW_US // 1000 + 60_000).encode()
     ok = [(b"chronosMessageId", b"ok-1"), (b"chronosDeadline", far)]
@@ -155,7 +155,7 @@ print("first", impl.read_headers(msg))
 print("next", impl.read_headers(message_with_headers([(b"c", b"3")])))
 # with the raw path off, a name confluent-kafka cannot convert costs that one message only
 import re
-from chronos.roles import consumer
+from chronos.roles.consumer import sorting as consumer
 from chronos.domain.intake import Rules
 consumer.codec.read_headers = impl.read_headers
 consumer.codec.intake = impl.intake  # reads the headers of a run of plain messages

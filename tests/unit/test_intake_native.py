@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from chronos import codec
 from chronos.codec import implementation
 from chronos.domain.intake import Rules
-from chronos.roles import consumer
-from chronos.roles.consumer import Batch, _sort_one, sort_batch
+from chronos.roles.consumer import sorting as consumer
+from chronos.roles.consumer.sorting import Batch, _sort_one, sort_batch
 from kafka_double import FakeMessage
 
 NOW = 1_800_000_000_000_000

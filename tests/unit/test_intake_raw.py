@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from chronos import codec
 from chronos.codec import implementation, librdkafka
 from chronos.domain.model import Row
-from chronos.roles import consumer
+from chronos.roles.consumer import sorting as consumer
 from chronos.roles.consumer import Batch, sort_batch
 from rdkafka_raw import message_with_headers
 from test_intake_native import BOUNDED, IMPLS, NOW, RULES, one_by_one

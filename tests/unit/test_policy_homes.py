@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from chronos import codec
-from chronos.adapters.kafka.clients import failure_reason
+from chronos.domain.delivery import failure_reason
 from chronos.config import ConfigError, load
 from chronos.domain import reasons
 from chronos.domain.intake import Rules, Verdict, decide

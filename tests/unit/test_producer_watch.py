@@ -12,11 +12,10 @@ import uuid
 import pytest
 from confluent_kafka import KafkaError
 
-from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, PRODUCER_FAILURE, REFUSED, UNANSWERED_FAILURE,
-                                            UNCLEAR_FAILURE, classify)
 from chronos.adapters.kafka.clients import OutageLog
-from chronos.adapters.kafka.slot import ProducerSlot
-from chronos.adapters.kafka.watch import ProducerWatch
+from chronos.domain.delivery import (PERMANENT_FAILURE, PRODUCER_FAILURE, REFUSED, UNANSWERED_FAILURE,
+                                     UNCLEAR_FAILURE, classify)
+from chronos.runtime.producer import ProducerSlot, ProducerWatch
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.ops.telemetry import ConsumerTelemetry
 from chronos.roles.consumer import ConsumerProcess, sort_batch
@@ -247,7 +246,7 @@ def test_a_fenced_consumer_producer_is_replaced_and_the_late_message_delivered_n
                            telemetry=ConsumerTelemetry(uuid.uuid4(), env), watchers=lambda: inputs[-1])
     late = FakeMessage(hdrs("late", int(time.time() * 1000) - 1000))
     batch = sort_batch([late], time.time_ns() // 1000, proc.rules)
-    assert proc.write([late], batch)
+    assert proc.writer.write([late], batch)
     assert len(publishers.made) == 2
     assert [p.topic for p in publishers.made[1].produced] == [env.output_topic]
     assert proc.stats["dead"] == 0 and proc.stats["late"] == 1

@@ -1,4 +1,4 @@
-"""Publish failures: how an error is classified, the retry backoff, and what the firer does next."""
+"""Publish failures: how an error is classified, the reason a dead letter carries, the retry backoff."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import pytest
 from confluent_kafka import KafkaError
 
 from chronos import codec
-from chronos.roles.firer.decisions import AfterFailure, after_failure, retry_delay_ms
+from chronos.domain.delivery import (PERMANENT_FAILURE, PRODUCER_FAILURE, REFUSED, UNANSWERED_FAILURE, classify,
+                                     failure_reason)
+from chronos.roles.firer.decisions import retry_delay_ms
 from chronos.roles.firer.sender import iso_us
-from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, PRODUCER_FAILURE, REFUSED, UNANSWERED_FAILURE, classify,
-                                            failure_reason)
 
 
 @pytest.mark.parametrize("code,kind", [
@@ -42,19 +42,6 @@ def test_retry_delay_doubles_up_to_a_cap():
     assert all(a <= b for a, b in zip(delays, delays[1:]))
     assert max(delays) == 60_000
     assert retry_delay_ms(10_000) == 60_000  # no overflow however many attempts
-
-
-@pytest.mark.parametrize("kind,failures,action", [
-    (PERMANENT_FAILURE, 1, AfterFailure.DEAD),      # at once, whatever the attempts left
-    (REFUSED, 1, AfterFailure.RETRY),
-    (REFUSED, 2, AfterFailure.RETRY),
-    (REFUSED, 3, AfterFailure.DEAD),                # the last allowed attempt failed
-    (REFUSED, 7, AfterFailure.DEAD),
-    (UNANSWERED_FAILURE, 3, AfterFailure.RELEASE),  # an outage never exhausts a row's attempts
-    (PRODUCER_FAILURE, 9, AfterFailure.RELEASE),    # nor does a producer at fault
-])
-def test_after_failure(kind, failures, action):
-    assert after_failure(kind, failures, max_attempts=3) == action
 
 
 def test_dead_letter_deadline_is_exact_and_readable_by_the_consumer():

@@ -9,7 +9,6 @@ import time
 import types
 import uuid
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from prometheus_client.exposition import generate_latest
 
 from chronos import codec
@@ -17,9 +16,10 @@ from chronos.adapters.kafka.clients import OutageLog
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.domain.intake import Rules
 from chronos.domain.model import Row
-from chronos.errors import StoreRejected
+from chronos.errors import KafkaUnanswered, StoreRejected
 from chronos.ops.telemetry import ConsumerTelemetry, postgres_reached
 from chronos.roles.consumer import ConsumerProcess, sort_batch
+from chronos.roles.consumer.one_by_one import apply_one_by_one
 from chronos.runtime.process import Lifecycle
 from kafka_double import FakeMessage, FakePublisher, settings
 
@@ -68,7 +68,7 @@ class FakeConsumer:
         with self.lock:
             lost, self.lose_next = self.lose_next, False
         if lost:
-            self.on_lost(self, [TopicPartition("in", 0)])
+            self.on_lost(self, [types.SimpleNamespace(topic="in", partition=0)])
         with self.lock:
             if self.group[-1] != "subscribe":
                 self.idle_calls += 1
@@ -93,34 +93,22 @@ class FakeConsumer:
 
     progress_reads = 0
 
-    def list_topics(self, topic=None, timeout=-1):
+    def group_progress(self, topic, timeout):
         self.progress_reads += 1
         if self.group_offsets is None:
-            raise KafkaException(KafkaError(KafkaError._TRANSPORT))
-        meta = types.SimpleNamespace(partitions={p: None for p in self.partitions}, error=None)
-        return types.SimpleNamespace(topics={topic: meta})
+            return None
+        return {p: self.group_offsets.get(p, -1001) for p in self.partitions}
 
-    def committed(self, partitions, timeout=None):
-        if self.group_offsets is None:
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
-        return [TopicPartition(tp.topic, tp.partition, self.group_offsets.get(tp.partition, -1001))
-                for tp in partitions]
+    def lag(self):
+        """As the adapter computes it: the cached high watermark less the position, 0 where either is unknown."""
+        return {p: max(0, high - pos) if (pos := self.positions.get(p, -1001)) >= 0 and
+                (high := self.watermarks.get(p, -1001)) >= 0 else 0 for p in self.assigned}
 
-    def assignment(self):
-        return list(self.assigned)
-
-    def position(self, partitions):
-        return [TopicPartition(tp.topic, tp.partition, self.positions.get(tp.partition, -1001)) for tp in partitions]
-
-    def get_watermark_offsets(self, partition, timeout=None, cached=False):
-        assert cached, "the lag gauge reads the cached watermarks, never asks the broker"
-        return 0, self.watermarks.get(partition.partition, -1001)
-
-    def commit(self, *, offsets, asynchronous=True):
+    def commit_offsets(self, offsets, *, wait=False):
         with self.lock:
             if self.refuse_commits:
-                raise KafkaException(KafkaError(KafkaError._TRANSPORT))
-            self.commits.append(({(tp.topic, tp.partition): tp.offset for tp in offsets}, self.snapshot()))
+                raise KafkaUnanswered("the coordinator is away")
+            self.commits.append((dict(offsets), self.snapshot()))
 
     def close(self):
         pass
@@ -183,7 +171,7 @@ def test_a_batch_schedules_replaces_and_cancels_each_id_as_its_messages_say_in_o
         ("waiting late", hdrs("waiting late", now_ms - 10)),                # its id is waiting: a duplicate
         ("no id", [("chronosDeadline", b"123")]),
     ])]
-    assert c.proc.write(messages, sort_batch(messages, now_ms * 1000, c.proc.rules))
+    assert c.proc.writer.write(messages, sort_batch(messages, now_ms * 1000, c.proc.rules))
     stored = {mid: (r.deadline_us // 1000, r.value) for mid, r in c.db.rows.items()}
     assert stored == {"waiting": (in_2h, b"waiting@0"), "back": (in_2h, b"back@5"), "dup": (in_1h, b"dup@6"),
                       "waiting late": (in_1h, b"old")}
@@ -205,7 +193,7 @@ def test_rows_postgres_refuses_are_dead_lettered_one_by_one():
     msgs = [FakeMessage(hdrs("good", now_ms + 60_000)), FakeMessage(hdrs("poison", now_ms + 60_000))]
     batch = sort_batch(msgs, NOW, RULES)
     c = Consumer(RefusingStore())
-    assert c.proc.apply_one_by_one(batch, StoreRejected("x")) == (1, 0, 0, 0)
+    assert apply_one_by_one(c.proc.store, batch, StoreRejected("x")) == (1, 0, 0, 0)
     assert list(batch.rows) == ["good"]
     assert [(h[0][1], r.split(":")[0]) for _, r, h in batch.dead] == [(b"poison", "store_rejected")]
 
@@ -344,7 +332,7 @@ def test_postgres_out_of_reach_past_the_hold_time_gives_the_batch_up_and_leaves_
         [left] = wait_for(lambda: logged(caplog, "left consumer group"), "the warning")  # logged after leaving
         assert re.search(r"cannot reach PostgreSQL for 5\.\ds, longer than the hold time \(5000 ms\): gave up 2 "
                          r"messages .* left consumer group chronos so that other consumers take its partitions", left)
-        assert "out of consumer group chronos" in (c.proc.out_of_group() or "")
+        assert "out of consumer group chronos" in (c.proc.group.out_of_group() or "")
         calls, beat = r.input.idle_calls, c.proc.metrics.last_loop
         wait_for(lambda: r.input.idle_calls > calls + 2 and c.proc.metrics.last_loop > beat,
                  "the client served and the loop beating out of the group")
@@ -363,7 +351,7 @@ def test_back_in_the_group_once_postgres_answers_the_next_batch_is_written_and_c
         r.c.db.unavailable = None
         wait_for(lambda: r.input.group == ["subscribe", "unsubscribe", "subscribe"], "the consumer to rejoin")
         wait_for(lambda: logged(caplog, "PostgreSQL answers again: rejoining consumer group chronos"), "the log line")
-        assert r.c.proc.out_of_group() is None
+        assert r.c.proc.group.out_of_group() is None
         # the given-up batch is read again (by whichever consumer holds the partition), with what follows it
         r.input.feed([FakeMessage(hdrs("b", in_1h_ms()), offset=5), FakeMessage(hdrs("c", in_1h_ms()), offset=6)])
         wait_for(lambda: r.input.commits, "the commit")
@@ -461,22 +449,22 @@ def test_the_lag_gauge_is_what_each_assigned_partition_holds_past_the_position()
     """Partition 0 read to 5 of 12, partition 1 not fetched yet (no watermark): lags of 7 and 0 on 2
     partitions, read every LAG_EVERY_S, not at every poll; a partition no longer assigned leaves the gauge."""
     c = Consumer()
-    c.proc.consumer.assigned = [TopicPartition("in", 0), TopicPartition("in", 1)]
-    c.proc.consumer.positions, c.proc.consumer.watermarks = {0: 5, 1: 3}, {0: 12}
+    c.proc.group.consumer.assigned = [0, 1]
+    c.proc.group.consumer.positions, c.proc.group.consumer.watermarks = {0: 5, 1: 3}, {0: 12}
 
     def lags() -> dict[str, float]:
         text = generate_latest(c.proc.metrics.registry).decode()
         return {m[0]: float(m[1]) for m in
                 re.findall(r'^chronos_consumer_lag_messages\{[^}]*partition="(\d+)"[^}]*\} (\S+)$', text, re.M)}
-    c.proc.sample_lag(100.0)
+    c.proc.group.sample_lag(100.0)
     assert lags() == {"0": 7.0, "1": 0.0}
     text = generate_latest(c.proc.metrics.registry).decode()
     assert re.search(r'^chronos_consumer_partitions\{[^}]*\} 2\.0$', text, re.M), text
-    c.proc.consumer.watermarks = {0: 20}
-    c.proc.sample_lag(101.0)  # within LAG_EVERY_S: not read again
+    c.proc.group.consumer.watermarks = {0: 20}
+    c.proc.group.sample_lag(101.0)  # within LAG_EVERY_S: not read again
     assert lags() == {"0": 7.0, "1": 0.0}
-    c.proc.consumer.assigned = [TopicPartition("in", 0)]
-    c.proc.sample_lag(106.0)
+    c.proc.group.consumer.assigned = [0]
+    c.proc.group.sample_lag(106.0)
     assert lags() == {"0": 15.0}
 
 
@@ -499,21 +487,21 @@ def test_while_no_other_consumer_commits_a_consumer_waits_out_the_outage_in_the_
 
 def test_a_coordinator_out_of_reach_says_nothing_of_the_others_and_the_consumer_stays():
     c = Consumer()
-    c.proc.consumer.group_offsets = None
-    assert c.proc.group_progress() is None
-    assert not c.proc.others_serve({0: 5}) and not c.proc.others_serve(None)
-    c.proc.consumer.group_offsets = {0: 5}
-    assert not c.proc.others_serve({0: 5}) and c.proc.others_serve({0: 4})
-    assert c.proc.group_progress() == {0: 5, 1: -1001, 2: -1001, 3: -1001}
+    c.proc.group.consumer.group_offsets = None
+    assert c.proc.group.progress() is None
+    assert not c.proc.group.others_serve({0: 5}) and not c.proc.group.others_serve(None)
+    c.proc.group.consumer.group_offsets = {0: 5}
+    assert not c.proc.group.others_serve({0: 5}) and c.proc.group.others_serve({0: 4})
+    assert c.proc.group.progress() == {0: 5, 1: -1001, 2: -1001, 3: -1001}
 
 
 def test_its_own_commit_landing_late_is_not_the_others_progress():
     c = Consumer()
-    c.proc.commit([FakeMessage(hdrs("a", in_1h_ms()), offset=4)])
-    c.proc.consumer.group_offsets = {0: 5}  # its own asynchronous commit, landed after the outage began
-    assert not c.proc.others_serve({0: 3})
-    c.proc.consumer.group_offsets = {0: 7}
-    assert c.proc.others_serve({0: 3})
+    c.proc.group.commit([FakeMessage(hdrs("a", in_1h_ms()), offset=4)])
+    c.proc.group.consumer.group_offsets = {0: 5}  # its own asynchronous commit, landed after the outage began
+    assert not c.proc.group.others_serve({0: 3})
+    c.proc.group.consumer.group_offsets = {0: 7}
+    assert c.proc.group.others_serve({0: 3})
 
 
 def test_the_group_is_watched_by_a_client_of_its_own_made_at_the_first_look():
@@ -521,11 +509,11 @@ def test_the_group_is_watched_by_a_client_of_its_own_made_at_the_first_look():
     asking it for the group's offsets waited for good (seen: a consumer that stopped consuming)."""
     made = []
     c = Consumer()
-    c.proc.watchers = lambda: made.append(FakeConsumer(lambda *a: None)) or made[-1]
+    c.proc.group.watchers = lambda: made.append(FakeConsumer(lambda *a: None)) or made[-1]
     assert made == []
-    c.proc.group_progress()
-    c.proc.group_progress()
-    assert len(made) == 1 and made[0] is not c.proc.consumer
+    c.proc.group.progress()
+    c.proc.group.progress()
+    assert len(made) == 1 and made[0] is not c.proc.group.consumer
 
 
 def test_a_batch_read_before_the_groups_session_was_lost_is_never_written_nor_committed(caplog):

@@ -1,18 +1,21 @@
-"""Kafka clients: configuration, outage logging, publishing and what a failed publish means."""
+"""Kafka clients: configuration, outage logging, and the confluent-kafka clients behind the Kafka ports
+(`chronos.ports`): `Producer` (a `Publisher`), `GroupConsumer` (an `InputConsumer` and a `GroupWatcher`).
+
+confluent-kafka's own types stay here: its `Message` and `KafkaError` satisfy the ports' `InputMessage`
+and the domain's `DeliveryError` as they are; `TopicPartition`s are built and read here; a
+`KafkaException` a request raises becomes `KafkaUnanswered`, or a failed delivery report."""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka import Consumer as KafkaConsumer
+import confluent_kafka
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from chronos.config import SECRET_KAFKA_KEYS, Settings
-from chronos.domain.reasons import PUBLISH_FAILED, TOO_LARGE
-from chronos.errors import ConfigError
-from chronos.ports import Publisher
+from chronos.errors import ConfigError, KafkaUnanswered
 from chronos.logs import RepeatFilter
 
 log = logging.getLogger("chronos.kafka")
@@ -127,11 +130,13 @@ def describe(conf: dict[str, Any]) -> str:
 
 
 def make_producer(settings: Settings, what: str, **overrides: Any) -> tuple[Producer, OutageLog]:
+    """A producer for `what`, and the log of its outages."""
     return _make(Producer, producer_config(settings, **overrides), settings, what)
 
 
-def make_consumer(settings: Settings, what: str, **overrides: Any) -> tuple[KafkaConsumer, OutageLog]:
-    return _make(KafkaConsumer, consumer_config(settings, **overrides), settings, what)
+def make_consumer(settings: Settings, what: str, **overrides: Any) -> tuple[GroupConsumer, OutageLog]:
+    """A consumer of the group for `what`, and the log of its outages."""
+    return _make(GroupConsumer, consumer_config(settings, **overrides), settings, what)
 
 
 def _make(cls, conf: dict[str, Any], settings: Settings, what: str):
@@ -159,101 +164,72 @@ def _create(cls, conf: dict[str, Any], settings: Settings, what: str):
             from None
 
 
-def answers(client: Publisher, timeout: float = 1.0) -> bool:
-    """Whether Kafka answers the client's metadata request (for every topic: asking for one would let
-    a producer create it) within `timeout` seconds."""
-    try:
-        client.list_topics(timeout=timeout)
-    except KafkaException:
-        return False
-    return True
+class Producer(confluent_kafka.Producer):
+    """confluent-kafka's producer, a `chronos.ports.Publisher`."""
 
+    def send(self, topic: str, value: bytes | None, key: bytes | None, headers: list | None,
+             on_delivery: Callable) -> None:
+        """Produce, waiting for queue space instead of failing when the local queue is full.
 
-def produce(producer: Publisher, topic: str, value: bytes | None, key: bytes | None,
-            headers: list | None, on_delivery: Callable) -> None:
-    """Produce, waiting for queue space instead of failing when the local queue is full.
+        Never raises: librdkafka refuses some messages inside `produce()` itself (a value over the
+        producer's `message.max.bytes`, an invalid topic name), and such a refusal is handed to
+        `on_delivery(err, None)` at once, so every failure goes through the one delivery path."""
+        while True:
+            try:
+                self.produce(topic, value, key, headers=headers or None, on_delivery=on_delivery)
+                return
+            except BufferError:
+                self.poll(0.05)
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else \
+                    KafkaError(KafkaError._FAIL, str(exc))
+                on_delivery(err, None)
+                return
 
-    Never raises: librdkafka refuses some messages inside `produce()` itself (a value over the
-    producer's `message.max.bytes`, an invalid topic name), and such a refusal is handed to
-    `on_delivery(err, None)` at once, so every failure goes through the one delivery path."""
-    while True:
+    def answers(self, timeout: float = 1.0) -> bool:
+        """Whether Kafka answers a metadata request (for every topic: asking for one would let a
+        producer create it) within `timeout` seconds."""
         try:
-            producer.produce(topic, value, key, headers=headers or None, on_delivery=on_delivery)
-            return
-        except BufferError:
-            producer.poll(0.05)
+            self.list_topics(timeout=timeout)
+        except KafkaException:
+            return False
+        return True
+
+
+class GroupConsumer(confluent_kafka.Consumer):
+    """confluent-kafka's consumer, a `chronos.ports.InputConsumer` (once subscribed) and a
+    `chronos.ports.GroupWatcher` (never subscribed)."""
+
+    def commit_offsets(self, offsets: Mapping[tuple[str, int], int], *, wait: bool = False) -> None:
+        """Commit the next offset to read of each (topic, partition); asynchronously unless `wait`."""
+        tps = [TopicPartition(topic, partition, offset) for (topic, partition), offset in offsets.items()]
+        if wait:  # two calls: the client's overloads take `asynchronous` as a literal
+            self.commit(offsets=tps, asynchronous=False)
+        else:
+            self.commit(offsets=tps, asynchronous=True)
+
+    def lag(self) -> dict[int, int]:
+        """Per assigned partition, the high watermark its last fetch reported (the client's cached one,
+        which a fetch keeps right; asking the broker would cost a request and, on the embedded broker, be
+        wrong) less the position. A partition not fetched yet counts 0."""
+        try:
+            assigned = self.assignment()
+            lag = {}
+            for tp in self.position(assigned) if assigned else []:
+                _, high = self.get_watermark_offsets(tp, cached=True)
+                lag[tp.partition] = max(0, high - tp.offset) if tp.offset >= 0 and high >= 0 else 0
+            return lag
         except KafkaException as exc:
-            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else \
-                KafkaError(KafkaError._FAIL, str(exc))
-            on_delivery(err, None)
-            return
+            raise KafkaUnanswered(str(exc)) from None
 
-
-# Refusals that no retry can change: the message is too large or malformed for the producer or the
-# broker.
-PERMANENT = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD})
-SIZE_ERRORS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
-# Refusals about the message's topic that may pass: an invalid or unknown topic, a denied write, a
-# partition without enough replicas. Retried a bounded number of times, since a topic can be created
-# and a permission granted.
-TOPIC_REFUSALS = frozenset({
-    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION,
-    KafkaError.TOPIC_EXCEPTION, KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.POLICY_VIOLATION,
-    KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND, KafkaError.INVALID_TIMESTAMP,
-    KafkaError.LEADER_NOT_AVAILABLE, KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.KAFKA_STORAGE_ERROR,
-    KafkaError._INVALID_ARG})
-# Failures that say nothing about the message: Kafka did not answer in time (an outage). The firer
-# already stops claiming while acknowledgements stall, so these are handed back, not counted.
-UNANSWERED = frozenset({KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
-                        KafkaError._ALL_BROKERS_DOWN, KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
-# Failures about the producer's own identity or state at the broker, whatever the message: fenced
-# (a broker that lost track of a topic's producers fences them all: seen when a topic was deleted and
-# created again), an epoch or producer id it no longer knows (a broker restarted), a broken sequence,
-# no permission to write idempotently. The producer is replaced and the message handed back uncounted.
-PRODUCER_STATE = frozenset({
-    KafkaError.PRODUCER_FENCED, KafkaError._FENCED, KafkaError.INVALID_PRODUCER_EPOCH, KafkaError.UNKNOWN_PRODUCER_ID,
-    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError.DUPLICATE_SEQUENCE_NUMBER,
-    KafkaError.INVALID_PRODUCER_ID_MAPPING, KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError._FATAL,
-    KafkaError._INCONSISTENT, KafkaError._GAPLESS_GUARANTEE, KafkaError._STATE})
-
-PERMANENT_FAILURE, REFUSED, UNANSWERED_FAILURE = "permanent", "refused", "unanswered"
-PRODUCER_FAILURE, UNCLEAR_FAILURE = "producer", "unclear"
-
-
-def classify(err: KafkaError) -> str:
-    """What a failed publish means, from its error alone:
-
-    - `permanent`: the message can never be published (dead-letter it now);
-    - `refused`: its topic refuses it for a reason that may pass (retry with backoff, a bounded number
-      of times);
-    - `unanswered`: Kafka did not answer (an outage: hand it back, it says nothing about the message);
-    - `producer`: the producer itself is at fault (replace it, hand the message back uncounted);
-    - `unclear`: any other error (`watch.ProducerWatch` decides: the producer's fault unless it was
-      acknowledged lately)."""
-    code = err.code()
-    if code in PERMANENT:
-        return PERMANENT_FAILURE
-    if code in UNANSWERED:
-        return UNANSWERED_FAILURE
-    if code in PRODUCER_STATE or err.fatal():
-        return PRODUCER_FAILURE
-    if code in TOPIC_REFUSALS:
-        return REFUSED
-    return UNCLEAR_FAILURE
-
-
-def failure_reason(err: KafkaError) -> str:
-    """The dead-letter reason for a publish that failed with `err`: `<reason>: <detail>`."""
-    code = TOO_LARGE if err.code() in SIZE_ERRORS else PUBLISH_FAILED
-    return f"{code}: {err.name()}: {err.str()}"
-
-
-ERROR_HEADER = "chronosError"
-SOURCE_HEADER = "chronosSource"
-
-
-def dead_letter_headers(headers: list, reason: str, source: str) -> list:
-    """A dead letter's headers: the message's own, then `chronosError: <reason>: <detail>` and
-    `chronosSource` (`<topic>/<partition>/<offset>` of the input, or `store/<id>`)."""
-    return [*headers, (ERROR_HEADER, reason.encode()), (SOURCE_HEADER, source.encode())]
-
+    def group_progress(self, topic: str, timeout: float) -> dict[int, int] | None:
+        """The group's committed offset of every partition of `topic`, or None when Kafka does not say
+        in time (its coordinator out of reach)."""
+        try:
+            meta = self.list_topics(topic, timeout=timeout).topics.get(topic)
+            if meta is None or meta.error is not None:
+                return None
+            partitions = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+            return {tp.partition: tp.offset for tp in self.committed(partitions, timeout=timeout)}
+        except KafkaException:
+            return None

@@ -37,28 +37,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from typing import Callable
 
-from chronos.adapters.kafka.clients import OutageLog, answers, make_producer
-from chronos.adapters.kafka.slot import ProducerSlot
-from chronos.adapters.kafka.watch import ProducerWatch
-from chronos.adapters.postgres.store import role_store
 from chronos.config import Settings
 from chronos.domain.model import Claimed
 from chronos.errors import ConfigError, StoreUnavailable
 from chronos.ops.telemetry import FirerTelemetry, postgres_reached
-from chronos.ports import Publisher, Store
+from chronos.ports import KafkaOutage, Publisher, Store
 from chronos.roles.firer.claimer import Claimer
 from chronos.roles.firer.decisions import PublishTiming
 from chronos.roles.firer.handoff import Shared, Stop
 from chronos.roles.firer.sender import Sender
 from chronos.roles.firer.settler import Settler
 from chronos.runtime.process import Lifecycle
+from chronos.runtime.producer import ProducerSlot, ProducerWatch
 
 log = logging.getLogger("chronos.firer")
 
-__all__ = ["FirerProcess", "build", "run"]
+__all__ = ["FirerProcess"]
 
 
 class FirerProcess:
@@ -67,7 +63,7 @@ class FirerProcess:
     stops, then stops all three in order (`shutdown`)."""
 
     def __init__(self, settings: Settings, life: Lifecycle, *, stores: Callable[[], Store],
-                 producers: Callable[[], tuple[Publisher, OutageLog]], telemetry: FirerTelemetry):
+                 producers: Callable[[], tuple[Publisher, KafkaOutage]], telemetry: FirerTelemetry):
         """`stores` makes one store per thread (a store is one connection, not thread-safe);
         `producers` makes a Kafka producer and the log of its outages, again after a fatal error."""
         self.settings, self.life, self.stores, self.metrics = settings, life, stores, telemetry
@@ -77,7 +73,7 @@ class FirerProcess:
         self.settler = Settler(stores(), settings, self.shared, telemetry, life)
         self.sender = Sender(settings, life, self.slot, self.shared, telemetry, outbox=self.settler.inbox)
         self.claimer = Claimer(stores(), settings, self.shared, telemetry, life, outbox=self.sender.inbox,
-                               kafka_answers=lambda: answers(self.slot.producer))
+                               kafka_answers=lambda: self.slot.producer.answers())
         self.metrics.follow(self.shared.totals.as_dict)
         self.metrics.follow_timing(lambda: len(self.sender.held) + self.shared.in_flight, self.shared.timing)
         self.metrics.follow_producer(self.slot.watch)
@@ -139,16 +135,3 @@ class FirerProcess:
         finally:
             store.close()
 
-
-def build(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> FirerProcess:
-    """The firer with its real adapters: PostgreSQL stores and a confluent-kafka producer."""
-    settings.require_database()  # a configuration error at start, not in the claimer's or the settler's first statement
-    # a lost claim, delete or hand-back only fires a row again: no need to wait for the WAL flush
-    return FirerProcess(settings, life,
-                        stores=lambda: role_store(settings, node_id, "firer", synchronous_commit=False),
-                        producers=lambda: make_producer(settings, "firer"),
-                        telemetry=FirerTelemetry(node_id, settings))
-
-
-def run(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> None:
-    build(settings, node_id, life).run()

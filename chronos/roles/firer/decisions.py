@@ -1,42 +1,19 @@
-"""The firer's decisions, pure: what becomes of a row whose publish failed (`after_failure`), how
-long it waits before its next publish (`retry_delay_ms`), and when to publish a row so that it lands
-on the output topic at its deadline (`PublishTiming`). What they depend on comes in as arguments."""
+"""The firer's decisions, pure: how long a row whose publish failed waits before its next publish
+(`retry_delay_ms`; what becomes of it is the domain's `delivery.after_failure`), and when to publish a
+row so that it lands on the output topic at its deadline (`PublishTiming`). What they depend on comes
+in as arguments."""
 
 from __future__ import annotations
-
-import enum
-
-from chronos.adapters.kafka.clients import PERMANENT_FAILURE, PRODUCER_FAILURE, UNANSWERED_FAILURE
 
 TICK = 0.001                 # the sender sleeps at least this long: rows due within it go together
 RETRY_FIRST_MS = 1000        # backoff after a row's first refused publish; doubled after each further one
 RETRY_CAP_MS = 60_000        # and never longer than this
 
 
-class AfterFailure(enum.Enum):
-    """What becomes of a row whose publish failed."""
-
-    RELEASE = "release"  # handed back as it is
-    RETRY = "retry"      # kept, published again after a backoff
-    DEAD = "dead"        # to the dead-letter topic
-
-
 def retry_delay_ms(failures_before: int) -> int:
     """How long a row waits before its next publish, given how many of its publishes failed before
     this one: 1 s, 2 s, 4 s, ... up to a minute."""
     return min(RETRY_CAP_MS, RETRY_FIRST_MS << min(failures_before, 16))
-
-
-def after_failure(kind: str, failures: int, max_attempts: int) -> AfterFailure:
-    """What to do with a row whose publish failed (`kind` from `ProducerWatch.failed`; `failures`
-    counts this one): dead-letter it, retry it after a backoff, or hand it back as it is (Kafka
-    did not answer, or the producer itself is at fault: that says nothing about the message, and
-    the firer stops claiming meanwhile)."""
-    if kind == PERMANENT_FAILURE:
-        return AfterFailure.DEAD
-    if kind in (UNANSWERED_FAILURE, PRODUCER_FAILURE):
-        return AfterFailure.RELEASE
-    return AfterFailure.DEAD if failures >= max_attempts else AfterFailure.RETRY
 
 
 class PublishTiming:

@@ -14,21 +14,19 @@ import logging
 import queue
 import time
 
-from confluent_kafka import KafkaError
-
 from chronos import codec
-from chronos.adapters.kafka.clients import (PERMANENT_FAILURE, PRODUCER_FAILURE, UNANSWERED_FAILURE,
-                                            dead_letter_headers, failure_reason, produce)
-from chronos.adapters.kafka.slot import ProducerSlot
 from chronos.config import Settings
 from chronos.domain import reasons
+from chronos.domain.delivery import (PERMANENT_FAILURE, PRODUCER_FAILURE, AfterFailure, DeliveryError,
+                                     after_failure, dead_letter_headers, failure_reason)
 from chronos.domain.model import Claimed
 from chronos.ops.telemetry import FirerTelemetry
-from chronos.roles.firer.decisions import TICK, AfterFailure, after_failure, retry_delay_ms
+from chronos.roles.firer.decisions import TICK, retry_delay_ms
 from chronos.roles.firer.handoff import Claims, Outcomes, Shared, ToSettle
 from chronos.roles.firer.held import Held
 from chronos.logs import Throttle
 from chronos.runtime.process import Lifecycle
+from chronos.runtime.producer import ProducerSlot
 
 log = logging.getLogger("chronos.firer")
 
@@ -61,7 +59,7 @@ class Sender:
         self.to_dead: list[tuple[Claimed, str]] = []      # to publish on the dead-letter topic
         # delivery reports not taken yet, in the order they came: (row, sent, producer generation, the
         # dead-letter reason of a dead letter (else None), error or None); see `take_reports`
-        self.reports: list[tuple[Claimed, float, int, str | None, KafkaError | None]] = []
+        self.reports: list[tuple[Claimed, float, int, str | None, DeliveryError | None]] = []
         self.reported = self._reported  # bound once: each publish's callback is a partial of it
         self.allowed = settings.allowed_topics_re
 
@@ -133,7 +131,7 @@ class Sender:
         """Publish due rows, in order. Their delivery reports are queued as they come (`_reported`)
         and taken in that order by `take_reports`, after the poll that served them: per message, a
         partial and a list append instead of a closure and half a dozen calls."""
-        output, allowed, producer, shared = self.settings.output_topic, self.allowed, self.slot.producer, self.shared
+        output, allowed, send, shared = self.settings.output_topic, self.allowed, self.slot.producer.send, self.shared
         reported, decode = self.reported, codec.decode_headers
         sent, generation = time.monotonic(), self.slot.generation
         for row in rows:
@@ -143,8 +141,8 @@ class Sender:
                 self.to_dead.append((row, f"{reasons.TOPIC_NOT_ALLOWED}: {topic!r} does not match CHRONOS_ALLOWED_TOPICS"))
                 continue
             shared.sending(sent)
-            produce(producer, topic or output, row.value, row.key, decode(row.headers),
-                    functools.partial(reported, row, sent, generation, None))
+            send(topic or output, row.value, row.key, decode(row.headers),
+                 functools.partial(reported, row, sent, generation, None))
 
     def _reported(self, row: Claimed, sent: float, generation: int, reason: str | None, err, _msg) -> None:
         """A delivery report, as librdkafka hands it over: queued for `take_reports`."""
@@ -231,8 +229,8 @@ class Sender:
             headers = dead_letter_headers(headers + codec.decode_headers(row.headers), reason, f"store/{row.id}")
             sent = time.monotonic()
             self.shared.sending(sent)
-            produce(self.slot.producer, self.settings.dlq_topic, row.value, row.key, headers,
-                    functools.partial(self.reported, row, sent, self.slot.generation, reason))
+            self.slot.producer.send(self.settings.dlq_topic, row.value, row.key, headers,
+                                    functools.partial(self.reported, row, sent, self.slot.generation, reason))
 
     def dead_letter_reported(self, row: Claimed, reason: str, generation: int, err) -> None:
         """The delivery report of a dead letter: the row is deleted once dead-lettered, parked if the
@@ -241,10 +239,10 @@ class Sender:
             self.slot.watch.acked(time.monotonic())
             self.done.dead.append((row, reason))
             return
-        kind = self.failure_kind(err, self.settings.dlq_topic, generation)
-        if kind == PERMANENT_FAILURE:
+        action = after_failure(self.failure_kind(err, self.settings.dlq_topic, generation), dead_letter=True)
+        if action is AfterFailure.PARK:
             self.done.park.append((row, f"{reason}; dead-letter topic: {err.name()}: {err.str()}"))
-        elif kind in (UNANSWERED_FAILURE, PRODUCER_FAILURE):
+        elif action is AfterFailure.RELEASE:
             self.done.release.append(row)
         else:  # the dead-letter topic refuses for now: the whole row is tried again after a backoff
             self.throttle.warning("dead retry", "dead-lettering %s failed (%s); trying it again later",

@@ -1,4 +1,5 @@
-"""What a producer's delivery reports say about the producer itself.
+"""A role's Kafka producer: what its delivery reports say about it (`ProducerWatch`), and its
+replacement (`ProducerSlot`), used alike by the consumer and the firer.
 
 Most failed publishes are about the message or its topic (too large, an unknown topic, a denied
 write): those count against the message. Some are about the producer: its identity or state at
@@ -11,16 +12,21 @@ And a producer can fall silent: a broker that restarted has forgotten it, and it
 acknowledgements that never come. `ProducerWatch` notices publishing that has stalled, nothing
 acknowledged for `stall_s` while messages wait, and asks for the producer to be replaced.
 
-Pure logic: the caller passes `now` (monotonic seconds); `slot.ProducerSlot` does the replacing.
+The watch is pure logic: the caller passes `now` (monotonic seconds). A producer at fault or silent
+is replaced by a new one. The old one's unacknowledged publishes are purged; their delivery reports,
+each saying purged (or acknowledged, for a publish that got through after all), come back through
+the callbacks they were published with, some at once and the rest on later polls of the old
+producer. The slot keeps such a producer (*retired*) and serves it until it owes no report, so that
+every publish is answered once.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
-from confluent_kafka import KafkaError
-
-from chronos.adapters.kafka.clients import PRODUCER_FAILURE, REFUSED, UNCLEAR_FAILURE, classify
+from chronos.domain.delivery import PRODUCER_FAILURE, REFUSED, UNCLEAR_FAILURE, DeliveryError, classify
+from chronos.ports import KafkaOutage, Publisher
 
 log = logging.getLogger("chronos.kafka")
 
@@ -66,8 +72,8 @@ class ProducerWatch:
             self.stall_logged = False
             self.gap = FIRST_REPLACEMENT_GAP
 
-    def failed(self, err: KafkaError, topic: str, now: float) -> str:
-        """A publish to `topic` failed with `err`: what it means, as `clients.classify` names it,
+    def failed(self, err: DeliveryError, topic: str, now: float) -> str:
+        """A publish to `topic` failed with `err`: what it means, as `classify` names it,
         except that an unclear error, and a refusal that hits every topic at once, are the
         producer's fault unless the producer was acknowledged lately. A producer fault asks for
         the producer to be replaced (`due`)."""
@@ -128,3 +134,52 @@ class ProducerWatch:
         self.next_replacement = now + self.gap
         self.gap = min(self.gap * 2, self.stall_s)
 
+
+
+class ProducerSlot:
+    """A role's producer and its replacements, for the one thread that publishes and polls.
+
+    - `producer` and `outage`: the producer in use and the log of its outages;
+    - `generation`: how many times it was replaced. A publish remembers the generation it was made
+      in: the report of a replaced producer's publish says nothing more about the message;
+    - `retired`: replaced producers that still owe delivery reports (`serve_retired`);
+    - `watch`: what its delivery reports say about the producer, and when to replace it.
+    """
+
+    def __init__(self, make: Callable[[], tuple[Publisher, KafkaOutage]], watch: ProducerWatch):
+        """`make` makes a producer and the log of its outages: at start, and again at each replacement."""
+        self.make, self.watch = make, watch
+        self.producer, self.outage = make()
+        self.generation = 0
+        self.retired: list[Publisher] = []
+
+    def look_after(self, now: float) -> None:
+        """Replace the producer if the watch says it is at fault or has stalled (`now` monotonic), and
+        serve what the replaced ones still owe. Between delivery reports, never inside one."""
+        why = self.watch.due(now)
+        if why is not None:
+            self.replace(why, now)
+        self.serve_retired()
+
+    def replace(self, why: str, now: float) -> None:
+        """A new producer; the old one's unacknowledged publishes are purged, and their reports served
+        now or, for those still to come, by `serve_retired`."""
+        old = self.producer
+        self.generation += 1
+        self.watch.replaced(why, now)
+        self.producer, self.outage = self.make()
+        if retire(old):
+            self.retired.append(old)
+
+    def serve_retired(self) -> None:
+        """Serve the reports replaced producers still owe; drop each once it owes none."""
+        if self.retired:
+            self.retired = [old for old in self.retired if old.flush(0)]
+
+
+def retire(producer: Publisher, timeout: float = 1.0) -> int:
+    """Fail a replaced producer's publishes that are not acknowledged yet, queued or in flight, and
+    serve their delivery reports now (each says purged: its message is handed back or published
+    again). Returns how many reports are still to come, which later `poll`s of it serve."""
+    producer.purge(in_queue=True, in_flight=True, blocking=False)
+    return producer.flush(timeout)

@@ -1,0 +1,131 @@
+"""The writer: a sorted batch made durable in the store (its late messages published, its invalid ones
+dead-lettered: `LatePath`), through PostgreSQL's outages, on a thread of its own."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, cast
+
+from chronos.config import Settings
+from chronos.errors import StoreRejected, StoreUnavailable
+from chronos.logs import Throttle
+from chronos.ops.telemetry import ConsumerTelemetry
+from chronos.ports import InputMessage as Message, IntakeStore
+from chronos.roles.consumer.group import POSTGRES, Group, OutOfReach, PartitionsLost
+from chronos.roles.consumer.late import LatePath
+from chronos.roles.consumer.one_by_one import apply_one_by_one
+from chronos.roles.consumer.sorting import CANCEL, INSERT, REPLACE, Batch
+from chronos.runtime.backoff import Outage
+from chronos.runtime.process import Lifecycle
+
+log = logging.getLogger("chronos.consumer")
+
+
+class Writer:
+    """Writes the batches the loop sorted, one at a time, on the writer thread; between batches, keeps
+    /healthz told whether PostgreSQL answers (`keep_alive`, on the loop's thread)."""
+
+    def __init__(self, settings: Settings, life: Lifecycle, *, store: IntakeStore, group: Group, late: LatePath,
+                 db_outage: Outage, telemetry: ConsumerTelemetry, stats: dict[str, int], clock: Callable[[], float]):
+        """`clock` measures PostgreSQL's outages against the hold time."""
+        self.settings, self.life, self.store, self.group, self.late = settings, life, store, group, late
+        self.db_outage, self.metrics, self.stats, self.clock = db_outage, telemetry, stats, clock
+        self.hold_s = settings.hold_time_ms / 1000.0
+        self.throttle = Throttle(log)
+        self.next_ping = 0.0
+
+    def write(self, messages: list[Message], batch: Batch, epoch: int | None = None) -> bool:
+        """Make one sorted batch durable and acknowledged; False if stopped before it was. Raises
+        `OutOfReach`, the batch not written, once PostgreSQL has not answered for the hold time (or its late
+        messages not published, once Kafka has acknowledged none of them for as long), and `PartitionsLost`
+        before a try when the group's session was lost since the batch was read (`epoch`)."""
+        unreached_since: float | None = None
+        others_before: dict[int, int] | None = None
+        while True:
+            if epoch is not None and self.group.losses != epoch:
+                raise PartitionsLost("the group's session was lost since it was read")
+            tried = self.clock()
+            try:
+                started = time.perf_counter()
+                try:
+                    inserted, replaced, cancelled, in_flight = self.store.apply(
+                        batch.of(INSERT), batch.of(REPLACE), batch.of(CANCEL))
+                except StoreRejected as exc:
+                    inserted, replaced, cancelled, in_flight = apply_one_by_one(self.store, batch, exc)
+                # late messages passed `decide`, so their headers are valid and carry an id
+                waiting = self.store.waiting_ids(cast(str, p.message_id) for _, p in batch.late)
+                break
+            except StoreUnavailable as exc:
+                if unreached_since is None:
+                    # out of reach since this first failed try at the latest (a statement PostgreSQL does not
+                    # answer fails only CHRONOS_DATABASE_TIMEOUT_MS later), or since the idle probes failed
+                    unreached_since = min(tried, self.clock() - self.db_outage.down_for())
+                    others_before = self.group.progress()
+                delay = self.db_outage.failed(exc)
+                if not self.wait_to_retry(unreached_since, self.clock(), delay, others_before):
+                    return False
+        self.db_outage.ok()
+        if batch.ops:
+            self.metrics.batch("insert", len(batch.ops), time.perf_counter() - started)
+        late = [(m, p) for m, p in batch.late if p.message_id not in waiting]
+        started = time.perf_counter()
+        refused = self.late.publish(late, batch.dead)
+        if refused is None:
+            return False
+        if late or batch.dead:
+            self.metrics.batch("publish", len(late) + len(batch.dead), time.perf_counter() - started)
+        if refused:
+            self.metrics.dead_lettered(refused)
+        s = self.stats
+        s["consumed"] += len(messages)
+        s["enqueued"] += inserted
+        s["late"] += len(late) - len(refused)
+        s["dead"] += len(batch.dead) + len(refused)
+        s["duplicates"] += batch.duplicates + (len(batch.of(INSERT)) - inserted) + (len(batch.late) - len(late))
+        s["replaced"] += replaced
+        s["cancelled"] += cancelled
+        s["cancelled_in_flight"] += in_flight
+        s["cancel_unknown"] += len(batch.of(CANCEL)) - cancelled - in_flight
+        if batch.dead:
+            self.metrics.dead_lettered(r for _, r, _ in batch.dead)
+            reasons = sorted({r.split(":", 1)[0] for _, r, _ in batch.dead})
+            self.throttle.warning("dead", "%d invalid messages sent to %s (%s)", len(batch.dead),
+                                  self.settings.dlq_topic, ", ".join(reasons))
+        return True
+
+    def keep_alive(self) -> None:
+        """While idle, ask PostgreSQL the time now and then, so /healthz knows it is reachable."""
+        now = time.monotonic()
+        if not self.metrics.serving or now < self.next_ping or now - self.store.last_ok < 1.0:
+            return
+        try:
+            self.store.db_clock_us()
+        except StoreUnavailable as exc:
+            self.next_ping = now + self.db_outage.failed(exc)
+            return
+        self.db_outage.ok()
+        self.next_ping = now + 1.0
+
+    def wait_for_store(self, exc: StoreUnavailable) -> bool:
+        """Wait out a PostgreSQL outage's backoff; False if stopped meanwhile."""
+        return self.life.sleep(self.db_outage.failed(exc))
+
+    def wait_to_retry(self, unreached_since: float, now: float, delay: float,
+                      others_before: dict[int, int] | None) -> bool:
+        """Wait `delay` (the outage's backoff) before writing a batch again, but not past the hold time
+        since PostgreSQL was last reached (`unreached_since`, by `self.clock`); False if stopped meanwhile.
+        Raises `OutOfReach` once the hold time is over and another consumer of the group has committed
+        since the outage began (`others_before`: `Group.progress` then): the partitions go to a consumer
+        that can serve them rather than wait here for as long as the outage lasts. While no other
+        consumer commits (PostgreSQL is down for all of them, or this one is the only one), leaving would
+        hand the partitions to nobody who can serve them: it goes on waiting, in the group."""
+        down_for = now - unreached_since
+        if down_for >= self.hold_s and self.life.running:
+            if self.group.others_serve(others_before):
+                raise OutOfReach(POSTGRES, down_for, delay)
+            self.throttle.warning("alone", "cannot reach PostgreSQL for %.1fs, and no other consumer of group %s "
+                                  "has committed since: staying in the group (no one else could serve its "
+                                  "partitions)", down_for, self.settings.consumer_group)
+            return self.life.sleep(delay)
+        return self.life.sleep(max(0.0, min(delay, self.hold_s - down_for)))

@@ -29,7 +29,7 @@ import psycopg
 from chronos.adapters.postgres.migrations import migrate
 from chronos.adapters.postgres.store import Store
 from chronos.config import Settings
-from chronos.ops.telemetry import FirerTelemetry
+from chronos.telemetry.metrics import FirerTelemetry
 from chronos.roles.firer.claimer import Claimer
 from chronos.roles.firer.decisions import PublishTiming
 from chronos.roles.firer.handoff import Shared

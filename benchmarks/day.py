@@ -54,7 +54,7 @@ from benchmarks.harness.samplers import BrokerSampler, TableSampler
 from benchmarks.harness.stack import ChronosUp, External, StackFailed, layout_args, run_on
 from benchmarks.harness.step import add_layout, add_measurement, parse_delay, resolve_layout, split_argv
 from benchmarks.harness.targets import ChronosTarget, wait_ready
-from chronos.ops.endpoints import pick_metrics_base
+from chronos.telemetry.endpoints import pick_metrics_base
 
 TABLE = "chronos_messages"
 LATE_BOUND_S = 60.0
@@ -330,13 +330,13 @@ def table_lines(result: dict) -> list[str]:
 
 
 class Scraper:
-    """Scrapes every program's /metrics (port = base + role offset + process number, as chronos.ops.endpoints)."""
+    """Scrapes every program's /metrics (port = base + role offset + process number, as chronos.telemetry.endpoints)."""
 
     def __init__(self, base: int | None, programs):
         self.base, self.programs = base, programs
 
     def scrape(self) -> dict[str, dict] | None:
-        from chronos.ops.endpoints import ROLE_OFFSETS
+        from chronos.telemetry.endpoints import ROLE_OFFSETS
         if not self.base:
             return None
         out = {}

@@ -115,7 +115,7 @@ def firer() -> Any:
     from chronos import config
     from chronos.adapters.kafka.clients import OutageLog
     from chronos.adapters.memory import MemoryDatabase, MemoryStore
-    from chronos.ops.telemetry import FirerTelemetry
+    from chronos.telemetry.metrics import FirerTelemetry
     from chronos.roles.firer import FirerProcess
     from chronos.runtime.process import Lifecycle
     settings = config.load(environ={"CHRONOS_DATABASE_URL": "postgresql://unused@127.0.0.1:1/unused",

@@ -12,7 +12,7 @@ import uuid
 from chronos.adapters.kafka.clients import make_consumer, make_producer
 from chronos.adapters.postgres.store import role_store
 from chronos.config import Settings
-from chronos.ops.telemetry import ConsumerTelemetry, DetectorTelemetry, FirerTelemetry
+from chronos.telemetry.metrics import ConsumerTelemetry, DetectorTelemetry, FirerTelemetry
 from chronos.roles.consumer import ConsumerProcess
 from chronos.roles.detector import DetectorProcess
 from chronos.roles.firer import FirerProcess

@@ -147,7 +147,7 @@ def metric_families() -> dict[str, dict[str, Any]]:
     from chronos.config import Settings
     from chronos.adapters.kafka.brokerstats import STATS_ENV
     from chronos.embedded.watch import BrokerStats
-    from chronos.ops import telemetry
+    from chronos.telemetry import metrics as telemetry
     found: dict[str, dict[str, Any]] = {}
     # the detector exports the embedded broker's figures from the stats file `chronos up` writes
     stats = tempfile.NamedTemporaryFile(suffix=".json", delete=False)

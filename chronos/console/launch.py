@@ -2,7 +2,7 @@
 
 `chronos up` binds the console's socket itself and hands it to a `chronos console` child, so a
 taken port is found before anything starts and never raced for. The console's rates and
-lateness come from the programs' /metrics (chronos.ops.endpoints: when CHRONOS_METRICS_PORT is not
+lateness come from the programs' /metrics (chronos.telemetry.endpoints: when CHRONOS_METRICS_PORT is not
 set, `chronos up` picks a base port whose every program port is free).
 """
 

@@ -1,1 +1,2 @@
-"""Operations: metrics and health, status, operators' queries and actions."""
+"""The operators' commands: `chronos status` and `health`, what the store holds and the actions on it
+(inspect.py), the servers the processes use (servers.py), `chronos rewind`."""

@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 from chronos.config import Settings
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.logs import Throttle
-from chronos.ops.telemetry import DetectorTelemetry, postgres_reached
+from chronos.telemetry.metrics import DetectorTelemetry, postgres_reached
 from chronos.runtime.process import Lifecycle
 from chronos.runtime.backoff import POSTGRES_RETRY_CAP_S, Outage
 from chronos.ports import DetectStore

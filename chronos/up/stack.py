@@ -35,7 +35,7 @@ from chronos.embedded.postgres import EmbeddedPostgres
 from chronos.adapters.kafka.brokerstats import STATS_ENV
 from chronos.embedded.watch import BrokerWatch, default_warning_bytes, machine_memory_bytes
 from chronos.errors import StackError
-from chronos.ops.endpoints import metrics_urls, pick_metrics_base
+from chronos.telemetry.endpoints import metrics_urls, pick_metrics_base
 from chronos.runtime import orphans
 from chronos.up import recovery
 from chronos.up.datadir import DataDir

@@ -11,7 +11,7 @@ import orjson
 
 from benchmarks.harness.stack import CHRONOS, ChronosUp, clean_env
 from chronos.adapters.kafka.admin import create_topics
-from chronos.ops.endpoints import pick_metrics_base
+from chronos.telemetry.endpoints import pick_metrics_base
 from helpers import Collector, chronos_headers, producer
 
 RATE, COUNT = 50, 200

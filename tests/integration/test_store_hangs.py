@@ -15,7 +15,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from chronos.adapters.postgres.store import Store
 from chronos.domain.model import Row
 from chronos.errors import StoreUnavailable
-from chronos.ops.telemetry import postgres_reached
+from chronos.telemetry.metrics import postgres_reached
 from netkit import FreezableProxy
 
 

@@ -13,7 +13,7 @@ from prometheus_client.exposition import generate_latest
 from benchmarks import day
 from benchmarks.harness.records import ACKED, Records
 from chronos.config import Settings
-from chronos.ops.telemetry import DetectorTelemetry, FirerTelemetry
+from chronos.telemetry.metrics import DetectorTelemetry, FirerTelemetry
 
 
 def records(deadlines, delivered, copies=None) -> Records:

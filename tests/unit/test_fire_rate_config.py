@@ -62,7 +62,7 @@ def test_status_shows_the_throttled_backlog_per_topic():
 def test_throttled_gauges_per_topic_and_a_drained_topic_drops_out():
     import uuid
 
-    from chronos.ops import telemetry
+    from chronos.telemetry import metrics as telemetry
     from chronos.config import Settings
     from chronos.domain.model import Throttled
     d = telemetry.DetectorTelemetry(uuid.uuid4(), Settings())

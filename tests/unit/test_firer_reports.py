@@ -8,7 +8,7 @@ import uuid
 from prometheus_client.exposition import generate_latest
 
 from chronos.adapters.postgres.arrays import text_array
-from chronos.ops.telemetry import LATENESS_BUCKETS, FirerTelemetry
+from chronos.telemetry.metrics import LATENESS_BUCKETS, FirerTelemetry
 from kafka_double import FakePublisher, FakePublishers, settings
 from test_producer_watch import FENCED, run_once
 from test_roles_firer import Firer

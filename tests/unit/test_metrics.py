@@ -12,8 +12,10 @@ from prometheus_client.exposition import generate_latest
 
 from chronos import logs
 
-from chronos.ops import endpoints, status, telemetry
-from chronos.ops.health import Health
+from chronos.ops import status
+from chronos.telemetry import endpoints
+from chronos.telemetry import metrics as telemetry
+from chronos.telemetry.health import Health
 from chronos.config import Settings
 from chronos.errors import ConfigError
 from chronos.domain.model import NodeLoad, Overview

@@ -17,7 +17,7 @@ from chronos.domain.delivery import (PERMANENT_FAILURE, PRODUCER_FAILURE, REFUSE
                                      UNCLEAR_FAILURE, classify)
 from chronos.runtime.producer import ProducerSlot, ProducerWatch
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
-from chronos.ops.telemetry import ConsumerTelemetry
+from chronos.telemetry.metrics import ConsumerTelemetry
 from chronos.roles.consumer import ConsumerProcess, sort_batch
 from chronos.runtime.process import Lifecycle
 from kafka_double import FakeMessage, FakePublisher, FakePublishers, settings

@@ -17,7 +17,7 @@ from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.domain.intake import Rules
 from chronos.domain.model import Row
 from chronos.errors import KafkaUnanswered, StoreRejected
-from chronos.ops.telemetry import ConsumerTelemetry, postgres_reached
+from chronos.telemetry.metrics import ConsumerTelemetry, postgres_reached
 from chronos.roles.consumer import ConsumerProcess, sort_batch
 from chronos.roles.consumer.one_by_one import apply_one_by_one
 from chronos.runtime.process import Lifecycle

@@ -10,7 +10,7 @@ import uuid
 from chronos import codec
 from chronos.adapters.memory import ManualClock, MemoryDatabase, MemoryStore
 from chronos.domain.model import Row
-from chronos.ops.telemetry import DetectorTelemetry
+from chronos.telemetry.metrics import DetectorTelemetry
 from chronos.roles.detector import GAUGES_EVERY, DetectorProcess
 from chronos.runtime.process import Lifecycle
 from kafka_double import settings

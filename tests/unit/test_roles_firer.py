@@ -17,7 +17,7 @@ from chronos import codec
 from chronos.adapters.kafka.clients import OutageLog
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.domain.model import Claimed, Row
-from chronos.ops.telemetry import FirerTelemetry
+from chronos.telemetry.metrics import FirerTelemetry
 from chronos.roles.firer import FirerProcess
 from chronos.roles.firer.claimer import FULL_CLAIM_EVERY, MAX_HELD_BATCHES, RECENT_WINDOW_MS
 from chronos.roles.firer.decisions import TICK

@@ -11,7 +11,7 @@ from chronos.config import Settings
 from chronos.errors import KafkaUnanswered
 from chronos.domain.delivery import PARTITION_EOF
 from chronos.logs import Throttle
-from chronos.ops.telemetry import ConsumerTelemetry
+from chronos.telemetry.metrics import ConsumerTelemetry
 from chronos.ports import GroupWatcher, InputConsumer, InputMessage as Message, KafkaOutage
 from chronos.runtime.process import Lifecycle
 

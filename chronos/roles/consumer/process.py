@@ -11,7 +11,7 @@ from typing import Callable
 from chronos.config import Settings
 from chronos.domain.intake import Rules
 from chronos.errors import StoreUnavailable
-from chronos.ops.telemetry import ConsumerTelemetry, postgres_reached
+from chronos.telemetry.metrics import ConsumerTelemetry, postgres_reached
 from chronos.ports import GroupWatcher, InputConsumer, InputMessage as Message, IntakeStore, KafkaOutage, Publisher
 from chronos.roles.consumer.group import KAFKA, KAFKA_PROBE_S, Group, OutOfReach, PartitionsLost
 from chronos.roles.consumer.late import LatePath

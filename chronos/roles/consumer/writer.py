@@ -10,7 +10,7 @@ from typing import Callable, cast
 from chronos.config import Settings
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.logs import Throttle
-from chronos.ops.telemetry import ConsumerTelemetry
+from chronos.telemetry.metrics import ConsumerTelemetry
 from chronos.ports import InputMessage as Message, IntakeStore
 from chronos.roles.consumer.group import POSTGRES, Group, OutOfReach, PartitionsLost
 from chronos.roles.consumer.late import LatePath

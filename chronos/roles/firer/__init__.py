@@ -42,7 +42,7 @@ from typing import Callable
 from chronos.config import Settings
 from chronos.domain.model import Claimed
 from chronos.errors import ConfigError, StoreUnavailable
-from chronos.ops.telemetry import FirerTelemetry, postgres_reached
+from chronos.telemetry.metrics import FirerTelemetry, postgres_reached
 from chronos.ports import KafkaOutage, Publisher, Store
 from chronos.roles.firer.claimer import Claimer
 from chronos.roles.firer.decisions import PublishTiming

@@ -12,7 +12,7 @@ from chronos.config import Settings
 from chronos.domain.model import Claimed
 from chronos.domain.shares import Shares, overdue_ms
 from chronos.errors import StoreUnavailable
-from chronos.ops.telemetry import FirerTelemetry
+from chronos.telemetry.metrics import FirerTelemetry
 from chronos.ports import ClaimStore
 from chronos.roles.firer.handoff import Claims, Shared, size_of
 from chronos.roles.firer.store_thread import StoreThread

@@ -20,7 +20,7 @@ from chronos.domain import reasons
 from chronos.domain.delivery import (PERMANENT_FAILURE, PRODUCER_FAILURE, AfterFailure, DeliveryError,
                                      after_failure, dead_letter_headers, failure_reason)
 from chronos.domain.model import Claimed
-from chronos.ops.telemetry import FirerTelemetry
+from chronos.telemetry.metrics import FirerTelemetry
 from chronos.roles.firer.decisions import TICK, retry_delay_ms
 from chronos.roles.firer.handoff import Claims, Outcomes, Shared, ToSettle
 from chronos.roles.firer.held import Held

@@ -10,7 +10,7 @@ from typing import Sequence
 
 from chronos.config import Settings
 from chronos.errors import StoreUnavailable
-from chronos.ops.telemetry import FirerTelemetry
+from chronos.telemetry.metrics import FirerTelemetry
 from chronos.ports import SettleStore
 from chronos.domain.model import Claimed
 from chronos.roles.firer.handoff import Outcomes, Shared, Stop, ToSettle, size_of

@@ -9,7 +9,7 @@ from typing import Generic, TypeVar
 
 from chronos.config import Settings
 from chronos.errors import ConfigError
-from chronos.ops.telemetry import FirerTelemetry
+from chronos.telemetry.metrics import FirerTelemetry
 from chronos.ports import StoreHandle
 from chronos.roles.firer.handoff import Shared
 from chronos.runtime.backoff import POSTGRES_RETRY_CAP_S, Outage

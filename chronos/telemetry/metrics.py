@@ -1,9 +1,9 @@
 """What an operator sees of a running process: its role's Prometheus metrics and its health.
 
 Every process has a `Telemetry` of its role: a registry of the role's metrics, all labelled
-with the role and the node id, and a `Health` record (chronos.ops.health) of when the process
+with the role and the node id, and a `Health` record (chronos.telemetry.health) of when the process
 last ran its loop, reached PostgreSQL and reached Kafka. With `CHRONOS_METRICS_PORT` set
-(chronos.ops.endpoints), a `MetricsServer` (chronos.ops.http) serves `/metrics` and `/healthz`.
+(chronos.telemetry.endpoints), a `MetricsServer` (chronos.telemetry.http) serves `/metrics` and `/healthz`.
 
 The hot path stays cheap: the message counters are the processes' own running totals, read
 at scrape time; histograms are observed once per batch, the fire lateness histogram included
@@ -31,9 +31,9 @@ from chronos.config import Settings
 from chronos.domain.reasons import CONSUMER_REASONS, FIRER_REASONS, code_of
 from chronos.adapters.kafka.brokerstats import STATS_ENV, read_stats
 from chronos.errors import ConfigError
-from chronos.ops.endpoints import metrics_port
-from chronos.ops.health import Health, KafkaProbe
-from chronos.ops.http import MetricsServer
+from chronos.telemetry.endpoints import metrics_port
+from chronos.telemetry.health import Health, KafkaProbe
+from chronos.telemetry.http import MetricsServer
 
 log = logging.getLogger("chronos.metrics")
 

@@ -49,7 +49,7 @@ def test_sla_harness_find_max_renews_its_stack_between_steps(tmp_path):
                           "--progress", "5", "--drain-timeout", "20", "--no-records", "--out", str(out),
                           "--firers", "2"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=230)
-    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.returncode in (0, 1), run.stdout + run.stderr  # 1: ran, but no step held the SLA
     summary = orjson.loads((out / "summary.json").read_bytes())
     steps = summary["find_max"]["steps"]
     # whether a step holds the SLA is the machine's business (a loaded CI runner may miss 500 ms even at
@@ -58,6 +58,7 @@ def test_sla_harness_find_max_renews_its_stack_between_steps(tmp_path):
     assert steps[1]["rate"] == (200 if steps[0]["sla_pass"] else 50), run.stdout  # double, or halve
     passed = [s["rate"] for s in steps if s["sla_pass"]]
     assert summary["find_max"]["max_sustained_rate"] == (max(passed) if passed else None), run.stdout
+    assert run.returncode == (0 if passed else 1), run.stdout
     assert summary["find_max"]["bounded_by_max_rate"] is (passed == [100, 200])
     # the layout asked for is the one that ran (supervisord's programs), in the summary and every step's line,
     # with each process's CPU

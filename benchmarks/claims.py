@@ -2,6 +2,7 @@
 
     python -m benchmarks.claims                                  # 1, 2 and 4 firers, 20 s each, 5,000 msg/s
     python -m benchmarks.claims --firers 2 --firers 4 --duration 30 --rate 10000 --out claims.json
+    python -m benchmarks.claims --drain 100000 --claimers 1 --claimers 2    # one firer drains a backlog
 
 Each firer is the firer's own claimer (`chronos.roles.firer.claimer.Claimer`, on a store of its own with the
 firer's connection settings), claiming in a loop as the firer does; what it claims is deleted at once on a
@@ -10,6 +11,11 @@ due one second after they are written, in batches every 100 ms. The due indexes'
 (pg_stat_user_indexes: live rows an index scan fetched from the table) over the rows claimed is the figure:
 1.000 means no claim fetched a row another claim took; 1.26-1.80 is what two firers racing for the same
 rows measured (docs/benchmarks/history.md). Writes one JSON row per firer count (`--out`).
+
+With `--drain N`, one firer drains N rows already due instead: its claimers (`--claimers`, each
+CHRONOS_FIRER_CLAIMERS; code without the setting runs one) on their own threads as the firer runs them,
+the rows deleted on one more connection as the settler would, and the figure is the rows claimed a
+second until none is left.
 """
 
 from __future__ import annotations
@@ -86,6 +92,51 @@ def firer(url: str, settings: Settings, stop: threading.Event, claimed: list[int
         deletes.close()
 
 
+def drain(url: str, rows: int, claimers: int) -> dict:
+    """One firer's claimers, on their own threads, claim `rows` rows due a second ago; what they claim
+    is deleted at once on one more connection. The rows claimed a second."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DELETE FROM chronos_messages")
+        conn.execute("INSERT INTO chronos_messages (id, deadline, key, value, headers) "
+                     "SELECT 'd' || g, now() - interval '1 second', 'k', repeat('v', 100)::bytea, ''::bytea "
+                     "FROM generate_series(1, %s) g", (rows,))
+        conn.execute("VACUUM ANALYZE chronos_messages")
+    node = uuid.uuid4()
+    fields = Settings.__dataclass_fields__
+    settings = Settings(database_url=url, **({"firer_claimers": claimers} if "firer_claimers" in fields else {}))
+    shared = Shared(PublishTiming(settings.timing_advance_ms))
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
+    telemetry = FirerTelemetry(node, settings)
+
+    def store() -> Store:
+        return Store(url, node_id=node, hot_path=True, synchronous_commit=False)
+    if "firer_claimers" in fields:
+        lead = Claimer(store(), settings, shared, telemetry, Lifecycle(), outbox=outbox, parts=claimers)  # type: ignore[arg-type]
+        team = [lead] + [Claimer(store(), settings, shared, telemetry, Lifecycle(), outbox=outbox,  # type: ignore[arg-type]
+                                 part=k, parts=claimers, lead=lead) for k in range(1, claimers)]
+    else:  # code older than the setting: one claimer
+        team = [Claimer(store(), settings, shared, telemetry, Lifecycle(), outbox=outbox)]  # type: ignore[arg-type]
+    deletes = store()
+    claimed, started = 0, time.monotonic()
+    for claimer in team:
+        claimer.start()
+    try:
+        while claimed < rows:
+            _, batch = outbox.get(timeout=60.0)
+            deletes.delete_fired(batch)
+            claimed += len(batch)
+            shared.settled += len(batch)
+            shared.settled_bytes = shared.claimed_bytes
+        elapsed = time.monotonic() - started
+    finally:
+        for claimer in team:
+            claimer.stop()
+        for claimer in team:
+            claimer.join(10.0)
+        deletes.close()
+    return {"drain": rows, "claimers": len(team), "seconds": round(elapsed, 2), "rate": round(rows / elapsed)}
+
+
 def run(url: str, firers: int, rate: float, duration: float, warmup: float) -> dict:
     settings = Settings(database_url=url)
     with psycopg.connect(url, autocommit=True) as conn:
@@ -113,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=5000.0, help="rows written a second (default 5,000)")
     parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per firer count")
     parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--drain", type=int, default=None, help="one firer drains this many due rows instead")
+    parser.add_argument("--claimers", type=int, action="append", help="with --drain: the firer's claimers; "
+                        "repeat it (default: 1 and 2)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     from chronos.embedded.postgres import EmbeddedPostgres
@@ -123,8 +177,13 @@ def main(argv: list[str] | None = None) -> int:
         pg.start()
         try:
             migrate(pg.url)
-            for count in args.firers or [1, 2, 4]:
-                row = run(pg.url, count, args.rate, args.duration, args.warmup)
+            if args.drain:
+                runs = [lambda count=count: drain(pg.url, args.drain, count) for count in args.claimers or [1, 2]]
+            else:
+                runs = [lambda count=count: run(pg.url, count, args.rate, args.duration, args.warmup)
+                        for count in args.firers or [1, 2, 4]]
+            for measure in runs:
+                row = measure()
                 rows.append(row)
                 print(orjson.dumps(row).decode(), flush=True)
         finally:

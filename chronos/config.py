@@ -18,6 +18,7 @@ from urllib.parse import unquote, urlsplit
 import orjson
 
 from chronos.errors import ConfigError
+from chronos.domain.shares import SLICES
 from chronos.domain.ratelimit import FireRateLimits, TopicRates, parse_rate, parse_topic_rates
 from chronos.codec.topics import is_topic_name
 
@@ -59,6 +60,15 @@ def _bytes(name: str, raw: str) -> int:
     value = int(match.group(1)) * _BYTE_UNITS[match.group(2).lower()]
     if value < 1 << 20:
         raise ConfigError(f"{name} must be at least 1M (a batch of ordinary messages), got {raw!r}")
+    return value
+
+
+def _claimers(name: str, raw: str) -> int:
+    """A firer's claimers: each needs at least one of the slices the due rows fall into."""
+    value = _positive_int(name, raw)
+    if value > SLICES:
+        raise ConfigError(f"{name} must be at most {SLICES} (a claimer claims at least one of the {SLICES} slices "
+                          f"of the due rows), got {value}")
     return value
 
 
@@ -209,6 +219,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("firer_max_held_bytes", "a firer claims no more while the messages it holds (claimed, not yet "
            "published, acknowledged and deleted) come to this many bytes of key, value and headers, or to "
            "sixteen batches; a claim may go over it by one batch (units k, M, G)", _bytes, "64M"),
+    Option("firer_claimers", "claims a firer has on their way at once, each on a connection of its own and on "
+           "its own part of the firer's share of the due rows, so the next claim runs while the last one's rows "
+           "are published; 1 to 16 (one under fire-rate limits, whatever this says)", _claimers, "2"),
     Option("consumer_group", "Kafka consumer group of the consumers", _str, "chronos"),
     Option("kafka_properties", "extra librdkafka properties as key=value,key=value (TLS, SASL, ...)",
            parse_kafka_properties, ""),
@@ -262,6 +275,7 @@ class Settings:
     lookahead_ms: int = 300
     batch_size: int = 2000
     firer_max_held_bytes: int = 64 << 20
+    firer_claimers: int = 2
     consumer_group: str = "chronos"
     kafka_properties: dict[str, str] = field(default_factory=dict)
     kafka_properties_file: dict[str, str] = field(default_factory=dict)

@@ -37,6 +37,14 @@ def slices_of(me: uuid.UUID, others: Iterable[uuid.UUID]) -> tuple[int, ...] | N
     return tuple(range(at, SLICES, len(nodes)))
 
 
+def claimer_slices(firer_slices: tuple[int, ...] | None, part: int, parts: int) -> tuple[int, ...]:
+    """The slices the `part`-th of a firer's `parts` claimers claims, of the firer's (`firer_slices`,
+    None: every slice): every `parts`-th, from the `part`-th on, so no two claimers share a slice, nor
+    a key (a key's rows share one). None of them when the firer has fewer slices than claimers."""
+    slices = tuple(range(SLICES)) if firer_slices is None else firer_slices
+    return slices[part::parts]
+
+
 def slice_limits(slices: tuple[int, ...], limit: int) -> tuple[list[int], list[int]]:
     """The claim's `limit` shared out between `slices`, as evenly as whole rows go: (the slices that
     get a share, their shares). A slice whose share would be none is left out of this claim."""
@@ -78,8 +86,9 @@ class Shares:
         self.firers = len(others) + 1
         return changed
 
-    def takes_others(self, full_pass: bool, own_backlog: bool) -> bool:
+    def takes_others(self, full_pass: bool, own_backlog: bool, claimers: int = 1) -> bool:
         """Whether this claim also takes the others' overdue rows: only in a pass that may look at
         rows due long ago (a full claim, see the claimer), only once its own slices are drained (its
-        own claim came back with no slice full), and only when there are others."""
-        return self.mine is not None and full_pass and not own_backlog
+        own claim came back with no slice full), and only when there are others: other firers, or
+        other `claimers` of this one (their rows left overdue are taken as another firer's are)."""
+        return (self.mine is not None or claimers > 1) and full_pass and not own_backlog

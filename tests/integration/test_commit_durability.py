@@ -35,12 +35,13 @@ def test_firer_commits_asynchronously_and_the_consumer_synchronously(durable_env
     consumer = processes.build_consumer(settings, uuid.uuid4(), Lifecycle())
     try:
         assert synchronous_commit(firer.settler.store) == "off"   # deletes, hand-backs, retries
-        assert synchronous_commit(firer.claimer.store) == "off"  # claims
+        assert [synchronous_commit(c.store) for c in firer.claimers] == ["off", "off"]  # claims
         assert synchronous_commit(consumer.store) == "on"
         # a reconnection keeps the setting: it is made on every new session
         firer.settler.store.close()
         assert synchronous_commit(firer.settler.store) == "off"
     finally:
         firer.settler.store.close()
-        firer.claimer.store.close()
+        for claimer in firer.claimers:
+            claimer.store.close()
         consumer.close()

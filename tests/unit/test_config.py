@@ -36,6 +36,11 @@ def test_the_firer_s_byte_cap_takes_a_binary_unit_and_defaults_to_64_mib():
             for raw in ("2097152", "1024k", "16M", "16MiB", "1g")] == [2 << 20, 1 << 20, 16 << 20, 16 << 20, 1 << 30]
 
 
+def test_a_firer_has_two_claimers_unless_told_otherwise():
+    assert settings({}).firer_claimers == 2
+    assert settings({"CHRONOS_FIRER_CLAIMERS": "16"}).firer_claimers == 16
+
+
 @pytest.mark.parametrize("env,message", [
     ({"CHRONOS_HOLD_TIME_MS": "abc"}, "CHRONOS_HOLD_TIME_MS must be a whole number"),
     ({"CHRONOS_HOLD_TIME_MS": "0"}, "greater than 0"),
@@ -63,6 +68,9 @@ def test_the_firer_s_byte_cap_takes_a_binary_unit_and_defaults_to_64_mib():
     ({"CHRONOS_FIRER_MAX_HELD_BYTES": "lots"}, "CHRONOS_FIRER_MAX_HELD_BYTES must be a size in bytes"),
     ({"CHRONOS_FIRER_MAX_HELD_BYTES": "64T"}, "with a unit \\(512k, 64M, 1G\\)"),
     ({"CHRONOS_FIRER_MAX_HELD_BYTES": "1000"}, "must be at least 1M"),
+    ({"CHRONOS_FIRER_CLAIMERS": "0"}, "CHRONOS_FIRER_CLAIMERS must be greater than 0"),
+    ({"CHRONOS_FIRER_CLAIMERS": "17"}, "CHRONOS_FIRER_CLAIMERS must be at most 16 \\(a claimer claims at least one"),
+    ({"CHRONOS_FIRER_CLAIMERS": "two"}, "CHRONOS_FIRER_CLAIMERS must be a whole number"),
 ])
 def test_bad_values_give_a_clear_one_line_error(env, message):
     with pytest.raises(ConfigError, match=message) as err:

@@ -55,6 +55,7 @@ def test_the_lease_is_renewed_every_half_second_or_quarter_hold_time_and_says_wh
 def test_a_firer_takes_others_rows_only_in_a_full_pass_with_its_own_slices_drained_and_others_live():
     shares = Shares(NODES[0], 5000)
     assert not shares.takes_others(full_pass=True, own_backlog=False)  # alone: its claim is every slice's
+    assert shares.takes_others(full_pass=True, own_backlog=False, claimers=2)  # but it has another claimer
     shares.renewed([NODES[1]], 0.0)
     assert shares.takes_others(full_pass=True, own_backlog=False)
     assert not shares.takes_others(full_pass=True, own_backlog=True)  # its own come first

@@ -31,7 +31,9 @@ TIMEOUT = 10.0
 
 
 class Firer:
-    """A firer on an in-memory database, with its parts at hand."""
+    """A firer on an in-memory database, with its parts at hand. One claimer unless CHRONOS_FIRER_CLAIMERS
+    says otherwise: the tests that drive `proc.claimer` directly mean it to claim every due row (the
+    claimers' division is tested in test_firer_claimers.py)."""
 
     def __init__(self, publisher: FakePublisher | None = None, store_class: type[MemoryStore] = MemoryStore,
                  producers: Callable[[], tuple[FakePublisher, OutageLog]] | None = None, **env: str):
@@ -39,7 +41,7 @@ class Firer:
         self.db = MemoryDatabase()
         self.node = uuid.uuid4()
         self.publisher = publisher or FakePublisher()
-        self.settings = settings(**env)
+        self.settings = settings(**{"CHRONOS_FIRER_CLAIMERS": "1", **env})
         self.life = Lifecycle()
         self.proc = FirerProcess(self.settings, self.life, stores=self.store,
                                  producers=producers or self.publisher.factory(),

@@ -10,14 +10,17 @@ permanent one (too large, invalid), an exhausted one and a destination the allow
 allows go to the dead-letter topic; what even the dead-letter topic refuses is parked in
 `chronos_parked`.
 
-Three threads, each on what it alone owns, handing rows on through queues; what else they read
-of each other is in `Shared`:
+Three kinds of thread, each on what it alone owns, handing rows on through queues; what else they
+read of each other is in `Shared`:
 
-    claimer ──claims (rows)──► sender ──Outcomes, then Stop──► settler
-    a store of its own         the producer (ProducerSlot)     a store of its own
+    claimers ──claims (rows)──► sender ──Outcomes, then Stop──► settler
+    a store each                the producer (ProducerSlot)     a store of its own
 
-- the claimer (`claimer.Claimer`, thread `claimer`) claims rows: pacing, back-pressure, the cap on
-  held rows, recurring schedules. A claim that runs long stops only further claims;
+- the claimers (`claimer.Claimer`, threads `claimer`, `claimer2` ...: CHRONOS_FIRER_CLAIMERS of
+  them, one under fire-rate limits) claim rows: pacing, back-pressure, the cap on held rows (one for
+  the firer), recurring schedules (the first). Each claims its own part of the firer's slices, so
+  the next claim is on its way while the last one's rows are published; a claim that runs long stops
+  only its claimer's further claims;
 - the sender (`sender.Sender`, on the thread that calls `FirerProcess.run`, named `sender`
   meanwhile) holds the rows in publishing order (`held.Held`, which also sets apart the rows
   claimed too long ago), publishes each at its deadline (`decisions.PublishTiming`), serves the
@@ -49,6 +52,7 @@ from chronos.roles.firer.decisions import PublishTiming
 from chronos.roles.firer.handoff import Shared, Stop
 from chronos.roles.firer.sender import Sender
 from chronos.roles.firer.settler import Settler
+from chronos.roles.firer.store_thread import StoreThread
 from chronos.runtime.process import Lifecycle
 from chronos.runtime.producer import ProducerSlot, ProducerWatch
 
@@ -59,7 +63,7 @@ __all__ = ["FirerProcess"]
 
 class FirerProcess:
     """The firer: the state its threads share, its producer and its three threads, wired. `run`
-    starts the claimer and the settler, runs the sender on the calling thread until the process
+    starts the claimers and the settler, runs the sender on the calling thread until the process
     stops, then stops all three in order (`shutdown`)."""
 
     def __init__(self, settings: Settings, life: Lifecycle, *, stores: Callable[[], Store],
@@ -72,22 +76,28 @@ class FirerProcess:
         self.shared = Shared(PublishTiming(settings.timing_advance_ms))
         self.settler = Settler(stores(), settings, self.shared, telemetry, life)
         self.sender = Sender(settings, life, self.slot, self.shared, telemetry, outbox=self.settler.inbox)
+        # fire-rate limits claim topic by topic over every slice, each topic's budget at a time: one claimer
+        parts = 1 if settings.fire_rates else settings.firer_claimers
         self.claimer = Claimer(stores(), settings, self.shared, telemetry, life, outbox=self.sender.inbox,
-                               kafka_answers=lambda: self.slot.producer.answers())
+                               kafka_answers=lambda: self.slot.producer.answers(), parts=parts)
+        self.claimers = [self.claimer] + [
+            Claimer(stores(), settings, self.shared, telemetry, life, outbox=self.sender.inbox, part=part,
+                    parts=parts, lead=self.claimer) for part in range(1, parts)]
         self.metrics.follow(self.shared.totals.as_dict)
         self.metrics.follow_timing(lambda: len(self.sender.held) + self.shared.in_flight, self.shared.timing)
         self.metrics.follow_producer(self.slot.watch)
-        self.metrics.follow_postgres(lambda: [self.settler.store.link, self.claimer.store.link])
+        self.metrics.follow_postgres(lambda: [self.settler.store.link] + [c.store.link for c in self.claimers])
 
     def run(self) -> None:
-        log.info("firing from the store to %s: batch %d, lookahead %d ms, poll %d ms, timing advance %d ms",
-                 self.settings.output_topic, self.settings.batch_size, self.settings.lookahead_ms,
-                 self.settings.poll_interval_ms, self.settings.timing_advance_ms)
-        # `last_ok` is a float the claimer and the settler write: reading it uses no connection
-        self.metrics.serve(postgres=lambda: postgres_reached(self.settler.store, self.claimer.store),
+        log.info("firing from the store to %s: batch %d, lookahead %d ms, poll %d ms, timing advance %d ms, "
+                 "%d claimers", self.settings.output_topic, self.settings.batch_size, self.settings.lookahead_ms,
+                 self.settings.poll_interval_ms, self.settings.timing_advance_ms, len(self.claimers))
+        # `last_ok` is a float the claimers and the settler write: reading it uses no connection
+        self.metrics.serve(postgres=lambda: postgres_reached(self.settler.store, *(c.store for c in self.claimers)),
                            kafka=lambda: self.slot.producer, kafka_topic=self.settings.output_topic)
         self.settler.start()
-        self.claimer.start()
+        for claimer in self.claimers:
+            claimer.start()
         thread = threading.current_thread()
         name, thread.name = thread.name, "sender"
         try:
@@ -95,18 +105,22 @@ class FirerProcess:
         finally:
             self.shutdown()
             thread.name = name
-        for store_thread in (self.settler, self.claimer):
+        store_threads: list[StoreThread] = [self.settler, *self.claimers]
+        for store_thread in store_threads:
             if isinstance(store_thread.crashed, ConfigError):
                 raise store_thread.crashed
             if store_thread.crashed is not None:
                 raise RuntimeError(f"the firer's {store_thread.name} failed") from store_thread.crashed
 
     def shutdown(self) -> None:
-        """Stop claiming (a claim running is cancelled), hand back what was not published, wait for
+        """Stop claiming (the claims running are cancelled), hand back what was not published, wait for
         acknowledgements, delete what was fired."""
-        self.claimer.stop()
-        if self.claimer.is_alive():
-            self.claimer.join(10.0)
+        for claimer in self.claimers:
+            claimer.stop()
+        give_up_at = time.monotonic() + 10.0
+        for claimer in self.claimers:
+            if claimer.is_alive():
+                claimer.join(max(0.0, give_up_at - time.monotonic()))
         self.sender.hand_back_unpublished()
         self.sender.finish_in_flight(10.0)
         self.settler.inbox.put(Stop())

@@ -10,11 +10,11 @@ from typing import Callable
 
 from chronos.config import Settings
 from chronos.domain.model import Claimed
-from chronos.domain.shares import Shares, overdue_ms
+from chronos.domain.shares import Shares, claimer_slices, overdue_ms
 from chronos.errors import StoreUnavailable
 from chronos.telemetry.metrics import FirerTelemetry
 from chronos.ports import ClaimStore
-from chronos.roles.firer.handoff import Claims, Shared, size_of
+from chronos.roles.firer.handoff import Claims, Shared
 from chronos.roles.firer.store_thread import StoreThread
 from chronos.runtime.process import Lifecycle
 
@@ -40,12 +40,21 @@ class Claimer(StoreThread[ClaimStore]):
     deleted once published, so none of them ages past the hold time into a peer's hands.
 
     With other firers live it claims first from its own share of the due rows (`shares`, renewed
-    through the store), and from the others' only what they left overdue once its own is drained."""
+    through the store), and from the others' only what they left overdue once its own is drained.
+
+    A firer runs `parts` claimers (CHRONOS_FIRER_CLAIMERS), so that its next claim is on its way while
+    the last one's rows are handed on and published: the `part`-th claims its own part of the firer's
+    slices (`claimer_slices`), on a connection of its own. The first (`lead` None) also renews the
+    firer's lease, asks Kafka whether it answers after a stall, claims recurring schedules and the
+    others' overdue rows (other firers', and this firer's other claimers'); the others (`lead`: the
+    first) follow its view of the shares. They share the firer's cap on held rows (`Shared.reserve`)."""
 
     def __init__(self, store: ClaimStore, settings: Settings, shared: Shared, telemetry: FirerTelemetry, life: Lifecycle,
-                 outbox: Claims, kafka_answers: Callable[[], bool] = lambda: True):
+                 outbox: Claims, kafka_answers: Callable[[], bool] = lambda: True, *,
+                 part: int = 0, parts: int = 1, lead: Claimer | None = None):
         """`kafka_answers` asks Kafka for its metadata (blocking up to a second or so): whether it answered."""
-        super().__init__("claimer", store, settings, shared, telemetry, life)
+        super().__init__("claimer" if part == 0 else f"claimer{part + 1}", store, settings, shared, telemetry, life)
+        self.part, self.parts, self.lead = part, parts, lead
         self.outbox = outbox
         self.kafka_answers = kafka_answers
         self.kafka_answered_at = 0.0  # monotonic: Kafka last answered the claimer's own request
@@ -61,7 +70,10 @@ class Claimer(StoreThread[ClaimStore]):
         self.next_claim = 0.0
         self.next_schedules = 0.0
         self.next_full_claim = 0.0  # monotonic
-        self.shares = Shares(store.node_id, settings.hold_time_ms) if store.node_id is not None else None
+        if lead is not None:  # one lease per firer: the first claimer's
+            self.shares: Shares | None = lead.shares
+        else:
+            self.shares = Shares(store.node_id, settings.hold_time_ms) if store.node_id is not None else None
 
     def loop(self) -> None:
         try:
@@ -81,8 +93,9 @@ class Claimer(StoreThread[ClaimStore]):
             self.leave()
 
     def leave(self) -> None:
-        """Give this firer's share up, so the others take it at once rather than after the hold time."""
-        if self.shares is None or self.shares.next_renewal == 0.0:  # never took one
+        """Give this firer's share up, so the others take it at once rather than after the hold time
+        (the first claimer: the one that renews the lease)."""
+        if self.lead is not None or self.shares is None or self.shares.next_renewal == 0.0:  # never took one
             return
         try:
             self.store.firer_leave()
@@ -116,17 +129,18 @@ class Claimer(StoreThread[ClaimStore]):
         if stalled > self.settings.hold_time_ms / 2000.0:
             if not self.claims_paused:
                 self.claims_paused = True
-                log.warning("a publish has waited %.1fs for Kafka's acknowledgement: claiming nothing until "
-                            "Kafka catches up", stalled)
+                self.warn("a publish has waited %.1fs for Kafka's acknowledgement: claiming nothing until "
+                          "Kafka catches up", stalled)
             self.next_claim = now + 0.05
             return
         # the producer was replaced because nothing was acknowledged for the stall time, and nothing
         # was since: the publishes in flight were purged, so none waits, yet Kafka may be as far away as
         # before (this host cut off from it). Rows claimed now would wait out the hold time again and
-        # go to a peer, each time; claim again only once Kafka answers a request of the claimer's own.
+        # go to a peer, each time; claim again only once Kafka answers a request of the claimer's own
+        # (the first claimer asks; the others wait for its answer).
         stall_at = self.shared.kafka_stall_at
-        if stall_at is not None and self.kafka_answered_at < stall_at:
-            if not self.kafka_answers_now():
+        if stall_at is not None and (self.lead or self).kafka_answered_at < stall_at:
+            if self.lead is not None or not self.kafka_answers_now():
                 self.claims_paused = True
                 self.next_claim = now + 0.05
                 return
@@ -134,24 +148,28 @@ class Claimer(StoreThread[ClaimStore]):
             log.warning("Kafka answers again: claiming rows")
         elif self.claims_paused:
             self.claims_paused = False
-            log.warning("Kafka acknowledges again: claiming rows")
+            self.warn("Kafka acknowledges again: claiming rows")
         if time.monotonic() < self.shared.claims_resume_at:  # the producer is being replaced: rows would bounce
             self.next_claim = now + 0.05
             return
-        held = self.shared.held()
-        if held >= self.max_held or self.shared.held_bytes() >= self.max_held_bytes:
+        limit = self.shared.reserve(self.limit, self.max_held, self.max_held_bytes)
+        if not limit:
             self.next_claim = now + 0.005  # wait for acknowledgements before claiming more
             return
-        limit = min(self.limit, self.max_held - held)
-        started, sent = time.perf_counter(), time.monotonic()
-        if self.limits:  # fire-rate limits: topic by topic, within each limited topic's budget
-            rows, backlog = self.store.claim_limited(self.limits, self.settings.output_topic, limit,
-                                                     self.settings.lookahead_ms)
-        else:
-            rows, backlog = self.claim_rows(limit)
-        self.hand_to_sender(sent, rows)  # before the schedules' claim, which may be the slow one
+        try:
+            started, sent = time.perf_counter(), time.monotonic()
+            if self.limits:  # fire-rate limits: topic by topic, within each limited topic's budget
+                rows, backlog = self.store.claim_limited(self.limits, self.settings.output_topic, limit,
+                                                         self.settings.lookahead_ms)
+            else:
+                rows, backlog = self.claim_rows(limit)
+        except BaseException:  # a claim that failed or was cancelled holds nothing: its room is given back
+            self.shared.count_claimed([], reserved=limit)
+            raise
+        self.hand_to_sender(sent, rows, reserved=limit)  # before the schedules' claim, which may be the slow one
         occurrences = []
-        if now >= self.next_schedules:  # recurring schedules: once per poll interval, even in a backlog
+        # recurring schedules: by the first claimer, once per poll interval, even in a backlog
+        if self.lead is None and now >= self.next_schedules:
             self.next_schedules = now + self.settings.poll_interval_ms / 1000.0
             sent = time.monotonic()
             occurrences = self.store.claim_schedules(limit, self.settings.lookahead_ms, time.time_ns() // 1000)
@@ -175,7 +193,8 @@ class Claimer(StoreThread[ClaimStore]):
 
         With other firers live, the claim takes this firer's own slices, each up to its share of the
         limit; a full claim that finds them drained also takes the rows of any slice left overdue
-        (`shares.overdue_ms`) by the firer they belong to."""
+        (`shares.overdue_ms`) by the firer they belong to. With other claimers in this firer, each claims
+        its part of the firer's slices, and the first takes what the others left overdue as well."""
         now = time.monotonic()
         full = now >= self.next_full_claim
         mine = self.own_slices(now)
@@ -183,10 +202,12 @@ class Claimer(StoreThread[ClaimStore]):
         if mine is None:
             rows = self.store.claim(limit, self.settings.lookahead_ms, window)
             backlog = len(rows) == limit
+        elif not mine:  # fewer slices than claimers, or the first claimer has not renewed the lease yet
+            rows, backlog = [], False
         else:
             rows, backlog = self.store.claim_share(mine, limit, self.settings.lookahead_ms, window)
             assert self.shares is not None
-            if self.shares.takes_others(full, backlog) and len(rows) < limit:
+            if self.lead is None and self.shares.takes_others(full, backlog, self.parts) and len(rows) < limit:
                 taken = self.store.claim(limit - len(rows), -overdue_ms(self.settings.poll_interval_ms))
                 backlog = len(rows) + len(taken) == limit
                 rows += taken
@@ -198,21 +219,29 @@ class Claimer(StoreThread[ClaimStore]):
         return rows, backlog
 
     def own_slices(self, now: float) -> tuple[int, ...] | None:
-        """This firer's slices (None: every slice, it is alone), its lease renewed first when due
-        (`now` monotonic)."""
+        """This claimer's slices (None: every slice, it claims alone for a firer alone): its part of the
+        firer's, whose lease the first claimer renews first when due (`now` monotonic)."""
         shares = self.shares
-        if shares is None:
-            return None
-        if shares.renewal_due(now):
+        if shares is not None and self.lead is None and shares.renewal_due(now):
             if shares.renewed(self.store.firer_heartbeat(self.settings.hold_time_ms), now):
                 log.info("%d firers share the due rows: this one claims first from slices %s", shares.firers,
                          "all" if shares.mine is None else ",".join(map(str, shares.mine)))
-        return shares.mine
+        firers = None if shares is None else shares.mine
+        if self.parts == 1:
+            return firers
+        if shares is not None and shares.next_renewal == 0.0:  # the lease not taken yet: whose slices is unknown
+            return ()
+        return claimer_slices(firers, self.part, self.parts)
 
-    def hand_to_sender(self, sent: float, rows: list[Claimed]) -> None:
+    def hand_to_sender(self, sent: float, rows: list[Claimed], reserved: int = 0) -> None:
         """Hand rows over with the time their claim was sent (monotonic): the database stamped them no
-        earlier, so their age counted from it is never less than what a detector sees."""
+        earlier, so their age counted from it is never less than what a detector sees. `reserved`: the
+        rows of the cap set aside for their claim, given back."""
+        self.shared.count_claimed(rows, reserved)
         if rows:
-            self.shared.claimed_bytes += size_of(rows)
-            self.shared.totals.claimed += len(rows)
             self.outbox.put((sent, rows))
+
+    def warn(self, message: str, *args: object) -> None:
+        """A warning of what all the firer's claimers see alike (Kafka's stalls): the first one's only."""
+        if self.lead is None:
+            log.warning(message, *args)

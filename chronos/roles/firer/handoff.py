@@ -5,6 +5,7 @@ share (`Shared`, with the running totals `FirerTotals`), the rows the claimer ha
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from chronos.roles.firer.decisions import PublishTiming
 
 class FirerTotals:
     """The firer's running totals, exported as counters (`FirerTelemetry.totals`) and logged at
-    the end. `claimed` is written by the claimer, `expired` by the sender, the others by the
+    the end. `claimed` is written by the claimers (`Shared.count_claimed`), `expired` by the sender, the others by the
     settler; `released` also by the sender's thread at shutdown, once the settler has ended."""
 
     __slots__ = ("claimed", "fired", "vanished", "released", "retried", "dead", "parked", "expired")
@@ -35,13 +36,16 @@ def size_of(rows: Iterable[Claimed]) -> int:
 
 
 class Shared:
-    """What the firer's three threads know of each other. Every field has one writer; the others
-    only read it (an int or a float, read whole under the GIL).
+    """What the firer's threads know of each other. Every field has one writer, or one lock its
+    writers take; the others only read it (an int or a float, read whole under the GIL).
 
     A row is *held* from its claim (SQL: `readied_at` set) until it is settled: deleted once
     fired or dead-lettered, handed back, put off for a retry, or parked.
 
-    - the claimer writes `totals.claimed`, the rows it ever claimed, and `claimed_bytes`, their size;
+    - the claimers write `totals.claimed`, the rows they ever claimed, `claimed_bytes`, their size, and
+      `reserved`, the rows of the cap set aside for the claims on their way, under `claims_lock`
+      (`reserve`, `count_claimed`): the firer has one count of rows held, and one cap, however many
+      claimers it runs;
     - the settler writes `settled`, the rows it ever settled, `settled_bytes`, their size, and
       `timing.offset_us`, the database
       clock's offset, which the sender reads;
@@ -54,6 +58,8 @@ class Shared:
         self.settled = 0
         self.claimed_bytes = 0
         self.settled_bytes = 0
+        self.reserved = 0         # rows of the cap set aside for claims on their way (`reserve`)
+        self.claims_lock = threading.Lock()
         self.timing = timing
         self.in_flight = 0        # publishes waiting for Kafka's acknowledgement
         self.ack_progress = 0.0   # monotonic: the last acknowledgement, or the first publish since none was in flight
@@ -70,6 +76,29 @@ class Shared:
     def held_bytes(self) -> int:
         """The size (`size_of`) of the rows claimed by this firer and not settled yet."""
         return self.claimed_bytes - self.settled_bytes
+
+    # -- written by the claimers ---------------------------------------------------------------
+
+    def reserve(self, limit: int, max_held: int, max_held_bytes: int) -> int:
+        """Set aside up to `limit` rows of the cap on held rows (`max_held`) for a claim about to be
+        sent, none while the rows held come to `max_held_bytes`: how many. Two claimers on their way
+        at once never claim more together than the cap has room for; `count_claimed` gives the rows
+        set aside back once the claim has come."""
+        with self.claims_lock:
+            room = max_held - self.held() - self.reserved
+            if room <= 0 or self.held_bytes() >= max_held_bytes:
+                return 0
+            granted = min(limit, room)
+            self.reserved += granted
+            return granted
+
+    def count_claimed(self, rows: list[Claimed], reserved: int = 0) -> None:
+        """Count `rows` as held (claimed), and give back `reserved` rows set aside for their claim."""
+        size = size_of(rows)
+        with self.claims_lock:
+            self.totals.claimed += len(rows)
+            self.claimed_bytes += size
+            self.reserved -= reserved
 
     def stalled(self, now: float) -> float:
         """How long Kafka has kept the firer waiting (`now` monotonic): since the last acknowledgement

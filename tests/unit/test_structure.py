@@ -50,3 +50,13 @@ def test_the_check_names_what_is_over_and_only_that(tmp_path: Path) -> None:
     (package / "classes.py").write_text(_class("Big", 6) + _class("Fits", 5))
     assert oversized(package, max_module=20, max_class=5) == ["pkg/classes.py: class Big (6 lines)",
                                                               "pkg/sub/long.py: module (21 lines)"]
+
+
+def test_no_two_test_modules_share_a_name() -> None:
+    """pytest imports test modules by their file's name (the folders have no __init__.py), so two of one name
+    stop the collection of the whole suite."""
+    tests = Path(__file__).resolve().parents[1]
+    names: dict[str, list[str]] = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        names.setdefault(path.name, []).append(path.relative_to(tests).as_posix())
+    assert not {name: paths for name, paths in names.items() if len(paths) > 1}

@@ -407,10 +407,11 @@ def _program_pid(fleet: Fleet, host: ChronosHost, program: str) -> int:
 
 def rolling_upgrade(fleet: Fleet, *, rate: float = 300, warmup: float = 5.0, settle: float = 8.0) -> ScenarioResult:
     """g) A rolling upgrade under load, with the upgrade page's blocks as written: every host on the previous
-    release; the schema migrated by the new one; the first host upgraded (its link to the new environment,
-    its supervisord restarted); an old process of the second host killed (supervisord starts it again, on the
-    old release, on the new schema); the second host upgraded; the first rolled back. `settle` seconds of
-    load between steps (two releases side by side meanwhile)."""
+    release; the first host upgraded (its link to the new environment, its supervisord restarted), the new
+    release on the previous one's schema; an old process of the second host killed (supervisord starts it
+    again, on the old release); the second host upgraded; the first rolled back and upgraded again; then the
+    schema migrated by the new release, under its running processes. `settle` seconds of load between steps
+    (two releases side by side meanwhile)."""
     (migrate,) = page_blocks(UPGRADING, "upgrade migrate")
     (upgrade,) = page_blocks(UPGRADING, "upgrade host")
     (rollback,) = page_blocks(UPGRADING, "rollback host")
@@ -438,11 +439,12 @@ def rolling_upgrade(fleet: Fleet, *, rate: float = 300, warmup: float = 5.0, set
         _steady(warmup)
         t0 = time.time()
         before = {h.name: fleet.running_releases(h) for h in fleet.chronos}
-        step("chronos migrate with the new release", lambda: fleet.run_block(first, migrate))
         step(f"{first.name} upgraded", lambda: fleet.run_block(first, upgrade))
         step(f"{second.name}: an old firer killed", kill_old_firer)
         step(f"{second.name} upgraded", lambda: fleet.run_block(second, upgrade))
         step(f"{first.name} rolled back", lambda: fleet.run_block(first, rollback))
+        step(f"{first.name} upgraded again", lambda: fleet.run_block(first, upgrade))
+        step("chronos migrate with the new release", lambda: fleet.run_block(first, migrate))
         done_at = time.time()
         report = sc.finish()
         # the longest gap between deliveries from the first step to the last one's end (and a stall up to it)

@@ -22,6 +22,7 @@ import uuid
 from typing import Iterable
 
 SLICES = 16  # as in the share index's expression (migration 0009): hashtext(coalesce(ordering_key, id)) & 15
+LEASES_AGAIN_S = 30.0  # seconds: how often a firer on a schema without leases looks for them again
 RENEW_EVERY = 0.5  # seconds between a firer's lease renewals, at most (a quarter of the hold time if shorter)
 
 
@@ -72,6 +73,15 @@ class Shares:
         self.mine: tuple[int, ...] | None = None
         self.firers = 1  # live firers, this one included, at the last renewal
         self.next_renewal = 0.0
+        self.leases = True  # False: the schema has no firers' leases (before version 9), every slice is this one's
+
+    def without_leases(self, now: float) -> None:
+        """The schema has no leases (a store not yet migrated to version 9): this firer claims from every
+        slice, as a firer alone, and asks again after `LEASES_AGAIN_S` (`now` monotonic)."""
+        self.leases = False
+        self.mine = None
+        self.firers = 1
+        self.next_renewal = now + LEASES_AGAIN_S
 
     def renewal_due(self, now: float) -> bool:
         return now >= self.next_renewal
@@ -80,6 +90,7 @@ class Shares:
         """The lease was renewed at `now` and these other firers are live: this firer's slices from now
         on. Whether the number of live firers changed."""
         others = set(others) - {self.me}
+        self.leases = True
         self.mine = slices_of(self.me, others)
         self.next_renewal = now + self.renew_every
         changed = len(others) + 1 != self.firers

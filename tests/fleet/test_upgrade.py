@@ -1,8 +1,9 @@
 """A rolling upgrade and a rollback under load on the fleet, with the upgrade page's blocks as written
 (docs/operations/upgrading.md): both hosts on the previous release, built from its commit as the
-changelog records it; `chronos migrate` with this one; one host upgraded, an old firer of the other
-killed (supervisord starts it again, on the old release and the new schema), the other host upgraded, the
-first rolled back. Nothing is lost or published early, and deliveries never pause for a second."""
+changelog records it; one host upgraded (this release on the previous one's schema), an old firer of the
+other killed (supervisord starts it again, on the old release), the other host upgraded, the first rolled
+back and upgraded again; then `chronos migrate` with this release, under its running processes. Nothing is
+lost or published early, and deliveries never pause for a second."""
 
 from __future__ import annotations
 
@@ -43,16 +44,18 @@ def test_a_rolling_upgrade_and_a_rollback_under_load_lose_nothing_and_pause_noth
 
     everyone = {h.name: {p: PREVIOUS for p in h.programs()} for h in fleet.chronos}
     assert row["running_before"] == everyone, row["running_before"]
-    migrate, first, kill, second, back = (s["running"] for s in row["steps"])
-    assert "schema" in row["steps"][0]["output"], row["steps"][0]
-    assert migrate == everyone
-    # two releases side by side, on the schema the new one migrated
+    first, kill, second, back, again, migrate = (s["running"] for s in row["steps"])
+    # two releases side by side, on the previous release's schema
     assert set(first["chronos-1"].values()) == {__version__} and set(first["chronos-2"].values()) == {PREVIOUS}, first
     assert kill == first, kill  # the killed old firer is back, on the old release
-    # each program started once per restart of its host, the killed firer once more: no other crash
-    planned = {f"{h.name}/{p}": 2 if h.name == "chronos-1" else 1 for h in fleet.chronos for p in h.programs()}
-    planned["chronos-2/firer_00"] += 1
-    assert row["started_again"] == planned, row["started_again"]
     assert set(second["chronos-2"].values()) == {__version__} and set(second["chronos-1"].values()) == {__version__}
     assert set(back["chronos-1"].values()) == {PREVIOUS} and set(back["chronos-2"].values()) == {__version__}, back
-    assert row["steps"][4]["output"].strip().endswith(f"chronos {PREVIOUS}"), row["steps"][4]
+    assert row["steps"][3]["output"].strip().endswith(f"chronos {PREVIOUS}"), row["steps"][3]
+    everyone_new = {h.name: {p: __version__ for p in h.programs()} for h in fleet.chronos}
+    assert again == everyone_new and migrate == everyone_new, (again, migrate)
+    # the migration ran under the running processes, which carried on on the new schema
+    assert "applied migrations 9" in row["steps"][5]["output"], row["steps"][5]
+    # each program started once per restart of its host, the killed firer once more: no other crash
+    planned = {f"{h.name}/{p}": 3 if h.name == "chronos-1" else 1 for h in fleet.chronos for p in h.programs()}
+    planned["chronos-2/firer_00"] += 1
+    assert row["started_again"] == planned, row["started_again"]

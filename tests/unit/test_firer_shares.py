@@ -10,7 +10,7 @@ from chronos import codec
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.adapters.memory.shares import slice_of
 from chronos.domain.model import Row
-from chronos.domain.shares import SLICES, Shares, overdue_ms, slice_limits, slices_of
+from chronos.domain.shares import LEASES_AGAIN_S, SLICES, Shares, overdue_ms, slice_limits, slices_of
 from test_roles_firer import Firer
 
 NODES = sorted(uuid.uuid4() for _ in range(4))
@@ -117,3 +117,15 @@ def test_a_claimer_that_stops_gives_its_share_up():
     f.proc.claimer.stop()
     f.proc.claimer.run()  # the loop ends at once: stop was asked
     assert f.node not in f.db.firers and peer.firer_heartbeat(f.settings.hold_time_ms) == []
+
+
+def test_a_schema_without_leases_makes_the_firer_claim_every_slice_and_look_again_later():
+    me, peer = uuid.uuid4(), uuid.uuid4()
+    shares = Shares(me, hold_time_ms=5000)
+    shares.renewed([peer], now=100.0)
+    assert shares.mine is not None and shares.leases
+    shares.without_leases(now=101.0)
+    assert shares.mine is None and not shares.leases and shares.firers == 1
+    assert not shares.renewal_due(101.0 + LEASES_AGAIN_S - 0.1) and shares.renewal_due(101.0 + LEASES_AGAIN_S)
+    shares.renewed([peer], now=200.0)  # the store migrated since: the leases again
+    assert shares.leases and shares.mine == slices_of(me, [peer])

@@ -85,6 +85,11 @@ def migrations() -> list[Migration]:
 
 
 LATEST_VERSION = migrations()[-1].version
+# The oldest schema this chronos runs on. Version 9 only adds the firers' leases and their share index;
+# on 8 the firers claim from every slice, as 0.1.0's do, so a store at 0.1.0's schema (which knows no
+# compatibility window, and stops on any newer schema) runs this release's processes host by host before
+# `chronos migrate` brings it to 9 (docs/operations/upgrading.md).
+OLDEST_VERSION = 8
 
 
 def check_server_version(conn: psycopg.Connection) -> None:
@@ -188,7 +193,7 @@ def check_schema_raw(conn: psycopg.Connection) -> None:
     """check_schema, with the driver's errors left to the caller (a store's, which translates them)."""
     check_server_version(conn)
     current = _current(conn)
-    if current < LATEST_VERSION:
+    if current < OLDEST_VERSION:
         raise SchemaError(f"database schema is at version {current}, this chronos needs {LATEST_VERSION}: "
                           f"run `chronos migrate` first")
     if current > LATEST_VERSION:

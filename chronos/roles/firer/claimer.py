@@ -11,7 +11,7 @@ from typing import Callable
 from chronos.config import Settings
 from chronos.domain.model import Claimed
 from chronos.domain.shares import Shares, claimer_slices, overdue_ms
-from chronos.errors import StoreUnavailable
+from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.telemetry.metrics import FirerTelemetry
 from chronos.ports import ClaimStore
 from chronos.roles.firer.handoff import Claims, Shared
@@ -96,6 +96,8 @@ class Claimer(StoreThread[ClaimStore]):
         """Give this firer's share up, so the others take it at once rather than after the hold time
         (the first claimer: the one that renews the lease)."""
         if self.lead is not None or self.shares is None or self.shares.next_renewal == 0.0:  # never took one
+            return
+        if not self.shares.leases:  # a schema without leases: nothing to give up
             return
         try:
             self.store.firer_leave()
@@ -223,15 +225,31 @@ class Claimer(StoreThread[ClaimStore]):
         firer's, whose lease the first claimer renews first when due (`now` monotonic)."""
         shares = self.shares
         if shares is not None and self.lead is None and shares.renewal_due(now):
-            if shares.renewed(self.store.firer_heartbeat(self.settings.hold_time_ms), now):
-                log.info("%d firers share the due rows: this one claims first from slices %s", shares.firers,
-                         "all" if shares.mine is None else ",".join(map(str, shares.mine)))
+            self.renew(shares, now)
         firers = None if shares is None else shares.mine
         if self.parts == 1:
             return firers
+        if shares is not None and not shares.leases:  # no slices to divide: the first claims every row
+            return None if self.lead is None else ()
         if shares is not None and shares.next_renewal == 0.0:  # the lease not taken yet: whose slices is unknown
             return ()
         return claimer_slices(firers, self.part, self.parts)
+
+    def renew(self, shares: Shares, now: float) -> None:
+        """Renew the firer's lease; on a schema without leases (not yet migrated to version 9, refused as
+        StoreRejected), claim from every slice, as a firer alone, and look for them again later."""
+        try:
+            others = self.store.firer_heartbeat(self.settings.hold_time_ms)
+        except StoreRejected as exc:
+            if shares.leases:
+                log.warning("the firers cannot divide the due rows (%s): this firer claims from all of them "
+                            "until `chronos migrate` brings the schema to version 9", exc)
+            shares.without_leases(now)
+            return
+        had_none = not shares.leases
+        if shares.renewed(others, now) or had_none:
+            log.info("%d firers share the due rows: this one claims first from slices %s", shares.firers,
+                     "all" if shares.mine is None else ",".join(map(str, shares.mine)))
 
     def hand_to_sender(self, sent: float, rows: list[Claimed], reserved: int = 0) -> None:
         """Hand rows over with the time their claim was sent (monotonic): the database stamped them no

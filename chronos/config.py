@@ -221,7 +221,9 @@ OPTIONS: tuple[Option, ...] = (
            "sixteen batches; a claim may go over it by one batch (units k, M, G)", _bytes, "64M"),
     Option("firer_claimers", "claims a firer has on their way at once, each on a connection of its own and on "
            "its own part of the firer's share of the due rows, so the next claim runs while the last one's rows "
-           "are published; 1 to 16 (one under fire-rate limits, whatever this says)", _claimers, "2"),
+           "are published; 1 to 16 (one under fire-rate limits, whatever this says). More than one pays where "
+           "PostgreSQL has cores to spare: on two cores shared with everything else, a second claimer slowed the "
+           "consumers' writes more than it sped the claims", _claimers, "1"),
     Option("consumer_group", "Kafka consumer group of the consumers", _str, "chronos"),
     Option("kafka_properties", "extra librdkafka properties as key=value,key=value (TLS, SASL, ...)",
            parse_kafka_properties, ""),
@@ -275,7 +277,7 @@ class Settings:
     lookahead_ms: int = 300
     batch_size: int = 2000
     firer_max_held_bytes: int = 64 << 20
-    firer_claimers: int = 2
+    firer_claimers: int = 1
     consumer_group: str = "chronos"
     kafka_properties: dict[str, str] = field(default_factory=dict)
     kafka_properties_file: dict[str, str] = field(default_factory=dict)

@@ -37,7 +37,7 @@ def test_the_firer_s_byte_cap_takes_a_binary_unit_and_defaults_to_64_mib():
 
 
 def test_a_firer_has_two_claimers_unless_told_otherwise():
-    assert settings({}).firer_claimers == 2
+    assert settings({}).firer_claimers == 1
     assert settings({"CHRONOS_FIRER_CLAIMERS": "16"}).firer_claimers == 16
 
 

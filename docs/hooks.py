@@ -420,6 +420,34 @@ def _find_max(path: str) -> str:
     return f"{fm['max_sustained_rate']:,.0f} msg/s (fails at {fm['first_failing_rate']:,.0f})"
 
 
+def _lateness(path: str) -> str:
+    r = _result(path)
+    return (f"{_ms(r['publish_lateness_ms']['p999'])} (jitter p99.9 {_ms(r['jitter_ms']['p999'])}, "
+            f"fired {r['fire_rate']:,.0f} msg/s)")
+
+
+def _written_fired(path: str) -> str:
+    r = _result(path)
+    return f"{r['enqueue_rate']:,.0f} / {r['fire_rate']:,.0f} msg/s, {_ms(r['jitter_ms']['p999'])}"
+
+
+def _design_rate(path: str, layout: str) -> str:
+    (row,) = [r for r in _result(path)["rows"] if r["layout"] == layout]
+    return f"{row['rate_per_s']:,} msg/s ({row['postgres_us_per_message']:.1f} µs of PostgreSQL per message)"
+
+
+def _fetched(path: str, firers: int) -> str:
+    (row,) = [r for r in _result(path)["rows"] if r["firers"] == firers]
+    return f"{row['fetched_per_claimed']:.3f} ({row['claimed']:,} rows claimed in {row['duration_s']:.0f} s)"
+
+
+def _of_design_limit(path: str, layout: str) -> str:
+    """Chronos's highest rate within the SLA over the design's own statements' rate, in the same layout."""
+    best = _result(path)["find_max"]["max_sustained_rate"]
+    (design,) = [r for r in _result(f"{DESIGN_LIMIT}/max.json")["rows"] if r["layout"] == layout]
+    return f"{best / design['rate_per_s']:.2f} ({best:,.0f} of {design['rate_per_s']:,} msg/s)"
+
+
 AGED_AB = "2026-11-26/claim-window/aged-ab.json"
 
 
@@ -474,14 +502,34 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          "2026-11-23/compare/chronos-1-1-1-1000.json"),
         ("two of every role, 25 ms", _jitter, "2026-11-23/compare/chronos-2-2-2-1000.json")]),
     ("p99.9 jitter at 10,000 msg/s", "≤ 500 ms", [
-        ("one process per role", _jitter, "2026-11-26/cpu-10000/c111.json"),
-        ("two of every role", _jitter, "2026-11-26/cpu-10000/c222.json")]),
+        ("one process per role", _jitter, "2026-11-27/shares/cpu-10000/c111.json"),
+        ("two of every role", _jitter, "2026-11-27/shares/cpu-10000/c222.json")]),
     ("highest rate holding p99.9 ≤ 500 ms", "35,000 msg/s (one per role), 30,000 (two)", [
-        ("one process per role", _find_max, "2026-11-26/find-max/chronos-1x1x1.json"),
-        ("two of every role", _find_max, "2026-11-26/find-max/chronos-2x2x2.json")]),
+        ("one process per role", _find_max, "2026-11-27/shares/find-max/chronos-1x1x1.json"),
+        ("two of every role", _find_max, "2026-11-27/shares/find-max/chronos-2x2x2.json")]),
+    ("the highest rate within the SLA, of the design's limit", "", [
+        ("one process per role", functools.partial(_of_design_limit, layout="1/1/1"),
+         "2026-11-27/shares/find-max/chronos-1x1x1.json"),
+        ("two of every role", functools.partial(_of_design_limit, layout="2/2/2"),
+         "2026-11-27/shares/find-max/chronos-2x2x2.json")]),
+    ("publish lateness p99.9, the firer's own share", "≤ 10 ms", [
+        ("one process per role, 25,000 msg/s", _lateness, "2026-11-27/shares/lateness/chronos-1x1x1-25000.json"),
+        ("two of every role, 20,000 msg/s", _lateness, "2026-11-27/shares/lateness/chronos-2x2x2-20000.json")]),
+    ("claiming connections per firer, 20,000 msg/s, one of each role: written / fired, p99.9 jitter", "", [
+        ("one claimer (the default)", _written_fired, "2026-11-27/shares/claimers-ab/one-claimer.json"),
+        ("two claimers", _written_fired, "2026-11-27/shares/claimers-ab/two-claimers.json"),
+        ("before the firers' shares, the same hour", _written_fired, "2026-11-27/shares/claimers-ab/before-shares.json")]),
+    ("the design's limit: its own statements, no Kafka, one of each role", "", [
+        ("with the firers' share index", functools.partial(_design_rate, layout="1/1/1"),
+         "2026-11-27/shares/design-limit/max.json"),
+        ("before it, the same hour", functools.partial(_design_rate, layout="1/1/1"),
+         "2026-11-27/shares/design-limit/max-before-shares.json")]),
+    ("live rows fetched per claimed row, 5,000 msg/s", "≤ 1.1", [
+        ("two firers", functools.partial(_fetched, firers=2), "2026-11-27/shares/claims.json"),
+        ("four firers", functools.partial(_fetched, firers=4), "2026-11-27/shares/claims.json")]),
     ("CPU at 10,000 msg/s, Chronos and PostgreSQL, fresh stack", "≤ 0.30 cores", [
-        ("one process per role", _fresh_cpu, "2026-11-26/cpu-10000/c111.json"),
-        ("two of every role", _fresh_cpu, "2026-11-26/cpu-10000/c222.json"),
+        ("one process per role", _fresh_cpu, "2026-11-27/shares/cpu-10000/c111.json"),
+        ("two of every role", _fresh_cpu, "2026-11-27/shares/cpu-10000/c222.json"),
         ("graphile-worker and its PostgreSQL, same load", _fresh_cpu, "2026-11-26/cpu-10000/gw.json")]),
     ("CPU at 10,000 msg/s, on a stack that has carried 9 to 14 M messages", "≤ 0.30 cores", [
         ("one process per role", functools.partial(_aged_ab_cpu, layout="1/1/1"), AGED_AB),
@@ -631,9 +679,9 @@ def capacity_page(result: str = CAPACITY_RESULT) -> str:
 
 # -- the design's limit (benchmarks/design_limit.py) against Chronos -----------------------------
 
-DESIGN_LIMIT = "2026-11-26/design-limit-window"
-CPU_10000 = "2026-11-26/cpu-10000"
-FIND_MAX = "2026-11-26/find-max"
+DESIGN_LIMIT = "2026-11-27/shares/design-limit"
+CPU_10000 = "2026-11-27/shares/cpu-10000"
+FIND_MAX = "2026-11-27/shares/find-max"
 
 
 def design_limit_page(folder: str = DESIGN_LIMIT) -> str:

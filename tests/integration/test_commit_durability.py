@@ -30,7 +30,8 @@ def durable_env(chronos_env):
 
 
 def test_firer_commits_asynchronously_and_the_consumer_synchronously(durable_env):
-    settings = config.load(environ=durable_env, default_ready_file=False)
+    # two claimers, so that every claiming connection is seen to be set
+    settings = config.load(environ={**durable_env, "CHRONOS_FIRER_CLAIMERS": "2"}, default_ready_file=False)
     firer = processes.build_firer(settings, uuid.uuid4(), Lifecycle())
     consumer = processes.build_consumer(settings, uuid.uuid4(), Lifecycle())
     try:

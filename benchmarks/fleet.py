@@ -21,7 +21,8 @@ running) before the next one starts:
 
 Layouts: `1` is one process of every role on each of the two hosts, `2` two of every role on each. Per
 scenario: messages sent (acknowledged by the broker), lost, early, duplicated (explained by the fault,
-landed after the heal from a publish in flight at the cut, republished after the heal), the longest
+landed after the heal from a publish in flight at the cut, fired again after the heal because the cut lost
+the acknowledgement of a publish just before it, republished after the heal), the longest
 pause in deliveries and when it ended (after the fault, the heal, the promotion), the latest delivery
 after its due time, and what operators saw: each program's /healthz as a monitoring host and as the
 host itself saw it, the first log line of each kind, `chronos status` from a host on the right side.

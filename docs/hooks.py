@@ -313,7 +313,9 @@ def fleet_rows(result: str = FLEET_RESULT, keys: Iterable[str] | None = None) ->
         rows.append((r["scenario"], r["layout"], f"{r['carried_before']:,}", f"{r['lost']} of {r['sent']:,}", r["early"],
                      f"{r['duplicates']} ({r['duplicates_explained']} explained; "
                      f"{r['published_while_held_landed_after_heal']} published while held, landed after the heal; "
-                     f"{r['republished_after_heal']} republished after it)",
+                     + (f"{r['unacknowledged_at_cut_fired_after_heal']} unacknowledged at the cut, fired again after "
+                        "the heal; " if "unacknowledged_at_cut_fired_after_heal" in r else "")
+                     + f"{r['republished_after_heal']} republished after it)",
                      "-" if r.get("promoted_after_fault_s") is None else f"{r['promoted_after_fault_s']:g} s",
                      pause, f"{r['max_lateness_during_fault_s']:g} s",
                      _health_summary(r["health"], cut_host) if cut_host else

@@ -36,6 +36,9 @@ from benchmarks.harness.fleet import ROOT, ChronosHost, Fleet, FleetError, page_
 from benchmarks.harness.report import percentiles
 from chronos.roles.firer.held import PUBLISHABLE_SHARE
 
+# a publish whose acknowledgement a cut can lose was produced this many seconds before it at most
+# (a batch lingers 100 ms at most, and the broker answers within milliseconds on the bridge)
+ACK_WINDOW_S = 2.0
 SCENARIOS = ("primary", "host", "host-db", "host-kafka", "kafka", "primary-out")
 LOG_SIGNS = ("postgres unavailable", "did not answer within", "another server than before", "is read-only",
              "kafka unavailable", "left consumer group", "rejoining consumer group",
@@ -249,24 +252,34 @@ class FleetScenario:
             "arrivals": self.reader.arrivals, "create_times": self.reader.create_times,
             "faults": [{"what": f.what, "start": f.start, "end": f.end} for f in self.faults]}))
 
-    def landed_after(self, heal_at: float, fault_at: float) -> tuple[list[str], list[str]]:
-        """Messages delivered before the heal and again after it, in two lists: those whose later copy
+    def landed_after(self, heal_at: float, fault_at: float) -> tuple[list[str], list[str], list[str]]:
+        """Messages delivered before the heal and again after it, in three lists: those whose later copy
         was produced while the cut-off host still held them (before the cut, or within three quarters of
         the hold time after it, past which a firer publishes none of the rows it claimed before: its
-        request reached the broker only after the heal, sent again by the host's kernel), and those
-        produced later (a host that published rows it no longer held: must be none)."""
+        request reached the broker only after the heal, sent again by the host's kernel); those whose
+        first copy was produced in the last seconds before the cut and none landed during it (the broker
+        stored it, its acknowledgement was lost in the cut, so the firer handed the row back when it
+        replaced its producer and it fired again after the heal: at least once, by the row's holder);
+        and those produced later otherwise (a host that published rows it no longer held: must be none)."""
         assert self.load is not None and self.reader is not None
         in_flight: list[str] = []
+        unacknowledged: list[str] = []
         republished: list[str] = []
+        held_until = fault_at + PUBLISHABLE_SHARE * self.hold_s + 0.1  # CreateTime has millisecond precision
         for m in self.load.sent:
             arrivals = self.reader.arrivals.get(m, ())
             if len(arrivals) < 2 or not min(arrivals) < heal_at <= max(arrivals):
                 continue
             created = self.reader.create_times[m]
             later = [c for a, c in zip(arrivals, created) if a >= heal_at]
-            held_until = fault_at + PUBLISHABLE_SHARE * self.hold_s + 0.1  # CreateTime has millisecond precision
-            (in_flight if all(c < held_until for c in later) else republished).append(m)
-        return sorted(in_flight), sorted(republished)
+            if all(c < held_until for c in later):
+                in_flight.append(m)
+            elif fault_at - ACK_WINDOW_S <= created[0] <= fault_at + 0.1 and \
+                    not any(fault_at + 1.0 < a < heal_at for a in arrivals):
+                unacknowledged.append(m)
+            else:
+                republished.append(m)
+        return sorted(in_flight), sorted(unacknowledged), sorted(republished)
 
     def lateness_of(self, due_from: float, due_to: float) -> float:
         """The latest delivery after its due time of the messages due between the two times (seconds)."""
@@ -286,13 +299,15 @@ class FleetScenario:
             extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """The scenario's figures, as the result file and the pages show them."""
         pause = longest_pause(self, fault_at)  # type: ignore[arg-type]  # duck-typed: .load and .reader
+        landed = self.landed_after(heal_at, fault_at)
         row = report.row()
         row.update({
             "fault": self.faults[0].what if self.faults else self.name,
             "cut_s": round(heal_at - fault_at, 1),
             "duplicates_explained": report.duplicates - len(report.unexplained),
-            "published_while_held_landed_after_heal": len(self.landed_after(heal_at, fault_at)[0]),
-            "republished_after_heal": len(self.landed_after(heal_at, fault_at)[1]),
+            "published_while_held_landed_after_heal": len(landed[0]),
+            "unacknowledged_at_cut_fired_after_heal": len(landed[1]),
+            "republished_after_heal": len(landed[2]),
             "longest_pause_s": None if pause is None else round(pause[1] - pause[0], 2),
             "pause_began_after_fault_s": None if pause is None else round(pause[0] - fault_at, 2),
             "pause_ended_after_fault_s": None if pause is None else round(pause[1] - fault_at, 2),

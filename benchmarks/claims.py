@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import queue
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -32,7 +31,7 @@ from pathlib import Path
 import orjson
 import psycopg
 
-from chronos.adapters.postgres.migrations import migrate
+from benchmarks.harness.database import migrated_postgres
 from chronos.adapters.postgres.store import Store
 from chronos.config import Settings
 from chronos.telemetry.metrics import FirerTelemetry
@@ -169,25 +168,17 @@ def main(argv: list[str] | None = None) -> int:
                         "repeat it (default: 1 and 2)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    from chronos.embedded.postgres import EmbeddedPostgres
-    from chronos.embedded.procs import free_port
     rows = []
-    with tempfile.TemporaryDirectory(prefix="chronos-claims-") as tmp:
-        pg = EmbeddedPostgres(Path(tmp) / "pg", port=free_port(), log_path=Path(tmp) / "pg.log")
-        pg.start()
-        try:
-            migrate(pg.url)
-            if args.drain:
-                runs = [lambda count=count: drain(pg.url, args.drain, count) for count in args.claimers or [1, 2]]
-            else:
-                runs = [lambda count=count: run(pg.url, count, args.rate, args.duration, args.warmup)
-                        for count in args.firers or [1, 2, 4]]
-            for measure in runs:
-                row = measure()
-                rows.append(row)
-                print(orjson.dumps(row).decode(), flush=True)
-        finally:
-            pg.stop()
+    with migrated_postgres("chronos-claims-") as pg:
+        if args.drain:
+            runs = [lambda count=count: drain(pg.url, args.drain, count) for count in args.claimers or [1, 2]]
+        else:
+            runs = [lambda count=count: run(pg.url, count, args.rate, args.duration, args.warmup)
+                    for count in args.firers or [1, 2, 4]]
+        for measure in runs:
+            row = measure()
+            rows.append(row)
+            print(orjson.dumps(row).decode(), flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_bytes(orjson.dumps({"date": time.strftime("%Y-%m-%d"),

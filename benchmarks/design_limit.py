@@ -25,7 +25,6 @@ import argparse
 import os
 import queue
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -34,8 +33,8 @@ from pathlib import Path
 import orjson
 import psycopg
 
+from benchmarks.harness.database import migrated_postgres
 from chronos import codec
-from chronos.adapters.postgres.migrations import migrate
 from chronos.adapters.postgres.queries import QUERIES
 from chronos.domain.model import Row
 from chronos.roles.firer.claimer import FULL_CLAIM_EVERY, RECENT_WINDOW_MS
@@ -253,28 +252,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fillfactor", type=int, default=None, help="the table's fillfactor (the schema's: 80)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    from chronos.embedded.postgres import EmbeddedPostgres
-    from chronos.embedded.procs import free_port
     rows = []
-    with tempfile.TemporaryDirectory(prefix="chronos-limit-") as tmp:
-        # the server chronos up runs: the embedded PostgreSQL with its durable settings
-        pg = EmbeddedPostgres(Path(tmp) / "pg", port=free_port(), log_path=Path(tmp) / "pg.log")
-        pg.start()
-        try:
-            migrate(pg.url)
-            with psycopg.connect(pg.url, autocommit=True) as conn:
-                for statement in HOT_SCHEMA if args.schema == "hot" else ():
-                    conn.execute(statement)
-                if args.fillfactor:
-                    conn.execute(f"ALTER TABLE chronos_messages SET (fillfactor = {int(args.fillfactor)})")
-            streams = copy_streams(max(20, 8 * args.backlog // BATCH), uuid.uuid4().hex[:8])
-            for layout in args.layout or sorted(LAYOUTS):
-                row = run_layout(pg.url, pg.pid, layout, args.duration, args.warmup, args.backlog, streams, args.schema,
-                                 args.rate)
-                rows.append(row)
-                print(orjson.dumps(row).decode(), flush=True)
-        finally:
-            pg.stop()
+    with migrated_postgres("chronos-limit-") as pg:  # the server chronos up runs, with its durable settings
+        with psycopg.connect(pg.url, autocommit=True) as conn:
+            for statement in HOT_SCHEMA if args.schema == "hot" else ():
+                conn.execute(statement)
+            if args.fillfactor:
+                conn.execute(f"ALTER TABLE chronos_messages SET (fillfactor = {int(args.fillfactor)})")
+        streams = copy_streams(max(20, 8 * args.backlog // BATCH), uuid.uuid4().hex[:8])
+        for layout in args.layout or sorted(LAYOUTS):
+            row = run_layout(pg.url, pg.pid, layout, args.duration, args.warmup, args.backlog, streams, args.schema,
+                             args.rate)
+            rows.append(row)
+            print(orjson.dumps(row).decode(), flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_bytes(orjson.dumps({"date": time.strftime("%Y-%m-%d"), "batch": BATCH, "backlog": args.backlog,

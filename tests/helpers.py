@@ -3,6 +3,8 @@ condition, read the claim's plan."""
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import time
 import uuid
 from dataclasses import dataclass
@@ -122,3 +124,30 @@ def claim_plan(conn) -> str:
     sql = QUERIES["claim"].replace("%(lookahead_ms)s", "0").replace("%(limit)s", "100") \
         .replace("%(node)s", f"'{uuid.uuid4()}'")
     return "\n".join(row[0] for row in conn.execute("EXPLAIN " + sql))
+
+
+@contextlib.contextmanager
+def two_claimers(url: str):
+    """One firer's two claimers (CHRONOS_FIRER_CLAIMERS=2) on stores of their own, as the firer runs them
+    but called by the test: (the first, which renews the lease; the second; the outbox both hand their
+    rows to). Their stores are closed at the end."""
+    from chronos.adapters.postgres.store import Store
+    from chronos.config import Settings
+    from chronos.roles.firer.claimer import Claimer
+    from chronos.roles.firer.decisions import PublishTiming
+    from chronos.roles.firer.handoff import Shared
+    from chronos.runtime.process import Lifecycle
+    from chronos.telemetry.metrics import FirerTelemetry
+    node = uuid.uuid4()
+    settings = Settings(database_url=url, firer_claimers=2)
+    shared, outbox = Shared(PublishTiming(settings.timing_advance_ms)), queue.SimpleQueue()
+    telemetry = FirerTelemetry(node, settings)
+    stores = [Store(url, node_id=node, hot_path=True, synchronous_commit=False) for _ in range(2)]
+    try:
+        first = Claimer(stores[0], settings, shared, telemetry, Lifecycle(), outbox=outbox, parts=2)
+        second = Claimer(stores[1], settings, shared, telemetry, Lifecycle(), outbox=outbox, part=1, parts=2,
+                         lead=first)
+        yield first, second, outbox
+    finally:
+        for store in stores:
+            store.close()

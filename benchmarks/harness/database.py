@@ -3,7 +3,11 @@ rows written in bulk, the queue table's size, waiting until it is empty."""
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 import time
+from pathlib import Path
+from typing import Iterator
 
 import psycopg
 
@@ -12,6 +16,24 @@ from chronos.domain.model import Row
 TABLE = "chronos_messages"
 FAR_CHUNK = 50_000  # far-future rows a transaction
 DAY_S = 86_400.0
+
+
+@contextlib.contextmanager
+def migrated_postgres(prefix: str) -> Iterator:
+    """A PostgreSQL of its own for a benchmark that needs no stack: the embedded server `chronos up` runs,
+    with its durable settings, in a temporary directory, migrated to the schema of the checkout; stopped
+    and removed at the end. Yields the server (its `url`, its `pid`)."""
+    from chronos.adapters.postgres.migrations import migrate
+    from chronos.embedded.postgres import EmbeddedPostgres
+    from chronos.embedded.procs import free_port
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        pg = EmbeddedPostgres(Path(tmp) / "pg", port=free_port(), log_path=Path(tmp) / "pg.log")
+        pg.start()
+        try:
+            migrate(pg.url)
+            yield pg
+        finally:
+            pg.stop()
 
 
 def database_url_for(url: str, name: str) -> str:

@@ -264,8 +264,16 @@ class External:
 def run_on(stack: ChronosUp | OwnPostgres | External, body: Callable[[dict], T]) -> tuple[int, T | None]:
     """A benchmark's run: start `stack`, call `body` with its ready information, stop the stack (its
     directory is kept for a look when the run did not finish). (0, what `body` returned), or (3, None)
-    when the stack failed, (130, None) when interrupted: the exit codes of every benchmark."""
+    when the stack failed, (130, None) when interrupted: the exit codes of every benchmark. A SIGTERM
+    interrupts it as Ctrl-C does, so a benchmark stopped by a script stops its stack and its load too
+    (a second SIGTERM while it stops them is ignored)."""
     failed = True
+
+    def terminated(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, terminated)
     try:
         print(stack.starting, flush=True)
         result = body(stack.start())
@@ -279,5 +287,8 @@ def run_on(stack: ChronosUp | OwnPostgres | External, body: Callable[[dict], T])
         return 130, None
     finally:
         print("stopping ...", flush=True)
-        stack.stop(keep=failed)
+        try:
+            stack.stop(keep=failed)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 

@@ -3,41 +3,20 @@ own slices."""
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
-import uuid
 
 import psycopg
 
-from chronos.adapters.postgres.store import Store
-from chronos.config import Settings
 from chronos.domain.shares import claimer_slices
-from chronos.roles.firer.claimer import Claimer
-from chronos.roles.firer.decisions import PublishTiming
-from chronos.roles.firer.handoff import Shared
-from chronos.runtime.process import Lifecycle
-from chronos.telemetry.metrics import FirerTelemetry
+from tests.helpers import two_claimers, wait_for
 
 TIMEOUT = 10.0
 
 
-def wait_for(predicate, what: str) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
 def test_a_claimer_held_up_behind_a_lock_does_not_stop_the_other_claiming_its_slices(database_url):
-    node = uuid.uuid4()
-    settings = Settings(database_url=database_url, firer_claimers=2)
-    shared, outbox = Shared(PublishTiming(settings.timing_advance_ms)), queue.SimpleQueue()
-    telemetry = FirerTelemetry(node, settings)
-    stores = [Store(database_url, node_id=node, hot_path=True, synchronous_commit=False) for _ in range(2)]
-    first = Claimer(stores[0], settings, shared, telemetry, Lifecycle(), outbox=outbox, parts=2)
-    second = Claimer(stores[1], settings, shared, telemetry, Lifecycle(), outbox=outbox, part=1, parts=2, lead=first)
-    with psycopg.connect(database_url, autocommit=True) as conn:
+    with two_claimers(database_url) as (first, second, outbox), psycopg.connect(database_url, autocommit=True) as conn:
+        node = first.store.node_id
         first.claim(time.time())  # the firer's lease taken; nothing due yet
         conn.execute("INSERT INTO chronos_messages (id, deadline) "
                      "SELECT 'm' || g, now() - interval '10 milliseconds' FROM generate_series(1, 200) g")
@@ -54,7 +33,7 @@ def test_a_claimer_held_up_behind_a_lock_does_not_stop_the_other_claiming_its_sl
             on_its_way.start()
             wait_for(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                                           "AND datname = current_database()").fetchone()[0] == 1,
-                     "the first claimer to wait on the lock")
+                     TIMEOUT, "the first claimer to wait on the lock", every=0.01)
             second.claim(time.time())
             _, rows = outbox.get_nowait()
             assert {r.id for r in rows} == seconds  # its own slices, every due row of them
@@ -63,8 +42,6 @@ def test_a_claimer_held_up_behind_a_lock_does_not_stop_the_other_claiming_its_sl
             blocker.rollback()
             blocker.close()
             on_its_way.join(TIMEOUT)
-            for store in stores:
-                store.close()
-    assert not on_its_way.is_alive()
-    _, rows = outbox.get_nowait()  # once let go, the first claims its own
-    assert {r.id for r in rows} == {f"m{g}" for g in range(1, 201)} - seconds
+        assert not on_its_way.is_alive()
+        _, rows = outbox.get_nowait()  # once let go, the first claims its own
+        assert {r.id for r in rows} == {f"m{g}" for g in range(1, 201)} - seconds

@@ -5,20 +5,12 @@ one before the migration (docs/operations/upgrading.md)."""
 
 from __future__ import annotations
 
-import queue
 import time
-import uuid
 
 import psycopg
 
 from chronos.adapters.postgres import migrations
-from chronos.adapters.postgres.store import Store
-from chronos.config import Settings
-from chronos.roles.firer.claimer import Claimer
-from chronos.roles.firer.decisions import PublishTiming
-from chronos.roles.firer.handoff import Shared
-from chronos.runtime.process import Lifecycle
-from chronos.telemetry.metrics import FirerTelemetry
+from tests.helpers import two_claimers
 
 
 def test_a_firer_runs_on_schema_8_claiming_every_row_and_divides_them_once_migrated(empty_database_url):
@@ -26,14 +18,7 @@ def test_a_firer_runs_on_schema_8_claiming_every_row_and_divides_them_once_migra
     assert migrations.migrate(url, [m for m in migrations.migrations() if m.version <= 8])[-1] == 8
     with psycopg.connect(url) as conn:
         migrations.check_schema(conn)  # this release starts on 0.1.0's schema
-    node = uuid.uuid4()
-    settings = Settings(database_url=url, firer_claimers=2)
-    shared, outbox = Shared(PublishTiming(settings.timing_advance_ms)), queue.SimpleQueue()
-    telemetry = FirerTelemetry(node, settings)
-    stores = [Store(url, node_id=node, hot_path=True, synchronous_commit=False) for _ in range(2)]
-    first = Claimer(stores[0], settings, shared, telemetry, Lifecycle(), outbox=outbox, parts=2)
-    second = Claimer(stores[1], settings, shared, telemetry, Lifecycle(), outbox=outbox, part=1, parts=2, lead=first)
-    try:
+    with two_claimers(url) as (first, second, outbox):
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("INSERT INTO chronos_messages (id, deadline) "
                          "SELECT 'm' || g, now() - interval '10 milliseconds' FROM generate_series(1, 100) g")
@@ -55,7 +40,5 @@ def test_a_firer_runs_on_schema_8_claiming_every_row_and_divides_them_once_migra
             first.shares.next_renewal = time.monotonic()  # it looks for the leases again (every 30 s)
             first.claim(time.time())
             assert first.shares.leases
-            assert conn.execute("SELECT count(*) FROM chronos_firers WHERE node = %s", (node,)).fetchone()[0] == 1
-    finally:
-        for store in stores:
-            store.close()
+            assert conn.execute("SELECT count(*) FROM chronos_firers WHERE node = %s",
+                                (first.store.node_id,)).fetchone()[0] == 1

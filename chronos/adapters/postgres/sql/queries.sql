@@ -169,6 +169,17 @@ keyed AS (
     SELECT ctid FROM held WHERE NOT held
 )
 
+-- fragment: claim_rows
+-- The claim's last part: its `due` rows stamped as this node's, and returned as a claimed row is read
+-- (chronos.domain.model.Claimed).
+UPDATE chronos_messages AS m
+SET readied_at = now(), readied_by = %(node)s
+FROM due
+WHERE m.ctid = due.ctid
+RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers,
+          m.readied_at, m.seq,
+          m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint, m.ctid
+
 -- name: claim
 -- A row with an ordering key is claimable only if every earlier row of its key (by deadline,
 -- then enqueue order) is claimed by this same statement: a row held by a peer, locked by a
@@ -199,13 +210,7 @@ WITH candidates AS MATERIALIZED (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), /* include: claim_held_back */
-UPDATE chronos_messages AS m
-SET readied_at = now(), readied_by = %(node)s
-FROM due
-WHERE m.ctid = due.ctid
-RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers,
-          m.readied_at, m.seq,
-          m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint, m.ctid;
+/* include: claim_rows */;
 
 -- name: claim_share
 -- The claim of this firer's own slices (chronos.domain.shares): per slice, up to its share of the
@@ -227,14 +232,8 @@ WITH candidates AS MATERIALIZED (
         FOR UPDATE SKIP LOCKED
     ) AS c
 ), /* include: claim_held_back */
-UPDATE chronos_messages AS m
-SET readied_at = now(), readied_by = %(node)s
-FROM due
-WHERE m.ctid = due.ctid
-RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers,
-          m.readied_at, m.seq,
-          m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint, m.ctid,
-          hashtext(coalesce(m.ordering_key, m.id)) & 15;
+/* include: claim_rows */,
+       hashtext(coalesce(m.ordering_key, m.id)) & 15;
 
 -- name: firer_heartbeat
 -- A firer's lease renewed (made at its first call), the leases expired for good dropped, and the

@@ -168,8 +168,9 @@ class ShareStore(StoreHandle, Protocol):
     """The firers' shares of the due rows (`chronos.domain.shares`): a firer's lease, and the claim of
     its own slices."""
 
-    def firer_heartbeat(self, hold_ms: int) -> list[uuid.UUID]:
-        """Renew this firer's lease; the other firers whose lease is younger than `hold_ms`."""
+    def firer_heartbeat(self, hold_ms: int) -> dict[uuid.UUID, int]:
+        """Renew this firer's lease; the other firers whose lease is younger than `hold_ms`, each with
+        its age in milliseconds."""
         ...
 
     def firer_leave(self) -> None:

@@ -10,8 +10,13 @@ rows pass to them; one that stops gives them up at once.
 
 The division is advisory: every claim still locks its rows (`FOR UPDATE SKIP LOCKED`), so two firers
 that briefly disagree on it (one has seen a new peer, the other not yet) only race as before, and no
-row is ever claimed twice. Rows nobody claims in time (their owner behind, hung or gone) are taken by
-the others once they are overdue by `overdue_ms`, when their own slices are drained.
+row is ever claimed twice. A firer whose own slices are drained takes another's rows only when that
+one has gone quiet (its lease not renewed for `QUIET_RENEWALS` renewals: hung, frozen, cut off, or
+waiting for Kafka), once they are overdue by `overdue_ms`; and any slice's rows once overdue by the
+hold time (an owner that renews its lease and still serves nothing). It does not take the rows of an
+owner that is only late: the two would claim the same rows from the same end, and every row one takes
+the other fetches and skips (four firers on one machine's two cores fetched two rows per row claimed
+when every firer took any slice's rows overdue by two poll intervals).
 
 Pure decisions here; the leases and the claims are the stores' (`firer_heartbeat`, `claim_share`).
 """
@@ -19,11 +24,12 @@ Pure decisions here; the leases and the claims are the stores' (`firer_heartbeat
 from __future__ import annotations
 
 import uuid
-from typing import Iterable
+from typing import Iterable, Mapping
 
 SLICES = 16  # as in the share index's expression (migration 0009): hashtext(coalesce(ordering_key, id)) & 15
 LEASES_AGAIN_S = 30.0  # seconds: how often a firer on a schema without leases looks for them again
 RENEW_EVERY = 0.5  # seconds between a firer's lease renewals, at most (a quarter of the hold time if shorter)
+QUIET_RENEWALS = 3  # a firer whose lease was not renewed for this many renewals has gone quiet
 
 
 def slices_of(me: uuid.UUID, others: Iterable[uuid.UUID]) -> tuple[int, ...] | None:
@@ -36,6 +42,14 @@ def slices_of(me: uuid.UUID, others: Iterable[uuid.UUID]) -> tuple[int, ...] | N
         return None
     at = nodes.index(me)
     return tuple(range(at, SLICES, len(nodes)))
+
+
+def quiet_slices(me: uuid.UUID, others: Mapping[uuid.UUID, int], quiet_ms: float) -> tuple[int, ...]:
+    """The slices of the other live firers (`others`: node -> milliseconds since its lease was renewed)
+    that have gone quiet (not renewed for `quiet_ms`), in the division every firer works out alike."""
+    nodes = sorted({me, *others})
+    return tuple(sorted(s for node, age in others.items() if node != me and age >= quiet_ms
+                        for s in range(nodes.index(node), SLICES, len(nodes))))
 
 
 def claimer_slices(firer_slices: tuple[int, ...] | None, part: int, parts: int) -> tuple[int, ...]:
@@ -71,6 +85,7 @@ class Shares:
         self.me = me
         self.renew_every = min(RENEW_EVERY, hold_time_ms / 4000.0)
         self.mine: tuple[int, ...] | None = None
+        self.quiet: tuple[int, ...] = ()  # the slices of the others that have gone quiet
         self.firers = 1  # live firers, this one included, at the last renewal
         self.next_renewal = 0.0
         self.leases = True  # False: the schema has no firers' leases (before version 9), every slice is this one's
@@ -80,26 +95,39 @@ class Shares:
         slice, as a firer alone, and asks again after `LEASES_AGAIN_S` (`now` monotonic)."""
         self.leases = False
         self.mine = None
+        self.quiet = ()
         self.firers = 1
         self.next_renewal = now + LEASES_AGAIN_S
 
     def renewal_due(self, now: float) -> bool:
         return now >= self.next_renewal
 
-    def renewed(self, others: Iterable[uuid.UUID], now: float) -> bool:
-        """The lease was renewed at `now` and these other firers are live: this firer's slices from now
-        on. Whether the number of live firers changed."""
-        others = set(others) - {self.me}
+    def renewed(self, others: Mapping[uuid.UUID, int], now: float) -> bool:
+        """The lease was renewed at `now` and these other firers are live (node -> milliseconds since it
+        renewed its lease): this firer's slices from now on, and the quiet ones' (`quiet_slices`).
+        Whether the number of live firers changed."""
+        others = {node: age for node, age in others.items() if node != self.me}
         self.leases = True
         self.mine = slices_of(self.me, others)
+        self.quiet = quiet_slices(self.me, others, QUIET_RENEWALS * self.renew_every * 1000.0)
         self.next_renewal = now + self.renew_every
         changed = len(others) + 1 != self.firers
         self.firers = len(others) + 1
         return changed
 
     def takes_others(self, full_pass: bool, own_backlog: bool, claimers: int = 1) -> bool:
-        """Whether this claim also takes the others' overdue rows: only in a pass that may look at
-        rows due long ago (a full claim, see the claimer), only once its own slices are drained (its
-        own claim came back with no slice full), and only when there are others: other firers, or
-        other `claimers` of this one (their rows left overdue are taken as another firer's are)."""
+        """Whether this claim also takes the others' overdue rows (`taken_slices`, and any slice's
+        overdue by the hold time): only in a pass that may look at rows due long ago (a full claim, see
+        the claimer), only once its own slices are drained (its own claim came back with no slice
+        full), and only when there are others: other firers, or other `claimers` of this one."""
         return (self.mine is not None or claimers > 1) and full_pass and not own_backlog
+
+    def taken_slices(self, claimers: int = 1) -> tuple[int, ...]:
+        """The slices whose rows overdue by `overdue_ms` this firer's first claimer takes: the quiet
+        firers', and those of this firer's other `claimers` (threads of this process: whether they are
+        behind is not known from a lease)."""
+        if claimers == 1:
+            return self.quiet
+        own = claimer_slices(self.mine, 0, claimers)
+        siblings = tuple(s for s in (range(SLICES) if self.mine is None else self.mine) if s not in own)
+        return tuple(sorted(set(self.quiet) | set(siblings)))

@@ -25,15 +25,24 @@ def two_firers(backend):
 
 def test_a_lease_makes_a_firer_live_to_the_others_until_it_expires_or_leaves(backend):
     a, b, c = (backend.store(uuid.uuid4()) for _ in range(3))
-    assert a.firer_heartbeat(HOLD_MS) == []
-    assert b.firer_heartbeat(HOLD_MS) == [a.node_id]
+    assert a.firer_heartbeat(HOLD_MS) == {}
+    assert list(b.firer_heartbeat(HOLD_MS)) == [a.node_id]
     assert sorted(c.firer_heartbeat(HOLD_MS)) == sorted([a.node_id, b.node_id])
     backend.age_leases(HOLD_MS / 1000 + 1)  # none renewed for longer than the hold time
-    assert b.firer_heartbeat(HOLD_MS) == []  # the expired leases are no firer's any more
-    assert a.firer_heartbeat(HOLD_MS) == [b.node_id]  # a firer that renews again is live again
+    assert b.firer_heartbeat(HOLD_MS) == {}  # the expired leases are no firer's any more
+    assert list(a.firer_heartbeat(HOLD_MS)) == [b.node_id]  # a firer that renews again is live again
     a.firer_leave()
-    assert b.firer_heartbeat(HOLD_MS) == []  # gone at once, not after the hold time
+    assert b.firer_heartbeat(HOLD_MS) == {}  # gone at once, not after the hold time
     a.firer_leave()  # leaving twice is no error
+
+
+def test_each_live_firer_comes_with_its_lease_s_age_so_a_quiet_one_is_told_from_a_renewing_one(backend):
+    a, b = backend.store(uuid.uuid4()), backend.store(uuid.uuid4())
+    a.firer_heartbeat(HOLD_MS)
+    assert 0 <= b.firer_heartbeat(HOLD_MS)[a.node_id] < 1000  # just renewed
+    backend.age_leases(2.0)  # neither renewed for two seconds
+    assert 2000 <= b.firer_heartbeat(HOLD_MS)[a.node_id] < 3000  # quiet for two seconds
+    assert a.firer_heartbeat(HOLD_MS)[b.node_id] < 1000  # b renewed just now
 
 
 def test_two_firers_claim_their_own_slices_disjoint_and_together_every_due_row(backend):

@@ -10,7 +10,8 @@ from chronos import codec
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.adapters.memory.shares import slice_of
 from chronos.domain.model import Row
-from chronos.domain.shares import LEASES_AGAIN_S, SLICES, Shares, overdue_ms, slice_limits, slices_of
+from chronos.domain.shares import (LEASES_AGAIN_S, SLICES, Shares, claimer_slices, overdue_ms, quiet_slices,
+                                   slice_limits, slices_of)
 from test_roles_firer import Firer
 
 NODES = sorted(uuid.uuid4() for _ in range(4))
@@ -45,10 +46,10 @@ def test_the_lease_is_renewed_every_half_second_or_quarter_hold_time_and_says_wh
     me, other = NODES[0], NODES[1]
     shares = Shares(me, hold_time_ms=5000)
     assert shares.renewal_due(0.0) and shares.mine is None
-    assert shares.renewed([other], 10.0)  # one firer became two
+    assert shares.renewed({other: 0}, 10.0)  # one firer became two
     assert shares.mine == slices_of(me, [other]) and not shares.renewal_due(10.4) and shares.renewal_due(10.5)
-    assert not shares.renewed([other, me], 10.5)  # still two (itself among the live ones counts once)
-    assert shares.renewed([], 11.0) and shares.mine is None  # the other gone: every slice is its own
+    assert not shares.renewed({other: 0, me: 0}, 10.5)  # still two (itself among the live ones counts once)
+    assert shares.renewed({}, 11.0) and shares.mine is None  # the other gone: every slice is its own
     assert Shares(me, hold_time_ms=1000).renew_every == 0.25
 
 
@@ -56,10 +57,33 @@ def test_a_firer_takes_others_rows_only_in_a_full_pass_with_its_own_slices_drain
     shares = Shares(NODES[0], 5000)
     assert not shares.takes_others(full_pass=True, own_backlog=False)  # alone: its claim is every slice's
     assert shares.takes_others(full_pass=True, own_backlog=False, claimers=2)  # but it has another claimer
-    shares.renewed([NODES[1]], 0.0)
+    shares.renewed({NODES[1]: 0}, 0.0)
     assert shares.takes_others(full_pass=True, own_backlog=False)
     assert not shares.takes_others(full_pass=True, own_backlog=True)  # its own come first
     assert not shares.takes_others(full_pass=False, own_backlog=False)  # overdue rows are old: full passes only
+
+
+
+def test_a_firer_whose_lease_was_not_renewed_for_three_renewals_has_gone_quiet_and_its_slices_are_taken():
+    me, late, hung = NODES[0], NODES[1], NODES[2]
+    shares = Shares(me, 5000)  # renewed every 0.5 s: quiet after 1.5 s
+    shares.renewed({late: 400, hung: 1600}, 0.0)
+    assert shares.quiet == slices_of(hung, [me, late]) == quiet_slices(me, {late: 400, hung: 1600}, 1500)
+    assert shares.taken_slices() == shares.quiet  # a peer only late is not taken from: the two would race
+    shares.renewed({late: 1499, hung: 10}, 1.0)  # the hung one renews again
+    assert shares.quiet == () and shares.taken_slices() == ()
+
+
+def test_the_first_of_several_claimers_takes_the_others_slices_as_well_as_the_quiet_firers():
+    me, hung = NODES[0], NODES[1]
+    shares = Shares(me, 5000)
+    shares.renewed({hung: 2000}, 0.0)
+    mine = slices_of(me, [hung])
+    assert mine is not None
+    siblings = set(mine) - set(claimer_slices(mine, 0, 2))
+    assert set(shares.taken_slices(claimers=2)) == siblings | set(shares.quiet)
+    alone = Shares(me, 5000)
+    assert set(alone.taken_slices(claimers=2)) == set(range(SLICES)) - set(claimer_slices(None, 0, 2))
 
 
 # -- the claimer, beside a second firer ------------------------------------------------------------
@@ -88,12 +112,29 @@ def test_beside_a_live_peer_the_claimer_claims_only_its_own_slices_and_leaves_th
     assert 0 < len(held) < len(ids)
 
 
-def test_once_its_own_slices_are_drained_a_full_claim_takes_the_rows_a_peer_left_overdue():
+def test_once_its_own_slices_are_drained_a_full_claim_takes_the_rows_a_quiet_peer_left_overdue():
     f, peer = with_peer(CHRONOS_POLL_INTERVAL_MS="100")
+    f.db.firers[peer.node_id] -= 2_000_000  # the peer has not renewed its lease for two seconds
     overdue = [f"late{i}" for i in range(32)]
     add(f.db, overdue, due_in=-(overdue_ms(100) / 1000 + 0.5))
     f.proc.claimer.claim(time.time())  # the first claim is a full one
-    assert set(f.state().values()) == {"held"}  # its own slices', and the peer's, which the peer left overdue
+    assert set(f.state().values()) == {"held"}  # its own slices', and the quiet peer's overdue ones
+
+
+def test_the_rows_of_a_peer_only_late_are_left_to_it_until_overdue_by_the_hold_time():
+    f, peer = with_peer(CHRONOS_POLL_INTERVAL_MS="100")  # the peer renewed its lease just now
+    late = [f"late{i}" for i in range(32)]
+    add(f.db, late, due_in=-(overdue_ms(100) / 1000 + 0.5))
+    claimer = f.proc.claimer
+    claimer.claim(time.time())
+    mine = set(claimer.shares.mine or ())
+    assert {mid for mid, state in f.state().items() if state == "held"} == \
+        {mid for mid in late if slice_of(f.db.rows[mid]) in mine}  # the peer's are its own to claim
+    forgotten = [f"old{i}" for i in range(32)]  # due a hold time ago: its owner serves nothing
+    add(f.db, forgotten, due_in=-(f.settings.hold_time_ms / 1000 + 0.5))
+    claimer.next_full_claim = 0.0
+    claimer.claim(time.time())
+    assert all(f.state()[mid] == "held" for mid in forgotten)
 
 
 def test_a_peer_whose_lease_expired_loses_its_slices_at_the_next_renewal():
@@ -116,16 +157,16 @@ def test_a_claimer_that_stops_gives_its_share_up():
     assert f.node in f.db.firers
     f.proc.claimer.stop()
     f.proc.claimer.run()  # the loop ends at once: stop was asked
-    assert f.node not in f.db.firers and peer.firer_heartbeat(f.settings.hold_time_ms) == []
+    assert f.node not in f.db.firers and peer.firer_heartbeat(f.settings.hold_time_ms) == {}
 
 
 def test_a_schema_without_leases_makes_the_firer_claim_every_slice_and_look_again_later():
     me, peer = uuid.uuid4(), uuid.uuid4()
     shares = Shares(me, hold_time_ms=5000)
-    shares.renewed([peer], now=100.0)
+    shares.renewed({peer: 0}, now=100.0)
     assert shares.mine is not None and shares.leases
     shares.without_leases(now=101.0)
     assert shares.mine is None and not shares.leases and shares.firers == 1
     assert not shares.renewal_due(101.0 + LEASES_AGAIN_S - 0.1) and shares.renewal_due(101.0 + LEASES_AGAIN_S)
-    shares.renewed([peer], now=200.0)  # the store migrated since: the leases again
+    shares.renewed({peer: 0}, now=200.0)  # the store migrated since: the leases again
     assert shares.leases and shares.mine == slices_of(me, [peer])

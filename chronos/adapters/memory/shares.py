@@ -22,13 +22,14 @@ def slice_of(row: StoredRow) -> int:
 class MemoryShares(MemoryHandle):
     """The firers' leases, on the twin's `MemoryDatabase.firers` (node -> lease renewed at)."""
 
-    def firer_heartbeat(self, hold_ms: int) -> list[uuid.UUID]:
+    def firer_heartbeat(self, hold_ms: int) -> dict[uuid.UUID, int]:
         """Renew this firer's lease and drop the leases expired; the other firers whose lease is younger
-        than `hold_ms`."""
-        def run(now: int) -> list[uuid.UUID]:
+        than `hold_ms`, each with its age in milliseconds."""
+        def run(now: int) -> dict[uuid.UUID, int]:
             firers, since = self.db.firers, now - hold_ms * 1000
             assert self.node_id is not None, "a firer's lease names its node"
-            others = [node for node, seen in firers.items() if node != self.node_id and seen > since]
+            others = {node: (now - seen) // 1000 for node, seen in firers.items()
+                      if node != self.node_id and seen > since}
             for node in [node for node, seen in firers.items() if node != self.node_id and seen <= since]:
                 del firers[node]
             firers[self.node_id] = now

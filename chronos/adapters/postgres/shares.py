@@ -19,11 +19,13 @@ from chronos.domain.shares import slice_limits
 class ShareStatements(Session):
     """The statements of `ports.ShareStore`."""
 
-    def firer_heartbeat(self, hold_ms: int) -> list[uuid.UUID]:
+    def firer_heartbeat(self, hold_ms: int) -> dict[uuid.UUID, int]:
         """Renew this firer's lease (made at the first call) and drop the leases expired; the other
-        firers whose lease is younger than `hold_ms`, by the database clock."""
+        firers whose lease is younger than `hold_ms`, each with its age in milliseconds, by the database
+        clock."""
         params = {"node": self.node_id, "hold_ms": hold_ms}
-        return self._run(lambda c: [r[0] for r in self._execute(c, QUERIES["firer_heartbeat"], params, prepare=True)])
+        return self._run(lambda c: {r[0]: r[1] for r in self._execute(c, QUERIES["firer_heartbeat"], params,
+                                                                        prepare=True)})
 
     def firer_leave(self) -> None:
         """Give this firer's slices up: its lease deleted."""

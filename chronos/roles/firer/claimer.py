@@ -194,9 +194,10 @@ class Claimer(StoreThread[ClaimStore]):
         waits at most that much longer.
 
         With other firers live, the claim takes this firer's own slices, each up to its share of the
-        limit; a full claim that finds them drained also takes the rows of any slice left overdue
-        (`shares.overdue_ms`) by the firer they belong to. With other claimers in this firer, each claims
-        its part of the firer's slices, and the first takes what the others left overdue as well."""
+        limit; a full claim that finds them drained also takes what others left overdue (`take_others`):
+        the rows of a firer gone quiet, and of any slice once overdue by the hold time. With other
+        claimers in this firer, each claims its part of the firer's slices, and the first takes what the
+        others left overdue as well."""
         now = time.monotonic()
         full = now >= self.next_full_claim
         mine = self.own_slices(now)
@@ -210,7 +211,7 @@ class Claimer(StoreThread[ClaimStore]):
             rows, backlog = self.store.claim_share(mine, limit, self.settings.lookahead_ms, window)
             assert self.shares is not None
             if self.lead is None and self.shares.takes_others(full, backlog, self.parts) and len(rows) < limit:
-                taken = self.store.claim(limit - len(rows), -overdue_ms(self.settings.poll_interval_ms))
+                taken = self.take_others(self.shares, limit - len(rows))
                 backlog = len(rows) + len(taken) == limit
                 rows += taken
         if full:
@@ -219,6 +220,18 @@ class Claimer(StoreThread[ClaimStore]):
             behind = backlog or any(local_deadline(r.deadline_us) < window_start for r in rows)
             self.next_full_claim = now if behind else now + FULL_CLAIM_EVERY
         return rows, backlog
+
+    def take_others(self, shares: Shares, limit: int) -> list[Claimed]:
+        """Up to `limit` rows others left overdue: of the quiet firers' slices and this firer's other
+        claimers' (`Shares.taken_slices`) once overdue by `overdue_ms`, then of any slice once overdue by
+        the hold time (an owner that renews its lease yet serves nothing)."""
+        taken: list[Claimed] = []
+        slices = shares.taken_slices(self.parts)
+        if slices:
+            taken, _ = self.store.claim_share(slices, limit, -overdue_ms(self.settings.poll_interval_ms))
+        if len(taken) < limit:
+            taken += self.store.claim(limit - len(taken), -self.settings.hold_time_ms)
+        return taken
 
     def own_slices(self, now: float) -> tuple[int, ...] | None:
         """This claimer's slices (None: every slice, it claims alone for a firer alone): its part of the

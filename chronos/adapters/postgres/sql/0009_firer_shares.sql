@@ -10,7 +10,11 @@ CREATE TABLE IF NOT EXISTS chronos_firers (
 );
 -- A firer's claim of its own slices reads only its own rows: one range of this index per slice.
 -- The slice goes by the ordering key when there is one, so a key's rows are all in one slice and
--- one firer claims them in order. (The claim of every slice keeps the due index.)
+-- one firer claims them in order. (The claim of every slice keeps the due index.) Its predicate
+-- says what the due index's says (unclaimed, not a schedule) in words the planner cannot read as
+-- the due index's: the claim of slices says it the same way, so the due index, whose predicate it
+-- does not imply, is no plan for it. The planner would otherwise take the due index and filter by
+-- slice whenever its statistics say few rows are due (a table analyzed before a burst).
 CREATE INDEX CONCURRENTLY IF NOT EXISTS chronos_messages_due_share
     ON chronos_messages ((hashtext(coalesce(ordering_key, id)) & 15), deadline, seq)
-    WHERE readied_at IS NULL AND cron IS NULL;
+    WHERE num_nulls(readied_at, cron) = 2;

@@ -225,7 +225,7 @@ WITH candidates AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq FROM chronos_messages
         WHERE (hashtext(coalesce(ordering_key, id)) & 15) = s.slice
-          AND readied_at IS NULL AND cron IS NULL /* topic filter */
+          AND num_nulls(readied_at, cron) = 2 /* topic filter */  -- the share index's own words (0009)
           AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'
         ORDER BY deadline, seq
         LIMIT s.share
@@ -237,14 +237,15 @@ WITH candidates AS MATERIALIZED (
 
 -- name: firer_heartbeat
 -- A firer's lease renewed (made at its first call), the leases expired for good dropped, and the
--- other firers seen within the hold time: the live ones, among which the slices are divided.
+-- other firers seen within the hold time: the live ones, among which the slices are divided, each
+-- with its lease's age in milliseconds (whether it has gone quiet).
 WITH renewed AS (
     INSERT INTO chronos_firers (node, seen_at) VALUES (%(node)s, now())
     ON CONFLICT (node) DO UPDATE SET seen_at = now()
 ), expired AS (
     DELETE FROM chronos_firers WHERE node <> %(node)s AND seen_at <= now() - %(hold_ms)s * interval '1 millisecond'
 )
-SELECT node FROM chronos_firers
+SELECT node, (extract(epoch FROM now() - seen_at) * 1000)::int FROM chronos_firers
 WHERE node <> %(node)s AND seen_at > now() - %(hold_ms)s * interval '1 millisecond';
 
 -- name: firer_leave

@@ -423,9 +423,11 @@ def _find_max(path: str) -> str:
 
 
 def _lateness(path: str) -> str:
+    """The firer's publish lateness, with what the consumers wrote: a message written after its deadline
+    (the consumers behind the offered rate) is published late however soon the firer claims it."""
     r = _result(path)
     return (f"{_ms(r['publish_lateness_ms']['p999'])} (jitter p99.9 {_ms(r['jitter_ms']['p999'])}, "
-            f"fired {r['fire_rate']:,.0f} msg/s)")
+            f"written {r['enqueue_rate']:,.0f} msg/s, fired {r['fire_rate']:,.0f} msg/s)")
 
 
 def _written_fired(path: str) -> str:
@@ -460,6 +462,18 @@ def _aged_ab_cpu(path: str, layout: str) -> str:
     cores = [_scheduler_cores(r["cpu"]) for r in runs]
     pg = [r["cpu"]["postgres"] for r in runs]
     return f"{min(cores):.2f}-{max(cores):.2f} cores (PostgreSQL {min(pg):.2f}-{max(pg):.2f})"
+
+
+def _aged_cpu(path: str) -> str:
+    """Chronos's and PostgreSQL's cores in the steps of a longevity run after the first (`benchmarks.longevity`:
+    one stack, the same load step after step), the messages the stack had carried by then, and the table's size."""
+    rows = _result(path)["rows"][1:]
+    cores = [_scheduler_cores(r["cpu_cores"]) for r in rows]
+    pg = [r["cpu_cores"].get("postgres", 0.0) for r in rows]
+    size = [r["table_mb"] for r in rows if r.get("table_mb") is not None]
+    return (f"{min(cores):.2f}-{max(cores):.2f} cores (PostgreSQL {min(pg):.2f}-{max(pg):.2f}), "
+            f"{rows[0]['messages_carried'] / 1e6:.1f} to {rows[-1]['messages_carried'] / 1e6:.1f} M messages carried, "
+            f"the table {min(size):,.0f}-{max(size):,.0f} MB")
 
 
 def _fresh_cpu(path: str) -> str:
@@ -504,20 +518,21 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          "2026-11-23/compare/chronos-1-1-1-1000.json"),
         ("two of every role, 25 ms", _jitter, "2026-11-23/compare/chronos-2-2-2-1000.json")]),
     ("p99.9 jitter at 10,000 msg/s", "≤ 500 ms", [
-        ("one process per role", _jitter, "2026-11-27/shares/cpu-10000/c111.json"),
-        ("two of every role", _jitter, "2026-11-27/shares/cpu-10000/c222.json")]),
+        ("one process per role", _jitter, "2026-11-27/slices/cpu-10000/c111.json"),
+        ("two of every role", _jitter, "2026-11-27/slices/cpu-10000/c222.json")]),
     ("highest rate holding p99.9 ≤ 500 ms", "35,000 msg/s (one per role), 30,000 (two)", [
-        ("one process per role", _find_max, "2026-11-27/shares/find-max/chronos-1x1x1.json"),
-        ("two of every role", _find_max, "2026-11-27/shares/find-max/chronos-2x2x2.json")]),
+        ("one process per role", _find_max, "2026-11-27/slices/find-max/chronos-1x1x1.json"),
+        ("two of every role", _find_max, "2026-11-27/slices/find-max/chronos-2x2x2.json")]),
     ("the highest rate within the SLA, of the design's limit", "", [
         ("one process per role", functools.partial(_of_design_limit, layout="1/1/1"),
-         "2026-11-27/shares/find-max/chronos-1x1x1.json"),
+         "2026-11-27/slices/find-max/chronos-1x1x1.json"),
         ("two of every role", functools.partial(_of_design_limit, layout="2/2/2"),
-         "2026-11-27/shares/find-max/chronos-2x2x2.json")]),
+         "2026-11-27/slices/find-max/chronos-2x2x2.json")]),
     ("publish lateness p99.9, the firer's own share", "≤ 10 ms", [
-        ("one process per role, 25,000 msg/s", _lateness, "2026-11-27/shares/lateness/chronos-1x1x1-25000.json"),
-        ("two of every role, 20,000 msg/s", _lateness, "2026-11-27/shares/lateness/chronos-2x2x2-20000.json")]),
-    ("claiming connections per firer, 20,000 msg/s, one of each role: written / fired, p99.9 jitter", "", [
+        ("one process per role, 25,000 msg/s", _lateness, "2026-11-27/slices/lateness/chronos-1x1x1-25000.json"),
+        ("two of every role, 20,000 msg/s", _lateness, "2026-11-27/slices/lateness/chronos-2x2x2-20000.json")]),
+    ("claiming connections per firer, 20,000 msg/s, one of each role: written / fired, p99.9 jitter "
+     "(before the claim of slices had an index predicate of its own)", "", [
         ("one claimer (the default)", _written_fired, "2026-11-27/shares/claimers-ab/one-claimer.json"),
         ("two claimers", _written_fired, "2026-11-27/shares/claimers-ab/two-claimers.json"),
         ("before the firers' shares, the same hour", _written_fired, "2026-11-27/shares/claimers-ab/before-shares.json")]),
@@ -527,15 +542,24 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("before it, the same hour", functools.partial(_design_rate, layout="1/1/1"),
          "2026-11-27/shares/design-limit/max-before-shares.json")]),
     ("live rows fetched per claimed row, 5,000 msg/s", "≤ 1.1", [
-        ("two firers", functools.partial(_fetched, firers=2), "2026-11-27/shares/claims.json"),
-        ("four firers", functools.partial(_fetched, firers=4), "2026-11-27/shares/claims.json")]),
+        ("two firers", functools.partial(_fetched, firers=2), "2026-11-27/slices/claims.json"),
+        ("four firers", functools.partial(_fetched, firers=4), "2026-11-27/slices/claims.json")]),
     ("CPU at 10,000 msg/s, Chronos and PostgreSQL, fresh stack", "≤ 0.30 cores", [
-        ("one process per role", _fresh_cpu, "2026-11-27/shares/cpu-10000/c111.json"),
-        ("two of every role", _fresh_cpu, "2026-11-27/shares/cpu-10000/c222.json"),
+        ("one process per role", _fresh_cpu, "2026-11-27/slices/cpu-10000/c111.json"),
+        ("two of every role", _fresh_cpu, "2026-11-27/slices/cpu-10000/c222.json"),
         ("graphile-worker and its PostgreSQL, same load", _fresh_cpu, "2026-11-26/cpu-10000/gw.json")]),
     ("CPU at 10,000 msg/s, on a stack that has carried 9 to 14 M messages", "≤ 0.30 cores", [
         ("one process per role", functools.partial(_aged_ab_cpu, layout="1/1/1"), AGED_AB),
         ("two of every role", functools.partial(_aged_ab_cpu, layout="2/2/2"), AGED_AB)]),
+    ("CPU at 10,000 msg/s, fresh stacks, one process per role, the same hour, runs interleaved", "", [
+        ("with the firers' shares, first run", _fresh_cpu, "2026-11-27/slices/cpu-ab/after-1.json"),
+        ("before them (the processes of 52847cb), second", _fresh_cpu, "2026-11-27/slices/cpu-ab/before-1.json"),
+        ("with the firers' shares, third", _fresh_cpu, "2026-11-27/slices/cpu-ab/after-2.json"),
+        ("before them, fourth", _fresh_cpu, "2026-11-27/slices/cpu-ab/before-2.json")]),
+    ("CPU at 10,000 msg/s with the firers' shares, one stack step after step (restarted between steps, "
+     "PostgreSQL too, which cut every autovacuum of the table short, so the table grew)", "", [
+        ("one process per role", _aged_cpu, "2026-11-27/slices/aged/longevity-1x1x1-10000.json"),
+        ("two of every role", _aged_cpu, "2026-11-27/slices/aged/longevity-2x2x2-10000.json")]),
     ("200,000 messages due at the same instant", "", [
         ("one process per role", _spike, "2026-11-23/day-1x1x1.json"),
         ("two of every role", _spike, "2026-11-23/day-2x2x2.json")]),
@@ -681,9 +705,9 @@ def capacity_page(result: str = CAPACITY_RESULT) -> str:
 
 # -- the design's limit (benchmarks/design_limit.py) against Chronos -----------------------------
 
-DESIGN_LIMIT = "2026-11-27/shares/design-limit"
-CPU_10000 = "2026-11-27/shares/cpu-10000"
-FIND_MAX = "2026-11-27/shares/find-max"
+DESIGN_LIMIT = "2026-11-27/slices/design-limit"
+CPU_10000 = "2026-11-27/slices/cpu-10000"
+FIND_MAX = "2026-11-27/slices/find-max"
 
 
 def design_limit_page(folder: str = DESIGN_LIMIT) -> str:

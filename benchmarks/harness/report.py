@@ -184,7 +184,7 @@ def machine_info() -> dict:
 
 
 def code_version() -> dict:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # the checkout: benchmarks/harness/report.py
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                                 timeout=5).stdout.strip()

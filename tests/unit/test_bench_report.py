@@ -144,3 +144,13 @@ def test_longevity_counts_the_schedulers_cpu_not_the_brokers_or_the_harness():
     cpu = {"consumer_00": 0.05, "firer_00": 0.16, "firer_01": 0.1, "detector_00": 0.01, "postgres": 0.29,
            "broker": 0.4, "bench-reader": 0.2, "bench-load": 0.3}
     assert longevity.scheduler_cores(cpu) == 0.61
+
+
+def test_a_result_s_code_fingerprint_covers_the_service_s_files():
+    """The fingerprint of what ran hashes chronos/ and native/ (it once looked for them in benchmarks/ and
+    hashed nothing: every result carried the digest of no input)."""
+    import hashlib
+
+    from benchmarks.harness.report import code_version
+    code = code_version()
+    assert code["git_commit"] and code["service_tree_sha256"] != hashlib.sha256(b"").hexdigest()[:16]

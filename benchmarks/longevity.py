@@ -9,11 +9,14 @@ carried millions of messages: does it keep its promises as it ages?
 
 Every step is a step of the harness (benchmarks/harness/step.py: its load generator, output reader, broker
 probe and report, as the SLA study's) on the stack the steps before it aged; between steps the stack is not touched, unless
---renew-broker: then `chronos up` is stopped and started again on the same data directory between steps,
-so PostgreSQL keeps all it carried (tables, indexes, their bloat and statistics) while the memory-only
-embedded broker starts empty. That measures Chronos's part of a long-lived stack at rates the embedded
-broker alone could not carry for long (docs/operations/embedded-stack.md), as it would be with a real
-Kafka whose retention frees what was read. The
+--renew-broker: then `chronos up` runs on a PostgreSQL of the benchmark's own (the embedded server with
+`chronos up`'s settings, `--database-url`) and is stopped and started again between steps, so PostgreSQL
+runs throughout and keeps all it carried (tables, indexes, their bloat and statistics, and its autovacuum
+under way: a server restarted with the stack terminated every autovacuum of the table that took longer
+than a step, and the table grew step after step) while the memory-only embedded broker starts empty.
+That measures Chronos's part of a long-lived stack at rates the embedded broker alone could not carry for
+long (docs/operations/embedded-stack.md), as it would be with a real Kafka whose retention frees what was
+read. The
 broker probe sends one message every 100 ms unless --probe-interval-ms says otherwise (PROBE_INTERVAL_MS). Per
 step: messages carried so far (sent to the input topic), p99.9 jitter, the broker's floor p99.9 in the same
 step, the firer's publish lateness (CreateTime - deadline) p50 and p99.9, the embedded broker's RSS,
@@ -33,7 +36,7 @@ import orjson
 from benchmarks.harness import report
 from benchmarks.harness.database import table_mb
 from benchmarks.harness.procstat import rss_mb
-from benchmarks.harness.stack import ChronosUp, External, layout_args, run_on
+from benchmarks.harness.stack import ChronosUp, External, OwnPostgres, layout_args, run_on
 from benchmarks.harness.step import add_step_arguments, parse_args, run_step
 from benchmarks.harness.targets import ChronosTarget
 
@@ -97,20 +100,31 @@ def main(argv: list[str] | None = None) -> int:
         print("--renew-broker restarts the stack the benchmark starts; it cannot restart one given by --ready-file",
               file=sys.stderr)
         return 2
+    own_pg = OwnPostgres() if args.renew_broker else None
+    pg: dict = {}
+    if own_pg is not None:
+        print(own_pg.starting, flush=True)
+        pg = own_pg.start()
+    up_args = ["--database-url", pg["database_url"], *args.up_args] if pg else args.up_args
     stack: ChronosUp | External = External(args.ready_file) if args.ready_file else \
-        ChronosUp(*layout_args(args.consumers, args.firers, args.detectors), *args.up_args)
+        ChronosUp(*layout_args(args.consumers, args.firers, args.detectors), *up_args)
     date = report.now_iso()
+
+    def with_postgres(info: dict) -> dict:
+        """The stack's ready information, with the benchmark's own PostgreSQL as the stack's (its CPU counted)."""
+        return {**info, "postgres_pid": pg["postgres_pid"]} if pg else info
     base = args.out or Path("benchmarks/out") / (datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-longevity")
 
     def run(info: dict) -> dict:
+        info = with_postgres(info)
         target = ChronosTarget(args, info)
         rows: list[dict] = []
         carried = 0
         for k in range(1, args.steps + 1):
             if args.renew_broker and k > 1:
                 assert isinstance(stack, ChronosUp)
-                stack.stop(keep=True)  # the same data directory: PostgreSQL's data stays, the broker's goes
-                info = stack.start()
+                stack.stop(keep=True)  # PostgreSQL runs on, with all it carried; the broker's data goes
+                info = with_postgres(stack.start())
                 target = ChronosTarget(args, info)
             summary = run_step(target, args, args.rate, args.duration, base / f"step-{k:02d}", stack)
             carried += summary["sent"]
@@ -118,12 +132,17 @@ def main(argv: list[str] | None = None) -> int:
                          "table_mb": table_mb(target.database_url)})
             print("\n".join(table(rows)[-1:]), flush=True)
         return {"layout": target.layout(), "rows": rows}
-    code, result = run_on(stack, run)
+    try:
+        code, result = run_on(stack, run)
+    finally:
+        if own_pg is not None:
+            own_pg.stop()
     if result is None:
         return code
     out = {"benchmark": "longevity", "date": date, "rate": args.rate, "step_duration_s": args.duration,
            "layout": result["layout"], "chronos_up_args": args.up_args,
-           "broker": "renewed before each step" if args.renew_broker else "one for all steps", "rows": result["rows"],
+           "broker": "renewed before each step (PostgreSQL running throughout)" if args.renew_broker
+           else "one for all steps", "rows": result["rows"],
            "machine": report.machine_info(), "code": report.code_version()}
     print(f"\nlongevity, layout {result['layout']}, {args.rate:g} msg/s in steps of {args.duration:g} s:")
     print("\n".join(table(result["rows"])), flush=True)

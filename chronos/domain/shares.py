@@ -15,8 +15,7 @@ one has gone quiet (its lease not renewed for `QUIET_RENEWALS` renewals: hung, f
 waiting for Kafka), once they are overdue by `overdue_ms`; and any slice's rows once overdue by the
 hold time (an owner that renews its lease and still serves nothing). It does not take the rows of an
 owner that is only late: the two would claim the same rows from the same end, and every row one takes
-the other fetches and skips (four firers on one machine's two cores fetched two rows per row claimed
-when every firer took any slice's rows overdue by two poll intervals).
+the other fetches and skips.
 
 Pure decisions here; the leases and the claims are the stores' (`firer_heartbeat`, `claim_share`).
 """

@@ -556,8 +556,8 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("before them (the processes of 52847cb), second", _fresh_cpu, "2026-11-27/slices/cpu-ab/before-1.json"),
         ("with the firers' shares, third", _fresh_cpu, "2026-11-27/slices/cpu-ab/after-2.json"),
         ("before them, fourth", _fresh_cpu, "2026-11-27/slices/cpu-ab/before-2.json")]),
-    ("CPU at 10,000 msg/s with the firers' shares, one stack step after step (restarted between steps, "
-     "PostgreSQL too, which cut every autovacuum of the table short, so the table grew)", "", [
+    ("CPU at 10,000 msg/s with the firers' shares, on one PostgreSQL step after step (Chronos and the broker "
+     "restarted between steps)", "", [
         ("one process per role", _aged_cpu, "2026-11-27/slices/aged/longevity-1x1x1-10000.json"),
         ("two of every role", _aged_cpu, "2026-11-27/slices/aged/longevity-2x2x2-10000.json")]),
     ("200,000 messages due at the same instant", "", [

@@ -36,7 +36,7 @@ import orjson
 from benchmarks.harness import report
 from benchmarks.harness.database import table_mb
 from benchmarks.harness.procstat import rss_mb
-from benchmarks.harness.stack import ChronosUp, External, OwnPostgres, layout_args, run_on
+from benchmarks.harness.stack import ChronosOnPostgres, ChronosUp, External, layout_args, run_on
 from benchmarks.harness.step import add_step_arguments, parse_args, run_step
 from benchmarks.harness.targets import ChronosTarget
 
@@ -100,31 +100,19 @@ def main(argv: list[str] | None = None) -> int:
         print("--renew-broker restarts the stack the benchmark starts; it cannot restart one given by --ready-file",
               file=sys.stderr)
         return 2
-    own_pg = OwnPostgres() if args.renew_broker else None
-    pg: dict = {}
-    if own_pg is not None:
-        print(own_pg.starting, flush=True)
-        pg = own_pg.start()
-    up_args = ["--database-url", pg["database_url"], *args.up_args] if pg else args.up_args
-    stack: ChronosUp | External = External(args.ready_file) if args.ready_file else \
-        ChronosUp(*layout_args(args.consumers, args.firers, args.detectors), *up_args)
+    layout = layout_args(args.consumers, args.firers, args.detectors)
+    stack: ChronosUp | ChronosOnPostgres | External = External(args.ready_file) if args.ready_file else \
+        ChronosOnPostgres(*layout, *args.up_args) if args.renew_broker else ChronosUp(*layout, *args.up_args)
     date = report.now_iso()
-
-    def with_postgres(info: dict) -> dict:
-        """The stack's ready information, with the benchmark's own PostgreSQL as the stack's (its CPU counted)."""
-        return {**info, "postgres_pid": pg["postgres_pid"]} if pg else info
     base = args.out or Path("benchmarks/out") / (datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-longevity")
 
     def run(info: dict) -> dict:
-        info = with_postgres(info)
         target = ChronosTarget(args, info)
         rows: list[dict] = []
         carried = 0
         for k in range(1, args.steps + 1):
-            if args.renew_broker and k > 1:
-                assert isinstance(stack, ChronosUp)
-                stack.stop(keep=True)  # PostgreSQL runs on, with all it carried; the broker's data goes
-                info = with_postgres(stack.start())
+            if isinstance(stack, ChronosOnPostgres) and k > 1:
+                info = stack.renew()  # PostgreSQL runs on, with all it carried; the broker's data goes
                 target = ChronosTarget(args, info)
             summary = run_step(target, args, args.rate, args.duration, base / f"step-{k:02d}", stack)
             carried += summary["sent"]
@@ -132,11 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                          "table_mb": table_mb(target.database_url)})
             print("\n".join(table(rows)[-1:]), flush=True)
         return {"layout": target.layout(), "rows": rows}
-    try:
-        code, result = run_on(stack, run)
-    finally:
-        if own_pg is not None:
-            own_pg.stop()
+    code, result = run_on(stack, run)
     if result is None:
         return code
     out = {"benchmark": "longevity", "date": date, "rate": args.rate, "step_duration_s": args.duration,

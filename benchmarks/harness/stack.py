@@ -241,6 +241,48 @@ class OwnPostgres:
                 shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class ChronosOnPostgres:
+    """`chronos up ARGS` on a PostgreSQL of its own (`OwnPostgres`, `--database-url`) that outlives it:
+    `renew` stops Chronos and its memory-only broker and starts them again, while PostgreSQL runs on with
+    all it carried (tables, bloat, statistics, an autovacuum under way), as a production server does.
+    Ready information: the stack's, with that PostgreSQL's pid (its CPU counted as the stack's)."""
+
+    starting = "starting PostgreSQL, then the stack on it ..."
+
+    def __init__(self, *args: str):
+        self.args = args
+        self.postgres = OwnPostgres()
+        self.chronos: ChronosUp | None = None
+        self.postgres_pid: int | None = None
+
+    def start(self) -> dict:
+        pg = self.postgres.start()
+        self.postgres_pid = pg["postgres_pid"]
+        self.chronos = ChronosUp("--database-url", pg["database_url"], *self.args)
+        return self.ready(self.chronos.start())
+
+    def renew(self) -> dict:
+        """Chronos and the broker stopped and started again; PostgreSQL untouched."""
+        assert self.chronos is not None, "start() first"
+        self.chronos.stop(keep=True)  # its directory is the next start's
+        return self.ready(self.chronos.start())
+
+    def ready(self, info: dict) -> dict:
+        return {**info, "postgres_pid": self.postgres_pid}
+
+    def check_alive(self) -> None:
+        self.postgres.check_alive()
+        if self.chronos is not None:
+            self.chronos.check_alive()
+
+    def stop(self, keep: bool = False) -> None:
+        try:
+            if self.chronos is not None:
+                self.chronos.stop(keep=keep)
+        finally:
+            self.postgres.stop(keep=keep)
+
+
 class External:
     """A stack somebody else runs (`--ready-file`): never started or stopped here."""
 
@@ -261,7 +303,7 @@ class External:
         pass
 
 
-def run_on(stack: ChronosUp | OwnPostgres | External, body: Callable[[dict], T]) -> tuple[int, T | None]:
+def run_on(stack: ChronosUp | ChronosOnPostgres | OwnPostgres | External, body: Callable[[dict], T]) -> tuple[int, T | None]:
     """A benchmark's run: start `stack`, call `body` with its ready information, stop the stack (its
     directory is kept for a look when the run did not finish). (0, what `body` returned), or (3, None)
     when the stack failed, (130, None) when interrupted: the exit codes of every benchmark. A SIGTERM

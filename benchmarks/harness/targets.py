@@ -104,13 +104,13 @@ class ChronosTarget(Target):
         create_topics(self.info["bootstrap_servers"], {self.probe_topic: self.output_partitions()},
                       client_config=self.info.get("kafka_properties"))
         ready_r, ready_p = ctx.Event(), ctx.Event()
-        reader = ctx.Process(target=kafka_load.run_reader, name="bench-reader",
+        reader = ctx.Process(target=kafka_load.run_reader, name="bench-reader", daemon=True,
                              args=(self.reader_conf, self.info["output_topic"], tag, rec, ready_r, stop))
         cap = int((self.args.duration + self.args.delay[1] + self.args.drain_timeout + 60)
                   * 1000.0 / self.args.probe_interval_ms)
         self.probe_sent, self.probe_lat, self.probe_count = ctx.RawArray("d", cap), ctx.RawArray("d", cap), \
             ctx.RawValue("d", 0.0)
-        probe = ctx.Process(target=kafka_load.run_probe, name="bench-probe",
+        probe = ctx.Process(target=kafka_load.run_probe, name="bench-probe", daemon=True,
                             args=({**self.producer_conf, "linger.ms": str(self.args.probe_linger_ms)},
                                   self.reader_conf, self.probe_topic,
                                   self.args.probe_interval_ms / 1000.0, self.probe_sent, self.probe_lat,
@@ -143,7 +143,7 @@ class ChronosTarget(Target):
             print(f"could not delete the probe topic {self.probe_topic}: {exc}", flush=True)
 
     def producer(self, ctx, plan, rec):
-        return ctx.Process(target=kafka_load.run_producer, name="bench-producer",
+        return ctx.Process(target=kafka_load.run_producer, name="bench-producer", daemon=True,
                            args=(self.producer_conf, self.info["input_topic"], plan, rec))
 
     def programs(self) -> list[dict] | None:
@@ -195,7 +195,7 @@ class PeerTarget(Target):
         raise NotImplementedError
 
     def producer(self, ctx, plan, rec):
-        return ctx.Process(target=self.module().run_producer, name=f"bench-{self.name}-producer",
+        return ctx.Process(target=self.module().run_producer, name=f"bench-{self.name}-producer", daemon=True,
                            args=(self._url, plan, rec))
 
     def probe(self):
@@ -230,7 +230,7 @@ class PgqueuerTarget(PeerTarget):
         procs = []
         for k in range(self.args.pgq_workers):
             ready = ctx.Event()
-            proc = ctx.Process(target=self.module().run_worker, name=f"bench-pgq-worker-{k}",
+            proc = ctx.Process(target=self.module().run_worker, name=f"bench-pgq-worker-{k}", daemon=True,
                                args=(self._url, tag, rec, self.settings, ready, stop))
             proc.start()
             procs.append((proc, ready))
@@ -278,7 +278,7 @@ class GraphileTarget(PeerTarget):
         self.node_pids = []
         for k in range(self.args.gw_workers):
             ready, pid = ctx.Event(), ctx.RawValue("i", 0)
-            proc = ctx.Process(target=self.module().run_worker, name=f"bench-graphile-reader-{k}",
+            proc = ctx.Process(target=self.module().run_worker, name=f"bench-graphile-reader-{k}", daemon=True,
                                args=(self._url, tag, rec, self.settings, pid, ready, stop))
             proc.start()
             procs.append((proc, ready))

@@ -46,9 +46,9 @@ def slices_of(me: uuid.UUID, others: Iterable[uuid.UUID]) -> tuple[int, ...] | N
 def quiet_slices(me: uuid.UUID, others: Mapping[uuid.UUID, int], quiet_ms: float) -> tuple[int, ...]:
     """The slices of the other live firers (`others`: node -> milliseconds since its lease was renewed)
     that have gone quiet (not renewed for `quiet_ms`), in the division every firer works out alike."""
-    nodes = sorted({me, *others})
+    live = {me, *others}
     return tuple(sorted(s for node, age in others.items() if node != me and age >= quiet_ms
-                        for s in range(nodes.index(node), SLICES, len(nodes))))
+                        for s in slices_of(node, live - {node}) or ()))
 
 
 def claimer_slices(firer_slices: tuple[int, ...] | None, part: int, parts: int) -> tuple[int, ...]:

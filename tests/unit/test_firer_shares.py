@@ -6,12 +6,15 @@ from __future__ import annotations
 import time
 import uuid
 
+import pytest
+
 from chronos import codec
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.adapters.memory.shares import slice_of
 from chronos.domain.model import Row
 from chronos.domain.shares import (LEASES_AGAIN_S, SLICES, Shares, claimer_slices, overdue_ms, quiet_slices,
                                    slice_limits, slices_of)
+from chronos.roles.firer.claimer import strays_every
 from test_roles_firer import Firer
 
 NODES = sorted(uuid.uuid4() for _ in range(4))
@@ -134,7 +137,39 @@ def test_the_rows_of_a_peer_only_late_are_left_to_it_until_overdue_by_the_hold_t
     add(f.db, forgotten, due_in=-(f.settings.hold_time_ms / 1000 + 0.5))
     claimer.next_full_claim = 0.0
     claimer.claim(time.time())
+    peers = [mid for mid in forgotten if slice_of(f.db.rows[mid]) not in mine]
+    assert peers and not any(f.state()[mid] == "held" for mid in peers)  # the last look for them was just now
+    claimer.next_full_claim = claimer.next_strays = 0.0  # a quarter of the hold time later
+    claimer.claim(time.time())
     assert all(f.state()[mid] == "held" for mid in forgotten)
+
+
+def test_rows_overdue_by_the_hold_time_are_looked_for_once_a_quarter_hold_time_unless_the_look_came_back_full():
+    f, peer = with_peer(CHRONOS_POLL_INTERVAL_MS="100", CHRONOS_BATCH_SIZE="8")
+    claimer = f.proc.claimer
+    looks: list[int] = []
+    claim = claimer.store.claim
+
+    def counted(limit, lookahead_ms, window_ms=None):
+        if lookahead_ms == -f.settings.hold_time_ms:
+            looks.append(limit)
+        return claim(limit, lookahead_ms, window_ms)
+    claimer.store.claim = counted
+    for _ in range(3):  # three full passes, one after another, with nothing overdue
+        claimer.next_full_claim = 0.0
+        claimer.claim(time.time())
+    assert len(looks) == 1
+    assert claimer.next_strays - time.monotonic() == pytest.approx(strays_every(f.settings.hold_time_ms), abs=0.5)
+    forgotten = [f"old{i}" for i in range(64)]
+    add(f.db, forgotten, due_in=-(f.settings.hold_time_ms / 1000 + 0.5))
+    mine = set(claimer.shares.mine or ())
+    for mid in [mid for mid in forgotten if slice_of(f.db.rows[mid]) in mine]:
+        del f.db.rows[mid]  # only the peer's rows: its own would be claimed first, as a backlog
+    claimer.next_full_claim = claimer.next_strays = 0.0
+    claimer.claim(time.time())   # a look that comes back full ...
+    claimer.next_full_claim = 0.0
+    claimer.claim(time.time())   # ... looks again at the next full pass
+    assert len(looks) == 3
 
 
 def test_a_peer_whose_lease_expired_loses_its_slices_at_the_next_renewal():

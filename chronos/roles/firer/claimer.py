@@ -30,6 +30,12 @@ KAFKA_PROBE_EVERY = 1.0  # seconds: after a stall, how often the claimer asks Ka
 MAX_HELD_BATCHES = 16
 
 
+def strays_every(hold_time_ms: int) -> float:
+    """Seconds between two claims of any slice's rows overdue by the hold time (`Claimer.take_others`): such
+    a row waits at most a quarter of the hold time longer."""
+    return hold_time_ms / 4000.0
+
+
 class Claimer(StoreThread[ClaimStore]):
     """The claimer: claims due rows (within each rate-limited topic's budget) and recurring
     schedules' occurrences, and hands them to the sender through `outbox`. It paces itself:
@@ -70,6 +76,7 @@ class Claimer(StoreThread[ClaimStore]):
         self.next_claim = 0.0
         self.next_schedules = 0.0
         self.next_full_claim = 0.0  # monotonic
+        self.next_strays = 0.0      # monotonic: the next claim of any slice's rows overdue by the hold time
         if lead is not None:  # one lease per firer: the first claimer's
             self.shares: Shares | None = lead.shares
         else:
@@ -224,13 +231,20 @@ class Claimer(StoreThread[ClaimStore]):
     def take_others(self, shares: Shares, limit: int) -> list[Claimed]:
         """Up to `limit` rows others left overdue: of the quiet firers' slices and this firer's other
         claimers' (`Shares.taken_slices`) once overdue by `overdue_ms`, then of any slice once overdue by
-        the hold time (an owner that renews its lease yet serves nothing)."""
+        the hold time (an owner that renews its lease yet serves nothing). The last claim starts at the
+        head of the due index, where every row claimed since its last vacuum left an entry: it runs at
+        most every `strays_every` (a quarter of the hold time), not at every full pass, unless it last
+        came back full."""
         taken: list[Claimed] = []
         slices = shares.taken_slices(self.parts)
         if slices:
             taken, _ = self.store.claim_share(slices, limit, -overdue_ms(self.settings.poll_interval_ms))
-        if len(taken) < limit:
-            taken += self.store.claim(limit - len(taken), -self.settings.hold_time_ms)
+        now = time.monotonic()
+        if len(taken) < limit and now >= self.next_strays:
+            strays = self.store.claim(limit - len(taken), -self.settings.hold_time_ms)
+            full = len(strays) == limit - len(taken)
+            self.next_strays = now if full else now + strays_every(self.settings.hold_time_ms)
+            taken += strays
         return taken
 
     def own_slices(self, now: float) -> tuple[int, ...] | None:

@@ -183,21 +183,42 @@ def machine_info() -> dict:
     return info
 
 
-def code_version() -> dict:
-    root = Path(__file__).resolve().parents[2]  # the checkout: benchmarks/harness/report.py
+def _git(root: Path) -> tuple[str, bool] | None:
+    """The commit checked out at `root` and whether tracked files differ from it; None without git."""
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                                 timeout=5).stdout.strip()
         dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                     capture_output=True, text=True, timeout=5).stdout.strip())
     except (OSError, subprocess.SubprocessError):
+        return None
+    return commit, dirty
+
+
+def code_version(service: Path | None = None) -> dict:
+    """The harness's commit, and a fingerprint of the service that ran: the `chronos` package this process
+    imports, as the stack's processes do (a `PYTHONPATH` naming another checkout runs that checkout's
+    service under this harness, for an A/B of two versions; its commit is then given too)."""
+    harness = Path(__file__).resolve().parents[2]  # the checkout: benchmarks/harness/report.py
+    if service is None:
+        import chronos
+        service = Path(chronos.__file__).resolve().parents[1]
+    head = _git(harness)
+    if head is None:
         return {}
     # the working tree may hold uncommitted service changes: fingerprint what actually ran
     digest = hashlib.sha256()
-    for path in sorted([*root.glob("chronos/**/*.py"), *root.glob("chronos/**/*.sql"), *root.glob("native/*.pyx")]):
-        digest.update(str(path.relative_to(root)).encode())
+    for path in sorted([*service.glob("chronos/**/*.py"), *service.glob("chronos/**/*.sql"),
+                        *service.glob("native/*.pyx")]):
+        digest.update(str(path.relative_to(service)).encode())
         digest.update(path.read_bytes())
-    return {"git_commit": commit, "git_dirty": dirty, "service_tree_sha256": digest.hexdigest()[:16]}
+    version = {"git_commit": head[0], "git_dirty": head[1], "service_tree_sha256": digest.hexdigest()[:16]}
+    if service != harness:
+        other = _git(service)
+        version["service_dir"] = str(service)
+        if other is not None:
+            version["service_commit"], version["service_dirty"] = other
+    return version
 
 
 def now_iso() -> str:

@@ -154,3 +154,22 @@ def test_a_result_s_code_fingerprint_covers_the_service_s_files():
     from benchmarks.harness.report import code_version
     code = code_version()
     assert code["git_commit"] and code["service_tree_sha256"] != hashlib.sha256(b"").hexdigest()[:16]
+
+
+def test_a_result_names_the_service_that_ran_when_it_is_another_checkout_than_the_harness(tmp_path):
+    """An A/B of two versions runs the older service under this harness (PYTHONPATH): the result names
+    the service's commit beside the harness's, and fingerprints the service's files, not the harness's."""
+    import subprocess
+
+    from benchmarks.harness.report import code_version
+    here = code_version()
+    assert "service_commit" not in here
+    (tmp_path / "chronos").mkdir()
+    (tmp_path / "chronos" / "__init__.py").write_text("VERSION = 'older'\n")
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "older"]):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True)
+    older = code_version(service=tmp_path)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert older["git_commit"] == here["git_commit"]
+    assert older["service_commit"] == commit and older["service_dirty"] is False
+    assert older["service_tree_sha256"] != here["service_tree_sha256"]

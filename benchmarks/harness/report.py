@@ -195,14 +195,23 @@ def _git(root: Path) -> tuple[str, bool] | None:
     return commit, dirty
 
 
+def service_root() -> Path:
+    """The checkout whose `chronos` the stack's processes import. They run in directories of their own, so
+    the first `PYTHONPATH` entry holding a `chronos` package wins (this process, run with `python -m` from
+    the harness's checkout, imports that checkout's own first); else the package installed."""
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if entry and (Path(entry) / "chronos" / "__init__.py").is_file():
+            return Path(entry).resolve()
+    import chronos
+    return Path(chronos.__file__).resolve().parents[1]
+
+
 def code_version(service: Path | None = None) -> dict:
-    """The harness's commit, and a fingerprint of the service that ran: the `chronos` package this process
-    imports, as the stack's processes do (a `PYTHONPATH` naming another checkout runs that checkout's
-    service under this harness, for an A/B of two versions; its commit is then given too)."""
+    """The harness's commit, and a fingerprint of the service that ran (`service_root`): a `PYTHONPATH`
+    naming another checkout runs that checkout's service under this harness, for an A/B of two versions;
+    its commit is then given too."""
     harness = Path(__file__).resolve().parents[2]  # the checkout: benchmarks/harness/report.py
-    if service is None:
-        import chronos
-        service = Path(chronos.__file__).resolve().parents[1]
+    service = service_root() if service is None else service
     head = _git(harness)
     if head is None:
         return {}

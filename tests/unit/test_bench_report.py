@@ -156,7 +156,7 @@ def test_a_result_s_code_fingerprint_covers_the_service_s_files():
     assert code["git_commit"] and code["service_tree_sha256"] != hashlib.sha256(b"").hexdigest()[:16]
 
 
-def test_a_result_names_the_service_that_ran_when_it_is_another_checkout_than_the_harness(tmp_path):
+def test_a_result_names_the_service_that_ran_when_it_is_another_checkout_than_the_harness(tmp_path, monkeypatch):
     """An A/B of two versions runs the older service under this harness (PYTHONPATH): the result names
     the service's commit beside the harness's, and fingerprints the service's files, not the harness's."""
     import subprocess
@@ -168,7 +168,8 @@ def test_a_result_names_the_service_that_ran_when_it_is_another_checkout_than_th
     (tmp_path / "chronos" / "__init__.py").write_text("VERSION = 'older'\n")
     for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "older"]):
         subprocess.run(["git", *args], cwd=tmp_path, check=True)
-    older = code_version(service=tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # as the A/B runs the older version's processes
+    older = code_version()
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
     assert older["git_commit"] == here["git_commit"]
     assert older["service_commit"] == commit and older["service_dirty"] is False

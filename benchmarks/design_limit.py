@@ -3,6 +3,8 @@ detector's scan) driven as fast as this machine allows, with no Kafka and no Pyt
 
     python -m benchmarks.design_limit                       # both layouts, 30 s each
     python -m benchmarks.design_limit --layout 2/2/2 --duration 60 --out limit.json
+    python -m benchmarks.design_limit --claims shares                   # each firer claims its own slices
+    python -m benchmarks.design_limit --claims shares --schema one-index   # ... off the share index alone
 
 Per layout (consumers/firers/detectors), as many connections as Chronos opens: one COPY connection per
 consumer, a claim and a delete connection per firer (with the firer's planner settings and
@@ -33,10 +35,12 @@ from pathlib import Path
 import orjson
 import psycopg
 
+from benchmarks.harness import report
 from benchmarks.harness.database import migrated_postgres
 from chronos import codec
 from chronos.adapters.postgres.queries import QUERIES
 from chronos.domain.model import Row
+from chronos.domain.shares import SLICES, slice_limits, slices_of
 from chronos.roles.firer.claimer import FULL_CLAIM_EVERY, RECENT_WINDOW_MS
 
 BATCH = 2000
@@ -58,6 +62,10 @@ HOT_SCHEMA = (
     "DROP INDEX chronos_messages_key",
     "CREATE INDEX chronos_messages_key ON chronos_messages USING hash (key) WHERE key IS NOT NULL",
 )
+# A schema with one index for the due rows: the share index alone, every claim a claim of slices
+# (`--claims shares`), so a written row updates one index for its deadline instead of two.
+ONE_INDEX_SCHEMA = ("DROP INDEX chronos_messages_due",)
+SCHEMAS = {"current": (), "hot": HOT_SCHEMA, "one-index": ONE_INDEX_SCHEMA}
 HOT_FIND_STALE = ("SELECT id, readied_at, readied_by, ctid FROM chronos_messages "
                   "WHERE cron IS NULL AND deadline <= now() + interval '1 hour' AND readied_at IS NOT NULL "
                   "AND readied_at < now() - %(hold_ms)s * interval '1 millisecond' LIMIT %(limit)s")
@@ -71,6 +79,13 @@ CLAIM, CLAIM_RECENT = (
     "SELECT count(*), array_agg(ctid)::text, array_agg(id)::text, array_agg(readied_at)::text, "
     "coalesce(bool_or(deadline_us < extract(epoch FROM now()) * 1000000 - %(window_ms)s * 1000), false) FROM claimed"
     for name in ("claim", "claim_recent"))
+# The claim of a firer's own slices (`--claims shares`, as Chronos's firers claim beside each other), folded alike.
+CLAIM_SHARE, CLAIM_SHARE_RECENT = (
+    f"WITH claimed (id, deadline_us, topic, key, value, headers, readied_at, seq, attempts, original_us, ctid, slice) "
+    f"AS ({QUERIES[name]}) "
+    "SELECT count(*), array_agg(ctid)::text, array_agg(id)::text, array_agg(readied_at)::text, "
+    "coalesce(bool_or(deadline_us < extract(epoch FROM now()) * 1000000 - %(window_ms)s * 1000), false) FROM claimed"
+    for name in ("claim_share", "claim_share_recent"))
 
 
 def ticks() -> int:
@@ -114,8 +129,12 @@ class Drive:
     """The threads of one layout on one database, and their counts."""
 
     def __init__(self, url: str, consumers: int, firers: int, detectors: int, backlog: int, streams: list[bytes],
-                 find_stale: str = QUERIES["find_stale"], rate: float | None = None):
+                 find_stale: str = QUERIES["find_stale"], rate: float | None = None, shares: bool = False):
+        """`shares`: the firers divide the slices between them (`slices_of`, their nodes made here) and each
+        claims its own, as Chronos's firers do; else each claims from all the due rows."""
         self.url, self.backlog, self.streams, self.find_stale = url, backlog, streams, find_stale
+        self.nodes = [uuid.uuid4() for _ in range(firers)]
+        self.shares = shares
         # with a rate, the writers together COPY a batch every BATCH / rate seconds, on a shared schedule
         self.every = None if rate is None else BATCH / rate
         self.next_copy = time.monotonic()
@@ -155,19 +174,24 @@ class Drive:
                 with self.lock:
                     self.inserted += BATCH
 
-    def fire(self, _k: int) -> None:
-        node = uuid.uuid4()
+    def fire(self, k: int) -> None:
+        node = self.nodes[k]
         settled: queue.SimpleQueue = queue.SimpleQueue()
         deleter = threading.Thread(target=self.guard, args=(lambda k: self.delete(settled, node), 0), daemon=True)
         deleter.start()
         with psycopg.connect(self.url, autocommit=True) as conn:
             conn.execute(QUERIES["hot_path_settings"])
             conn.execute(QUERIES["async_commit"])
-            params = {"node": node, "limit": BATCH, "lookahead_ms": 300, "window_ms": RECENT_WINDOW_MS}
+            params: dict = {"node": node, "limit": BATCH, "lookahead_ms": 300, "window_ms": RECENT_WINDOW_MS}
+            claim, claim_recent = CLAIM, CLAIM_RECENT
+            if self.shares:
+                mine = slices_of(node, [n for n in self.nodes if n != node]) or tuple(range(SLICES))
+                params["slices"], params["limits"] = slice_limits(mine, BATCH)
+                claim, claim_recent = CLAIM_SHARE, CLAIM_SHARE_RECENT
             next_full = 0.0
             while not self.halt.is_set():
                 full = time.monotonic() >= next_full
-                count, ctids, ids, readied, late = conn.execute(CLAIM if full else CLAIM_RECENT, params,
+                count, ctids, ids, readied, late = conn.execute(claim if full else claim_recent, params,
                                                                 prepare=True).fetchone()
                 if full:  # as the firer: another full claim at once after one that came back full or found late rows
                     next_full = time.monotonic() + (0 if count == BATCH or late else FULL_CLAIM_EVERY)
@@ -201,12 +225,12 @@ class Drive:
 
 
 def run_layout(url: str, postmaster: int, layout: str, duration: float, warmup: float, backlog: int,
-               streams: list[bytes], schema: str = "current", rate: float | None = None) -> dict:
+               streams: list[bytes], schema: str = "current", rate: float | None = None, claims: str = "race") -> dict:
     consumers, firers, detectors = LAYOUTS[layout]
     with psycopg.connect(url, autocommit=True) as conn:  # what an earlier layout left, whose ids come again
         conn.execute("TRUNCATE chronos_messages")
     drive = Drive(url, consumers, firers, detectors, backlog, streams,
-                  HOT_FIND_STALE if schema == "hot" else QUERIES["find_stale"], rate)
+                  HOT_FIND_STALE if schema == "hot" else QUERIES["find_stale"], rate, shares=claims == "shares")
     stats0 = table_stats(url)
     for t in drive.threads:
         t.start()
@@ -223,7 +247,8 @@ def run_layout(url: str, postmaster: int, layout: str, duration: float, warmup: 
     elapsed, messages = t1 - t0, d1 - d0
     stats1 = table_stats(url)
     updates = stats1[0] - stats0[0]
-    return {"layout": layout, "schema": schema, "offered_rate": rate, "seconds": round(elapsed, 1), "messages": messages,
+    return {"layout": layout, "schema": schema, "claim_mode": claims, "offered_rate": rate,
+            "seconds": round(elapsed, 1), "messages": messages,
             "hot_update_share": round((stats1[1] - stats0[1]) / updates, 3) if updates else None,
             "rate_per_s": round(messages / elapsed), "postgres_cores": round((pg1 - pg0) / elapsed, 3),
             "postgres_us_per_message": round((pg1 - pg0) / messages * 1e6, 2) if messages else None,
@@ -247,30 +272,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backlog", type=int, default=20_000, help="rows that may wait before writers pause")
     parser.add_argument("--rate", type=float, default=None,
                         help="messages per second the writers offer (default: as fast as the machine allows)")
-    parser.add_argument("--schema", choices=("current", "hot"), default="current",
-                        help="hot: no index on readied_at, so a claim may be a HOT update")
+    parser.add_argument("--schema", choices=sorted(SCHEMAS), default="current",
+                        help="hot: no index on readied_at, so a claim may be a HOT update; one-index: no due index, "
+                             "the share index alone (with --claims shares)")
+    parser.add_argument("--claims", choices=("race", "shares"), default="race",
+                        help="race: every firer claims from all the due rows; shares: each claims its own slices, "
+                             "off the share index, as Chronos's firers do")
     parser.add_argument("--fillfactor", type=int, default=None, help="the table's fillfactor (the schema's: 80)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.schema == "one-index" and args.claims != "shares":
+        parser.error("--schema one-index has no due index: its firers claim their slices (--claims shares)")
     rows = []
     with migrated_postgres("chronos-limit-") as pg:  # the server chronos up runs, with its durable settings
         with psycopg.connect(pg.url, autocommit=True) as conn:
-            for statement in HOT_SCHEMA if args.schema == "hot" else ():
+            for statement in SCHEMAS[args.schema]:
                 conn.execute(statement)
             if args.fillfactor:
                 conn.execute(f"ALTER TABLE chronos_messages SET (fillfactor = {int(args.fillfactor)})")
         streams = copy_streams(max(20, 8 * args.backlog // BATCH), uuid.uuid4().hex[:8])
         for layout in args.layout or sorted(LAYOUTS):
             row = run_layout(pg.url, pg.pid, layout, args.duration, args.warmup, args.backlog, streams, args.schema,
-                             args.rate)
+                             args.rate, args.claims)
             rows.append(row)
             print(orjson.dumps(row).decode(), flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_bytes(orjson.dumps({"date": time.strftime("%Y-%m-%d"), "batch": BATCH, "backlog": args.backlog,
-                                           "schema": args.schema, "fillfactor": args.fillfactor, "rate": args.rate,
-                                           "command": "python -m benchmarks.design_limit " + " ".join(argv or sys.argv[1:]),
-                                           "rows": rows}, option=orjson.OPT_INDENT_2))
+        args.out.write_bytes(orjson.dumps({
+            "date": time.strftime("%Y-%m-%d"), "batch": BATCH, "backlog": args.backlog, "schema": args.schema,
+            "claim_mode": args.claims, "fillfactor": args.fillfactor, "rate": args.rate,
+            "command": "python -m benchmarks.design_limit " + " ".join(argv or sys.argv[1:]),
+            "code": report.code_version(), "rows": rows}, option=orjson.OPT_INDENT_2))
     return 0
 
 

@@ -54,3 +54,30 @@ def test_the_table_sampler_follows_inserts_and_live_rows(database_url):
     figures = sampler.figures(0.0, time.time() + 1)
     assert figures["live_rows_max"] == max(s.live for s in sampler.samples) and figures["vacuum_running_s"] == 0
     assert table_mb(database_url) > 0
+
+
+def test_the_design_s_limit_drives_firers_that_claim_their_own_slices_off_the_share_index_alone(database_url):
+    """`benchmarks.design_limit --claims shares --schema one-index`: with no due index, two firers that
+    divide the slices claim and delete every row written."""
+    from benchmarks.design_limit import BATCH, ONE_INDEX_SCHEMA, Drive, copy_streams
+    from chronos.adapters.postgres.queries import QUERIES
+    streams = copy_streams(3, "limit")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for statement in ONE_INDEX_SCHEMA:
+            conn.execute(statement)
+        for stream in streams:
+            with conn.transaction(), conn.cursor() as cur, cur.copy(QUERIES["copy_messages"]) as copy:
+                copy.write(stream)
+    drive = Drive(database_url, 0, 2, 0, backlog=10 * BATCH, streams=streams, shares=True)
+    drive.inserted = len(streams) * BATCH
+    for t in drive.threads:
+        t.start()
+    end = time.monotonic() + 30
+    while time.monotonic() < end and drive.deleted < drive.inserted and not drive.errors:
+        time.sleep(0.05)
+    drive.halt.set()
+    for t in drive.threads:
+        t.join(15)
+    assert drive.errors == [] and drive.deleted == len(streams) * BATCH
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT count(*) FROM chronos_messages").fetchone()[0] == 0

@@ -518,44 +518,59 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          "2026-11-23/compare/chronos-1-1-1-1000.json"),
         ("two of every role, 25 ms", _jitter, "2026-11-23/compare/chronos-2-2-2-1000.json")]),
     ("p99.9 jitter at 10,000 msg/s", "≤ 500 ms", [
-        ("one process per role", _jitter, "2026-11-27/slices/cpu-10000/c111.json"),
-        ("two of every role", _jitter, "2026-11-27/slices/cpu-10000/c222.json")]),
+        ("one process per role", _jitter, "2026-11-28/cpu-ab/now-111-1.json"),
+        ("two of every role", _jitter, "2026-11-28/cpu-ab/now-222-1.json")]),
     ("highest rate holding p99.9 ≤ 500 ms", "35,000 msg/s (one per role), 30,000 (two)", [
-        ("one process per role", _find_max, "2026-11-27/slices/find-max/chronos-1x1x1.json"),
-        ("two of every role", _find_max, "2026-11-27/slices/find-max/chronos-2x2x2.json")]),
+        ("one process per role", _find_max, "2026-11-28/find-max/chronos-1x1x1.json"),
+        ("two of every role", _find_max, "2026-11-28/find-max/chronos-2x2x2.json")]),
     ("the highest rate within the SLA, of the design's limit", "", [
         ("one process per role", functools.partial(_of_design_limit, layout="1/1/1"),
-         "2026-11-27/slices/find-max/chronos-1x1x1.json"),
+         "2026-11-28/find-max/chronos-1x1x1.json"),
         ("two of every role", functools.partial(_of_design_limit, layout="2/2/2"),
-         "2026-11-27/slices/find-max/chronos-2x2x2.json")]),
+         "2026-11-28/find-max/chronos-2x2x2.json")]),
     ("publish lateness p99.9, the firer's own share", "≤ 10 ms", [
-        ("one process per role, 25,000 msg/s", _lateness, "2026-11-27/slices/lateness/chronos-1x1x1-25000.json"),
-        ("two of every role, 20,000 msg/s", _lateness, "2026-11-27/slices/lateness/chronos-2x2x2-20000.json")]),
+        ("one process per role, 25,000 msg/s", _lateness, "2026-11-28/lateness/chronos-1x1x1-25000.json"),
+        ("two of every role, 20,000 msg/s", _lateness, "2026-11-28/lateness/chronos-2x2x2-20000.json")]),
     ("claiming connections per firer, 20,000 msg/s, one of each role: written / fired, p99.9 jitter "
      "(before the claim of slices had an index predicate of its own)", "", [
         ("one claimer (the default)", _written_fired, "2026-11-27/shares/claimers-ab/one-claimer.json"),
         ("two claimers", _written_fired, "2026-11-27/shares/claimers-ab/two-claimers.json"),
         ("before the firers' shares, the same hour", _written_fired, "2026-11-27/shares/claimers-ab/before-shares.json")]),
-    ("the design's limit: its own statements, no Kafka, one of each role", "", [
-        ("with the firers' share index", functools.partial(_design_rate, layout="1/1/1"),
-         "2026-11-27/shares/design-limit/max.json"),
-        ("before it, the same hour", functools.partial(_design_rate, layout="1/1/1"),
-         "2026-11-27/shares/design-limit/max-before-shares.json")]),
+    ("the design's limit: its own statements, no Kafka, the same hour", "", [
+        ("one of each role", functools.partial(_design_rate, layout="1/1/1"), "2026-11-28/design-limit/max.json"),
+        ("one of each, the firer claiming its slices", functools.partial(_design_rate, layout="1/1/1"),
+         "2026-11-28/design-limit/shares.json"),
+        ("one of each, its slices off the share index alone (no due index)",
+         functools.partial(_design_rate, layout="1/1/1"), "2026-11-28/design-limit/one-index.json"),
+        ("two of each, the firers racing", functools.partial(_design_rate, layout="2/2/2"), "2026-11-28/design-limit/max.json"),
+        ("two of each, each firer claiming its own slices", functools.partial(_design_rate, layout="2/2/2"),
+         "2026-11-28/design-limit/shares.json"),
+        ("two of each, their slices off the share index alone (no due index)",
+         functools.partial(_design_rate, layout="2/2/2"), "2026-11-28/design-limit/one-index.json"),
+        ("one of each, the statements and schema of 582b05a (60,986 msg/s on 2026-11-26), half an hour earlier",
+         functools.partial(_design_rate, layout="1/1/1"), "2026-11-28/design-limit-ab/582b05a-1.json"),
+        ("the same, again", functools.partial(_design_rate, layout="1/1/1"),
+         "2026-11-28/design-limit-ab/582b05a-2.json")]),
     ("live rows fetched per claimed row, 5,000 msg/s", "≤ 1.1", [
         ("two firers", functools.partial(_fetched, firers=2), "2026-11-27/slices/claims.json"),
         ("four firers", functools.partial(_fetched, firers=4), "2026-11-27/slices/claims.json")]),
     ("CPU at 10,000 msg/s, Chronos and PostgreSQL, fresh stack", "≤ 0.30 cores", [
-        ("one process per role", _fresh_cpu, "2026-11-27/slices/cpu-10000/c111.json"),
-        ("two of every role", _fresh_cpu, "2026-11-27/slices/cpu-10000/c222.json"),
+        ("one process per role", _fresh_cpu, "2026-11-28/cpu-ab/now-111-1.json"),
+        ("two of every role", _fresh_cpu, "2026-11-28/cpu-ab/now-222-1.json"),
         ("graphile-worker and its PostgreSQL, same load", _fresh_cpu, "2026-11-26/cpu-10000/gw.json")]),
     ("CPU at 10,000 msg/s, on a stack that has carried 9 to 14 M messages", "≤ 0.30 cores", [
         ("one process per role", functools.partial(_aged_ab_cpu, layout="1/1/1"), AGED_AB),
         ("two of every role", functools.partial(_aged_ab_cpu, layout="2/2/2"), AGED_AB)]),
-    ("CPU at 10,000 msg/s, fresh stacks, one process per role, the same hour, runs interleaved", "", [
-        ("with the firers' shares, first run", _fresh_cpu, "2026-11-27/slices/cpu-ab/after-1.json"),
-        ("before them (the processes of 52847cb), second", _fresh_cpu, "2026-11-27/slices/cpu-ab/before-1.json"),
-        ("with the firers' shares, third", _fresh_cpu, "2026-11-27/slices/cpu-ab/after-2.json"),
-        ("before them, fourth", _fresh_cpu, "2026-11-27/slices/cpu-ab/before-2.json")]),
+    ("CPU at 10,000 msg/s, fresh stacks, the same hour, runs interleaved: this release and the processes of "
+     "d4ed12f (2026-11-26, whose aged stacks measured 0.41-0.48 cores that day)", "", [
+        ("d4ed12f, one process per role, first run", _fresh_cpu, "2026-11-28/cpu-ab/d4ed12f-111-1.json"),
+        ("this release, one per role, second", _fresh_cpu, "2026-11-28/cpu-ab/now-111-1.json"),
+        ("d4ed12f, third", _fresh_cpu, "2026-11-28/cpu-ab/d4ed12f-111-2.json"),
+        ("this release, fourth", _fresh_cpu, "2026-11-28/cpu-ab/now-111-2.json"),
+        ("d4ed12f, two of every role, fifth", _fresh_cpu, "2026-11-28/cpu-ab/d4ed12f-222-1.json"),
+        ("this release, two of every role, sixth", _fresh_cpu, "2026-11-28/cpu-ab/now-222-1.json"),
+        ("d4ed12f, seventh", _fresh_cpu, "2026-11-28/cpu-ab/d4ed12f-222-2.json"),
+        ("this release, eighth", _fresh_cpu, "2026-11-28/cpu-ab/now-222-2.json")]),
     ("CPU at 10,000 msg/s with the firers' shares, on one PostgreSQL step after step (Chronos and the broker "
      "restarted between steps)", "", [
         ("one process per role", _aged_cpu, "2026-11-27/slices/aged/longevity-1x1x1-10000.json"),
@@ -580,8 +595,9 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
 README_FIGURES = [
     ("p99.9 jitter at 1,000 msg/s, one process per role", "p99.9 jitter at 1,000 msg/s", (0, 1)),
     ("highest rate holding p99.9 ≤ 500 ms", "highest rate holding p99.9 ≤ 500 ms", (0, 1)),
-    ("CPU at 10,000 msg/s, Chronos and PostgreSQL, on a stack that has carried 9 to 14 M messages",
-     "CPU at 10,000 msg/s, on a stack that has carried 9 to 14 M messages", (0, 1)),
+    ("CPU at 10,000 msg/s, Chronos and PostgreSQL, on one PostgreSQL step after step",
+     "CPU at 10,000 msg/s with the firers' shares, on one PostgreSQL step after step (Chronos and the broker "
+     "restarted between steps)", (0, 1)),
     ("firing with 10 million far-future rows waiting", "fire rate of one firer, 100,000 due rows", (0,)),
     ("200,000 messages due at the same instant", "200,000 messages due at the same instant", (0,)),
 ]
@@ -705,9 +721,9 @@ def capacity_page(result: str = CAPACITY_RESULT) -> str:
 
 # -- the design's limit (benchmarks/design_limit.py) against Chronos -----------------------------
 
-DESIGN_LIMIT = "2026-11-27/slices/design-limit"
-CPU_10000 = "2026-11-27/slices/cpu-10000"
-FIND_MAX = "2026-11-27/slices/find-max"
+DESIGN_LIMIT = "2026-11-28/design-limit"
+CPU_10000 = {"1/1/1": "2026-11-28/cpu-ab/now-111-1.json", "2/2/2": "2026-11-28/cpu-ab/now-222-1.json"}
+FIND_MAX = "2026-11-28/find-max"
 
 
 def design_limit_page(folder: str = DESIGN_LIMIT) -> str:
@@ -717,9 +733,8 @@ def design_limit_page(folder: str = DESIGN_LIMIT) -> str:
     by_layout = {r["layout"]: r for r in limit["rows"]}
     rated = {r["layout"]: r for r in at_rate["rows"]}
     rows = []
-    for layout, name, find_max in (("1/1/1", "c111.json", "chronos-1x1x1.json"),
-                                   ("2/2/2", "c222.json", "chronos-2x2x2.json")):
-        chronos = _result(f"{CPU_10000}/{name}")
+    for layout, find_max in (("1/1/1", "chronos-1x1x1.json"), ("2/2/2", "chronos-2x2x2.json")):
+        chronos = _result(CPU_10000[layout])
         cpu = {k: (v["cores"] if isinstance(v, dict) else v) for k, v in chronos["cpu"].items()}
         pg, total = cpu["postgres"], _scheduler_cores(chronos["cpu"])
         design, design_10k = by_layout[layout], rated[layout]
@@ -729,9 +744,10 @@ def design_limit_page(folder: str = DESIGN_LIMIT) -> str:
                      f"{best:,.0f} msg/s", f"{best / design['rate_per_s']:.2f}",
                      f"{design_10k['postgres_cores']:.2f}", f"{pg:.2f}", f"{pg / design_10k['postgres_cores']:.2f}",
                      f"{design_total:.2f}", f"{total:.2f}", f"{total / design_total:.2f}"))
+    runs = " and ".join(f"`benchmarks/results/{path}`" for path in CPU_10000.values())
     head = (f"`{limit['command']}` and `{at_rate['command']}`, then `python -m benchmarks.sla --rate 10000 --duration 60`"
             f" in each layout, one after the other on the quiet machine ({limit['date']}; result files in "
-            f"`benchmarks/results/{folder}/`, Chronos's runs in `benchmarks/results/{CPU_10000}/`; the highest rates "
+            f"`benchmarks/results/{folder}/`, Chronos's runs in {runs}; the highest rates "
             f"within the SLA from `benchmarks/results/{FIND_MAX}/`, the same hour). CPU in cores: all of PostgreSQL's "
             f"processes, and for the totals Chronos's processes or the driver's.\n\n")
     return head + _table(("layout", "the design's limit", "Chronos within the SLA", "ratio",

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from chronos.ops import servers, status
 from chronos.errors import ChronosError
+from chronos.logs import Throttle
 
 log = logging.getLogger("chronos.console")
 
@@ -127,7 +128,7 @@ class History:
             step.consumed += _delta(scrape.consumed, old.consumed)
             step.fired += _delta(scrape.fired, old.fired)
             step.dead += _delta(scrape.dead, old.dead)
-            if len(scrape.buckets) == len(self.bounds) == len(old.buckets):
+            if self.bounds and len(scrape.buckets) == len(self.bounds) == len(old.buckets):
                 restarted = scrape.buckets[-1][1] < old.buckets[-1][1]
                 prev = 0.0
                 for i, ((_, new), (_, was)) in enumerate(zip(scrape.buckets, old.buckets)):
@@ -283,6 +284,7 @@ class MetricsSampler:
         self.history = History()
         self.watched_at = 0.0
         self._wake = asyncio.Event()
+        self.throttle = Throttle(log)
 
     def watched(self) -> None:
         """A client asked for the live overview: sample every second for a while."""
@@ -306,7 +308,11 @@ class MetricsSampler:
         if not self.urls:
             return
         while True:
-            await self.sample()
+            try:
+                await self.sample()
+            except Exception as exc:  # noqa: BLE001 - a round that fails must not end the sampling for good
+                self.throttle.warning("round", "a round of the processes' metrics failed (%s: %s); the live "
+                                      "figures go on from the next", type(exc).__name__, exc)
             active = self.clock() - self.watched_at <= self.active_for
             self._wake.clear()
             try:

@@ -20,7 +20,7 @@ def _gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(")")[-1].split()[0] == "Z"  # a zombie has exited
-    except FileNotFoundError:
+    except OSError:  # reaped before the open (FileNotFoundError), or between the open and the read (ProcessLookupError)
         return True
 
 

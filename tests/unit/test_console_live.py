@@ -75,6 +75,18 @@ def test_history_counts_a_silent_process_as_down_and_loses_nothing_it_counted():
     assert h.rates(over=5) == {"in": 4.0, "fired": 2.0, "dead": 0.0}  # 4 fired over the 2 s since its last answer
 
 
+def test_history_counts_rates_before_any_process_has_a_lateness_histogram():
+    """A process's lateness histogram appears with its first fired message: two rounds of scrapes before
+    that once raised IndexError, which ended the console's sampling for good (rates '-' thereafter)."""
+    h = History()
+    h.add(0.0, {"c": Scrape(consumed=3.0), "f": Scrape()})
+    h.add(1.0, {"c": Scrape(consumed=9.0), "f": Scrape()})
+    assert h.rates(over=5) == {"in": 6.0, "fired": 0.0, "dead": 0.0}
+    h.add(2.0, {"c": Scrape(consumed=9.0), "f": _scrape(4, [1, 4, 4])})
+    h.add(3.0, {"c": Scrape(consumed=9.0), "f": _scrape(6, [1, 6, 6])})
+    assert h.lateness()["count"] == 2
+
+
 def test_quantile_interpolates_inside_the_bucket():
     bounds = (-0.05, 0.0, 0.01, 0.1, float("inf"))
     counts = (0, 0, 50, 50, 0)
@@ -279,3 +291,33 @@ def test_the_overview_lists_each_processes_server_and_flags_one_elsewhere_or_on_
 STORE = {"waiting_age_s": 0, "waiting": 1, "waiting_estimated": False, "due_now": 0, "in_flight": 0,
          "oldest_overdue_s": None, "past_hold_time": 0, "parked": 0, "recurring_schedules": None,
          "next_deadline_in_s": None, "next_deadline": None, "at": "now", "embedded_broker": None}
+
+
+def test_a_failed_round_of_scrapes_does_not_end_the_sampling(caplog):
+    """The sampler is a task of its own: a round that raised once ended it, and the overview's live figures
+    stayed as they were, with nothing said."""
+    import asyncio
+
+    from chronos.console.live import MetricsSampler
+    sampler = MetricsSampler(["http://127.0.0.1:9/metrics"], every=0.01, idle_every=0.01)
+    sampler._one = lambda url: Scrape(consumed=1.0)
+    rounds: list[float] = []
+    add = sampler.history.add
+
+    def add_failing_once(now, scrapes):
+        rounds.append(now)
+        if len(rounds) == 1:
+            raise IndexError("tuple index out of range")
+        add(now, scrapes)
+    sampler.history.add = add_failing_once
+
+    async def three_rounds():
+        task = asyncio.create_task(sampler.run())
+        end = asyncio.get_running_loop().time() + 10
+        while len(rounds) < 3 and not task.done() and asyncio.get_running_loop().time() < end:
+            await asyncio.sleep(0.01)
+        task.cancel()
+    asyncio.run(three_rounds())
+    assert len(rounds) >= 3
+    assert sampler.history.sources_up == 1
+    assert "a round of the processes' metrics failed (IndexError" in caplog.text

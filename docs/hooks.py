@@ -574,7 +574,7 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
     ("CPU at 10,000 msg/s with the firers' shares, on one PostgreSQL step after step (Chronos and the broker "
      "restarted between steps)", "", [
         ("one process per role", _aged_cpu, "2026-11-27/slices/aged/longevity-1x1x1-10000.json"),
-        ("two of every role", _aged_cpu, "2026-11-27/slices/aged/longevity-2x2x2-10000.json")]),
+        ("two of every role", _aged_cpu, "2026-11-28/aged/longevity-2x2x2-10000.json")]),
     ("200,000 messages due at the same instant", "", [
         ("one process per role", _spike, "2026-11-23/day-1x1x1.json"),
         ("two of every role", _spike, "2026-11-23/day-2x2x2.json")]),

@@ -73,19 +73,22 @@ HOT_FIND_STALE = ("SELECT id, readied_at, readied_by, ctid FROM chronos_messages
 # The claim, its RETURNING folded into text arrays the delete takes back unchanged; a full one, and one of
 # recent deadlines only, taken in turn as the firer takes them (`Claimer.claim_rows`).
 # The fifth column says whether the claim took a row due before the window (a full claim must follow).
-CLAIM, CLAIM_RECENT = (
-    f"WITH claimed (id, deadline_us, topic, key, value, headers, readied_at, seq, attempts, original_us, ctid) "
-    f"AS ({QUERIES[name]}) "
-    "SELECT count(*), array_agg(ctid)::text, array_agg(id)::text, array_agg(readied_at)::text, "
-    "coalesce(bool_or(deadline_us < extract(epoch FROM now()) * 1000000 - %(window_ms)s * 1000), false) FROM claimed"
-    for name in ("claim", "claim_recent"))
-# The claim of a firer's own slices (`--claims shares`, as Chronos's firers claim beside each other), folded alike.
-CLAIM_SHARE, CLAIM_SHARE_RECENT = (
-    f"WITH claimed (id, deadline_us, topic, key, value, headers, readied_at, seq, attempts, original_us, ctid, slice) "
-    f"AS ({QUERIES[name]}) "
-    "SELECT count(*), array_agg(ctid)::text, array_agg(id)::text, array_agg(readied_at)::text, "
-    "coalesce(bool_or(deadline_us < extract(epoch FROM now()) * 1000000 - %(window_ms)s * 1000), false) FROM claimed"
-    for name in ("claim_share", "claim_share_recent"))
+CLAIMED = "id, deadline_us, topic, key, value, headers, readied_at, seq, attempts, original_us, ctid"
+
+
+def folded(name: str, columns: str = CLAIMED) -> str:
+    """The claim statement `name` (whose RETURNING gives `columns`), folded into one row."""
+    return (f"WITH claimed ({columns}) AS ({QUERIES[name]}) "
+            "SELECT count(*), array_agg(ctid)::text, array_agg(id)::text, array_agg(readied_at)::text, "
+            "coalesce(bool_or(deadline_us < extract(epoch FROM now()) * 1000000 - %(window_ms)s * 1000), false) "
+            "FROM claimed")
+
+
+CLAIM, CLAIM_RECENT = folded("claim"), folded("claim_recent")
+# The claim of a firer's own slices (`--claims shares`, as Chronos's firers claim beside each other): each row
+# also says its slice.
+CLAIM_SHARE, CLAIM_SHARE_RECENT = folded("claim_share", CLAIMED + ", slice"), folded("claim_share_recent",
+                                                                                     CLAIMED + ", slice")
 
 
 def ticks() -> int:

@@ -76,6 +76,13 @@ def overdue_ms(poll_interval_ms: int) -> int:
     return 2 * poll_interval_ms
 
 
+def strays_every(hold_time_ms: int) -> float:
+    """Seconds between two claims of any slice's rows overdue by the hold time (the claimer's last look, for
+    an owner that renews its lease yet serves nothing): such a row waits at most a quarter of the hold time
+    longer."""
+    return hold_time_ms / 4000.0
+
+
 class Shares:
     """One firer's view of the division: its slices (None: all of them, it is alone) and when its lease
     is renewed next. Times are monotonic seconds, given by the caller."""

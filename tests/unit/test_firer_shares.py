@@ -13,8 +13,7 @@ from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.adapters.memory.shares import slice_of
 from chronos.domain.model import Row
 from chronos.domain.shares import (LEASES_AGAIN_S, SLICES, Shares, claimer_slices, overdue_ms, quiet_slices,
-                                   slice_limits, slices_of)
-from chronos.roles.firer.claimer import strays_every
+                                   slice_limits, slices_of, strays_every)
 from test_roles_firer import Firer
 
 NODES = sorted(uuid.uuid4() for _ in range(4))

@@ -10,7 +10,7 @@ from typing import Callable
 
 from chronos.config import Settings
 from chronos.domain.model import Claimed
-from chronos.domain.shares import Shares, claimer_slices, overdue_ms
+from chronos.domain.shares import Shares, claimer_slices, overdue_ms, strays_every
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.telemetry.metrics import FirerTelemetry
 from chronos.ports import ClaimStore
@@ -28,12 +28,6 @@ KAFKA_PROBE_EVERY = 1.0  # seconds: after a stall, how often the claimer asks Ka
 # p99.9 167 ms, 79 ms with sixteen: docs/benchmarks/hot-path.md). The bytes they come to are capped apart
 # (CHRONOS_FIRER_MAX_HELD_BYTES), so large messages cannot fill memory.
 MAX_HELD_BATCHES = 16
-
-
-def strays_every(hold_time_ms: int) -> float:
-    """Seconds between two claims of any slice's rows overdue by the hold time (`Claimer.take_others`): such
-    a row waits at most a quarter of the hold time longer."""
-    return hold_time_ms / 4000.0
 
 
 class Claimer(StoreThread[ClaimStore]):

@@ -29,7 +29,7 @@ import orjson
 import psycopg
 
 from benchmarks.harness import report
-from benchmarks.harness.stack import ChronosUp, OwnPostgres, layout_args, run_on
+from kits.stack import ChronosUp, OwnPostgres, layout_args, run_on
 from benchmarks.harness.step import add_step_arguments, run_step
 from benchmarks.harness.step import parse_args as parse_step_args
 from benchmarks.harness.targets import ChronosTarget

@@ -17,7 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from benchmarks.harness.fleet import ROOT, page_blocks
+from kits.fleet import ROOT, page_blocks
 from chronos.adapters.postgres.migrations import migrate
 from chronos.embedded.postgres import EmbeddedPostgres, postgres_bin_dir, server_user
 

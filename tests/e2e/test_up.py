@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from benchmarks.harness.stack import CHRONOS, ChronosUp, clean_env, supervisor
+from kits.stack import CHRONOS, ChronosUp, clean_env, supervisor
 from chronos.embedded.procs import descendants
 from chronos.up.datadir import SOCKET_PATH_MAX
 from helpers import Collector, Received

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from benchmarks.harness.fleet import ROOT, page_blocks
+from kits.fleet import ROOT, page_blocks
 from helpers import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -18,7 +18,7 @@ SCALING = ROOT / "docs" / "operations" / "scaling.md"
 def test_every_host_runs_the_install_pages_checks(fleet):
     (code,) = page_blocks(ROOT / "docs" / "operations" / "host-install.md", "check")
     for host in fleet.chronos:
-        out = fleet.on(host, code).stdout
+        out = fleet.hosts.on(host, code).stdout
         assert re.search(r"^consumer:consumer_00\s+RUNNING", out, re.M), out
         assert re.search(r"^firer:firer_00\s+RUNNING", out, re.M), out
         assert re.search(r"^detector:detector_00\s+RUNNING", out, re.M), out
@@ -27,7 +27,7 @@ def test_every_host_runs_the_install_pages_checks(fleet):
 
 def test_a_message_through_a_host_with_the_install_pages_commands(fleet):
     (code,) = page_blocks(ROOT / "docs" / "operations" / "host-install.md", "message")
-    done = fleet.on(fleet.chronos[1], fleet.chronos_function() + code, timeout=90)
+    done = fleet.hosts.on(fleet.chronos[1], fleet.hosts.chronos_function() + code, timeout=90)
     assert "key='hello' value='world'" in done.stdout, done.stdout + done.stderr
     assert '"status":"ok"' in done.stdout.replace(" ", "") and '"role":"firer"' in done.stdout.replace(" ", "")
 
@@ -37,20 +37,20 @@ def test_a_roles_count_on_a_host_changes_as_the_scaling_page_says(fleet):
     it starts, so the page changes the environment file and restarts it; the other host fires meanwhile."""
     host = fleet.chronos[0]
     to_zero, back = page_blocks(SCALING, "scale")
-    fleet.on(host, fleet.chronos_function() + to_zero)
+    fleet.hosts.on(host, fleet.hosts.chronos_function() + to_zero)
     assert host.supervisord is not None
     assert host.supervisord.wait(60) == 0  # the page's shutdown ends the supervisord the start block ran
     host.counts["firer"] = 0
-    fleet.start_host(host)
-    fleet.wait_host(host)
-    status = fleet.supervisorctl(host, "status", check=False)
+    fleet.hosts.start(host)
+    fleet.hosts.wait_started(host)
+    status = fleet.hosts.supervisorctl(host, "status", check=False)
     assert "firer" not in status and "consumer:consumer_00" in status, status
-    fleet.on(host, fleet.chronos_function() + back)
+    fleet.hosts.on(host, fleet.hosts.chronos_function() + back)
     assert host.supervisord.wait(60) == 0
     host.counts["firer"] = 1
-    fleet.start_host(host)
-    fleet.wait_host(host)
-    wait_for(lambda: re.search(r"^firer:firer_00\s+RUNNING", fleet.supervisorctl(host, "status", check=False), re.M),
+    fleet.hosts.start(host)
+    fleet.hosts.wait_started(host)
+    wait_for(lambda: re.search(r"^firer:firer_00\s+RUNNING", fleet.hosts.supervisorctl(host, "status", check=False), re.M),
              timeout=30, what="the firer back")
 
 
@@ -63,25 +63,25 @@ def test_the_restore_pages_stop_rewind_start_and_the_upgrade_pages_restart_run_a
     (start,) = page_blocks(ops / "backups.md", "backup start")
     (restart,) = page_blocks(ops / "upgrading.md", "restart role")
     for host in fleet.chronos:
-        fleet.leave_group_one_at_a_time(host)  # the embedded broker's need, not the page's
-        fleet.on(host, fleet.chronos_function() + stop)
-        status = fleet.supervisorctl(host, "status", check=False)
+        fleet.hosts.leave_group_one_at_a_time(host)  # the embedded broker's need, not the page's
+        fleet.hosts.on(host, fleet.hosts.chronos_function() + stop)
+        status = fleet.hosts.supervisorctl(host, "status", check=False)
         assert len(re.findall(r"\bSTOPPED\b", status)) == 3, status
     host = fleet.chronos[1]
     # the input topic is younger than the page's moment: every partition goes back to its start
-    moved = fleet.on(host, fleet.chronos_function() + rewind, timeout=120).stdout
+    moved = fleet.hosts.on(host, fleet.hosts.chronos_function() + rewind, timeout=120).stdout
     assert moved.startswith("group chronos on chronos.input moved to 2026-11-26T06:14:13Z:"), moved
     partitions = re.findall(r"^  partition (\d+): (\S+) -> (\d+)$", moved, re.M)
     assert partitions and all(now == "0" for _, _, now in partitions), moved
     assert any(was not in ("-", "0") for _, was, _ in partitions), moved  # the messages sent before were read
     firer_starts = host.log("firer_00").count("starting: node")
     for h in fleet.chronos:
-        fleet.on(h, fleet.chronos_function() + start, timeout=90)
+        fleet.hosts.on(h, fleet.hosts.chronos_function() + start, timeout=90)
     for h in fleet.chronos:
-        wait_for(lambda: len(re.findall(r"\bRUNNING\b", fleet.supervisorctl(h, "status", check=False))) == 3,
+        wait_for(lambda: len(re.findall(r"\bRUNNING\b", fleet.hosts.supervisorctl(h, "status", check=False))) == 3,
                  timeout=30, what="every program running again")
     wait_for(lambda: host.log("firer_00").count("starting: node") == firer_starts + 1, timeout=30,
              what="the firer started again")
-    fleet.on(host, fleet.chronos_function() + restart)
+    fleet.hosts.on(host, fleet.hosts.chronos_function() + restart)
     wait_for(lambda: host.log("firer_00").count("starting: node") == firer_starts + 2, timeout=30,
              what="the firer restarted")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.harness.fleetload import host_cut, kafka_cut, primary_cut
+from kits.fleet.scenarios import host_cut, kafka_cut, primary_cut
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(600)]
 
@@ -34,7 +34,7 @@ def verdict(report, row) -> None:
 
 
 def test_the_primarys_host_cut_off_a_standby_takes_over_and_the_old_primary_rejoins(fleet, fault_report):
-    standby = fleet.sync_standby()
+    standby = fleet.db.sync_standby()
     report, row = primary_cut(fleet, cut_s=32.0, rate=RATE)
     fault_report(report)
     verdict(report, row)

@@ -4,7 +4,7 @@ too, with `status` and the console); a certificate no trusted authority signed, 
 a refused SASL login is one line and a final exit; a rotated server certificate is picked up without a
 restart.
 
-The broker is the embedded one behind stunnel (tests/tlskit.py says why), advertising the proxy's
+The broker is the embedded one behind stunnel (kits/tls.py says why), advertising the proxy's
 address, so every connection the clients make, the first and the ones metadata points them to, is TLS.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import orjson
 import pytest
 from helpers import EMBEDDED_KAFKA, wait_for
-from tlskit import APP_PASSWORD, Authority, TlsProxy, app_url
+from kits.tls import APP_PASSWORD, Authority, TlsProxy, app_url
 
 from chronos.adapters.kafka.admin import create_topics
 from chronos.embedded.broker import BROKER_STORAGE, EmbeddedBroker, broker_bin

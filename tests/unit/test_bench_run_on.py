@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.harness import stack as stack_module
-from benchmarks.harness.stack import ChronosOnPostgres, StackFailed, run_on
+from kits import stack as stack_module
+from kits.stack import ChronosOnPostgres, StackFailed, run_on
 from benchmarks.harness.targets import ChronosTarget
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from benchmarks.harness.fleetload import FleetScenario
+from kits.fleet.scenarios import FleetScenario
 
 FAULT, HEAL, HOLD = 100.0, 114.0, 5.0
 

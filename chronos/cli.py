@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import re
 import sys
@@ -40,10 +39,7 @@ def parse_at(text: str) -> datetime:
 
 def cmd_process(args: argparse.Namespace) -> int:
     from chronos import processes
-    from chronos.runtime import process as runtime
-    settings = config.load(args)
-    return runtime.run_process(args.command, settings, functools.partial(processes.run, args.command),
-                               kafka=args.command != "detector")
+    return processes.main(args.command, config.load(args))
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

@@ -266,3 +266,22 @@ class OperatorsStore(StoreHandle, Protocol):
         ...
 
     def db_clock_us(self) -> int: ...
+
+
+class ProcessServices(Protocol):
+    """What a process's life (`chronos.runtime.process`) asks of PostgreSQL and Kafka before its role starts;
+    `chronos.processes` gives the real ones, built on the process's settings."""
+
+    def clients(self) -> str:
+        """The client libraries the process runs on, for its start line (psycopg's implementation, libpq)."""
+        ...
+
+    def check_store(self) -> str:
+        """Whether PostgreSQL answers with a schema this chronos runs on: the pool mode the process talks in
+        (CHRONOS_DATABASE_POOL_MODE settled). StoreUnavailable while it does not answer (asked again);
+        StoreRefused, SchemaError, UnsupportedServer or ConfigError where waiting would not help."""
+        ...
+
+    def probe_kafka(self, timeout: float) -> str | None:
+        """Why Kafka does not answer yet, or None when it does; KafkaRefused when it refuses the settings."""
+        ...

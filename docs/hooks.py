@@ -315,6 +315,8 @@ def fleet_rows(result: str = FLEET_RESULT, keys: Iterable[str] | None = None) ->
                      f"{r['published_while_held_landed_after_heal']} published while held, landed after the heal; "
                      + (f"{r['unacknowledged_at_cut_fired_after_heal']} unacknowledged at the cut, fired again after "
                         "the heal; " if "unacknowledged_at_cut_fired_after_heal" in r else "")
+                     + (f"{r['sent_during_cut_fired_again_after_heal']} sent during the cut, read again after "
+                        "the heal; " if "sent_during_cut_fired_again_after_heal" in r else "")
                      + f"{r['republished_after_heal']} republished after it)",
                      "-" if r.get("promoted_after_fault_s") is None else f"{r['promoted_after_fault_s']:g} s",
                      pause, f"{r['max_lateness_during_fault_s']:g} s",

@@ -253,21 +253,25 @@ class FleetScenario:
             "arrivals": self.reader.arrivals, "create_times": self.reader.create_times,
             "faults": [{"what": f.what, "start": f.start, "end": f.end} for f in self.faults]}))
 
-    def landed_after(self, heal_at: float, fault_at: float) -> tuple[list[str], list[str], list[str]]:
-        """Messages delivered before the heal and again after it, in three lists: those whose later copy
+    def landed_after(self, heal_at: float, fault_at: float) -> tuple[list[str], list[str], list[str], list[str]]:
+        """Messages delivered before the heal and again after it, in four lists: those whose later copy
         was produced while the cut-off host still held them (before the cut, or within three quarters of
         the hold time after it, past which a firer publishes none of the rows it claimed before: its
         request reached the broker only after the heal, sent again by the host's kernel); those whose
         first copy was produced in the last seconds before the cut and none landed during it (the broker
         stored it, its acknowledgement was lost in the cut, so the firer handed the row back when it
         replaced its producer and it fired again after the heal: at least once, by the row's holder);
-        and those produced later otherwise (a host that published rows it no longer held: must be none)."""
+        those sent during the cut, which no host cut off then can have held (read again by the consumer
+        group when the cut-off host rejoined it after the heal, at least once: the report's rebalances
+        explain them); and those produced later otherwise (a host that published rows it no longer held:
+        must be none)."""
         assert self.load is not None and self.reader is not None
         in_flight: list[str] = []
         unacknowledged: list[str] = []
+        sent_during: list[str] = []
         republished: list[str] = []
         held_until = fault_at + PUBLISHABLE_SHARE * self.hold_s + 0.1  # CreateTime has millisecond precision
-        for m in self.load.sent:
+        for m, sent in self.load.sent.items():
             arrivals = self.reader.arrivals.get(m, ())
             if len(arrivals) < 2 or not min(arrivals) < heal_at <= max(arrivals):
                 continue
@@ -278,9 +282,29 @@ class FleetScenario:
             elif fault_at - ACK_WINDOW_S <= created[0] <= fault_at + 0.1 and \
                     not any(fault_at + 1.0 < a < heal_at for a in arrivals):
                 unacknowledged.append(m)
+            elif sent.produced > fault_at + 0.1:
+                sent_during.append(m)
             else:
                 republished.append(m)
-        return sorted(in_flight), sorted(unacknowledged), sorted(republished)
+        return sorted(in_flight), sorted(unacknowledged), sorted(sent_during), sorted(republished)
+
+    def deliveries(self, ids: list[str], zero: float, limit: int = 5) -> dict[str, dict[str, Any]]:
+        """The first `limit` of `ids`, each with when it was sent, produced by a firer (CreateTime) and read,
+        in seconds after `zero`: what a verdict shows of the messages it blames."""
+        assert self.load is not None and self.reader is not None
+        return {m: {"sent": round(self.load.sent[m].produced - zero, 2),
+                    "created": [round(c - zero, 2) for c in self.reader.create_times.get(m, [])],
+                    "arrived": [round(a - zero, 2) for a in self.reader.arrivals.get(m, [])]}
+                for m in ids[:limit]}
+
+    def published_again(self, heal_at: float) -> float | None:
+        """Seconds from the heal to the first publish after it of any delivered message, by its CreateTime
+        (when a firer produced it): Chronos's own recovery, without the reader's. A reader cut off with the
+        broker reconnects on its client's own backoff, so its first delivery after the heal can come many
+        seconds after the firers published again. None when nothing was published after the heal."""
+        assert self.reader is not None
+        after = [c for times in self.reader.create_times.values() for c in times if c >= heal_at]
+        return round(min(after) - heal_at, 2) if after else None
 
     def lateness_of(self, due_from: float, due_to: float) -> float:
         """The latest delivery after its due time of the messages due between the two times (seconds)."""
@@ -308,11 +332,14 @@ class FleetScenario:
             "duplicates_explained": report.duplicates - len(report.unexplained),
             "published_while_held_landed_after_heal": len(landed[0]),
             "unacknowledged_at_cut_fired_after_heal": len(landed[1]),
-            "republished_after_heal": len(landed[2]),
+            "sent_during_cut_fired_again_after_heal": len(landed[2]),
+            "republished_after_heal": len(landed[3]),
+            "republished_sample": self.deliveries(landed[3], fault_at),
             "longest_pause_s": None if pause is None else round(pause[1] - pause[0], 2),
             "pause_began_after_fault_s": None if pause is None else round(pause[0] - fault_at, 2),
             "pause_ended_after_fault_s": None if pause is None else round(pause[1] - fault_at, 2),
             "pause_ended_after_heal_s": None if pause is None else round(pause[1] - heal_at, 2),
+            "published_again_after_heal_s": self.published_again(heal_at),
             "promoted_after_fault_s": None if promoted_at is None else round(promoted_at - fault_at, 2),
             "pause_ended_after_promotion_s": None if pause is None or promoted_at is None
             else round(pause[1] - promoted_at, 2),

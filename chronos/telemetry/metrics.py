@@ -376,6 +376,9 @@ class ConsumerTelemetry(Telemetry):
                          registry=self.registry)
         self.lag_shown: set[int] = set()
         self.assigned = self.gauge("chronos_consumer_partitions", "input partitions assigned to this consumer")
+        self.clock_offset = self.gauge("chronos_consumer_clock_offset_seconds",
+                                       "database clock minus this host's clock, as last measured (every 10 s): "
+                                       "a consumer publishes at once what is due by this host's clock")
 
     def consumer_lag(self, lag: dict[int, int]) -> None:
         """The lag of each assigned input partition (partition -> messages); a partition no longer

@@ -9,6 +9,7 @@ import time
 import types
 import uuid
 
+import pytest
 from prometheus_client.exposition import generate_latest
 
 from chronos import codec
@@ -20,6 +21,7 @@ from chronos.errors import KafkaUnanswered, StoreRejected
 from chronos.telemetry.metrics import ConsumerTelemetry, postgres_reached
 from chronos.roles.consumer import ConsumerProcess, sort_batch
 from chronos.roles.consumer.one_by_one import apply_one_by_one
+from chronos.roles.consumer.writer import CLOCK_EVERY_S
 from chronos.runtime.process import Lifecycle
 from kafka_double import FakeMessage, FakePublisher, settings
 
@@ -180,6 +182,30 @@ def test_a_batch_schedules_replaces_and_cancels_each_id_as_its_messages_say_in_o
     s = c.proc.stats
     assert (s["consumed"], s["enqueued"], s["replaced"], s["cancelled"], s["cancel_unknown"], s["late"], s["dead"],
             s["duplicates"]) == (11, 1, 2, 1, 1, 1, 1, 2)
+
+
+def test_the_consumer_measures_its_hosts_clock_against_postgresqls_every_ten_seconds():
+    """A database clock 2 s behind this host's (the host is ahead: what makes a consumer publish early): the
+    offset is measured after a write and by the idle probe, at most every CLOCK_EVERY_S; a statement that
+    fails leaves the last figure."""
+    c = Consumer()
+    c.db.now_us = lambda: time.time_ns() // 1000 - 2_000_000
+
+    def offset() -> float:
+        text = generate_latest(c.proc.metrics.registry).decode()
+        return float(re.search(r"^chronos_consumer_clock_offset_seconds\{[^}]*\} (\S+)$", text, re.M)[1])
+    assert offset() == 0.0
+    message = [FakeMessage(hdrs("a", in_1h_ms()), offset=0)]
+    assert c.proc.writer.write(message, sort_batch(message, time.time_ns() // 1000, c.proc.rules))
+    assert offset() == pytest.approx(-2.0, abs=0.05)
+    c.db.now_us = lambda: time.time_ns() // 1000 + 1_000_000
+    c.proc.writer.measure_clock(time.monotonic())  # within CLOCK_EVERY_S of the last: not measured again
+    assert offset() == pytest.approx(-2.0, abs=0.05)
+    c.proc.writer.measure_clock(time.monotonic() + CLOCK_EVERY_S)
+    assert offset() == pytest.approx(1.0, abs=0.05)
+    c.db.unavailable = "down"
+    c.proc.writer.measure_clock(time.monotonic() + 3 * CLOCK_EVERY_S)
+    assert offset() == pytest.approx(1.0, abs=0.05)
 
 
 def test_rows_postgres_refuses_are_dead_lettered_one_by_one():

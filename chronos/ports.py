@@ -82,8 +82,9 @@ class InputConsumer(Protocol):
     `subscribe` joins the group; `on_lost(consumer, partitions)` is called inside `consume` when the
     group's session was lost (each of `partitions` has a `.partition`). `consume` hands out what was
     read (messages and read errors, `error()` set), and serves the group's callbacks. `commit_offsets`
-    commits the next offset to read of each (topic, partition); `lag` is the messages each assigned
-    partition holds past this consumer's position (raises `KafkaUnanswered` when the client cannot say)."""
+    commits the next offset to read of each (topic, partition); `ends` is each assigned partition's
+    position and end (the offset this consumer reads next, the high watermark; negative where not known
+    yet), for its lag (raises `KafkaUnanswered` when the client cannot say)."""
 
     def subscribe(self, topics: list[str], *, on_lost: Callable[[Any, list[Any]], None]) -> None: ...
 
@@ -93,7 +94,7 @@ class InputConsumer(Protocol):
 
     def commit_offsets(self, offsets: Mapping[tuple[str, int], int], *, wait: bool = False) -> None: ...
 
-    def lag(self) -> dict[int, int]: ...
+    def ends(self) -> dict[int, tuple[int, int]]: ...
 
     def close(self) -> None: ...
 

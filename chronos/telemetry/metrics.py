@@ -34,6 +34,7 @@ from chronos.errors import ConfigError
 from chronos.telemetry.endpoints import metrics_port
 from chronos.telemetry.health import Health, KafkaProbe
 from chronos.telemetry.http import MetricsServer
+from chronos.telemetry.lag import PartitionLag
 
 log = logging.getLogger("chronos.metrics")
 
@@ -346,6 +347,30 @@ class Telemetry:
             self.server = None
 
 
+class _Behind:
+    """`chronos_consumer_lag_seconds`, computed at scrape time, so that it grows while the consumer's loop
+    stands still (waiting on a write that does not end) as well as while it reads too slowly."""
+
+    NAME = "chronos_consumer_lag_seconds"
+    HELP = ("how long ago the oldest input message this consumer has not read yet arrived on each input partition "
+            "assigned to it, estimated from its end as the consumer's fetches saw it every 5 s (0 when it has "
+            "read everything; a lower bound for a partition it found already behind)")
+
+    def __init__(self, telemetry: "ConsumerTelemetry"):
+        self.telemetry = telemetry
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        yield GaugeMetricFamily(self.NAME, self.HELP, labels=("role", "node", "partition"))
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        t = self.telemetry
+        family = GaugeMetricFamily(self.NAME, self.HELP, labels=("role", "node", "partition"))
+        now = t.health.clock()
+        for partition, lag in sorted(t.behind.items()):
+            family.add_metric([t.role, t.node, str(partition)], lag.seconds(now))
+        yield family
+
+
 FIRED = ("chronos_messages_fired_total", "messages published to their destination and acknowledged by Kafka "
          "(by a consumer: messages already due on arrival)")
 
@@ -375,20 +400,29 @@ class ConsumerTelemetry(Telemetry):
                          "yet counts 0; none out of the group)", ("role", "node", "partition"),
                          registry=self.registry)
         self.lag_shown: set[int] = set()
+        self.behind: dict[int, PartitionLag] = {}   # replaced whole by the loop, read by the metrics' thread
+        self.registry.register(_Behind(self))
         self.assigned = self.gauge("chronos_consumer_partitions", "input partitions assigned to this consumer")
         self.clock_offset = self.gauge("chronos_consumer_clock_offset_seconds",
                                        "database clock minus this host's clock, as last measured (every 10 s): "
                                        "a consumer publishes at once what is due by this host's clock")
 
-    def consumer_lag(self, lag: dict[int, int]) -> None:
-        """The lag of each assigned input partition (partition -> messages); a partition no longer
-        assigned leaves the gauge, so that a sum over the consumers counts each partition once."""
-        for gone in self.lag_shown - lag.keys():
+    def consumer_lag(self, ends: Mapping[int, tuple[int, int]], now: float) -> None:
+        """Each assigned input partition's position and end (partition -> (the offset the consumer reads
+        next, the high watermark), negative where not known yet) at `now` (`time.monotonic()`): the
+        messages and the time it is behind. A partition no longer assigned leaves both gauges, so that a
+        sum over the consumers counts each partition once."""
+        for gone in self.lag_shown - ends.keys():
             self.lag.remove(self.role, self.node, str(gone))
-        for partition, messages in lag.items():
+        behind = {}
+        for partition, (position, end) in ends.items():
+            messages = max(0, end - position) if position >= 0 and end >= 0 else 0
             self.lag.labels(self.role, self.node, str(partition)).set(messages)
-        self.lag_shown = set(lag)
-        self.assigned.set(len(lag))
+            behind[partition] = self.behind.get(partition) or PartitionLag()
+            behind[partition].sample(now, position, end)
+        self.behind = behind
+        self.lag_shown = set(ends)
+        self.assigned.set(len(ends))
 
 
 class FirerTelemetry(Telemetry):

@@ -101,10 +101,9 @@ class FakeConsumer:
             return None
         return {p: self.group_offsets.get(p, -1001) for p in self.partitions}
 
-    def lag(self):
-        """As the adapter computes it: the cached high watermark less the position, 0 where either is unknown."""
-        return {p: max(0, high - pos) if (pos := self.positions.get(p, -1001)) >= 0 and
-                (high := self.watermarks.get(p, -1001)) >= 0 else 0 for p in self.assigned}
+    def ends(self):
+        """As the adapter reads them: the position and the cached high watermark, -1 where unknown."""
+        return {p: (self.positions.get(p, -1), self.watermarks.get(p, -1)) for p in self.assigned}
 
     def commit_offsets(self, offsets, *, wait=False):
         with self.lock:
@@ -477,21 +476,45 @@ def test_the_lag_gauge_is_what_each_assigned_partition_holds_past_the_position()
     c = Consumer()
     c.proc.group.consumer.assigned = [0, 1]
     c.proc.group.consumer.positions, c.proc.group.consumer.watermarks = {0: 5, 1: 3}, {0: 12}
-
-    def lags() -> dict[str, float]:
-        text = generate_latest(c.proc.metrics.registry).decode()
-        return {m[0]: float(m[1]) for m in
-                re.findall(r'^chronos_consumer_lag_messages\{[^}]*partition="(\d+)"[^}]*\} (\S+)$', text, re.M)}
     c.proc.group.sample_lag(100.0)
-    assert lags() == {"0": 7.0, "1": 0.0}
+    assert lags(c) == {"0": 7.0, "1": 0.0}
     text = generate_latest(c.proc.metrics.registry).decode()
     assert re.search(r'^chronos_consumer_partitions\{[^}]*\} 2\.0$', text, re.M), text
     c.proc.group.consumer.watermarks = {0: 20}
     c.proc.group.sample_lag(101.0)  # within LAG_EVERY_S: not read again
-    assert lags() == {"0": 7.0, "1": 0.0}
+    assert lags(c) == {"0": 7.0, "1": 0.0}
     c.proc.group.consumer.assigned = [0]
     c.proc.group.sample_lag(106.0)
-    assert lags() == {"0": 15.0}
+    assert lags(c) == {"0": 15.0}
+    assert set(lags(c, "seconds")) == {"0"}
+
+
+def lags(c: Consumer, unit: str = "messages") -> dict[str, float]:
+    text = generate_latest(c.proc.metrics.registry).decode()
+    return {m[0]: float(m[1]) for m in
+            re.findall(rf'^chronos_consumer_lag_{unit}\{{[^}}]*partition="(\d+)"[^}}]*\}} (\S+)$', text, re.M)}
+
+
+def test_the_time_behind_grows_while_the_consumers_loop_stands_still_and_is_0_once_it_has_read_everything():
+    """Partition 0 caught up at 10, then 10 more messages by the next sample, 5 s later, none read: the
+    oldest unread message arrived between the two samples (half-way for the first of ten: 0.5 s in); the
+    scrapes after it see the time grow with no further sample (a loop waiting on a write)."""
+    clock = Clock()
+    c = Consumer()
+    c.proc.metrics.health.clock = clock
+    group = c.proc.group
+    group.consumer.assigned, group.consumer.positions, group.consumer.watermarks = [0], {0: 10}, {0: 10}
+    group.sample_lag(clock())
+    assert lags(c, "seconds") == {"0": 0.0}
+    clock.advance(5.0)
+    group.consumer.watermarks = {0: 20}
+    group.sample_lag(clock())
+    assert lags(c, "seconds") == {"0": pytest.approx(4.5)}
+    clock.advance(60.0)
+    assert lags(c, "seconds") == {"0": pytest.approx(64.5)}
+    group.consumer.positions = {0: 20}
+    group.sample_lag(clock())
+    assert lags(c, "seconds") == {"0": 0.0} and lags(c) == {"0": 0.0}
 
 
 def test_while_no_other_consumer_commits_a_consumer_waits_out_the_outage_in_the_group(caplog):

@@ -127,6 +127,32 @@ def test_the_checker_catches_a_wrong_metric_and_a_wrong_label():
                                                         for _, e, _ in expressions() for m in _METRIC.findall(e)}})]
 
 
+# chronos_* words of the rules' annotations that are not metrics: a table, the docs' external label
+NOT_METRICS = {"chronos_parked", "chronos_docs"}
+
+
+def test_every_metric_an_alert_watches_or_points_to_has_a_dashboard_panel():
+    """What a rule's expression reads, and every metric its description or confirm line sends the operator
+    to, has a dashboard query naming it; an annotation naming a metric no process exports is a mistake."""
+    documented = documented_metrics() | {"up"}
+
+    def family(name: str) -> str:  # a histogram's series are its family's
+        base = re.sub(r"_(bucket|count|sum)$", "", name)
+        return base if base in documented else name
+    panels = {family(m) for where, expr, _ in expressions() if where.startswith("dashboard")
+              for m in _METRIC.findall(expr)}
+    missing, unknown = [], []
+    for group in yaml.safe_load(RULES.read_text())["groups"]:
+        for rule in group["rules"]:
+            notes = rule["annotations"]
+            words = {family(m) for m in _METRIC.findall(" ".join((rule["expr"], notes["description"],
+                                                                   notes["confirm"])))}
+            unknown += [(rule["alert"], m) for m in sorted(words - documented - NOT_METRICS)]
+            missing += [(rule["alert"], m) for m in sorted((words & documented) - panels)]
+    assert unknown == [], "annotations naming no exported metric"
+    assert missing == [], "metrics an alert reads or points to with no dashboard panel"
+
+
 def test_rules_pass_promtool_and_dashboard_queries_parse(tmp_path):
     tool = promtool()
     checked = subprocess.run([tool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)

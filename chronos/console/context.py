@@ -21,6 +21,8 @@ from chronos.console.auth import COOKIE, Auth, same_origin
 from chronos.console.live import MetricsSampler, StoreReader, histogram_svg, rates_svg
 from chronos.console.views import display, postgres_processes, relative, seconds_text
 from chronos.ops import status
+from chronos.telemetry import scrape
+from chronos.telemetry.scrape import Scraper
 
 TEMPLATES = resources.files("chronos.console") / "templates"
 MAX_FORM_BYTES = 64 * 1024
@@ -32,7 +34,8 @@ class Console:
     def __init__(self, settings: Settings, store: Any, *, metrics_urls: tuple[str, ...] = ()):
         self.settings = settings
         self.reader = StoreReader(store, settings.hold_time_ms, settings.output_topic)
-        self.sampler = MetricsSampler(metrics_urls)
+        self.sampler = MetricsSampler(metrics_urls, scraper=Scraper(scrape.load("CHRONOS_METRICS_SCRAPE_CONFIG_FILE",
+                                                                           settings.metrics_scrape_config_file)))
         self.auth = Auth(settings.console_token)
         self.env = Environment(loader=FileSystemLoader(str(TEMPLATES)),
                                autoescape=select_autoescape(default=True, default_for_string=True))

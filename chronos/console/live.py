@@ -13,7 +13,6 @@ import logging
 import math
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 from xml.sax.saxutils import escape
@@ -23,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from chronos.ops import servers, status
 from chronos.errors import ChronosError
 from chronos.logs import Throttle
+from chronos.telemetry.scrape import Scraper
 
 log = logging.getLogger("chronos.console")
 
@@ -267,18 +267,15 @@ def rates_svg(series: list[tuple[float, float, float]], now: float, window: floa
 
 # -- the readers -------------------------------------------------------------------------------
 
-def _fetch(url: str, timeout: float) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - URLs come from settings
-        return response.read().decode("utf-8", errors="replace")
-
-
 class MetricsSampler:
     """Scrapes every process's /metrics into a `History`: every second while someone watches the
     overview, every `idle_every` seconds otherwise (so the window has history when a page opens)."""
 
     def __init__(self, urls: Sequence[str], *, every: float = 1.0, idle_every: float = 10.0,
-                 active_for: float = 5.0, timeout: float = 2.0, clock: Callable[[], float] = time.time):
+                 active_for: float = 5.0, timeout: float = 2.0, clock: Callable[[], float] = time.time,
+                 scraper: Scraper | None = None):
         self.urls = list(urls)
+        self.scraper = scraper or Scraper()
         self.every, self.idle_every, self.active_for, self.timeout = every, idle_every, active_for, timeout
         self.clock = clock
         self.history = History()
@@ -299,7 +296,7 @@ class MetricsSampler:
 
     def _one(self, url: str) -> Scrape | None:
         try:
-            return parse_scrape(_fetch(url, self.timeout))
+            return parse_scrape(self.scraper.text(url, self.timeout))
         except (OSError, ValueError) as exc:
             log.debug("no metrics from %s: %s", url, exc)
             return None

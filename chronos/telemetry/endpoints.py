@@ -15,6 +15,7 @@ from typing import Mapping
 from chronos.errors import ConfigError
 
 ROLE_OFFSETS = {"consumer": 0, "firer": 100, "detector": 200}
+WILDCARDS = ("0.0.0.0", "::")  # CHRONOS_METRICS_ADDRESS values that mean every interface
 
 # Picked below the kernel's ephemeral range (32768-60999), where the embedded services' ports go.
 _AUTO_METRICS_PORTS = (20000, 30000)

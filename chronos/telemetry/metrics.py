@@ -35,6 +35,7 @@ from chronos.telemetry.endpoints import metrics_port
 from chronos.telemetry.health import Health, KafkaProbe
 from chronos.telemetry.http import MetricsServer
 from chronos.telemetry.lag import PartitionLag
+from chronos.telemetry import webconfig
 
 log = logging.getLogger("chronos.metrics")
 
@@ -316,8 +317,9 @@ class Telemetry:
         return ok, report
 
     def serve(self, *, postgres: Callable[[], float], postgres_detail: Callable[[], str | None] | None = None,
-              kafka: Callable[[], Any] | None = None, kafka_topic: str | None = None, host: str = "0.0.0.0") -> None:
-        """Start the HTTP server (if a port is set) and the health checks of PostgreSQL and Kafka.
+              kafka: Callable[[], Any] | None = None, kafka_topic: str | None = None) -> None:
+        """Start the HTTP server (if a port is set: on CHRONOS_METRICS_ADDRESS, over TLS and with basic
+        authentication as CHRONOS_METRICS_WEB_CONFIG_FILE says) and the health checks of PostgreSQL and Kafka.
 
         `postgres` returns when the process last reached PostgreSQL, `postgres_detail` what the process
         does about it not answering (if anything); `kafka` returns the process's current Kafka client,
@@ -329,15 +331,18 @@ class Telemetry:
         if kafka is not None and kafka_topic is not None:
             probe = self.probe = KafkaProbe(kafka, kafka_topic, every_s=max(1.0, self.health.window / 4))
             self.health.watch("kafka", lambda: probe.last_ok, detail=lambda: probe.error)
+        web = webconfig.load("CHRONOS_METRICS_WEB_CONFIG_FILE", self.settings.metrics_web_config_file or "")
+        host = self.settings.metrics_address
         try:
-            self.server = MetricsServer((host, self.port), self.registry, self.health_report)
+            self.server = MetricsServer((host, self.port), self.registry, self.health_report, web)
         except OSError as exc:
-            raise ConfigError(f"cannot serve metrics on port {self.port} (CHRONOS_METRICS_PORT): {exc.strerror}") \
-                from None
+            raise ConfigError(f"cannot serve metrics on {host} port {self.port} (CHRONOS_METRICS_ADDRESS, "
+                              f"CHRONOS_METRICS_PORT): {exc.strerror or exc}") from None
         if self.probe is not None:
             self.probe.start()
         self.server.start()
-        log.info("serving /metrics and /healthz on port %d", self.port)
+        log.info("serving /metrics and /healthz on port %d (%s, %s%s)", self.port, host, self.server.scheme,
+                 ", /metrics with a password" if web.users else "")
 
     def close(self) -> None:
         if self.probe is not None:

@@ -280,9 +280,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("console_port", "port of the web console", _port, "9700"),
     Option("console_token", "token that unlocks the web console's actions (cancel, fire now, reschedule); "
            "unset: the console is read-only", _console_token, ""),
-    Option("console_metrics_urls", "comma-separated /metrics URLs of the processes, for the console's rates "
-           "and lateness and the PostgreSQL server each process uses (console and `chronos status`; "
-           "`chronos up` fills it in)", _urls, ""),
+    Option("console_metrics_urls", "comma-separated /metrics URLs of processes, for the console's rates "
+           "and lateness and the PostgreSQL server each process uses (console, `chronos status`, `chronos "
+           "health`), besides those the processes of every host say in PostgreSQL they serve (console, "
+           "`chronos status`)", _urls, ""),
     Option("confirm_above", "cancel, fire-now and reschedule need --yes to change more messages than this",
            _non_negative_int, "1000"),
     Option("fire_rate_limits", "publish at most this fast to these destination topics, all firers together: "

@@ -87,6 +87,20 @@ def parse(text: str) -> tuple[Reported, ...]:
     return reported_from(s for family in text_string_to_metric_families(lines + "\n") for s in family.samples)
 
 
+def unique(asked: Sequence[Asked]) -> list[Asked]:
+    """Each process once: one that answered at two URLs (a listed one, and the address it gave PostgreSQL)
+    is kept at the first."""
+    seen: set[tuple[str, str]] = set()
+    kept = []
+    for a in asked:
+        processes = {(r.role, r.node) for r in a.reported}
+        if processes & seen:
+            continue
+        seen |= processes
+        kept.append(a)
+    return kept
+
+
 def ask(urls: Sequence[str], timeout: float = SCRAPE_TIMEOUT_S, scraper: Scraper | None = None) -> list[Asked]:
     """Scrape every URL at once, each within `timeout` seconds (as `scraper` says: TLS, a password); in the
     order given."""

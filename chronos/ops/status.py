@@ -18,7 +18,7 @@ from chronos.adapters.kafka.brokerstats import STATS_ENV, read_stats, rss_bytes
 from chronos.errors import EXIT_FAILURE, EXIT_UNAVAILABLE, ConfigError, StoreUnavailable
 from chronos.ops import servers
 from chronos.telemetry import scrape, webconfig
-from chronos.telemetry.endpoints import WILDCARDS
+from chronos.telemetry.endpoints import ANNOUNCED_WITHIN_MS, WILDCARDS
 from chronos.telemetry.scrape import Scraper
 
 
@@ -239,8 +239,8 @@ def render_postgres(p: dict[str, Any], row: Any) -> list[str]:
                                                              f"elsewhere, or gone"))
     reported = p["reported"]
     if reported is None:
-        lines.append(row("  processes report", "-", "no /metrics URLs known (CHRONOS_CONSOLE_METRICS_URLS, or the "
-                                                    "ready file of chronos up)"))
+        lines.append(row("  processes report", "-", "no /metrics URLs known (no process said in PostgreSQL where it "
+                                                    "serves them, none in CHRONOS_CONSOLE_METRICS_URLS)"))
         return lines
     answered = sum(1 for r in reported if r["answered"])
     lines.append(row("  processes report", answered, f"of {len(reported)} asked, on their /metrics"))
@@ -298,9 +298,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         while not stop.is_set():
             try:
                 view = store.overview(settings.hold_time_ms, exact=True if args.exact else None)
-                urls = settings.console_metrics_urls
+                urls = list(dict.fromkeys([*settings.console_metrics_urls,
+                                           *(a.url for a in store.announced(ANNOUNCED_WITHIN_MS))]))
                 postgres = postgres_dict(store.server_view(), view.by_node,
-                                         servers.ask(urls, scraper=scraper) if urls else None)
+                                         servers.unique(servers.ask(urls, scraper=scraper)) if urls else None)
                 d = to_dict(view, settings.hold_time_ms, store.throttled(settings.output_topic), broker_stats(args),
                             postgres)
             except StoreUnavailable as exc:

@@ -30,8 +30,8 @@ from chronos import __version__, codec
 from chronos.config import Settings
 from chronos.domain.reasons import CONSUMER_REASONS, FIRER_REASONS, code_of
 from chronos.adapters.kafka.brokerstats import STATS_ENV, read_stats
-from chronos.errors import ConfigError
-from chronos.telemetry.endpoints import metrics_port
+from chronos.errors import ConfigError, StoreRejected, StoreUnavailable
+from chronos.telemetry.endpoints import ANNOUNCE_EVERY_S, WILDCARDS, metrics_port
 from chronos.telemetry.health import Health, KafkaProbe
 from chronos.telemetry.http import MetricsServer
 from chronos.telemetry.lag import PartitionLag
@@ -248,6 +248,9 @@ class Telemetry:
         self.healthy.set_function(lambda: 1.0 if self.health_report()[0] else 0.0)
         self.probe: KafkaProbe | None = None
         self.server: MetricsServer | None = None
+        self.next_announce = 0.0                 # monotonic: when `announce` says again where it serves
+        self.announced: str | None = None        # the /metrics URL last said in the store
+        self.announce_refused = False            # the schema has no chronos_processes (said once in the log)
 
     # -- definitions -----------------------------------------------------------------------
 
@@ -336,13 +339,47 @@ class Telemetry:
         try:
             self.server = MetricsServer((host, self.port), self.registry, self.health_report, web)
         except OSError as exc:
-            raise ConfigError(f"cannot serve metrics on {host} port {self.port} (CHRONOS_METRICS_ADDRESS, "
-                              f"CHRONOS_METRICS_PORT): {exc.strerror or exc}") from None
+            raise ConfigError(f"cannot serve metrics on port {self.port} of {host} (CHRONOS_METRICS_PORT, "
+                              f"CHRONOS_METRICS_ADDRESS): {exc.strerror or exc}") from None
         if self.probe is not None:
             self.probe.start()
         self.server.start()
         log.info("serving /metrics and /healthz on port %d (%s, %s%s)", self.port, host, self.server.scheme,
                  ", /metrics with a password" if web.users else "")
+
+    def announce(self, store: Any, now: float) -> None:
+        """While serving, say in the store where this process serves /metrics (`ports.Presence`), at most every
+        ANNOUNCE_EVERY_S (`now`: `time.monotonic()`), from the thread that uses `store`: the console and `chronos
+        status` find every process of every host there. Its address is CHRONOS_METRICS_ADDRESS, or where that
+        is every interface, this host's on its way to PostgreSQL. A failure waits for the next time."""
+        if self.server is None or now < self.next_announce:
+            return
+        self.next_announce = now + ANNOUNCE_EVERY_S
+        address = None if self.settings.metrics_address in WILDCARDS else self.settings.metrics_address
+        try:
+            url = store.announce(self.role, self.server.scheme, self.port, address)
+        except StoreRejected as exc:  # a schema before version 10, until `chronos migrate` brings it
+            if not self.announce_refused:
+                log.info("cannot say where this process serves /metrics (%s): the console and chronos status find "
+                         "it once the schema is at version 10", exc)
+            self.announce_refused = True
+            return
+        except StoreUnavailable as exc:  # the role's own statements say PostgreSQL is away; tried again later
+            log.debug("could not say where this process serves /metrics: %s", exc)
+            return
+        if self.announced != url:
+            log.info("told PostgreSQL this process serves %s", url)
+        self.announced, self.announce_refused = url, False
+
+    def withdraw(self, store: Any) -> None:
+        """Take back what `announce` said (the process stops); a failure leaves the row to age out."""
+        if self.announced is None:
+            return
+        try:
+            store.withdraw()
+        except (StoreRejected, StoreUnavailable) as exc:
+            log.debug("could not take back where this process served /metrics: %s", exc)
+        self.announced = None
 
     def close(self) -> None:
         if self.probe is not None:

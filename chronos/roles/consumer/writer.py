@@ -69,7 +69,7 @@ class Writer:
                 if not self.wait_to_retry(unreached_since, self.clock(), delay, others_before):
                     return False
         self.db_outage.ok()
-        self.measure_clock(time.monotonic())
+        self.now_and_then(time.monotonic())
         if batch.ops:
             self.metrics.batch("insert", len(batch.ops), time.perf_counter() - started)
         late = [(m, p) for m, p in batch.late if p.message_id not in waiting]
@@ -110,13 +110,19 @@ class Writer:
             return
         self.db_outage.ok()
         self.next_ping = now + 1.0
+        self.now_and_then(now)
+
+    def now_and_then(self, now: float) -> None:
+        """Once PostgreSQL answered (after a write, or an idle probe), on the thread that holds the store: the
+        host's clock measured, and where the process serves /metrics said again, each when due."""
         self.measure_clock(now)
+        self.metrics.announce(self.store, now)
 
     def measure_clock(self, now: float) -> None:
         """Every CLOCK_EVERY_S, PostgreSQL's clock minus this host's, for
         `chronos_consumer_clock_offset_seconds`: the consumer decides by this host's clock whether a message
-        is already due, so a host ahead of the database publishes messages early by as much. Measured once
-        PostgreSQL answered (after a write, or an idle probe): a statement that fails is only logged."""
+        is already due, so a host ahead of the database publishes messages early by as much. A statement that
+        fails is only logged."""
         if now < self.next_clock:
             return
         self.next_clock = now + CLOCK_EVERY_S

@@ -433,6 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
     operating_parsers(sub)
     from chronos.ops.rewind import add_parser as rewind_parser
     rewind_parser(sub)
+    from chronos.ops.targets import add_parser as targets_parser
+    targets_parser(sub)
     add_operator_parsers(sub)
 
     from chronos.console import add_parser as console_parser

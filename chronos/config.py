@@ -117,6 +117,27 @@ def _urls(name: str, raw: str) -> tuple[str, ...]:
     return urls
 
 
+def _address(name: str, raw: str) -> str:
+    """A host's address to listen on: an IP address (0.0.0.0 every IPv4 interface, :: every interface) or
+    a host name, with no port."""
+    value = raw.strip()
+    if not value or any(c.isspace() for c in value) or "/" in value or (value.count(":") == 1):
+        raise ConfigError(f"{name} must be an IP address or a host name, without a port, got {raw!r}")
+    return value
+
+
+def _readable_file(name: str, raw: str) -> str | None:
+    """A file a process reads when it starts the part that needs it (where its content is checked): here, that
+    it can be read."""
+    if not raw:
+        return None
+    try:
+        Path(raw).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read {raw}: {exc.strerror}") from None
+    return raw
+
+
 def _database_url(name: str, raw: str) -> str | None:
     if not raw:
         return None
@@ -242,15 +263,27 @@ OPTIONS: tuple[Option, ...] = (
     Option("log_format", "log format", _choice("text", "json"), "text"),
     Option("metrics_port", "port of /metrics and /healthz (0: off); under supervisord, base + role offset "
            "(consumer 0, firer 100, detector 200) + CHRONOS_PROCESS_NUM", _port, "0"),
+    Option("metrics_address", "address /metrics and /healthz listen on: 0.0.0.0 (every IPv4 interface), :: (every "
+           "interface), or one address of the host, such as its address on the network Prometheus scrapes from; "
+           "also the address `chronos targets` lists and the console is told to reach the process at", _address,
+           "0.0.0.0"),
+    Option("metrics_web_config_file", "TLS and basic authentication for /metrics: a web configuration file as "
+           "Prometheus's exporters read it (tls_server_config: cert_file, key_file, min_version; basic_auth_users: "
+           "name: bcrypt hash). /healthz answers without a password, over HTTPS too", _readable_file, ""),
+    Option("metrics_scrape_config_file", "how the console, `chronos status` and `chronos health` reach the "
+           "processes' /metrics once it has a web configuration: a YAML file of Prometheus's scrape settings "
+           "(basic_auth: username, password_file; tls_config: ca_file, server_name, insecure_skip_verify)",
+           _readable_file, ""),
     Option("health_window_ms", "/healthz fails when the loop, PostgreSQL or Kafka was last ok longer ago",
            _positive_int, "10000"),
     Option("console_host", "address the web console listens on", _str, "127.0.0.1"),
     Option("console_port", "port of the web console", _port, "9700"),
     Option("console_token", "token that unlocks the web console's actions (cancel, fire now, reschedule); "
            "unset: the console is read-only", _console_token, ""),
-    Option("console_metrics_urls", "comma-separated /metrics URLs of the processes, for the console's rates "
-           "and lateness and the PostgreSQL server each process uses (console and `chronos status`; "
-           "`chronos up` fills it in)", _urls, ""),
+    Option("console_metrics_urls", "comma-separated /metrics URLs of processes, for the console's rates "
+           "and lateness and the PostgreSQL server each process uses (console, `chronos status`, `chronos "
+           "health`), besides those the processes of every host say in PostgreSQL they serve (console, "
+           "`chronos status`)", _urls, ""),
     Option("confirm_above", "cancel, fire-now and reschedule need --yes to change more messages than this",
            _non_negative_int, "1000"),
     Option("fire_rate_limits", "publish at most this fast to these destination topics, all firers together: "
@@ -288,6 +321,9 @@ class Settings:
     log_level: str = "info"
     log_format: str = "text"
     metrics_port: int = 0
+    metrics_address: str = "0.0.0.0"
+    metrics_web_config_file: str | None = None
+    metrics_scrape_config_file: str | None = None
     health_window_ms: int = 10000
     console_host: str = "127.0.0.1"
     console_port: int = 9700

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from chronos.domain.delivery import DeliveryError
-from chronos.domain.model import Claimed, Overview, Parked, Row, Stale, Throttled
+from chronos.domain.model import Announced, Claimed, Overview, Parked, Row, Stale, Throttled
 from chronos.domain.operators import Filters, Listed, Message, ParkedMessage, Position, Schedule
 from chronos.domain.ratelimit import FireRateLimits
 
@@ -82,8 +82,9 @@ class InputConsumer(Protocol):
     `subscribe` joins the group; `on_lost(consumer, partitions)` is called inside `consume` when the
     group's session was lost (each of `partitions` has a `.partition`). `consume` hands out what was
     read (messages and read errors, `error()` set), and serves the group's callbacks. `commit_offsets`
-    commits the next offset to read of each (topic, partition); `lag` is the messages each assigned
-    partition holds past this consumer's position (raises `KafkaUnanswered` when the client cannot say)."""
+    commits the next offset to read of each (topic, partition); `ends` is each assigned partition's
+    position and end (the offset this consumer reads next, the high watermark; negative where not known
+    yet), for its lag (raises `KafkaUnanswered` when the client cannot say)."""
 
     def subscribe(self, topics: list[str], *, on_lost: Callable[[Any, list[Any]], None]) -> None: ...
 
@@ -93,7 +94,7 @@ class InputConsumer(Protocol):
 
     def commit_offsets(self, offsets: Mapping[tuple[str, int], int], *, wait: bool = False) -> None: ...
 
-    def lag(self) -> dict[int, int]: ...
+    def ends(self) -> dict[int, tuple[int, int]]: ...
 
     def close(self) -> None: ...
 
@@ -151,7 +152,22 @@ class StoreHandle(Protocol):
     def cancel(self) -> None: ...
 
 
-class IntakeStore(StoreHandle, Protocol):
+class Presence(Protocol):
+    """Where a process serves /metrics, said in the store (chronos_processes) by the thread of each role that
+    uses the store now and then anyway: the consumer's writer, the firer's settler, the detector. Raises
+    StoreRejected on a schema without the table (before version 10)."""
+
+    def announce(self, role: str, scheme: str, port: int, address: str | None) -> str:
+        """Say (again) that this process serves /metrics on `port`, at `address`, or where None at this
+        host's address on its way to PostgreSQL; returns the URL said."""
+        ...
+
+    def withdraw(self) -> None:
+        """This process no longer serves (it stops)."""
+        ...
+
+
+class IntakeStore(StoreHandle, Presence, Protocol):
     """The consumer's statements: a batch written, messages parked, which late ids are waiting."""
 
     def apply(self, inserts: Sequence[Row], replaces: Sequence[Row],
@@ -198,7 +214,7 @@ class ClaimStore(ShareStore, Protocol):
     def claim_schedules(self, limit: int, lookahead_ms: int, now_us: int) -> list[Claimed]: ...
 
 
-class SettleStore(StoreHandle, Protocol):
+class SettleStore(StoreHandle, Presence, Protocol):
     """The statements of the firer's settling thread: claimed rows deleted once published, handed back,
     retried later or parked; and the database clock."""
 
@@ -213,7 +229,7 @@ class SettleStore(StoreHandle, Protocol):
     def db_clock_us(self) -> int: ...
 
 
-class DetectStore(StoreHandle, Protocol):
+class DetectStore(StoreHandle, Presence, Protocol):
     """The detector's statements: rows held past the hold time found and handed back; its gauges."""
 
     def find_stale(self, hold_ms: int, limit: int = 10000) -> list[Stale]: ...
@@ -263,6 +279,11 @@ class OperatorsStore(StoreHandle, Protocol):
 
     def action_totals(self) -> dict[str, tuple[int, int]]:
         """action -> (times taken, messages changed), over the store's life."""
+        ...
+
+    def announced(self, within_ms: int) -> list[Announced]:
+        """The processes that said where they serve /metrics within the last `within_ms` (`Presence`); none
+        on a schema without chronos_processes (before version 10)."""
         ...
 
     def db_clock_us(self) -> int: ...

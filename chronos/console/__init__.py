@@ -23,7 +23,8 @@ def add_parser(sub: Any) -> None:
                        description="Serve the web console. Read-only unless CHRONOS_CONSOLE_TOKEN is set. "
                                    f"Needs the console extra: {INSTALL_HINT}")
     config.add_arguments(p, only=("database_url", "database_pool_mode", "hold_time_ms", "console_host",
-                                  "console_port", "console_token", "console_metrics_urls", "log_level", "log_format"))
+                                  "console_port", "console_token", "console_metrics_urls", "metrics_scrape_config_file",
+                                  "log_level", "log_format"))
     p.add_argument("--host", dest="console_host", metavar="CHRONOS_CONSOLE_HOST", default=None,
                    help="same as --console-host (default 127.0.0.1: this machine only)")
     p.add_argument("--port", dest="console_port", metavar="CHRONOS_CONSOLE_PORT", default=None,

@@ -7,8 +7,6 @@ import os
 import signal
 import sys
 import threading
-import urllib.error
-import urllib.request
 from datetime import datetime, timezone
 from typing import Any, Sequence
 
@@ -19,6 +17,9 @@ from chronos.domain.model import NodeLoad, ServerView
 from chronos.adapters.kafka.brokerstats import STATS_ENV, read_stats, rss_bytes
 from chronos.errors import EXIT_FAILURE, EXIT_UNAVAILABLE, ConfigError, StoreUnavailable
 from chronos.ops import servers
+from chronos.telemetry import scrape, webconfig
+from chronos.telemetry.endpoints import ANNOUNCED_WITHIN_MS, WILDCARDS
+from chronos.telemetry.scrape import Scraper
 
 
 def add_parsers(sub: Any) -> None:
@@ -31,7 +32,8 @@ def add_parsers(sub: Any) -> None:
                                    "the processes' /metrics URLs known (the ready file of `chronos up`, "
                                    "CHRONOS_CONSOLE_METRICS_URLS), the server each process says it uses. Runs "
                                    "against the same settings (or --ready-file) as every other command.")
-    config.add_arguments(p, only=("database_url", "database_pool_mode", "hold_time_ms", "output_topic", "console_metrics_urls"))
+    config.add_arguments(p, only=("database_url", "database_pool_mode", "hold_time_ms", "output_topic", "console_metrics_urls",
+                                  "metrics_scrape_config_file"))
     p.add_argument("--json", action="store_true", help="one JSON object (one per line with --watch)")
     p.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
                    help="refresh every SECONDS (default 2) until Ctrl-C")
@@ -45,10 +47,12 @@ def add_parsers(sub: Any) -> None:
                                    "--url or --metrics-port, asks every process whose /metrics URL is known (the "
                                    "ready file of `chronos up`, CHRONOS_CONSOLE_METRICS_URLS): one report per "
                                    "line, exit 0 when all are healthy, 3 when none answers, else 1.")
-    config.add_arguments(p, only=("metrics_port", "console_metrics_urls"))
+    config.add_arguments(p, only=("metrics_port", "metrics_address", "metrics_web_config_file",
+                                  "metrics_scrape_config_file", "console_metrics_urls"))
     p.add_argument("--url", default=None,
-                   help="health URL (default: http://127.0.0.1:CHRONOS_METRICS_PORT/healthz, else every "
-                        "process's)")
+                   help="health URL (default: the process's on this host, CHRONOS_METRICS_PORT on "
+                        "CHRONOS_METRICS_ADDRESS, or 127.0.0.1 where that is every interface, over HTTPS when "
+                        "CHRONOS_METRICS_WEB_CONFIG_FILE has a certificate; else every process's)")
     p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for an answer (default 3)")
     p.set_defaults(func=cmd_health)
 
@@ -235,8 +239,8 @@ def render_postgres(p: dict[str, Any], row: Any) -> list[str]:
                                                              f"elsewhere, or gone"))
     reported = p["reported"]
     if reported is None:
-        lines.append(row("  processes report", "-", "no /metrics URLs known (CHRONOS_CONSOLE_METRICS_URLS, or the "
-                                                    "ready file of chronos up)"))
+        lines.append(row("  processes report", "-", "no /metrics URLs known (no process said in PostgreSQL where it "
+                                                    "serves them, none in CHRONOS_CONSOLE_METRICS_URLS)"))
         return lines
     answered = sum(1 for r in reported if r["answered"])
     lines.append(row("  processes report", answered, f"of {len(reported)} asked, on their /metrics"))
@@ -278,6 +282,7 @@ def render_broker(b: dict[str, Any], row: Any) -> list[str]:
 def cmd_status(args: argparse.Namespace) -> int:
     from chronos.adapters.postgres.store import Store
     settings = config.load(args)
+    scraper = Scraper(scrape.load("CHRONOS_METRICS_SCRAPE_CONFIG_FILE", settings.metrics_scrape_config_file))
     store = Store(settings.require_database(), pool_mode=settings.database_pool_mode, application_name="chronos status")
     clear = args.watch is not None and not args.json and sys.stdout.isatty()
     stop = threading.Event()
@@ -293,8 +298,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         while not stop.is_set():
             try:
                 view = store.overview(settings.hold_time_ms, exact=True if args.exact else None)
-                urls = settings.console_metrics_urls
-                postgres = postgres_dict(store.server_view(), view.by_node, servers.ask(urls) if urls else None)
+                urls = list(dict.fromkeys([*settings.console_metrics_urls,
+                                           *(a.url for a in store.announced(ANNOUNCED_WITHIN_MS))]))
+                postgres = postgres_dict(store.server_view(), view.by_node,
+                                         servers.unique(servers.ask(urls, scraper=scraper)) if urls else None)
                 d = to_dict(view, settings.hold_time_ms, store.throttled(settings.output_topic), broker_stats(args),
                             postgres)
             except StoreUnavailable as exc:
@@ -337,18 +344,19 @@ def _seconds(value: float) -> str:
 # -- health --------------------------------------------------------------------------------
 
 def cmd_health(args: argparse.Namespace) -> int:
+    settings = config.load(args, default_ready_file=args.url is None and args.metrics_port is None)
+    scraper = Scraper(scrape.load("CHRONOS_METRICS_SCRAPE_CONFIG_FILE", settings.metrics_scrape_config_file))
     url = args.url
     if url is None:
-        settings = config.load(args, default_ready_file=args.metrics_port is None)
         if settings.metrics_port:
-            url = f"http://127.0.0.1:{settings.metrics_port}/healthz"
+            url = local_url(settings, settings.metrics_port, "/healthz")
         elif settings.console_metrics_urls:
             return health_of_all([u.rsplit("/", 1)[0] + "/healthz" for u in settings.console_metrics_urls],
-                                 args.timeout)
+                                 args.timeout, scraper)
         else:
             raise ConfigError("give --url, or --metrics-port / CHRONOS_METRICS_PORT of the process to ask, or "
                               "CHRONOS_CONSOLE_METRICS_URLS (or a ready file) to ask every process")
-    status, body = ask_health(url, args.timeout)
+    status, body = ask_health(url, args.timeout, scraper)
     if status == 0:
         return EXIT_UNAVAILABLE
     sys.stdout.write(body.decode(errors="replace"))
@@ -357,23 +365,29 @@ def cmd_health(args: argparse.Namespace) -> int:
     return 0 if status == 200 else EXIT_FAILURE
 
 
-def ask_health(url: str, timeout: float) -> tuple[int, bytes]:
+def local_url(settings: config.Settings, port: int, path: str) -> str:
+    """The URL of a process's `path` on this host, on `port`: at CHRONOS_METRICS_ADDRESS (127.0.0.1 where
+    the processes listen on every interface), over HTTPS when their web configuration has a certificate."""
+    host = settings.metrics_address
+    if host in WILDCARDS:
+        host = "127.0.0.1"
+    tls = webconfig.load("CHRONOS_METRICS_WEB_CONFIG_FILE", settings.metrics_web_config_file or "").tls
+    return f"{'https' if tls else 'http'}://{f'[{host}]' if ':' in host else host}:{port}{path}"
+
+
+def ask_health(url: str, timeout: float, scraper: Scraper | None = None) -> tuple[int, bytes]:
     """(HTTP status, body) of a /healthz; (0, b"") when nothing answers, said on stderr."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        print(f"chronos health: no answer from {url}: {reason}", file=sys.stderr)
+        return (scraper or Scraper()).get(url, timeout)
+    except (OSError, ValueError) as exc:
+        print(f"chronos health: no answer from {url}: {exc}", file=sys.stderr)
         return 0, b""
 
 
-def health_of_all(urls: Sequence[str], timeout: float) -> int:
+def health_of_all(urls: Sequence[str], timeout: float, scraper: Scraper | None = None) -> int:
     """Every process's /healthz, one report per line with its URL; 0 when all are healthy, 3 when none
     answers, else 1."""
-    answers = [(url, *ask_health(url, timeout)) for url in urls]
+    answers = [(url, *ask_health(url, timeout, scraper)) for url in urls]
     for url, status, body in answers:
         if status:
             try:

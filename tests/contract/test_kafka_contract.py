@@ -162,7 +162,7 @@ def test_a_new_member_reads_from_what_the_group_committed_and_a_watcher_sees_it(
     second = cluster.consumer()
     second.subscribe([topic], on_lost=lambda *_: None)
     assert [m.value() for m in read(second, 2)] == [b"v2", b"v3"]
-    assert second.lag() == {0: 0}
+    assert second.ends() == {0: (4, 4)}
 
 
 def test_the_cluster_answers_and_a_watcher_sees_no_commit_on_a_new_topic(cluster):

@@ -71,6 +71,11 @@ def test_a_firer_has_two_claimers_unless_told_otherwise():
     ({"CHRONOS_FIRER_CLAIMERS": "0"}, "CHRONOS_FIRER_CLAIMERS must be greater than 0"),
     ({"CHRONOS_FIRER_CLAIMERS": "17"}, "CHRONOS_FIRER_CLAIMERS must be at most 16 \\(a claimer claims at least one"),
     ({"CHRONOS_FIRER_CLAIMERS": "two"}, "CHRONOS_FIRER_CLAIMERS must be a whole number"),
+    ({"CHRONOS_METRICS_ADDRESS": "10.0.0.11:9400"}, "CHRONOS_METRICS_ADDRESS must be an IP address or a host name, "
+                                                    "without a port"),
+    ({"CHRONOS_METRICS_ADDRESS": ""}, "CHRONOS_METRICS_ADDRESS must be an IP address"),
+    ({"CHRONOS_METRICS_WEB_CONFIG_FILE": "/nonexistent/web.yml"}, "CHRONOS_METRICS_WEB_CONFIG_FILE: cannot read"),
+    ({"CHRONOS_METRICS_SCRAPE_CONFIG_FILE": "/nonexistent/s.yml"}, "CHRONOS_METRICS_SCRAPE_CONFIG_FILE: cannot read"),
 ])
 def test_bad_values_give_a_clear_one_line_error(env, message):
     with pytest.raises(ConfigError, match=message) as err:

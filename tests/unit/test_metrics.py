@@ -467,8 +467,8 @@ def test_status_says_what_a_role_may_not_see_and_when_no_process_is_asked():
            "shows it)" in text
     assert "    firer 6f1c0d3e               2   another role's: its address and start are not visible to this " \
            "role" in text
-    assert "  processes report               -   no /metrics URLs known (CHRONOS_CONSOLE_METRICS_URLS, or the " \
-           "ready file of chronos up)" in text
+    assert "  processes report               -   no /metrics URLs known (no process said in PostgreSQL where it " \
+           "serves them, none in CHRONOS_CONSOLE_METRICS_URLS)" in text
     assert "postgres" not in status.render(status.to_dict(_overview(at), 5000))
 
 

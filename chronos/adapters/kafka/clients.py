@@ -208,17 +208,17 @@ class GroupConsumer(confluent_kafka.Consumer):
         else:
             self.commit(offsets=tps, asynchronous=True)
 
-    def lag(self) -> dict[int, int]:
-        """Per assigned partition, the high watermark its last fetch reported (the client's cached one,
-        which a fetch keeps right; asking the broker would cost a request and, on the embedded broker, be
-        wrong) less the position. A partition not fetched yet counts 0."""
+    def ends(self) -> dict[int, tuple[int, int]]:
+        """Per assigned partition, the position and the high watermark its last fetch reported (the
+        client's cached one, which a fetch keeps right; asking the broker would cost a request and, on the
+        embedded broker, be wrong); negative where not known yet (a partition not fetched yet)."""
         try:
             assigned = self.assignment()
-            lag = {}
+            ends = {}
             for tp in self.position(assigned) if assigned else []:
                 _, high = self.get_watermark_offsets(tp, cached=True)
-                lag[tp.partition] = max(0, high - tp.offset) if tp.offset >= 0 and high >= 0 else 0
-            return lag
+                ends[tp.partition] = (max(-1, tp.offset), max(-1, high))
+            return ends
         except KafkaException as exc:
             raise KafkaUnanswered(str(exc)) from None
 

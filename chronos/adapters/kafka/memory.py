@@ -203,11 +203,11 @@ class MemoryConsumer:
         if self.on_commit is not None:
             self.on_commit(None, [Lost(t, p) for t, p in offsets])
 
-    def lag(self) -> dict[int, int]:
+    def ends(self) -> dict[int, tuple[int, int]]:
         with self.kafka.lock:
-            # a partition not read yet counts 0, as the client's lag does before its first fetch
-            return {p: len(self.kafka.partitions[t][p]) - self.positions[(t, p)] if (t, p) in self.positions else 0
-                    for t, p in self.kafka.assignment(self)}
+            # a partition not read yet is not known, as the client's before its first fetch
+            return {p: (self.positions[(t, p)], len(self.kafka.partitions[t][p])) if (t, p) in self.positions
+                    else (-1, -1) for t, p in self.kafka.assignment(self)}
 
     def close(self) -> None:
         self.unsubscribe()

@@ -96,6 +96,7 @@ class MemoryDatabase:
         self.buckets: dict[str, Bucket] = {}     # by destination topic name, as chronos_rate_limits
         self.actions: dict[str, tuple[int, int]] = {}  # action -> (times taken, messages changed): chronos_actions
         self.firers: dict[uuid.UUID, int] = {}   # node -> its lease renewed at: chronos_firers
+        self.processes: dict[uuid.UUID, tuple[str, str, int]] = {}  # node -> (role, /metrics URL, said at): chronos_processes
         self.unavailable: str | None = None       # set: every statement fails with StoreUnavailable(this)
         self._seq = itertools.count(1)
         self._ctid = itertools.count(1)

@@ -10,6 +10,7 @@ from chronos import codec
 from chronos.adapters.memory.base import MemoryHandle
 from chronos.adapters.memory.database import StoredParked, StoredRow
 from chronos.domain import cron
+from chronos.domain.model import Announced
 from chronos.domain.operators import (ACTIONS, PREVIEW_BYTES, Filters, Listed, Message, ParkedMessage, Position,
                                       Schedule, state_of)
 
@@ -113,6 +114,12 @@ class MemoryOperators(MemoryHandle):
     def action_totals(self) -> dict[str, tuple[int, int]]:
         """action -> (times taken, messages changed)."""
         return self._run(lambda now: dict(sorted(self.db.actions.items())))
+
+    def announced(self, within_ms: int) -> list[Announced]:
+        """The processes that said where they serve /metrics within the last `within_ms`."""
+        return self._run(lambda now: sorted(
+            (Announced(role, str(node), url, (now - at) / 1e6) for node, (role, url, at) in self.db.processes.items()
+             if now - at < within_ms * 1000), key=lambda a: (a.role, a.url)))
 
 
 def _state(row: StoredRow) -> str:

@@ -14,7 +14,7 @@ from chronos.adapters.postgres.connection import one
 from chronos.adapters.postgres.queries import QUERIES
 from chronos.adapters.postgres.session import Session
 from chronos.domain import cron
-from chronos.domain.model import ServerView, Sessions, Standby
+from chronos.domain.model import Announced, ServerView, Sessions, Standby
 from chronos.domain.operators import (ACTIONS, PREVIEW_BYTES, Filters, Listed, Message, ParkedMessage, Position,
                                       Schedule, state_of)
 
@@ -87,6 +87,14 @@ class OperatorsStatements(Session):
 
     def action_totals(self) -> dict[str, tuple[int, int]]:
         return {a: (n, m) for a, n, m in self._run(lambda c: c.execute(QUERIES["action_totals"]).fetchall())}
+
+    def announced(self, within_ms: int) -> list[Announced]:
+        def run(conn: psycopg.Connection) -> list[Announced]:
+            if one(conn.execute(QUERIES["has_processes"]))[0] is None:
+                return []  # a schema before version 10: the processes say nothing there yet
+            return [Announced(role, str(node), url, seen)
+                    for role, node, url, seen in conn.execute(QUERIES["announced_processes"], {"within_ms": within_ms})]
+        return self._run(run)
 
     def server_view(self) -> ServerView:
         """The server this store is connected to, as it sees itself (address, standby or primary,

@@ -108,19 +108,19 @@ class Group:
             self.throttle.warning("commit", "offset commit failed (%s); the batch may be read again", err)
 
     def sample_lag(self, now: float) -> None:
-        """Every LAG_EVERY_S, the input messages on the assigned partitions past this consumer's position,
-        for `chronos_consumer_lag_messages`, per partition: the high watermark its last fetch reported
-        (the client's cached one, which a fetch keeps right; asking the broker would cost a request and, on
-        the embedded broker, be wrong) less the position. A partition not fetched yet counts 0."""
+        """Every LAG_EVERY_S, the position and end of each assigned partition, for its lag in messages
+        (`chronos_consumer_lag_messages`: the high watermark its last fetch reported, the client's cached
+        one, less the position; a partition not fetched yet counts 0) and in time
+        (`chronos_consumer_lag_seconds`, chronos.telemetry.lag)."""
         if now < self.next_lag:
             return
         self.next_lag = now + LAG_EVERY_S
         try:
-            lag = self.consumer.lag()
+            ends = self.consumer.ends()
         except KafkaUnanswered as exc:  # no gauge this time; the loop goes on
             self.throttle.warning("lag", "could not read the consumer's positions for its lag gauge: %s", exc)
             return
-        self.metrics.consumer_lag(lag)
+        self.metrics.consumer_lag(ends, now)
 
     def readable(self, messages: list[Any]) -> list[Message]:
         """The messages of a poll without its errors (a partition's end is not one)."""
@@ -187,7 +187,7 @@ class Group:
         self.uncommitted.clear()
         self.last_batch = None
         self.consumer.unsubscribe()
-        self.metrics.consumer_lag({})  # its partitions are the other consumers' now
+        self.metrics.consumer_lag({}, self.clock())  # its partitions are the other consumers' now
         self.left_group_at, self.left_for = self.clock(), exc.service
         log.warning("cannot reach %s for %.1fs, longer than the hold time (%d ms): gave up %d messages "
                     "(not committed: they are read again) and left consumer group %s so that other consumers take "

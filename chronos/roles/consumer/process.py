@@ -143,7 +143,8 @@ class ConsumerProcess:
                  "duplicates %(duplicates)d, replaced %(replaced)d, cancelled %(cancelled)d, cancelled in flight "
                  "(may still be delivered) %(cancelled_in_flight)d, cancels of ids not waiting %(cancel_unknown)d",
                  self.stats)
-        self.metrics.close()  # first: its probe thread uses a Kafka client
+        self.metrics.withdraw(self.store)  # the writer thread is done with the store
+        self.metrics.close()  # first of the clients: its probe thread uses a Kafka client
         self.group.close()
         self.slot.producer.flush(5.0)
         self.store.close()

@@ -21,6 +21,8 @@ from chronos.runtime.process import Lifecycle
 
 log = logging.getLogger("chronos.consumer")
 
+CLOCK_EVERY_S = 10.0  # how often the consumer measures its host's clock against PostgreSQL's
+
 
 class Writer:
     """Writes the batches the loop sorted, one at a time, on the writer thread; between batches, keeps
@@ -34,6 +36,7 @@ class Writer:
         self.hold_s = settings.hold_time_ms / 1000.0
         self.throttle = Throttle(log)
         self.next_ping = 0.0
+        self.next_clock = 0.0  # monotonic: when `measure_clock` reads the database's clock next
 
     def write(self, messages: list[Message], batch: Batch, epoch: int | None = None) -> bool:
         """Make one sorted batch durable and acknowledged; False if stopped before it was. Raises
@@ -66,6 +69,7 @@ class Writer:
                 if not self.wait_to_retry(unreached_since, self.clock(), delay, others_before):
                     return False
         self.db_outage.ok()
+        self.now_and_then(time.monotonic())
         if batch.ops:
             self.metrics.batch("insert", len(batch.ops), time.perf_counter() - started)
         late = [(m, p) for m, p in batch.late if p.message_id not in waiting]
@@ -106,6 +110,30 @@ class Writer:
             return
         self.db_outage.ok()
         self.next_ping = now + 1.0
+        self.now_and_then(now)
+
+    def now_and_then(self, now: float) -> None:
+        """Once PostgreSQL answered (after a write, or an idle probe), on the thread that holds the store: the
+        host's clock measured, and where the process serves /metrics said again, each when due."""
+        self.measure_clock(now)
+        self.metrics.announce(self.store, now)
+
+    def measure_clock(self, now: float) -> None:
+        """Every CLOCK_EVERY_S, PostgreSQL's clock minus this host's, for
+        `chronos_consumer_clock_offset_seconds`: the consumer decides by this host's clock whether a message
+        is already due, so a host ahead of the database publishes messages early by as much. A statement that
+        fails is only logged."""
+        if now < self.next_clock:
+            return
+        self.next_clock = now + CLOCK_EVERY_S
+        try:
+            before = time.time()
+            db_us = self.store.db_clock_us()
+            after = time.time()
+        except StoreUnavailable as exc:  # the next write or probe says whether PostgreSQL is out of reach
+            log.debug("could not read PostgreSQL's clock: %s", exc)
+            return
+        self.metrics.clock_offset.set(db_us / 1e6 - (before + after) / 2)
 
     def wait_for_store(self, exc: StoreUnavailable) -> bool:
         """Wait out a PostgreSQL outage's backoff; False if stopped meanwhile."""

@@ -531,6 +531,26 @@ WHERE datname = current_database() AND coalesce(backend_type, 'client backend') 
 GROUP BY 1, 2
 ORDER BY 1, 2;
 
+-- name: announce_process
+-- A process says where it serves /metrics (chronos_processes), and rows not renewed for a day go.
+WITH gone AS (
+    DELETE FROM chronos_processes WHERE seen_at < now() - interval '1 day'
+)
+INSERT INTO chronos_processes (node, role, metrics_url, seen_at) VALUES (%(node)s, %(role)s, %(url)s, now())
+ON CONFLICT (node) DO UPDATE SET role = EXCLUDED.role, metrics_url = EXCLUDED.metrics_url, seen_at = now();
+
+-- name: withdraw_process
+DELETE FROM chronos_processes WHERE node = %(node)s;
+
+-- name: has_processes
+SELECT to_regclass('chronos_processes');
+
+-- name: announced_processes
+-- The processes that said where they serve /metrics within the last `within_ms`, and how long ago.
+SELECT role, node, metrics_url, extract(epoch FROM now() - seen_at)::float8 FROM chronos_processes
+WHERE seen_at > now() - %(within_ms)s * interval '1 millisecond'
+ORDER BY role, metrics_url;
+
 -- name: db_now
 SELECT now();
 

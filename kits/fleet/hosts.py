@@ -20,15 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chronos.telemetry import endpoints
 from kits.fleet.broker import Broker
 from kits.fleet.common import METRICS_PORT, PG_PORT, FleetError, plain_env, wait
 from kits.fleet.install import INSTALL_PAGE, OWN_DIRS, SHARED_DIR, mount_points, mount_script, page_blocks
 from kits.fleet.postgres import APP_DATABASE, APP_USER, PatroniCluster
 from kits.network import Network
 from kits.stack import http_get
-
-ROLE_OFFSET = {"consumer": 0, "firer": 100, "detector": 200}
-
 
 @dataclass
 class ChronosHost:
@@ -54,8 +52,9 @@ class ChronosHost:
         return [f"{role}_{i:02d}" for role in ("consumer", "firer", "detector") for i in range(self.counts[role])]
 
     def metrics_port(self, program: str) -> int:
+        """The port the program serves /metrics on, as the product works it out (supervisord's process number)."""
         role, num = program.rsplit("_", 1)
-        return METRICS_PORT + ROLE_OFFSET[role] + int(num)
+        return endpoints.metrics_port(role, METRICS_PORT, {"CHRONOS_PROCESS_NUM": str(int(num))})
 
 
 class ChronosHosts:

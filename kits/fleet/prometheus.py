@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kits.fleet.common import PROMETHEUS_PORT, ROOT, Servers, wait, write_file
+from chronos.ops.targets import groups
+from kits.fleet.common import METRICS_PORT, PROMETHEUS_PORT, ROOT, Servers, wait, write_file
 from kits.network import Network
 from kits.stack import http_get
 
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
     from kits.fleet.hosts import ChronosHost
 
 SCRAPE = ROOT / "monitoring" / "prometheus-scrape.yml"
-ROLES = ("consumer", "firer", "detector")
 
 
 class Prometheus:
@@ -38,11 +38,9 @@ class Prometheus:
         binary = shutil.which("prometheus") or str(Path(sys.executable).parent / "prometheus")
         if not os.access(binary, os.X_OK):
             return
-        for h in hosts:
-            groups = [{"targets": [f"{h.address}:{h.metrics_port(f'{role}_{i:02d}')}"
-                                   for i in range(max(h.counts[role], 1))],
-                       "labels": {"host": h.name, "program": role}} for role in ROLES]
-            write_file(self.folder / "chronos-targets" / f"{h.name}.yml", json.dumps(groups, indent=2))
+        for h in hosts:  # what `chronos targets` prints on the host: a group per role it runs
+            write_file(self.folder / "chronos-targets" / f"{h.name}.yml",
+                       json.dumps(groups(h.address, METRICS_PORT, h.counts, host=h.name), indent=2))
         import yaml  # a dev dependency, like the benchmarks
         config = yaml.safe_load(SCRAPE.read_text())
         config["global"].update(scrape_interval="2s", scrape_timeout="1s", evaluation_interval="2s")

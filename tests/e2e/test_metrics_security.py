@@ -16,7 +16,7 @@ import yaml
 
 from chronos.embedded.procs import free_port
 from chronos.telemetry.scrape import ScrapeConfig, Scraper
-from tlskit import Authority
+from kits.tls import Authority
 
 TIMEOUT = 5.0
 

@@ -8,8 +8,8 @@ from typing import Iterator
 import pytest
 import yaml
 
-from benchmarks.harness.fleet import ROOT, Fleet, page_blocks
-from benchmarks.harness.stack import http_get
+from kits.fleet import ROOT, Fleet, page_blocks
+from kits.stack import http_get
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 MONITORING = ROOT / "docs" / "observability" / "dashboard-and-alerts.md"
@@ -29,8 +29,8 @@ def test_each_hosts_targets_are_the_programs_it_runs_and_every_one_answers_the_m
     (code,) = page_blocks(MONITORING, "targets")
     for host in fleet.chronos:
         # the reader's setting (Security: which ports to open to whom): the address Prometheus reaches the host at
-        fleet.on(host, f"echo 'CHRONOS_METRICS_ADDRESS={host.address}' >> /etc/chronos/env")
-        printed = fleet.on(host, fleet.chronos_function() + code).stdout
+        fleet.hosts.on(host, f"echo 'CHRONOS_METRICS_ADDRESS={host.address}' >> /etc/chronos/env")
+        printed = fleet.hosts.on(host, fleet.hosts.chronos_function() + code).stdout
         listed = {(group["labels"]["program"], target) for group in yaml.safe_load(printed)
                   for target in group["targets"]}
         runs = {(program.rsplit("_", 1)[0], f"{host.address}:{host.metrics_port(program)}")

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from chronos.telemetry.http import MetricsServer
 from chronos.telemetry.scrape import ScrapeConfig, Scraper
 from chronos.telemetry.webconfig import WebConfig
-from tlskit import Authority
+from kits.tls import Authority
 
 TIMEOUT = 5.0
 

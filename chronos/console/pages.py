@@ -26,6 +26,7 @@ from chronos.domain import cron
 from chronos.domain.operators import STATES, Filters
 from chronos.errors import ChronosError, ConfigError, NeedsConfirmation
 from chronos.ops import inspect
+from chronos.ops import parked as parked_ops
 
 log = logging.getLogger("chronos.console")
 
@@ -307,7 +308,7 @@ async def parked(request: Request) -> Response:
         error = f"before is not a page cursor of this page: {text!r}"
     else:
         try:
-            page = await console.reader.call(lambda s: inspect.list_parked(s, limit=DEFAULT_LIMIT, before=before))
+            page = await console.reader.call(lambda s: parked_ops.list_parked(s, limit=DEFAULT_LIMIT, before=before))
         except ChronosError as exc:
             error = str(exc)
         else:

@@ -14,8 +14,11 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("console", help="serve the web console (overview, messages, schedules, actions)",
                        description="Serve the web console. Read-only unless CHRONOS_CONSOLE_TOKEN is set. "
                                    f"Needs the console extra: {INSTALL_HINT}")
+    # the Kafka settings, the dead-letter topic and the allow-list are a replay's (the Parked page's actions)
     config.add_arguments(p, only=("database_url", "database_pool_mode", "hold_time_ms", "console_host",
-                                  "console_port", "console_token", "console_metrics_urls", "log_level", "log_format"))
+                                  "console_port", "console_token", "console_metrics_urls", "log_level", "log_format",
+                                  "kafka_bootstrap_servers", "kafka_properties", "kafka_properties_file", "dlq_topic",
+                                  "allowed_topics"))
     p.add_argument("--host", dest="console_host", metavar="CHRONOS_CONSOLE_HOST", default=None,
                    help="same as --console-host (default 127.0.0.1: this machine only)")
     p.add_argument("--port", dest="console_port", metavar="CHRONOS_CONSOLE_PORT", default=None,

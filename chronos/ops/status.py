@@ -148,7 +148,7 @@ def render(d: dict[str, Any]) -> str:
     lines.append(row("recurring schedules", "-" if schedules is None else schedules))
     parked = d["parked"]
     lines.append(row("parked", "-" if parked is None else parked,
-                     "no topic accepted them: see the chronos_parked table" if parked else ""))
+                     "kept in chronos_parked: see chronos parked list" if parked else ""))
     for t in d.get("throttled", []):
         limit = f"limit {t['rate_per_s']:g}/s"
         lines.append(row(f"  throttled {t['topic']}", t["rows"],

@@ -80,3 +80,30 @@ def test_every_command_module_has_its_parser_builder_and_a_handler():
 def test_a_command_module_left_out_of_commands_is_found(monkeypatch):
     monkeypatch.setattr(commands, "COMMANDS", tuple(m for m in commands.COMMANDS if m.__name__ != "chronos.commands.tail"))
     assert strays(cli.build_parser()) == ["chronos.commands.tail is not in COMMANDS"]
+
+
+def test_the_alerts_name_only_commands_that_exist_and_parked_messages_say_which_to_run():
+    """An alert's description and confirm lines are its runbook (docs/hooks.py makes the page from them):
+    every `chronos ...` they name is a command of the parser, and ChronosMessagesParked names those that
+    act on parked messages."""
+    import re
+    from pathlib import Path
+
+    import yaml
+    rules = Path(__file__).resolve().parents[2] / "monitoring" / "prometheus-rules.yml"
+    alerts = {r["alert"]: r["annotations"] for g in yaml.safe_load(rules.read_text())["groups"] for r in g["rules"]
+              if "alert" in r}
+    parser = cli.build_parser()
+    named = set()
+    for alert, notes in alerts.items():
+        for text in (notes["description"], notes["confirm"]):
+            for words in re.findall(r"`chronos ([^`]+)`", text):
+                p, path = parser, []
+                for word in words.split():
+                    subs = sub_commands(p)
+                    if word not in subs:
+                        break
+                    p, path = subs[word], [*path, word]
+                assert path and not sub_commands(p), f"{alert} names `chronos {words}`: no such command"
+                named.add((alert, " ".join(path)))
+    assert {("ChronosMessagesParked", c) for c in ("parked list", "parked replay", "parked drop")} <= named

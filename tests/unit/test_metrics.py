@@ -278,7 +278,7 @@ def test_parked_messages_in_status_and_the_detector_gauge():
     at = datetime(2026, 11, 21, 9, 0, 5, tzinfo=timezone.utc)
     d = status.to_dict(_overview(at, parked=3), 5000)
     assert d["parked"] == 3
-    assert "parked                           3   no topic accepted them: see the chronos_parked table" in \
+    assert "parked                           3   kept in chronos_parked: see chronos parked list" in \
         status.render(d)
     assert "parked                           -" in status.render(status.to_dict(_overview(at), 5000))
     detector = telemetry.DetectorTelemetry(NODE, Settings())

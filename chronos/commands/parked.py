@@ -196,7 +196,7 @@ def run_replay(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise config.ConfigError(f"--timeout must be greater than 0, got {args.timeout:g}")
     selection = _selection(args, "replay")
-    settings = config.load(args)
+    settings, store = _store(args)
     if not settings.kafka_bootstrap_servers and not args.dry_run:
         raise config.ConfigError("no Kafka to replay to: give --kafka-bootstrap-servers or --ready-file")
     logs.setup("operator", str(uuid.uuid4()), settings.log_level, settings.log_format, settings.secrets())
@@ -210,7 +210,6 @@ def run_replay(args: argparse.Namespace) -> int:
                         secrets=settings.secrets())
         return make_producer(settings, "replay", **{"message.timeout.ms": str(int(args.timeout * 1000))})[0]
 
-    _, store = _store(args)
     try:
         result = parked.replay(store, producer, destinations, to=args.to, dry_run=args.dry_run,
                                confirm_above=settings.confirm_above, yes=args.yes, timeout=args.timeout, **selection)

@@ -278,8 +278,8 @@ OPTIONS: tuple[Option, ...] = (
            _positive_int, "10000"),
     Option("console_host", "address the web console listens on", _str, "127.0.0.1"),
     Option("console_port", "port of the web console", _port, "9700"),
-    Option("console_token", "token that unlocks the web console's actions (cancel, fire now, reschedule); "
-           "unset: the console is read-only", _console_token, ""),
+    Option("console_token", "token that unlocks the web console's actions (cancel, fire now, reschedule; replay "
+           "and drop parked messages); unset: the console is read-only", _console_token, ""),
     Option("console_metrics_urls", "comma-separated /metrics URLs of processes, for the console's rates "
            "and lateness and the PostgreSQL server each process uses (console, `chronos status`, `chronos "
            "health`), besides those the processes of every host say in PostgreSQL they serve (console, "

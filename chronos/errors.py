@@ -9,6 +9,7 @@ EXIT_EMBEDDED = 5      # an embedded service (PostgreSQL, broker, supervisord) f
 EXIT_NOT_FOUND = 6     # an operator action named ids that are not in the store
 EXIT_CONFIRM = 7       # an operator action would change more messages than allowed without --yes
 EXIT_IN_FLIGHT = 8     # an operator action left messages alone because a firer is publishing them
+EXIT_REFUSED = 9       # a replay of parked messages left some parked: Kafka refused them, or their topic is not allowed
 
 
 class ChronosError(Exception):
@@ -79,6 +80,13 @@ class InFlightSkipped(ChronosError):
     """An operator action left some messages alone because a firer is publishing them."""
 
     exit_code = EXIT_IN_FLIGHT
+
+
+class ReplayRefused(ChronosError):
+    """A replay of parked messages left some of them parked: Kafka refused them (each has the refusal as
+    its new reason), or CHRONOS_ALLOWED_TOPICS does not allow the topic they were going to."""
+
+    exit_code = EXIT_REFUSED
 
 
 class InputError(ConfigError):

@@ -25,7 +25,8 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from chronos.domain.delivery import DeliveryError
 from chronos.domain.model import Announced, Claimed, Overview, Parked, Row, Stale, Throttled
-from chronos.domain.operators import Filters, Listed, Message, ParkedMessage, Position, Schedule
+from chronos.domain.operators import (Filters, Listed, Message, ParkedFilters, ParkedMessage, ParkedRecord, ParkedRef,
+                                      Position, Schedule)
 from chronos.domain.ratelimit import FireRateLimits
 
 
@@ -246,8 +247,8 @@ class Store(IntakeStore, ClaimStore, SettleStore, DetectStore, Protocol):
 
 
 class OperatorsStore(StoreHandle, Protocol):
-    """What operators ask of the store and do to it (`chronos.ops.inspect`, `chronos schedules`, the
-    console). An action changes only rows no firer holds."""
+    """What operators ask of the store and do to it (`chronos.ops.inspect`, `chronos.ops.parked`, `chronos
+    schedules`, the console). An action changes only rows no firer holds."""
 
     def show(self, message_id: str, *, output_topic: str) -> Message | None:
         """The message or schedule with this id (its value's first PREVIEW_BYTES only), or None."""
@@ -259,8 +260,36 @@ class OperatorsStore(StoreHandle, Protocol):
         (deadline, seq) order, in id order with an id prefix."""
         ...
 
-    def list_parked(self, *, limit: int, before: int | None = None) -> list[ParkedMessage]:
-        """Up to `limit` parked messages numbered below `before`, newest first."""
+    def list_parked(self, *, limit: int, before: int | None = None,
+                    filters: ParkedFilters | None = None) -> list[ParkedMessage]:
+        """Up to `limit` parked messages numbered below `before` (and matching `filters`), newest first."""
+        ...
+
+    def show_parked(self, number: int) -> ParkedMessage | None:
+        """The parked message of this number (its value's first PREVIEW_BYTES only), or None."""
+        ...
+
+    def find_parked(self, numbers: Sequence[int]) -> list[ParkedRef]:
+        """Those of these numbers that are parked, oldest first."""
+        ...
+
+    def walk_parked(self, filters: ParkedFilters, *, limit: int, after: int | None = None) -> list[ParkedRef]:
+        """Up to `limit` parked messages matching `filters` numbered above `after`, oldest first."""
+        ...
+
+    def load_parked(self, numbers: Sequence[int]) -> list[ParkedRecord]:
+        """Those of these parked messages still parked, whole (key, value and headers), oldest first."""
+        ...
+
+    def settle_replayed(self, replayed: Sequence[int], refused: Sequence[tuple[int, str]], *, counted: bool) -> int:
+        """After a replay: delete the parked messages Kafka acknowledged (`replayed`), give those it refused
+        their new reason (number, reason), and add to the replays' totals (one more time taken when
+        `counted`, and the messages deleted), in one transaction. Returns how many were deleted."""
+        ...
+
+    def drop_parked(self, numbers: Sequence[int], *, counted: bool) -> list[int]:
+        """Delete these parked messages and add to the drops' totals (as `settle_replayed`), in one
+        transaction. Returns the numbers deleted."""
         ...
 
     def list_schedules(self) -> list[Schedule]:

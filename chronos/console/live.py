@@ -378,6 +378,21 @@ class CountPolicy:
         self.every = min(self.longest, max(self.least, took / self.budget))
 
 
+class _EachCallLocked:
+    """A store whose every method call takes `lock` for that call only."""
+
+    def __init__(self, store: Any, lock: threading.Lock):
+        self._store, self._lock = store, lock
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._store, name)
+
+        def locked(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                return method(*args, **kwargs)
+        return locked
+
+
 class StoreReader:
     """Runs store calls off the event loop, one at a time (a `Store` holds one connection), and
     keeps the overview for `ttl` seconds so that any number of open pages cost one read a second."""
@@ -398,6 +413,11 @@ class StoreReader:
             with self._lock:
                 return fn(self.store, *args)
         return await asyncio.to_thread(run)
+
+    async def call_between(self, fn: Callable[[Any], Any]) -> Any:
+        """fn(store) in a worker thread, where `store` holds the lock for each of its calls only, not between
+        them: an action that waits on Kafka between its statements (a replay) holds up no page's read."""
+        return await asyncio.to_thread(fn, _EachCallLocked(self.store, self._lock))
 
     async def overview(self) -> tuple[dict[str, Any] | None, str | None]:
         """(the store's overview as `chronos status --json` prints it, plus `waiting_age_s`, or None;

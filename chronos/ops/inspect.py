@@ -1,9 +1,10 @@
-"""What operators ask of the store and do to it: list, cancel, fire-now, reschedule, parked messages.
+"""What operators ask of the store and do to it: list, cancel, fire-now, reschedule (parked messages:
+`chronos.ops.parked`).
 
 Functions over the operators' store port (`chronos.ports.OperatorsStore`: its statements, on PostgreSQL
 or the in-memory twin), returning typed results: the flags parsed, pages and their cursors, actions
 walked in batches, confirmed above a threshold and logged. `chronos show|list|cancel|fire-now|reschedule`
-(chronos/cli.py) and the console are two faces on them, and `to_json` gives every result as plain JSON.
+(chronos/commands/) and the console are two faces on them, and `to_json` gives every result as plain JSON.
 What operators select and see (filters, states, messages) is `chronos.domain.operators`.
 
 In-flight rows: no action changes them. The firer that holds the row publishes it at the deadline
@@ -28,7 +29,7 @@ from typing import Any, Iterator, Sequence
 import orjson
 
 from chronos.domain.cron import from_us, to_us
-from chronos.domain.operators import ACTIONS, PREVIEW_BYTES, STATES, Filters, Listed, Message, ParkedMessage, Position
+from chronos.domain.operators import ACTIONS, PREVIEW_BYTES, STATES, Filters, Listed, Message, Position
 from chronos.errors import ConfigError, InFlightSkipped, NeedsConfirmation, NotFound
 from chronos.ports import OperatorsStore
 
@@ -123,12 +124,6 @@ def decode_cursor(text: str) -> tuple[str, list[Any]]:
 # -- results -----------------------------------------------------------------------------------
 
 @dataclass
-class ParkedPage:
-    items: list[ParkedMessage]
-    cursor: int | None              # pass as `before` for the next (older) page; None on the last
-
-
-@dataclass
 class Page:
     items: list[Listed]
     cursor: str | None              # pass as `after` for the next page; None when this is the last
@@ -176,14 +171,6 @@ def list_messages(store: OperatorsStore, f: Filters, *, output_topic: str, limit
         last = items[-1]
         next_cursor = encode_cursor("i", [last.id]) if by_id else encode_cursor("d", [to_us(last.deadline), last.seq])
     return Page(items, next_cursor)
-
-
-def list_parked(store: OperatorsStore, *, limit: int = 50, before: int | None = None) -> ParkedPage:
-    """One page of parked messages, newest first, older than the cursor `before`."""
-    if limit <= 0:
-        raise ConfigError(f"--limit must be greater than 0, got {limit}")
-    items = store.list_parked(limit=limit, before=before)
-    return ParkedPage(items, items[-1].number if len(items) == limit else None)
 
 
 # -- actions -------------------------------------------------------------------------------------

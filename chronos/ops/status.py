@@ -1,63 +1,18 @@
-"""`chronos status` (what the store holds, at a glance) and `chronos health` (ask a process's /healthz)."""
+"""What the store holds, at a glance: the status as JSON-ready values and as text, for `chronos status`
+(chronos/commands/status.py) and the console's overview alike."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
-import sys
-import threading
 from datetime import datetime, timezone
 from typing import Any, Sequence
-
-import orjson
 
 from chronos import config
 from chronos.domain.model import NodeLoad, ServerView
 from chronos.adapters.kafka.brokerstats import STATS_ENV, read_stats, rss_bytes
-from chronos.errors import EXIT_FAILURE, EXIT_UNAVAILABLE, ConfigError, StoreUnavailable
 from chronos.ops import servers
-from chronos.telemetry import scrape, webconfig
-from chronos.telemetry.endpoints import ANNOUNCED_WITHIN_MS, WILDCARDS
-from chronos.telemetry.scrape import Scraper
 
-
-def add_parsers(sub: Any) -> None:
-    """The `status` and `health` sub-commands."""
-    p = sub.add_parser("status", help="what the store holds: waiting, due, held per firer, overdue, "
-                                      "suspected failures, recurring schedules, throttled topics, next deadline; "
-                                      "the PostgreSQL server and the processes on it",
-                       description="Read the store and print what it holds, and which PostgreSQL server it is "
-                                   "(primary or standby, its standbys) with the processes connected to it; with "
-                                   "the processes' /metrics URLs known (the ready file of `chronos up`, "
-                                   "CHRONOS_CONSOLE_METRICS_URLS), the server each process says it uses. Runs "
-                                   "against the same settings (or --ready-file) as every other command.")
-    config.add_arguments(p, only=("database_url", "database_pool_mode", "hold_time_ms", "output_topic", "console_metrics_urls",
-                                  "metrics_scrape_config_file"))
-    p.add_argument("--json", action="store_true", help="one JSON object (one per line with --watch)")
-    p.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
-                   help="refresh every SECONDS (default 2) until Ctrl-C")
-    p.add_argument("--exact", action="store_true",
-                   help="count waiting rows exactly even on a very large table (slower)")
-    p.set_defaults(func=cmd_status)
-
-    p = sub.add_parser("health", help="ask a process's /healthz, or every process's; exit 0 when healthy",
-                       description="GET a process's /healthz and print its JSON report. Exit 0 when healthy, "
-                                   "1 when the process reports a problem, 3 when it does not answer. Without "
-                                   "--url or --metrics-port, asks every process whose /metrics URL is known (the "
-                                   "ready file of `chronos up`, CHRONOS_CONSOLE_METRICS_URLS): one report per "
-                                   "line, exit 0 when all are healthy, 3 when none answers, else 1.")
-    config.add_arguments(p, only=("metrics_port", "metrics_address", "metrics_web_config_file",
-                                  "metrics_scrape_config_file", "console_metrics_urls"))
-    p.add_argument("--url", default=None,
-                   help="health URL (default: the process's on this host, CHRONOS_METRICS_PORT on "
-                        "CHRONOS_METRICS_ADDRESS, or 127.0.0.1 where that is every interface, over HTTPS when "
-                        "CHRONOS_METRICS_WEB_CONFIG_FILE has a certificate; else every process's)")
-    p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for an answer (default 3)")
-    p.set_defaults(func=cmd_health)
-
-
-# -- status --------------------------------------------------------------------------------
 
 def to_dict(view: Any, hold_time_ms: int, throttled: Sequence[Any] = (),
             broker: dict[str, Any] | None = None, postgres: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -193,7 +148,7 @@ def render(d: dict[str, Any]) -> str:
     lines.append(row("recurring schedules", "-" if schedules is None else schedules))
     parked = d["parked"]
     lines.append(row("parked", "-" if parked is None else parked,
-                     "no topic accepted them: see the chronos_parked table" if parked else ""))
+                     "kept in chronos_parked: see chronos parked list" if parked else ""))
     for t in d.get("throttled", []):
         limit = f"limit {t['rate_per_s']:g}/s"
         lines.append(row(f"  throttled {t['topic']}", t["rows"],
@@ -279,54 +234,6 @@ def render_broker(b: dict[str, Any], row: Any) -> list[str]:
     return lines
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    from chronos.adapters.postgres.store import Store
-    settings = config.load(args)
-    scraper = Scraper(scrape.load("CHRONOS_METRICS_SCRAPE_CONFIG_FILE", settings.metrics_scrape_config_file))
-    store = Store(settings.require_database(), pool_mode=settings.database_pool_mode, application_name="chronos status")
-    clear = args.watch is not None and not args.json and sys.stdout.isatty()
-    stop = threading.Event()
-    if args.watch is not None:
-        # Ctrl-C or SIGTERM end a watch, even where SIGINT came in ignored (a shell's background job)
-        # and even if the interrupt lands where a library swallows it: the loop checks the flag too
-        def interrupt(_signum, _frame) -> None:
-            stop.set()
-            raise KeyboardInterrupt
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, interrupt)
-    try:
-        while not stop.is_set():
-            try:
-                view = store.overview(settings.hold_time_ms, exact=True if args.exact else None)
-                urls = list(dict.fromkeys([*settings.console_metrics_urls,
-                                           *(a.url for a in store.announced(ANNOUNCED_WITHIN_MS))]))
-                postgres = postgres_dict(store.server_view(), view.by_node,
-                                         servers.unique(servers.ask(urls, scraper=scraper)) if urls else None)
-                d = to_dict(view, settings.hold_time_ms, store.throttled(settings.output_topic), broker_stats(args),
-                            postgres)
-            except StoreUnavailable as exc:
-                if args.watch is None:
-                    raise
-                print(f"postgres unavailable: {exc}", file=sys.stderr, flush=True)
-            else:
-                if args.json:
-                    out = orjson.dumps(d, option=0 if args.watch is not None else orjson.OPT_INDENT_2).decode()
-                else:
-                    out = ("\x1b[H\x1b[2J" if clear else "") + render(d) + ("" if clear else "\n")
-                print(out, flush=True)
-            if args.watch is None:
-                return 0
-            stop.wait(max(0.1, args.watch))
-        return 0
-    except KeyboardInterrupt:
-        return 0
-    except BrokenPipeError:  # `chronos status --watch | head`: the reader is done
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    finally:
-        store.close()
-
-
 def _iso(when: datetime) -> str:
     return when.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -339,62 +246,3 @@ def _seconds(value: float) -> str:
     if abs(value) < 86400 * 2:
         return f"{value / 3600:.1f}h"
     return f"{value / 86400:.1f}d"
-
-
-# -- health --------------------------------------------------------------------------------
-
-def cmd_health(args: argparse.Namespace) -> int:
-    settings = config.load(args, default_ready_file=args.url is None and args.metrics_port is None)
-    scraper = Scraper(scrape.load("CHRONOS_METRICS_SCRAPE_CONFIG_FILE", settings.metrics_scrape_config_file))
-    url = args.url
-    if url is None:
-        if settings.metrics_port:
-            url = local_url(settings, settings.metrics_port, "/healthz")
-        elif settings.console_metrics_urls:
-            return health_of_all([u.rsplit("/", 1)[0] + "/healthz" for u in settings.console_metrics_urls],
-                                 args.timeout, scraper)
-        else:
-            raise ConfigError("give --url, or --metrics-port / CHRONOS_METRICS_PORT of the process to ask, or "
-                              "CHRONOS_CONSOLE_METRICS_URLS (or a ready file) to ask every process")
-    status, body = ask_health(url, args.timeout, scraper)
-    if status == 0:
-        return EXIT_UNAVAILABLE
-    sys.stdout.write(body.decode(errors="replace"))
-    if not body.endswith(b"\n"):
-        sys.stdout.write("\n")
-    return 0 if status == 200 else EXIT_FAILURE
-
-
-def local_url(settings: config.Settings, port: int, path: str) -> str:
-    """The URL of a process's `path` on this host, on `port`: at CHRONOS_METRICS_ADDRESS (127.0.0.1 where
-    the processes listen on every interface), over HTTPS when their web configuration has a certificate."""
-    host = settings.metrics_address
-    if host in WILDCARDS:
-        host = "127.0.0.1"
-    tls = webconfig.load("CHRONOS_METRICS_WEB_CONFIG_FILE", settings.metrics_web_config_file or "").tls
-    return f"{'https' if tls else 'http'}://{f'[{host}]' if ':' in host else host}:{port}{path}"
-
-
-def ask_health(url: str, timeout: float, scraper: Scraper | None = None) -> tuple[int, bytes]:
-    """(HTTP status, body) of a /healthz; (0, b"") when nothing answers, said on stderr."""
-    try:
-        return (scraper or Scraper()).get(url, timeout)
-    except (OSError, ValueError) as exc:
-        print(f"chronos health: no answer from {url}: {exc}", file=sys.stderr)
-        return 0, b""
-
-
-def health_of_all(urls: Sequence[str], timeout: float, scraper: Scraper | None = None) -> int:
-    """Every process's /healthz, one report per line with its URL; 0 when all are healthy, 3 when none
-    answers, else 1."""
-    answers = [(url, *ask_health(url, timeout, scraper)) for url in urls]
-    for url, status, body in answers:
-        if status:
-            try:
-                report = orjson.loads(body)
-            except ValueError:
-                report = {"status": "unreadable", "body": body.decode(errors="replace")[:200]}
-            print(orjson.dumps({"url": url, **report}).decode())
-    if all(status == 200 for _, status, _ in answers):
-        return 0
-    return EXIT_UNAVAILABLE if not any(status for _, status, _ in answers) else EXIT_FAILURE

@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from chronos import __version__, codec
 from chronos.config import Settings
+from chronos.domain.operators import ACTIONS, PARKED_ACTIONS
 from chronos.domain.reasons import CONSUMER_REASONS, FIRER_REASONS, code_of
 from chronos.adapters.kafka.brokerstats import STATS_ENV, read_stats
 from chronos.errors import ConfigError, StoreRejected, StoreUnavailable
@@ -73,10 +74,11 @@ class _Totals:
 
 
 class _ActionTotals:
-    """Operator actions (cancel, fire-now, reschedule) as counted in the store's chronos_actions table:
-    the CLI that takes them lives for a second, so the detector exports the store's totals."""
+    """Operator actions (cancel, fire-now, reschedule; parked messages replayed and dropped) as counted in
+    the store's chronos_actions table: the CLI that takes them lives for a second, so the detector exports
+    the store's totals, each action from zero before it is first taken."""
 
-    ACTIONS = ("cancel", "fire_now", "reschedule")
+    ACTIONS = (*ACTIONS, *PARKED_ACTIONS)
 
     def __init__(self, role: str, node: str, totals: Callable[[], Mapping[str, tuple[int, int]]]):
         self.labels = (role, node)
@@ -90,7 +92,8 @@ class _ActionTotals:
 
     def _families(self, totals: Mapping[str, tuple[int, int]]) -> list[CounterMetricFamily]:
         taken = CounterMetricFamily("chronos_operator_actions_total",
-                                    "operator actions taken (chronos cancel, fire-now, reschedule), from the store",
+                                    "operator actions taken (chronos cancel, fire-now, reschedule, parked replay and "
+                                    "drop), from the store",
                                     labels=("role", "node", "action"))
         changed = CounterMetricFamily("chronos_operator_action_messages_total",
                                       "messages changed by operator actions, from the store",

@@ -1,4 +1,5 @@
-"""The `chronos up` command: its arguments, and its run from the first line to the exit code."""
+"""The `chronos up` command: its run from the first line to the exit code (its flags are
+`chronos.commands.up`'s)."""
 
 from __future__ import annotations
 
@@ -14,31 +15,7 @@ from chronos import config
 from chronos.console.launch import ConsoleProcess
 from chronos.errors import ChronosError
 from chronos.up.programs import ROLES
-from chronos.up.stack import EMBEDDED_PARTITIONS, EXTERNAL_PARTITIONS, Options, Stack
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`chronos up`'s own arguments (the settings' are config.add_arguments)."""
-    parser.add_argument("--data-dir", default=os.environ.get("CHRONOS_DATA_DIR", ".chronos"),
-                        help="where the embedded PostgreSQL keeps its data, and logs go [env CHRONOS_DATA_DIR] "
-                             "(default: .chronos)")
-    parser.add_argument("--bootstrap-servers", dest="kafka_bootstrap_servers_alias", default=None,
-                        help="same as --kafka-bootstrap-servers")
-    for role in ROLES:
-        parser.add_argument(f"--{role}s", type=int, default=1, dest=f"n_{role}",
-                            help=f"number of {role} processes (default 1)")
-    parser.add_argument("--partitions", type=int, default=None,
-                        help=f"partitions of the topics it creates (default {EMBEDDED_PARTITIONS} on the embedded broker, "
-                             f"whose fetches slow with every batch a partition holds; {EXTERNAL_PARTITIONS} on a real Kafka)")
-    parser.add_argument("--pg-port", type=int, default=None, help="port of the embedded PostgreSQL (default: free)")
-    parser.add_argument("--kafka-port", type=int, default=None, help="port of the embedded broker (default: free)")
-    parser.add_argument("--broker-memory-warning-mb", metavar="MB",
-                        default=os.environ.get("CHRONOS_BROKER_MEMORY_WARNING_MB"),
-                        help="warn when the embedded broker's memory passes this many MB "
-                             "[env CHRONOS_BROKER_MEMORY_WARNING_MB] (default: 2048, or half the machine's "
-                             "memory when that is less)")
-    parser.add_argument("--no-console", action="store_true",
-                        help="do not start the web console (it serves on CHRONOS_CONSOLE_HOST:CHRONOS_CONSOLE_PORT)")
+from chronos.up.stack import Options, Stack
 
 
 def options(args: argparse.Namespace) -> Options:

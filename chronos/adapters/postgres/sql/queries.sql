@@ -412,14 +412,62 @@ SELECT id, deadline, readied_at, readied_by, topic, key, octet_length(value), su
        headers, ordering_key, enqueued_at, cron, timezone, dst_policy, attempts, last_error, original_deadline
 FROM chronos_messages WHERE id = %(id)s;
 
+-- Parked messages (`chronos parked list|show|replay|drop`, the console's Parked page and its actions):
+-- few rows, each a message no topic took, walked along the primary key; the filters are checked on
+-- the rows the walk reads.
+
+-- fragment: parked_filters
+-- The parked messages' filters (every one optional: NULL, none), put where a statement says
+-- `/* include: parked_filters */`. A reason's code is the text before its first colon.
+AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+AND (%(reason)s::text IS NULL OR split_part(reason, ':', 1) = %(reason)s)
+AND (%(parked_after)s::timestamptz IS NULL OR parked_at > %(parked_after)s)
+AND (%(parked_before)s::timestamptz IS NULL OR parked_at < %(parked_before)s)
+AND (%(id_prefix)s::text IS NULL OR starts_with(message_id, %(id_prefix)s))
+
 -- name: list_parked
--- Parked messages, newest first, a page at a time after a cursor (the primary key: no scan).
+-- Newest first, a page at a time before a cursor (the primary key, backwards).
 SELECT id, message_id, source, topic, deadline, key, octet_length(value), substring(value FROM 1 FOR %(preview)s),
        headers, reason, parked_at
 FROM chronos_parked
-WHERE %(before)s::bigint IS NULL OR id < %(before)s::bigint
+WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint) /* include: parked_filters */
 ORDER BY id DESC
 LIMIT %(limit)s;
+
+-- name: show_parked
+SELECT id, message_id, source, topic, deadline, key, octet_length(value), substring(value FROM 1 FOR %(preview)s),
+       headers, reason, parked_at
+FROM chronos_parked WHERE id = %(number)s;
+
+-- name: find_parked
+-- Which of these numbers are parked, where each was going and its size: what an action by number acts on.
+SELECT id, topic, coalesce(octet_length(key), 0) + coalesce(octet_length(value), 0) + coalesce(octet_length(headers), 0)
+FROM chronos_parked WHERE id = ANY(%(numbers)s::bigint[])
+ORDER BY id;
+
+-- name: walk_parked
+-- What an action by filter acts on, a batch at a time, oldest first (a replay publishes in the order
+-- parked), after a cursor.
+SELECT id, topic, coalesce(octet_length(key), 0) + coalesce(octet_length(value), 0) + coalesce(octet_length(headers), 0)
+FROM chronos_parked
+WHERE (%(after)s::bigint IS NULL OR id > %(after)s::bigint) /* include: parked_filters */
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: load_parked
+-- Parked messages whole, as a replay publishes them.
+SELECT id, message_id, topic, key, value, headers FROM chronos_parked WHERE id = ANY(%(numbers)s::bigint[])
+ORDER BY id;
+
+-- name: delete_parked
+-- Replayed (Kafka acknowledged them) or dropped.
+DELETE FROM chronos_parked WHERE id = ANY(%(numbers)s::bigint[]) RETURNING id;
+
+-- name: refused_parked
+-- A replay Kafka refused: the message stays parked, with why it was refused this time.
+UPDATE chronos_parked AS p SET reason = f.reason
+FROM unnest(%(numbers)s::bigint[], %(reasons)s::text[]) AS f(id, reason)
+WHERE p.id = f.id;
 
 -- fragment: message_filters
 -- The operators' filters (every one optional: NULL, none) of list_by_deadline and list_by_id, put

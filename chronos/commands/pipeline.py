@@ -1,7 +1,8 @@
-"""`chronos pipeline schedule` and `chronos pipeline report`: flags and command functions.
+"""`chronos pipeline schedule` and `chronos pipeline report`: the Spark jobs (chronos/pipeline/), their
+flags and their handlers.
 
 Importing this module does not import PySpark (the `chronos` command imports it to build its
-parser); the command functions do, when they run.
+parser); the handlers do, when they run.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from chronos import config
 from chronos.errors import ConfigError
@@ -75,8 +77,11 @@ def _add_spark_arguments(p: argparse.ArgumentParser) -> None:
                        help="Spark's own log level (default: ERROR)")
 
 
-def add_parsers(parser: argparse.ArgumentParser) -> None:
-    """The `pipeline` command group (`parser` is its sub-parser in the `chronos` parser)."""
+def add_parser(sub: Any) -> None:
+    """The `pipeline` command group and its jobs."""
+    parser = sub.add_parser("pipeline", help="Spark jobs: bulk scheduling and SLA reports (the spark extra)",
+                            description="Spark jobs (pip install 'chronos-scheduler[spark]'); PySpark is imported "
+                                        "only when a job runs")
     sub = parser.add_subparsers(dest="pipeline_command", required=True, metavar="JOB")
 
     p = sub.add_parser("schedule", help="bulk-schedule a dataset of messages (Spark)", description=SCHEDULE_HELP,
@@ -93,7 +98,7 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
     config.add_arguments(p, only=("database_url", "database_pool_mode", "output_topic", "allowed_topics",
                                   "timing_advance_ms", "max_lateness_ms"))
     _add_spark_arguments(p)
-    p.set_defaults(func=cmd_schedule)
+    p.set_defaults(func=run_schedule)
 
     p = sub.add_parser("report", help="SLA report over delivery records (Spark)", description=REPORT_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -111,10 +116,10 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--fail-on-breach", action="store_true", help="exit with status 1 when the SLA verdict is fail")
     config.add_arguments(p, only=("timing_advance_ms",))
     _add_spark_arguments(p)
-    p.set_defaults(func=cmd_report)
+    p.set_defaults(func=run_report)
 
 
-def cmd_schedule(args: argparse.Namespace) -> int:
+def run_schedule(args: argparse.Namespace) -> int:
     from chronos.domain.intake import Rules
     from chronos.pipeline import spark as sp
 
@@ -141,7 +146,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_report(args: argparse.Namespace) -> int:
+def run_report(args: argparse.Namespace) -> int:
     from chronos.pipeline import spark as sp
 
     sp.require_pyspark()

@@ -75,3 +75,12 @@ def test_the_lab_note_check_finds_lab_notes():
     for text in ("a session cookie", "the session timeout", "in session mode", "its sessions commit",
                  "an already running Spark session", "a session advisory lock"):
         assert not LAB_NOTES.search(text), text
+
+
+def test_every_path_the_readme_names_is_in_the_repository():
+    """The README speaks from the repository's root: a folder or file it names in backticks is there (the
+    stack's own `.chronos/`, made by `chronos up`, apart)."""
+    named = re.findall(r"`([A-Za-z_][\w.-]*/[^`\s]*)`", (ROOT / "README.md").read_text())
+    assert named and "monitoring/" in named, named
+    missing = [path for path in named if not (ROOT / path).exists()]
+    assert not missing, f"README.md names paths the repository does not have: {missing}"

@@ -8,17 +8,20 @@ others, each host a network namespace on one bridge (harness.netns), and partiti
     kafka-1     the broker, advertising its bridge address
     chronos-1 ...  Chronos hosts, installed as docs/operations/host-install.md says
 
-A Chronos host is installed and run by the commands of the install page itself: the blocks marked
-`<!-- fleet: once -->` (the system user, the virtual environment from the wheel built from the
-checkout: one environment, shared by every host) and `<!-- fleet: host -->` (the shipped files) are run
-as written, as root, the second on each host; the block marked `<!-- fleet: start -->` is what runs
-supervisord on each host; `<!-- fleet: check -->` runs on each host once it is up. What the page
-cannot give verbatim (the database's address and password, the Kafka client's settings, the process
-counts) is the host's environment file, written here with the page's variables. Each host has its own
-/etc/chronos, /run/chronos, /var/log/chronos, /var/lib/chronos and /etc/hosts (bind mounts in the
-host's own mount namespace, made by `ip netns exec`) and its own /opt/chronos, where the environments
-installed once (`venv-<version>`) are mounted and the link `venv` is the host's: during a rolling upgrade
-each host runs the release its link names.
+A Chronos host is installed and run by the commands of the install page itself, as written, as root:
+the blocks marked `<!-- fleet: release -->` and `<!-- fleet: once -->` (the system user, the virtual
+environment from the wheel built from the checkout: one environment, shared by every host), `<!-- fleet:
+host -->` (the shipped files) on each host, `<!-- fleet: migrate -->` (as the database's owner) on the
+first; the block marked `<!-- fleet: start -->` is what runs supervisord on each host; `<!-- fleet:
+check -->` runs on each host once it is up. What the page cannot give verbatim (the database's address
+and passwords, the Kafka client's settings, the process counts) is the host's two environment files,
+written here with the page's variables; the database's two roles are the production checklist's (an
+owner, and the processes' role, which owns nothing). Each host has its own /etc/chronos, /run/chronos,
+/var/log/chronos, /var/lib/chronos and /etc/hosts (bind mounts in the host's own mount namespace, made by
+`ip netns exec`), its own /opt/chronos, where the environments installed once (`venv-<version>`) are
+mounted and the link `venv` is the host's (during a rolling upgrade each host runs the release its link
+names), and its own `systemctl`, a stand-in for systemd, which does not run there: a page's `systemctl
+restart chronos` asks the kit to restart the host's supervisord (`Fleet._systemctl`).
 
 Everything the fleet starts runs inside a namespace of its own prefix, so `close` (and the next
 `start`, after a kit killed outright) ends it all.
@@ -36,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -47,6 +51,7 @@ from benchmarks.harness.stack import http_get
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL_PAGE = ROOT / "docs" / "operations" / "host-install.md"
+UPGRADE_PAGE = ROOT / "docs" / "operations" / "upgrading.md"
 PATRONI_VENV = ROOT / ".patroni-venv"
 ETCD = Path("/usr/bin/etcd")
 PG_PORT, REST_PORT, ETCD_PORT, KAFKA_PORT, METRICS_PORT, PROMETHEUS_PORT = 5432, 8008, 2379, 9092, 9400, 9090
@@ -56,7 +61,10 @@ ROLE_OFFSET = {"consumer": 0, "firer": 100, "detector": 200}
 OWN_DIRS = {"/etc/chronos": "etc", "/run/chronos": "run", "/var/log/chronos": "log", "/var/lib/chronos": "home",
             "/etc/systemd/system": "systemd"}
 SHARED_DIR = "/opt/chronos"
+SYSTEMCTL = "/usr/bin/systemctl"  # a host's own is the fleet's stand-in for systemd (Fleet._systemctl)
+SYSTEMCTL_REQUEST, SYSTEMCTL_REPLY = "systemctl.request", "systemctl.reply"  # its FIFOs, in the host's folder
 APP_USER = APP_DATABASE = "chronos"
+OWNER = "chronos_owner"  # the database's owner, which migrates; the processes run as APP_USER, which owns nothing
 GROUP = "chronos"  # the hosts' consumer group (CHRONOS_CONSUMER_GROUP's default)
 BLOCK = re.compile(r"^(?P<indent>[ \t]*)<!-- fleet: (?P<tag>[\w ]+) -->\n(?P=indent)```(?P<lang>sh|bash|yaml)\n(?P<code>.*?)\n"
                    r"(?P=indent)```", re.S | re.M)
@@ -185,12 +193,11 @@ def wheel_version(wheel: Path) -> str:
 
 def install_chronos(wheel: Path, opt_dir: Path, workdir: Path, *, timeout: float = 600.0) -> Path:
     """Install the package on the fleet's shared /opt/chronos as the install page says (its blocks
-    marked `once`), from the directory that holds `wheel`, with the machine's network (the package
-    registry). Returns the environment the page links as /opt/chronos/venv (here under `opt_dir`).
+    marked `once`, after its `release`), from the directory that holds `wheel`, with the machine's network
+    (the package registry). Returns the environment the page links as /opt/chronos/venv (here under `opt_dir`).
 
-    A wheel of another release than the page's is installed with the page's commands for its own version,
-    in an environment of its own beside the others, and the link is left as it was (Upgrades: "install the
-    new version beside the running one").
+    A wheel of another release than the page's is installed by the upgrade page's `install beside`, with
+    RELEASE its version, in an environment of its own beside the others, and the link is left as it was.
 
     pip also finds the wheels `make test` built into this venv's `wheelhouse` (psycopg-c, compiled against
     the same libpq): the page's command runs as written, as on a site with a wheelhouse, without a
@@ -205,16 +212,17 @@ def install_chronos(wheel: Path, opt_dir: Path, workdir: Path, *, timeout: float
     mount_points(list(binds))
     script = mount_script(workdir / "install-mounts", binds)
     wheelhouse = _with_wheelhouse(Path(sys.prefix) / "wheelhouse")
-    for code in page_blocks(INSTALL_PAGE, "once"):
+    if version == page_version:
+        (release,) = page_blocks(INSTALL_PAGE, "release")
+        blocks, variables = [f"{release}\n{code}" for code in page_blocks(INSTALL_PAGE, "once")], {}
+    else:  # the reader's one place for the release: the variable the upgrade page's blocks use
+        blocks, variables = page_blocks(UPGRADE_PAGE, "install beside"), {"RELEASE": version}
+    for code in blocks:
         if "useradd" in code and _user_exists("chronos"):
             continue  # one system user serves every host of this machine
-        if version != page_version:
-            code = "\n".join(line for line in code.replace(page_version, version).splitlines()
-                              if not line.startswith("ln -sfn"))
-            code = code.replace(f"{SHARED_DIR}/venv/", f"{SHARED_DIR}/venv-{version}/")
         done = subprocess.run(["unshare", "--mount", "--propagation", "slave", str(script), "bash", "-euo",
                                "pipefail", "-c", code], cwd=wheel.parent, capture_output=True, text=True,
-                              timeout=timeout, env=_plain_env(**wheelhouse))
+                              timeout=timeout, env=_plain_env(**wheelhouse, **variables))
         if done.returncode != 0:
             raise FleetError(f"the install page's block failed ({done.returncode}):\n{code}\n{done.stdout}\n{done.stderr}")
     if version != page_version:
@@ -243,6 +251,24 @@ def _with_wheelhouse(built: Path) -> dict[str, str]:
                                 capture_output=True, text=True, timeout=60).stdout.split()
     links = dict.fromkeys([str(built), *os.environ.get("PIP_FIND_LINKS", "").split(), *configured])
     return {"PIP_FIND_LINKS": " ".join(links)}
+
+
+def _tell(fifo: Path, text: str, timeout: float = 10.0) -> None:
+    """Write `text` to a FIFO once its reader has it open (within `timeout`; a reader gone is not waited for
+    longer)."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as exc:  # ENXIO: no reader yet
+            if time.monotonic() > end:
+                raise FleetError(f"nobody reads {fifo}: {exc}") from None
+            time.sleep(0.05)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 def _as_user(user: tuple[int, int], argv: list[str]) -> list[str]:
@@ -330,9 +356,11 @@ class Fleet:
         self.release = release  # the release every host runs at first (its environment's version); None: the link's
         # every member archives its finished WAL files here (Backups and restore), shared as a network file system would be
         self.archive = self.workdir / "wal-archive" if archive else None
-        self.passwords = {role: secrets.token_hex(12) for role in ("superuser", "replication", "app")}
+        self.passwords = {role: secrets.token_hex(12) for role in ("superuser", "replication", "app", "owner")}
+        self.console_token = f"fleet console {secrets.token_hex(8)}"
         self.procs: dict[str, Proc] = {}
         self.topics = {"input": "chronos.input", "output": "chronos.output", "dlq": "chronos.dlq"}
+        self.systemd: list[threading.Thread] = []  # each host's stand-in for systemd (`_answer_systemctl`)
 
     # -- addresses -------------------------------------------------------------------------------
 
@@ -393,6 +421,14 @@ class Fleet:
 
     def close(self) -> list[str]:
         """End everything and delete the namespaces; what would not end."""
+        for h in self.chronos:
+            if (h.folder / SYSTEMCTL_REQUEST).exists():
+                try:
+                    _tell(h.folder / SYSTEMCTL_REQUEST, "close\n")
+                except FleetError as exc:  # in the middle of a restart: the thread ends with the process
+                    print(f"the stand-in for systemd of {h.name} did not stop: {exc}", file=sys.stderr)
+        for thread in self.systemd:
+            thread.join(10)
         running = [h for h in self.chronos if h.supervisord is not None and h.supervisord.poll() is None]
         if running:  # every host's supervisord stops its programs at the same time, as in a fleet
             with ThreadPoolExecutor(max_workers=len(running)) as pool:
@@ -626,14 +662,23 @@ class Fleet:
         return wait(self.sync_standby, timeout, "a synchronous standby streaming", every=0.2)
 
     def _app_database(self) -> None:
+        """The database and its two roles, as the production checklist's least-privilege role says: the owner,
+        which migrates, and the application's, which reads and writes the rows of the owner's tables."""
         import psycopg
         from psycopg import sql
+        owner, app = sql.Identifier(OWNER), sql.Identifier(APP_USER)
         with self.net.inside("client"):
             with psycopg.connect(self.url(admin=True), autocommit=True) as conn:
-                conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
-                    sql.Identifier(APP_USER), sql.Literal(self.passwords["app"])))
-                conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
-                    sql.Identifier(APP_DATABASE), sql.Identifier(APP_USER)))
+                for role, password in ((owner, self.passwords["owner"]), (app, self.passwords["app"])):
+                    conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(role, sql.Literal(password)))
+                conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(APP_DATABASE), owner))
+                conn.execute(sql.SQL("GRANT CONNECT, TEMPORARY ON DATABASE {} TO {}").format(
+                    sql.Identifier(APP_DATABASE), app))
+            with psycopg.connect(self.url(admin=True).replace("/postgres?", f"/{APP_DATABASE}?"),
+                                 autocommit=True) as conn:
+                conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(app))
+                conn.execute(sql.SQL("ALTER DEFAULT PRIVILEGES FOR ROLE {} IN SCHEMA public "
+                                     "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {}").format(owner, app))
 
     # -- Chronos hosts ------------------------------------------------------------------------------
 
@@ -654,7 +699,45 @@ class Fleet:
         link = own_opt / "venv"
         if not link.is_symlink():
             link.symlink_to(f"{SHARED_DIR}/venv-{self.release}" if self.release else os.readlink(self.opt_dir / "venv"))
+        binds[SYSTEMCTL] = self._systemctl(host)
         return mount_script(host.folder / "mounts", binds)
+
+    # -- systemd's stand-in: systemd is not PID 1 on the fleet's hosts -----------------------------------
+
+    def _systemctl(self, h: ChronosHost) -> Path:
+        """The host's `systemctl`, mounted over the machine's in the host's own mount namespace, so that a
+        page's `systemctl restart chronos` runs as written: it asks the kit (`_answer_systemctl`), which does
+        to the host's supervisord what systemd does with chronos.service; anything else fails, saying so."""
+        request, reply = h.folder / SYSTEMCTL_REQUEST, h.folder / SYSTEMCTL_REPLY
+        for fifo in (request, reply):
+            if not fifo.exists():
+                os.mkfifo(fifo, 0o600)
+        return _write(h.folder / "systemctl", f"""#!/bin/sh
+# systemd's stand-in on a host of the fleet (benchmarks/harness/fleet.py), where systemd is not PID 1
+if [ "$#" -ne 2 ] || [ "$1" != restart ] || [ "${{2%.service}}" != chronos ]; then
+    echo "systemctl $*: the fleet's stand-in for systemd knows only restart chronos" >&2
+    exit 1
+fi
+echo "$1" > {shlex.quote(str(request))}
+read -r status < {shlex.quote(str(reply))}
+exit "$status"
+""", 0o755)
+
+    def _answer_systemctl(self, h: ChronosHost) -> None:
+        """Answer the host's `systemctl` stand-in until `close` (on a thread of its own): `restart chronos` is
+        `restart_host`, which stops supervisord (its programs gracefully) and starts it again, as systemd does."""
+        while True:
+            with open(h.folder / SYSTEMCTL_REQUEST) as fifo:  # until the stand-in (or `close`) writes
+                verb = fifo.read().strip()
+            if verb == "close":
+                return
+            try:
+                self.restart_host(h)
+                status = 0
+            except Exception as exc:  # noqa: BLE001 - the stand-in's caller gets the failure, as systemctl's would
+                print(f"systemctl {verb} chronos on {h.name}: {exc}", file=sys.stderr, flush=True)
+                status = 1
+            _tell(h.folder / SYSTEMCTL_REPLY, f"{status}\n", timeout=30.0)
 
     def on(self, host: ChronosHost | str, script: str, *, timeout: float = 120.0, check: bool = True,
            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -688,16 +771,25 @@ class Fleet:
             "CHRONOS_KAFKA_BOOTSTRAP_SERVERS": f"kafka-1:{KAFKA_PORT}",
             "CHRONOS_KAFKA_PROPERTIES_FILE": "/etc/chronos/kafka.properties",
             "CHRONOS_METRICS_PORT": str(METRICS_PORT),
+            # a secret with a space, as a quoted value: no command line may show it, every process gets it whole
+            "CHRONOS_CONSOLE_TOKEN": self.console_token,
             **self.settings,
         }
 
     def _install_host(self, host: ChronosHost) -> None:
         from chronos.adapters.kafka.clients import EMBEDDED_PROFILE
         self.mounts(host)
+        answer = threading.Thread(target=self._answer_systemctl, args=(host,), name=f"systemctl {host.name}",
+                                  daemon=True)
+        answer.start()
+        self.systemd.append(answer)
         for code in page_blocks(INSTALL_PAGE, "host"):
             self.on(host, code)
         host.env = self.environment(host)
         env_text = "".join(f"{k}={shlex.quote(v)}\n" for k, v in host.env.items())
+        owner_text = "".join(f"{k}={shlex.quote(v)}\n" for k, v in (
+            ("CHRONOS_DATABASE_URL", self.database_url.replace(f"//{APP_USER}@", f"//{OWNER}@")),
+            ("PGPASSWORD", self.passwords["owner"])))
         props = {**EMBEDDED_PROFILE, **self.kafka_properties}
         self.on(host, "install -o chronos -g chronos -m 0600 /dev/null /etc/chronos/pgpass\n"
                       f"echo '*:{PG_PORT}:{APP_DATABASE}:{APP_USER}:{self.passwords['app']}' > /etc/chronos/pgpass\n"
@@ -705,21 +797,28 @@ class Fleet:
                       f"cat > /etc/chronos/kafka.properties <<'EOF'\n"
                       + "".join(f"{k}={v}\n" for k, v in props.items()) + "EOF\n"
                       "install -m 0600 /dev/null /etc/chronos/env\n"
-                      f"cat > /etc/chronos/env <<'EOF'\n{env_text}EOF\n")
+                      f"cat > /etc/chronos/env <<'EOF'\n{env_text}EOF\n"
+                      "install -m 0600 /dev/null /etc/chronos/owner.env\n"
+                      f"cat > /etc/chronos/owner.env <<'EOF'\n{owner_text}EOF\n")
 
     def _migrate(self) -> None:
-        host = self.chronos[0]
-        self.on(host, self.chronos_function() + "chronos migrate\n")
+        """The install page's migration, as the database's owner, from the first host."""
+        (code,) = page_blocks(INSTALL_PAGE, "migrate")
+        self.on(self.chronos[0], code)
 
     def chronos_function(self) -> str:
         """The shell functions of the install page (`chronos`, `supervisorctl`), as a script's first lines."""
         code = page_blocks(INSTALL_PAGE, "check")[0]
-        return "\n".join(line for line in code.splitlines() if re.match(r"^\w+\(\) \{", line)) + "\n"
+        return "\n".join(line for line in code.splitlines() if re.match(r"^\w+\(\) [{(]", line)) + "\n"
 
     def start_host(self, host: ChronosHost | str) -> None:
         """Run supervisord on the host as the install page's `start` block does (in the foreground, as
         its own child here)."""
         h = self.host(host)
+        env_file = h.folder / "etc" / "env"
+        if env_file.exists():  # supervisord's numprocs: the counts of the environment file it starts with
+            for role, count in re.findall(r"^CHRONOS_(CONSUMER|FIRER|DETECTOR)S=(\d+)$", env_file.read_text(), re.M):
+                h.counts[role.lower()] = int(count)
         h.starts = {p: h.log(p).count("starting: node") for p in h.programs()}
         (code,) = page_blocks(INSTALL_PAGE, "start")
         argv = self.net.command(h.name, [str(h.folder / "mounts"), "bash", "-euo", "pipefail", "-c", code])
@@ -792,20 +891,13 @@ class Fleet:
             self.supervisorctl(h, "stop", f"consumer:consumer_{i:02d}")
         self.wait_group_settled()
 
-    def run_block(self, host: ChronosHost | str, code: str, *, timeout: float = 120.0) -> str:
-        """A page's block on a host, with the install page's shell functions; its `systemctl restart chronos`
-        lines are `restart_host` (the fleet's supervisord is the kit's child, not systemd's). Its output."""
-        out, part = [], []
-        for line in [*code.splitlines(), None]:
-            if line is None or line.strip().startswith("systemctl restart chronos"):
-                if any(x.strip() and not x.lstrip().startswith("#") for x in part):
-                    out.append(self.on(host, self.chronos_function() + "\n".join(part), timeout=timeout).stdout)
-                part = []
-                if line is not None:
-                    self.restart_host(host)
-            else:
-                part.append(line)
-        return "".join(out)
+    def run_block(self, host: ChronosHost | str, code: str, *, timeout: float = 240.0,
+                  variables: dict[str, str] | None = None) -> str:
+        """A page's block on a host, as written, with the install page's shell functions and the `variables`
+        the page has its reader set (its `systemctl restart chronos` reaches the host's stand-in for systemd).
+        Its output."""
+        return self.on(host, self.chronos_function() + code, timeout=timeout,
+                       env=_plain_env(**(variables or {}))).stdout
 
     def release_of(self, host: ChronosHost | str) -> str:
         """The release the host's `venv` link names."""
@@ -941,3 +1033,5 @@ def require_fleet_tools() -> None:
             raise FleetError(f"{path} is missing: {hint}")
     if shutil.which("setpriv") is None or shutil.which("unshare") is None:
         raise FleetError("setpriv and unshare (util-linux) are missing")
+    if not Path(SYSTEMCTL).exists():  # the hosts' stand-in for systemd is mounted over it
+        raise FleetError(f"{SYSTEMCTL} is missing: apt-get install systemd")

@@ -87,6 +87,18 @@ def test_every_path_the_readme_names_is_in_the_repository():
     assert not missing, f"README.md names paths the repository does not have: {missing}"
 
 
+def test_the_production_pages_name_this_release_and_the_one_before():
+    """The install and upgrade pages name the releases once, in the variables their blocks use (RELEASE,
+    PREVIOUS), and the fleet runs the blocks as written: they must be this checkout's release and the
+    changelog's previous one."""
+    from benchmarks.harness.fleet import INSTALL_PAGE, UPGRADE_PAGE, page_blocks, previous_release
+    from chronos import __version__
+    (install,) = page_blocks(INSTALL_PAGE, "release")
+    (upgrade,) = page_blocks(UPGRADE_PAGE, "upgrade releases")
+    assert re.search(rf"^RELEASE={re.escape(__version__)}\b", install, re.M), install
+    assert re.search(rf"^RELEASE={re.escape(__version__)}\b", upgrade, re.M), upgrade
+    assert re.search(rf"^PREVIOUS={re.escape(previous_release())}\b", upgrade, re.M), upgrade
+
 
 def test_the_latest_results_show_each_figure_once():
     """No two lines of the Latest results table read the same figure from the same result file."""

@@ -28,7 +28,7 @@ from typing import Iterator
 
 from kits.fleet.broker import Broker
 from kits.fleet.common import ROOT, FleetError, Servers, wait, write_file
-from kits.fleet.hosts import ChronosHost, ChronosHosts
+from kits.fleet.hosts import SYSTEMCTL, ChronosHost, ChronosHosts
 from kits.fleet.install import build_wheel, install_chronos, page_blocks, previous_release, release_wheel
 from kits.fleet.postgres import ETCD, PatroniCluster
 from kits.fleet.prometheus import Prometheus
@@ -95,6 +95,7 @@ class Fleet:
 
     def close(self) -> list[str]:
         """End everything and delete the namespaces; what would not end."""
+        self.hosts.close_systemd()
         running = [h for h in self.chronos if h.supervisord is not None and h.supervisord.poll() is None]
         if running:  # every host's supervisord stops its programs at the same time, as in a fleet
             with ThreadPoolExecutor(max_workers=len(running)) as pool:
@@ -160,3 +161,5 @@ def require_fleet_tools() -> None:
             raise FleetError(f"{path} is missing: {hint}")
     if shutil.which("setpriv") is None or shutil.which("unshare") is None:
         raise FleetError("setpriv and unshare (util-linux) are missing")
+    if not Path(SYSTEMCTL).exists():  # the hosts' stand-in for systemd is mounted over it
+        raise FleetError(f"{SYSTEMCTL} is missing: apt-get install systemd")

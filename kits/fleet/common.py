@@ -40,6 +40,24 @@ def wait(condition: Callable[[], Any], timeout: float, what: str, every: float =
     raise FleetError(f"{what}: not within {timeout:.0f}s (last: {last!r})")
 
 
+def tell(fifo: Path, text: str, timeout: float = 10.0) -> None:
+    """Write `text` to a FIFO once its reader has it open (within `timeout`; a reader gone is not waited for
+    longer)."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as exc:  # ENXIO: no reader yet
+            if time.monotonic() > end:
+                raise FleetError(f"nobody reads {fifo}: {exc}") from None
+            time.sleep(0.05)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
 def as_user(user: tuple[int, int], argv: list[str]) -> list[str]:
     """`argv` run as `user` (uid, gid) with no supplementary groups."""
     return ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups", "--", *argv]

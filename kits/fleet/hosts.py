@@ -6,7 +6,11 @@ and restarted as `systemctl` would, a page's block run as written, each program'
 What the page cannot give verbatim (the database's address and password, the Kafka client's settings, the
 process counts) is the host's environment file, written here with the page's variables. Each host has its
 own /opt/chronos, where the environments installed once (`venv-<version>`) are mounted and the link `venv`
-is the host's: during a rolling upgrade each host runs the release its link names.
+is the host's: during a rolling upgrade each host runs the release its link names. Each host has its own
+`systemctl` too, a stand-in for systemd, which does not run there: a page's `systemctl restart chronos`
+asks the kit to restart the host's supervisord (`ChronosHosts.systemctl`). The database's two roles are
+the production checklist's: an owner, which migrates from the host's root-only owner.env, and the
+processes' role, which owns nothing.
 """
 
 from __future__ import annotations
@@ -14,19 +18,25 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shlex
 import subprocess
+import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from chronos.telemetry import endpoints
 from kits.fleet.broker import Broker
-from kits.fleet.common import METRICS_PORT, PG_PORT, FleetError, plain_env, wait
+from kits.fleet.common import METRICS_PORT, PG_PORT, FleetError, plain_env, tell, wait, write_file
 from kits.fleet.install import INSTALL_PAGE, OWN_DIRS, SHARED_DIR, mount_points, mount_script, page_blocks
-from kits.fleet.postgres import APP_DATABASE, APP_USER, PatroniCluster
+from kits.fleet.postgres import APP_DATABASE, APP_USER, OWNER, PatroniCluster
 from kits.network import Network
 from kits.stack import http_get
+
+SYSTEMCTL = "/usr/bin/systemctl"  # a host's own is the fleet's stand-in for systemd (ChronosHosts.systemctl)
+SYSTEMCTL_REQUEST, SYSTEMCTL_REPLY = "systemctl.request", "systemctl.reply"  # its FIFOs, in the host's folder
 
 @dataclass
 class ChronosHost:
@@ -72,6 +82,8 @@ class ChronosHosts:
         self.settings = settings or {}
         self.kafka_properties = kafka_properties or {}
         self.release = release
+        self.console_token = f"fleet console {secrets.token_hex(8)}"
+        self.systemd: list[threading.Thread] = []  # each host's stand-in for systemd (`answer_systemctl`)
 
     def __iter__(self):
         return iter(self.all)
@@ -100,7 +112,57 @@ class ChronosHosts:
         link = own_opt / "venv"
         if not link.is_symlink():
             link.symlink_to(f"{SHARED_DIR}/venv-{self.release}" if self.release else os.readlink(self.opt_dir / "venv"))
+        binds[SYSTEMCTL] = self.systemctl(host)
         return mount_script(host.folder / "mounts", binds)
+
+    # -- systemd's stand-in: systemd is not PID 1 on the fleet's hosts -----------------------------------
+
+    def systemctl(self, h: ChronosHost) -> Path:
+        """The host's `systemctl`, mounted over the machine's in the host's own mount namespace, so that a
+        page's `systemctl restart chronos` runs as written: it asks the kit (`answer_systemctl`), which does
+        to the host's supervisord what systemd does with chronos.service; anything else fails, saying so."""
+        request, reply = h.folder / SYSTEMCTL_REQUEST, h.folder / SYSTEMCTL_REPLY
+        for fifo in (request, reply):
+            if not fifo.exists():
+                os.mkfifo(fifo, 0o600)
+        return write_file(h.folder / "systemctl", f"""#!/bin/sh
+# systemd's stand-in on a host of the fleet (kits/fleet/hosts.py), where systemd is not PID 1
+if [ "$#" -ne 2 ] || [ "$1" != restart ] || [ "${{2%.service}}" != chronos ]; then
+    echo "systemctl $*: the fleet's stand-in for systemd knows only restart chronos" >&2
+    exit 1
+fi
+echo "$1" > {shlex.quote(str(request))}
+read -r status < {shlex.quote(str(reply))}
+exit "$status"
+""", 0o755)
+
+    def answer_systemctl(self, h: ChronosHost) -> None:
+        """Answer the host's `systemctl` stand-in until `close_systemd` (on a thread of its own): `restart
+        chronos` is `restart`, which stops supervisord (its programs gracefully) and starts it again, as
+        systemd does."""
+        while True:
+            with open(h.folder / SYSTEMCTL_REQUEST) as fifo:  # until the stand-in (or `close_systemd`) writes
+                verb = fifo.read().strip()
+            if verb == "close":
+                return
+            try:
+                self.restart(h)
+                status = 0
+            except Exception as exc:  # noqa: BLE001 - the stand-in's caller gets the failure, as systemctl's would
+                print(f"systemctl {verb} chronos on {h.name}: {exc}", file=sys.stderr, flush=True)
+                status = 1
+            tell(h.folder / SYSTEMCTL_REPLY, f"{status}\n", timeout=30.0)
+
+    def close_systemd(self) -> None:
+        """Every host's stand-in for systemd ended (before the hosts are stopped)."""
+        for h in self.all:
+            if (h.folder / SYSTEMCTL_REQUEST).exists():
+                try:
+                    tell(h.folder / SYSTEMCTL_REQUEST, "close\n")
+                except FleetError as exc:  # in the middle of a restart: the thread ends with the process
+                    print(f"the stand-in for systemd of {h.name} did not stop: {exc}", file=sys.stderr)
+        for thread in self.systemd:
+            thread.join(10)
 
     def environment(self, host: ChronosHost) -> dict[str, str]:
         """The host's /etc/chronos/env: the page's variables, with this fleet's servers."""
@@ -113,11 +175,13 @@ class ChronosHosts:
             "CHRONOS_FIRERS": str(firers),
             "CHRONOS_DETECTORS": str(detectors),
             "CHRONOS_CONSOLES": "0",
-            "CHRONOS_DATABASE_URL": self.db.database_url,
+            "CHRONOS_DATABASE_URL": self.db.database_url(),
             "PGPASSFILE": "/etc/chronos/pgpass",
             "CHRONOS_KAFKA_BOOTSTRAP_SERVERS": self.kafka.bootstrap_by_name,
             "CHRONOS_KAFKA_PROPERTIES_FILE": "/etc/chronos/kafka.properties",
             "CHRONOS_METRICS_PORT": str(METRICS_PORT),
+            # a secret with a space, as a quoted value: no command line may show it, every process gets it whole
+            "CHRONOS_CONSOLE_TOKEN": self.console_token,
             **self.settings,
         }
 
@@ -125,10 +189,16 @@ class ChronosHosts:
         """The install page's `host` blocks on the host, then its environment file, pgpass and Kafka properties."""
         from chronos.adapters.kafka.clients import EMBEDDED_PROFILE
         self.mounts(host)
+        answer = threading.Thread(target=self.answer_systemctl, args=(host,), name=f"systemctl {host.name}",
+                                  daemon=True)
+        answer.start()
+        self.systemd.append(answer)
         for code in page_blocks(INSTALL_PAGE, "host"):
             self.on(host, code)
         host.env = self.environment(host)
         env_text = "".join(f"{k}={shlex.quote(v)}\n" for k, v in host.env.items())
+        owner_text = "".join(f"{k}={shlex.quote(v)}\n" for k, v in (
+            ("CHRONOS_DATABASE_URL", self.db.database_url(OWNER)), ("PGPASSWORD", self.db.passwords["owner"])))
         props = {**EMBEDDED_PROFILE, **self.kafka_properties}
         self.on(host, "install -o chronos -g chronos -m 0600 /dev/null /etc/chronos/pgpass\n"
                       f"echo '*:{PG_PORT}:{APP_DATABASE}:{APP_USER}:{self.db.passwords['app']}' > /etc/chronos/pgpass\n"
@@ -136,16 +206,19 @@ class ChronosHosts:
                       f"cat > /etc/chronos/kafka.properties <<'EOF'\n"
                       + "".join(f"{k}={v}\n" for k, v in props.items()) + "EOF\n"
                       "install -m 0600 /dev/null /etc/chronos/env\n"
-                      f"cat > /etc/chronos/env <<'EOF'\n{env_text}EOF\n")
+                      f"cat > /etc/chronos/env <<'EOF'\n{env_text}EOF\n"
+                      "install -m 0600 /dev/null /etc/chronos/owner.env\n"
+                      f"cat > /etc/chronos/owner.env <<'EOF'\n{owner_text}EOF\n")
 
     def migrate(self) -> None:
-        """`chronos migrate` on the first host, with the page's function."""
-        self.on(self.all[0], self.chronos_function() + "chronos migrate\n")
+        """The install page's migration, as the database's owner, from the first host."""
+        (code,) = page_blocks(INSTALL_PAGE, "migrate")
+        self.on(self.all[0], code)
 
     def chronos_function(self) -> str:
         """The shell functions of the install page (`chronos`, `supervisorctl`), as a script's first lines."""
         code = page_blocks(INSTALL_PAGE, "check")[0]
-        return "\n".join(line for line in code.splitlines() if re.match(r"^\w+\(\) \{", line)) + "\n"
+        return "\n".join(line for line in code.splitlines() if re.match(r"^\w+\(\) [{(]", line)) + "\n"
 
     # -- on a host -----------------------------------------------------------------------------------
 
@@ -165,20 +238,12 @@ class ChronosHosts:
         return self.on(host, self.chronos_function() + "supervisorctl " + " ".join(map(shlex.quote, args)),
                        check=check).stdout
 
-    def run_block(self, host: ChronosHost | str, code: str, *, timeout: float = 120.0) -> str:
-        """A page's block on a host, with the install page's shell functions; its `systemctl restart chronos`
-        lines are `restart` (the fleet's supervisord is the kit's child, not systemd's). Its output."""
-        out, part = [], []
-        for line in [*code.splitlines(), None]:
-            if line is None or line.strip().startswith("systemctl restart chronos"):
-                if any(x.strip() and not x.lstrip().startswith("#") for x in part):
-                    out.append(self.on(host, self.chronos_function() + "\n".join(part), timeout=timeout).stdout)
-                part = []
-                if line is not None:
-                    self.restart(host)
-            else:
-                part.append(line)
-        return "".join(out)
+    def run_block(self, host: ChronosHost | str, code: str, *, timeout: float = 240.0,
+                  variables: dict[str, str] | None = None) -> str:
+        """A page's block on a host, as written, with the install page's shell functions and the `variables`
+        the page has its reader set (its `systemctl restart chronos` reaches the host's stand-in for systemd).
+        Its output."""
+        return self.on(host, self.chronos_function() + code, timeout=timeout, env=plain_env(**(variables or {}))).stdout
 
     def health(self, host: ChronosHost | str, program: str, timeout: float = 1.0) -> tuple[int, dict[str, Any]]:
         """A program's /healthz, asked from the client host: (status, report); (0, {}) when it does not answer."""
@@ -196,6 +261,10 @@ class ChronosHosts:
         """Run supervisord on the host as the install page's `start` block does (in the foreground, as
         its own child here)."""
         h = self.host(host)
+        env_file = h.folder / "etc" / "env"
+        if env_file.exists():  # supervisord's numprocs: the counts of the environment file it starts with
+            for role, count in re.findall(r"^CHRONOS_(CONSUMER|FIRER|DETECTOR)S=(\d+)$", env_file.read_text(), re.M):
+                h.counts[role.lower()] = int(count)
         h.starts = {p: h.log(p).count("starting: node") for p in h.programs()}
         (code,) = page_blocks(INSTALL_PAGE, "start")
         argv = self.net.command(h.name, [str(h.folder / "mounts"), "bash", "-euo", "pipefail", "-c", code])

@@ -2,10 +2,12 @@
 installed from: this checkout's, and an earlier release's (built from the commit CHANGELOG.md records).
 
 The install page's blocks are found by their markers (`<!-- fleet: TAG -->` before a fenced block) and run
-as written: `once` (the system user, the virtual environment from the wheel: one environment shared by
-every host), `host` (the shipped files, on each host), `start` (supervisord), `check` (once a host is up,
-and the page's shell functions). Each host has its own /etc/chronos, /run/chronos, /var/log/chronos,
-/var/lib/chronos, /etc/systemd/system and /etc/hosts, bind-mounted in a mount namespace of its own.
+as written: `release` and `once` (the system user, the virtual environment from the wheel: one environment
+shared by every host), `host` (the shipped files, on each host), `migrate` (as the database's owner, on the
+first), `start` (supervisord), `check` (once a host is up, and the page's shell functions). An earlier
+release is installed beside by the upgrade page's `install beside`. Each host has its own /etc/chronos,
+/run/chronos, /var/log/chronos, /var/lib/chronos, /etc/systemd/system and /etc/hosts, bind-mounted in a
+mount namespace of its own.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from kits.fleet.common import ROOT, FleetError, plain_env, write_file
 
 INSTALL_PAGE = ROOT / "docs" / "operations" / "host-install.md"
+UPGRADE_PAGE = ROOT / "docs" / "operations" / "upgrading.md"
 CHANGELOG = ROOT / "CHANGELOG.md"
 # what a host's mount namespace gives it of its own (mount point -> directory under the host's folder)
 OWN_DIRS = {"/etc/chronos": "etc", "/run/chronos": "run", "/var/log/chronos": "log", "/var/lib/chronos": "home",
@@ -131,12 +134,11 @@ def wheel_version(wheel: Path) -> str:
 
 def install_chronos(wheel: Path, opt_dir: Path, workdir: Path, *, timeout: float = 600.0) -> Path:
     """Install the package on the fleet's shared /opt/chronos as the install page says (its blocks
-    marked `once`), from the directory that holds `wheel`, with the machine's network (the package
-    registry). Returns the environment the page links as /opt/chronos/venv (here under `opt_dir`).
+    marked `once`, after its `release`), from the directory that holds `wheel`, with the machine's network
+    (the package registry). Returns the environment the page links as /opt/chronos/venv (here under `opt_dir`).
 
-    A wheel of another release than the page's is installed with the page's commands for its own version,
-    in an environment of its own beside the others, and the link is left as it was (Upgrades: "install the
-    new version beside the running one").
+    A wheel of another release than the page's is installed by the upgrade page's `install beside`, with
+    RELEASE its version, in an environment of its own beside the others, and the link is left as it was.
 
     pip also finds the wheels `make test` built into this venv's `wheelhouse` (psycopg-c, compiled against
     the same libpq): the page's command runs as written, as on a site with a wheelhouse, without a
@@ -151,16 +153,17 @@ def install_chronos(wheel: Path, opt_dir: Path, workdir: Path, *, timeout: float
     mount_points(list(binds))
     script = mount_script(workdir / "install-mounts", binds)
     wheelhouse = _with_wheelhouse(Path(sys.prefix) / "wheelhouse")
-    for code in page_blocks(INSTALL_PAGE, "once"):
+    if version == page_version:
+        (release,) = page_blocks(INSTALL_PAGE, "release")
+        blocks, variables = [f"{release}\n{code}" for code in page_blocks(INSTALL_PAGE, "once")], {}
+    else:  # the reader's one place for the release: the variable the upgrade page's blocks use
+        blocks, variables = page_blocks(UPGRADE_PAGE, "install beside"), {"RELEASE": version}
+    for code in blocks:
         if "useradd" in code and _user_exists("chronos"):
             continue  # one system user serves every host of this machine
-        if version != page_version:
-            code = "\n".join(line for line in code.replace(page_version, version).splitlines()
-                              if not line.startswith("ln -sfn"))
-            code = code.replace(f"{SHARED_DIR}/venv/", f"{SHARED_DIR}/venv-{version}/")
         done = subprocess.run(["unshare", "--mount", "--propagation", "slave", str(script), "bash", "-euo",
                                "pipefail", "-c", code], cwd=wheel.parent, capture_output=True, text=True,
-                              timeout=timeout, env=plain_env(**wheelhouse))
+                              timeout=timeout, env=plain_env(**wheelhouse, **variables))
         if done.returncode != 0:
             raise FleetError(f"the install page's block failed ({done.returncode}):\n{code}\n{done.stdout}\n{done.stderr}")
     if version != page_version:

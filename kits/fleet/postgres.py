@@ -20,6 +20,7 @@ from kits.stack import http_get
 
 ETCD = Path("/usr/bin/etcd")
 APP_USER = APP_DATABASE = "chronos"
+OWNER = "chronos_owner"  # the database's owner, which migrates; the processes run as APP_USER, which owns nothing
 
 
 class PatroniCluster:
@@ -34,7 +35,7 @@ class PatroniCluster:
         self.members = [f"db-{i + 1}" for i in range(members)]
         self.etcd_hosts = self.members if members == 3 else ["etcd-1"]
         self.archive = workdir / "wal-archive" if archive else None
-        self.passwords = {role: secrets.token_hex(12) for role in ("superuser", "replication", "app")}
+        self.passwords = {role: secrets.token_hex(12) for role in ("superuser", "replication", "app", "owner")}
 
     @property
     def hosts(self) -> list[str]:
@@ -43,11 +44,11 @@ class PatroniCluster:
 
     # -- addresses -------------------------------------------------------------------------------
 
-    @property
-    def database_url(self) -> str:
-        """The application's multi-host URL by name, as the Chronos hosts have it (password in pgpass)."""
+    def database_url(self, user: str = APP_USER) -> str:
+        """The multi-host URL by name of `user` (the application's role by default), as the Chronos hosts have it
+        (the application's password in pgpass, the owner's in the owner's environment file)."""
         hosts = ",".join(f"{m}:{PG_PORT}" for m in self.members)
-        return f"postgresql://{APP_USER}@{hosts}/{APP_DATABASE}?target_session_attrs=read-write&connect_timeout=2"
+        return f"postgresql://{user}@{hosts}/{APP_DATABASE}?target_session_attrs=read-write&connect_timeout=2"
 
     def url(self, *, admin: bool = False, member: str | None = None) -> str:
         """A URL by address with its password, for the test process (in the client host)."""
@@ -146,14 +147,23 @@ class PatroniCluster:
                               timeout=timeout, input=input, env=plain_env(HOME=str(self.workdir), LC_ALL="C"), cwd="/")
 
     def _app_database(self) -> None:
+        """The database and its two roles, as the production checklist's least-privilege role says: the owner,
+        which migrates, and the application's, which reads and writes the rows of the owner's tables."""
         import psycopg
         from psycopg import sql
+        owner, app = sql.Identifier(OWNER), sql.Identifier(APP_USER)
         with self.net.inside("client"):
             with psycopg.connect(self.url(admin=True), autocommit=True) as conn:
-                conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
-                    sql.Identifier(APP_USER), sql.Literal(self.passwords["app"])))
-                conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
-                    sql.Identifier(APP_DATABASE), sql.Identifier(APP_USER)))
+                for role, password in ((owner, self.passwords["owner"]), (app, self.passwords["app"])):
+                    conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(role, sql.Literal(password)))
+                conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(APP_DATABASE), owner))
+                conn.execute(sql.SQL("GRANT CONNECT, TEMPORARY ON DATABASE {} TO {}").format(
+                    sql.Identifier(APP_DATABASE), app))
+            with psycopg.connect(self.url(admin=True).replace("/postgres?", f"/{APP_DATABASE}?"),
+                                 autocommit=True) as conn:
+                conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(app))
+                conn.execute(sql.SQL("ALTER DEFAULT PRIVILEGES FOR ROLE {} IN SCHEMA public "
+                                     "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {}").format(owner, app))
 
     # -- Patroni, as the client host sees it --------------------------------------------------------
 

@@ -444,9 +444,10 @@ def rolling_upgrade(fleet: Fleet, *, rate: float = 300, warmup: float = 5.0, set
     again, on the old release); the second host upgraded; the first rolled back and upgraded again; then the
     schema migrated by the new release, under its running processes. `settle` seconds of load between steps
     (two releases side by side meanwhile)."""
-    (migrate,) = page_blocks(UPGRADING, "upgrade migrate")
-    (upgrade,) = page_blocks(UPGRADING, "upgrade host")
-    (rollback,) = page_blocks(UPGRADING, "rollback host")
+    # each block after the page's releases, as in the shell the reader set them in
+    (releases,) = page_blocks(UPGRADING, "upgrade releases")
+    migrate, upgrade, rollback = (f"{releases}\n{code}" for tag in ("upgrade migrate", "upgrade host", "rollback host")
+                                  for code in page_blocks(UPGRADING, tag))
     first, second = fleet.chronos[0], fleet.chronos[1]
     steps: list[dict[str, Any]] = []
 

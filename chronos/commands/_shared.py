@@ -36,7 +36,9 @@ def add_role_parser(sub: Any, role: str, text: str, handler: Handler) -> None:
 def run_role(role: str, args: argparse.Namespace) -> int:
     """Run this process as `role` (consumer, firer or detector) until it stops; its exit code."""
     from chronos import processes
-    return processes.main(role, config.load(args))
+    settings = config.load(args)
+    # a firer or a detector serves one cell; a consumer, every cell
+    return processes.main(role, settings if role == "consumer" else config.serving_cell(settings))
 
 
 # -- the operators' commands: show, list, cancel, fire-now, reschedule (chronos/ops/inspect.py does the work) --

@@ -589,18 +589,3 @@ def to_environ(settings: Settings) -> dict[str, str]:
 def replace(settings: Settings, **changes: Any) -> Settings:
     return dataclasses.replace(settings, **changes).validate()
 
-
-def serving_cell(settings: Settings, environ: Mapping[str, str] | None = None) -> Settings:
-    """The settings of a firer or detector: with cells, those of the one cell it serves (its database URL and
-    name), CHRONOS_CELL's, else under supervisord the cell at its process number modulo their count, else the
-    first; without cells, the settings as they are."""
-    if not settings.cells:
-        return settings
-    environ = os.environ if environ is None else environ
-    cell = settings.cell
-    if cell is None:
-        num = environ.get("CHRONOS_PROCESS_NUM") or "0"
-        if not num.isdigit():
-            raise ConfigError(f"CHRONOS_PROCESS_NUM must be a whole number, got {num!r}")
-        cell = settings.cells[int(num) % len(settings.cells)][0]
-    return replace(settings, cell=cell, database_url=dict(settings.cells)[cell])

@@ -6,9 +6,10 @@ with an underscore is never a command."""
 from __future__ import annotations
 
 import argparse
+import os
 import uuid
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from chronos import config
 
@@ -38,7 +39,23 @@ def run_role(role: str, args: argparse.Namespace) -> int:
     from chronos import processes
     settings = config.load(args)
     # a firer or a detector serves one cell; a consumer, every cell
-    return processes.main(role, settings if role == "consumer" else config.serving_cell(settings))
+    return processes.main(role, settings if role == "consumer" else serving_cell(settings))
+
+
+def serving_cell(settings: config.Settings, environ: Mapping[str, str] | None = None) -> config.Settings:
+    """The settings of a firer or detector: with cells, those of the one cell it serves (its database URL and
+    name), CHRONOS_CELL's, else under supervisord the cell at its process number modulo their count, else the
+    first; without cells, the settings as they are."""
+    if not settings.cells:
+        return settings
+    environ = os.environ if environ is None else environ
+    cell = settings.cell
+    if cell is None:
+        num = environ.get("CHRONOS_PROCESS_NUM") or "0"
+        if not num.isdigit():
+            raise config.ConfigError(f"CHRONOS_PROCESS_NUM must be a whole number, got {num!r}")
+        cell = settings.cells[int(num) % len(settings.cells)][0]
+    return config.replace(settings, cell=cell, database_url=dict(settings.cells)[cell])
 
 
 # -- the operators' commands: show, list, cancel, fire-now, reschedule (chronos/ops/inspect.py does the work) --

@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from chronos import config
+from chronos.commands._shared import serving_cell
 
 from chronos import logs
 from chronos.errors import ConfigError
@@ -177,10 +178,10 @@ def test_the_cells_go_to_the_programs_and_come_back_from_a_ready_file(tmp_path):
 
 def test_a_firer_or_detector_serves_its_cell_or_the_cells_in_turn_by_process_number():
     s = settings({"CHRONOS_CELLS": CELLS})
-    by_num = [config.serving_cell(s, {"CHRONOS_PROCESS_NUM": str(n)}) for n in range(4)]
+    by_num = [serving_cell(s, {"CHRONOS_PROCESS_NUM": str(n)}) for n in range(4)]
     assert [(x.cell, x.database_url) for x in by_num] == [("a", s.cells[0][1]), ("b", s.cells[1][1])] * 2
-    named = config.serving_cell(settings({"CHRONOS_CELLS": CELLS, "CHRONOS_CELL": "b"}), {"CHRONOS_PROCESS_NUM": "0"})
+    named = serving_cell(settings({"CHRONOS_CELLS": CELLS, "CHRONOS_CELL": "b"}), {"CHRONOS_PROCESS_NUM": "0"})
     assert (named.cell, named.database_url) == ("b", s.cells[1][1])
-    assert config.serving_cell(s, {}).cell == "a"
+    assert serving_cell(s, {}).cell == "a"
     without = settings({"CHRONOS_DATABASE_URL": "postgresql://h/db"})
-    assert config.serving_cell(without, {"CHRONOS_PROCESS_NUM": "3"}) is without
+    assert serving_cell(without, {"CHRONOS_PROCESS_NUM": "3"}) is without

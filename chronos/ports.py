@@ -139,6 +139,12 @@ class Publisher(Protocol):
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any: ...
 
+    def partitions(self, topic: str, timeout: float = 10.0) -> int | None:
+        """How many partitions `topic` has (None when the cluster does not know it), from every topic's
+        metadata (asking for one topic's would let the cluster create it); KafkaUnanswered when it does not
+        answer in time."""
+        ...
+
 
 class StoreHandle(Protocol):
     """What every store is: one connection of one process to the table of waiting messages. One per

@@ -87,7 +87,7 @@ def wait_for_schema(settings: Settings, life: Lifecycle, services: ProcessServic
     statement mode ConfigError: waiting would not fix them.
     """
     outage = Outage(log, first=0.5, cap=10.0)
-    settings.require_database()
+    settings.databases()  # a configuration error now, when there is no database at all
     while life.running:
         try:
             mode = services.check_store()

@@ -1,11 +1,17 @@
 """Cells end to end, with real processes: a firer or a detector serves the one cell CHRONOS_CELL names (or the
-cells in turn by its process number), on that cell's database."""
+cells in turn by its process number), on that cell's database; a consumer writes each message to the cell of its
+input partition."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import psycopg
 
-from helpers import Collector
+from chronos.adapters.postgres.store import Store
+from chronos.client import Scheduler
+from chronos.domain.routing import input_partition
+from helpers import Collector, wait_for
 
 
 def due_row(url: str, mid: str) -> None:
@@ -28,3 +34,36 @@ def test_a_firer_of_one_cell_fires_that_cells_rows_only(processes, broker, topic
     assert [m.value for m in got] == [b"in-b"]
     with psycopg.connect(two_cells["a"]) as conn:
         assert conn.execute("SELECT id FROM chronos_messages").fetchall() == [("in-a",)]
+
+
+def test_a_consumer_writes_each_message_to_its_partitions_cell_and_each_cells_firer_fires_it(processes, broker,
+                                                                                         topics, two_cells):
+    for cell, share in (("a", [0, 1]), ("b", [2, 3])):
+        store = Store(two_cells[cell])
+        store.open_partitions(share, 1)
+        store.close()
+    cells = " ".join(f"{name}={url}" for name, url in two_cells.items())
+    env = {"CHRONOS_CELLS": cells, "CHRONOS_DATABASE_URL": ""}
+    consumer = processes.start("consumer", **env)
+    assert "cells: a (partitions 0-1), b (partitions 2-3)" in processes.wait_for_log(consumer, "cells: ")
+    with Scheduler(broker.bootstrap_servers, input_topic=topics["input"]) as s:
+        ids = [s.send_later(f"k{i}", f"far-{i}", delay=timedelta(hours=1)) for i in range(12)]
+    owner = {p: "a" if p < 2 else "b" for p in range(4)}
+    wanted = {cell: sorted(mid for mid in ids if owner[input_partition(mid, None, 4)] == cell) for cell in two_cells}
+    assert wanted["a"] and wanted["b"]
+    wait_for(lambda: {cell: ids_in(url) for cell, url in two_cells.items()} == wanted, 30, "each row in its cell")
+    # each cell's firer fires what its cell holds
+    collect = Collector(broker.bootstrap_servers, [topics["output"]])
+    for cell in two_cells:
+        processes.start("firer", CHRONOS_CELL=cell, **env)
+    with Scheduler(broker.bootstrap_servers, input_topic=topics["input"]) as s:
+        for i in range(6):
+            s.send_later(f"k{i}", f"soon-{i}", delay=1.0)
+    got = collect.until(lambda ms: len(ms) >= 6, timeout=30)
+    collect.close()
+    assert sorted(m.value for m in got) == sorted(f"soon-{i}".encode() for i in range(6))
+
+
+def ids_in(url: str) -> list[str]:
+    with psycopg.connect(url) as conn:
+        return [r[0] for r in conn.execute("SELECT id FROM chronos_messages ORDER BY id")]

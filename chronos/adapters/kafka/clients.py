@@ -186,6 +186,14 @@ class Producer(confluent_kafka.Producer):
                 on_delivery(err, None)
                 return
 
+    def partitions(self, topic: str, timeout: float = 10.0) -> int | None:
+        """`ports.Publisher.partitions`."""
+        try:
+            found = self.list_topics(timeout=timeout).topics.get(topic)
+        except KafkaException as exc:
+            raise KafkaUnanswered(str(exc)) from None
+        return None if found is None or found.error is not None else len(found.partitions)
+
     def answers(self, timeout: float = 1.0) -> bool:
         """Whether Kafka answers a metadata request (for every topic: asking for one would let a
         producer create it) within `timeout` seconds."""

@@ -147,6 +147,9 @@ class MemoryProducer:
             raise KafkaUnanswered("Kafka does not answer")
         return {name: len(parts) for name, parts in self.kafka.partitions.items()}
 
+    def partitions(self, topic: str, timeout: float = 10.0) -> int | None:
+        return self.list_topics(timeout=timeout).get(topic)
+
 
 class MemoryConsumer:
     """An `InputConsumer` on a `MemoryKafka`: a member of its group once subscribed, reading its

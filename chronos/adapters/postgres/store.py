@@ -26,11 +26,13 @@ class Store(IntakeStatements, ClaimStatements, SettleStatements, DetectStatement
     per thread, as its connection is (see `Session`)."""
 
 
-def role_store(settings: Settings, node_id: uuid.UUID, role: str, *, synchronous_commit: bool = True) -> Store:
-    """A process's own store: the hot path's planner settings, CHRONOS_DATABASE_TIMEOUT_MS as the deadline
-    of every call, an application name that says which process it is (`pg_stat_activity`, `chronos
-    status`), and CHRONOS_DATABASE_POOL_MODE (settled at the process's start: chronos.runtime.process)."""
-    return Store(settings.require_database(), node_id=node_id, hot_path=True, synchronous_commit=synchronous_commit,
+def role_store(settings: Settings, node_id: uuid.UUID, role: str, *, synchronous_commit: bool = True,
+               url: str | None = None) -> Store:
+    """A process's own store (on `url`, a cell's, or CHRONOS_DATABASE_URL): the hot path's planner settings,
+    CHRONOS_DATABASE_TIMEOUT_MS as the deadline of every call, an application name that says which process it
+    is (`pg_stat_activity`, `chronos status`), and CHRONOS_DATABASE_POOL_MODE (settled at the process's start:
+    chronos.runtime.process)."""
+    return Store(url or settings.require_database(), node_id=node_id, hot_path=True, synchronous_commit=synchronous_commit,
                  deadline_s=settings.database_timeout_ms / 1000.0, application_name=application_name(role, node_id),
                  pool_mode=settings.database_pool_mode)
 

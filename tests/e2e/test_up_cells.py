@@ -1,18 +1,22 @@
-"""`chronos up --cells N`: an embedded PostgreSQL per cell, the input partitions assigned among them, the input
-topic created with room for them, the firers and detectors of every cell, and a ready file that names each
-cell; started again, the same cells and map; with fewer cells than its data directory holds, refused."""
+"""`chronos up --cells N` as a newcomer runs it: an embedded PostgreSQL per cell, the input partitions assigned
+among them, the input topic created with room for them, the firers and detectors of every cell, and a ready
+file that names each cell; `chronos send` and `tail` through it, and `status`, `list`, `show` and `cancel`
+asking every cell; started again, the same cells and map; with fewer cells than its data directory holds,
+refused."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 
+import orjson
 import psycopg
 
 from chronos.adapters.kafka.admin import partition_count
 from chronos.adapters.postgres.store import Store
 from chronos.domain.cells import CellPartition
 from chronos.domain.routing import input_partition
-from helpers import Collector, exited
+from helpers import exited
 from kits.stack import CHRONOS, ChronosUp, clean_env
 
 
@@ -28,7 +32,7 @@ def ids_in(url: str) -> set[str]:
         return {r[0] for r in conn.execute("SELECT id FROM chronos_messages")}
 
 
-def test_up_with_two_cells_runs_each_cells_processes_and_keeps_its_map(tmp_path):
+def test_up_with_two_cells_send_tail_status_list_show_cancel_and_start_again(tmp_path):
     up = ChronosUp("--cells", "2", workdir=tmp_path)
     try:
         info = up.start()
@@ -51,12 +55,24 @@ def test_up_with_two_cells_runs_each_cells_processes_and_keeps_its_map(tmp_path)
         far = [chronos(up.ready_file, "send", "--delay", "1h", "--id", f"far-{i}") for i in range(8)]
         by_cell = {cell: {m for m in far if (input_partition(m, None, 8) < 4) == (cell == "cell1")} for cell in cells}
         assert by_cell["cell1"] and by_cell["cell2"]
-        collect = Collector(info["bootstrap_servers"], [info["output_topic"]])
         for i in range(6):
             chronos(up.ready_file, "send", "--delay", "1s", "--id", f"soon-{i}", "--value", f"soon-{i}")
-        got = collect.until(lambda ms: len(ms) >= 6, timeout=30)
-        collect.close()
-        assert sorted(m.value for m in got) == [f"soon-{i}".encode() for i in range(6)]
+        tailed = chronos(up.ready_file, "tail", "--count", "6", "--from-beginning", "--timeout", "30")
+        assert sorted(re.findall(r"value='(soon-\d)'", tailed)) == [f"soon-{i}" for i in range(6)]
+        assert {cell: ids_in(url) for cell, url in cells.items()} == by_cell
+        # the operators' commands ask every cell and say which cell each message is in
+        status = orjson.loads(chronos(up.ready_file, "status", "--json"))
+        assert status["waiting"] == 8
+        assert [(c["cell"], c["waiting"], c["input_partitions"]) for c in status["cells"]] == [
+            ("cell1", len(by_cell["cell1"]), [0, 1, 2, 3]), ("cell2", len(by_cell["cell2"]), [4, 5, 6, 7])]
+        listed = chronos(up.ready_file, "list")
+        assert {(m, c) for m, c in re.findall(r"'(far-\d)'  cell=(cell\d)", listed)} == \
+            {(m, cell) for cell, ms in by_cell.items() for m in ms}
+        one, other = sorted(by_cell["cell1"])[0], sorted(by_cell["cell2"])[0]
+        assert re.search(r"^cell +cell2$", chronos(up.ready_file, "show", other), re.M)
+        cancelled = chronos(up.ready_file, "cancel", one, other)
+        assert cancelled.startswith(f"2 cancelled (cell1 1, cell2 1): {one!r} (cell cell1), {other!r} (cell cell2)")
+        by_cell = {"cell1": by_cell["cell1"] - {one}, "cell2": by_cell["cell2"] - {other}}
         assert {cell: ids_in(url) for cell, url in cells.items()} == by_cell
         pids = [info["supervisord_pid"], info["broker_pid"], *info["cell_postgres_pids"].values(), *up.program_pids()]
         assert up.halt()

@@ -98,6 +98,20 @@ class InputConsumer(Protocol):
 
     def ends(self) -> dict[int, tuple[int, int]]: ...
 
+    def pause_partitions(self, partitions: Sequence[tuple[str, int]]) -> None:
+        """Stop fetching these (topic, partition)s (held by this member) until `resume_partitions`; what was
+        fetched of them and not handed out yet is dropped."""
+        ...
+
+    def resume_partitions(self, partitions: Sequence[tuple[str, int]]) -> None:
+        """Fetch these (topic, partition)s again, from where `seek_partitions` put them (else where it was)."""
+        ...
+
+    def seek_partitions(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Read each (topic, partition) again from this offset: what was read past it and not committed is
+        handed out again."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -5,6 +5,7 @@ messages held until the map says where it went; an input topic of another partit
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 
 import pytest
@@ -16,7 +17,7 @@ from chronos.runtime.process import Lifecycle
 from chronos.telemetry.metrics import ConsumerTelemetry
 from chronos.roles.consumer import ConsumerProcess
 from kafka_double import FakeMessage, FakePublisher, settings
-from test_roles_consumer import FakeConsumer, hdrs, in_1h_ms, wait_for
+from test_roles_consumer import Clock, FakeConsumer, hdrs, in_1h_ms, logged, wait_for
 
 CELLS = "a=postgresql://unused@127.0.0.1:1/a b=postgresql://unused@127.0.0.1:1/b"
 
@@ -34,7 +35,7 @@ class MapReadsCounted(MemoryStore):
 class CellsConsumer:
     """A consumer process over two in-memory cells, a (partitions 0 and 1) and b (2 and 3), run on a thread."""
 
-    def __init__(self, partitions: int = 4, assign: bool = True):
+    def __init__(self, partitions: int = 4, assign: bool = True, clock=time.monotonic):
         self.dbs = {"a": MemoryDatabase(), "b": MemoryDatabase()}
         self.stores = {cell: MemoryStore(db) for cell, db in self.dbs.items()}
         if assign:
@@ -54,7 +55,7 @@ class CellsConsumer:
         self.proc = ConsumerProcess(self.settings, self.life, store=self.cell_stores["a"],
                                     producers=self.publisher.factory(), consumers=consumers,
                                     telemetry=ConsumerTelemetry(uuid.uuid4(), self.settings),
-                                    watchers=lambda: self.input, cells=self.cell_stores)
+                                    watchers=lambda: self.input, cells=self.cell_stores, clock=clock)
         self.thread = threading.Thread(target=self.proc.run)
 
     def rows(self) -> dict[str, list[str]]:
@@ -125,3 +126,52 @@ def test_an_input_topic_of_another_partition_count_than_the_maps_is_refused():
     unassigned = CellsConsumer(assign=False)  # two cells, nothing assigned: no map at all
     with pytest.raises(CellMapError, match="no cell of a, b lists any input partition"):
         unassigned.proc.run()
+
+
+def test_a_cell_that_does_not_answer_has_its_partitions_paused_and_read_again_while_the_others_flow(caplog):
+    caplog.set_level("WARNING", logger="chronos.consumer")
+    with CellsConsumer() as c:
+        assert c.input is not None
+        c.dbs["b"].unavailable = "connection refused"
+        c.input.feed([msg("a0", 0, 10), msg("b2", 2, 30), msg("b3", 3, 40)])
+        wait_for(lambda: c.input.commits, "the commit of what cell a took")
+        assert c.input.commits[0] == ({("in", 0): 11}, {"a": ["a0"], "b": []})
+        assert c.input.paused == {("in", 2), ("in", 3)} and c.input.seeks == [{("in", 2): 30, ("in", 3): 40}]
+        assert logged(caplog, "cell b does not answer: its partitions are paused")
+        # read before the pause took: held back too, never sought forward; cell a's partitions flow on
+        c.input.feed([msg("a1", 1, 20), msg("b2-later", 2, 31)])
+        wait_for(lambda: len(c.input.commits) == 2, "the next commit")
+        assert c.input.commits[1] == ({("in", 1): 21}, {"a": ["a0", "a1"], "b": []})
+        assert c.input.seeks == [{("in", 2): 30, ("in", 3): 40}]
+        c.dbs["b"].unavailable = None
+        wait_for(lambda: c.input.resumed, "cell b's partitions resumed")
+        assert sorted(c.input.resumed) == [("in", 2), ("in", 3)] and c.input.paused == set()
+        assert logged(caplog, "cell b answers again after")
+        # read again from where they were sought back to
+        c.input.feed([msg("b2", 2, 30), msg("b2-later", 2, 31), msg("b3", 3, 40)])
+        wait_for(lambda: len(c.input.commits) == 3, "cell b's part committed")
+        assert c.input.commits[2] == ({("in", 2): 32, ("in", 3): 41}, {"a": ["a0", "a1"], "b": ["b2", "b2-later", "b3"]})
+        assert c.input.group == ["subscribe"]
+
+
+@pytest.mark.parametrize("others_commit_on,leaves", [((2,), True), ((0, 1), False)],
+                         ids=["another-consumer-reaches-the-cell", "the-others-commit-elsewhere-only"])
+def test_the_consumer_leaves_the_group_only_when_another_reaches_the_cell_it_cannot(caplog, others_commit_on, leaves):
+    clock = Clock()
+    with CellsConsumer(clock=clock) as c:
+        assert c.input is not None
+        c.input.group_offsets = {}
+        c.dbs["b"].unavailable = "connection refused"
+        c.input.feed([msg("b3", 3, 40)])
+        wait_for(lambda: c.input.paused, "cell b's partition paused")
+        c.input.group_offsets = {p: 100 for p in others_commit_on}  # another consumer committed there since
+        reads = c.input.progress_reads
+        clock.advance(c.settings.hold_time_ms / 1000.0 + 0.1)
+        wait_for(lambda: c.input.progress_reads > reads, "the others' progress read past the hold time")
+        if leaves:
+            wait_for(lambda: c.input.group[-1] == "unsubscribe", "the consumer to leave the group")
+            assert logged(caplog, "cannot reach PostgreSQL of cell b for")
+        else:
+            c.input.feed([msg("a0", 0, 10)])
+            wait_for(lambda: c.input.commits, "cell a's partitions flowing")
+            assert c.input.group == ["subscribe"]

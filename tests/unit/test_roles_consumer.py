@@ -105,6 +105,23 @@ class FakeConsumer:
         """As the adapter reads them: the position and the cached high watermark, -1 where unknown."""
         return {p: (self.positions.get(p, -1), self.watermarks.get(p, -1)) for p in self.assigned}
 
+    def pause_partitions(self, partitions):
+        with self.lock:
+            self.paused = self.paused | set(partitions)
+
+    def resume_partitions(self, partitions):
+        with self.lock:
+            self.paused = self.paused - set(partitions)
+            self.resumed = self.resumed + sorted(partitions)
+
+    def seek_partitions(self, offsets):
+        with self.lock:
+            self.seeks = self.seeks + [dict(offsets)]
+
+    paused: set = set()     # (topic, partition)s paused now
+    resumed: list = []      # (topic, partition)s resumed, in order
+    seeks: list = []        # each seek's offsets
+
     def commit_offsets(self, offsets, *, wait=False):
         with self.lock:
             if self.refuse_commits:

@@ -144,15 +144,16 @@ class Group:
                 self.watcher = self.watchers()
             return self.watcher.group_progress(self.settings.input_topic, KAFKA_PROBE_S)
 
-    def others_serve(self, before: dict[int, int] | None) -> bool:
-        """Whether another consumer of the group committed since `before` (`progress` then): it
-        reaches what this one cannot, so the partitions are better in its hands. An offset this consumer
-        committed itself (an asynchronous commit landing after `before`) is not the others' progress."""
+    def others_serve(self, before: dict[int, int] | None, partitions: list[int] | None = None) -> bool:
+        """Whether another consumer of the group committed since `before` (`progress` then), on one of
+        `partitions` when given (a cell's): it reaches what this one cannot, so the partitions are better in
+        its hands. An offset this consumer committed itself (an asynchronous commit landing after `before`)
+        is not the others' progress."""
         now = self.progress()
         if before is None or now is None:
             return False
         return any(offset > before.get(partition, -1001) and offset != self.committed_here.get(partition)
-                   for partition, offset in now.items())
+                   for partition, offset in now.items() if partitions is None or partition in partitions)
 
     def serve(self, seconds: float) -> bool:
         """Call the Kafka consumer for `seconds`, the loop's health beating meanwhile; False if stopped

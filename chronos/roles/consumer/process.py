@@ -13,7 +13,7 @@ from chronos.domain.intake import Rules
 from chronos.errors import StoreUnavailable
 from chronos.telemetry.metrics import ConsumerTelemetry, postgres_reached
 from chronos.ports import GroupWatcher, InputConsumer, InputMessage as Message, IntakeStore, KafkaOutage, Publisher
-from chronos.roles.consumer.cells import CellBatches, Cells
+from chronos.roles.consumer.cells import CellBatches, Cells, Written
 from chronos.roles.consumer.group import KAFKA, KAFKA_PROBE_S, Group, OutOfReach, PartitionsLost
 from chronos.roles.consumer.late import LatePath
 from chronos.roles.consumer.sorting import Batch, sort_batch
@@ -60,7 +60,7 @@ class ConsumerProcess:
                                                      clock=clock),
                                     telemetry=telemetry, stats=self.stats, clock=clock)
                        for cell, cell_store in cells.items()}
-            self.cells = Cells(settings, life, writers=writers, rules=self.rules,
+            self.cells = Cells(settings, life, writers=writers, rules=self.rules, group=self.group, clock=clock,
                                partitions=lambda: self.slot.producer.partitions(settings.input_topic))
         self.metrics.follow(lambda: self.stats)
         self.metrics.follow_producer(self.slot.watch)
@@ -96,10 +96,12 @@ class ConsumerProcess:
                 if pending is not None and (real or pending[0].done()):
                     done, pending = pending, None
                     try:
-                        durable = self.finish(*done)
+                        durable = self.finish(*done, pending_batch=batch)
                     except OutOfReach as exc:
                         # the batch read meanwhile (`real`) follows the given-up one: committing it would
                         # skip that one, so it is given up too, and read again with it
+                        if self.cells is not None:
+                            self.cells.forget_down()
                         if not self.group.sit_out(exc, len(done[1]) + len(real), self.wait_for):
                             break
                         continue
@@ -110,6 +112,15 @@ class ConsumerProcess:
                         durable = True  # nothing of it to wait for
                     if not durable:
                         break  # stopped before that batch was durable: it is read again
+                if self.cells is not None and pending is None:
+                    try:
+                        self.cells.look_after()
+                    except OutOfReach as exc:
+                        # the batch read meanwhile is given up with the partitions, and read again by their owner
+                        self.cells.forget_down()
+                        if not self.group.sit_out(exc, len(real), self.wait_for):
+                            break
+                        continue
                 if isinstance(batch, Batch):
                     self.group.outage.ok()
                     pending = (writer.submit(self.writer.write, real, batch, epoch), real, epoch)
@@ -129,14 +140,22 @@ class ConsumerProcess:
             writer.shutdown(wait=True)
             self.close()
 
-    def finish(self, written: Future, messages: list[Message], epoch: int) -> bool:
+    def finish(self, written: Future, messages: list[Message], epoch: int,
+               pending_batch: Batch | CellBatches | None = None) -> bool:
         """Wait for a batch's write; commit its offsets if it is durable and the group's session it was read
         in still holds (after a loss its partitions may be another consumer's, whose offsets a commit
-        would move back). False if it is not durable (stopped first); raises `OutOfReach` or
-        `PartitionsLost` if the write gave it up."""
-        if not written.result():
+        would move back). With cells, only the parts of the cells that answered are committed; the others are
+        held back, with their part of the batch read meanwhile (`pending_batch`). False if it is not durable
+        (stopped first); raises `OutOfReach` or `PartitionsLost` if the write gave it up."""
+        result = written.result()
+        if not result:
             return False
-        if self.group.losses != epoch:
+        if isinstance(result, Written):
+            assert self.cells is not None  # written by cell
+            messages = result.durable
+            if result.down:
+                self.cells.went_down(result, pending_batch if isinstance(pending_batch, CellBatches) else None)
+        if self.group.losses != epoch or not messages:
             return True
         self.group.commit(messages)
         self.group.last_batch = messages

@@ -26,6 +26,11 @@ log = logging.getLogger("chronos.consumer")
 CLOCK_EVERY_S = 10.0  # how often the consumer measures its host's clock against PostgreSQL's
 
 
+class Unreached(Exception):
+    """A cell's PostgreSQL did not answer its part of a poll (failed, or gave no answer within
+    CHRONOS_DATABASE_TIMEOUT_MS): nothing of it is known written."""
+
+
 @dataclass(frozen=True, slots=True)
 class Stored:
     """What writing a batch to the store did: the rows inserted, replaced, cancelled and cancelled in flight,
@@ -60,10 +65,12 @@ class Writer:
         stored = self.store_batch(batch, epoch)
         return stored is not None and self.finish(messages, [(batch, stored)])
 
-    def store_batch(self, batch: Batch, epoch: int | None = None, fence: Fence | None = None) -> Stored | None:
+    def store_batch(self, batch: Batch, epoch: int | None = None, fence: Fence | None = None, *,
+                    give_up: bool = False) -> Stored | None:
         """A batch's store operations written, and which of its late messages' ids are waiting; None if stopped
         first. With a `fence` (cells), `CellMapChanged` when it does not hold, nothing written. Raises as
-        `write` does."""
+        `write` does; with `give_up` (a cell's part), `Unreached` at the first failure, instead of waiting
+        PostgreSQL's outage out: the other cells' parts go on meanwhile."""
         unreached_since: float | None = None
         others_before: dict[int, int] | None = None
         while True:
@@ -80,6 +87,9 @@ class Writer:
                 waiting = self.store.waiting_ids(cast(str, p.message_id) for _, p in batch.late)
                 break
             except StoreUnavailable as exc:
+                if give_up:
+                    self.db_outage.failed(exc)
+                    raise Unreached(str(exc)) from None
                 if unreached_since is None:
                     # out of reach since this first failed try at the latest (a statement PostgreSQL does not
                     # answer fails only CHRONOS_DATABASE_TIMEOUT_MS later), or since the idle probes failed

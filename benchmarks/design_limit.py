@@ -158,7 +158,9 @@ def bucket_schema(count: int) -> tuple[str, ...]:
 
 
 # (e) Lean: the claim that deletes by slices, and only the indexes it needs: the primary key and the share
-# index (no due index, no in-flight index: no row is ever in flight in the table; no key hash index).
+# index (no due index, no in-flight index: no row is ever in flight in the table; no key hash index). And the
+# lease's read on that schema: the claim that deletes still writes a lock record per row (FOR UPDATE, so that
+# a peer's claim skips the row) beside its delete, the lease's read none.
 LEAN = ("DROP INDEX chronos_messages_due", "DROP INDEX chronos_messages_readied", "DROP INDEX chronos_messages_key")
 
 
@@ -276,6 +278,9 @@ VARIANTS = {v.name: v for v in (
     Variant("lean", "(e) the claim that deletes by slices on a schema with only the indexes it needs: the primary "
                     "key and the share index (no due, in-flight or key index)",
             firer="delete", shares=True, baseline="today-shares", schema=LEAN, find_stale=STALE_SESSIONS),
+    Variant("lean-lease", "(e) the lease's plain read of a firer's own slices and its delete by TID, on the lean "
+                          "schema: no row lock, no second row version, two index entries per row",
+            firer="lease", shares=True, baseline="today-shares", schema=LEAN, find_stale=None),
 )}
 
 

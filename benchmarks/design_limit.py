@@ -334,7 +334,8 @@ def copy_batches(count: int, run: str, ids: str = "sequential", due_us: int | No
                  spread_us: int = 0) -> list[Batch]:
     """`count` batches of BATCH rows each, ids unique across them (`sequential`: run-batch-row, as the SLA
     harness's load numbers its messages; `uuid`: random, as producers' ids often are), due at `due_us`
-    (default: a second ago) and `spread_us` apart from one row to the next batch's same row."""
+    (default: a second ago) or, with `spread_us`, spread evenly over that many microseconds from it, the
+    batches' rows in turn (each batch holds rows due first and last)."""
     headers = codec.encode_headers(APP_HEADERS)
     due = int(time.time() * 1e6) - 1_000_000 if due_us is None else due_us
     batches = []

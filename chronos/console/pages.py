@@ -261,6 +261,18 @@ async def preview(request: Request) -> Response:
                         in_flight=len(result.in_flight), not_found=len(result.not_found))
 
 
+def _confirmed(console, form, what: str) -> int:
+    """The count a confirmation form confirms (a ValueError when it has none). Above CHRONOS_CONFIRM_ABOVE, as
+    the CLI wants --yes, the count must be typed, not only clicked: a ConfigError saying so (`what` is what the
+    action does, with a place for the threshold)."""
+    expected = int(form.get("expected", ""))
+    typed = form.get("typed", "").replace(",", "").strip()
+    if expected > console.settings.confirm_above and typed != str(expected):
+        raise ConfigError(f"this {what.format(console.settings.confirm_above)} (CHRONOS_CONFIRM_ABOVE): type the "
+                          f"count, {expected:,}, to confirm")
+    return expected
+
+
 async def apply(request: Request) -> Response:
     """Take a confirmed action; refuses when more messages match now than were confirmed."""
     posted = await _action_form(request)
@@ -268,12 +280,7 @@ async def apply(request: Request) -> Response:
         return posted
     console, form, action, target, at = posted
     try:
-        expected = int(form.get("expected", ""))
-        typed = form.get("typed", "").replace(",", "").strip()
-        if expected > console.settings.confirm_above and typed != str(expected):
-            # above CHRONOS_CONFIRM_ABOVE, as the CLI wants --yes: the count typed, not only a click
-            raise ConfigError(f"this changes more than {console.settings.confirm_above:,} messages "
-                              f"(CHRONOS_CONFIRM_ABOVE): type the count, {expected:,}, to confirm")
+        expected = _confirmed(console, form, "changes more than {:,} messages")
         result = await console.reader.call(lambda s: inspect.act(
             s, action, output_topic=console.settings.output_topic, at=at, confirm_above=expected, **target))
     except NeedsConfirmation:
@@ -443,11 +450,7 @@ async def parked_apply(request: Request) -> Response:
         return posted
     console, form, action, target, to = posted
     try:
-        expected = int(form.get("expected", ""))
-        typed = form.get("typed", "").replace(",", "").strip()
-        if expected > console.settings.confirm_above and typed != str(expected):
-            raise ConfigError(f"this acts on more than {console.settings.confirm_above:,} parked messages "
-                              f"(CHRONOS_CONFIRM_ABOVE): type the count, {expected:,}, to confirm")
+        expected = _confirmed(console, form, "acts on more than {:,} parked messages")
         # statement by statement: a replay waits on Kafka between them, and the pages read on meanwhile
         result = await console.reader.call_between(_act_on_parked(console, action, target, to, confirm_above=expected))
     except NeedsConfirmation:

@@ -29,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         limit = config._positive_int("--limit", args.limit)
         page = inspect.list_messages(store, _shared.filters(args, settings, datetime.now(timezone.utc)),
-                                     output_topic=settings.output_topic, limit=limit, after=args.after)
+                                     output_topic=settings.output_topic, limit=limit, after=args.after,
+                                     held_within_ms=settings.hold_time_ms // 2)
     finally:
         store.close()
     if args.json:

@@ -3,6 +3,8 @@ late ids are waiting. Run on the store's session (`session.Session`)."""
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Iterable, Sequence
 
 import psycopg
@@ -11,6 +13,11 @@ from chronos import codec
 from chronos.adapters.postgres.queries import QUERIES
 from chronos.adapters.postgres.session import Session
 from chronos.domain.model import Parked, Row
+from chronos.errors import StoreUnavailable
+
+log = logging.getLogger("chronos.store")
+
+LOCK_RETRY_S = 0.01  # between two tries of a batch that waited for a row's lock up to the lock timeout
 
 
 class IntakeStatements(Session):
@@ -27,7 +34,15 @@ class IntakeStatements(Session):
         and only new ids inserted), COPY the replaces into the session's staging table and
         insert-or-replace from it, and cancel. Returns (inserted, replaced, cancelled,
         cancelled in flight): a cancelled row that a firer had already claimed is deleted all the
-        same (nothing hands it back), but that firer may still publish it."""
+        same (nothing hands it back), but that firer may still publish it; one that a firer's claim
+        that deletes holds is left to it (see `cancel` in queries.sql).
+
+        A row a firer's claim that deletes holds keeps a write of the same id waiting until that
+        firer's transaction ends (a replace; an id read again, in the COPY): the wait ends after
+        the session's lock timeout, and the batch is written again, through the staging table, which
+        leaves ids held alone, until the firer has let the row go (within the hold time, when it
+        hangs: PostgreSQL ends its transaction). A row that stays locked for `lock_wait_s` makes
+        the write fail as PostgreSQL out of reach does (StoreUnavailable)."""
         if not (inserts or replaces or cancels):
             return 0, 0, 0, 0
 
@@ -35,8 +50,8 @@ class IntakeStatements(Session):
             if inserts:
                 try:
                     return write(conn, direct=True)
-                except psycopg.errors.UniqueViolation:
-                    pass  # an id of the batch is waiting already: insert only the others, below
+                except (psycopg.errors.UniqueViolation, psycopg.errors.LockNotAvailable):
+                    pass  # an id of the batch is waiting already (or held by a firer): insert only the others, below
             return write(conn, direct=False)
 
         def write(conn: psycopg.Connection, direct: bool) -> tuple[int, int, int, int]:
@@ -74,7 +89,19 @@ class IntakeStatements(Session):
                         in_flight = sum(claimed)
                         cancelled = len(claimed) - in_flight
             return inserted, replaced, cancelled, in_flight
-        return self._run(run)
+
+        started = time.monotonic()
+        while True:
+            try:
+                return self._run(run)
+            except psycopg.errors.LockNotAvailable:
+                waited = time.monotonic() - started
+                if waited >= self.lock_wait_s:
+                    raise StoreUnavailable(f"a row of the batch stayed locked for {waited:.1f}s (a firer's claim "
+                                           f"that deletes holds it, or another writer)") from None
+                log.debug("a row of the batch is locked (held by a firer until Kafka acknowledges it, for %.1fs "
+                          "so far): writing the batch again", waited)
+                time.sleep(LOCK_RETRY_S)
 
     def waiting_ids(self, ids: Iterable[str]) -> set[str]:
         ids = list(ids)

@@ -62,7 +62,8 @@ def sizes(url: str) -> dict:
 
 
 def measure_disk(count: int, payload: int) -> dict:
-    from chronos.adapters.postgres.store import Store, migrate
+    from chronos.adapters.postgres.migrations import migrate
+    from chronos.adapters.postgres.store import Store
 
     def body(info: dict) -> dict:
         url = info["database_url"]

@@ -146,6 +146,28 @@ def _database_url(name: str, raw: str) -> str | None:
     return raw
 
 
+CELL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
+# where a list of cells is cut: whitespace, or a comma followed by the next cell's `NAME=` (a comma inside a
+# multi-host URL, `postgresql://h1,h2/db`, is followed by a host, never by `NAME=`)
+_CELL_CUT = re.compile(r"\s+|,(?=\s*[A-Za-z0-9][A-Za-z0-9_-]*=)")
+
+
+def parse_cells(name: str, raw: str) -> tuple[tuple[str, str], ...]:
+    """`NAME=URL` pairs, separated by spaces (or commas): each cell's name and PostgreSQL URL, in order."""
+    cells: list[tuple[str, str]] = []
+    for item in filter(None, (part.strip(" ,") for part in _CELL_CUT.split(raw.strip()))):
+        cell, sep, url = item.partition("=")
+        if not sep or not CELL_NAME.fullmatch(cell):
+            raise ConfigError(f"{name} must be NAME=URL pairs separated by spaces (a NAME of letters, digits, - "
+                              f"and _), got {redact_url(item)!r}")
+        if any(cell == known for known, _ in cells):
+            raise ConfigError(f"{name} names cell {cell!r} twice")
+        parsed = _database_url(f"{name} (cell {cell})", url)
+        assert parsed is not None  # `url` is not empty: `item` was cut after its `=`
+        cells.append((cell, parsed))
+    return tuple(cells)
+
+
 def _choice(*choices: str) -> Callable[[str, str], str]:
     def parse(name: str, raw: str) -> str:
         value = raw.lower()
@@ -216,6 +238,13 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("database_url", "PostgreSQL URL (libpq; TLS via sslmode=, sslrootcert=, ... or PGSSL* variables); "
            "default: the embedded PostgreSQL of `chronos up`", _database_url, ""),
+    Option("cells", "the cells, each a PostgreSQL with the input partitions it owns: NAME=URL pairs separated by "
+           "spaces (cell1=postgresql://db-1/chronos cell2=postgresql://db-2/chronos); unset: one cell, "
+           "CHRONOS_DATABASE_URL. The consumers write each message to its partition's cell, the operators' "
+           "commands ask every cell, and a firer or detector serves one (CHRONOS_CELL)", parse_cells, ""),
+    Option("cell", "the cell of CHRONOS_CELLS this firer or detector serves; unset, under supervisord, each "
+           "serves the cells in turn by its process number (process n: the cell at n modulo their count)",
+           _optional_str, ""),
     Option("database_timeout_ms", "a statement PostgreSQL has not answered within this long is given up: the "
            "connection is dropped (a hung server answers no cancel) and opened again, to whichever server of "
            "the URL is the primary then", _positive_int, "5000"),
@@ -304,6 +333,8 @@ OPTIONS: tuple[Option, ...] = (
 @dataclass(frozen=True)
 class Settings:
     database_url: str | None = None
+    cells: tuple[tuple[str, str], ...] = ()
+    cell: str | None = None
     database_timeout_ms: int = 5000
     database_pool_mode: str = "auto"
     kafka_bootstrap_servers: str | None = None
@@ -347,7 +378,17 @@ class Settings:
                 f"CHRONOS_LOOKAHEAD_MS ({self.lookahead_ms}) must be less than half of "
                 f"CHRONOS_HOLD_TIME_MS ({self.hold_time_ms}) so claimed rows are fired long before a peer "
                 f"may take them over")
+        if self.cell is not None and self.cell not in dict(self.cells):
+            raise ConfigError(f"CHRONOS_CELL names cell {self.cell!r}, which CHRONOS_CELLS does not list"
+                              + (f" ({', '.join(name for name, _ in self.cells)})" if self.cells else ""))
         return self
+
+    def databases(self) -> dict[str, str]:
+        """Every cell's database URL by cell name (CHRONOS_CELLS); without cells, CHRONOS_DATABASE_URL as the one
+        cell, named "" (ConfigError when neither is set)."""
+        if self.cells:
+            return dict(self.cells)
+        return {"": self.require_database()}
 
     @property
     def kafka_config(self) -> dict[str, str]:
@@ -367,8 +408,9 @@ class Settings:
         found = [v for k, v in self.kafka_config.items() if k in SECRET_KAFKA_KEYS and v]
         if self.console_token:
             found.append(self.console_token)
-        if self.database_url:
-            found += database_passwords(self.database_url)
+        for url in [self.database_url, *(url for _, url in self.cells)]:
+            if url:
+                found += database_passwords(url)
         return found
 
     def require_database(self) -> str:
@@ -378,7 +420,7 @@ class Settings:
         return self.database_url
 
     def require_services(self) -> "Settings":
-        if not self.database_url:
+        if not self.database_url and not self.cells:
             raise ConfigError("CHRONOS_DATABASE_URL is not set (and no ready file was found): "
                               "start the stack with `chronos up`, or set --database-url")
         if not self.kafka_bootstrap_servers:
@@ -393,7 +435,7 @@ def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None 
     for opt in OPTIONS:
         if only is not None and opt.attr not in only:
             continue
-        shown = "" if opt.attr in ("database_url", "console_token") else f" (default: {opt.default or 'unset'})"
+        shown = "" if opt.attr in ("database_url", "cells", "console_token") else f" (default: {opt.default or 'unset'})"
         group.add_argument(opt.flag, dest=opt.attr, default=None, metavar=opt.env,
                            help=f"{opt.help} [env {opt.env}]{shown}")
     parser.add_argument("--ready-file", default=None,
@@ -401,7 +443,7 @@ def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None 
                              "`chronos up --ready-file` wrote [env CHRONOS_READY_FILE]")
 
 
-READY_KEYS = {"database_url": "database_url", "bootstrap_servers": "kafka_bootstrap_servers",
+READY_KEYS = {"database_url": "database_url", "cells": "cells", "bootstrap_servers": "kafka_bootstrap_servers",
               "input_topic": "input_topic", "output_topic": "output_topic", "dlq_topic": "dlq_topic",
               "kafka_properties": "kafka_properties", "metrics_urls": "console_metrics_urls"}
 
@@ -422,7 +464,7 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | No
         if value is not None:
             raw[opt.attr] = value
     ready_path = find_ready_file(args, environ, default=default_ready_file and not (
-        raw.get("database_url") or raw.get("kafka_bootstrap_servers")))
+        raw.get("database_url") or raw.get("cells") or raw.get("kafka_bootstrap_servers")))
     if ready_path:
         ready = read_ready_file(ready_path)
         for key, attr in READY_KEYS.items():
@@ -540,6 +582,10 @@ def to_environ(settings: Settings) -> dict[str, str]:
             if not value:
                 continue
             value = ",".join(f"{k}={v}" for k, v in value.items())
+        elif opt.attr == "cells":
+            if not value:
+                continue
+            value = " ".join(f"{name}={url}" for name, url in value)
         elif isinstance(value, tuple):
             if not value:
                 continue
@@ -550,3 +596,4 @@ def to_environ(settings: Settings) -> dict[str, str]:
 
 def replace(settings: Settings, **changes: Any) -> Settings:
     return dataclasses.replace(settings, **changes).validate()
+

@@ -108,3 +108,12 @@ class KafkaUnanswered(ChronosError):
     """Kafka did not answer a client's request in time (an outage, or a coordinator out of reach)."""
 
     exit_code = EXIT_UNAVAILABLE
+
+
+class CellMapChanged(ChronosError):
+    """A write to a cell was refused, and rolled back, because the cell no longer owns one of its partitions
+    at the epoch the writer knew (the map changed since it was read): read the map again and write again."""
+
+
+class CellsUnsupported(SchemaError):
+    """A cell's database is at a schema before cells (version 11): `chronos migrate` it."""

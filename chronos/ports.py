@@ -23,6 +23,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
+from chronos.domain.cells import CellPartition, Fence
 from chronos.domain.delivery import DeliveryError
 from chronos.domain.model import Announced, Claimed, Overview, Parked, Row, Stale, Throttled
 from chronos.domain.operators import (HELD_WITHIN_MS, Filters, Listed, Message, ParkedFilters, ParkedMessage,
@@ -97,6 +98,20 @@ class InputConsumer(Protocol):
 
     def ends(self) -> dict[int, tuple[int, int]]: ...
 
+    def pause_partitions(self, partitions: Sequence[tuple[str, int]]) -> None:
+        """Stop fetching these (topic, partition)s (held by this member) until `resume_partitions`; what was
+        fetched of them and not handed out yet is dropped."""
+        ...
+
+    def resume_partitions(self, partitions: Sequence[tuple[str, int]]) -> None:
+        """Fetch these (topic, partition)s again, from where `seek_partitions` put them (else where it was)."""
+        ...
+
+    def seek_partitions(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Read each (topic, partition) again from this offset: what was read past it and not committed is
+        handed out again."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -138,6 +153,12 @@ class Publisher(Protocol):
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any: ...
 
+    def partitions(self, topic: str, timeout: float = 10.0) -> int | None:
+        """How many partitions `topic` has (None when the cluster does not know it), from every topic's
+        metadata (asking for one topic's would let the cluster create it); KafkaUnanswered when it does not
+        answer in time."""
+        ...
+
 
 class StoreHandle(Protocol):
     """What every store is: one connection of one process to the table of waiting messages. One per
@@ -169,10 +190,20 @@ class Presence(Protocol):
 
 
 class IntakeStore(StoreHandle, Presence, Protocol):
-    """The consumer's statements: a batch written, messages parked, which late ids are waiting."""
+    """The consumer's statements: a batch written, messages parked, which late ids are waiting; the input
+    partitions this store's cell owns."""
 
-    def apply(self, inserts: Sequence[Row], replaces: Sequence[Row],
-              cancels: Sequence[str]) -> tuple[int, int, int, int]: ...
+    def apply(self, inserts: Sequence[Row], replaces: Sequence[Row], cancels: Sequence[str],
+              fence: Fence | None = None) -> tuple[int, int, int, int]:
+        """One batch in one transaction: (inserted, replaced, cancelled, cancelled in flight). With a `fence`,
+        checked last in the same transaction: CellMapChanged, and nothing written, when the cell no longer
+        owns the partitions written at the fence's epochs."""
+        ...
+
+    def cell_partitions(self) -> list[CellPartition]:
+        """The input partitions this cell lists, in order (none: it owns every one, or none among several
+        cells); CellsUnsupported on a schema before cells (version 11)."""
+        ...
 
     def park(self, messages: Sequence[Parked]) -> None: ...
 
@@ -292,7 +323,22 @@ class DetectStore(StoreHandle, Presence, Protocol):
     def throttled(self, output_topic: str) -> list[Throttled]: ...
 
 
-class Store(IntakeStore, ClaimStore, SettleStore, DetectStore, Protocol):
+class CellMapStore(StoreHandle, Protocol):
+    """Changes of a cell's list of input partitions, each made once the writes that checked their fence
+    against the list have ended, and before any other write checks it."""
+
+    def open_partitions(self, partitions: Sequence[int], epoch: int) -> list[int]:
+        """List these partitions in this cell, open, at `epoch`; returns those opened (one listed already at
+        `epoch` or higher is left as it is)."""
+        ...
+
+    def close_partitions(self, partitions: Sequence[int]) -> dict[int, int]:
+        """Mark these partitions moving, each at its epoch + 1 (a write fenced at the epoch before is refused
+        from now on); returns partition -> its new epoch, for those this cell lists."""
+        ...
+
+
+class Store(IntakeStore, ClaimStore, SettleStore, DetectStore, CellMapStore, Protocol):
     """Every role's statements: what both stores implement and the contract suite checks."""
 
 

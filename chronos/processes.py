@@ -30,13 +30,15 @@ log = logging.getLogger("chronos")
 
 
 def build_consumer(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> ConsumerProcess:
-    """The consumer with its real adapters: a PostgreSQL store and confluent-kafka clients."""
+    """The consumer with its real adapters: a PostgreSQL store (one per cell, with cells) and confluent-kafka
+    clients."""
+    cells = {cell: role_store(settings, node_id, "consumer", url=url) for cell, url in settings.cells}
     return ConsumerProcess(settings, life,
-                           store=role_store(settings, node_id, "consumer"),
+                           store=next(iter(cells.values())) if cells else role_store(settings, node_id, "consumer"),
                            producers=lambda: make_producer(settings, "consumer producer"),
                            consumers=lambda on_commit: make_consumer(settings, "consumer", on_commit=on_commit),
                            watchers=lambda: make_consumer(settings, "consumer's group watcher")[0],
-                           telemetry=ConsumerTelemetry(node_id, settings))
+                           telemetry=ConsumerTelemetry(node_id, settings), cells=cells or None)
 
 
 def build_firer(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> FirerProcess:
@@ -80,10 +82,12 @@ class Services:
         return f"psycopg {psycopg.pq.__impl__} (libpq {psycopg.pq.version()})"
 
     def check_store(self) -> str:
-        url = self.settings.require_database()
-        with connect(url) as conn:
-            check_schema(conn)
-        mode = pooling.resolve_pool_mode(url, self.settings.database_pool_mode)
+        # a consumer with cells writes to every cell: each must be migrated
+        urls = list(self.settings.databases().values()) if self.role == "consumer" else [self.settings.require_database()]
+        for url in urls:
+            with connect(url) as conn:
+                check_schema(conn)
+        mode = pooling.resolve_pool_mode(urls[0], self.settings.database_pool_mode)
         if mode == pooling.TRANSACTION:
             log.info("PostgreSQL is reached through a pooler in transaction mode (%s=%s): no prepared statements, "
                      "settings and the staging table in each transaction", pooling.SETTING,

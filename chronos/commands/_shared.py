@@ -6,9 +6,10 @@ with an underscore is never a command."""
 from __future__ import annotations
 
 import argparse
+import os
 import uuid
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from chronos import config
 
@@ -36,20 +37,45 @@ def add_role_parser(sub: Any, role: str, text: str, handler: Handler) -> None:
 def run_role(role: str, args: argparse.Namespace) -> int:
     """Run this process as `role` (consumer, firer or detector) until it stops; its exit code."""
     from chronos import processes
-    return processes.main(role, config.load(args))
+    settings = config.load(args)
+    # a firer or a detector serves one cell; a consumer, every cell
+    return processes.main(role, settings if role == "consumer" else serving_cell(settings))
+
+
+def serving_cell(settings: config.Settings, environ: Mapping[str, str] | None = None) -> config.Settings:
+    """The settings of a firer or detector: with cells, those of the one cell it serves (its database URL and
+    name), CHRONOS_CELL's, else under supervisord the cell at its process number modulo their count, else the
+    first; without cells, the settings as they are."""
+    if not settings.cells:
+        return settings
+    environ = os.environ if environ is None else environ
+    cell = settings.cell
+    if cell is None:
+        num = environ.get("CHRONOS_PROCESS_NUM") or "0"
+        if not num.isdigit():
+            raise config.ConfigError(f"CHRONOS_PROCESS_NUM must be a whole number, got {num!r}")
+        cell = settings.cells[int(num) % len(settings.cells)][0]
+    return config.replace(settings, cell=cell, database_url=dict(settings.cells)[cell])
 
 
 # -- the operators' commands: show, list, cancel, fire-now, reschedule (chronos/ops/inspect.py does the work) --
 
-OPERATOR_SETTINGS = ("database_url", "database_pool_mode", "output_topic")
+OPERATOR_SETTINGS = ("database_url", "cells", "database_pool_mode", "output_topic")
 FILTER_FLAGS = ("due_before", "due_after", "topic", "key", "ordering_key", "id_prefix", "state")
 
 
-def operator_store(args: argparse.Namespace):
-    """The settings, and a store on the database they name."""
+def operator_stores(args: argparse.Namespace):
+    """The settings, and a store on each cell's database by cell name (CHRONOS_CELLS; without cells, one on
+    CHRONOS_DATABASE_URL, named "")."""
     from chronos.adapters.postgres.store import Store
     settings = config.load(args)
-    return settings, Store(settings.require_database(), pool_mode=settings.database_pool_mode)
+    return settings, {cell: Store(url, pool_mode=settings.database_pool_mode)
+                      for cell, url in settings.databases().items()}
+
+
+def in_cell(where: dict[str, str], message_id: str) -> str:
+    """` (cell NAME)` after an id, with cells; nothing without."""
+    return f" (cell {where[message_id]})" if message_id in where else ""
 
 
 def add_filter_arguments(p: argparse.ArgumentParser) -> None:
@@ -103,7 +129,7 @@ def run_action(command: str, args: argparse.Namespace) -> int:
     from chronos import logs
     from chronos.ops import inspect
     action = command.replace("-", "_")
-    settings, store = operator_store(args)
+    settings, stores = operator_stores(args)
     logs.setup("operator", str(uuid.uuid4()), settings.log_level, settings.log_format, settings.secrets())
     now = datetime.now(timezone.utc)
     f = filters(args, settings, now) if args.filter else None
@@ -119,22 +145,24 @@ def run_action(command: str, args: argparse.Namespace) -> int:
             raise config.ConfigError("reschedule needs one of --at or --delay")
         at = inspect.parse_time(args.at, now, "--at") if args.at else now + inspect.parse_delay(args.delay)
     try:
-        result = inspect.act(store, action, ids=args.ids, filters=f, output_topic=settings.output_topic,
-                             at=at, dry_run=args.dry_run, confirm_above=settings.confirm_above, yes=args.yes)
+        result = inspect.act_in_cells(stores, action, ids=args.ids, filters=f, output_topic=settings.output_topic,
+                                      at=at, dry_run=args.dry_run, confirm_above=settings.confirm_above, yes=args.yes)
     finally:
-        store.close()
+        for store in stores.values():
+            store.close()
     if args.json:
         print_json(inspect.to_json(result))
     else:
         verb = _DONE[action]
         head = f"would be {verb}" if args.dry_run else verb
         when = f" (to {inspect.iso(result.at)})" if result.at and action == "reschedule" else ""
-        print(f"{result.changed} {head}{when}" + (": " + ", ".join(repr(i) for i in result.sample)
-                                              + (" ..." if result.changed > len(result.sample) else "")
-                                              if result.sample else ""))
+        cells = f" ({', '.join(f'{cell} {n:,}' for cell, n in result.cells.items())})" if result.cells else ""
+        print(f"{result.changed} {head}{when}{cells}"
+              + (": " + ", ".join(repr(i) + in_cell(result.where, i) for i in result.sample)
+                 + (" ..." if result.changed > len(result.sample) else "") if result.sample else ""))
         if result.in_flight:
             print(f"{len(result.in_flight)} in flight (a firer is publishing them), left alone: "
-                  + ", ".join(repr(i) for i in result.in_flight[:inspect.SAMPLE]))
+                  + ", ".join(repr(i) + in_cell(result.where, i) for i in result.in_flight[:inspect.SAMPLE]))
         if result.not_found:
             print(f"{len(result.not_found)} not found: " + ", ".join(repr(i) for i in result.not_found[:inspect.SAMPLE]))
     result.check()

@@ -25,19 +25,21 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """A page of waiting, in-flight and recurring messages matching the filters, with the next cursor."""
     from chronos.ops import inspect
-    settings, store = _shared.operator_store(args)
+    settings, stores = _shared.operator_stores(args)
     try:
         limit = config._positive_int("--limit", args.limit)
-        page = inspect.list_messages(store, _shared.filters(args, settings, datetime.now(timezone.utc)),
+        page = inspect.list_in_cells(stores, _shared.filters(args, settings, datetime.now(timezone.utc)),
                                      output_topic=settings.output_topic, limit=limit, after=args.after,
                                      held_within_ms=settings.hold_time_ms // 2)
     finally:
-        store.close()
+        for store in stores.values():
+            store.close()
     if args.json:
         _shared.print_json(inspect.to_json(page))
         return 0
-    for m in page.items:
-        print(f"{inspect.iso(m.deadline)}  {m.state:<9}  {m.id!r}  topic={m.topic} key={inspect.safe_text(m.key, 32)}"
+    for m, cell in zip(page.items, page.cells or [""] * len(page.items)):
+        print(f"{inspect.iso(m.deadline)}  {m.state:<9}  {m.id!r}" + (f"  cell={cell}" if cell else "")
+              + f"  topic={m.topic} key={inspect.safe_text(m.key, 32)}"
               + (f" ordering_key={m.ordering_key!r}" if m.ordering_key is not None else "")
               + (f" cron={m.cron!r}" if m.cron else "") + (f" firer={m.firer}" if m.firer else ""))
     if not page.items:

@@ -35,6 +35,9 @@ Columns:
                 map column, or a list of {key, value} structs (Spark's Kafka shape, binary values)
 
 Invalid rows are written to --rejects (in the input's format, with a `reason` column).
+
+With cells (CHRONOS_CELLS), each row is written to the cell of the input partition its routing key
+(ordering_key, else id) gives, where the same message sent through Kafka would be.
 """
 
 REPORT_HELP = """\
@@ -95,7 +98,7 @@ def add_parser(sub: Any) -> None:
                    help="repartition the input to this many partitions (default: as read, and at least "
                         "one per core)")
     p.add_argument("--no-progress", action="store_true", help="do not print progress lines")
-    config.add_arguments(p, only=("database_url", "database_pool_mode", "output_topic", "allowed_topics",
+    config.add_arguments(p, only=("database_url", "cells", "database_pool_mode", "output_topic", "allowed_topics",
                                   "timing_advance_ms", "max_lateness_ms"))
     _add_spark_arguments(p)
     p.set_defaults(func=run_schedule)
@@ -127,19 +130,22 @@ def run_schedule(args: argparse.Namespace) -> int:
     from chronos.pipeline import schedule
 
     settings = config.load(args)
-    database_url = settings.require_database()
+    databases = settings.databases()
     if args.partitions is not None and args.partitions <= 0:
         raise ConfigError("--partitions must be greater than 0")
     rules = Rules.from_settings(settings)
     fmt = args.format or _guess_format(args.input)
     # What can be checked without Spark is checked before it starts (several seconds).
     sp.check_local_input(args.input)
-    pool_mode = schedule.check_store(database_url, settings.database_pool_mode)
+    pool_mode = settings.database_pool_mode
+    for url in databases.values():
+        pool_mode = schedule.check_store(url, pool_mode)
     spark = sp.session(args.master, "chronos-pipeline-schedule", _spark_conf(args.conf), args.spark_log_level)
     try:
-        result = schedule.run(spark, input_path=args.input, fmt=fmt, database_url=database_url,
+        result = schedule.run(spark, input_path=args.input, fmt=fmt, database_url=settings.database_url,
                               rules=rules, rejects_path=args.rejects, partitions=args.partitions,
-                              progress=not args.no_progress, check=False, pool_mode=pool_mode)
+                              progress=not args.no_progress, check=False, pool_mode=pool_mode,
+                              cells=dict(settings.cells) or None)
     finally:
         spark.stop()
     print(schedule.summary(result), flush=True)

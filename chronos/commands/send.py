@@ -9,7 +9,7 @@ from typing import Any
 
 from chronos import config
 from chronos.commands._shared import DEADLINE_ECHO_HEADER
-from chronos.errors import UnavailableError
+from chronos.errors import ChronosError, UnavailableError
 
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
@@ -71,5 +71,7 @@ def run(args: argparse.Namespace) -> int:
                                               message_id=args.id, headers=headers, ordering_key=args.ordering_key)
     except TimeoutError as exc:
         raise UnavailableError(f"Kafka at {settings.kafka_bootstrap_servers} did not acknowledge: {exc}") from None
+    except RuntimeError as exc:  # the input topic is missing, or Kafka refused the message
+        raise ChronosError(str(exc)) from None
     print(message_id)
     return 0

@@ -21,17 +21,26 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """One message or schedule, everything the store knows; exit 1 when it is not there."""
     from chronos.ops import inspect
-    settings, store = _shared.operator_store(args)
+    settings, stores = _shared.operator_stores(args)
     try:
-        m = store.show(args.id, output_topic=settings.output_topic)
+        found = inspect.show_in_cells(stores, args.id, output_topic=settings.output_topic)
     finally:
-        store.close()
+        for store in stores.values():
+            store.close()
+    cell, m = found[0] if found else ("", None)
+    also = [other for other, _ in found[1:]]
     if args.json:
-        _shared.print_json(inspect.to_json(m))
+        shown = inspect.to_json(m)
+        if settings.cells and m is not None:
+            shown.update(cell=cell, also_in=also)
+        _shared.print_json(shown)
     elif m is None:
         print(f"{args.id!r}: not_found")
     else:
-        lines = [("id", repr(m.id)), ("state", m.state), *inspect.schedule_facts(m)]
+        lines = [("id", repr(m.id)), ("state", m.state)]
+        if cell:
+            lines.append(("cell", cell + (f" (also in {', '.join(also)})" if also else "")))
+        lines += inspect.schedule_facts(m)
         lines += [("topic", m.topic), ("key", inspect.safe_text(m.key)),
                   ("value", "null" if m.value_size is None else
                    f"{m.value_size:,} bytes {inspect.safe_text(m.value_preview)}"

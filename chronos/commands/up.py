@@ -8,13 +8,15 @@ from typing import Any
 
 from chronos import config
 from chronos.up.programs import ROLES
+from chronos.up.cells import PARTITIONS_PER_CELL
 from chronos.up.stack import EMBEDDED_PARTITIONS, EXTERNAL_PARTITIONS
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("up", help="run the whole stack in the foreground (embedded PostgreSQL and broker "
                                   "unless real ones are configured)")
-    config.add_arguments(p)
+    # the cells it runs are its own (--cells N), not a list of databases
+    config.add_arguments(p, only=tuple(o.attr for o in config.OPTIONS if o.attr not in ("cells", "cell")))
     p.add_argument("--data-dir", default=os.environ.get("CHRONOS_DATA_DIR", ".chronos"),
                    help="where the embedded PostgreSQL keeps its data, and logs go [env CHRONOS_DATA_DIR] "
                         "(default: .chronos)")
@@ -26,7 +28,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--partitions", type=int, default=None,
                    help=f"partitions of the topics it creates (default {EMBEDDED_PARTITIONS} on the embedded broker, "
                         f"whose fetches slow with every batch a partition holds; {EXTERNAL_PARTITIONS} on a real Kafka)")
-    p.add_argument("--pg-port", type=int, default=None, help="port of the embedded PostgreSQL (default: free)")
+    p.add_argument("--cells", type=int, default=1, dest="n_cells", metavar="N",
+                   help="run N cells, each an embedded PostgreSQL with its firers and detectors (--firers and "
+                        "--detectors per cell) and its share of the input partitions; the consumers write each "
+                        f"message to its partition's cell (default 1: one database, no cells). The input topic "
+                        f"gets {PARTITIONS_PER_CELL} partitions per cell unless --partitions says")
+    p.add_argument("--pg-port", type=int, default=None, help="port of the embedded PostgreSQL (default: free; with "
+                   "cells, the first cell's, the next ones following it)")
     p.add_argument("--kafka-port", type=int, default=None, help="port of the embedded broker (default: free)")
     p.add_argument("--broker-memory-warning-mb", metavar="MB",
                    default=os.environ.get("CHRONOS_BROKER_MEMORY_WARNING_MB"),

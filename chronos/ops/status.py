@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from typing import Any, Sequence
 
 from chronos import config
+from chronos.domain.cells import CellMap, ranges
 from chronos.domain.model import NodeLoad, ServerView
 from chronos.adapters.kafka.brokerstats import STATS_ENV, read_stats, rss_bytes
 from chronos.ops import servers
@@ -40,6 +41,57 @@ def to_dict(view: Any, hold_time_ms: int, throttled: Sequence[Any] = (),
         "postgres": postgres,
         "embedded_broker": _broker(broker) if broker else None,
     }
+
+
+def cells_dict(cells: dict[str, dict[str, Any]], cell_map: CellMap, broker: dict[str, Any] | None) -> dict[str, Any]:
+    """The status of several cells (each cell's `to_dict`, without the broker's): the totals of what they hold,
+    each cell's own with its input partitions, and the embedded broker's stats once."""
+    parts = list(cells.values())
+
+    def total(key: str) -> int | None:
+        counts = [d[key] for d in parts if d[key] is not None]
+        return sum(counts) if counts else None
+    overdue = [d["oldest_overdue_s"] for d in parts if d["oldest_overdue_s"] is not None]
+    nexts = [d for d in parts if d["next_deadline"]]
+    soonest = min(nexts, key=lambda d: d["next_deadline_in_s"]) if nexts else None
+    return {
+        "at": max(d["at"] for d in parts),
+        **{key: total(key) for key in ("waiting", "due_now", "in_flight", "past_hold_time", "recurring_schedules",
+                                        "parked")},
+        "waiting_estimated": any(d["waiting_estimated"] for d in parts),
+        "oldest_overdue_s": max(overdue) if overdue else None,
+        "next_deadline": soonest["next_deadline"] if soonest else None,
+        "next_deadline_in_s": soonest["next_deadline_in_s"] if soonest else None,
+        "hold_time_ms": parts[0]["hold_time_ms"],
+        "cells": [{"cell": cell, "input_partitions": cell_map.partitions_of(cell), **d} for cell, d in cells.items()],
+        "embedded_broker": _broker(broker) if broker else None,
+    }
+
+
+def render_cells(d: dict[str, Any]) -> str:
+    """The human-readable status of several cells: the totals, then each cell's status, then the broker's."""
+    def row(label: str, value: Any, note: str = "") -> str:
+        text = f"{value:,}" if isinstance(value, int) else str(value)
+        return f"{label:<22}{text:>12}" + (f"   {note}" if note else "")
+
+    def by_cell(key: str) -> str:
+        return ", ".join(f"{c['cell']} {c[key]:,}" for c in d["cells"] if c[key] is not None)
+    lines = [f"chronos status at {d['at']}: {len(d['cells'])} cells"]
+    lines.append(row("waiting", d["waiting"], by_cell("waiting") + (" (estimate)" if d["waiting_estimated"] else "")))
+    lines.append(row("due now", d["due_now"], by_cell("due_now")))
+    lines.append(row("held by firers", d["in_flight"], by_cell("in_flight")))
+    overdue = d["oldest_overdue_s"]
+    lines.append(row("oldest overdue", "-" if overdue is None else _seconds(overdue)))
+    lines.append(row("past hold time", d["past_hold_time"], by_cell("past_hold_time")))
+    lines.append(row("next deadline", f"in {_seconds(d['next_deadline_in_s'])}" if d["next_deadline"] else "-",
+                     d["next_deadline"] or ""))
+    for c in d["cells"]:
+        lines += ["", f"cell {c['cell']}: input partitions {ranges(c['input_partitions']) if c['input_partitions'] else 'all'}"]
+        lines += ["  " + line for line in render(c).splitlines()[1:]]
+    b = d.get("embedded_broker")
+    if b:
+        lines += [""] + render_broker(b, row)
+    return "\n".join(lines)
 
 
 def postgres_dict(server: ServerView, held: Sequence[NodeLoad] = (),

@@ -87,7 +87,7 @@ def wait_for_schema(settings: Settings, life: Lifecycle, services: ProcessServic
     statement mode ConfigError: waiting would not fix them.
     """
     outage = Outage(log, first=0.5, cap=10.0)
-    settings.require_database()
+    settings.databases()  # a configuration error now, when there is no database at all
     while life.running:
         try:
             mode = services.check_store()
@@ -178,9 +178,12 @@ def run_process(role: str, settings: Settings, body: Callable[[Settings, uuid.UU
         log.warning("%s: supervisord is gone; not starting", role)
         return 0
     current, wait = _begin(record) if record is not None else (None, 0.0)
+    database = redact_url(settings.database_url or "") if settings.cell is None or not settings.database_url else \
+        f"{redact_url(settings.database_url)} (cell {settings.cell})"
+    if settings.cells and settings.cell is None:
+        database = "cells " + ", ".join(f"{name} {redact_url(url)}" for name, url in settings.cells)
     log.info("%s starting: node %s, pid %d, database %s, kafka %s, header codec %s, %s",
-             role, node_id, os.getpid(), redact_url(settings.database_url or ""), settings.kafka_bootstrap_servers,
-             codec.IMPL, services.clients())
+             role, node_id, os.getpid(), database, settings.kafka_bootstrap_servers, codec.IMPL, services.clients())
     if current is not None and current["crashes"]:
         log.warning("the previous run ended in a crash (%d in a row)%s", current["crashes"],
                     f": waiting {wait:.0f}s before starting" if wait else "")

@@ -251,8 +251,9 @@ class Telemetry:
         self.healthy.set_function(lambda: 1.0 if self.health_report()[0] else 0.0)
         self.probe: KafkaProbe | None = None
         self.server: MetricsServer | None = None
-        self.next_announce = 0.0                 # monotonic: when `announce` says again where it serves
-        self.announced: str | None = None        # the /metrics URL last said in the store
+        self.next_announce: dict[int, float] = {}  # id of a store -> monotonic: when `announce` says it there again
+        self.announced: str | None = None        # the /metrics URL last said in a store
+        self.announced_in: set[int] = set()      # ids of the stores it was said in (a consumer's cells: each)
         self.announce_refused = False            # the schema has no chronos_processes (said once in the log)
 
     # -- definitions -----------------------------------------------------------------------
@@ -355,9 +356,9 @@ class Telemetry:
         ANNOUNCE_EVERY_S (`now`: `time.monotonic()`), from the thread that uses `store`: the console and `chronos
         status` find every process of every host there. Its address is CHRONOS_METRICS_ADDRESS, or where that
         is every interface, this host's on its way to PostgreSQL. A failure waits for the next time."""
-        if self.server is None or now < self.next_announce:
+        if self.server is None or now < self.next_announce.get(id(store), 0.0):
             return
-        self.next_announce = now + ANNOUNCE_EVERY_S
+        self.next_announce[id(store)] = now + ANNOUNCE_EVERY_S
         address = None if self.settings.metrics_address in WILDCARDS else self.settings.metrics_address
         try:
             url = store.announce(self.role, self.server.scheme, self.port, address)
@@ -373,16 +374,19 @@ class Telemetry:
         if self.announced != url:
             log.info("told PostgreSQL this process serves %s", url)
         self.announced, self.announce_refused = url, False
+        self.announced_in.add(id(store))
 
     def withdraw(self, store: Any) -> None:
-        """Take back what `announce` said (the process stops); a failure leaves the row to age out."""
-        if self.announced is None:
+        """Take back what `announce` said in `store` (the process stops); a failure leaves the row to age out."""
+        if id(store) not in self.announced_in:
             return
         try:
             store.withdraw()
         except (StoreRejected, StoreUnavailable) as exc:
             log.debug("could not take back where this process served /metrics: %s", exc)
-        self.announced = None
+        self.announced_in.discard(id(store))
+        if not self.announced_in:
+            self.announced = None
 
     def close(self) -> None:
         if self.probe is not None:

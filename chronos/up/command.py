@@ -17,6 +17,8 @@ from chronos.errors import ChronosError
 from chronos.up.programs import ROLES
 from chronos.up.stack import Options, Stack
 
+MAX_CELLS = 16  # embedded PostgreSQL servers on one machine
+
 
 def options(args: argparse.Namespace) -> Options:
     """What the command line and the environment ask for; a config.ConfigError when it makes no sense."""
@@ -32,12 +34,17 @@ def options(args: argparse.Namespace) -> Options:
             raise config.ConfigError(f"--{role}s must be between 0 and 64, got {n}")
     if args.partitions is not None and args.partitions < 1:
         raise config.ConfigError(f"--partitions must be at least 1, got {args.partitions}")
+    if not 1 <= args.n_cells <= MAX_CELLS:
+        raise config.ConfigError(f"--cells must be between 1 and {MAX_CELLS}, got {args.n_cells}")
+    if args.n_cells > 1 and args.partitions is not None and args.partitions < args.n_cells:
+        raise config.ConfigError(f"--cells {args.n_cells} needs at least {args.n_cells} partitions (one per cell), "
+                                 f"got --partitions {args.partitions}")
     warning_mb = positive_mb(args.broker_memory_warning_mb)
     return Options(settings, data_dir, counts, partitions=args.partitions, pg_port=args.pg_port,
                    kafka_port=args.kafka_port, ready_file=ready_file,
                    kafka_properties_file=str(Path(args.kafka_properties_file).resolve())
                    if args.kafka_properties_file else None,
-                   broker_warning_bytes=None if warning_mb is None else warning_mb * 2 ** 20)
+                   broker_warning_bytes=None if warning_mb is None else warning_mb * 2 ** 20, cells=args.n_cells)
 
 
 def positive_mb(value: str | None) -> int | None:
@@ -57,6 +64,9 @@ def positive_mb(value: str | None) -> int | None:
 def console(args: argparse.Namespace, opts: Options, log_dir: Path) -> ConsoleProcess | None:
     """The web console to start, unless --no-console or its extra is missing (which is said)."""
     if args.no_console:
+        return None
+    if opts.cells > 1:
+        print(f"console not started: it shows one database, and this stack has {opts.cells} cells", flush=True)
         return None
     why_not = ConsoleProcess.available()
     if why_not:

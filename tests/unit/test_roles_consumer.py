@@ -105,6 +105,23 @@ class FakeConsumer:
         """As the adapter reads them: the position and the cached high watermark, -1 where unknown."""
         return {p: (self.positions.get(p, -1), self.watermarks.get(p, -1)) for p in self.assigned}
 
+    def pause_partitions(self, partitions):
+        with self.lock:
+            self.paused = self.paused | set(partitions)
+
+    def resume_partitions(self, partitions):
+        with self.lock:
+            self.paused = self.paused - set(partitions)
+            self.resumed = self.resumed + sorted(partitions)
+
+    def seek_partitions(self, offsets):
+        with self.lock:
+            self.seeks = self.seeks + [dict(offsets)]
+
+    paused: set = set()     # (topic, partition)s paused now
+    resumed: list = []      # (topic, partition)s resumed, in order
+    seeks: list = []        # each seek's offsets
+
     def commit_offsets(self, offsets, *, wait=False):
         with self.lock:
             if self.refuse_commits:
@@ -209,10 +226,10 @@ def test_the_consumer_measures_its_hosts_clock_against_postgresqls_every_ten_sec
 
 def test_rows_postgres_refuses_are_dead_lettered_one_by_one():
     class RefusingStore(MemoryStore):
-        def apply(self, inserts, replaces, cancels):
+        def apply(self, inserts, replaces, cancels, fence=None):
             if any(r.id == "poison" for r in inserts):
                 raise StoreRejected("invalid byte sequence")
-            return super().apply(inserts, replaces, cancels)
+            return super().apply(inserts, replaces, cancels, fence)
 
     now_ms = NOW // 1000
     msgs = [FakeMessage(hdrs("good", now_ms + 60_000)), FakeMessage(hdrs("poison", now_ms + 60_000))]
@@ -286,9 +303,9 @@ class CountingStore(MemoryStore):
 
     tries = 0
 
-    def apply(self, inserts, replaces, cancels):
+    def apply(self, inserts, replaces, cancels, fence=None):
         self.tries += 1
-        return super().apply(inserts, replaces, cancels)
+        return super().apply(inserts, replaces, cancels, fence)
 
 
 class Running:

@@ -1,7 +1,7 @@
 """The PostgreSQL store: the statements of the consumer, the firer, the detector, `chronos status` and the
 operators, each a method, run on the store's own connection (`session.Session`: its deadline, reconnection
 and error translation). One class per port, each in its own module over the session: `intake`, `claims`,
-`settle`, `detect`, `operators`; `Store` is all of them. The claims stand on `shares` (the firers' leases
+`settle`, `detect`, `operators`, `cells`; `Store` is all of them. The claims stand on `shares` (the firers' leases
 and the claim of a firer's own slices). A firer's session for the claim that deletes is a class apart
 (`takes`: its claims delete). The SQL is in `sql/queries.sql` (`queries.QUERIES`), never in Python.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 
 from chronos import ports
+from chronos.adapters.postgres.cells import CellMapStatements
 from chronos.adapters.postgres.claims import ClaimStatements
 from chronos.adapters.postgres.detect import DetectStatements
 from chronos.adapters.postgres.intake import IntakeStatements
@@ -20,7 +21,8 @@ from chronos.adapters.postgres.takes import TakeStatements
 from chronos.config import Settings
 
 
-class Store(IntakeStatements, ClaimStatements, SettleStatements, DetectStatements, OperatorsStatements):
+class Store(IntakeStatements, ClaimStatements, SettleStatements, DetectStatements, OperatorsStatements,
+            CellMapStatements):
     """The scheduler's table of waiting messages on PostgreSQL: `ports.Store` and `ports.OperatorsStore`. One
     per thread, as its connection is (see `Session`)."""
 
@@ -31,16 +33,17 @@ class Store(IntakeStatements, ClaimStatements, SettleStatements, DetectStatement
 INTAKE_LOCK_TIMEOUT_MS = 500
 
 
-def role_store(settings: Settings, node_id: uuid.UUID, role: str, *, synchronous_commit: bool = True) -> Store:
-    """A process's own store: the hot path's planner settings, CHRONOS_DATABASE_TIMEOUT_MS as the deadline
-    of every call, an application name that says which process it is (`pg_stat_activity`, `chronos
-    status`), and CHRONOS_DATABASE_POOL_MODE (settled at the process's start: chronos.runtime.process). The
-    consumer's waits for a row's lock end after INTAKE_LOCK_TIMEOUT_MS (half the deadline at most), and its
-    writes are tried again (`IntakeStatements.apply`) for up to the hold time."""
+def role_store(settings: Settings, node_id: uuid.UUID, role: str, *, synchronous_commit: bool = True,
+               url: str | None = None) -> Store:
+    """A process's own store (on `url`, a cell's, or CHRONOS_DATABASE_URL): the hot path's planner settings,
+    CHRONOS_DATABASE_TIMEOUT_MS as the deadline of every call, an application name that says which process it
+    is (`pg_stat_activity`, `chronos status`), and CHRONOS_DATABASE_POOL_MODE (settled at the process's start:
+    chronos.runtime.process). The consumer's waits for a row's lock end after INTAKE_LOCK_TIMEOUT_MS (half the
+    deadline at most), and its writes are tried again (`IntakeStatements.apply`) for up to the hold time."""
     lock_timeout = None
     if role == "consumer":
         lock_timeout = max(1, min(INTAKE_LOCK_TIMEOUT_MS, settings.database_timeout_ms // 2))
-    return Store(settings.require_database(), node_id=node_id, hot_path=True, synchronous_commit=synchronous_commit,
+    return Store(url or settings.require_database(), node_id=node_id, hot_path=True, synchronous_commit=synchronous_commit,
                  deadline_s=settings.database_timeout_ms / 1000.0, application_name=application_name(role, node_id),
                  pool_mode=settings.database_pool_mode, lock_timeout_ms=lock_timeout,
                  lock_wait_s=settings.hold_time_ms / 1000.0)
@@ -71,3 +74,4 @@ _SETTLE_PORT: type[ports.SettleStore] = SettleStatements
 _DETECT_PORT: type[ports.DetectStore] = DetectStatements
 _OPERATORS_STATEMENTS_PORT: type[ports.OperatorsStore] = OperatorsStatements
 _TAKE_PORT: type[ports.TakeStore] = TakeStatements
+_CELL_MAP_PORT: type[ports.CellMapStore] = CellMapStatements

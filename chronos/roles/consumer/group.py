@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, Callable, cast
 
@@ -69,6 +70,7 @@ class Group:
         self.throttle = Throttle(log)
         self.consumer, self.outage = consumers(self.on_committed)
         self.watchers, self.watcher = watchers, cast(GroupWatcher | None, None)
+        self.watching = threading.Lock()
         self.uncommitted: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset, not committed yet
         self.committed_here: dict[int, int] = {}  # input partition -> the offset this consumer committed last
         self.last_batch: list[Message] | None = None
@@ -137,19 +139,21 @@ class Group:
         """The group's committed offset of every input partition (partition -> offset), read by the
         watcher on the writer thread, or None when Kafka does not say in time (its coordinator out of
         reach too)."""
-        if self.watcher is None:
-            self.watcher = self.watchers()
-        return self.watcher.group_progress(self.settings.input_topic, KAFKA_PROBE_S)
+        with self.watching:  # with cells, each cell's writer thread may ask
+            if self.watcher is None:
+                self.watcher = self.watchers()
+            return self.watcher.group_progress(self.settings.input_topic, KAFKA_PROBE_S)
 
-    def others_serve(self, before: dict[int, int] | None) -> bool:
-        """Whether another consumer of the group committed since `before` (`progress` then): it
-        reaches what this one cannot, so the partitions are better in its hands. An offset this consumer
-        committed itself (an asynchronous commit landing after `before`) is not the others' progress."""
+    def others_serve(self, before: dict[int, int] | None, partitions: list[int] | None = None) -> bool:
+        """Whether another consumer of the group committed since `before` (`progress` then), on one of
+        `partitions` when given (a cell's): it reaches what this one cannot, so the partitions are better in
+        its hands. An offset this consumer committed itself (an asynchronous commit landing after `before`)
+        is not the others' progress."""
         now = self.progress()
         if before is None or now is None:
             return False
         return any(offset > before.get(partition, -1001) and offset != self.committed_here.get(partition)
-                   for partition, offset in now.items())
+                   for partition, offset in now.items() if partitions is None or partition in partitions)
 
     def serve(self, seconds: float) -> bool:
         """Call the Kafka consumer for `seconds`, the loop's health beating meanwhile; False if stopped

@@ -847,3 +847,40 @@ SELECT count(*), min(deadline) FROM (
     WHERE readied_at IS NULL AND cron IS NULL AND topic IS NULL AND deadline <= now()
       AND xmax <> ALL (ARRAY(SELECT held_xid FROM (/* include: held_sessions */) AS holders))
     LIMIT %(cap)s) AS due;
+
+-- Cells (chronos/domain/cells.py): the input partitions this database's cell owns.
+
+-- name: has_cell_partitions
+SELECT to_regclass('chronos_cell_partitions');
+
+-- name: cell_partitions
+SELECT partition, epoch, state FROM chronos_cell_partitions ORDER BY partition;
+
+-- name: cell_fence
+-- The last statement of a consumer's write to this cell: the rows of the partitions it wrote, as they are
+-- now, locked to the end of its transaction (FOR SHARE also takes a ROW SHARE lock on the table, which a
+-- change of the map waits for; a change committed while this statement waited for it is seen here).
+SELECT partition, epoch, state FROM chronos_cell_partitions WHERE partition = ANY(%(partitions)s) FOR SHARE;
+
+-- name: cell_fence_whole
+-- The same for the one cell of a map that lists nothing: whether the list is still empty.
+SELECT partition, epoch, state FROM chronos_cell_partitions LIMIT 1 FOR SHARE;
+
+-- name: cell_map_lock
+-- Every change of the map first waits for the writes that checked their fence (cell_fence) to end, and
+-- holds off those that have not, until it commits.
+LOCK TABLE chronos_cell_partitions IN EXCLUSIVE MODE;
+
+-- name: open_cell_partitions
+-- Open partitions in this cell at an epoch: a partition it lists already at this epoch or a higher one
+-- is left as it is (and not returned).
+INSERT INTO chronos_cell_partitions AS c (partition, epoch, state)
+SELECT p, %(epoch)s, 'open' FROM unnest(%(partitions)s::int[]) AS p
+ON CONFLICT (partition) DO UPDATE SET epoch = EXCLUDED.epoch, state = 'open' WHERE c.epoch < EXCLUDED.epoch
+RETURNING partition;
+
+-- name: close_cell_partitions
+-- Partitions on their way to another cell: each one's epoch raised, so that no write fenced at the one
+-- before goes through, and nothing written to it until another cell opens it at a higher epoch.
+UPDATE chronos_cell_partitions SET state = 'moving', epoch = epoch + 1 WHERE partition = ANY(%(partitions)s)
+RETURNING partition, epoch;

@@ -32,7 +32,7 @@ from chronos.adapters.postgres.session import Session
 from chronos.domain import ratelimit
 from chronos.domain.model import Claimed
 from chronos.domain.shares import slice_limits
-from chronos.errors import ClaimContended, StoreUnavailable
+from chronos.errors import ClaimContended, StoreRejected, StoreUnavailable
 from chronos.ports import TokenStore
 
 log = logging.getLogger("chronos.store")
@@ -124,6 +124,9 @@ class TakeStatements(Session):
             c.commit()
         try:
             self._guarded(conn, run)
+        except StoreRejected as exc:  # what a pooler says of a server connection ended under it, say
+            self.close()
+            raise StoreUnavailable(f"the batch could not be committed ({exc}): its rows are back") from None
         except BaseException:
             self.close()  # whatever it did is rolled back with the connection, unless its commit was what failed
             raise

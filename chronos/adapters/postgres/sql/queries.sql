@@ -323,16 +323,20 @@ m.last_error
 -- name: take
 -- The rows a pick chose, deleted by TID in the firer's held transaction. A row taken or stamped by another
 -- firer since the pick is waited for, up to the session's lock_timeout (the batch then rolls back, and the
--- claim goes on with the next one); one changed or deleted meanwhile is left out (the conditions, checked
--- again on its newest version, no longer hold), and with it the rows of its ordering key (TakeStatements).
+-- claim goes on with the next one); one changed or deleted meanwhile is left out (its newest version, checked
+-- again, lies at another TID), and with it the rows of its ordering key (TakeStatements). Joined by TID, with
+-- no other condition (as delete_fired): `ctid = ANY(...)`, or a condition in the words of a partial index's
+-- predicate, and the planner read that index whole instead.
 DELETE FROM chronos_messages AS m
-WHERE m.ctid = ANY(%(ctids)s::tid[]) AND m.readied_at IS NULL AND m.cron IS NULL
+USING unnest(%(ctids)s::tid[]) AS t(ctid)
+WHERE m.ctid = t.ctid
 RETURNING /* include: taken_columns */;
 
 -- name: take_sliced
 -- `take`, each row with its slice (the claim of a firer's own slices: whether one filled its share).
 DELETE FROM chronos_messages AS m
-WHERE m.ctid = ANY(%(ctids)s::tid[]) AND m.readied_at IS NULL AND m.cron IS NULL
+USING unnest(%(ctids)s::tid[]) AS t(ctid)
+WHERE m.ctid = t.ctid
 RETURNING /* include: taken_columns */, hashtext(coalesce(m.ordering_key, m.id)) & 15;
 
 -- name: held_session_settings

@@ -14,7 +14,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("list", help="search waiting, in-flight and recurring messages, a page at a time",
                        description="Messages matching every filter given, in deadline order (id order with "
                                    "--id-prefix); each page prints the cursor of the next.")
-    config.add_arguments(p, only=_shared.OPERATOR_SETTINGS)
+    # the hold time bounds where rows held by a firer's claim that deletes are looked for (in flight)
+    config.add_arguments(p, only=_shared.OPERATOR_SETTINGS + ("hold_time_ms",))
     _shared.add_filter_arguments(p)
     p.add_argument("--limit", default="50", help="messages per page (default 50)")
     p.add_argument("--after", default=None, metavar="CURSOR", help="the cursor printed with the previous page")

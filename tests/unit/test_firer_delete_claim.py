@@ -10,13 +10,14 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
+import pytest
 from confluent_kafka import KafkaError
 
 from chronos import codec
 from chronos.adapters.memory import MemoryStore, MemoryTakes
 from chronos.domain import cron
 from chronos.domain.model import Row
-from chronos.errors import ClaimContended
+from chronos.errors import ClaimContended, StoreUnavailable
 from chronos.roles.firer.claimer import MAX_HELD_BATCHES
 from kafka_double import FakePublisher
 from test_roles_firer import TIMEOUT, Firer, wait_for
@@ -255,3 +256,28 @@ def test_a_stamping_firer_and_a_deleting_one_never_take_the_same_row():
     assert held | stamped >= set(deleting.db.rows) - {"k1", "k2"}
     for later in ({"k1", "k2"} & (held | stamped)):   # a key's later row only with its first, by the same firer
         assert "k0" in (held if later in held else stamped)
+
+
+def test_a_claim_that_finds_postgresql_gone_closes_the_free_sessions_so_the_next_claims_connect_anew():
+    """After a failover every free session's connection is most likely broken: one claim failing on each in turn
+    would add a backoff each."""
+    f = Firer(CHRONOS_BATCH_SIZE="1", **DELETE)
+    f.add("a", "b")
+    batches = f.proc.batches
+    for _ in range(2):
+        f.proc.claimer.claim(time.time())   # two sessions made, each holding a batch
+    for batch in list(batches.open.values()):
+        batch.session.give_back()
+        batches.ended(batch)
+    closed: list = []
+    for session in batches.idle:
+        session.close = lambda session=session: closed.append(session)
+
+    def unavailable(*args, **kwargs):
+        raise StoreUnavailable("server closed the connection unexpectedly")
+    failing = batches.idle[-1]   # the next claim's
+    failing.claim_share = failing.claim = unavailable
+    with pytest.raises(StoreUnavailable):
+        f.proc.claimer.claim(time.time())
+    assert sorted(map(id, closed)) == sorted(map(id, batches.all)) and f.proc.shared.reserved == 0
+    assert sorted(map(id, batches.idle)) == sorted(map(id, batches.all))   # free still: each reconnects when used

@@ -91,6 +91,13 @@ class HeldBatches:
             del self.open[batch.number]
             self.idle.append(batch.session)
 
+    def drop_idle(self) -> None:
+        """Close the free sessions' connections (each opens another when next used): after a claim found
+        PostgreSQL gone, they are most likely broken too, and a claim on each in turn would fail in turn."""
+        with self.lock:  # none of them is taken while it closes
+            for session in self.idle:
+                session.close()
+
     def in_flight(self) -> int:
         """Batches open now."""
         with self.lock:

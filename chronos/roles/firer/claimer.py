@@ -195,9 +195,12 @@ class Claimer(StoreThread[ClaimStore]):
             self.throttle.warning("contended", "%s", exc)
             self.next_claim = now + 0.005
             return
-        except BaseException:  # a claim that failed or was cancelled holds nothing: its room is given back
+        except BaseException as exc:  # a claim that failed or was cancelled holds nothing: its room is given back
             self.shared.count_claimed([], reserved=limit)
             self.release_session(session)
+            if session is not None and isinstance(exc, StoreUnavailable):
+                assert self.batches is not None
+                self.batches.drop_idle()
             raise
         finally:
             self.claiming = None

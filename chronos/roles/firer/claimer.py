@@ -198,15 +198,13 @@ class Claimer(StoreThread[ClaimStore]):
         except BaseException as exc:  # a claim that failed or was cancelled holds nothing: its room is given back
             self.shared.count_claimed([], reserved=limit)
             self.release_session(session)
-            if session is not None and isinstance(exc, StoreUnavailable):
-                assert self.batches is not None
-                self.batches.drop_idle()
+            if isinstance(exc, StoreUnavailable) and session is not None and self.batches is not None:
+                self.batches.drop_idle()  # PostgreSQL is gone: its other free sessions are broken too
             raise
         finally:
             self.claiming = None
-        if session is not None:
+        if session is not None and self.batches is not None:
             if rows:
-                assert self.batches is not None
                 self.batches.hold(session, rows)  # each row carries its batch before anyone else sees it
             else:
                 self.release_session(session)

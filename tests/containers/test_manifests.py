@@ -16,9 +16,8 @@ import yaml
 
 from chronos import __version__
 from chronos.config import OPTIONS
-from kubekit import CRD_GROUP, ROLES, container_of, deployment, documents, pod_spec, resource
+from containerkit import CRD_GROUP, ROLES, ROOT, container_of, deployment, documents, pod_spec, resource
 
-ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "monitoring" / "prometheus-rules.yml"
 PROMTOOL = Path(sys.executable).parent / "promtool"
 # the oldest release whose schemas have every field the manifests use, and the newest the validator knows
@@ -106,3 +105,4 @@ def test_the_network_policy_lets_prometheus_in_on_the_metrics_port_alone():
     (ingress,) = policy["spec"]["ingress"]
     assert ingress["ports"] == [{"port": "metrics", "protocol": "TCP"}]
     assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+

@@ -1,7 +1,8 @@
-"""The Kubernetes manifests (deploy/kubernetes) as the tests read them, and a pod of theirs run by podman as far as
-podman goes: each container of a pod's spec becomes a `podman run` with the same image, arguments, environment,
-secret files, user, read-only root, dropped capabilities and resource limits; what a kubelet would do besides
-(probes, the grace period on stop) the tests do themselves."""
+"""The container tests' kit: the containers page and the image's tag; the Kubernetes manifests (deploy/kubernetes)
+as the tests read them, and a pod of theirs run by podman as far as podman goes: each container of a pod's spec
+becomes a `podman run` with the same image, arguments, environment, secret files, user, read-only root, dropped
+capabilities and memory limit; what a kubelet would do besides (probes, the grace period on stop) the tests do
+themselves."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ from typing import Any, Iterator
 
 import yaml
 
+from chronos import __version__
+
 ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "operations" / "containers.md"
+TAG = f"localhost/chronos:{__version__}"  # what `make image` tags this release's image
 MANIFESTS = ROOT / "deploy" / "kubernetes"
 ROLES = ("consumer", "firer", "detector")
 CRD_GROUP = "monitoring.coreos.com/"  # the Prometheus Operator's kinds, which the API's own schemas do not cover
@@ -48,7 +53,9 @@ def _quantity_mb(quantity: str) -> int:
 def podman_options(workload: dict[str, Any], secret_dir: Path) -> tuple[list[str], dict[str, str]]:
     """The `podman run` options and environment of the (one) container of `workload`'s pod: its environment from the
     ConfigMap and the Secret it names (the Secret's files written under `secret_dir`, mounted where the spec mounts
-    them), its user, read-only root, capabilities and memory limit. The image and arguments are `container_of`'s."""
+    them), its user, its memory limit. The read-only root, the capabilities dropped and no privilege escalation it
+    asks for are what `benchmarks.harness.podman.run` gives every container. The image and arguments are
+    `container_of`'s."""
     pod = pod_spec(workload)
     (container,) = pod["containers"]
     config = resource("ConfigMap", "chronos")["data"]
@@ -68,7 +75,6 @@ def podman_options(workload: dict[str, Any], secret_dir: Path) -> tuple[list[str
     context = container["securityContext"]
     assert context["readOnlyRootFilesystem"] and context["capabilities"]["drop"] == ["ALL"]
     assert context["allowPrivilegeEscalation"] is False
-    options += ["--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
     for mount in container.get("volumeMounts", []):
         volume = volumes[mount["name"]]

@@ -1,0 +1,53 @@
+"""The image `make image` builds: what is in it and what is not, its labels, and a build that finds its inputs
+unchanged remakes nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from benchmarks.harness.fleet import page_blocks
+from benchmarks.harness.podman import make_image, podman
+from chronos import __version__
+from containerkit import PAGE, ROOT, TAG
+
+INSIDE = """
+set -eu
+id -u; id -g
+for tool in gcc cc c++ g++ ld as make cython apt apt-get; do command -v $tool || true; done
+find /usr/include /usr/local/include -name '*.h' 2>/dev/null | head -3
+dpkg-query -W -f '${Package}\\n' | grep -E -- '-dev$|^gcc(-[0-9]+)?$|^g\\+\\+|^cpp|^binutils|^libgcc-[0-9]+-dev' || true
+touch /opt/chronos/probe 2>&1 || true
+python -I -c 'import psycopg, chronos.codec; print(psycopg.pq.__impl__, chronos.codec.IMPL, psycopg.pq.version())'
+"""
+
+
+def test_the_image_runs_as_its_own_user_with_no_compiler_no_headers_and_a_read_only_root(image):
+    done = podman("run", "--rm", "--read-only", "--entrypoint", "/bin/sh", image, "-c", INSIDE)
+    lines = done.stdout.splitlines()
+    assert lines[:2] == ["10001", "10001"], done.stdout
+    assert "Read-only file system" in done.stdout + done.stderr
+    # nothing between the ids and the last line: no compiler, no header, no development package
+    assert [line for line in lines[2:-1] if "Read-only" not in line] == [], done.stdout
+    impl, codec, libpq = lines[-1].split()
+    assert (impl, codec) == ("c", "native") and int(libpq) >= 150000, lines[-1]
+
+
+def test_the_labels_name_the_version_and_the_commit_and_tini_runs_chronos(image):
+    (config,) = json.loads(podman("image", "inspect", image).stdout)
+    labels = config["Config"]["Labels"]
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert labels["org.opencontainers.image.version"] == __version__
+    assert labels["org.opencontainers.image.revision"] in (head, f"{head}-dirty")
+    assert config["Config"]["Entrypoint"] == ["/usr/bin/tini", "--", "/opt/chronos/venv/bin/chronos"]
+    assert config["Config"]["User"] == "10001:10001"
+    assert podman("run", "--rm", image, "--version").stdout.strip() == f"chronos {__version__}"
+
+
+def test_make_image_again_remakes_nothing(images):
+    (build,) = page_blocks(PAGE, "image build")
+    again, output = make_image(build)
+    assert {tag: made.id for tag, made in again.items()} == {tag: made.id for tag, made in images.items()}, output
+    assert all(made.built_s is None for made in again.values()), output
+    assert TAG in again and f"{TAG}-embedded" in again

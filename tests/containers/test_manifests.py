@@ -5,6 +5,7 @@ tests/containers/test_pod.py."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,9 +17,10 @@ import yaml
 
 from chronos import __version__
 from chronos.config import OPTIONS
-from containerkit import CRD_GROUP, ROLES, ROOT, container_of, deployment, documents, pod_spec, resource
+from containerkit import CRD_GROUP, PAGE, ROLES, ROOT, container_of, deployment, documents, pod_spec, resource
 
 RULES = ROOT / "monitoring" / "prometheus-rules.yml"
+MEASURED = ROOT / "benchmarks" / "results" / "2026-11-28" / "containers"
 PROMTOOL = Path(sys.executable).parent / "promtool"
 # the oldest release whose schemas have every field the manifests use, and the newest the validator knows
 KUBERNETES = ("1.29.0", kubernetes_validate.latest_version())
@@ -106,3 +108,29 @@ def test_the_network_policy_lets_prometheus_in_on_the_metrics_port_alone():
     assert ingress["ports"] == [{"port": "metrics", "protocol": "TCP"}]
     assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
 
+
+def test_the_requests_cover_the_measured_figures_the_page_gives():
+    """Each role's requests are at least what one container of it used under the measured load (CPU on average,
+    memory at its highest), and the page's table gives those figures as the result file has them."""
+    measured = json.loads((MEASURED / "resources.json").read_text())
+    page = PAGE.read_text()
+    for role in ROLES:
+        figures = measured["roles"][role]
+        resources = container_of(deployment(role))["resources"]
+        cpu, memory = resources["requests"]["cpu"], resources["requests"]["memory"]
+        limit = resources["limits"]["memory"]
+        assert int(cpu.removesuffix("m")) / 1000 >= figures["cpu_cores_mean"], role
+        # procstat's MB are 2**20 bytes, as Kubernetes's Mi
+        assert int(memory.removesuffix("Mi")) >= figures["rss_mb_max"] and int(limit.removesuffix("Mi")) > int(
+            memory.removesuffix("Mi")), role
+        row = (f"| {role} | {figures['cpu_cores_mean']:.3f} cores | {figures['cpu_cores_max_5s']:.3f} cores | "
+               f"{figures['rss_mb_max']:.1f} MB | {cpu}, {memory} | {limit} |")
+        assert row in page, row
+    assert measured["sent"] == measured["delivered"] and f"{measured['rate']:,.0f} msg/s" in page
+
+
+def test_the_page_gives_the_image_sizes_and_build_times_of_the_result_file():
+    page = " ".join(PAGE.read_text().split())
+    for layer in json.loads((MEASURED / "image.json").read_text()):
+        assert layer["built"], layer  # every layer made, none found up to date
+        assert f"{layer['size'] / 1e6:.0f} MB in {layer['seconds']:.0f} s" in page, layer

@@ -15,12 +15,18 @@ up: $(VENV)/.installed
 # Two workers: tests/fleet, tests/ha (servers of their own) and tests/faults (a stack under load and faults) in
 # one, the rest in the other (tests/conftest.py groups them); PYTEST_WORKERS= runs everything in this process.
 PYTEST_WORKERS ?= -n 2
+# The tests' temporary directories, in /tmp (short paths: Unix sockets live in them) but this checkout's own: the
+# embedded PostgreSQL runs as a user of its own, which must traverse them, and every pytest session resets the
+# machine-wide /tmp/pytest-of-$USER to 0700 when it starts, which stopped the servers of a suite already running
+# from another checkout.
+PYTEST_TEMPROOT ?= /tmp/ct-$(shell printf %s "$(CURDIR)" | cksum | cut -d' ' -f1)
 
 test: $(VENV)/.installed $(BIN)/promtool $(BIN)/prometheus chromium stunnel postgresql-15 pgbouncer patroni fleet containers
-	$(BIN)/ruff check chronos benchmarks tests deploy
+	$(BIN)/ruff check chronos benchmarks tests kits deploy
 	$(BIN)/lint-imports
 	$(BIN)/mypy chronos
-	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(ARGS)
+	mkdir -p $(PYTEST_TEMPROOT)
+	PYTEST_DEBUG_TEMPROOT=$(PYTEST_TEMPROOT) $(BIN)/python -m pytest $(PYTEST_WORKERS) $(ARGS)
 
 # The console's browser tests drive Debian's chromium (Playwright's own browser download is not
 # used). Installed here when missing; without it the browser tests fail rather than skip.
@@ -31,7 +37,7 @@ chromium:
 	  else echo "make test: the console's browser tests need Debian's chromium at $(CHROMIUM): sudo apt-get install chromium" >&2; exit 1; fi; }
 
 # The Kafka TLS tests put Debian's stunnel in front of the embedded broker, whose own TLS cannot be
-# switched on (tests/tlskit.py); the PostgreSQL 15 tests run Debian's postgresql-15 server, the version
+# switched on (kits/tls.py); the PostgreSQL 15 tests run Debian's postgresql-15 server, the version
 # production databases run (tests/pg15). Installed here when missing, like chromium; without them
 # those tests fail with what to install.
 STUNNEL ?= /usr/bin/stunnel4
@@ -50,7 +56,7 @@ postgresql-15:
 	  else echo "make test: the PostgreSQL 15 tests need Debian's server in $(PG15_BIN): sudo apt-get install postgresql-15" >&2; exit 1; fi; }
 
 # The connection-pooler tests put Debian's PgBouncer (1.18 in bookworm) between Chronos and PostgreSQL, in
-# session and transaction mode (tests/pgbouncerkit.py). The tests run their own pgbouncer, as the user that
+# session and transaction mode (kits/pgbouncer.py). The tests run their own pgbouncer, as the user that
 # runs PostgreSQL (pgbouncer refuses to run as root); the package's own service is never started (in a
 # container policy-rc.d forbids it; where it was started anyway it is stopped and disabled here, so
 # nothing listens on 6432 behind the tests' back).
@@ -83,7 +89,7 @@ $(PATRONI_VENV)/.installed:
 	chmod -R a+rX $(PATRONI_VENV)
 	touch $@
 
-# The fleet tests (tests/fleet, benchmarks/harness/fleet.py) make hosts of network namespaces (iproute2), cut
+# The fleet tests (tests/fleet, kits/fleet) make hosts of network namespaces (iproute2), cut
 # them apart with nftables, and install Chronos on them as docs/operations/host-install.md does: a virtual
 # environment of Debian's Python, psycopg's C implementation compiled against libpq (python3-dev, gcc,
 # libpq-dev). Installed here when missing, like stunnel; they need root, as the namespaces do.
@@ -142,7 +148,7 @@ $(VENV)/.installed: pyproject.toml setup.py native/_native.pyx
 	touch $@
 
 # promtool checks the shipped Prometheus rules (tests/e2e/test_ops_files.py), and prometheus evaluates them
-# on the fleet's monitoring host (benchmarks/harness/fleet.py: which alerts fired during each partition). Both
+# on the fleet's monitoring host (kits/fleet/prometheus.py: which alerts fired during each partition). Both
 # are taken out of Debian's prometheus package without installing the package, so no Prometheus service is
 # set up or started. One already on PATH is used instead. No way to get one fails here, with what to do.
 $(BIN)/promtool $(BIN)/prometheus: $(BIN)/%: | $(VENV)/.installed

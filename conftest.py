@@ -57,3 +57,10 @@ def empty_database_url(pg_server) -> Iterator[str]:
     """A fresh database with no schema at all."""
     with _fresh_database(pg_server.url, "e", None) as url:
         yield url
+
+
+@pytest.fixture
+def two_cells(pg_server) -> Iterator[dict[str, str]]:
+    """Two fresh, migrated databases, as the databases of two cells: cell name -> URL."""
+    with _fresh_database(pg_server.url, "ca", TEMPLATE) as a, _fresh_database(pg_server.url, "cb", TEMPLATE) as b:
+        yield {"a": a, "b": b}

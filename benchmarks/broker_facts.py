@@ -30,7 +30,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from benchmarks.harness.report import percentiles
+from kits.figures import percentiles
 from chronos.adapters.kafka.admin import create_topics
 from chronos.adapters.kafka.clients import EMBEDDED_GROUP_TIMEOUTS as PROFILE
 from chronos.embedded.broker import EmbeddedBroker

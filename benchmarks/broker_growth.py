@@ -30,7 +30,7 @@ import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from benchmarks.harness.procstat import cpu_seconds, rss_mb
-from benchmarks.harness.report import percentiles
+from kits.figures import percentiles
 from chronos.adapters.kafka.admin import create_topics
 from chronos.embedded.broker import EmbeddedBroker
 from chronos.embedded.procs import proc_stat

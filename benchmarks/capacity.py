@@ -29,7 +29,7 @@ import orjson
 import psycopg
 
 from benchmarks.harness import report
-from benchmarks.harness.stack import ChronosUp, OwnPostgres, layout_args, run_on
+from kits.stack import ChronosUp, OwnPostgres, layout_args, run_on
 from benchmarks.harness.step import add_step_arguments, run_step
 from benchmarks.harness.step import parse_args as parse_step_args
 from benchmarks.harness.targets import ChronosTarget
@@ -62,7 +62,8 @@ def sizes(url: str) -> dict:
 
 
 def measure_disk(count: int, payload: int) -> dict:
-    from chronos.adapters.postgres.store import Store, migrate
+    from chronos.adapters.postgres.migrations import migrate
+    from chronos.adapters.postgres.store import Store
 
     def body(info: dict) -> dict:
         url = info["database_url"]

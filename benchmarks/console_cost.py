@@ -23,7 +23,7 @@ import orjson
 
 from benchmarks.harness.database import DAY_S, fill_far
 from benchmarks.harness.procstat import CpuMeter
-from benchmarks.harness.stack import ChronosUp, layout_args
+from kits.stack import ChronosUp, layout_args
 from chronos.embedded.procs import descendants
 
 

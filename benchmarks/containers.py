@@ -23,8 +23,8 @@ import orjson
 
 from benchmarks.harness import report
 from benchmarks.harness.database import migrated_postgres
-from benchmarks.harness.faultload import Load, Reader
-from benchmarks.harness.podman import Container, make_image, run
+from kits.traffic import Load, Reader
+from kits.podman import Container, make_image, run
 from benchmarks.harness.procstat import cpu_seconds, rss_mb
 from chronos import __version__
 from chronos.adapters.kafka.admin import create_topics

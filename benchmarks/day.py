@@ -51,7 +51,7 @@ from benchmarks.harness.database import fill_far
 from benchmarks.harness.procstat import CpuMeter
 from benchmarks.harness.records import ACKED, FAILED, Records
 from benchmarks.harness.samplers import BrokerSampler, TableSampler
-from benchmarks.harness.stack import ChronosUp, External, StackFailed, layout_args, run_on
+from kits.stack import ChronosUp, External, StackFailed, layout_args, run_on
 from benchmarks.harness.step import add_layout, add_measurement, parse_delay, resolve_layout, split_argv
 from benchmarks.harness.targets import ChronosTarget, wait_ready
 from chronos.telemetry.endpoints import pick_metrics_base

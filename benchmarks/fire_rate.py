@@ -22,7 +22,7 @@ import psycopg
 
 from benchmarks.harness.database import DAY_S, fill_far
 from benchmarks.harness.procstat import rss_mb
-from benchmarks.harness.stack import ChronosUp, layout_args, supervisor
+from kits.stack import ChronosUp, layout_args, supervisor
 
 
 def load_due(url: str, rows: int, payload: int) -> float:

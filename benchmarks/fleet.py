@@ -1,7 +1,7 @@
 """Network partitions under load on a fleet of hosts on this machine: two Chronos hosts installed from the
 wheel built from this checkout (as docs/operations/host-install.md says), a replicated PostgreSQL (Patroni,
 synchronous replication) and the broker, each host a network namespace, partitions as nftables rules that
-drop packets silently (benchmarks/harness/fleet.py, fleetload.py).
+drop packets silently (kits/fleet).
 
     python -m benchmarks.fleet --out benchmarks/results/DATE/fleet.json          # every scenario, both layouts
     python -m benchmarks.fleet --scenarios host,kafka --cut 30 --layouts 1
@@ -40,8 +40,8 @@ from pathlib import Path
 
 import orjson
 
-from benchmarks.harness.fleet import Fleet, build_wheel, install_chronos, previous_release, release_wheel, require_fleet_tools
-from benchmarks.harness.fleetload import RUNNERS, SCENARIOS, rolling_upgrade
+from kits.fleet import Fleet, build_wheel, install_chronos, previous_release, release_wheel, require_fleet_tools
+from kits.fleet.scenarios import RUNNERS, SCENARIOS, rolling_upgrade
 
 ALL = (*SCENARIOS, "upgrade")
 

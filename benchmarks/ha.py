@@ -36,8 +36,9 @@ from typing import Any, Callable
 
 import orjson
 
-from benchmarks.harness.faultload import Report, Scenario, longest_pause, resumed
-from benchmarks.harness.stack import http_get, layout_args
+from kits.faults import Scenario
+from kits.verdicts import Report, longest_pause, resumed
+from kits.stack import http_get, layout_args
 
 SCENARIOS = ("kill", "switchover", "standby", "freeze", "outage", "firer")
 LOG_SIGNS = ("did not answer within", "another server than before", "postgres unavailable", "is read-only",

@@ -36,7 +36,7 @@ import orjson
 from benchmarks.harness import report
 from benchmarks.harness.database import table_mb
 from benchmarks.harness.procstat import rss_mb
-from benchmarks.harness.stack import ChronosOnPostgres, ChronosUp, External, layout_args, run_on
+from kits.stack import ChronosOnPostgres, ChronosUp, External, layout_args, run_on
 from benchmarks.harness.step import add_step_arguments, parse_args, run_step
 from benchmarks.harness.targets import ChronosTarget
 

@@ -11,7 +11,7 @@ median of each statement and of a whole round, in milliseconds, and each way's a
 
     python -m benchmarks.pooler [--rounds 100] [--batch 2000] [--batch 10] [--durable]
 
-PostgreSQL is the embedded one (fsync off unless --durable), PgBouncer runs as tests/pgbouncerkit.py runs
+PostgreSQL is the embedded one (fsync off unless --durable), PgBouncer runs as kits/pgbouncer.py runs
 it (the Makefile's `pgbouncer` target installs it); all three on this machine, over TCP to 127.0.0.1.
 """
 
@@ -32,7 +32,7 @@ from chronos.adapters.postgres.store import Store
 from chronos.domain.model import Row
 from chronos.embedded.postgres import EmbeddedPostgres
 from chronos.runtime.process import tune_gc
-from tests.pgbouncerkit import PgBouncer
+from kits.pgbouncer import PgBouncer
 
 from benchmarks.harness.database import database_url_for
 

@@ -27,7 +27,7 @@ import orjson
 
 from benchmarks.harness import report
 from benchmarks.harness.database import wait_drained
-from benchmarks.harness.stack import ChronosUp, External, OwnPostgres, StackFailed, layout_args, run_on
+from kits.stack import ChronosUp, External, OwnPostgres, StackFailed, layout_args, run_on
 from benchmarks.harness.step import add_step_arguments, format_cpu, run_step
 from benchmarks.harness.step import parse_args as parse_step_args
 from benchmarks.harness.targets import TARGETS, Target, add_peer_arguments

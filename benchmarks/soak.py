@@ -11,7 +11,7 @@ jitter percentiles (arrival on the output topic − deadline, for messages sent 
 deadline), the recovery time of each kill, and each process's memory (RSS) at the start and the
 end, the embedded PostgreSQL (with its backends) and broker included.
 
-It uses the fault tests' harness (benchmarks/harness/faultload.py), so the soak and the fault scenarios
+It uses the fault tests' harness (kits/faults.py), so the soak and the fault scenarios
 count the same way.
 """
 
@@ -26,8 +26,9 @@ from pathlib import Path
 
 import orjson
 
-from benchmarks.harness.faultload import Scenario, held_rows
-from benchmarks.harness.report import percentiles
+from kits.faults import Scenario
+from kits.traffic import held_rows
+from kits.figures import percentiles
 from chronos.embedded.procs import descendants
 from chronos.adapters.kafka.brokerstats import rss_bytes
 

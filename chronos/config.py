@@ -117,12 +117,55 @@ def _urls(name: str, raw: str) -> tuple[str, ...]:
     return urls
 
 
+def _address(name: str, raw: str) -> str:
+    """A host's address to listen on: an IP address (0.0.0.0 every IPv4 interface, :: every interface) or
+    a host name, with no port."""
+    value = raw.strip()
+    if not value or any(c.isspace() for c in value) or "/" in value or (value.count(":") == 1):
+        raise ConfigError(f"{name} must be an IP address or a host name, without a port, got {raw!r}")
+    return value
+
+
+def _readable_file(name: str, raw: str) -> str | None:
+    """A file a process reads when it starts the part that needs it (where its content is checked): here, that
+    it can be read."""
+    if not raw:
+        return None
+    try:
+        Path(raw).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read {raw}: {exc.strerror}") from None
+    return raw
+
+
 def _database_url(name: str, raw: str) -> str | None:
     if not raw:
         return None
     if not raw.startswith(("postgresql://", "postgres://")):  # libpq's own test of a URI
         raise ConfigError(f"{name} must be a postgresql:// URL, got {redact_url(raw)!r}")
     return raw
+
+
+CELL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
+# where a list of cells is cut: whitespace, or a comma followed by the next cell's `NAME=` (a comma inside a
+# multi-host URL, `postgresql://h1,h2/db`, is followed by a host, never by `NAME=`)
+_CELL_CUT = re.compile(r"\s+|,(?=\s*[A-Za-z0-9][A-Za-z0-9_-]*=)")
+
+
+def parse_cells(name: str, raw: str) -> tuple[tuple[str, str], ...]:
+    """`NAME=URL` pairs, separated by spaces (or commas): each cell's name and PostgreSQL URL, in order."""
+    cells: list[tuple[str, str]] = []
+    for item in filter(None, (part.strip(" ,") for part in _CELL_CUT.split(raw.strip()))):
+        cell, sep, url = item.partition("=")
+        if not sep or not CELL_NAME.fullmatch(cell):
+            raise ConfigError(f"{name} must be NAME=URL pairs separated by spaces (a NAME of letters, digits, - "
+                              f"and _), got {redact_url(item)!r}")
+        if any(cell == known for known, _ in cells):
+            raise ConfigError(f"{name} names cell {cell!r} twice")
+        parsed = _database_url(f"{name} (cell {cell})", url)
+        assert parsed is not None  # `url` is not empty: `item` was cut after its `=`
+        cells.append((cell, parsed))
+    return tuple(cells)
 
 
 def _choice(*choices: str) -> Callable[[str, str], str]:
@@ -195,6 +238,13 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("database_url", "PostgreSQL URL (libpq; TLS via sslmode=, sslrootcert=, ... or PGSSL* variables); "
            "default: the embedded PostgreSQL of `chronos up`", _database_url, ""),
+    Option("cells", "the cells, each a PostgreSQL with the input partitions it owns: NAME=URL pairs separated by "
+           "spaces (cell1=postgresql://db-1/chronos cell2=postgresql://db-2/chronos); unset: one cell, "
+           "CHRONOS_DATABASE_URL. The consumers write each message to its partition's cell, the operators' "
+           "commands ask every cell, and a firer or detector serves one (CHRONOS_CELL)", parse_cells, ""),
+    Option("cell", "the cell of CHRONOS_CELLS this firer or detector serves; unset, under supervisord, each "
+           "serves the cells in turn by its process number (process n: the cell at n modulo their count)",
+           _optional_str, ""),
     Option("database_timeout_ms", "a statement PostgreSQL has not answered within this long is given up: the "
            "connection is dropped (a hung server answers no cancel) and opened again, to whichever server of "
            "the URL is the primary then", _positive_int, "5000"),
@@ -242,15 +292,27 @@ OPTIONS: tuple[Option, ...] = (
     Option("log_format", "log format", _choice("text", "json"), "text"),
     Option("metrics_port", "port of /metrics and /healthz (0: off); under supervisord, base + role offset "
            "(consumer 0, firer 100, detector 200) + CHRONOS_PROCESS_NUM", _port, "0"),
+    Option("metrics_address", "address /metrics and /healthz listen on: 0.0.0.0 (every IPv4 interface), :: (every "
+           "interface), or one address of the host, such as its address on the network Prometheus scrapes from; "
+           "also the address `chronos targets` lists and the console is told to reach the process at", _address,
+           "0.0.0.0"),
+    Option("metrics_web_config_file", "TLS and basic authentication for /metrics: a web configuration file as "
+           "Prometheus's exporters read it (tls_server_config: cert_file, key_file, min_version; basic_auth_users: "
+           "name: bcrypt hash). /healthz answers without a password, over HTTPS too", _readable_file, ""),
+    Option("metrics_scrape_config_file", "how the console, `chronos status` and `chronos health` reach the "
+           "processes' /metrics once it has a web configuration: a YAML file of Prometheus's scrape settings "
+           "(basic_auth: username, password_file; tls_config: ca_file, server_name, insecure_skip_verify)",
+           _readable_file, ""),
     Option("health_window_ms", "/healthz fails when the loop, PostgreSQL or Kafka was last ok longer ago",
            _positive_int, "10000"),
     Option("console_host", "address the web console listens on", _str, "127.0.0.1"),
     Option("console_port", "port of the web console", _port, "9700"),
-    Option("console_token", "token that unlocks the web console's actions (cancel, fire now, reschedule); "
-           "unset: the console is read-only", _console_token, ""),
-    Option("console_metrics_urls", "comma-separated /metrics URLs of the processes, for the console's rates "
-           "and lateness and the PostgreSQL server each process uses (console and `chronos status`; "
-           "`chronos up` fills it in)", _urls, ""),
+    Option("console_token", "token that unlocks the web console's actions (cancel, fire now, reschedule; replay "
+           "and drop parked messages); unset: the console is read-only", _console_token, ""),
+    Option("console_metrics_urls", "comma-separated /metrics URLs of processes, for the console's rates "
+           "and lateness and the PostgreSQL server each process uses (console, `chronos status`, `chronos "
+           "health`), besides those the processes of every host say in PostgreSQL they serve (console, "
+           "`chronos status`)", _urls, ""),
     Option("confirm_above", "cancel, fire-now and reschedule need --yes to change more messages than this",
            _non_negative_int, "1000"),
     Option("fire_rate_limits", "publish at most this fast to these destination topics, all firers together: "
@@ -264,6 +326,8 @@ OPTIONS: tuple[Option, ...] = (
 @dataclass(frozen=True)
 class Settings:
     database_url: str | None = None
+    cells: tuple[tuple[str, str], ...] = ()
+    cell: str | None = None
     database_timeout_ms: int = 5000
     database_pool_mode: str = "auto"
     kafka_bootstrap_servers: str | None = None
@@ -288,6 +352,9 @@ class Settings:
     log_level: str = "info"
     log_format: str = "text"
     metrics_port: int = 0
+    metrics_address: str = "0.0.0.0"
+    metrics_web_config_file: str | None = None
+    metrics_scrape_config_file: str | None = None
     health_window_ms: int = 10000
     console_host: str = "127.0.0.1"
     console_port: int = 9700
@@ -303,7 +370,17 @@ class Settings:
                 f"CHRONOS_LOOKAHEAD_MS ({self.lookahead_ms}) must be less than half of "
                 f"CHRONOS_HOLD_TIME_MS ({self.hold_time_ms}) so claimed rows are fired long before a peer "
                 f"may take them over")
+        if self.cell is not None and self.cell not in dict(self.cells):
+            raise ConfigError(f"CHRONOS_CELL names cell {self.cell!r}, which CHRONOS_CELLS does not list"
+                              + (f" ({', '.join(name for name, _ in self.cells)})" if self.cells else ""))
         return self
+
+    def databases(self) -> dict[str, str]:
+        """Every cell's database URL by cell name (CHRONOS_CELLS); without cells, CHRONOS_DATABASE_URL as the one
+        cell, named "" (ConfigError when neither is set)."""
+        if self.cells:
+            return dict(self.cells)
+        return {"": self.require_database()}
 
     @property
     def kafka_config(self) -> dict[str, str]:
@@ -323,8 +400,9 @@ class Settings:
         found = [v for k, v in self.kafka_config.items() if k in SECRET_KAFKA_KEYS and v]
         if self.console_token:
             found.append(self.console_token)
-        if self.database_url:
-            found += database_passwords(self.database_url)
+        for url in [self.database_url, *(url for _, url in self.cells)]:
+            if url:
+                found += database_passwords(url)
         return found
 
     def require_database(self) -> str:
@@ -334,7 +412,7 @@ class Settings:
         return self.database_url
 
     def require_services(self) -> "Settings":
-        if not self.database_url:
+        if not self.database_url and not self.cells:
             raise ConfigError("CHRONOS_DATABASE_URL is not set (and no ready file was found): "
                               "start the stack with `chronos up`, or set --database-url")
         if not self.kafka_bootstrap_servers:
@@ -349,7 +427,7 @@ def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None 
     for opt in OPTIONS:
         if only is not None and opt.attr not in only:
             continue
-        shown = "" if opt.attr in ("database_url", "console_token") else f" (default: {opt.default or 'unset'})"
+        shown = "" if opt.attr in ("database_url", "cells", "console_token") else f" (default: {opt.default or 'unset'})"
         group.add_argument(opt.flag, dest=opt.attr, default=None, metavar=opt.env,
                            help=f"{opt.help} [env {opt.env}]{shown}")
     parser.add_argument("--ready-file", default=None,
@@ -357,7 +435,7 @@ def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None 
                              "`chronos up --ready-file` wrote [env CHRONOS_READY_FILE]")
 
 
-READY_KEYS = {"database_url": "database_url", "bootstrap_servers": "kafka_bootstrap_servers",
+READY_KEYS = {"database_url": "database_url", "cells": "cells", "bootstrap_servers": "kafka_bootstrap_servers",
               "input_topic": "input_topic", "output_topic": "output_topic", "dlq_topic": "dlq_topic",
               "kafka_properties": "kafka_properties", "metrics_urls": "console_metrics_urls"}
 
@@ -378,7 +456,7 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | No
         if value is not None:
             raw[opt.attr] = value
     ready_path = find_ready_file(args, environ, default=default_ready_file and not (
-        raw.get("database_url") or raw.get("kafka_bootstrap_servers")))
+        raw.get("database_url") or raw.get("cells") or raw.get("kafka_bootstrap_servers")))
     if ready_path:
         ready = read_ready_file(ready_path)
         for key, attr in READY_KEYS.items():
@@ -496,6 +574,10 @@ def to_environ(settings: Settings) -> dict[str, str]:
             if not value:
                 continue
             value = ",".join(f"{k}={v}" for k, v in value.items())
+        elif opt.attr == "cells":
+            if not value:
+                continue
+            value = " ".join(f"{name}={url}" for name, url in value)
         elif isinstance(value, tuple):
             if not value:
                 continue
@@ -506,3 +588,4 @@ def to_environ(settings: Settings) -> dict[str, str]:
 
 def replace(settings: Settings, **changes: Any) -> Settings:
     return dataclasses.replace(settings, **changes).validate()
+

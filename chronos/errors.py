@@ -9,6 +9,7 @@ EXIT_EMBEDDED = 5      # an embedded service (PostgreSQL, broker, supervisord) f
 EXIT_NOT_FOUND = 6     # an operator action named ids that are not in the store
 EXIT_CONFIRM = 7       # an operator action would change more messages than allowed without --yes
 EXIT_IN_FLIGHT = 8     # an operator action left messages alone because a firer is publishing them
+EXIT_REFUSED = 9       # a replay of parked messages left some parked: Kafka refused them, or their topic is not allowed
 
 
 class ChronosError(Exception):
@@ -81,6 +82,13 @@ class InFlightSkipped(ChronosError):
     exit_code = EXIT_IN_FLIGHT
 
 
+class ReplayRefused(ChronosError):
+    """A replay of parked messages left some of them parked: Kafka refused them (each has the refusal as
+    its new reason), or CHRONOS_ALLOWED_TOPICS does not allow the topic they were going to."""
+
+    exit_code = EXIT_REFUSED
+
+
 class InputError(ConfigError):
     """A pipeline job's input is missing or has the wrong schema (exit code 2, like a bad flag)."""
 
@@ -95,3 +103,12 @@ class KafkaUnanswered(ChronosError):
     """Kafka did not answer a client's request in time (an outage, or a coordinator out of reach)."""
 
     exit_code = EXIT_UNAVAILABLE
+
+
+class CellMapChanged(ChronosError):
+    """A write to a cell was refused, and rolled back, because the cell no longer owns one of its partitions
+    at the epoch the writer knew (the map changed since it was read): read the map again and write again."""
+
+
+class CellsUnsupported(SchemaError):
+    """A cell's database is at a schema before cells (version 11): `chronos migrate` it."""

@@ -23,9 +23,11 @@ import uuid
 from datetime import datetime
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
+from chronos.domain.cells import CellPartition, Fence
 from chronos.domain.delivery import DeliveryError
-from chronos.domain.model import Claimed, Overview, Parked, Row, Stale, Throttled
-from chronos.domain.operators import Filters, Listed, Message, ParkedMessage, Position, Schedule
+from chronos.domain.model import Announced, Claimed, Overview, Parked, Row, Stale, Throttled
+from chronos.domain.operators import (Filters, Listed, Message, ParkedFilters, ParkedMessage, ParkedRecord, ParkedRef,
+                                      Position, Schedule)
 from chronos.domain.ratelimit import FireRateLimits
 
 
@@ -82,8 +84,9 @@ class InputConsumer(Protocol):
     `subscribe` joins the group; `on_lost(consumer, partitions)` is called inside `consume` when the
     group's session was lost (each of `partitions` has a `.partition`). `consume` hands out what was
     read (messages and read errors, `error()` set), and serves the group's callbacks. `commit_offsets`
-    commits the next offset to read of each (topic, partition); `lag` is the messages each assigned
-    partition holds past this consumer's position (raises `KafkaUnanswered` when the client cannot say)."""
+    commits the next offset to read of each (topic, partition); `ends` is each assigned partition's
+    position and end (the offset this consumer reads next, the high watermark; negative where not known
+    yet), for its lag (raises `KafkaUnanswered` when the client cannot say)."""
 
     def subscribe(self, topics: list[str], *, on_lost: Callable[[Any, list[Any]], None]) -> None: ...
 
@@ -93,7 +96,21 @@ class InputConsumer(Protocol):
 
     def commit_offsets(self, offsets: Mapping[tuple[str, int], int], *, wait: bool = False) -> None: ...
 
-    def lag(self) -> dict[int, int]: ...
+    def ends(self) -> dict[int, tuple[int, int]]: ...
+
+    def pause_partitions(self, partitions: Sequence[tuple[str, int]]) -> None:
+        """Stop fetching these (topic, partition)s (held by this member) until `resume_partitions`; what was
+        fetched of them and not handed out yet is dropped."""
+        ...
+
+    def resume_partitions(self, partitions: Sequence[tuple[str, int]]) -> None:
+        """Fetch these (topic, partition)s again, from where `seek_partitions` put them (else where it was)."""
+        ...
+
+    def seek_partitions(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Read each (topic, partition) again from this offset: what was read past it and not committed is
+        handed out again."""
+        ...
 
     def close(self) -> None: ...
 
@@ -136,6 +153,12 @@ class Publisher(Protocol):
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any: ...
 
+    def partitions(self, topic: str, timeout: float = 10.0) -> int | None:
+        """How many partitions `topic` has (None when the cluster does not know it), from every topic's
+        metadata (asking for one topic's would let the cluster create it); KafkaUnanswered when it does not
+        answer in time."""
+        ...
+
 
 class StoreHandle(Protocol):
     """What every store is: one connection of one process to the table of waiting messages. One per
@@ -151,11 +174,36 @@ class StoreHandle(Protocol):
     def cancel(self) -> None: ...
 
 
-class IntakeStore(StoreHandle, Protocol):
-    """The consumer's statements: a batch written, messages parked, which late ids are waiting."""
+class Presence(Protocol):
+    """Where a process serves /metrics, said in the store (chronos_processes) by the thread of each role that
+    uses the store now and then anyway: the consumer's writer, the firer's settler, the detector. Raises
+    StoreRejected on a schema without the table (before version 10)."""
 
-    def apply(self, inserts: Sequence[Row], replaces: Sequence[Row],
-              cancels: Sequence[str]) -> tuple[int, int, int, int]: ...
+    def announce(self, role: str, scheme: str, port: int, address: str | None) -> str:
+        """Say (again) that this process serves /metrics on `port`, at `address`, or where None at this
+        host's address on its way to PostgreSQL; returns the URL said."""
+        ...
+
+    def withdraw(self) -> None:
+        """This process no longer serves (it stops)."""
+        ...
+
+
+class IntakeStore(StoreHandle, Presence, Protocol):
+    """The consumer's statements: a batch written, messages parked, which late ids are waiting; the input
+    partitions this store's cell owns."""
+
+    def apply(self, inserts: Sequence[Row], replaces: Sequence[Row], cancels: Sequence[str],
+              fence: Fence | None = None) -> tuple[int, int, int, int]:
+        """One batch in one transaction: (inserted, replaced, cancelled, cancelled in flight). With a `fence`,
+        checked last in the same transaction: CellMapChanged, and nothing written, when the cell no longer
+        owns the partitions written at the fence's epochs."""
+        ...
+
+    def cell_partitions(self) -> list[CellPartition]:
+        """The input partitions this cell lists, in order (none: it owns every one, or none among several
+        cells); CellsUnsupported on a schema before cells (version 11)."""
+        ...
 
     def park(self, messages: Sequence[Parked]) -> None: ...
 
@@ -198,7 +246,7 @@ class ClaimStore(ShareStore, Protocol):
     def claim_schedules(self, limit: int, lookahead_ms: int, now_us: int) -> list[Claimed]: ...
 
 
-class SettleStore(StoreHandle, Protocol):
+class SettleStore(StoreHandle, Presence, Protocol):
     """The statements of the firer's settling thread: claimed rows deleted once published, handed back,
     retried later or parked; and the database clock."""
 
@@ -213,7 +261,7 @@ class SettleStore(StoreHandle, Protocol):
     def db_clock_us(self) -> int: ...
 
 
-class DetectStore(StoreHandle, Protocol):
+class DetectStore(StoreHandle, Presence, Protocol):
     """The detector's statements: rows held past the hold time found and handed back; its gauges."""
 
     def find_stale(self, hold_ms: int, limit: int = 10000) -> list[Stale]: ...
@@ -225,13 +273,28 @@ class DetectStore(StoreHandle, Protocol):
     def throttled(self, output_topic: str) -> list[Throttled]: ...
 
 
-class Store(IntakeStore, ClaimStore, SettleStore, DetectStore, Protocol):
+class CellMapStore(StoreHandle, Protocol):
+    """Changes of a cell's list of input partitions, each made once the writes that checked their fence
+    against the list have ended, and before any other write checks it."""
+
+    def open_partitions(self, partitions: Sequence[int], epoch: int) -> list[int]:
+        """List these partitions in this cell, open, at `epoch`; returns those opened (one listed already at
+        `epoch` or higher is left as it is)."""
+        ...
+
+    def close_partitions(self, partitions: Sequence[int]) -> dict[int, int]:
+        """Mark these partitions moving, each at its epoch + 1 (a write fenced at the epoch before is refused
+        from now on); returns partition -> its new epoch, for those this cell lists."""
+        ...
+
+
+class Store(IntakeStore, ClaimStore, SettleStore, DetectStore, CellMapStore, Protocol):
     """Every role's statements: what both stores implement and the contract suite checks."""
 
 
 class OperatorsStore(StoreHandle, Protocol):
-    """What operators ask of the store and do to it (`chronos.ops.inspect`, `chronos schedules`, the
-    console). An action changes only rows no firer holds."""
+    """What operators ask of the store and do to it (`chronos.ops.inspect`, `chronos.ops.parked`, `chronos
+    schedules`, the console). An action changes only rows no firer holds."""
 
     def show(self, message_id: str, *, output_topic: str) -> Message | None:
         """The message or schedule with this id (its value's first PREVIEW_BYTES only), or None."""
@@ -243,8 +306,36 @@ class OperatorsStore(StoreHandle, Protocol):
         (deadline, seq) order, in id order with an id prefix."""
         ...
 
-    def list_parked(self, *, limit: int, before: int | None = None) -> list[ParkedMessage]:
-        """Up to `limit` parked messages numbered below `before`, newest first."""
+    def list_parked(self, *, limit: int, before: int | None = None,
+                    filters: ParkedFilters | None = None) -> list[ParkedMessage]:
+        """Up to `limit` parked messages numbered below `before` (and matching `filters`), newest first."""
+        ...
+
+    def show_parked(self, number: int) -> ParkedMessage | None:
+        """The parked message of this number (its value's first PREVIEW_BYTES only), or None."""
+        ...
+
+    def find_parked(self, numbers: Sequence[int]) -> list[ParkedRef]:
+        """Those of these numbers that are parked, oldest first."""
+        ...
+
+    def walk_parked(self, filters: ParkedFilters, *, limit: int, after: int | None = None) -> list[ParkedRef]:
+        """Up to `limit` parked messages matching `filters` numbered above `after`, oldest first."""
+        ...
+
+    def load_parked(self, numbers: Sequence[int]) -> list[ParkedRecord]:
+        """Those of these parked messages still parked, whole (key, value and headers), oldest first."""
+        ...
+
+    def settle_replayed(self, replayed: Sequence[int], refused: Sequence[tuple[int, str]], *, counted: bool) -> int:
+        """After a replay: delete the parked messages Kafka acknowledged (`replayed`), give those it refused
+        their new reason (number, reason), and add to the replays' totals (one more time taken when
+        `counted`, and the messages deleted), in one transaction. Returns how many were deleted."""
+        ...
+
+    def drop_parked(self, numbers: Sequence[int], *, counted: bool) -> list[int]:
+        """Delete these parked messages and add to the drops' totals (as `settle_replayed`), in one
+        transaction. Returns the numbers deleted."""
         ...
 
     def list_schedules(self) -> list[Schedule]:
@@ -265,4 +356,28 @@ class OperatorsStore(StoreHandle, Protocol):
         """action -> (times taken, messages changed), over the store's life."""
         ...
 
+    def announced(self, within_ms: int) -> list[Announced]:
+        """The processes that said where they serve /metrics within the last `within_ms` (`Presence`); none
+        on a schema without chronos_processes (before version 10)."""
+        ...
+
     def db_clock_us(self) -> int: ...
+
+
+class ProcessServices(Protocol):
+    """What a process's life (`chronos.runtime.process`) asks of PostgreSQL and Kafka before its role starts;
+    `chronos.processes` gives the real ones, built on the process's settings."""
+
+    def clients(self) -> str:
+        """The client libraries the process runs on, for its start line (psycopg's implementation, libpq)."""
+        ...
+
+    def check_store(self) -> str:
+        """Whether PostgreSQL answers with a schema this chronos runs on: the pool mode the process talks in
+        (CHRONOS_DATABASE_POOL_MODE settled). StoreUnavailable while it does not answer (asked again);
+        StoreRefused, SchemaError, UnsupportedServer or ConfigError where waiting would not help."""
+        ...
+
+    def probe_kafka(self, timeout: float) -> str | None:
+        """Why Kafka does not answer yet, or None when it does; KafkaRefused when it refuses the settings."""
+        ...

@@ -9,7 +9,8 @@ The tests call the same functions (tests/unit/test_docs_reference.py).
 It also adds to the site the benchmark figures the pages show, from benchmarks/results/, so they
 are not copied into docs/, and writes every table of figures that comes from a result file: the latest
 performance figures (`glance_page`, also the README's table, `readme_table`: a test compares the two),
-capacity planning (`capacity_page`) and the PostgreSQL failures (`ha_page`).
+capacity planning (`capacity_page`), the PostgreSQL failures (`ha_page`), and the runs a page names by a
+marker (`day_table`, `compare_table`). Each figure is shown once, with the date and the code of its run.
 """
 
 from __future__ import annotations
@@ -315,6 +316,8 @@ def fleet_rows(result: str = FLEET_RESULT, keys: Iterable[str] | None = None) ->
                      f"{r['published_while_held_landed_after_heal']} published while held, landed after the heal; "
                      + (f"{r['unacknowledged_at_cut_fired_after_heal']} unacknowledged at the cut, fired again after "
                         "the heal; " if "unacknowledged_at_cut_fired_after_heal" in r else "")
+                     + (f"{r['sent_during_cut_fired_again_after_heal']} sent during the cut, read again after "
+                        "the heal; " if "sent_during_cut_fired_again_after_heal" in r else "")
                      + f"{r['republished_after_heal']} republished after it)",
                      "-" if r.get("promoted_after_fault_s") is None else f"{r['promoted_after_fault_s']:g} s",
                      pause, f"{r['max_lateness_during_fault_s']:g} s",
@@ -452,18 +455,6 @@ def _of_design_limit(path: str, layout: str) -> str:
     return f"{best / design['rate_per_s']:.2f} ({best:,.0f} of {design['rate_per_s']:,} msg/s)"
 
 
-AGED_AB = "2026-11-26/claim-window/aged-ab.json"
-
-
-def _aged_ab_cpu(path: str, layout: str) -> str:
-    """The range of Chronos's and PostgreSQL's cores over the runs of the code as it is now in an A/B on one
-    long-lived stack (`after`), and PostgreSQL's share of them."""
-    runs = [r for r in _result(path)["runs"] if r["layout"] == layout and r["code"] == "after"]
-    cores = [_scheduler_cores(r["cpu"]) for r in runs]
-    pg = [r["cpu"]["postgres"] for r in runs]
-    return f"{min(cores):.2f}-{max(cores):.2f} cores (PostgreSQL {min(pg):.2f}-{max(pg):.2f})"
-
-
 def _aged_cpu(path: str) -> str:
     """Chronos's and PostgreSQL's cores in the steps of a longevity run after the first (`benchmarks.longevity`:
     one stack, the same load step after step), the messages the stack had carried by then, and the table's size."""
@@ -554,25 +545,22 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
     ("live rows fetched per claimed row, 5,000 msg/s", "≤ 1.1", [
         ("two firers", functools.partial(_fetched, firers=2), "2026-11-27/slices/claims.json"),
         ("four firers", functools.partial(_fetched, firers=4), "2026-11-27/slices/claims.json")]),
-    ("CPU at 10,000 msg/s, Chronos and PostgreSQL, fresh stack", "≤ 0.30 cores", [
+    ("CPU at 10,000 msg/s, Chronos and PostgreSQL, fresh stacks; runs interleaved within the hour with those of "
+     "the code measured on [a long-lived stack](hot-path.md#under-load-what-a-claim-walks-over) two days before, "
+     "so that the machine's drift since shows apart from the code's", "≤ 0.30 cores", [
         ("one process per role", _fresh_cpu, "2026-11-28/cpu-ab/now-111-1.json"),
+        ("one process per role, again", _fresh_cpu, "2026-11-28/cpu-ab/now-111-2.json"),
         ("two of every role", _fresh_cpu, "2026-11-28/cpu-ab/now-222-1.json"),
+        ("two of every role, again", _fresh_cpu, "2026-11-28/cpu-ab/now-222-2.json"),
+        ("the earlier code, one process per role, the run before the first above", _fresh_cpu,
+         "2026-11-28/cpu-ab/d4ed12f-111-1.json"),
+        ("the same, between the two", _fresh_cpu, "2026-11-28/cpu-ab/d4ed12f-111-2.json"),
+        ("the earlier code, two of every role, the run before the first above", _fresh_cpu,
+         "2026-11-28/cpu-ab/d4ed12f-222-1.json"),
+        ("the same, between the two", _fresh_cpu, "2026-11-28/cpu-ab/d4ed12f-222-2.json"),
         ("graphile-worker and its PostgreSQL, same load", _fresh_cpu, "2026-11-26/cpu-10000/gw.json")]),
-    ("CPU at 10,000 msg/s, on a stack that has carried 9 to 14 M messages", "≤ 0.30 cores", [
-        ("one process per role", functools.partial(_aged_ab_cpu, layout="1/1/1"), AGED_AB),
-        ("two of every role", functools.partial(_aged_ab_cpu, layout="2/2/2"), AGED_AB)]),
-    ("CPU at 10,000 msg/s, fresh stacks, the same hour, runs interleaved: this release and the processes of "
-     "d4ed12f (2026-11-26, whose aged stacks measured 0.41-0.48 cores that day)", "", [
-        ("d4ed12f, one process per role, first run", _fresh_cpu, "2026-11-28/cpu-ab/d4ed12f-111-1.json"),
-        ("this release, one per role, second", _fresh_cpu, "2026-11-28/cpu-ab/now-111-1.json"),
-        ("d4ed12f, third", _fresh_cpu, "2026-11-28/cpu-ab/d4ed12f-111-2.json"),
-        ("this release, fourth", _fresh_cpu, "2026-11-28/cpu-ab/now-111-2.json"),
-        ("d4ed12f, two of every role, fifth", _fresh_cpu, "2026-11-28/cpu-ab/d4ed12f-222-1.json"),
-        ("this release, two of every role, sixth", _fresh_cpu, "2026-11-28/cpu-ab/now-222-1.json"),
-        ("d4ed12f, seventh", _fresh_cpu, "2026-11-28/cpu-ab/d4ed12f-222-2.json"),
-        ("this release, eighth", _fresh_cpu, "2026-11-28/cpu-ab/now-222-2.json")]),
-    ("CPU at 10,000 msg/s with the firers' shares, on one PostgreSQL step after step (Chronos and the broker "
-     "restarted between steps)", "", [
+    ("CPU at 10,000 msg/s, Chronos and PostgreSQL, on one PostgreSQL step after step (Chronos and the broker "
+     "restarted between steps)", "≤ 0.30 cores", [
         ("one process per role", _aged_cpu, "2026-11-27/slices/aged/longevity-1x1x1-10000.json"),
         ("two of every role", _aged_cpu, "2026-11-28/aged/longevity-2x2x2-10000.json")]),
     ("200,000 messages due at the same instant", "", [
@@ -596,7 +584,7 @@ README_FIGURES = [
     ("p99.9 jitter at 1,000 msg/s, one process per role", "p99.9 jitter at 1,000 msg/s", (0, 1)),
     ("highest rate holding p99.9 ≤ 500 ms", "highest rate holding p99.9 ≤ 500 ms", (0, 1)),
     ("CPU at 10,000 msg/s, Chronos and PostgreSQL, on one PostgreSQL step after step",
-     "CPU at 10,000 msg/s with the firers' shares, on one PostgreSQL step after step (Chronos and the broker "
+     "CPU at 10,000 msg/s, Chronos and PostgreSQL, on one PostgreSQL step after step (Chronos and the broker "
      "restarted between steps)", (0, 1)),
     ("firing with 10 million far-future rows waiting", "fire rate of one firer, 100,000 due rows", (0,)),
     ("200,000 messages due at the same instant", "200,000 messages due at the same instant", (0,)),
@@ -607,15 +595,27 @@ def _source(path: str) -> str:
     return f"`{path}`"
 
 
+def _code(path: str) -> str:
+    """The commit of the service a result file measured (another checkout's, when the run names one), and
+    whether it had changes not yet committed; `-` for a run from before results named their code."""
+    code = _result(path).get("code") or {}
+    own = "service_commit" not in code
+    commit = code.get("git_commit" if own else "service_commit")
+    if not commit:
+        return "-"
+    return f"`{commit[:7]}`" + (" and changes not committed" if code.get("git_dirty" if own else "service_dirty") else "")
+
+
 def glance_page() -> str:
-    """The latest figure of every benchmark, each read from its result file."""
+    """The latest figure of every benchmark, each read from its result file, with the date and the code of its run."""
     rows = []
     for figure, target, lines in FIGURES:
         for i, (what, read, path) in enumerate(lines):
             date = str(_result(path).get("date") or path.split("/")[0])  # a run without its date: its directory's
             rows.append((figure if i == 0 else "", target if i == 0 else "", what, read(path), _day(date),
-                         _source(path)))
-    return _table(("figure", "target", "run", "result", "date (UTC)", "result file (benchmarks/results/)"), rows)
+                         _code(path), _source(path)))
+    return _table(("figure", "target", "run", "result", "date (UTC)", "code", "result file (benchmarks/results/)"),
+                  rows)
 
 
 def readme_table() -> str:
@@ -670,28 +670,85 @@ def day_table(result: str) -> str:
 
 DAY_MARKER = re.compile(r"<!-- generated: day (?P<result>[\w./-]+) -->")
 
+#: The targets of a comparison (benchmarks.sla --target), in the order shown, and their names.
+_TARGETS = {"chronos": "Chronos", "pgqueuer": "pgqueuer", "graphile": "graphile-worker"}
+
+
+def _work_cores(cpu: dict[str, Any]) -> tuple[float, float]:
+    """(the scheduler's processes and PostgreSQL, PostgreSQL alone) in cores: Chronos's roles, or a job
+    queue's workers; not the broker, nor the harness's own producer, reader and probe."""
+    cores = {name: (v["cores"] if isinstance(v, dict) else v) for name, v in cpu.items()}
+    work = sum(c for name, c in cores.items() if name.startswith(("consumer", "firer", "detector", "postgres"))
+               or ("worker" in name and "reader" not in name))
+    return work, cores.get("postgres", 0.0)
+
+
+def compare_table(folder: str) -> str:
+    """One run of every target of a comparison (`benchmarks.sla --target ...`, a result file each in
+    `folder`), by rate, then target and layout, from their result files."""
+    runs = [(path.relative_to(RESULTS).as_posix(), _result(path.relative_to(RESULTS).as_posix()))
+            for path in sorted((RESULTS / folder).glob("*.json"))]
+    runs = [(path, r) for path, r in runs if r.get("target") in _TARGETS and "find_max" not in r]
+    runs.sort(key=lambda pr: (pr[1]["offered_rate"], list(_TARGETS).index(pr[1]["target"]), pr[1]["layout"]))
+    rows = []
+    for path, r in runs:
+        j, floor, late = r["jitter_ms"], r.get("broker_floor_ms") or {}, r.get("publish_lateness_ms") or {}
+        work, pg = _work_cores(r["cpu"])
+        broker = r["cpu"].get("broker")
+        rows.append((f"{_TARGETS[r['target']]} {r['layout']}", f"{r['offered_rate']:,.0f}",
+                     " / ".join(_cell_ms(j[q]) for q in ("p50", "p99", "p999")), _cell_ms(floor.get("p999")),
+                     _cell_ms(late.get("p999")), f"{r['fire_rate']:,.0f} / {r['due_rate']:,.0f}",
+                     f"{r['backlog']['max']:,}", f"{work:.2f} (PostgreSQL {pg:.2f})",
+                     "-" if broker is None else f"{broker['cores'] if isinstance(broker, dict) else broker:.2f}",
+                     "pass" if r["sla_pass"] else "fail", _code(path)))
+    return _table(("target, layout", "rate", "jitter p50 / p99 / p99.9 (ms)", "broker floor p99.9 (ms)",
+                   "publish lateness p99.9 (ms)", "fire / due (msg/s)", "backlog max",
+                   "CPU, scheduler + PostgreSQL (cores)", "the broker's CPU (cores)", "SLA", "code"), rows)
+
+
+COMPARE_MARKER = re.compile(r"<!-- generated: compare (?P<folder>[\w./-]+) -->")
+
 
 # -- capacity planning (benchmarks/capacity.py) ---------------------------------------------------
 
 #: The run of `python -m benchmarks.capacity` that docs/operations/capacity.md shows.
-CAPACITY_RESULT = "2026-11-26/capacity-1x1x1.json"
+CAPACITY_RESULT = "2026-11-28/capacity-1x1x1.json"
 
 
 def _mb(n: float) -> str:
     return f"{n / 2**20:,.0f} MB" if n >= 2**20 else f"{n / 2**10:,.0f} kB"
 
 
-#: A long-lived stack's table at 10,000 msg/s: what the churn of rows adds to the waiting ones
-AGED_RESULT = "2026-11-25/aged-10000/1x1x1.json"
+_INDEX_DDL = re.compile(r"\bDROP INDEX (?:CONCURRENTLY )?(?:IF EXISTS )?(?P<dropped>\w+)"
+                        r"|\bCREATE (?:UNIQUE )?INDEX (?:CONCURRENTLY )?(?:IF NOT EXISTS )?(?P<made>\w+)\s+ON\s+(?P<table>\w+)")
+
+
+def schema_indexes(table: str = "chronos_messages") -> dict[str, str]:
+    """The indexes the shipped migrations leave on `table` (its primary key apart): name -> the migration
+    (its file) that makes it."""
+    from chronos.adapters.postgres.migrations import migrations
+    found: dict[str, str] = {}
+    for migration in migrations():
+        for m in _INDEX_DDL.finditer(re.sub(r"--[^\n]*", "", migration.sql)):
+            if m["dropped"]:
+                found.pop(m["dropped"], None)
+            elif m["table"] == table:
+                found[m["made"]] = f"migration {migration.version}"
+    return found
 
 
 def capacity_page(result: str = CAPACITY_RESULT) -> str:
-    """Disk per million waiting messages, WAL per 10,000 msg/s and sessions per process, from one result file."""
+    """Disk per million waiting messages, WAL per 10,000 msg/s and sessions per process, from one result file,
+    with the date and code of its run, and the indexes the schema has gained since it, which it did not measure."""
     data = _result(result)
     disk, load = data["disk"], data["load"]
     per = disk["bytes_per_million"]
     disk_rows = [("all of it", _mb(per["total"])), ("the table (heap)", _mb(per["heap"])),
                  *((f"index `{name}`", _mb(size)) for name, size in per["indexes"].items()), ("TOAST", _mb(per["toast"]))]
+    since = {name: where for name, where in schema_indexes().items() if name not in per["indexes"]}
+    stale = "" if not since else (
+        "\n\nThe schema has gained indexes since this run, which neither its disk nor its WAL figures include: "
+        + ", ".join(f"`{name}` ({where})" for name, where in since.items()) + ".")
     sessions = "; ".join(f"{role}: {', '.join(map(str, counts))}" for role, counts in load["sessions"].items())
     wal_s = load["wal_mb_per_s_at_10000"]
     load_rows = [
@@ -700,23 +757,14 @@ def capacity_page(result: str = CAPACITY_RESULT) -> str:
         ("of the WAL, full-page images", f"{load['wal_full_page_images']:,} of {load['wal_records']:,} records "
          f"(checkpoint_timeout {load['checkpoint_timeout']}, max_wal_size {load['max_wal_size']})"),
         ("PostgreSQL sessions per process, by role", sessions),
-        ("CPU of Chronos's processes and PostgreSQL, per 10,000 msg/s, in this run",
-         f"{load['scheduler_cores_per_10000']:g} cores"),
     ]
-    aged = _result(AGED_RESULT)
-    later = [r["table_mb"] for r in aged["rows"][1:]]
-    churn = (f"\n\nThe table of a stack that carries a steady load holds dead row versions as well as the waiting "
-             f"rows, until vacuum makes their space reusable: at {aged['rate']:,.0f} msg/s (delays 3-10 s: about "
-             f"{aged['rate'] * 6.5:,.0f} messages waiting at any moment), `chronos_messages` with its indexes took "
-             f"{min(later):,.0f}-{max(later):,.0f} MB from {aged['rows'][1]['messages_carried'] / 1e6:.1f} M messages "
-             f"carried to {aged['rows'][-1]['messages_carried'] / 1e6:.1f} M (`benchmarks/results/{AGED_RESULT}`).")
-    head = (f"Run of {_day(data['date'])} UTC (`{data['command'].strip()}`; result file "
+    head = (f"Run of {_day(data['date'])} UTC, code {_code(result)} (`{data['command'].strip()}`; result file "
             f"`benchmarks/results/{result}`): {disk['rows']:,} waiting messages (36-character ids, "
             f"{disk.get('payload_bytes', 100)}-byte values, "
             f"a key, one 16-byte header) written through the consumer's own write path; then {load['rate']:,.0f} msg/s "
             f"for {load['duration_s']:g} s (delays 3-10 s), layout {load['layout']}, on a fresh `chronos up`.\n\n")
     return (head + "Disk per million waiting messages:\n\n" + _table(("part", "size"), disk_rows)
-            + churn + "\n\nUnder load:\n\n" + _table(("figure", "measured"), load_rows))
+            + stale + "\n\nUnder load:\n\n" + _table(("figure", "measured"), load_rows))
 
 
 # -- the design's limit (benchmarks/design_limit.py) against Chronos -----------------------------
@@ -787,6 +835,7 @@ def on_files(files: Any, config: Any) -> Any:
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     """Fill in a page's generated parts: its own table, and the tables of day-in-the-life runs it names."""
     markdown = DAY_MARKER.sub(lambda m: day_table(m["result"]), markdown)
+    markdown = COMPARE_MARKER.sub(lambda m: compare_table(m["folder"]), markdown)
     make = GENERATED.get(page.file.src_uri)
     if make is None:
         return markdown

@@ -41,7 +41,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel built from a clean copy of the checkout, once for the tests of the distribution and the
     fleet's hosts."""
-    from benchmarks.harness.fleet import build_wheel
+    from kits.fleet import build_wheel
     return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
@@ -143,7 +143,7 @@ _FAULT_REPORT: list[Path] = []
 
 @pytest.fixture(scope="session")
 def fault_report(tmp_path_factory: pytest.TempPathFactory):
-    """Call with a faultload.Report: prints its table line and rewrites the session's JSON report."""
+    """Call with a kits.verdicts.Report: prints its table line and rewrites the session's JSON report."""
     path = tmp_path_factory.getbasetemp() / "faults-report.json"
 
     def record(report) -> None:

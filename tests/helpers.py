@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, Producer
 
 from chronos.adapters.kafka.clients import EMBEDDED_GROUP_TIMEOUTS
+from chronos.embedded.procs import proc_stat
 
 EMBEDDED_KAFKA = {**EMBEDDED_GROUP_TIMEOUTS, "fetch.wait.max.ms": "10"}  # the tests' embedded profile
 
@@ -94,6 +95,23 @@ class Collector:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+def exited(pid: int) -> bool:
+    """True once `pid` no longer runs: gone (reaped, even between opening and reading its /proc files), or a
+    zombie its parent has yet to reap."""
+    stat = proc_stat(pid)
+    return stat is None or stat[0] in ("Z", "X")
+
+
+def wait_exited(pid: int, timeout: float = 5.0) -> bool:
+    """Whether `pid` has exited (`exited`) within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not exited(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def wait_for(condition, timeout: float = 30.0, what: str = "condition", every: float = 0.1):

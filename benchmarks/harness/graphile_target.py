@@ -32,7 +32,7 @@ from pathlib import Path
 
 from benchmarks.harness.kafka_load import LoadPlan, quiet_interrupts, take_due
 from benchmarks.harness.records import ACKED, FAILED, Records
-from benchmarks.harness.stack import StackFailed
+from kits.stack import StackFailed
 
 HERE = Path(__file__).resolve().parent / "graphile"
 TASK = "chronos_bench"  # must match worker.js

@@ -28,7 +28,7 @@ from benchmarks.harness import accounting, kafka_load, report
 from benchmarks.harness.procstat import CpuMeter
 from benchmarks.harness.records import ACKED, Records
 from benchmarks.harness.samplers import TableSampler
-from benchmarks.harness.stack import StackFailed
+from kits.stack import StackFailed
 from benchmarks.harness.targets import LAYOUT_OPTIONS, ChronosTarget, Target
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from benchmarks.harness import kafka_load
 from benchmarks.harness.database import database_url_for, ensure_database
 from benchmarks.harness.records import Records
-from benchmarks.harness.stack import StackFailed, supervisor
+from kits.stack import StackFailed, supervisor
 from chronos.up.supervisor import SupervisorError
 
 PGQ_DATABASE = "chronos_bench_pgqueuer"

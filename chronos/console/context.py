@@ -21,6 +21,9 @@ from chronos.console.auth import COOKIE, Auth, same_origin
 from chronos.console.live import MetricsSampler, StoreReader, histogram_svg, rates_svg
 from chronos.console.views import display, postgres_processes, relative, seconds_text
 from chronos.ops import status
+from chronos.telemetry import scrape
+from chronos.telemetry.endpoints import ANNOUNCED_WITHIN_MS
+from chronos.telemetry.scrape import Scraper
 
 TEMPLATES = resources.files("chronos.console") / "templates"
 MAX_FORM_BYTES = 64 * 1024
@@ -32,7 +35,9 @@ class Console:
     def __init__(self, settings: Settings, store: Any, *, metrics_urls: tuple[str, ...] = ()):
         self.settings = settings
         self.reader = StoreReader(store, settings.hold_time_ms, settings.output_topic)
-        self.sampler = MetricsSampler(metrics_urls)
+        self.sampler = MetricsSampler(metrics_urls, scraper=Scraper(scrape.load("CHRONOS_METRICS_SCRAPE_CONFIG_FILE",
+                                                                           settings.metrics_scrape_config_file)),
+                                      discover=self.announced)
         self.auth = Auth(settings.console_token)
         self.env = Environment(loader=FileSystemLoader(str(TEMPLATES)),
                                autoescape=select_autoescape(default=True, default_for_string=True))
@@ -47,6 +52,11 @@ class Console:
         context.update(read_only=self.auth.read_only, signed_in=sid is not None,
                        form_token=self.auth.form_token(sid) if sid else None, path=request.url.path)
         return HTMLResponse(self.env.get_template(template).render(**context), status_code=status_code)
+
+    async def announced(self) -> list[str]:
+        """The /metrics URLs of the processes that said in PostgreSQL where they serve: every host's."""
+        found = await self.reader.call(lambda store: store.announced(ANNOUNCED_WITHIN_MS))
+        return [a.url for a in found]
 
     # -- the live overview ---------------------------------------------------------------------
 
@@ -72,7 +82,7 @@ class Console:
                               f"for up to {seconds_text(longest)}: their producers are being replaced; see their logs"
                               if stalled else "")
         postgres = (store or {}).get("postgres")
-        reported = status.reported_dicts(history.asked(), postgres) if self.sampler.urls else None
+        reported = status.reported_dicts(history.asked(), postgres) if history.sources else None
         processes, postgres_apart = postgres_processes(postgres, reported)
         shown.update(metrics_answering=str(history.sources_up), store_error=error or "",
                      publishing_stalled=publishing_stalled, postgres_apart=postgres_apart)
@@ -80,7 +90,7 @@ class Console:
                 "postgres_apart": postgres_apart, "postgres_processes": processes,
                 "lateness": None if lateness is None else {k: lateness[k] for k in
                                                           ("count", "window_s", "p50", "p99", "p999")},
-                "metrics": {"sources": len(self.sampler.urls), "answering": history.sources_up},
+                "metrics": {"sources": history.sources, "answering": history.sources_up},
                 "display": shown,
                 "nodes": [[n["node"], f"{n['rows']:,}", seconds_text(n["held_for_s"]), f"{n['past_hold_time']:,}"]
                           for n in (store or {}).get("in_flight_by_node", [])],

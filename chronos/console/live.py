@@ -13,9 +13,8 @@ import logging
 import math
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 from xml.sax.saxutils import escape
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from chronos.ops import servers, status
 from chronos.errors import ChronosError
 from chronos.logs import Throttle
+from chronos.telemetry.scrape import Scraper
 
 log = logging.getLogger("chronos.console")
 
@@ -50,6 +50,11 @@ class Scrape:
     buckets: tuple[tuple[float, float], ...] = ()   # (upper bound, cumulative count), +Inf last
     stalled: float = 0.0                             # seconds its publishing has stalled (0: it has not)
     links: tuple[servers.Reported, ...] = ()         # its connections to PostgreSQL
+
+    @property
+    def processes(self) -> frozenset[tuple[str, str]]:
+        """The (role, node) of the process that answered: every process reports its PostgreSQL links."""
+        return frozenset((r.role, r.node) for r in self.links)
 
 
 def parse_scrape(text: str) -> Scrape:
@@ -107,7 +112,20 @@ class History:
     answered: dict[str, bool] = field(default_factory=dict)   # per URL, in the last round
 
     def add(self, now: float, scrapes: dict[str, Scrape | None]) -> None:
-        """Record one round of scrapes (None: that process did not answer) taken at `now`."""
+        """Record one round of scrapes (None: that process did not answer) taken at `now`. A process that
+        answered at two URLs (one of CHRONOS_CONSOLE_METRICS_URLS, and the address it gave PostgreSQL) is
+        counted at the first only."""
+        seen: set[tuple[str, str]] = set()
+        unique: dict[str, Scrape | None] = {}
+        for url, scrape in scrapes.items():
+            if scrape is not None and scrape.processes:
+                if scrape.processes & seen:
+                    continue
+                seen |= scrape.processes
+            unique[url] = scrape
+        scrapes = unique
+        for gone in self.last.keys() - scrapes.keys():  # no longer asked: a process gone, or a duplicate
+            del self.last[gone]
         self.sources = len(scrapes)
         self.sources_up = sum(1 for s in scrapes.values() if s is not None)
         self.answered = {url: s is not None for url, s in scrapes.items()}
@@ -267,18 +285,23 @@ def rates_svg(series: list[tuple[float, float, float]], now: float, window: floa
 
 # -- the readers -------------------------------------------------------------------------------
 
-def _fetch(url: str, timeout: float) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - URLs come from settings
-        return response.read().decode("utf-8", errors="replace")
-
-
 class MetricsSampler:
     """Scrapes every process's /metrics into a `History`: every second while someone watches the
-    overview, every `idle_every` seconds otherwise (so the window has history when a page opens)."""
+    overview, every `idle_every` seconds otherwise (so the window has history when a page opens).
+
+    The processes are those of `urls` (CHRONOS_CONSOLE_METRICS_URLS) and those `discover` finds (the
+    processes that said where they serve in PostgreSQL: every host's), asked again every `discover_every`
+    seconds; a failed look keeps the processes found before."""
 
     def __init__(self, urls: Sequence[str], *, every: float = 1.0, idle_every: float = 10.0,
-                 active_for: float = 5.0, timeout: float = 2.0, clock: Callable[[], float] = time.time):
+                 active_for: float = 5.0, timeout: float = 2.0, clock: Callable[[], float] = time.time,
+                 scraper: Scraper | None = None, discover: Callable[[], Awaitable[list[str]]] | None = None,
+                 discover_every: float = 10.0):
+        self.configured = list(urls)
         self.urls = list(urls)
+        self.discover, self.discover_every = discover, discover_every
+        self.discovered_at: float | None = None
+        self.scraper = scraper or Scraper()
         self.every, self.idle_every, self.active_for, self.timeout = every, idle_every, active_for, timeout
         self.clock = clock
         self.history = History()
@@ -293,19 +316,35 @@ class MetricsSampler:
         if idle:
             self._wake.set()
 
+    async def find(self) -> None:
+        """The URLs to scrape: the configured ones first, then those found, each once."""
+        now = self.clock()
+        if self.discover is None or (self.discovered_at is not None and now - self.discovered_at < self.discover_every):
+            return
+        self.discovered_at = now
+        try:
+            found = await self.discover()
+        except ChronosError as exc:
+            self.throttle.warning("discover", "cannot read the processes' /metrics addresses from PostgreSQL (%s); "
+                                  "scraping those known before", exc)
+            return
+        self.urls = list(dict.fromkeys([*self.configured, *found]))
+
     async def sample(self) -> None:
-        results = await asyncio.gather(*(asyncio.to_thread(self._one, url) for url in self.urls))
-        self.history.add(self.clock(), dict(zip(self.urls, results)))
+        await self.find()
+        urls = list(self.urls)
+        results = await asyncio.gather(*(asyncio.to_thread(self._one, url) for url in urls))
+        self.history.add(self.clock(), dict(zip(urls, results)))
 
     def _one(self, url: str) -> Scrape | None:
         try:
-            return parse_scrape(_fetch(url, self.timeout))
+            return parse_scrape(self.scraper.text(url, self.timeout))
         except (OSError, ValueError) as exc:
             log.debug("no metrics from %s: %s", url, exc)
             return None
 
     async def run(self) -> None:
-        if not self.urls:
+        if not self.urls and self.discover is None:
             return
         while True:
             try:
@@ -339,6 +378,21 @@ class CountPolicy:
         self.every = min(self.longest, max(self.least, took / self.budget))
 
 
+class _EachCallLocked:
+    """A store whose every method call takes `lock` for that call only."""
+
+    def __init__(self, store: Any, lock: threading.Lock):
+        self._store, self._lock = store, lock
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._store, name)
+
+        def locked(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                return method(*args, **kwargs)
+        return locked
+
+
 class StoreReader:
     """Runs store calls off the event loop, one at a time (a `Store` holds one connection), and
     keeps the overview for `ttl` seconds so that any number of open pages cost one read a second."""
@@ -359,6 +413,11 @@ class StoreReader:
             with self._lock:
                 return fn(self.store, *args)
         return await asyncio.to_thread(run)
+
+    async def call_between(self, fn: Callable[[Any], Any]) -> Any:
+        """fn(store) in a worker thread, where `store` holds the lock for each of its calls only, not between
+        them: an action that waits on Kafka between its statements (a replay) holds up no page's read."""
+        return await asyncio.to_thread(fn, _EachCallLocked(self.store, self._lock))
 
     async def overview(self) -> tuple[dict[str, Any] | None, str | None]:
         """(the store's overview as `chronos status --json` prints it, plus `waiting_age_s`, or None;

@@ -1,9 +1,11 @@
 """The console's pages: the overview and its live JSON, the schedules, signing in and out, the
-messages pages (search, a message, parked messages) and the actions over them, and the error pages.
+messages pages (search, a message) and the parked ones (search, a parked message), the actions over
+them, and the error pages.
 
-The messages pages and the actions are a second face on `chronos.ops.inspect` and the operators' store
-port, the functions behind `chronos show`, `list`, `cancel`, `fire-now` and `reschedule` (same parsing,
-same statements, same actions; nothing here talks SQL). Every store call runs off the event loop through
+The messages pages and their actions are a second face on `chronos.ops.inspect` and the operators' store
+port, the functions behind `chronos show`, `list`, `cancel`, `fire-now` and `reschedule`; the parked pages
+and theirs on `chronos.ops.parked`, behind `chronos parked list|show|replay|drop` (same parsing, same
+statements, same actions; nothing here talks SQL). Every store call runs off the event loop through
 the console's store reader."""
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from chronos.console.auth import COOKIE, same_origin
 from chronos.console.context import Console, check_action, console_of, read_form
 from chronos.console.views import id_from_path, message_url, show_bytes
 from chronos.domain import cron
-from chronos.domain.operators import STATES, Filters
-from chronos.errors import ChronosError, ConfigError, NeedsConfirmation
+from chronos.domain.operators import PREVIEW_BYTES, STATES, Filters, ParkedFilters, ParkedMessage
+from chronos.errors import ChronosError, ConfigError, NeedsConfirmation, UnavailableError
 from chronos.ops import inspect
+from chronos.ops import parked as parked_ops
 
 log = logging.getLogger("chronos.console")
 
@@ -258,6 +261,18 @@ async def preview(request: Request) -> Response:
                         in_flight=len(result.in_flight), not_found=len(result.not_found))
 
 
+def _confirmed(console, form, what: str) -> int:
+    """The count a confirmation form confirms (a ValueError when it has none). Above CHRONOS_CONFIRM_ABOVE, as
+    the CLI wants --yes, the count must be typed, not only clicked: a ConfigError saying so (`what` is what the
+    action does, with a place for the threshold)."""
+    expected = int(form.get("expected", ""))
+    typed = form.get("typed", "").replace(",", "").strip()
+    if expected > console.settings.confirm_above and typed != str(expected):
+        raise ConfigError(f"this {what.format(console.settings.confirm_above)} (CHRONOS_CONFIRM_ABOVE): type the "
+                          f"count, {expected:,}, to confirm")
+    return expected
+
+
 async def apply(request: Request) -> Response:
     """Take a confirmed action; refuses when more messages match now than were confirmed."""
     posted = await _action_form(request)
@@ -265,12 +280,7 @@ async def apply(request: Request) -> Response:
         return posted
     console, form, action, target, at = posted
     try:
-        expected = int(form.get("expected", ""))
-        typed = form.get("typed", "").replace(",", "").strip()
-        if expected > console.settings.confirm_above and typed != str(expected):
-            # above CHRONOS_CONFIRM_ABOVE, as the CLI wants --yes: the count typed, not only a click
-            raise ConfigError(f"this changes more than {console.settings.confirm_above:,} messages "
-                              f"(CHRONOS_CONFIRM_ABOVE): type the count, {expected:,}, to confirm")
+        expected = _confirmed(console, form, "changes more than {:,} messages")
         result = await console.reader.call(lambda s: inspect.act(
             s, action, output_topic=console.settings.output_topic, at=at, confirm_above=expected, **target))
     except NeedsConfirmation:
@@ -292,10 +302,28 @@ async def apply(request: Request) -> Response:
 
 # -- parked messages ---------------------------------------------------------------------------
 
+PARKED_FILTERS = ("topic", "reason", "id_prefix", "parked_after", "parked_before")
+PARKED_VERBS = {"replay": ("Replay", "replay", "replayed"), "drop": ("Drop", "drop", "dropped")}
+
+
+def parked_filters_from(fields: Mapping[str, str], now: datetime) -> ParkedFilters:
+    """The Parked page's filters as `chronos parked list` parses its flags (raises ConfigError on bad input)."""
+    return parked_ops.filters_for(now, **{k: fields.get(k, "").strip() or None for k in PARKED_FILTERS})
+
+
+def _parked_view(p: ParkedMessage, preview: int = 64) -> dict[str, Any]:
+    return {"number": p.number, "url": f"/parked/{p.number}", "message_id": p.message_id, "source": p.source,
+            "topic": p.topic, "deadline": p.deadline, "reason": p.reason, "parked_at": p.parked_at,
+            "key": show_bytes(p.key, preview), "headers": [(name, show_bytes(v, preview)) for name, v in p.headers],
+            "value": show_bytes(None if p.value_size is None else p.value_preview, size=p.value_size)}
+
+
 async def parked(request: Request) -> Response:
-    """Messages no topic accepted, newest first (`chronos_parked`), a page at a time."""
+    """Messages no topic accepted, newest first (`chronos_parked`), a page at a time, with the filters of
+    `chronos parked list`; signed in, the actions on every one a search matches."""
     console = console_of(request)
-    text = request.query_params.get("before", "")
+    params = {k: v for k, v in request.query_params.items() if k in (*PARKED_FILTERS, "before")}
+    text = params.get("before", "")
     error = None
     rows: list[dict[str, Any]] = []
     next_url = None
@@ -307,18 +335,147 @@ async def parked(request: Request) -> Response:
         error = f"before is not a page cursor of this page: {text!r}"
     else:
         try:
-            page = await console.reader.call(lambda s: inspect.list_parked(s, limit=DEFAULT_LIMIT, before=before))
+            f = parked_filters_from(params, datetime.now(timezone.utc))
+            page = await console.reader.call(lambda s: parked_ops.list_parked(s, limit=DEFAULT_LIMIT, before=before,
+                                                                                filters=f))
         except ChronosError as exc:
             error = str(exc)
         else:
-            rows = [{"message_id": p.message_id, "source": p.source, "topic": p.topic, "deadline": p.deadline,
-                     "reason": p.reason, "parked_at": p.parked_at, "key": show_bytes(p.key, 64),
-                     "headers": [(name, show_bytes(v, 64)) for name, v in p.headers],
-                     "value": show_bytes(None if p.value_size is None else p.value_preview, size=p.value_size)}
-                    for p in page.items]
+            rows = [_parked_view(p) for p in page.items]
             if page.cursor is not None:
-                next_url = "/parked?" + urlencode({"before": page.cursor})
-    return console.page(request, "parked.html", 400 if error else 200, rows=rows, error=error, next_url=next_url)
+                next_url = "/parked?" + urlencode({"before": page.cursor, **{k: v for k, v in params.items()
+                                                                            if v and k != "before"}})
+    filter_fields = [(k, params[k]) for k in PARKED_FILTERS if params.get(k)]
+    return console.page(request, "parked.html", 400 if error else 200, rows=rows, error=error, next_url=next_url,
+                        filters=params, filter_fields=filter_fields)
+
+
+async def parked_detail(request: Request) -> Response:
+    """`/parked/<number>`: what `chronos parked show` tells about one parked message, and its actions."""
+    console = console_of(request)
+    number = request.path_params["number"]
+    p = await console.reader.call(lambda s: s.show_parked(number))
+    if p is None:
+        return console.page(request, "error.html", 404, title="Not found",
+                            message=f"No parked message #{number} (it may have been replayed or dropped).")
+    return console.page(request, "parked_message.html", p=_parked_view(p, PREVIEW_BYTES))
+
+
+class _ParkedAction(NamedTuple):
+    """A parked messages' action form the request may post, read."""
+
+    console: Console
+    form: Mapping[str, str]
+    action: str
+    target: dict[str, Any]
+    to: str | None
+
+
+async def _parked_form(request: Request) -> _ParkedAction | Response:
+    """The posted form of an action on parked messages, or a refusal page (403) as for the other actions;
+    400 when it names no valid action, number or filter, or a replay and the console has no Kafka."""
+    console = console_of(request)
+    form = await read_form(request)
+    refused = check_action(request, form)
+    if refused:
+        return console.page(request, "error.html", 403, title="Refused", message=refused)
+    action = form.get("action", "")
+    if action not in PARKED_VERBS:
+        raise HTTPException(400, f"unknown action {action!r}")
+    try:
+        if form.get("number"):
+            target: dict[str, Any] = {"numbers": parked_ops.parse_numbers([form["number"]])}
+        else:
+            f = parked_filters_from(form, datetime.now(timezone.utc))
+            if f.empty:
+                raise ConfigError("an action on parked messages needs a number or at least one filter")
+            target = {"filters": f}
+    except ChronosError as exc:
+        raise HTTPException(400, str(exc)) from None
+    if action == "replay" and not console.settings.kafka_bootstrap_servers:
+        raise HTTPException(400, "This console has no Kafka to replay to: start it with "
+                                 "CHRONOS_KAFKA_BOOTSTRAP_SERVERS (or a ready file) set.")
+    to = (form.get("to", "").strip() or None) if action == "replay" else None
+    return _ParkedAction(console, form, action, target, to)
+
+
+def _act_on_parked(console: Console, action: str, target: dict[str, Any], to: str | None, **kw: Any):
+    """What acts on the store for a parked messages' action: a replay publishes with the console's Kafka
+    settings, as `chronos parked replay` does."""
+    settings = console.settings
+    if action == "drop":
+        return lambda s: parked_ops.drop(s, **target, **kw)
+
+    def producer() -> Any:
+        from chronos.adapters.kafka.admin import check_reachable
+        from chronos.adapters.kafka.clients import make_producer
+        assert settings.kafka_bootstrap_servers  # _parked_form refuses a replay without
+        check_reachable(settings.kafka_bootstrap_servers, settings.kafka_config, secrets=settings.secrets())
+        timeout_ms = str(int(parked_ops.REPLAY_TIMEOUT_S * 1000))
+        return make_producer(settings, "console replay", **{"message.timeout.ms": timeout_ms})[0]
+    destinations = parked_ops.Destinations(settings.output_topic, settings.dlq_topic, settings.allowed_topics_re)
+    return lambda s: parked_ops.replay(s, producer, destinations, to=to, **target, **kw)
+
+
+async def parked_preview(request: Request) -> Response:
+    """The confirmation page of a replay or a drop: what it would act on, counted first."""
+    posted = await _parked_form(request)
+    if isinstance(posted, Response):
+        return posted
+    console, form, action, target, to = posted
+    try:
+        result = await console.reader.call(_act_on_parked(console, action, target, to, dry_run=True))
+    except ChronosError as exc:
+        raise HTTPException(400, str(exc)) from None
+    fields = [("action", action)] + ([("number", form["number"])] if "numbers" in target else
+                                     [(k, form[k]) for k in PARKED_FILTERS if form.get(k)])
+    if to is not None:
+        fields.append(("to", to))
+    verb, verb_lower, _ = PARKED_VERBS[action]
+    back = f"/parked/{target['numbers'][0]}" if "numbers" in target else "/parked?" + urlencode(
+        [(k, form[k]) for k in PARKED_FILTERS if form.get(k)])
+    when = None if action == "drop" else f"to {to}" if to else "each to the topic it was going to"
+    note = (f"{len(result.not_allowed):,} more would stay parked: CHRONOS_ALLOWED_TOPICS does not allow the topic "
+            "they were going to (give a topic to replay them to)." if result.not_allowed else None)
+    return console.page(request, "confirm.html", verb=verb, verb_lower=verb_lower, count=result.changed,
+                        noun="parked message", type_count=result.changed > console.settings.confirm_above,
+                        when=when, fields=fields, back=back, apply_url="/parked/actions/apply", in_flight=0,
+                        not_found=len(result.not_found), note=note)
+
+
+async def parked_apply(request: Request) -> Response:
+    """Take a confirmed replay or drop; refuses when more parked messages match now than were confirmed."""
+    posted = await _parked_form(request)
+    if isinstance(posted, Response):
+        return posted
+    console, form, action, target, to = posted
+    try:
+        expected = _confirmed(console, form, "acts on more than {:,} parked messages")
+        # statement by statement: a replay waits on Kafka between them, and the pages read on meanwhile
+        result = await console.reader.call_between(_act_on_parked(console, action, target, to, confirm_above=expected))
+    except NeedsConfirmation:
+        raise HTTPException(409, "More parked messages match now than you confirmed: nothing was done. "
+                                 "Review the action again.") from None
+    except ValueError:
+        raise HTTPException(400, "the confirmation form is incomplete") from None
+    except UnavailableError as exc:
+        raise HTTPException(503, str(exc)) from None
+    except ChronosError as exc:
+        raise HTTPException(400, str(exc)) from None
+    verb, _, past = PARKED_VERBS[action]
+    notes = []
+    if result.refused:
+        notes.append(f"{len(result.refused):,} refused by Kafka stay parked, with the refusal as their reason.")
+    if result.not_allowed:
+        notes.append(f"{len(result.not_allowed):,} stay parked: CHRONOS_ALLOWED_TOPICS does not allow the topic "
+                     "they were going to.")
+    if result.unanswered:
+        notes.append(f"Kafka did not answer in time: {len(result.unanswered):,} stay parked as they were, and the "
+                     "replay stopped there.")
+    if result.not_found:
+        notes.append(f"{len(result.not_found):,} were no longer parked.")
+    return console.page(request, "done.html", verb=verb, count=result.changed, noun="parked message", past=past,
+                        note=" ".join(notes), back="/parked")
 
 
 # -- errors ------------------------------------------------------------------------------------

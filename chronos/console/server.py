@@ -27,8 +27,9 @@ def serve(settings: Settings, *, fd: int | None = None) -> int:
     store = Store(settings.require_database(), pool_mode=settings.database_pool_mode,
                   application_name="chronos console")
     app = create_app(settings, store, metrics_urls=settings.console_metrics_urls)
-    log.info("console serving on http://%s:%d (node %s, database %s, %s, metrics from %d processes)",
-             host if ":" not in host else f"[{host}]", port, node, redact_url(settings.database_url or ""),
+    log.info("console serving on http://%s:%d (node %s, database %s, %s, metrics from the processes PostgreSQL "
+             "lists and %d URLs given)", host if ":" not in host else f"[{host}]", port, node,
+             redact_url(settings.database_url or ""),
              "read-only: no CHRONOS_CONSOLE_TOKEN" if settings.console_token is None else "actions need the token",
              len(settings.console_metrics_urls))
     server = uvicorn.Server(uvicorn.Config(app, loop="uvloop", http="h11", lifespan="on", log_config=None,

@@ -161,3 +161,14 @@ class ServerView:
     @property
     def role(self) -> str:
         return "standby" if self.in_recovery else "primary"
+
+
+@dataclass(slots=True)
+class Announced:
+    """A process as it last said where it serves /metrics (chronos_processes): for the console and
+    `chronos status`, which find every process of every host there."""
+
+    role: str
+    node: str
+    url: str                    # its /metrics, at the address it gave
+    seen_s: float               # how long ago it last said so (database clock)

@@ -1,6 +1,7 @@
 """What operators select and see of the store (`chronos show`, `list`, `parked`, `schedules`, the
-console): the filters of a search, and a message, a listed message, a parked message and a recurring
-schedule as the store gives them back (`chronos.ports.Operators`).
+console): the filters of a search (of what waits, of what is parked), and a message, a listed message, a
+parked message (shown, selected, whole) and a recurring schedule as the store gives them back
+(`chronos.ports.OperatorsStore`).
 
 States: `waiting` (not claimed, due at `deadline`), `in_flight` (claimed by a firer, which publishes
 it from memory at the deadline it was claimed with), `recurring` (a cron schedule; `deadline` is its
@@ -16,6 +17,8 @@ from typing import NamedTuple
 
 STATES = ("waiting", "in_flight", "recurring")
 ACTIONS = ("cancel", "fire_now", "reschedule")
+# on parked messages (`chronos parked replay|drop`), counted in the same totals
+PARKED_ACTIONS = ("replay_parked", "drop_parked")
 PREVIEW_BYTES = 64   # of a value, what `show` and the parked messages give: a value may be megabytes
 
 
@@ -102,6 +105,42 @@ class ParkedMessage:
     value_preview: bytes
     reason: str
     parked_at: datetime
+
+
+@dataclass(frozen=True)
+class ParkedFilters:
+    """What `chronos parked list` and the parked actions select; None means no condition."""
+
+    topic: str | None = None            # where it was going
+    reason: str | None = None           # the code its reason starts with (`too_large`, `missing_id`, ...)
+    parked_after: datetime | None = None
+    parked_before: datetime | None = None
+    id_prefix: str | None = None        # message ids starting with this
+
+    @property
+    def empty(self) -> bool:
+        return self == ParkedFilters()
+
+
+class ParkedRef(NamedTuple):
+    """A parked message as an action selects it: its number, where it was going, and its size (key,
+    value and headers, in bytes), by which a replay bounds what it holds at once."""
+
+    number: int
+    topic: str
+    size: int
+
+
+class ParkedRecord(NamedTuple):
+    """A parked message whole, as a replay publishes it: key, value and headers (encoded by the
+    codec) byte for byte."""
+
+    number: int
+    message_id: str | None
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: bytes | None
 
 
 class Schedule(NamedTuple):

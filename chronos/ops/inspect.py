@@ -1,9 +1,10 @@
-"""What operators ask of the store and do to it: list, cancel, fire-now, reschedule, parked messages.
+"""What operators ask of the store and do to it: list, cancel, fire-now, reschedule (parked messages:
+`chronos.ops.parked`).
 
 Functions over the operators' store port (`chronos.ports.OperatorsStore`: its statements, on PostgreSQL
 or the in-memory twin), returning typed results: the flags parsed, pages and their cursors, actions
 walked in batches, confirmed above a threshold and logged. `chronos show|list|cancel|fire-now|reschedule`
-(chronos/cli.py) and the console are two faces on them, and `to_json` gives every result as plain JSON.
+(chronos/commands/) and the console are two faces on them, and `to_json` gives every result as plain JSON.
 What operators select and see (filters, states, messages) is `chronos.domain.operators`.
 
 In-flight rows: no action changes them. The firer that holds the row publishes it at the deadline
@@ -23,12 +24,12 @@ import logging
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import orjson
 
 from chronos.domain.cron import from_us, to_us
-from chronos.domain.operators import ACTIONS, PREVIEW_BYTES, STATES, Filters, Listed, Message, ParkedMessage, Position
+from chronos.domain.operators import ACTIONS, PREVIEW_BYTES, STATES, Filters, Listed, Message, Position
 from chronos.errors import ConfigError, InFlightSkipped, NeedsConfirmation, NotFound
 from chronos.ports import OperatorsStore
 
@@ -123,15 +124,10 @@ def decode_cursor(text: str) -> tuple[str, list[Any]]:
 # -- results -----------------------------------------------------------------------------------
 
 @dataclass
-class ParkedPage:
-    items: list[ParkedMessage]
-    cursor: int | None              # pass as `before` for the next (older) page; None on the last
-
-
-@dataclass
 class Page:
     items: list[Listed]
     cursor: str | None              # pass as `after` for the next page; None when this is the last
+    cells: list[str] | None = None  # with cells: the cell of each item
 
 
 @dataclass
@@ -143,6 +139,8 @@ class ActionResult:
     not_found: list[str] = field(default_factory=list)      # ids given that are not in the store
     sample: list[str] = field(default_factory=list)         # first ids changed (or that would be)
     at: datetime | None = None      # fire-now / reschedule: the new deadline
+    cells: dict[str, int] | None = None  # with cells: rows changed (or that would be) in each cell
+    where: dict[str, str] = field(default_factory=dict)     # with cells: the cell of each id sampled or in flight
 
     def check(self) -> None:
         """Raise the error an incomplete action exits with (unknown ids first)."""
@@ -178,12 +176,64 @@ def list_messages(store: OperatorsStore, f: Filters, *, output_topic: str, limit
     return Page(items, next_cursor)
 
 
-def list_parked(store: OperatorsStore, *, limit: int = 50, before: int | None = None) -> ParkedPage:
-    """One page of parked messages, newest first, older than the cursor `before`."""
+def list_in_cells(stores: Mapping[str, OperatorsStore], f: Filters, *, output_topic: str, limit: int = 50,
+                  after: str | None = None) -> Page:
+    """`list_messages` over every cell (cell name -> its store): one page of what matches in all of them, in
+    deadline order (id order with an id prefix; between cells at one deadline, in the cells' order), with the
+    cell of each, and a cursor that holds each cell's position. One cell, named "" (no cells): its page."""
+    if len(stores) == 1 and "" in stores:
+        return list_messages(stores[""], f, output_topic=output_topic, limit=limit, after=after)
     if limit <= 0:
         raise ConfigError(f"--limit must be greater than 0, got {limit}")
-    items = store.list_parked(limit=limit, before=before)
-    return ParkedPage(items, items[-1].number if len(items) == limit else None)
+    by_id = f.id_prefix is not None
+    positions = _decode_cells_cursor(after, by_id, list(stores)) if after else {}
+    rank = {cell: i for i, cell in enumerate(stores)}
+    found: list[tuple[Any, str, Listed]] = []
+    more = False
+    for cell, store in stores.items():
+        items = store.list_messages(f, output_topic=output_topic, limit=limit, after=positions.get(cell))
+        more = more or len(items) == limit
+        found += [((m.id, rank[cell]) if by_id else (m.deadline, rank[cell], m.seq), cell, m) for m in items]
+    found.sort(key=lambda t: t[0])
+    page = found[:limit]
+    for _, cell, m in page:
+        positions[cell] = m.id if by_id else (to_us(m.deadline), m.seq)
+    cursor = None
+    if more or len(found) > limit:
+        cursor = encode_cursor("ci" if by_id else "cd", [{cell: (list(p) if isinstance(p, tuple) else p)
+                                                           for cell, p in positions.items()}])
+    return Page([m for _, _, m in page], cursor, [cell for _, cell, _ in page])
+
+
+def _decode_cells_cursor(text: str, by_id: bool, cells: list[str]) -> dict[str, Position]:
+    """Each cell's position in a cursor `list_in_cells` printed; a cursor that is not one is a bad flag."""
+    try:
+        data = orjson.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+        order, positions = data[0], data[1]
+        if order in ("ci", "cd") and isinstance(positions, dict) and set(positions) <= set(cells):
+            if (order == "ci") != by_id:
+                raise ConfigError("--after is a cursor of a listing with other filters (--id-prefix changes the "
+                                  "order)")
+            if order == "ci" and all(isinstance(v, str) for v in positions.values()):
+                return dict(positions)
+            if order == "cd" and all(isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v)
+                                     for v in positions.values()):
+                return {cell: (v[0], v[1]) for cell, v in positions.items()}
+    except (ValueError, TypeError, IndexError, orjson.JSONDecodeError):
+        pass
+    raise ConfigError(f"--after is not a cursor printed by `chronos list` over these cells: {text!r}")
+
+
+def show_in_cells(stores: Mapping[str, OperatorsStore], message_id: str, *,
+                  output_topic: str) -> list[tuple[str, Message]]:
+    """The message or schedule with this id in every cell that holds it (one, unless a producer sent it to
+    partitions of two cells), each with its cell, in the cells' order."""
+    found = []
+    for cell, store in stores.items():
+        m = store.show(message_id, output_topic=output_topic)
+        if m is not None:
+            found.append((cell, m))
+    return found
 
 
 # -- actions -------------------------------------------------------------------------------------
@@ -198,65 +248,92 @@ def act(store: OperatorsStore, action: str, *, ids: Sequence[str] = (), filters:
     anything). Every action that changes something, and its count, is logged once and added to the
     store's action totals (in the transaction of each change).
     """
+    return act_in_cells({"": store}, action, ids=ids, filters=filters, output_topic=output_topic, at=at,
+                        dry_run=dry_run, confirm_above=confirm_above, yes=yes, batch=batch)
+
+
+def act_in_cells(stores: Mapping[str, OperatorsStore], action: str, *, ids: Sequence[str] = (),
+                 filters: Filters | None = None, output_topic: str, at: datetime | None = None, dry_run: bool = False,
+                 confirm_above: int | None = None, yes: bool = False, batch: int = BATCH) -> ActionResult:
+    """`act` in every cell (cell name -> its store; one named "" without cells): an id is not found only
+    when no cell holds it, the confirmation counts the messages of every cell before any is changed, and
+    each cell's action totals count what changed there. With cells, the result says what changed in each
+    cell and the cell of each id it names."""
     if action not in ACTIONS:
         raise ConfigError(f"unknown action {action!r}")
     if (filters is None) == (not ids):
         raise ConfigError("give message ids, or --filter with filters, not both")
     if action == "reschedule" and at is None:
         raise ConfigError("reschedule needs --at or --delay")
-    if action == "fire_now":
-        at = from_us(store.db_clock_us())
-    result = ActionResult(action=action, dry_run=dry_run, at=at if action != "cancel" else None)
-    if filters is None:
-        batches = _id_batches(store, list(dict.fromkeys(ids)), batch, result)
-    else:
+    # fire-now: due now by each cell's own clock, the first cell's said
+    ats = {cell: from_us(store.db_clock_us()) if action == "fire_now" else at for cell, store in stores.items()}
+    result = ActionResult(action=action, dry_run=dry_run, at=next(iter(ats.values())) if action != "cancel" else None)
+    named = bool(stores) and "" not in stores
+    per_cell = {cell: ActionResult(action=action, dry_run=dry_run) for cell in stores}
+
+    def batches_of(cell: str) -> Iterator[list[str]]:
+        store, cell_at = stores[cell], ats[cell]
+        if filters is None:
+            return _id_batches(store, list(dict.fromkeys(ids)), batch, per_cell[cell])
         # rows this action moved must not come round again in the walk: fire-now walks only rows not
         # yet due (they move to `at`), reschedule skips rows already at `at`
         f = filters
         not_at = None
         if action == "fire_now":
-            assert at is not None  # read from the database clock above
-            f = dataclasses.replace(f, due_after=max(f.due_after or at, at))
+            assert cell_at is not None  # read from the database clock above
+            f = dataclasses.replace(f, due_after=max(f.due_after or cell_at, cell_at))
         elif action == "reschedule":
-            not_at = at
-        batches = _filter_batches(store, f, batch, output_topic, not_at, result)
+            not_at = cell_at
+        return _filter_batches(store, f, batch, output_topic, not_at, per_cell[cell])
 
-    pending: list[list[str]] = []
-    if not dry_run:
-        # how many would change, up to the threshold, before changing anything
-        if confirm_above is not None and not yes:
-            seen = 0
-            for chunk in batches:
-                pending.append(chunk)
-                seen += len(chunk)
-                if seen > confirm_above:
-                    raise NeedsConfirmation(f"{action.replace('_', '-')} would change more than {confirm_above} "
-                                            f"messages (CHRONOS_CONFIRM_ABOVE): give --yes, or --dry-run to see them")
-            batches = iter(pending)
-    first = True
-    for chunk in batches:
+    chunks: Iterator[tuple[str, list[str]]] = ((cell, chunk) for cell in stores for chunk in batches_of(cell))
+    if not dry_run and confirm_above is not None and not yes:
+        # how many would change, up to the threshold, in every cell, before changing anything
+        pending: list[tuple[str, list[str]]] = []
+        seen = 0
+        for cell, chunk in chunks:
+            pending.append((cell, chunk))
+            seen += len(chunk)
+            if seen > confirm_above:
+                raise NeedsConfirmation(f"{action.replace('_', '-')} would change more than {confirm_above} "
+                                        f"messages (CHRONOS_CONFIRM_ABOVE): give --yes, or --dry-run to see them")
+        chunks = iter(pending)
+    counted: set[str] = set()
+    for cell, chunk in chunks:
         if dry_run:
             changed = chunk
         else:
-            changed = store.apply_action(action, chunk, at, counted=first)
-            first = False
+            changed = stores[cell].apply_action(action, chunk, ats[cell], counted=cell not in counted)
+            counted.add(cell)
             # rows claimed between the read and the change
             held = set(chunk) - set(changed)
-            result.in_flight.extend(i for i in chunk if i in held)
-        result.changed += len(changed)
+            per_cell[cell].in_flight.extend(i for i in chunk if i in held)
+        per_cell[cell].changed += len(changed)
         room = SAMPLE - len(result.sample)
         if room > 0:
             result.sample.extend(changed[:room])
+            result.where.update({i: cell for i in changed[:room]} if named else {})
+    for cell, done in per_cell.items():
+        result.changed += done.changed
+        result.in_flight += done.in_flight
+        if named:
+            result.where.update({i: cell for i in done.in_flight})
+    missing = [set(done.not_found) for done in per_cell.values()]
+    result.not_found = [i for i in per_cell[next(iter(stores))].not_found if all(i in m for m in missing)]
+    if named:
+        result.cells = {cell: done.changed for cell, done in per_cell.items()}
     if not dry_run:
-        if first:
-            store.apply_action(action, [], at, counted=True)   # counted even when nothing matched
+        for cell, store in stores.items():
+            if cell not in counted:
+                store.apply_action(action, [], ats[cell], counted=True)   # counted even when nothing matched
         # one line per action that changed something (an action that changed nothing is counted, not logged:
         # its outcome is the command's own output or error line)
         log.log(logging.INFO if result.changed else logging.DEBUG,
-                "%s: %d messages %s%s%s", action.replace("_", "-"), result.changed, _DONE[action],
-                 f" to {at.isoformat()}" if action == "reschedule" and at else "",
-                 "".join(f", {n} {what}" for n, what in ((len(result.in_flight), "in flight left alone"),
-                                                        (len(result.not_found), "not found")) if n))
+                "%s: %d messages %s%s%s%s", action.replace("_", "-"), result.changed, _DONE[action],
+                f" to {at.isoformat()}" if action == "reschedule" and at else "",
+                "".join(f", {n} {what}" for n, what in ((len(result.in_flight), "in flight left alone"),
+                                                       (len(result.not_found), "not found")) if n),
+                f" ({', '.join(f'{cell} {n}' for cell, n in result.cells.items())})" if result.cells else "")
     return result
 
 
@@ -297,11 +374,17 @@ def to_json(result: Message | Page | ActionResult | None) -> Any:
     if result is None:
         return {"state": "not_found"}
     if isinstance(result, Page):
-        return {"messages": [_listed_json(m) for m in result.items], "next": result.cursor}
+        listed = [_listed_json(m) for m in result.items]
+        for item, cell in zip(listed, result.cells or ()):
+            item["cell"] = cell
+        return {"messages": listed, "next": result.cursor}
     if isinstance(result, ActionResult):
-        return {"action": result.action.replace("_", "-"), "dry_run": result.dry_run, "changed": result.changed,
-                "in_flight": result.in_flight, "not_found": result.not_found, "sample": result.sample,
-                "at": iso(result.at) if result.at else None}
+        out = {"action": result.action.replace("_", "-"), "dry_run": result.dry_run, "changed": result.changed,
+               "in_flight": result.in_flight, "not_found": result.not_found, "sample": result.sample,
+               "at": iso(result.at) if result.at else None}
+        if result.cells is not None:
+            out.update(cells=result.cells, where=result.where)
+        return out
     m = result
     return {"id": m.id, "state": m.state, "deadline": iso(m.deadline), "topic": m.topic, "key": bytes_json(m.key),
             "headers": [[k, bytes_json(v)] for k, v in m.headers], "value_size": m.value_size,

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import collections
 import logging
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from chronos.telemetry.scrape import Scraper
 
 log = logging.getLogger("chronos.status")
 
@@ -86,18 +87,33 @@ def parse(text: str) -> tuple[Reported, ...]:
     return reported_from(s for family in text_string_to_metric_families(lines + "\n") for s in family.samples)
 
 
-def ask(urls: Sequence[str], timeout: float = SCRAPE_TIMEOUT_S) -> list[Asked]:
-    """Scrape every URL at once, each within `timeout` seconds; in the order given."""
+def unique(asked: Sequence[Asked]) -> list[Asked]:
+    """Each process once: one that answered at two URLs (a listed one, and the address it gave PostgreSQL)
+    is kept at the first."""
+    seen: set[tuple[str, str]] = set()
+    kept = []
+    for a in asked:
+        processes = {(r.role, r.node) for r in a.reported}
+        if processes & seen:
+            continue
+        seen |= processes
+        kept.append(a)
+    return kept
+
+
+def ask(urls: Sequence[str], timeout: float = SCRAPE_TIMEOUT_S, scraper: Scraper | None = None) -> list[Asked]:
+    """Scrape every URL at once, each within `timeout` seconds (as `scraper` says: TLS, a password); in the
+    order given."""
     if not urls:
         return []
+    scraper = scraper or Scraper()
     with ThreadPoolExecutor(max_workers=min(16, len(urls)), thread_name_prefix="scrape") as pool:
-        return list(pool.map(lambda url: _ask(url, timeout), urls))
+        return list(pool.map(lambda url: _ask(scraper, url, timeout), urls))
 
 
-def _ask(url: str, timeout: float) -> Asked:
+def _ask(scraper: Scraper, url: str, timeout: float) -> Asked:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - URLs come from settings
-            return Asked(url, True, parse(response.read().decode("utf-8", errors="replace")))
+        return Asked(url, True, parse(scraper.text(url, timeout)))
     except (OSError, ValueError) as exc:  # refused, timed out, not Prometheus text: it did not answer
         log.debug("no metrics from %s: %s", url, exc)
         return Asked(url, False)

@@ -1,59 +1,19 @@
-"""`chronos status` (what the store holds, at a glance) and `chronos health` (ask a process's /healthz)."""
+"""What the store holds, at a glance: the status as JSON-ready values and as text, for `chronos status`
+(chronos/commands/status.py) and the console's overview alike."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
-import sys
-import threading
-import urllib.error
-import urllib.request
 from datetime import datetime, timezone
 from typing import Any, Sequence
 
-import orjson
-
 from chronos import config
+from chronos.domain.cells import CellMap, ranges
 from chronos.domain.model import NodeLoad, ServerView
 from chronos.adapters.kafka.brokerstats import STATS_ENV, read_stats, rss_bytes
-from chronos.errors import EXIT_FAILURE, EXIT_UNAVAILABLE, ConfigError, StoreUnavailable
 from chronos.ops import servers
 
-
-def add_parsers(sub: Any) -> None:
-    """The `status` and `health` sub-commands."""
-    p = sub.add_parser("status", help="what the store holds: waiting, due, held per firer, overdue, "
-                                      "suspected failures, recurring schedules, throttled topics, next deadline; "
-                                      "the PostgreSQL server and the processes on it",
-                       description="Read the store and print what it holds, and which PostgreSQL server it is "
-                                   "(primary or standby, its standbys) with the processes connected to it; with "
-                                   "the processes' /metrics URLs known (the ready file of `chronos up`, "
-                                   "CHRONOS_CONSOLE_METRICS_URLS), the server each process says it uses. Runs "
-                                   "against the same settings (or --ready-file) as every other command.")
-    config.add_arguments(p, only=("database_url", "database_pool_mode", "hold_time_ms", "output_topic", "console_metrics_urls"))
-    p.add_argument("--json", action="store_true", help="one JSON object (one per line with --watch)")
-    p.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
-                   help="refresh every SECONDS (default 2) until Ctrl-C")
-    p.add_argument("--exact", action="store_true",
-                   help="count waiting rows exactly even on a very large table (slower)")
-    p.set_defaults(func=cmd_status)
-
-    p = sub.add_parser("health", help="ask a process's /healthz, or every process's; exit 0 when healthy",
-                       description="GET a process's /healthz and print its JSON report. Exit 0 when healthy, "
-                                   "1 when the process reports a problem, 3 when it does not answer. Without "
-                                   "--url or --metrics-port, asks every process whose /metrics URL is known (the "
-                                   "ready file of `chronos up`, CHRONOS_CONSOLE_METRICS_URLS): one report per "
-                                   "line, exit 0 when all are healthy, 3 when none answers, else 1.")
-    config.add_arguments(p, only=("metrics_port", "console_metrics_urls"))
-    p.add_argument("--url", default=None,
-                   help="health URL (default: http://127.0.0.1:CHRONOS_METRICS_PORT/healthz, else every "
-                        "process's)")
-    p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for an answer (default 3)")
-    p.set_defaults(func=cmd_health)
-
-
-# -- status --------------------------------------------------------------------------------
 
 def to_dict(view: Any, hold_time_ms: int, throttled: Sequence[Any] = (),
             broker: dict[str, Any] | None = None, postgres: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -81,6 +41,57 @@ def to_dict(view: Any, hold_time_ms: int, throttled: Sequence[Any] = (),
         "postgres": postgres,
         "embedded_broker": _broker(broker) if broker else None,
     }
+
+
+def cells_dict(cells: dict[str, dict[str, Any]], cell_map: CellMap, broker: dict[str, Any] | None) -> dict[str, Any]:
+    """The status of several cells (each cell's `to_dict`, without the broker's): the totals of what they hold,
+    each cell's own with its input partitions, and the embedded broker's stats once."""
+    parts = list(cells.values())
+
+    def total(key: str) -> int | None:
+        counts = [d[key] for d in parts if d[key] is not None]
+        return sum(counts) if counts else None
+    overdue = [d["oldest_overdue_s"] for d in parts if d["oldest_overdue_s"] is not None]
+    nexts = [d for d in parts if d["next_deadline"]]
+    soonest = min(nexts, key=lambda d: d["next_deadline_in_s"]) if nexts else None
+    return {
+        "at": max(d["at"] for d in parts),
+        **{key: total(key) for key in ("waiting", "due_now", "in_flight", "past_hold_time", "recurring_schedules",
+                                        "parked")},
+        "waiting_estimated": any(d["waiting_estimated"] for d in parts),
+        "oldest_overdue_s": max(overdue) if overdue else None,
+        "next_deadline": soonest["next_deadline"] if soonest else None,
+        "next_deadline_in_s": soonest["next_deadline_in_s"] if soonest else None,
+        "hold_time_ms": parts[0]["hold_time_ms"],
+        "cells": [{"cell": cell, "input_partitions": cell_map.partitions_of(cell), **d} for cell, d in cells.items()],
+        "embedded_broker": _broker(broker) if broker else None,
+    }
+
+
+def render_cells(d: dict[str, Any]) -> str:
+    """The human-readable status of several cells: the totals, then each cell's status, then the broker's."""
+    def row(label: str, value: Any, note: str = "") -> str:
+        text = f"{value:,}" if isinstance(value, int) else str(value)
+        return f"{label:<22}{text:>12}" + (f"   {note}" if note else "")
+
+    def by_cell(key: str) -> str:
+        return ", ".join(f"{c['cell']} {c[key]:,}" for c in d["cells"] if c[key] is not None)
+    lines = [f"chronos status at {d['at']}: {len(d['cells'])} cells"]
+    lines.append(row("waiting", d["waiting"], by_cell("waiting") + (" (estimate)" if d["waiting_estimated"] else "")))
+    lines.append(row("due now", d["due_now"], by_cell("due_now")))
+    lines.append(row("held by firers", d["in_flight"], by_cell("in_flight")))
+    overdue = d["oldest_overdue_s"]
+    lines.append(row("oldest overdue", "-" if overdue is None else _seconds(overdue)))
+    lines.append(row("past hold time", d["past_hold_time"], by_cell("past_hold_time")))
+    lines.append(row("next deadline", f"in {_seconds(d['next_deadline_in_s'])}" if d["next_deadline"] else "-",
+                     d["next_deadline"] or ""))
+    for c in d["cells"]:
+        lines += ["", f"cell {c['cell']}: input partitions {ranges(c['input_partitions']) if c['input_partitions'] else 'all'}"]
+        lines += ["  " + line for line in render(c).splitlines()[1:]]
+    b = d.get("embedded_broker")
+    if b:
+        lines += [""] + render_broker(b, row)
+    return "\n".join(lines)
 
 
 def postgres_dict(server: ServerView, held: Sequence[NodeLoad] = (),
@@ -189,7 +200,7 @@ def render(d: dict[str, Any]) -> str:
     lines.append(row("recurring schedules", "-" if schedules is None else schedules))
     parked = d["parked"]
     lines.append(row("parked", "-" if parked is None else parked,
-                     "no topic accepted them: see the chronos_parked table" if parked else ""))
+                     "kept in chronos_parked: see chronos parked list" if parked else ""))
     for t in d.get("throttled", []):
         limit = f"limit {t['rate_per_s']:g}/s"
         lines.append(row(f"  throttled {t['topic']}", t["rows"],
@@ -235,8 +246,8 @@ def render_postgres(p: dict[str, Any], row: Any) -> list[str]:
                                                              f"elsewhere, or gone"))
     reported = p["reported"]
     if reported is None:
-        lines.append(row("  processes report", "-", "no /metrics URLs known (CHRONOS_CONSOLE_METRICS_URLS, or the "
-                                                    "ready file of chronos up)"))
+        lines.append(row("  processes report", "-", "no /metrics URLs known (no process said in PostgreSQL where it "
+                                                    "serves them, none in CHRONOS_CONSOLE_METRICS_URLS)"))
         return lines
     answered = sum(1 for r in reported if r["answered"])
     lines.append(row("  processes report", answered, f"of {len(reported)} asked, on their /metrics"))
@@ -275,51 +286,6 @@ def render_broker(b: dict[str, Any], row: Any) -> list[str]:
     return lines
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    from chronos.adapters.postgres.store import Store
-    settings = config.load(args)
-    store = Store(settings.require_database(), pool_mode=settings.database_pool_mode, application_name="chronos status")
-    clear = args.watch is not None and not args.json and sys.stdout.isatty()
-    stop = threading.Event()
-    if args.watch is not None:
-        # Ctrl-C or SIGTERM end a watch, even where SIGINT came in ignored (a shell's background job)
-        # and even if the interrupt lands where a library swallows it: the loop checks the flag too
-        def interrupt(_signum, _frame) -> None:
-            stop.set()
-            raise KeyboardInterrupt
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, interrupt)
-    try:
-        while not stop.is_set():
-            try:
-                view = store.overview(settings.hold_time_ms, exact=True if args.exact else None)
-                urls = settings.console_metrics_urls
-                postgres = postgres_dict(store.server_view(), view.by_node, servers.ask(urls) if urls else None)
-                d = to_dict(view, settings.hold_time_ms, store.throttled(settings.output_topic), broker_stats(args),
-                            postgres)
-            except StoreUnavailable as exc:
-                if args.watch is None:
-                    raise
-                print(f"postgres unavailable: {exc}", file=sys.stderr, flush=True)
-            else:
-                if args.json:
-                    out = orjson.dumps(d, option=0 if args.watch is not None else orjson.OPT_INDENT_2).decode()
-                else:
-                    out = ("\x1b[H\x1b[2J" if clear else "") + render(d) + ("" if clear else "\n")
-                print(out, flush=True)
-            if args.watch is None:
-                return 0
-            stop.wait(max(0.1, args.watch))
-        return 0
-    except KeyboardInterrupt:
-        return 0
-    except BrokenPipeError:  # `chronos status --watch | head`: the reader is done
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    finally:
-        store.close()
-
-
 def _iso(when: datetime) -> str:
     return when.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -332,55 +298,3 @@ def _seconds(value: float) -> str:
     if abs(value) < 86400 * 2:
         return f"{value / 3600:.1f}h"
     return f"{value / 86400:.1f}d"
-
-
-# -- health --------------------------------------------------------------------------------
-
-def cmd_health(args: argparse.Namespace) -> int:
-    url = args.url
-    if url is None:
-        settings = config.load(args, default_ready_file=args.metrics_port is None)
-        if settings.metrics_port:
-            url = f"http://127.0.0.1:{settings.metrics_port}/healthz"
-        elif settings.console_metrics_urls:
-            return health_of_all([u.rsplit("/", 1)[0] + "/healthz" for u in settings.console_metrics_urls],
-                                 args.timeout)
-        else:
-            raise ConfigError("give --url, or --metrics-port / CHRONOS_METRICS_PORT of the process to ask, or "
-                              "CHRONOS_CONSOLE_METRICS_URLS (or a ready file) to ask every process")
-    status, body = ask_health(url, args.timeout)
-    if status == 0:
-        return EXIT_UNAVAILABLE
-    sys.stdout.write(body.decode(errors="replace"))
-    if not body.endswith(b"\n"):
-        sys.stdout.write("\n")
-    return 0 if status == 200 else EXIT_FAILURE
-
-
-def ask_health(url: str, timeout: float) -> tuple[int, bytes]:
-    """(HTTP status, body) of a /healthz; (0, b"") when nothing answers, said on stderr."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        print(f"chronos health: no answer from {url}: {reason}", file=sys.stderr)
-        return 0, b""
-
-
-def health_of_all(urls: Sequence[str], timeout: float) -> int:
-    """Every process's /healthz, one report per line with its URL; 0 when all are healthy, 3 when none
-    answers, else 1."""
-    answers = [(url, *ask_health(url, timeout)) for url in urls]
-    for url, status, body in answers:
-        if status:
-            try:
-                report = orjson.loads(body)
-            except ValueError:
-                report = {"status": "unreadable", "body": body.decode(errors="replace")[:200]}
-            print(orjson.dumps({"url": url, **report}).decode())
-    if all(status == 200 for _, status, _ in answers):
-        return 0
-    return EXIT_UNAVAILABLE if not any(status for _, status, _ in answers) else EXIT_FAILURE

@@ -9,6 +9,11 @@ retrying a task, schedules nothing twice. No JDBC driver is involved: psycopg do
 
 Invalid rows come back from the executors with their reason and are written to the rejects
 dataset; the counts come back through an accumulator.
+
+With cells, each row goes to the cell of the input partition its routing key gives (its ordering key,
+else its id: `chronos.domain.routing`, modulo the map's partition count), where a message sent through
+Kafka with the same id or ordering key would be, each chunk written to each cell with the map's fence;
+a map that changed while the job ran stops it (run it again: nothing is scheduled twice).
 """
 
 from __future__ import annotations
@@ -17,10 +22,13 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, TextIO
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, TextIO
 
-from chronos.errors import InputError
+from chronos.errors import CellMapChanged, InputError
+from chronos.domain.cells import CellMap
 from chronos.domain.intake import Rules
+from chronos.domain.model import Row
+from chronos.domain.routing import input_partition
 from chronos.pipeline.rows import COLUMNS, OPTIONAL_COLUMNS, REQUIRED_COLUMNS, Stats, build
 from chronos.pipeline.spark import load_input, spark_errors
 
@@ -120,29 +128,47 @@ def _stats_param():
 
 
 def validate_and_write(batches: Iterator["pa.RecordBatch"], *, url: str, rules: Rules, now_us: int,
-                       accumulator: Any, chunk_rows: int = CHUNK_ROWS,
-                       pool_mode: str = "session") -> Iterator["pa.RecordBatch"]:
+                       accumulator: Any, chunk_rows: int = CHUNK_ROWS, pool_mode: str = "session",
+                       cells: Mapping[str, str] | None = None,
+                       cell_map: CellMap | None = None) -> Iterator["pa.RecordBatch"]:
     """Executor side, one partition: store the valid rows, yield the invalid ones with their reason.
-    `pool_mode`: how its store talks to PostgreSQL (chronos.adapters.postgres.pooling)."""
+    `pool_mode`: how its store talks to PostgreSQL (chronos.adapters.postgres.pooling). With `cells` (cell
+    name -> URL) and their `cell_map`, each row in the cell of its routing key's input partition."""
     import pyarrow as pa
 
     from chronos.adapters.postgres.store import Store
 
     stats = Stats()
-    store: Store | None = None
-    pending: list = []
+    urls = dict(cells) if cells else {"": url}
+    stores: dict[str, Store] = {}
+    pending: dict[str, list[tuple[Row, int]]] = {}
 
     def flush() -> None:
-        nonlocal store, pending
-        if pending:
-            if store is None:
-                store = Store(url, pool_mode=pool_mode)
+        for cell, chunk in pending.items():
+            if cell not in stores:
+                stores[cell] = Store(urls[cell], pool_mode=pool_mode)
             # Partitions may hold the same id (a repeated row). Inserting in id order makes every
             # transaction take its row locks in one global order, so two partitions wait for each
             # other instead of deadlocking; within a chunk the input order means nothing anyway.
-            pending.sort(key=lambda row: row.id)
-            stats.scheduled += store.insert(pending)
-            pending = []
+            chunk.sort(key=lambda row: row[0].id)
+            fence = cell_map.fence(cell, {p for _, p in chunk}) if cell_map is not None else None
+            try:
+                stats.scheduled += stores[cell].apply([row for row, _ in chunk], (), (), fence)[0]
+            except CellMapChanged:
+                raise InputError("the cell map changed while the job ran (a partition moved): run it again; "
+                                 "nothing is scheduled twice") from None
+        pending.clear()
+
+    def cell_of(row: Row) -> tuple[str, int]:
+        """The cell a row goes to, and its input partition (0 without cells)."""
+        if cell_map is None:
+            return "", 0
+        partition = input_partition(row.id, row.ordering_key, cell_map.partitions) if cell_map.partitions else 0
+        owner = cell_map.owner(partition)
+        if not owner.writable:
+            raise InputError(f"input partition {partition} is moving to another cell: run the job again once it "
+                             f"has; nothing is scheduled twice")
+        return owner.cell, partition
 
     try:
         for batch in batches:
@@ -162,11 +188,12 @@ def validate_and_write(batches: Iterator["pa.RecordBatch"], *, url: str, rules: 
                     reasons.append(reason)
                     stats.reject(reason)
                 else:
-                    pending.append(row)
+                    cell, partition = cell_of(row)
+                    pending.setdefault(cell, []).append((row, partition))
                     stats.valid += 1
                     stats.due += due
             stats.read += n
-            if len(pending) >= chunk_rows:
+            if sum(map(len, pending.values())) >= chunk_rows:
                 flush()
             if reasons:
                 rejected = batch.filter(pa.array(mask))
@@ -174,7 +201,7 @@ def validate_and_write(batches: Iterator["pa.RecordBatch"], *, url: str, rules: 
                                                  names=names + [REASON_COLUMN])
         flush()
     finally:
-        if store is not None:
+        for store in stores.values():
             store.close()
     accumulator.add(stats)
 
@@ -222,20 +249,26 @@ class Progress:
                 self.last = line
 
 
-def run(spark: "SparkSession", *, input_path: str, fmt: str, database_url: str, rules: Rules,
+def run(spark: "SparkSession", *, input_path: str, fmt: str, database_url: str | None, rules: Rules,
         rejects_path: str | None = None, partitions: int | None = None, now_us: int | None = None,
         progress: bool = False, chunk_rows: int = CHUNK_ROWS,
-        out: TextIO = sys.stderr, check: bool = True, pool_mode: str = "auto") -> ScheduleResult:
+        out: TextIO = sys.stderr, check: bool = True, pool_mode: str = "auto",
+        cells: Mapping[str, str] | None = None) -> ScheduleResult:
     """Validate and store every row of the input; invalid rows go to `rejects_path` (in the
     input's format, with the input's columns and a `reason` column). `pool_mode` is
-    CHRONOS_DATABASE_POOL_MODE, settled here for every executor by `check`, else by each executor's store."""
+    CHRONOS_DATABASE_POOL_MODE, settled here for every executor by `check`, else by each executor's store.
+    With `cells` (cell name -> URL: CHRONOS_CELLS), each row goes to the cell of its routing key's input
+    partition, by their map, read here."""
     from pyspark.sql import types as T
 
     if rejects_path is not None and rejects_path.rstrip("/") == input_path.rstrip("/"):
         raise InputError("--rejects must not be the input path")
     started = time.monotonic()
+    urls = dict(cells) if cells else {"": database_url or ""}
     if check:
-        pool_mode = check_store(database_url, pool_mode)
+        for url in urls.values():
+            pool_mode = check_store(url, pool_mode)
+    cell_map = read_cell_map(urls, pool_mode) if cells else None
     df = read_input(spark, input_path, fmt)
     ignored = check_columns(df.schema)
     if not partitions and df.rdd.getNumPartitions() < spark.sparkContext.defaultParallelism:
@@ -247,8 +280,9 @@ def run(spark: "SparkSession", *, input_path: str, fmt: str, database_url: str, 
     schema = T.StructType(df.schema.fields + [T.StructField(REASON_COLUMN, T.StringType(), nullable=False)])
 
     def work(batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
-        return validate_and_write(batches, url=database_url, rules=rules, now_us=now_us,
-                                  accumulator=accumulator, chunk_rows=chunk_rows, pool_mode=pool_mode)
+        return validate_and_write(batches, url=database_url or "", rules=rules, now_us=now_us,
+                                  accumulator=accumulator, chunk_rows=chunk_rows, pool_mode=pool_mode, cells=cells,
+                                  cell_map=cell_map)
 
     with spark_errors(f"cannot schedule {input_path}"):
         n_partitions = df.rdd.getNumPartitions()
@@ -279,6 +313,19 @@ def check_store(url: str, pool_mode: str = "auto") -> str:
     with connect(url) as conn:
         check_schema(conn)
     return resolve_pool_mode(url, pool_mode, check=True)
+
+
+def read_cell_map(urls: Mapping[str, str], pool_mode: str) -> CellMap:
+    """The cells' map of the input partitions (CellMapError if they make none)."""
+    from chronos.adapters.postgres.store import Store
+    from chronos.ops.cells import read_map
+
+    stores = {cell: Store(url, pool_mode=pool_mode) for cell, url in urls.items()}
+    try:
+        return read_map(stores)
+    finally:
+        for store in stores.values():
+            store.close()
 
 
 def summary(result: ScheduleResult) -> str:

@@ -64,6 +64,7 @@ class DetectorProcess:
                     started = time.perf_counter()
                     self.metrics.batch("scan", self.scan(), time.perf_counter() - started)
                     self.refresh_gauges()
+                    self.metrics.announce(self.store, time.monotonic())
                     self.outage.ok()
                     delay = interval
                 except StoreUnavailable as exc:
@@ -71,6 +72,7 @@ class DetectorProcess:
                 self.life.sleep(delay)
         finally:
             log.info("stopping: reset %d rows in all", self.total_reset)
+            self.metrics.withdraw(self.store)
             self.metrics.close()
             self.store.close()
 

@@ -1,5 +1,9 @@
 """What every long-running process shares: node id, signals, logging, waiting for the store,
-and, under supervisord, dying with it and waiting longer after each crash in a row."""
+and, under supervisord, dying with it and waiting longer after each crash in a row.
+
+Like the roles, a process's life knows PostgreSQL and Kafka only through a port
+(`chronos.ports.ProcessServices`: the schema check, the Kafka probe); `chronos.processes` hands it the
+real ones."""
 
 from __future__ import annotations
 
@@ -14,19 +18,13 @@ from pathlib import Path
 from typing import Callable
 
 import orjson
-import psycopg
 
-from chronos import codec, config
-
-from chronos import logs
-from chronos.runtime import orphans
+from chronos import codec, config, logs
 from chronos.config import Settings, redact_url
 from chronos.errors import ConfigError, KafkaRefused, PoolModeMismatch, SchemaError, StoreRefused, StoreUnavailable
+from chronos.ports import ProcessServices
+from chronos.runtime import orphans
 from chronos.runtime.backoff import Outage
-from chronos.adapters.kafka.admin import probe
-from chronos.adapters.postgres import pooling
-from chronos.adapters.postgres.connection import connect
-from chronos.adapters.postgres.migrations import check_schema
 
 log = logging.getLogger("chronos")
 
@@ -80,7 +78,7 @@ class Lifecycle:
         signal.signal(signal.SIGINT, handler)
 
 
-def wait_for_schema(settings: Settings, life: Lifecycle) -> Settings | None:
+def wait_for_schema(settings: Settings, life: Lifecycle, services: ProcessServices) -> Settings | None:
     """Block until PostgreSQL answers with the right schema (retrying with backoff while it is down),
     then settle CHRONOS_DATABASE_POOL_MODE=auto by probing for a pooler in transaction mode: the settings
     with the pool mode the process talks in, or None if stopped meanwhile.
@@ -89,21 +87,16 @@ def wait_for_schema(settings: Settings, life: Lifecycle) -> Settings | None:
     statement mode ConfigError: waiting would not fix them.
     """
     outage = Outage(log, first=0.5, cap=10.0)
-    url = settings.require_database()
+    settings.databases()  # a configuration error now, when there is no database at all
     while life.running:
         try:
-            with connect(url) as conn:
-                check_schema(conn)
-            mode = pooling.resolve_pool_mode(url, settings.database_pool_mode)
+            mode = services.check_store()
             outage.ok()
         except StoreRefused:
             raise
         except StoreUnavailable as exc:
             life.sleep(outage.failed(exc))
             continue
-        if mode == pooling.TRANSACTION:
-            log.info("PostgreSQL is reached through a pooler in transaction mode (%s=%s): no prepared statements, "
-                     "settings and the staging table in each transaction", pooling.SETTING, settings.database_pool_mode)
         return config.replace(settings, database_pool_mode=mode)
     return None
 
@@ -170,9 +163,10 @@ def _begin(record: RunRecord) -> tuple[dict, float]:
 
 
 def run_process(role: str, settings: Settings, body: Callable[[Settings, uuid.UUID, Lifecycle], None], *,
-                kafka: bool = True) -> int:
+                services: ProcessServices, kafka: bool = True) -> int:
     """Run a role's `body` as this process's work, from start (logging, signals, crash waits, the schema
-    and, if it uses `kafka`, Kafka's acceptance of its TLS and SASL settings) to a clean end: the exit code."""
+    and, if it uses `kafka`, Kafka's acceptance of its TLS and SASL settings, asked of `services`) to a
+    clean end: the exit code."""
     settings.require_services()
     node_id = uuid.uuid4()
     logs.setup(role, str(node_id), settings.log_level, settings.log_format, settings.secrets())
@@ -184,14 +178,17 @@ def run_process(role: str, settings: Settings, body: Callable[[Settings, uuid.UU
         log.warning("%s: supervisord is gone; not starting", role)
         return 0
     current, wait = _begin(record) if record is not None else (None, 0.0)
-    log.info("%s starting: node %s, pid %d, database %s, kafka %s, header codec %s, psycopg %s (libpq %s)",
-             role, node_id, os.getpid(), redact_url(settings.database_url or ""), settings.kafka_bootstrap_servers,
-             codec.IMPL, psycopg.pq.__impl__, psycopg.pq.version())
+    database = redact_url(settings.database_url or "") if settings.cell is None or not settings.database_url else \
+        f"{redact_url(settings.database_url)} (cell {settings.cell})"
+    if settings.cells and settings.cell is None:
+        database = "cells " + ", ".join(f"{name} {redact_url(url)}" for name, url in settings.cells)
+    log.info("%s starting: node %s, pid %d, database %s, kafka %s, header codec %s, %s",
+             role, node_id, os.getpid(), database, settings.kafka_bootstrap_servers, codec.IMPL, services.clients())
     if current is not None and current["crashes"]:
         log.warning("the previous run ended in a crash (%d in a row)%s", current["crashes"],
                     f": waiting {wait:.0f}s before starting" if wait else "")
     tune_gc()
-    code = _run(role, settings, node_id, life, body, kafka) if life.sleep(wait) else 0
+    code = _run(role, settings, node_id, life, body, services, kafka) if life.sleep(wait) else 0
     if record is not None and current is not None:
         record.write({**current, "clean": True})
     return code
@@ -203,16 +200,14 @@ KAFKA_CHECK_S = 5.0
 
 
 def _run(role: str, settings: Settings, node_id: uuid.UUID, life: Lifecycle,
-         body: Callable[[Settings, uuid.UUID, Lifecycle], None], kafka: bool) -> int:
+         body: Callable[[Settings, uuid.UUID, Lifecycle], None], services: ProcessServices, kafka: bool) -> int:
     try:
-        settled = wait_for_schema(settings, life)
+        settled = wait_for_schema(settings, life, services)
         if settled is None:
             return 0
         settings = settled
         if kafka:
-            assert settings.kafka_bootstrap_servers is not None  # require_services()
-            reason = probe(settings.kafka_bootstrap_servers, settings.kafka_config, KAFKA_CHECK_S,
-                           settings.secrets(), what=role)
+            reason = services.probe_kafka(KAFKA_CHECK_S)
             if reason is not None:
                 log.warning("kafka does not answer yet (%s); starting anyway, the clients keep retrying", reason)
     except (SchemaError, StoreRefused, KafkaRefused, PoolModeMismatch) as exc:

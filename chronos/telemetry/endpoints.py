@@ -15,6 +15,11 @@ from typing import Mapping
 from chronos.errors import ConfigError
 
 ROLE_OFFSETS = {"consumer": 0, "firer": 100, "detector": 200}
+WILDCARDS = ("0.0.0.0", "::")  # CHRONOS_METRICS_ADDRESS values that mean every interface
+# how often a serving process says again where it serves /metrics (chronos_processes), and how recently a
+# process must have said so to be listed (the console, `chronos status`)
+ANNOUNCE_EVERY_S = 30.0
+ANNOUNCED_WITHIN_MS = 90_000
 
 # Picked below the kernel's ephemeral range (32768-60999), where the embedded services' ports go.
 _AUTO_METRICS_PORTS = (20000, 30000)

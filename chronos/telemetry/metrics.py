@@ -28,12 +28,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from chronos import __version__, codec
 from chronos.config import Settings
+from chronos.domain.operators import ACTIONS, PARKED_ACTIONS
 from chronos.domain.reasons import CONSUMER_REASONS, FIRER_REASONS, code_of
 from chronos.adapters.kafka.brokerstats import STATS_ENV, read_stats
-from chronos.errors import ConfigError
-from chronos.telemetry.endpoints import metrics_port
+from chronos.errors import ConfigError, StoreRejected, StoreUnavailable
+from chronos.telemetry.endpoints import ANNOUNCE_EVERY_S, WILDCARDS, metrics_port
 from chronos.telemetry.health import Health, KafkaProbe
 from chronos.telemetry.http import MetricsServer
+from chronos.telemetry.lag import PartitionLag
+from chronos.telemetry import webconfig
 
 log = logging.getLogger("chronos.metrics")
 
@@ -71,10 +74,11 @@ class _Totals:
 
 
 class _ActionTotals:
-    """Operator actions (cancel, fire-now, reschedule) as counted in the store's chronos_actions table:
-    the CLI that takes them lives for a second, so the detector exports the store's totals."""
+    """Operator actions (cancel, fire-now, reschedule; parked messages replayed and dropped) as counted in
+    the store's chronos_actions table: the CLI that takes them lives for a second, so the detector exports
+    the store's totals, each action from zero before it is first taken."""
 
-    ACTIONS = ("cancel", "fire_now", "reschedule")
+    ACTIONS = (*ACTIONS, *PARKED_ACTIONS)
 
     def __init__(self, role: str, node: str, totals: Callable[[], Mapping[str, tuple[int, int]]]):
         self.labels = (role, node)
@@ -88,7 +92,8 @@ class _ActionTotals:
 
     def _families(self, totals: Mapping[str, tuple[int, int]]) -> list[CounterMetricFamily]:
         taken = CounterMetricFamily("chronos_operator_actions_total",
-                                    "operator actions taken (chronos cancel, fire-now, reschedule), from the store",
+                                    "operator actions taken (chronos cancel, fire-now, reschedule, parked replay and "
+                                    "drop), from the store",
                                     labels=("role", "node", "action"))
         changed = CounterMetricFamily("chronos_operator_action_messages_total",
                                       "messages changed by operator actions, from the store",
@@ -246,6 +251,10 @@ class Telemetry:
         self.healthy.set_function(lambda: 1.0 if self.health_report()[0] else 0.0)
         self.probe: KafkaProbe | None = None
         self.server: MetricsServer | None = None
+        self.next_announce: dict[int, float] = {}  # id of a store -> monotonic: when `announce` says it there again
+        self.announced: str | None = None        # the /metrics URL last said in a store
+        self.announced_in: set[int] = set()      # ids of the stores it was said in (a consumer's cells: each)
+        self.announce_refused = False            # the schema has no chronos_processes (said once in the log)
 
     # -- definitions -----------------------------------------------------------------------
 
@@ -323,8 +332,9 @@ class Telemetry:
         return ok, report
 
     def serve(self, *, postgres: Callable[[], float], postgres_detail: Callable[[], str | None] | None = None,
-              kafka: Callable[[], Any] | None = None, kafka_topic: str | None = None, host: str = "0.0.0.0") -> None:
-        """Start the HTTP server (if a port is set) and the health checks of PostgreSQL and Kafka.
+              kafka: Callable[[], Any] | None = None, kafka_topic: str | None = None) -> None:
+        """Start the HTTP server (if a port is set: on CHRONOS_METRICS_ADDRESS, over TLS and with basic
+        authentication as CHRONOS_METRICS_WEB_CONFIG_FILE says) and the health checks of PostgreSQL and Kafka.
 
         `postgres` returns when the process last reached PostgreSQL, `postgres_detail` what the process
         does about it not answering (if anything); `kafka` returns the process's current Kafka client,
@@ -336,15 +346,56 @@ class Telemetry:
         if kafka is not None and kafka_topic is not None:
             probe = self.probe = KafkaProbe(kafka, kafka_topic, every_s=max(1.0, self.health.window / 4))
             self.health.watch("kafka", lambda: probe.last_ok, detail=lambda: probe.error)
+        web = webconfig.load("CHRONOS_METRICS_WEB_CONFIG_FILE", self.settings.metrics_web_config_file or "")
+        host = self.settings.metrics_address
         try:
-            self.server = MetricsServer((host, self.port), self.registry, self.health_report, self.liveness_report)
+            self.server = MetricsServer((host, self.port), self.registry, self.health_report, self.liveness_report,
+                                        web)
         except OSError as exc:
-            raise ConfigError(f"cannot serve metrics on port {self.port} (CHRONOS_METRICS_PORT): {exc.strerror}") \
-                from None
+            raise ConfigError(f"cannot serve metrics on port {self.port} of {host} (CHRONOS_METRICS_PORT, "
+                              f"CHRONOS_METRICS_ADDRESS): {exc.strerror or exc}") from None
         if self.probe is not None:
             self.probe.start()
         self.server.start()
-        log.info("serving /metrics and /healthz on port %d", self.port)
+        log.info("serving /metrics and /healthz on port %d (%s, %s%s)", self.port, host, self.server.scheme,
+                 ", /metrics with a password" if web.users else "")
+
+    def announce(self, store: Any, now: float) -> None:
+        """While serving, say in the store where this process serves /metrics (`ports.Presence`), at most every
+        ANNOUNCE_EVERY_S (`now`: `time.monotonic()`), from the thread that uses `store`: the console and `chronos
+        status` find every process of every host there. Its address is CHRONOS_METRICS_ADDRESS, or where that
+        is every interface, this host's on its way to PostgreSQL. A failure waits for the next time."""
+        if self.server is None or now < self.next_announce.get(id(store), 0.0):
+            return
+        self.next_announce[id(store)] = now + ANNOUNCE_EVERY_S
+        address = None if self.settings.metrics_address in WILDCARDS else self.settings.metrics_address
+        try:
+            url = store.announce(self.role, self.server.scheme, self.port, address)
+        except StoreRejected as exc:  # a schema before version 10, until `chronos migrate` brings it
+            if not self.announce_refused:
+                log.info("cannot say where this process serves /metrics (%s): the console and chronos status find "
+                         "it once the schema is at version 10", exc)
+            self.announce_refused = True
+            return
+        except StoreUnavailable as exc:  # the role's own statements say PostgreSQL is away; tried again later
+            log.debug("could not say where this process serves /metrics: %s", exc)
+            return
+        if self.announced != url:
+            log.info("told PostgreSQL this process serves %s", url)
+        self.announced, self.announce_refused = url, False
+        self.announced_in.add(id(store))
+
+    def withdraw(self, store: Any) -> None:
+        """Take back what `announce` said in `store` (the process stops); a failure leaves the row to age out."""
+        if id(store) not in self.announced_in:
+            return
+        try:
+            store.withdraw()
+        except (StoreRejected, StoreUnavailable) as exc:
+            log.debug("could not take back where this process served /metrics: %s", exc)
+        self.announced_in.discard(id(store))
+        if not self.announced_in:
+            self.announced = None
 
     def close(self) -> None:
         if self.probe is not None:
@@ -352,6 +403,30 @@ class Telemetry:
         if self.server is not None:
             self.server.close()
             self.server = None
+
+
+class _Behind:
+    """`chronos_consumer_lag_seconds`, computed at scrape time, so that it grows while the consumer's loop
+    stands still (waiting on a write that does not end) as well as while it reads too slowly."""
+
+    NAME = "chronos_consumer_lag_seconds"
+    HELP = ("how long ago the oldest input message this consumer has not read yet arrived on each input partition "
+            "assigned to it, estimated from its end as the consumer's fetches saw it every 5 s (0 when it has "
+            "read everything; a lower bound for a partition it found already behind)")
+
+    def __init__(self, telemetry: "ConsumerTelemetry"):
+        self.telemetry = telemetry
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        yield GaugeMetricFamily(self.NAME, self.HELP, labels=("role", "node", "partition"))
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        t = self.telemetry
+        family = GaugeMetricFamily(self.NAME, self.HELP, labels=("role", "node", "partition"))
+        now = t.health.clock()
+        for partition, lag in sorted(t.behind.items()):
+            family.add_metric([t.role, t.node, str(partition)], lag.seconds(now))
+        yield family
 
 
 FIRED = ("chronos_messages_fired_total", "messages published to their destination and acknowledged by Kafka "
@@ -383,17 +458,29 @@ class ConsumerTelemetry(Telemetry):
                          "yet counts 0; none out of the group)", ("role", "node", "partition"),
                          registry=self.registry)
         self.lag_shown: set[int] = set()
+        self.behind: dict[int, PartitionLag] = {}   # replaced whole by the loop, read by the metrics' thread
+        self.registry.register(_Behind(self))
         self.assigned = self.gauge("chronos_consumer_partitions", "input partitions assigned to this consumer")
+        self.clock_offset = self.gauge("chronos_consumer_clock_offset_seconds",
+                                       "database clock minus this host's clock, as last measured (every 10 s): "
+                                       "a consumer publishes at once what is due by this host's clock")
 
-    def consumer_lag(self, lag: dict[int, int]) -> None:
-        """The lag of each assigned input partition (partition -> messages); a partition no longer
-        assigned leaves the gauge, so that a sum over the consumers counts each partition once."""
-        for gone in self.lag_shown - lag.keys():
+    def consumer_lag(self, ends: Mapping[int, tuple[int, int]], now: float) -> None:
+        """Each assigned input partition's position and end (partition -> (the offset the consumer reads
+        next, the high watermark), negative where not known yet) at `now` (`time.monotonic()`): the
+        messages and the time it is behind. A partition no longer assigned leaves both gauges, so that a
+        sum over the consumers counts each partition once."""
+        for gone in self.lag_shown - ends.keys():
             self.lag.remove(self.role, self.node, str(gone))
-        for partition, messages in lag.items():
+        behind = {}
+        for partition, (position, end) in ends.items():
+            messages = max(0, end - position) if position >= 0 and end >= 0 else 0
             self.lag.labels(self.role, self.node, str(partition)).set(messages)
-        self.lag_shown = set(lag)
-        self.assigned.set(len(lag))
+            behind[partition] = self.behind.get(partition) or PartitionLag()
+            behind[partition].sample(now, position, end)
+        self.behind = behind
+        self.lag_shown = set(ends)
+        self.assigned.set(len(ends))
 
 
 class FirerTelemetry(Telemetry):

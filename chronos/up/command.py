@@ -1,4 +1,5 @@
-"""The `chronos up` command: its arguments, and its run from the first line to the exit code."""
+"""The `chronos up` command: its run from the first line to the exit code (its flags are
+`chronos.commands.up`'s)."""
 
 from __future__ import annotations
 
@@ -14,31 +15,9 @@ from chronos import config
 from chronos.console.launch import ConsoleProcess
 from chronos.errors import ChronosError
 from chronos.up.programs import ROLES
-from chronos.up.stack import EMBEDDED_PARTITIONS, EXTERNAL_PARTITIONS, Options, Stack
+from chronos.up.stack import Options, Stack
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`chronos up`'s own arguments (the settings' are config.add_arguments)."""
-    parser.add_argument("--data-dir", default=os.environ.get("CHRONOS_DATA_DIR", ".chronos"),
-                        help="where the embedded PostgreSQL keeps its data, and logs go [env CHRONOS_DATA_DIR] "
-                             "(default: .chronos)")
-    parser.add_argument("--bootstrap-servers", dest="kafka_bootstrap_servers_alias", default=None,
-                        help="same as --kafka-bootstrap-servers")
-    for role in ROLES:
-        parser.add_argument(f"--{role}s", type=int, default=1, dest=f"n_{role}",
-                            help=f"number of {role} processes (default 1)")
-    parser.add_argument("--partitions", type=int, default=None,
-                        help=f"partitions of the topics it creates (default {EMBEDDED_PARTITIONS} on the embedded broker, "
-                             f"whose fetches slow with every batch a partition holds; {EXTERNAL_PARTITIONS} on a real Kafka)")
-    parser.add_argument("--pg-port", type=int, default=None, help="port of the embedded PostgreSQL (default: free)")
-    parser.add_argument("--kafka-port", type=int, default=None, help="port of the embedded broker (default: free)")
-    parser.add_argument("--broker-memory-warning-mb", metavar="MB",
-                        default=os.environ.get("CHRONOS_BROKER_MEMORY_WARNING_MB"),
-                        help="warn when the embedded broker's memory passes this many MB "
-                             "[env CHRONOS_BROKER_MEMORY_WARNING_MB] (default: 2048, or half the machine's "
-                             "memory when that is less)")
-    parser.add_argument("--no-console", action="store_true",
-                        help="do not start the web console (it serves on CHRONOS_CONSOLE_HOST:CHRONOS_CONSOLE_PORT)")
+MAX_CELLS = 16  # embedded PostgreSQL servers on one machine
 
 
 def options(args: argparse.Namespace) -> Options:
@@ -55,12 +34,17 @@ def options(args: argparse.Namespace) -> Options:
             raise config.ConfigError(f"--{role}s must be between 0 and 64, got {n}")
     if args.partitions is not None and args.partitions < 1:
         raise config.ConfigError(f"--partitions must be at least 1, got {args.partitions}")
+    if not 1 <= args.n_cells <= MAX_CELLS:
+        raise config.ConfigError(f"--cells must be between 1 and {MAX_CELLS}, got {args.n_cells}")
+    if args.n_cells > 1 and args.partitions is not None and args.partitions < args.n_cells:
+        raise config.ConfigError(f"--cells {args.n_cells} needs at least {args.n_cells} partitions (one per cell), "
+                                 f"got --partitions {args.partitions}")
     warning_mb = positive_mb(args.broker_memory_warning_mb)
     return Options(settings, data_dir, counts, partitions=args.partitions, pg_port=args.pg_port,
                    kafka_port=args.kafka_port, ready_file=ready_file,
                    kafka_properties_file=str(Path(args.kafka_properties_file).resolve())
                    if args.kafka_properties_file else None,
-                   broker_warning_bytes=None if warning_mb is None else warning_mb * 2 ** 20)
+                   broker_warning_bytes=None if warning_mb is None else warning_mb * 2 ** 20, cells=args.n_cells)
 
 
 def positive_mb(value: str | None) -> int | None:
@@ -80,6 +64,9 @@ def positive_mb(value: str | None) -> int | None:
 def console(args: argparse.Namespace, opts: Options, log_dir: Path) -> ConsoleProcess | None:
     """The web console to start, unless --no-console or its extra is missing (which is said)."""
     if args.no_console:
+        return None
+    if opts.cells > 1:
+        print(f"console not started: it shows one database, and this stack has {opts.cells} cells", flush=True)
         return None
     why_not = ConsoleProcess.available()
     if why_not:

@@ -84,20 +84,21 @@ def start_again(server: Restartable, what: str, stopping: Stopping, retry_on: tu
     return False
 
 
-def restart_postgres(pg: Restartable, stopping: Stopping, log_path: Path) -> bool:
-    """Start the embedded PostgreSQL again on its port, retrying with backoff until it runs: True once it
-    does, False when `chronos up` is asked to stop first.
+def restart_postgres(pg: Restartable, stopping: Stopping, log_path: Path, cell: str = "") -> bool:
+    """Start the embedded PostgreSQL (of `cell`, with cells) again on its port, retrying with backoff until it
+    runs: True once it does, False when `chronos up` is asked to stop first.
 
     It recovers from its write-ahead log (`log_path` says how). Meanwhile the programs wait and reconnect,
     the consumer commits nothing, and the broker keeps what it holds.
     """
     how = describe_exit(pg.returncode)
     down = time.monotonic()
-    print(f"the embedded PostgreSQL (pid {pg.pid}) stopped unexpectedly ({how}); starting it again on port "
+    what = f"embedded PostgreSQL of cell {cell}" if cell else "embedded PostgreSQL"
+    print(f"the {what} (pid {pg.pid}) stopped unexpectedly ({how}); starting it again on port "
           f"{pg.port}: it recovers from its write-ahead log while the programs wait and reconnect", flush=True)
-    if not start_again(pg, "embedded PostgreSQL", stopping, (EmbeddedError,), timeout=60):
+    if not start_again(pg, what, stopping, (EmbeddedError,), timeout=60):
         return False
-    print(f"the embedded PostgreSQL runs again (pid {pg.pid}) after {time.monotonic() - down:.1f}s; see "
+    print(f"the {what} runs again (pid {pg.pid}) after {time.monotonic() - down:.1f}s; see "
           f"{log_path} for its recovery", flush=True)
     return True
 

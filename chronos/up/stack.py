@@ -24,20 +24,21 @@ from typing import Callable
 import orjson
 
 from chronos import config
-from chronos.adapters.kafka.admin import check_reachable, create_topics
+from chronos.adapters.kafka.admin import check_reachable, create_topics, partition_count
 from chronos.adapters.kafka.clients import EMBEDDED_PROFILE
 from chronos.adapters.kafka.offset_process import OffsetReaderProcess
 from chronos.adapters.postgres import connection, migrations, pooling
 from chronos.config import Settings, redact_url
+from chronos.domain.cells import CellMap
 from chronos.console.launch import ConsoleProcess
 from chronos.embedded.broker import KNOWN_CLIENTS, EmbeddedBroker
 from chronos.embedded.postgres import EmbeddedPostgres
 from chronos.adapters.kafka.brokerstats import STATS_ENV
 from chronos.embedded.watch import BrokerWatch, default_warning_bytes, machine_memory_bytes
-from chronos.errors import StackError
+from chronos.errors import ConfigError, StackError
 from chronos.telemetry.endpoints import metrics_urls, pick_metrics_base
 from chronos.runtime import orphans
-from chronos.up import recovery
+from chronos.up import cells, recovery
 from chronos.up.datadir import DataDir
 from chronos.up.programs import Programs, live_counts
 from chronos.up.supervisor import Supervisor, SupervisorError, spawn_supervisord
@@ -52,7 +53,6 @@ PARENT_DEATH_SIGNAL = {"postgres": signal.SIGINT, "broker": signal.SIGINT, "supe
 # docs/operations/embedded-stack.md#why-it-slows-as-it-fills-and-what-chronos-does-about-it); four on a real
 # Kafka, so several consumers share the input.
 EMBEDDED_PARTITIONS, EXTERNAL_PARTITIONS = 1, 4
-
 
 def broker_offset_reader(bootstrap: str, s: Settings) -> OffsetReaderProcess:
     """What the broker watch reads offsets with: a reader in a process of its own, since librdkafka can
@@ -74,6 +74,7 @@ class Options:
     ready_file: Path | None = None
     kafka_properties_file: str | None = None
     broker_warning_bytes: int | None = None  # None: default_warning_bytes of this machine
+    cells: int = 1  # embedded PostgreSQL servers, each a cell; 1: the stack's one database, no cells
 
 
 class Stack:
@@ -84,11 +85,15 @@ class Stack:
     def __init__(self, options: Options):
         self.options = options
         self.settings = options.settings
-        self.counts = options.counts
+        # with cells, each runs its firers and detectors, which serve the cells in turn by process number
+        self.counts = {role: n * (options.cells if role != "consumer" else 1) for role, n in options.counts.items()}
         self.data = DataDir(options.data_dir)
         self.console: ConsoleProcess | None = None
         self.partitions = options.partitions
-        self.postgres: EmbeddedPostgres | None = None
+        self.input_partitions = options.partitions
+        self.postgres: EmbeddedPostgres | None = None  # the one embedded PostgreSQL, the first cell's with cells
+        self.cell_servers: dict[str, EmbeddedPostgres] = {}  # with cells: each cell's embedded PostgreSQL
+        self.cell_map: CellMap | None = None  # with cells, once assigned
         self.broker: EmbeddedBroker | None = None
         self.broker_watch: BrokerWatch | None = None
         self.supervisord: subprocess.Popen | None = None
@@ -102,7 +107,19 @@ class Stack:
         if self.console is not None:
             self.console.reserve()  # after the leftovers stopped: one of them may be an old console
         s = self.settings
-        if s.database_url:
+        if s.cells:
+            raise ConfigError("CHRONOS_CELLS names the cells of a deployment outside chronos up; chronos up runs "
+                              "cells of its own: --cells N")
+        if self.options.cells > 1:
+            if s.database_url:
+                raise ConfigError("--cells runs an embedded PostgreSQL per cell: not with --database-url")
+            self.cell_servers = cells.start_servers(self.data.path, self.data.logs, self.options.cells,
+                                                    self.options.pg_port, PARENT_DEATH_SIGNAL["postgres"])
+            self.postgres = next(iter(self.cell_servers.values()))
+            s = config.replace(s, cells=tuple((cell, pg.url) for cell, pg in self.cell_servers.items()),
+                               database_pool_mode=(pooling.SESSION if s.database_pool_mode == pooling.AUTO
+                                                   else s.database_pool_mode))
+        elif s.database_url:
             print(f"using PostgreSQL at {redact_url(s.database_url)}", flush=True)
             connection.wait_for_database(s.database_url, timeout=10)
             # settled here, once, for the programs; session refused if the probe finds a pooler in transaction mode
@@ -112,6 +129,7 @@ class Stack:
                       "statement and make their settings in each transaction", flush=True)
             s = config.replace(s, database_pool_mode=mode)
         else:
+            cells.check_data(self.data.path, 1)
             self.postgres = EmbeddedPostgres(self.data.path / "pgdata", port=self.options.pg_port,
                                              log_path=self.data.logs / "postgres.log",
                                              die_with_parent=PARENT_DEATH_SIGNAL["postgres"])
@@ -135,16 +153,23 @@ class Stack:
         s = config.replace(s, kafka_properties=kafka_extra)
         self.settings = s
         # both were given or the embedded services were started above
-        assert s.kafka_bootstrap_servers is not None and s.database_url is not None
+        assert s.kafka_bootstrap_servers is not None and (s.database_url is not None or s.cells)
         life_check()
         if self.partitions is None:
             self.partitions = EXTERNAL_PARTITIONS if self.broker is None else EMBEDDED_PARTITIONS
+        if self.input_partitions is None:
+            self.input_partitions = cells.PARTITIONS_PER_CELL * len(s.cells) if s.cells else self.partitions
+        for cell, url in s.databases().items():
+            applied = migrations.migrate(url)
+            print(("" if not cell else f"cell {cell}: ") + f"schema at version {migrations.LATEST_VERSION}"
+                  + (f" (applied {', '.join(map(str, applied))})" if applied else ""), flush=True)
+        if s.cells:
+            self.cell_map = cells.assign(s.cells, s.database_pool_mode, s.input_topic, self.input_partitions,
+                                         asked=self.options.partitions is not None)
+            self.input_partitions = self.cell_map.partitions  # the map's, as the first start assigned it
         self.create_topics()
         if self.broker is not None:
             self.watch_broker()
-        applied = migrations.migrate(s.database_url)
-        print(f"schema at version {migrations.LATEST_VERSION}"
-              + (f" (applied {', '.join(map(str, applied))})" if applied else ""), flush=True)
         life_check()
         if self.console is not None and not s.metrics_port:
             # the console's rates and lateness come from the programs' /metrics
@@ -167,10 +192,19 @@ class Stack:
     def create_topics(self) -> None:
         s = self.settings
         assert s.kafka_bootstrap_servers is not None  # given, or the embedded broker's
-        assert self.partitions is not None  # chosen by start()
-        create_topics(s.kafka_bootstrap_servers, {t: self.partitions for t in
-                                                  (s.input_topic, s.output_topic, s.dlq_topic)},
+        assert self.partitions is not None and self.input_partitions is not None  # chosen by start()
+        create_topics(s.kafka_bootstrap_servers, {s.input_topic: self.input_partitions,
+                                                  **{t: self.partitions for t in (s.output_topic, s.dlq_topic)}},
                       client_config=s.kafka_config)
+        if s.cells:
+            self.check_input_topic()
+
+    def check_input_topic(self) -> None:
+        """With cells, the input topic must have the map's partitions: a given Kafka's existing topic may not."""
+        s = self.settings
+        assert s.kafka_bootstrap_servers is not None and self.cell_map is not None  # assigned by start()
+        self.cell_map.check_topic(s.input_topic, partition_count(s.kafka_bootstrap_servers, s.input_topic,
+                                                                 s.kafka_config))
 
     def watch_broker(self) -> None:
         """Sample the embedded broker from now on (its memory, what it holds, what a restart would lose)."""
@@ -202,6 +236,8 @@ class Stack:
             "CHRONOS_DETECTORS": str(max(1, self.counts["detector"])),
             "CHRONOS_CONSOLES": "0",  # its console is started beside supervisord (self.console), not by it
         })
+        if self.settings.cells:
+            env.pop("CHRONOS_CELL", None)  # each firer and detector serves the cells in turn by process number
         if self.broker_watch is not None:
             env[STATS_ENV] = str(self.broker_watch.path)  # the detector exports it, the console shows it
         if self.options.kafka_properties_file:
@@ -224,6 +260,8 @@ class Stack:
         """What the ready file says: where everything is, and the pids of what `chronos up` started."""
         s = self.settings
         info = {"bootstrap_servers": s.kafka_bootstrap_servers, "database_url": s.database_url,
+                "cells": dict(s.cells) or None,
+                "cell_postgres_pids": {cell: pg.pid for cell, pg in self.cell_servers.items()} or None,
                 "input_topic": s.input_topic, "output_topic": s.output_topic, "dlq_topic": s.dlq_topic,
                 "data_dir": str(self.data.path), "log_dir": str(self.data.logs),
                 "supervisor_socket": str(self.data.socket),
@@ -240,8 +278,9 @@ class Stack:
     def announce(self) -> None:
         """The ready line, and the ready file."""
         info = self.ready_info()
-        print(f"ready bootstrap_servers={info['bootstrap_servers']} "
-              f"database_url={redact_url(info['database_url'])} input_topic={info['input_topic']} "
+        databases = f"database_url={redact_url(info['database_url'])}" if not info["cells"] else \
+            "cells=" + ",".join(f"{cell}={redact_url(url)}" for cell, url in info["cells"].items())
+        print(f"ready bootstrap_servers={info['bootstrap_servers']} {databases} input_topic={info['input_topic']} "
               f"output_topic={info['output_topic']} dlq_topic={info['dlq_topic']}", flush=True)
         self.write_ready_file(info)
 
@@ -258,6 +297,10 @@ class Stack:
 
     # -- run and stop ----------------------------------------------------------------------
 
+    def postgres_servers(self) -> dict[str, EmbeddedPostgres]:
+        """The embedded PostgreSQL servers it started, by cell (the one without cells under "")."""
+        return self.cell_servers or ({"": self.postgres} if self.postgres is not None else {})
+
     def watch(self, stopping: threading.Event) -> None:
         """Until asked to stop: restart a dead embedded PostgreSQL or broker, sample the broker; fail
         loudly if a program or supervisord dies for good."""
@@ -266,8 +309,11 @@ class Stack:
         while not stopping.wait(1.0):
             if self.supervisord is not None and self.supervisord.poll() is not None:
                 raise StackError(f"supervisord exited unexpectedly (code {self.supervisord.returncode})")
-            if self.postgres is not None and not self.postgres.running:
-                if recovery.restart_postgres(self.postgres, stopping, self.data.logs / "postgres.log"):
+            dead = [(cell, pg) for cell, pg in self.postgres_servers().items() if not pg.running]
+            if dead:
+                cell, pg = dead[0]
+                log_path = self.data.logs / (f"postgres-{cell}.log" if cell else "postgres.log")
+                if recovery.restart_postgres(pg, stopping, log_path, cell):
                     self.write_ready_file(self.ready_info())
                 continue
             if self.broker is not None and not self.broker.running:
@@ -306,7 +352,7 @@ class Stack:
         if self.broker is not None:
             print("stopping the embedded broker ...", flush=True)
             self.broker.stop()
-        if self.postgres is not None:
-            print("stopping the embedded PostgreSQL ...", flush=True)
-            self.postgres.stop()
+        for cell, pg in self.postgres_servers().items():
+            print(f"stopping the embedded PostgreSQL{f' of cell {cell}' if cell else ''} ...", flush=True)
+            pg.stop()
         self.data.release()

@@ -12,7 +12,7 @@ from typing import Iterator
 
 import pytest
 
-from benchmarks.harness.stack import ChronosUp, clean_env
+from kits.stack import ChronosUp, clean_env
 from consolekit import CHROMIUM, CHROMIUM_ARGS, TOKEN, Console
 
 

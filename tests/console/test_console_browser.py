@@ -272,3 +272,45 @@ def test_read_only_mode_refuses_actions(stack, known, read_only_console, page):
     assert response.status == 403
     page.goto(read_only_console.url + "messages/known-006")
     assert page.locator("#state").inner_text() == "waiting"
+
+
+def test_replay_a_parked_message_from_its_page_and_drop_others_from_a_search(stack, page):
+    from chronos.domain.model import Parked
+    from helpers import Collector
+    url = stack["console_url"]
+    store = Store(stack["database_url"])
+    try:
+        store.park([Parked("parked-1", "store/parked-1", stack["output_topic"], None, b"parked-key", b"parked value",
+                           codec.encode_headers([("trace", b"\x00\xff")]), "too_large: MSG_SIZE_TOO_LARGE: too large")]
+                   + [Parked(None, f"{stack['input_topic']}/0/{i}", stack["dlq_topic"], None, None, b"v",
+                             codec.encode_headers([]), "missing_id: no chronosMessageId") for i in range(2)])
+    finally:
+        store.close()
+    sign_in(page, url)
+    page.goto(url + "parked")
+    page.fill("#parked-search [name=reason]", "too_large")
+    page.click("#parked-search button[type=submit]")
+    page.wait_for_load_state()
+    assert page.locator("#parked td.id").all_inner_texts() == ["parked-1"]
+    page.click("#parked td.number a")
+    assert page.locator("#reason").inner_text() == "too_large: MSG_SIZE_TOO_LARGE: too large"
+    page.click("#replay")
+    assert page.locator("#confirm-count").inner_text() == \
+        "This will replay 1 parked message (each to the topic it was going to)."
+    page.click("#confirm-button")
+    assert page.locator("#done-count").inner_text() == "1 parked message replayed."
+    collect = Collector(stack["bootstrap_servers"], [stack["output_topic"]])
+    try:
+        (got,) = [m for m in collect.until(lambda ms: any(m.key == b"parked-key" for m in ms)) if m.key == b"parked-key"]
+    finally:
+        collect.close()
+    assert (got.value, got.headers) == (b"parked value", [("trace", b"\x00\xff")])
+    # the others, by a search
+    page.goto(url + "parked?reason=missing_id")
+    assert page.locator("#parked td.id").count() == 2
+    page.click("#drop-all")
+    assert page.locator("#confirm-count").inner_text() == "This will drop 2 parked messages."
+    page.click("#confirm-button")
+    assert page.locator("#done-count").inner_text() == "2 parked messages dropped."
+    page.goto(url + "parked")
+    assert page.locator("#parked tbody").inner_text().strip() == "No parked message."

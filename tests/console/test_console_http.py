@@ -20,7 +20,7 @@ from chronos import codec
 from chronos.domain.model import Parked, Row
 from chronos.adapters.postgres.store import Store
 
-from benchmarks.harness.stack import clean_env
+from kits.stack import clean_env
 from consolekit import TOKEN, Console
 
 PASSWORD = "s3cret-db-password"

@@ -1,6 +1,6 @@
 """The container tests: Chronos's image, built by `make image` as the containers page says (once a session,
 and only where its inputs changed), run by podman against the tests' PostgreSQL and broker on the host's
-network (benchmarks/harness/podman.py). They need root and `make test`'s podman, buildah, runc and mmdebstrap;
+network (kits/podman.py). They need root and `make test`'s podman, buildah, runc and mmdebstrap;
 without them they fail saying what to install."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Iterator
 
 import pytest
 
-from benchmarks.harness.fleet import page_blocks
-from benchmarks.harness.podman import Container, Made, make_image, run
+from kits.fleet import page_blocks
+from kits.podman import Container, Made, make_image, run
 from chronos.embedded.procs import free_port
 from containerkit import PAGE, TAG
 

@@ -54,7 +54,7 @@ def podman_options(workload: dict[str, Any], secret_dir: Path) -> tuple[list[str
     """The `podman run` options and environment of the (one) container of `workload`'s pod: its environment from the
     ConfigMap and the Secret it names (the Secret's files written under `secret_dir`, mounted where the spec mounts
     them), its user, its memory limit. The read-only root, the capabilities dropped and no privilege escalation it
-    asks for are what `benchmarks.harness.podman.run` gives every container. The image and arguments are
+    asks for are what `kits.podman.run` gives every container. The image and arguments are
     `container_of`'s."""
     pod = pod_spec(workload)
     (container,) = pod["containers"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 
-from benchmarks.harness.fleet import page_blocks
-from benchmarks.harness.podman import make_image, podman
+from kits.fleet import page_blocks
+from kits.podman import make_image, podman
 from chronos import __version__
 from containerkit import PAGE, ROOT, TAG
 

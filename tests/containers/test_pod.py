@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from benchmarks.harness.podman import Container, podman, run
+from kits.podman import Container, podman, run
 from chronos import __version__
 from chronos.embedded.procs import free_port
 from helpers import EMBEDDED_KAFKA, Collector, chronos_headers, producer, send, wait_for

@@ -10,7 +10,8 @@ import urllib.request
 import orjson
 import pytest
 
-from benchmarks.harness.faultload import TIMING_ADVANCE_S, Load, Reader, held_rows
+from kits.traffic import Load, Reader, held_rows
+from kits.verdicts import TIMING_ADVANCE_S
 from containerkit import ROLES, grace_s
 from helpers import wait_for
 

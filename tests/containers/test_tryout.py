@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.harness.fleet import page_blocks
-from benchmarks.harness.podman import podman, shell
-from benchmarks.harness.stack import http_get
+from kits.fleet import page_blocks
+from kits.podman import podman, shell
+from kits.stack import http_get
 from containerkit import PAGE
 from helpers import wait_for
 

@@ -70,6 +70,10 @@ class Backend:
         """Every firer's lease renewed `seconds` earlier than it was (firers that stopped renewing)."""
         raise NotImplementedError
 
+    def age_announcements(self, seconds: float) -> None:
+        """Every process's word of where it serves /metrics said `seconds` earlier than it was."""
+        raise NotImplementedError
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -121,6 +125,9 @@ class PostgresBackend(Backend):
     def age_leases(self, seconds: float) -> None:
         self._q("UPDATE chronos_firers SET seen_at = seen_at - %s * interval '1 second'", seconds)
 
+    def age_announcements(self, seconds: float) -> None:
+        self._q("UPDATE chronos_processes SET seen_at = seen_at - %s * interval '1 second'", seconds)
+
     def close(self) -> None:
         for st in self.opened:
             st.close()
@@ -169,6 +176,10 @@ class MemoryBackend(Backend):
     def age_leases(self, seconds: float) -> None:
         for node in self.db.firers:
             self.db.firers[node] -= round(seconds * 1_000_000)
+
+    def age_announcements(self, seconds: float) -> None:
+        self.db.processes = {node: (role, url, at - round(seconds * 1_000_000))
+                             for node, (role, url, at) in self.db.processes.items()}
 
     def close(self) -> None:
         pass

@@ -162,10 +162,26 @@ def test_a_new_member_reads_from_what_the_group_committed_and_a_watcher_sees_it(
     second = cluster.consumer()
     second.subscribe([topic], on_lost=lambda *_: None)
     assert [m.value() for m in read(second, 2)] == [b"v2", b"v3"]
-    assert second.lag() == {0: 0}
+    assert second.ends() == {0: (4, 4)}
 
 
 def test_the_cluster_answers_and_a_watcher_sees_no_commit_on_a_new_topic(cluster):
     topic = cluster.topic(partitions=2)
     assert cluster.producer().answers(5.0)
     assert cluster.watcher().group_progress(topic, 10.0) == {0: -1001, 1: -1001}
+
+
+def test_a_paused_partition_is_not_read_until_resumed_and_a_seek_reads_it_again(cluster):
+    topic = cluster.topic(partitions=1)
+    publish(cluster.producer(), topic, [(b"k", b"v%d" % i, []) for i in range(4)])
+    consumer = cluster.consumer()
+    consumer.subscribe([topic], on_lost=lambda *_: None)
+    assert [m.offset() for m in read(consumer, 4)] == [0, 1, 2, 3]
+    consumer.pause_partitions([(topic, 0)])
+    consumer.seek_partitions({(topic, 0): 1})
+    publish(cluster.producer(), topic, [(b"k", b"v4", [])])
+    for _ in range(5):  # a second of polls: nothing of a paused partition
+        assert [m for m in consumer.consume(num_messages=10, timeout=0.2) if m.error() is None] == []
+    consumer.resume_partitions([(topic, 0)])
+    assert [m.value() for m in read(consumer, 4)] == [b"v1", b"v2", b"v3", b"v4"]
+    consumer.close()

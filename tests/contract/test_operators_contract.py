@@ -1,21 +1,25 @@
-"""The operators' store port (`chronos.ports.OperatorsStore`) and `chronos.ops.inspect` over it: show,
-list and its filters and cursors, the actions by id and by filter, what they do to in-flight rows,
-parked messages, recurring schedules and the action totals. Every test runs against the PostgreSQL
+"""The operators' store port (`chronos.ports.OperatorsStore`) and `chronos.ops.inspect` and
+`chronos.ops.parked` over it: show, list and its filters and cursors, the actions by id and by filter,
+what they do to in-flight rows, parked messages (listed, selected, replayed, dropped), recurring
+schedules and the action totals. Every test runs against the PostgreSQL
 store and against the in-memory twin. (What only PostgreSQL has, the row locks of a racing claim and
 the filters' plans on ten million rows, is in tests/integration/test_inspect.py.)"""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from chronos import codec
+from chronos.adapters.kafka.memory import MemoryKafka, MemoryProducer
 from chronos.domain.cron import from_us, to_us
 from chronos.domain.model import Parked, Row
-from chronos.domain.operators import Filters
-from chronos.errors import ConfigError, InFlightSkipped, NeedsConfirmation, NotFound
-from chronos.ops import inspect
+from chronos.domain.operators import Filters, ParkedFilters
+from chronos.errors import (ConfigError, InFlightSkipped, NeedsConfirmation, NotFound, ReplayRefused, StoreUnavailable,
+                            UnavailableError)
+from chronos.ops import inspect, parked
 
 OUT = "chronos.output"
 WEIRD = ["it's", 'say "hi"', "back\\slash", "100%", "%(x)s", "naïve-日本-🚀", "under_score", "a,b", "{x}"]
@@ -269,21 +273,21 @@ def test_list_schedules_by_next_occurrence(s, backend):
 # -- parked messages -------------------------------------------------------------------------------
 
 def test_parked_messages_are_listed_newest_first_a_page_at_a_time(s, backend):
-    assert inspect.list_parked(s).items == []
+    assert parked.list_parked(s).items == []
     s.park([Parked(f"p{i}", f"chronos.input/0/{i}", "out", None, b"k", b"v" * 100 if i else None,
                    codec.encode_headers([("h", b"\xff")]), "message_too_large: too large") for i in range(3)])
-    page = inspect.list_parked(s, limit=2)
+    page = parked.list_parked(s, limit=2)
     assert [p.message_id for p in page.items] == ["p2", "p1"] and page.cursor is not None
     assert (page.items[0].value_size, page.items[0].value_preview, page.items[0].headers) == \
         (100, b"v" * 64, [("h", b"\xff")])
     assert (page.items[0].topic, page.items[0].reason, page.items[0].deadline) == \
         ("out", "message_too_large: too large", None)
     assert page.items[0].parked_at <= from_us(backend.now_us())
-    last = inspect.list_parked(s, limit=2, before=page.cursor)
+    last = parked.list_parked(s, limit=2, before=page.cursor)
     assert [(p.message_id, p.value_size, p.source) for p in last.items] == [("p0", None, "chronos.input/0/0")]
     assert last.cursor is None
     with pytest.raises(ConfigError, match="limit"):
-        inspect.list_parked(s, limit=0)
+        parked.list_parked(s, limit=0)
 
 
 def test_a_row_parked_by_a_firer_is_listed_with_its_store_source(s, backend):
@@ -291,5 +295,180 @@ def test_a_row_parked_by_a_firer_is_listed_with_its_store_source(s, backend):
     insert(s, [r("big", due, topic="t.x")])
     (claimed,) = s.claim(10, 0)
     assert s.park_claimed([(claimed, "message_too_large: too large")], OUT) == 1
-    (p,) = inspect.list_parked(s).items
+    (p,) = parked.list_parked(s).items
     assert (p.message_id, p.source, p.topic, p.deadline) == ("big", "store/big", "t.x", from_us(due))
+
+
+def park(s, *messages: Parked) -> None:
+    s.park(list(messages))
+
+
+def pm(mid: str | None, topic: str = OUT, *, value: bytes | None = b"v", key: bytes | None = b"k",
+       headers: list | None = None, reason: str = "too_large: MSG_SIZE_TOO_LARGE: too large") -> Parked:
+    return Parked(mid, f"store/{mid}", topic, None, key, value, codec.encode_headers(headers or []), reason)
+
+
+def test_parked_messages_are_filtered_found_walked_and_shown(s, backend):
+    park(s, pm("a-1", "t.x"), pm("a-2", reason="publish_failed: TOPIC_AUTHORIZATION_FAILED: denied"),
+         pm(None, "dlq", reason="missing_id: no chronosMessageId; dead-letter topic: MSG_SIZE_TOO_LARGE: too large"),
+         pm("b-1", "t.x", value=None, key=None))
+    numbers = [p.number for p in reversed(parked.list_parked(s).items)]
+    assert numbers == sorted(numbers)
+
+    def listed(**f) -> list:
+        return [p.message_id for p in parked.list_parked(s, filters=ParkedFilters(**f)).items]
+    assert listed(topic="t.x") == ["b-1", "a-1"]
+    assert listed(reason="too_large") == ["b-1", "a-1"]
+    assert listed(reason="missing_id") == [None] and listed(reason="too") == []
+    assert listed(id_prefix="a-") == ["a-2", "a-1"]
+    now = from_us(backend.now_us())
+    assert listed(parked_before=now + timedelta(seconds=1)) == ["b-1", None, "a-2", "a-1"]
+    assert listed(parked_after=now + timedelta(seconds=1)) == []
+    assert listed(parked_after=now - timedelta(hours=1), topic="t.x", id_prefix="b") == ["b-1"]
+    # an action's walk: oldest first, after a cursor, with the filters
+    walked = s.walk_parked(ParkedFilters(), limit=3)
+    assert [r.number for r in walked] == numbers[:3]
+    assert [r.number for r in s.walk_parked(ParkedFilters(), limit=3, after=walked[-1].number)] == numbers[3:]
+    assert [r.number for r in s.walk_parked(ParkedFilters(topic="t.x"), limit=10)] == [numbers[0], numbers[3]]
+    header_bytes = len(codec.encode_headers([]))
+    assert s.walk_parked(ParkedFilters(topic="t.x"), limit=1)[0] == (numbers[0], "t.x", 1 + 1 + header_bytes)
+    assert s.find_parked([numbers[3], 999_999, numbers[1]]) == [(numbers[1], OUT, 2 + header_bytes),
+                                                                (numbers[3], "t.x", header_bytes)]
+    shown = s.show_parked(numbers[3])
+    assert (shown.message_id, shown.key, shown.value_size, shown.value_preview, shown.topic) == ("b-1", None, None, b"", "t.x")
+    assert s.show_parked(999_999) is None
+    j = parked.to_json(parked.list_parked(s, limit=1))
+    assert j["parked"][0]["number"] == numbers[3] and j["next"] == numbers[3]
+
+
+def test_a_parked_message_is_loaded_whole_byte_for_byte(s):
+    headers = [("trace", b"\x00\xff"), ("trace", None), ("chronosMessageId", b"big")]
+    park(s, pm("big", value=b"x" * 200_000, key=b"\xfe", headers=headers), pm("tomb", value=None, key=None))
+    big, tomb = (p.number for p in reversed(parked.list_parked(s).items))
+    (loaded_tomb, loaded_big) = s.load_parked([tomb, 999_999, big])[::-1]
+    assert loaded_big == (big, "big", OUT, b"\xfe", b"x" * 200_000, codec.encode_headers(headers))
+    assert codec.decode_headers(loaded_big.headers) == headers
+    assert (loaded_tomb.key, loaded_tomb.value) == (None, None)
+
+
+def test_settling_a_replay_deletes_the_acknowledged_keeps_the_refused_with_their_reason_and_counts_it(s):
+    park(s, pm("ok"), pm("refused"), pm("untouched"))
+    ok, refused, untouched = (p.number for p in reversed(parked.list_parked(s).items))
+    assert s.settle_replayed([ok, 999_999], [(refused, "too_large: again (replay to out)")], counted=True) == 1
+    assert s.settle_replayed([], [], counted=False) == 0
+    left = {p.number: p.reason for p in parked.list_parked(s).items}
+    assert left == {refused: "too_large: again (replay to out)", untouched: "too_large: MSG_SIZE_TOO_LARGE: too large"}
+    assert s.action_totals()["replay_parked"] == (1, 1)
+
+
+def test_dropping_parked_messages_deletes_them_and_counts_it(s):
+    park(s, pm("a"), pm("b"))
+    a, b = (p.number for p in reversed(parked.list_parked(s).items))
+    assert s.drop_parked([a, 999_999], counted=True) == [a]
+    assert s.drop_parked([], counted=True) == []
+    assert [p.number for p in parked.list_parked(s).items] == [b]
+    assert s.action_totals()["drop_parked"] == (2, 1)
+
+
+# -- replaying and dropping parked messages (chronos.ops.parked), Kafka being the in-memory twin ----
+
+DESTINATIONS = parked.Destinations(OUT, "dlq", re.compile(r"t\..*"))
+
+
+def kafka(*topics: str) -> MemoryKafka:
+    return MemoryKafka({t: 2 for t in (OUT, "dlq", *topics)})
+
+
+def on(k: MemoryKafka, topic: str) -> list:
+    return [(m.key(), m.value(), m.headers()) for part in k.partitions[topic] for m in part]
+
+
+def test_replay_publishes_byte_for_byte_in_the_order_parked_then_deletes_and_counts(s):
+    headers = [("trace", b"\x00\xff"), ("trace", None)]
+    park(s, pm("one", headers=headers, key=b"same"), pm("two", "t.x", key=b"same"), pm("three", key=b"same", value=None))
+    k = kafka("t.x", "t.y")
+    made = []
+
+    def producer():
+        made.append(MemoryProducer(k))
+        return made[-1]
+    one, two, three = (p.number for p in reversed(parked.list_parked(s).items))
+    result = parked.replay(s, producer, DESTINATIONS, numbers=[three, one])
+    assert (result.changed, result.sample, result.refused, result.not_found) == (2, [one, three], [], [])
+    assert on(k, OUT) == [(b"same", b"v", headers), (b"same", None, None)]
+    # each to its own topic, or all to one given
+    result = parked.replay(s, producer, DESTINATIONS, filters=ParkedFilters(), to="t.y")
+    assert (result.changed, result.to) == (1, "t.y") and on(k, "t.y") == [(b"same", b"v", None)]
+    assert parked.list_parked(s).items == [] and len(made) == 2
+    assert s.action_totals()["replay_parked"] == (2, 3)
+    assert parked.to_json(result) == {"action": "replay", "dry_run": False, "to": "t.y", "changed": 1, "sample": [two],
+                                      "not_found": [], "not_allowed": [], "refused": [], "unanswered": []}
+
+
+def test_replay_checks_the_allow_list_and_leaves_what_kafka_refuses_parked_with_the_new_reason(s):
+    park(s, pm("elsewhere", "other.topic"), pm("huge", value=b"x" * 1_000_001), pm("fine"), pm("gone", "t.gone"))
+    elsewhere, huge, fine, gone = (p.number for p in reversed(parked.list_parked(s).items))
+    k = kafka()
+    with pytest.raises(ConfigError, match="--to 'other.topic' is neither the output topic"):
+        parked.replay(s, lambda: MemoryProducer(k), DESTINATIONS, numbers=[fine], to="other.topic")
+    result = parked.replay(s, lambda: MemoryProducer(k), DESTINATIONS, filters=ParkedFilters())
+    assert (result.changed, result.not_allowed) == (1, [elsewhere])
+    assert [n for n, _ in result.refused] == [huge, gone]
+    reasons = {p.number: p.reason for p in parked.list_parked(s).items}
+    assert reasons[huge].startswith("too_large: MSG_SIZE_TOO_LARGE:") and reasons[huge].endswith(f"(replay to {OUT})")
+    assert reasons[gone].startswith("publish_failed: _UNKNOWN_TOPIC:") and reasons[gone].endswith("(replay to t.gone)")
+    assert reasons[elsewhere] == "too_large: MSG_SIZE_TOO_LARGE: too large" and fine not in reasons
+    with pytest.raises(ReplayRefused, match="3 stay parked: Kafka refused 2 .* and CHRONOS_ALLOWED_TOPICS does not "
+                                            "allow the topic of 1"):
+        result.check()
+    # the dead-letter topic is always a destination
+    assert parked.replay(s, lambda: MemoryProducer(k), DESTINATIONS, numbers=[elsewhere], to="dlq").changed == 1
+
+
+def test_a_replay_kafka_does_not_answer_leaves_the_rows_as_they_were_and_stops(s):
+    park(s, pm("a"), pm("b"))
+    k = kafka()
+    k.answering = False
+    result = parked.replay(s, lambda: MemoryProducer(k), DESTINATIONS, filters=ParkedFilters(), hold_bytes=1, timeout=0)
+    assert (result.changed, len(result.unanswered), result.refused) == (0, 1, [])   # stopped after the first
+    assert {p.reason for p in parked.list_parked(s).items} == {"too_large: MSG_SIZE_TOO_LARGE: too large"}
+    with pytest.raises(UnavailableError, match="did not acknowledge 1 replays in time"):
+        result.check()
+
+
+def test_a_replay_that_dies_between_the_publish_and_the_delete_publishes_again(s, backend):
+    park(s, pm("once"))
+    k = kafka()
+
+    class DiesAtTheDelete:
+        def __getattr__(self, name):
+            return getattr(s, name)
+
+        def settle_replayed(self, *args, **kw):
+            raise StoreUnavailable("PostgreSQL went away")
+    with pytest.raises(StoreUnavailable):
+        parked.replay(DiesAtTheDelete(), lambda: MemoryProducer(k), DESTINATIONS, filters=ParkedFilters())
+    assert len(parked.list_parked(s).items) == 1 and len(on(k, OUT)) == 1   # published, still parked
+    assert parked.replay(s, lambda: MemoryProducer(k), DESTINATIONS, filters=ParkedFilters()).changed == 1
+    assert parked.list_parked(s).items == [] and len(on(k, OUT)) == 2       # at least once
+
+
+def test_parked_actions_need_confirming_above_the_threshold_and_report_unknown_numbers(s):
+    park(s, *(pm(f"m{i}") for i in range(5)))
+    numbers = sorted(p.number for p in parked.list_parked(s).items)
+    k = kafka()
+    for act in (lambda **kw: parked.drop(s, **kw), lambda **kw: parked.replay(s, lambda: MemoryProducer(k),
+                                                                              DESTINATIONS, **kw)):
+        with pytest.raises(NeedsConfirmation, match="more than 3 parked messages"):
+            act(filters=ParkedFilters(), confirm_above=3, batch=2)
+        dry = act(filters=ParkedFilters(), dry_run=True, batch=2)
+        assert (dry.changed, dry.sample) == (5, numbers)
+        with pytest.raises(ConfigError, match="not both"):
+            act(numbers=[numbers[0]], filters=ParkedFilters())
+    assert len(parked.list_parked(s).items) == 5 and on(k, OUT) == []
+    result = parked.drop(s, numbers=[numbers[0], 999_999])
+    assert (result.changed, result.not_found) == (1, [999_999])
+    with pytest.raises(NotFound, match="#999999"):
+        result.check()
+    assert parked.drop(s, filters=ParkedFilters(), confirm_above=3, yes=True, batch=2).changed == 4
+    assert s.action_totals()["drop_parked"] == (2, 5)

@@ -18,7 +18,7 @@ import psycopg
 from confluent_kafka.admin import AdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.harness.stack import CHRONOS, ChronosUp, clean_env
+from kits.stack import CHRONOS, ChronosUp, clean_env
 from chronos.adapters.kafka.brokerstats import read_stats
 from chronos.telemetry.endpoints import pick_metrics_base
 from helpers import Collector, chronos_headers, producer, wait_for

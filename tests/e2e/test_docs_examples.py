@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from benchmarks.harness.stack import ChronosUp, clean_env
+from kits.stack import ChronosUp, clean_env
 from helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

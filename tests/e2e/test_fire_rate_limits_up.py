@@ -9,7 +9,7 @@ import urllib.request
 
 import orjson
 
-from benchmarks.harness.stack import CHRONOS, ChronosUp, clean_env
+from kits.stack import CHRONOS, ChronosUp, clean_env
 from chronos.adapters.kafka.admin import create_topics
 from chronos.telemetry.endpoints import pick_metrics_base
 from helpers import Collector, chronos_headers, producer

@@ -123,8 +123,34 @@ def test_the_checker_catches_a_wrong_metric_and_a_wrong_label():
     problems = [p for p in unknown_names(exported) if "chronos_rows_due" not in p.split("metric ")[-1]]
     assert any("exported by no process" in p for p in problems)
     assert not [p for p in unknown_names({**exported, **{m: {"role", "node", "le", "reason", "step", "action",
-                                                                     "topic"}
+                                                                     "topic", "partition", "server"}
                                                         for _, e, _ in expressions() for m in _METRIC.findall(e)}})]
+
+
+# chronos_* words of the rules' annotations that are not metrics: a table, the docs' external label
+NOT_METRICS = {"chronos_parked", "chronos_docs"}
+
+
+def test_every_metric_an_alert_watches_or_points_to_has_a_dashboard_panel():
+    """What a rule's expression reads, and every metric its description or confirm line sends the operator
+    to, has a dashboard query naming it; an annotation naming a metric no process exports is a mistake."""
+    documented = documented_metrics() | {"up"}
+
+    def family(name: str) -> str:  # a histogram's series are its family's
+        base = re.sub(r"_(bucket|count|sum)$", "", name)
+        return base if base in documented else name
+    panels = {family(m) for where, expr, _ in expressions() if where.startswith("dashboard")
+              for m in _METRIC.findall(expr)}
+    missing, unknown = [], []
+    for group in yaml.safe_load(RULES.read_text())["groups"]:
+        for rule in group["rules"]:
+            notes = rule["annotations"]
+            words = {family(m) for m in _METRIC.findall(" ".join((rule["expr"], notes["description"],
+                                                                   notes["confirm"])))}
+            unknown += [(rule["alert"], m) for m in sorted(words - documented - NOT_METRICS)]
+            missing += [(rule["alert"], m) for m in sorted((words & documented) - panels)]
+    assert unknown == [], "annotations naming no exported metric"
+    assert missing == [], "metrics an alert reads or points to with no dashboard panel"
 
 
 def test_rules_pass_promtool_and_dashboard_queries_parse(tmp_path):
@@ -145,9 +171,18 @@ def test_rules_pass_promtool_and_dashboard_queries_parse(tmp_path):
         assert rule["annotations"]["runbook_url"] == ("{{ $externalLabels.chronos_docs }}/observability/"
                                                       f"dashboard-and-alerts/#{rule['alert'].lower()}")
         assert f"### {rule['alert']}\n" in page  # the section the URL's anchor names
-    # the targets files the shipped configuration discovers: every role of each example host
-    targets = yaml.safe_load((SCRAPE.parent / "chronos-targets" / "chronos-1.yml").read_text())
-    assert sorted(group["labels"]["program"] for group in targets) == ["consumer", "detector", "firer"]
+    # the targets files the shipped configuration discovers: what `chronos targets` prints for each example host
+    files = sorted((SCRAPE.parent / "chronos-targets").glob("*.yml"))
+    assert [f.name for f in files] == ["chronos-1.yml", "chronos-2.yml"]
+    for f in files:
+        text = f.read_text()
+        layout = re.match(r"# Host (\S+): (\d+) consumers?, (\d+) firers?, (\d+) detectors?, "
+                          r"CHRONOS_METRICS_PORT=(\d+) \(chronos targets\)\n", text)
+        assert layout, text
+        host, consumers, firers, detectors, port = layout.groups()
+        printed = targets_of({"CHRONOS_CONSUMERS": consumers, "CHRONOS_FIRERS": firers, "CHRONOS_DETECTORS": detectors,
+                              "CHRONOS_METRICS_PORT": port}, "--address", host)
+        assert text == printed
     # the dashboard's queries, as recording rules, go through the same PromQL parser
     records = {"groups": [{"name": "dashboard", "rules": [
         {"record": f"chronos:dashboard:{i}", "expr": expr}
@@ -156,6 +191,14 @@ def test_rules_pass_promtool_and_dashboard_queries_parse(tmp_path):
     path.write_text(yaml.safe_dump(records))
     checked = subprocess.run([tool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def targets_of(env: dict[str, str], *args: str) -> str:
+    """What `chronos targets` prints with these variables (a host's environment file) and flags."""
+    done = subprocess.run([sys.executable, "-m", "chronos", "targets", *args], capture_output=True, text=True,
+                          timeout=60, env={k: v for k, v in os.environ.items() if not k.startswith("CHRONOS_")} | env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def test_every_alert_fires_on_its_condition_and_is_silent_on_healthy_series(tmp_path):
@@ -223,4 +266,61 @@ def test_dashboard_and_rules_name_only_what_running_processes_export(chronos_env
         for proc, _ in procs:
             proc.terminate()
         for proc, _ in procs:
+            proc.wait(15)
+
+
+def prometheus() -> str:
+    """prometheus from the venv (the Makefile puts it there) or PATH; missing is a failure, not a skip."""
+    here = Path(sys.executable).parent / "prometheus"
+    found = str(here) if here.exists() else shutil.which("prometheus")
+    if not found:
+        pytest.fail("prometheus not found: `make test` fetches it into .venv/bin (from Debian's prometheus package)")
+    return found
+
+
+def test_prometheus_finds_every_program_of_a_host_up_from_the_targets_chronos_targets_prints(chronos_env, tmp_path):
+    """A host of one consumer and one firer and no detector, each program on its supervisord port (base + the
+    role's offset + its number): the shipped scrape configuration with the host's file from `chronos targets`
+    scrapes both, and has nothing down."""
+    base = free_port()
+    layout = {"CHRONOS_CONSUMERS": "1", "CHRONOS_FIRERS": "1", "CHRONOS_DETECTORS": "0", "CHRONOS_METRICS_PORT": str(base)}
+    procs = []
+    try:
+        for role in ("consumer", "firer"):
+            log = tmp_path / f"{role}.log"
+            procs.append(subprocess.Popen([sys.executable, "-m", "chronos", role],
+                                          env={**os.environ, **chronos_env, **layout, "CHRONOS_PROCESS_NUM": "0",
+                                               "CHRONOS_METRICS_ADDRESS": "127.0.0.1"},
+                                          stdout=open(log, "wb"), stderr=subprocess.STDOUT))
+        monitoring = tmp_path / "monitoring"
+        shutil.copytree(SCRAPE.parent, monitoring)
+        for old in (monitoring / "chronos-targets").glob("*.yml"):
+            old.unlink()
+        (monitoring / "chronos-targets" / "host.yml").write_text(
+            targets_of({**layout, "CHRONOS_METRICS_ADDRESS": "127.0.0.1"}))
+        config = yaml.safe_load((monitoring / "prometheus-scrape.yml").read_text())
+        config["global"].update(scrape_interval="1s", scrape_timeout="1s", evaluation_interval="1s")
+        (monitoring / "prometheus-scrape.yml").write_text(yaml.safe_dump(config))
+        port = free_port()
+        procs.append(subprocess.Popen([prometheus(), f"--config.file={monitoring / 'prometheus-scrape.yml'}",
+                                       f"--storage.tsdb.path={tmp_path / 'tsdb'}", "--log.level=warn",
+                                       f"--web.listen-address=127.0.0.1:{port}"],
+                                      stdout=open(tmp_path / "prometheus.log", "wb"), stderr=subprocess.STDOUT))
+
+        def targets() -> dict[str, str]:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/targets", timeout=5) as answer:
+                    active = json.loads(answer.read())["data"]["activeTargets"]
+            except OSError:
+                return {}
+            return {t["labels"]["program"]: t["health"] for t in active}
+        deadline = time.monotonic() + 60
+        while targets() != {"consumer": "up", "firer": "up"}:
+            assert all(p.poll() is None for p in procs), (tmp_path / "prometheus.log").read_text()
+            assert time.monotonic() < deadline, targets()
+            time.sleep(0.5)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
             proc.wait(15)

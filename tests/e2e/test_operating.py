@@ -262,9 +262,14 @@ def _load_known(url: str) -> dict:
     return {"fresh": fresh_node, "dead": dead_node, "has_cron": has_cron, "now": now}
 
 
+HOLD_MS = "600000"  # between the rows held just now and those held an hour ago
+
+
 def test_status_json_matches_the_store(database_url):
+    """The rows held a second ago stay within a hold time of ten minutes however slowly the two commands start;
+    those held an hour ago are past it."""
     known = _load_known(database_url)
-    result = run_cli("status", "--json", "--hold-time-ms", "3000", env={"CHRONOS_DATABASE_URL": database_url})
+    result = run_cli("status", "--json", "--hold-time-ms", HOLD_MS, env={"CHRONOS_DATABASE_URL": database_url})
     assert result.returncode == 0, result.stderr
     got = orjson.loads(result.stdout)
 
@@ -275,7 +280,7 @@ def test_status_json_matches_the_store(database_url):
         waiting = one(f"SELECT count(*) FROM chronos_messages WHERE readied_at IS NULL {cron}")
         due = one(f"SELECT count(*) FROM chronos_messages WHERE readied_at IS NULL {cron} AND deadline <= now()")
         in_flight = one("SELECT count(*) FROM chronos_messages WHERE readied_at IS NOT NULL")
-        past_hold = one("SELECT count(*) FROM chronos_messages WHERE readied_at < now() - interval '3 seconds'")
+        past_hold = one("SELECT count(*) FROM chronos_messages WHERE readied_at < now() - interval '600 seconds'")
         oldest = one(f"SELECT extract(epoch FROM now() - min(deadline))::float8 FROM chronos_messages "
                      f"WHERE deadline <= now() {cron}")
         next_deadline = one(f"SELECT min(deadline) FROM chronos_messages WHERE readied_at IS NULL {cron} "
@@ -285,7 +290,7 @@ def test_status_json_matches_the_store(database_url):
     assert got["due_now"] == due
     assert got["in_flight"] == in_flight
     assert got["past_hold_time"] == past_hold
-    assert got["hold_time_ms"] == 3000
+    assert got["hold_time_ms"] == int(HOLD_MS)
     assert got["in_flight_by_node"][0]["node"] == str(known["dead"])
     assert [(n["rows"], n["past_hold_time"]) for n in got["in_flight_by_node"]] == [(4, 4), (2, 0)]
     assert got["in_flight_by_node"][0]["held_for_s"] >= 3600
@@ -295,10 +300,10 @@ def test_status_json_matches_the_store(database_url):
     assert 3590 <= got["next_deadline_in_s"] <= 3600
     assert got["recurring_schedules"] == (1 if known["has_cron"] else None)
 
-    text = run_cli("status", "--database-url", database_url, "--hold-time-ms", "3000")
+    text = run_cli("status", "--database-url", database_url, "--hold-time-ms", HOLD_MS)
     assert text.returncode == 0, text.stderr
     assert "waiting                          9" in text.stdout
-    assert "past hold time                   4   suspected failures (hold time 3,000 ms)" in text.stdout
+    assert "past hold time                   4   suspected failures (hold time 600,000 ms)" in text.stdout
     assert f"  firer {str(known['dead'])[:8]}                 4" in text.stdout
 
 

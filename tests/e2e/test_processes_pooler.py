@@ -1,4 +1,4 @@
-"""The three processes behind Debian's PgBouncer in transaction mode (tests/pgbouncerkit.py): with the
+"""The three processes behind Debian's PgBouncer in transaction mode (kits/pgbouncer.py): with the
 default CHRONOS_DATABASE_POOL_MODE=auto they find it and deliver; told `session`, a process ends with one
 line naming the setting instead of crash-looping, and `chronos up` refuses before it says `ready`."""
 
@@ -10,9 +10,9 @@ import time
 import psycopg
 import pytest
 
-from benchmarks.harness.stack import ChronosUp
+from kits.stack import ChronosUp
 from helpers import Collector, chronos_headers, producer, send, wait_for
-from pgbouncerkit import PgBouncer
+from kits.pgbouncer import PgBouncer
 
 MISMATCH = "set CHRONOS_DATABASE_POOL_MODE=transaction"
 

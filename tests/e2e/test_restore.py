@@ -1,7 +1,9 @@
 """A point-in-time restore, as Backups and restore says: a base backup (`pg_basebackup`) with WAL
 archived, load, the store recovered to a moment after the backup, the consumer group moved back to that
 moment with `chronos rewind`, Chronos started again; then counted: every message the store held at the
-moment or received after it waits or fires, and what fired after the moment fires again."""
+moment or received after it waits or fires, and what fired after the moment fires again. The page's
+recovery and rewind blocks run as written, with its variables (the moment, the archive, the data
+directory) set to the run's own, as a reader sets them."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from benchmarks.harness.fleet import ROOT, page_blocks
+from kits.fleet import ROOT, page_blocks
 from chronos.adapters.postgres.migrations import migrate
 from chronos.embedded.postgres import EmbeddedPostgres, postgres_bin_dir, server_user
 
@@ -25,7 +27,6 @@ from helpers import Collector, chronos_headers, producer, send, wait_for
 
 pytestmark = pytest.mark.timeout(400)
 BACKUPS = ROOT / "docs" / "operations" / "backups.md"
-PAGE_ARCHIVE, PAGE_MOMENT = "/var/lib/postgresql/wal-archive", "2026-11-26T06:14:13Z"  # as the page's block names them
 ROLES = ("consumer", "firer", "detector")
 FAR = 3600.0  # seconds: a deadline no part of the test reaches
 
@@ -117,12 +118,10 @@ def test_a_point_in_time_restore_and_a_rewind_lose_nothing_and_fire_again_what_f
     # the restore: the base backup, WAL replayed from the archive up to the moment, then promoted
     restored_dir = tmp_path / "restored"
     shutil.copytree(backup, restored_dir)
-    # the page's block, with its archive and moment the run's own, in the restored data directory
+    # the page's variables, the run's own: where the blocks below find the moment, the archive, the data directory
+    page_settings = {"RESTORE_TO": moment.isoformat(), "WAL_ARCHIVE": str(archive), "PGDATA": str(restored_dir)}
     (recovery,) = page_blocks(BACKUPS, "restore recovery")
-    for page, ours in ((PAGE_ARCHIVE, str(archive)), (PAGE_MOMENT, moment.isoformat())):
-        assert page in recovery, page
-        recovery = recovery.replace(page, ours)
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", recovery], env={**os.environ, "PGDATA": str(restored_dir)},
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", recovery], env={**os.environ, **page_settings},
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     restored = EmbeddedPostgres(restored_dir, log_path=tmp_path / "restored.log")
@@ -140,9 +139,11 @@ def test_a_point_in_time_restore_and_a_rewind_lose_nothing_and_fire_again_what_f
                                            .split(",")).items()))
         rewind_env = {**{k: v for k, v in os.environ.items() if not k.startswith("CHRONOS_")},
                       **{k: v for k, v in processes.base_env.items() if k != "CHRONOS_KAFKA_PROPERTIES"},
-                      "CHRONOS_KAFKA_PROPERTIES_FILE": str(properties)}
-        rewound = subprocess.run([sys.executable, "-m", "chronos", "rewind", "--to", moment.isoformat()],
-                                 env=rewind_env, capture_output=True, text=True, timeout=120)
+                      "CHRONOS_KAFKA_PROPERTIES_FILE": str(properties), **page_settings,
+                      "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+        (rewind,) = page_blocks(BACKUPS, "backup rewind")
+        rewound = subprocess.run(["bash", "-euo", "pipefail", "-c", rewind], env=rewind_env, capture_output=True,
+                                 text=True, timeout=120)
         assert rewound.returncode == 0, rewound.stderr
         assert "moved to" in rewound.stdout, rewound.stdout
 

@@ -11,18 +11,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from benchmarks.harness.stack import CHRONOS, ChronosUp, clean_env, supervisor
+from kits.stack import CHRONOS, ChronosUp, clean_env, supervisor
 from chronos.embedded.procs import descendants
 from chronos.up.datadir import SOCKET_PATH_MAX
-from helpers import Collector, Received
-
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] == "Z"  # a zombie has exited
-    except OSError:  # reaped before the open (FileNotFoundError), or between the open and the read (ProcessLookupError)
-        return True
-
+from helpers import Collector, Received, exited
 
 def send(info_file: Path, *args: str) -> str:
     out = subprocess.run(CHRONOS + ["send", "--ready-file", str(info_file), *args], env=clean_env(),
@@ -66,7 +58,7 @@ def test_up_send_receive_and_clean_stop(tmp_path):
         assert m.at >= sent_at + 2 - 0.05
         assert up.stop() == 0
         assert "stopped" in up.output()
-        assert all(_gone(pid) for pid in pids), up.output()
+        assert all(exited(pid) for pid in pids), up.output()
         assert not up.ready_file.exists()
     finally:
         up.kill()
@@ -179,11 +171,11 @@ def _stack_pids(up: ChronosUp, info: dict) -> set[int]:
     return tree
 
 
-def _wait_all_gone(pids: set[int], timeout: float) -> set[int]:
+def _wait_allexited(pids: set[int], timeout: float) -> set[int]:
     end = time.monotonic() + timeout
     alive = set(pids)
     while alive and time.monotonic() < end:
-        alive = {p for p in alive if not _gone(p)}
+        alive = {p for p in alive if not exited(p)}
         time.sleep(0.1)
     return alive
 
@@ -195,8 +187,8 @@ def test_a_killed_up_leaves_nothing_running_and_the_next_one_starts(tmp_path):
         pids = _stack_pids(up, info)
         assert len(pids) >= 6 and info["console_pid"] in pids
         up.kill()  # SIGKILL: no chance to stop anything itself
-        survivors = _wait_all_gone(pids, timeout=30)
-        assert not survivors, [Path(f"/proc/{p}/cmdline").read_bytes() for p in survivors if not _gone(p)]
+        survivors = _wait_allexited(pids, timeout=30)
+        assert not survivors, [Path(f"/proc/{p}/cmdline").read_bytes() for p in survivors if not exited(p)]
         up2 = ChronosUp(workdir=tmp_path).launch()
         try:
             info2 = up2.wait_ready()

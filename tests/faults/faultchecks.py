@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from benchmarks.harness.faultload import Report, Scenario
+from kits.faults import Scenario
+from kits.verdicts import Report
 
 
 def check_common(sc: Scenario, report: Report, stopped: tuple[str, ...] = ()) -> None:

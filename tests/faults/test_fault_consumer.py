@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from benchmarks.harness.faultload import Scenario
+from kits.faults import Scenario
 from faultchecks import check_common
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]

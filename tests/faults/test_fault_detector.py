@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from benchmarks.harness.faultload import Scenario
+from kits.faults import Scenario
 from test_fault_firer import HOLD_S, finish_after_firer_kills
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from faultchecks import check_common
-from benchmarks.harness.faultload import Scenario
+from kits.faults import Scenario
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

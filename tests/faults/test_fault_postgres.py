@@ -13,8 +13,8 @@ import pytest
 from chronos.embedded.postgres import EmbeddedPostgres
 from chronos.embedded.procs import free_port
 from faultchecks import check_common
-from tlskit import Authority, require_pg15
-from benchmarks.harness.faultload import Scenario
+from kits.tls import Authority, require_pg15
+from kits.faults import Scenario
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""A fleet on this machine (benchmarks/harness/fleet.py): two Chronos hosts installed from the wheel as
+"""A fleet on this machine (kits/fleet): two Chronos hosts installed from the wheel as
 docs/operations/host-install.md says, a replicated PostgreSQL (two Patroni members, etcd on a host of its
 own) and the broker, each host a network namespace of its own, partitions as nftables rules.
 
@@ -16,7 +16,7 @@ from typing import Iterator
 
 import pytest
 
-from benchmarks.harness.fleet import Fleet, install_chronos, require_fleet_tools
+from kits.fleet import Fleet, install_chronos, require_fleet_tools
 
 
 @pytest.fixture(scope="package")

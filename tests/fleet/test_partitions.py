@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.harness.fleetload import host_cut, kafka_cut, primary_cut
+from kits.fleet.scenarios import host_cut, kafka_cut, primary_cut
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(600)]
 
@@ -23,6 +23,7 @@ SESSION_S = 2.0           # the consumer group's session timeout (the embedded b
 TAKEOVER_S = HOLD_S + SESSION_S + 4.0  # the other host serves a cut-off host's work within this (and a scrape)
 DB_TIMEOUT_S = 5.0        # CHRONOS_DATABASE_TIMEOUT_MS: a write under way when the cut began gives up only then
 RESUME_S = 10.0           # firing resumes this soon after the promotion at the latest (the benchmark's target is 5 s)
+PUBLISH_AGAIN_S = 5.0     # the firers publish again this soon after the broker's host is back
 
 
 def verdict(report, row) -> None:
@@ -34,7 +35,7 @@ def verdict(report, row) -> None:
 
 
 def test_the_primarys_host_cut_off_a_standby_takes_over_and_the_old_primary_rejoins(fleet, fault_report):
-    standby = fleet.sync_standby()
+    standby = fleet.db.sync_standby()
     report, row = primary_cut(fleet, cut_s=32.0, rate=RATE)
     fault_report(report)
     verdict(report, row)
@@ -61,7 +62,9 @@ def test_the_kafka_host_cut_off_firing_resumes_at_the_heal(fleet, fault_report):
     report, row = kafka_cut(fleet, cut_s=14.0, rate=RATE)
     fault_report(report)
     verdict(report, row)
-    assert row["pause_ended_after_heal_s"] is not None and row["pause_ended_after_heal_s"] < 15.0, row
+    # the firers publish again as soon as the broker is back (0.04 s in the runs measured); the reader's own
+    # deliveries resume only when its client has reconnected (13.4-13.7 s after a 14 s cut), so they bound nothing
+    assert row["published_again_after_heal_s"] is not None and row["published_again_after_heal_s"] < PUBLISH_AGAIN_S, row
     for host in ("chronos-1", "chronos-2"):
         words = [word for _, word in row["health"][f"{host}/firer_00"]]
         assert any("kafka" in word for word in words) and words[-1] == "ok", (host, words)  # loud, then well

@@ -1,13 +1,16 @@
 """A point-in-time restore of the fleet's Patroni cluster into a fresh cluster, as Backups and restore
 says: every member archiving its WAL, a base backup of the leader under load, messages before and after
 the moment, Chronos stopped on every host with the page's block, the fresh cluster made from the backup by
-the page's Patroni bootstrap method (its paths and moment the run's own), the consumer group moved back
-by `chronos rewind` on a Chronos host, Chronos started with the page's block. Counted: every message the
-store held at the moment or received after it waits or fires, and what fired after the moment fires again."""
+the page's Patroni bootstrap method, the consumer group moved back by the page's `chronos rewind` on a
+Chronos host, Chronos started with the page's block; the page's blocks run as written, with its variables
+(the moment, the backup, the archive, the data directory) set to the run's own, as a reader sets them.
+Counted: every message the store held at the moment or received after it waits or fires, and what fired
+after the moment fires again."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from collections import Counter
 from datetime import datetime
@@ -18,7 +21,7 @@ import psycopg
 import pytest
 import yaml
 
-from benchmarks.harness.fleet import ROOT, Fleet, page_blocks
+from kits.fleet import ROOT, Fleet, page_blocks
 from chronos.embedded.postgres import server_user
 
 from helpers import Collector, chronos_headers, producer, send, wait_for
@@ -26,9 +29,6 @@ from helpers import Collector, chronos_headers, producer, send, wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(600)]
 BACKUPS = ROOT / "docs" / "operations" / "backups.md"
 FAR = 3600.0  # seconds: a deadline no part of the test reaches
-# what the page's block names, and what stands for it on the fleet
-PAGE_BACKUP, PAGE_DATA = "/var/backups/chronos-base-20261126T061423Z", "/var/lib/postgresql/15/main"
-PAGE_ARCHIVE, PAGE_MOMENT = "/var/lib/postgresql/wal-archive", "2026-11-26T06:14:13Z"
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +45,11 @@ def _sql(url: str, query: str, *params) -> list[tuple]:
 
 def test_a_patroni_cluster_restored_to_a_moment_loses_nothing_and_fires_again_what_fired_after(archiving_fleet):
     fleet = archiving_fleet
-    topic = fleet.topics["input"]
+    topic = fleet.kafka.topics["input"]
     with fleet.net.inside("client"):
-        p = producer(fleet.bootstrap)
-        out = Collector(fleet.bootstrap, [fleet.topics["output"]])
-    url, admin = fleet.url(), fleet.url(admin=True)
+        p = producer(fleet.kafka.bootstrap)
+        out = Collector(fleet.kafka.bootstrap, [fleet.kafka.topics["output"]])
+    url, admin = fleet.db.url(), fleet.db.url(admin=True)
 
     def sent(tag: str, delay_s: float, count: int = 4) -> set[str]:
         ids = {f"{tag}-{i}" for i in range(count)}
@@ -61,7 +61,7 @@ def test_a_patroni_cluster_restored_to_a_moment_loses_nothing_and_fires_again_wh
     def fired() -> set[str]:
         with fleet.net.inside("client"):
             out.poll_for(0.2)
-        return {m.value.decode() for m in out.on(fleet.topics["output"])}
+        return {m.value.decode() for m in out.on(fleet.kafka.topics["output"])}
 
     def sql(query: str, on: str = url) -> list[tuple]:
         with fleet.net.inside("client"):
@@ -78,7 +78,7 @@ def test_a_patroni_cluster_restored_to_a_moment_loses_nothing_and_fires_again_wh
         user = server_user()
         assert user is not None
         os.chown(backups, *user)
-        fleet.base_backup(backups / "base")
+        fleet.db.base_backup(backups / "base")
 
         held_after = sent("after-backup", FAR)
         due_after_moment = sent("due-after-moment", 8.0)  # waiting at the moment: fires before the restore and after
@@ -91,36 +91,37 @@ def test_a_patroni_cluster_restored_to_a_moment_loses_nothing_and_fires_again_wh
 
         (stop,) = page_blocks(BACKUPS, "backup stop")
         for host in fleet.chronos:
-            fleet.leave_group_one_at_a_time(host)  # the embedded broker's need, not the page's
-            fleet.on(host, fleet.chronos_function() + stop)
+            fleet.hosts.leave_group_one_at_a_time(host)  # the embedded broker's need, not the page's
+            fleet.hosts.run_block(host, stop)
         ((segment,),) = sql("SELECT pg_walfile_name(pg_switch_wal())", admin)  # the WAL past the moment
-        assert fleet.archive is not None
-        wait_for(lambda: (fleet.archive / segment).exists(), 60, "the WAL past the moment archived")
+        assert fleet.db.archive is not None
+        wait_for(lambda: (fleet.db.archive / segment).exists(), 60, "the WAL past the moment archived")
 
-        (block,) = page_blocks(BACKUPS, "patroni restore", ("yaml",))
-        first = fleet.members[0]
-        for page, ours in ((PAGE_BACKUP, str(backups / "base")), (PAGE_DATA, str(fleet.workdir / first / "pg" / "data")),
-                           (PAGE_ARCHIVE, str(fleet.archive)), (PAGE_MOMENT, moment.isoformat())):
-            assert page in block, page
-            block = block.replace(page, ours)
-        leader = fleet.restore_cluster(yaml.safe_load(block)["bootstrap"])
+        first = fleet.db.members[0]
+        page_settings = {"RESTORE_TO": moment.isoformat(), "BASE_BACKUP": str(backups / "base"),
+                         "WAL_ARCHIVE": str(fleet.db.archive), "PGDATA": str(fleet.workdir / first / "pg" / "data")}
+        (block,) = page_blocks(BACKUPS, "patroni restore")
+        printed = subprocess.run(["bash", "-euo", "pipefail", "-c", block], env={**os.environ, **page_settings},
+                                 capture_output=True, text=True, timeout=30, check=True).stdout
+        leader = fleet.db.restore_cluster(yaml.safe_load(printed)["bootstrap"])  # the lines the page has one add
         assert leader == first
         at_moment = waiting()
         assert held_before | held_after | due_after_moment <= at_moment
         assert not (received_after & at_moment) and not (short_before & at_moment)
-        assert fleet.sync_standby() == fleet.members[1]  # the other member copied the new leader
+        assert fleet.db.sync_standby() == fleet.db.members[1]  # the other member copied the new leader
 
-        rewound = fleet.on(fleet.chronos[1], fleet.chronos_function() + f"chronos rewind --to {moment.isoformat()}",
-                           timeout=120).stdout
+        (rewind,) = page_blocks(BACKUPS, "backup rewind")
+        rewound = fleet.hosts.run_block(fleet.chronos[1], rewind, timeout=120,
+                                  variables={"RESTORE_TO": page_settings["RESTORE_TO"]})
         assert "moved to" in rewound, rewound
-        seen_before = Counter(m.value.decode() for m in out.on(fleet.topics["output"]))
+        seen_before = Counter(m.value.decode() for m in out.on(fleet.kafka.topics["output"]))
         (start,) = page_blocks(BACKUPS, "backup start")
         for host in fleet.chronos:
-            fleet.on(host, fleet.chronos_function() + start, timeout=90)
+            fleet.hosts.run_block(host, start, timeout=90)
 
         def twice(ids: set[str]) -> bool:
             fired()
-            seen = Counter(m.value.decode() for m in out.on(fleet.topics["output"]))
+            seen = Counter(m.value.decode() for m in out.on(fleet.kafka.topics["output"]))
             return all(seen[mid] > seen_before[mid] >= 1 for mid in ids)
         # what fired after the moment fires again: from the restored store, or re-read from the input topic
         wait_for(lambda: twice(due_after_moment | fired_after), 90, "what fired after the moment, again")

@@ -12,8 +12,8 @@ from typing import Iterator
 
 import pytest
 
-from benchmarks.harness.fleet import Fleet, install_chronos, previous_release, release_wheel
-from benchmarks.harness.fleetload import rolling_upgrade
+from kits.fleet import Fleet, install_chronos, previous_release, release_wheel
+from kits.fleet.scenarios import rolling_upgrade
 from chronos import __version__
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(900)]

@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from benchmarks.harness.faultload import Report, Scenario, resumed
-from benchmarks.harness.stack import layout_args
+from kits.faults import Scenario
+from kits.verdicts import Report, resumed
+from kits.stack import layout_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 

@@ -81,3 +81,12 @@ def test_the_design_s_limit_drives_firers_that_claim_their_own_slices_off_the_sh
     assert drive.errors == [] and drive.deleted == len(streams) * BATCH
     with psycopg.connect(database_url) as conn:
         assert conn.execute("SELECT count(*) FROM chronos_messages").fetchone()[0] == 0
+
+
+def test_the_capacity_benchmark_measures_the_disk_of_waiting_messages():
+    """`python -m benchmarks.capacity`'s disk step on a PostgreSQL of its own, with a few thousand rows: the
+    table, its indexes and TOAST measured, per million (its import of the migrations once broke it unseen)."""
+    from benchmarks.capacity import measure_disk
+    found = measure_disk(4000, 100)
+    assert found["rows"] == 4000 and found["bytes"]["heap"] > 0
+    assert "chronos_messages_pkey" in found["bytes"]["indexes"] and found["bytes_per_million"]["total"] > 0

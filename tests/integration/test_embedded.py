@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import time
@@ -17,24 +16,7 @@ from chronos.embedded import procs
 from chronos.embedded.broker import EmbeddedBroker
 from chronos.embedded.postgres import EmbeddedPostgres
 from chronos.embedded.procs import EmbeddedError, free_port, port_in_use
-
-
-def _gone(pid: int, timeout: float = 5.0) -> bool:
-    """True once `pid` no longer exists (or is only a zombie someone else must reap)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            if state in ("Z", "X"):
-                return True
-        except (OSError, IndexError):
-            return True
-        time.sleep(0.02)
-    return False
+from helpers import wait_exited
 
 
 def _group_gone(pgid: int) -> bool:
@@ -93,7 +75,7 @@ def test_postgres_restart_keeps_data_and_survives_kill(tmp_path):
     assert (tmp_path / "pg" / "postgres.log").exists()
     pg.stop()
     assert not pg.running
-    assert _gone(pid) and _group_gone(pid)
+    assert wait_exited(pid) and _group_gone(pid)
     assert not (data / "postmaster.pid").exists()
 
     # restart on the same data directory: data kept
@@ -107,8 +89,8 @@ def test_postgres_restart_keeps_data_and_survives_kill(tmp_path):
     pg.kill()
     conn.close()
     assert not pg.running
-    assert _gone(pid) and _group_gone(pid)
-    assert all(_gone(c, timeout=0.5) for c in children)
+    assert wait_exited(pid) and _group_gone(pid)
+    assert all(wait_exited(c, timeout=0.5) for c in children)
     assert (data / "postmaster.pid").exists()
     _start_and_find_data(pg, "start after kill")
     pid = pg.pid
@@ -128,7 +110,7 @@ def test_postgres_restart_keeps_data_and_survives_kill(tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait()
-    assert _gone(pid)
+    assert wait_exited(pid)
     pg.stop()  # idempotent
 
 
@@ -276,7 +258,7 @@ def test_broker_topics_produce_consume(tmp_path):
         broker.stop()
         print(f"broker stop: {time.monotonic() - t0:.3f}s")
     assert not broker.running and broker.pid is None
-    assert _gone(pid)
+    assert wait_exited(pid)
     assert log_path.exists()
 
 
@@ -286,13 +268,13 @@ def test_broker_stop_while_paused_and_kill():
         broker.pause()
         t0 = time.monotonic()
     assert time.monotonic() - t0 < 5
-    assert _gone(pid)
+    assert wait_exited(pid)
 
     broker.start()  # restartable
     pid = broker.pid
     broker.kill()
     assert not broker.running
-    assert _gone(pid)
+    assert wait_exited(pid)
 
 
 def test_auto_port_retries_when_taken(tmp_path, monkeypatch):

@@ -7,29 +7,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from chronos.runtime import orphans
+from helpers import exited, wait_exited
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < end:
-        time.sleep(0.05)
-    return not _alive(pid)
 
 
 PARENT = """
@@ -45,10 +30,10 @@ def test_a_child_dies_with_its_parent_killed_outright():
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         child = int(parent.stdout.readline())
-        assert _alive(child)
+        assert not exited(child)
         parent.kill()
         parent.wait()
-        assert _wait_gone(child), "the child outlived its parent"
+        assert wait_exited(child, timeout=10.0), "the child outlived its parent"
     finally:
         parent.kill()
 

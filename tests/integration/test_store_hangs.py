@@ -16,7 +16,7 @@ from chronos.adapters.postgres.store import Store
 from chronos.domain.model import Row
 from chronos.errors import StoreUnavailable
 from chronos.telemetry.metrics import postgres_reached
-from netkit import FreezableProxy
+from kits.proxy import FreezableProxy
 
 
 def now_us() -> int:

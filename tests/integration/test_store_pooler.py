@@ -1,4 +1,4 @@
-"""The store behind a connection pooler (Debian's PgBouncer: tests/pgbouncerkit.py), in session and in
+"""The store behind a connection pooler (Debian's PgBouncer: kits/pgbouncer.py), in session and in
 transaction mode: the processes' statements work, nothing of a store stays on a server connection the
 pooler lends to others, a connection dropped mid-transaction leaves nothing done, the probe tells the modes
 apart, and a store in session mode behind a pooler in transaction mode stops with the setting to change."""
@@ -16,7 +16,7 @@ from chronos.adapters.postgres import pooling, session
 from chronos.adapters.postgres.store import Store
 from chronos.domain.model import Row
 from chronos.errors import ConfigError, PoolModeMismatch, StoreUnavailable
-from pgbouncerkit import PgBouncer
+from kits.pgbouncer import PgBouncer
 
 # What a server connection holds when nothing of a client stayed on it: the settings as the server has
 # them, no staging table, no prepared statement.

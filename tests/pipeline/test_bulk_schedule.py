@@ -294,3 +294,28 @@ def test_partitions_writing_the_same_ids_wait_for_each_other_instead_of_deadlock
     assert sorted(s.scheduled for s in totals.stats) == [0, 20_000]
     assert set(stored(database_url)) == set(ids)
     assert not [r for r in caplog.records if "rolled back" in r.getMessage()]
+
+
+def test_with_cells_each_row_goes_to_the_cell_of_its_routing_keys_partition(spark, dataset, two_cells):
+    from chronos.adapters.postgres.store import Store
+    from chronos.domain.routing import input_partition
+
+    stores = {cell: Store(url) for cell, url in two_cells.items()}
+    stores["a"].open_partitions([0, 1, 2], 1)
+    stores["b"].open_partitions([3, 4, 5], 1)
+    result = schedule.run(spark, input_path=dataset["path"], fmt="parquet", database_url=None, rules=RULES,
+                          partitions=3, now_us=NOW_US, chunk_rows=500, cells=two_cells)
+    assert (result.stats.scheduled, result.stats.already_waiting) == (2400, 200)
+    # where a message sent through Kafka with the same id or ordering key would be read, and so stored
+    expected = {"a": set(), "b": set()}
+    for message_id, row in dataset["valid"].items():
+        expected["a" if input_partition(message_id, row["ordering_key"], 6) < 3 else "b"].add(message_id)
+    assert {cell: set(stored(url)) for cell, url in two_cells.items()} == expected
+    assert expected["a"] and expected["b"]
+    # a partition on its way to another cell: the job stops, and run again once it has moved, goes through
+    stores["b"].close_partitions([4])
+    with pytest.raises(InputError, match="input partition 4 is moving to another cell: run the job again"):
+        schedule.run(spark, input_path=dataset["path"], fmt="parquet", database_url=None, rules=RULES,
+                     now_us=NOW_US, cells=two_cells)
+    for st in stores.values():
+        st.close()

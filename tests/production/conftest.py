@@ -1,6 +1,6 @@
 """What production connects to: every test here runs against Debian's PostgreSQL 15 (the version
 production databases run; the embedded one is 18 and has no TLS) with TLS on, in place of the embedded
-PostgreSQL, and the Kafka tests reach the embedded broker through a TLS proxy (tests/tlskit.py).
+PostgreSQL, and the Kafka tests reach the embedded broker through a TLS proxy (kits/tls.py).
 
 The server requires TLS and a password from every role but its superuser (`hostssl ... scram-sha-256`,
 plaintext rejected). `chronos_app` is the least-privilege role production runs the processes as: it owns
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from tlskit import APP_GRANTS, APP_PASSWORD, APP_ROLE, Authority, require_pg15
+from kits.tls import APP_GRANTS, APP_PASSWORD, APP_ROLE, Authority, require_pg15
 
 from benchmarks.harness.database import database_url_for
 

@@ -4,7 +4,7 @@ too, with `status` and the console); a certificate no trusted authority signed, 
 a refused SASL login is one line and a final exit; a rotated server certificate is picked up without a
 restart.
 
-The broker is the embedded one behind stunnel (tests/tlskit.py says why), advertising the proxy's
+The broker is the embedded one behind stunnel (kits/tls.py says why), advertising the proxy's
 address, so every connection the clients make, the first and the ones metadata points them to, is TLS.
 """
 
@@ -22,13 +22,13 @@ from pathlib import Path
 import orjson
 import pytest
 from helpers import EMBEDDED_KAFKA, wait_for
-from tlskit import APP_PASSWORD, Authority, TlsProxy, app_url
+from kits.tls import APP_PASSWORD, Authority, TlsProxy, app_url
 
+from kits.fleet import ROOT, page_blocks
 from chronos.adapters.kafka.admin import create_topics
 from chronos.embedded.broker import BROKER_STORAGE, EmbeddedBroker, broker_bin
 from chronos.embedded.procs import free_port, tcp_accepts
 from chronos.errors import EXIT_CONFIG
-from chronos.up.supervisor import supervisord_conf
 
 CHRONOS = [sys.executable, "-m", "chronos"]
 ROLES = ("consumer", "firer", "detector")
@@ -181,13 +181,15 @@ def test_chronos_up_runs_against_external_services_over_tls(tmp_path, tls_env, t
     """`chronos up` with a TLS broker and PostgreSQL over verified TLS as the least-privilege role (migrated
     beforehand by its owner): the programs, `send`, `tail`, `status` and the console all work. When the
     broker's certificate moves to a new authority, the programs take the new CA file once restarted
-    through supervisord (librdkafka reads it when a client is made), without restarting `chronos up`."""
+    through supervisord (librdkafka reads it when a client is made) by the TLS page's command, run as written
+    in the directory `chronos up` runs in, without restarting `chronos up`."""
     url = app_url(database_url, authority.ca_file)
-    ready = tmp_path / "ready.json"
+    ready = tmp_path / ".chronos" / "ready.json"  # `chronos up` in a reader's directory: its data directory there
+    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
     env = _env(**{k: v for k, v in tls_env.items() if k != "CHRONOS_DATABASE_URL"}, CHRONOS_DATABASE_URL=url,
                CHRONOS_CONSOLE_PORT="0")
-    up = subprocess.Popen(CHRONOS + ["up", "--data-dir", str(tmp_path / "up"), "--ready-file", str(ready)], env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    up = subprocess.Popen(CHRONOS + ["up"], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, start_new_session=True)
     try:
         wait_for(lambda: ready.exists() or up.poll() is not None, 120, "chronos up ready")
         assert up.poll() is None, up.stdout.read() if up.stdout else ""
@@ -207,9 +209,9 @@ def test_chronos_up_runs_against_external_services_over_tls(tmp_path, tls_env, t
         bundle.write_bytes(authority.ca_file.read_bytes() + new_authority.ca_file.read_bytes())
         _properties(Path(tls_env["CHRONOS_KAFKA_PROPERTIES_FILE"]), bundle)
         tls_broker[1].restart(*new_authority.issue("kafka-new-ca"))
-        restart = subprocess.run([sys.executable, "-m", "supervisor.supervisorctl", "-c", str(supervisord_conf()),
-                                  "restart", "all"], capture_output=True, text=True, timeout=90,
-                                 env={**env, "CHRONOS_RUN_DIR": str(Path(info["supervisor_socket"]).parent)})
+        (block,) = page_blocks(ROOT / "docs" / "operations" / "tls-and-sasl.md", "restart up")
+        restart = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, capture_output=True,
+                                 text=True, timeout=90, env=env)
         assert restart.returncode == 0, restart.stdout + restart.stderr
         _send_and_tail(env, "after-new-ca", nth=2)
         # the ready file hands the database URL to the other commands: only its owner may read it, and the
@@ -221,7 +223,7 @@ def test_chronos_up_runs_against_external_services_over_tls(tmp_path, tls_env, t
         out = up.communicate(timeout=90)[0]
     assert up.returncode == 0, out
     assert APP_PASSWORD not in out and KAFKA_SECRET not in out
-    for log in (tmp_path / "up" / "logs").glob("*.log"):
+    for log in (tmp_path / ".chronos" / "logs").glob("*.log"):
         text = log.read_text(errors="replace")
         assert APP_PASSWORD not in text and KAFKA_SECRET not in text, log.name
 

@@ -13,6 +13,7 @@ import test_store_plans as plans
 
 from chronos.adapters.postgres import connection, migrations
 from chronos.errors import EXIT_SCHEMA, UnsupportedServer
+from chronos.processes import Services
 from chronos.runtime.process import Lifecycle, wait_for_schema
 from helpers import settings
 
@@ -37,7 +38,8 @@ def test_a_server_older_than_the_oldest_supported_is_refused(monkeypatch, databa
         migrations.migrate(empty_database_url)
     assert refused.value.exit_code == EXIT_SCHEMA
     with pytest.raises(UnsupportedServer):
-        wait_for_schema(settings({"CHRONOS_DATABASE_URL": database_url}), Lifecycle())
+        given = settings({"CHRONOS_DATABASE_URL": database_url})
+        wait_for_schema(given, Lifecycle(), Services(given, "consumer"))
     with psycopg.connect(empty_database_url) as conn:  # nothing was created
         assert conn.execute("SELECT to_regclass('chronos_schema_version')").fetchone() == (None,)
 

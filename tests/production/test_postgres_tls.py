@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 from helpers import Collector, chronos_headers, producer, send
-from tlskit import APP_PASSWORD, APP_ROLE, Authority, app_url
+from kits.tls import APP_PASSWORD, APP_ROLE, Authority, app_url
 
 from chronos.errors import EXIT_CONFIG
 

@@ -10,6 +10,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from chronos import config
 from chronos.adapters.kafka.clients import OutageLog
+from chronos.errors import KafkaUnanswered
 
 ENV = {"CHRONOS_DATABASE_URL": "postgresql://unused@127.0.0.1:1/unused",
        "CHRONOS_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1", "CHRONOS_METRICS_PORT": "0"}
@@ -80,6 +81,13 @@ class FakePublisher:
         if not self.answering:
             raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Kafka is away"))
         return {}
+
+    topic_partitions: dict[str, int] = {}  # what `partitions` says of each topic
+
+    def partitions(self, topic: str, timeout: float = 10.0) -> int | None:
+        if not self.answering:
+            raise KafkaUnanswered("Kafka is away")
+        return self.topic_partitions.get(topic)
 
     def factory(self) -> Callable[[], tuple["FakePublisher", OutageLog]]:
         """A `producers` argument of the roles that always hands out this publisher."""

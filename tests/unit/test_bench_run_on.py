@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.harness import stack as stack_module
-from benchmarks.harness.stack import ChronosOnPostgres, StackFailed, run_on
+from kits import stack as stack_module
+from kits.stack import ChronosOnPostgres, StackFailed, run_on
 from benchmarks.harness.targets import ChronosTarget
 
 
@@ -85,6 +85,10 @@ class FakeChronos:
     def check_alive(self) -> None:
         pass
 
+    def halt(self) -> bool:
+        self.log.append("chronos halt")
+        return True
+
     def stop(self, keep: bool = False) -> None:
         self.log.append(f"chronos stop keep={keep}")
         if "--fail-to-stop" in self.args:
@@ -104,7 +108,21 @@ def test_renewing_the_stack_restarts_chronos_and_its_broker_on_the_same_running_
     assert info == {"database_url": "postgresql://bench/db", "broker_pid": 7, "postgres_pid": 4242}
     assert stack.renew()["postgres_pid"] == 4242
     assert log == ["postgres start", "chronos start --database-url postgresql://bench/db --firers 2",
-                   "chronos stop keep=True", "chronos start --database-url postgresql://bench/db --firers 2"]
+                   "chronos halt", "chronos start --database-url postgresql://bench/db --firers 2"]
+
+
+def test_a_halt_leaves_the_stack_s_directory_for_the_next_start_without_a_word(tmp_path, capsys):
+    """A renewal halts `chronos up` (its directory is the next start's): nothing said of keeping it, which
+    `stop(keep=True)` says for a look at the logs."""
+    import subprocess
+    from kits.stack import ChronosUp
+    up = ChronosUp(workdir=tmp_path)
+    up.proc = subprocess.Popen(["sleep", "60"])
+    assert up.halt(timeout=10) and up.proc.returncode == -signal.SIGTERM
+    assert tmp_path.is_dir() and capsys.readouterr().out == ""
+    up.owned = True  # a directory of its own, kept for a look at its logs
+    up.stop(keep=True)
+    assert tmp_path.is_dir() and "kept in" in capsys.readouterr().out
 
 
 def test_a_sigterm_stops_chronos_and_then_its_postgresql_even_when_chronos_fails_to_stop(monkeypatch):

@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from chronos import config
+from chronos.commands._shared import serving_cell
 
 from chronos import logs
 from chronos.errors import ConfigError
@@ -71,6 +72,11 @@ def test_a_firer_has_two_claimers_unless_told_otherwise():
     ({"CHRONOS_FIRER_CLAIMERS": "0"}, "CHRONOS_FIRER_CLAIMERS must be greater than 0"),
     ({"CHRONOS_FIRER_CLAIMERS": "17"}, "CHRONOS_FIRER_CLAIMERS must be at most 16 \\(a claimer claims at least one"),
     ({"CHRONOS_FIRER_CLAIMERS": "two"}, "CHRONOS_FIRER_CLAIMERS must be a whole number"),
+    ({"CHRONOS_METRICS_ADDRESS": "10.0.0.11:9400"}, "CHRONOS_METRICS_ADDRESS must be an IP address or a host name, "
+                                                    "without a port"),
+    ({"CHRONOS_METRICS_ADDRESS": ""}, "CHRONOS_METRICS_ADDRESS must be an IP address"),
+    ({"CHRONOS_METRICS_WEB_CONFIG_FILE": "/nonexistent/web.yml"}, "CHRONOS_METRICS_WEB_CONFIG_FILE: cannot read"),
+    ({"CHRONOS_METRICS_SCRAPE_CONFIG_FILE": "/nonexistent/s.yml"}, "CHRONOS_METRICS_SCRAPE_CONFIG_FILE: cannot read"),
 ])
 def test_bad_values_give_a_clear_one_line_error(env, message):
     with pytest.raises(ConfigError, match=message) as err:
@@ -122,3 +128,60 @@ def test_json_logs_parse(capsys):
     entry = orjson.loads(line)
     assert entry["role"] == "firer" and entry["node"] == "abcd" * 8 and entry["msg"] == "fired 5"
     assert entry["level"] == "info"
+
+
+# -- cells ---------------------------------------------------------------------------------------
+
+CELLS = "a=postgresql://app:s3cret@db-a1:5432,db-a2:5432/chronos?sslmode=require b=postgresql://app:other@db-b/chronos"
+
+
+def test_cells_are_name_url_pairs_in_order_multi_host_urls_included():
+    s = settings({"CHRONOS_CELLS": CELLS})
+    assert s.cells == (("a", "postgresql://app:s3cret@db-a1:5432,db-a2:5432/chronos?sslmode=require"),
+                       ("b", "postgresql://app:other@db-b/chronos"))
+    assert s.databases() == dict(s.cells)
+    # commas between pairs work too (a ready file's cells come so), one inside a URL is the URL's
+    assert settings({"CHRONOS_CELLS": CELLS.replace(" ", ",")}).cells == s.cells
+    assert settings(argv=["--cells", CELLS]).cells == s.cells
+    # without cells, the one database is the only cell
+    assert settings({"CHRONOS_DATABASE_URL": "postgresql://h/db"}).databases() == {"": "postgresql://h/db"}
+
+
+@pytest.mark.parametrize("raw,message", [
+    ("a=postgresql://h/x a=postgresql://h/y", "names cell 'a' twice"),
+    ("postgresql://h/x", "NAME=URL pairs"),
+    ("a b=postgresql://h/y", "NAME=URL pairs"),
+    ("a=mysql://u:hidden@h/x", "CHRONOS_CELLS \\(cell a\\) must be a postgresql:// URL, got 'mysql://u:\\*\\*\\*@h/x'"),
+    ("bad/name=postgresql://h/x", "NAME=URL pairs"),
+])
+def test_a_list_of_cells_that_is_not_one_is_refused_without_its_passwords(raw, message):
+    with pytest.raises(ConfigError, match=message) as refused:
+        settings({"CHRONOS_CELLS": raw})
+    assert "hidden" not in str(refused.value)
+
+
+def test_the_cells_passwords_are_secrets_and_the_cell_must_be_listed():
+    s = settings({"CHRONOS_CELLS": CELLS})
+    assert {"s3cret", "other"} <= set(s.secrets())
+    with pytest.raises(ConfigError, match="CHRONOS_CELL names cell 'c', which CHRONOS_CELLS does not list \\(a, b\\)"):
+        settings({"CHRONOS_CELLS": CELLS, "CHRONOS_CELL": "c"})
+
+
+def test_the_cells_go_to_the_programs_and_come_back_from_a_ready_file(tmp_path):
+    s = settings({"CHRONOS_CELLS": CELLS})
+    assert settings(config.to_environ(s)).cells == s.cells
+    ready = tmp_path / "ready.json"
+    ready.write_bytes(orjson.dumps({"bootstrap_servers": "127.0.0.1:1", "database_url": None,
+                                    "cells": dict(s.cells)}))
+    assert settings(argv=["--ready-file", str(ready)]).cells == s.cells
+
+
+def test_a_firer_or_detector_serves_its_cell_or_the_cells_in_turn_by_process_number():
+    s = settings({"CHRONOS_CELLS": CELLS})
+    by_num = [serving_cell(s, {"CHRONOS_PROCESS_NUM": str(n)}) for n in range(4)]
+    assert [(x.cell, x.database_url) for x in by_num] == [("a", s.cells[0][1]), ("b", s.cells[1][1])] * 2
+    named = serving_cell(settings({"CHRONOS_CELLS": CELLS, "CHRONOS_CELL": "b"}), {"CHRONOS_PROCESS_NUM": "0"})
+    assert (named.cell, named.database_url) == ("b", s.cells[1][1])
+    assert serving_cell(s, {}).cell == "a"
+    without = settings({"CHRONOS_DATABASE_URL": "postgresql://h/db"})
+    assert serving_cell(without, {"CHRONOS_PROCESS_NUM": "3"}) is without

@@ -12,7 +12,7 @@ from chronos.roles.consumer import commit_offsets, sort_batch
 from chronos.roles.detector import suspected_nodes
 from chronos.roles.firer.decisions import TICK, PublishTiming
 from chronos.domain.intake import Rules, Verdict, decide
-from chronos.cli import parse_duration
+from chronos.commands.send import parse_duration
 from chronos.config import ConfigError
 from kafka_double import FakeMessage
 

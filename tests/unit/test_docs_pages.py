@@ -11,6 +11,7 @@ import importlib.util
 import re
 from pathlib import Path
 
+import orjson
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,3 +76,64 @@ def test_the_lab_note_check_finds_lab_notes():
     for text in ("a session cookie", "the session timeout", "in session mode", "its sessions commit",
                  "an already running Spark session", "a session advisory lock"):
         assert not LAB_NOTES.search(text), text
+
+
+def test_every_path_the_readme_names_is_in_the_repository():
+    """The README speaks from the repository's root: a folder or file it names in backticks is there (the
+    stack's own `.chronos/`, made by `chronos up`, apart)."""
+    named = re.findall(r"`([A-Za-z_][\w.-]*/[^`\s]*)`", (ROOT / "README.md").read_text())
+    assert named and "monitoring/" in named, named
+    missing = [path for path in named if not (ROOT / path).exists()]
+    assert not missing, f"README.md names paths the repository does not have: {missing}"
+
+
+def test_the_production_pages_name_this_release_and_the_one_before():
+    """The install and upgrade pages name the releases once, in the variables their blocks use (RELEASE,
+    PREVIOUS), and the fleet runs the blocks as written: they must be this checkout's release and the
+    changelog's previous one."""
+    from kits.fleet.install import INSTALL_PAGE, UPGRADE_PAGE, page_blocks, previous_release
+    from chronos import __version__
+    (install,) = page_blocks(INSTALL_PAGE, "release")
+    (upgrade,) = page_blocks(UPGRADE_PAGE, "upgrade releases")
+    assert re.search(rf"^RELEASE={re.escape(__version__)}\b", install, re.M), install
+    assert re.search(rf"^RELEASE={re.escape(__version__)}\b", upgrade, re.M), upgrade
+    assert re.search(rf"^PREVIOUS={re.escape(previous_release())}\b", upgrade, re.M), upgrade
+
+
+def test_the_latest_results_show_each_figure_once():
+    """No two lines of the Latest results table read the same figure from the same result file."""
+    def figure(read, path: str) -> tuple:
+        keywords = tuple(sorted(getattr(read, "keywords", {}).items()))
+        return getattr(read, "func", read).__name__, keywords, path
+    lines = [figure(read, path) for _, _, rows in hooks().FIGURES for _, read, path in rows]
+    assert len(lines) == len(set(lines)), sorted(x for x in lines if lines.count(x) > 1)
+
+
+def test_the_latest_results_name_the_date_and_code_of_each_run():
+    h = hooks()
+    page = h.glance_page()
+    assert "| date (UTC) | code |" in page
+    path = "2026-11-28/cpu-ab/d4ed12f-111-1.json"  # the harness of one checkout ran the processes of another
+    assert h._code(path) == "`d4ed12f`" and h._code("2026-11-28/cpu-ab/now-111-1.json") == "`aa1d4f9`"
+    assert f"| {h._code(path)} | `{path}` |" in page
+
+
+def test_the_capacity_page_names_the_indexes_its_run_did_not_measure(tmp_path, monkeypatch):
+    h = hooks()
+    assert h.schema_indexes()["chronos_messages_due_share"] == "migration 9"
+    assert "`chronos_messages_due_share` (migration 9)" in h.capacity_page("2026-11-26/capacity-1x1x1.json")  # before it
+    assert "gained indexes" not in h.capacity_page()  # the run the page shows measured today's schema
+    measured = orjson.loads((h.RESULTS / "2026-11-26/capacity-1x1x1.json").read_bytes())
+    for name in h.schema_indexes():
+        measured["disk"]["bytes_per_million"]["indexes"].setdefault(name, 8192)
+    (tmp_path / h.CAPACITY_RESULT).parent.mkdir(parents=True)
+    (tmp_path / h.CAPACITY_RESULT).write_bytes(orjson.dumps(measured))
+    monkeypatch.setattr(h, "RESULTS", tmp_path)
+    assert "gained indexes" not in h.capacity_page()  # a run of today's schema
+
+
+def test_the_peers_comparison_is_read_from_its_result_files():
+    table = hooks().compare_table("2026-11-23/compare")
+    rows = table.splitlines()[2:]
+    assert len(rows) == 8 and rows[0].startswith("| Chronos 1/1/1 | 1,000 |"), table
+    assert "| 0.66 (PostgreSQL 0.31) | 0.36 | pass | `56e4b1a` |" in rows[4], rows[4]

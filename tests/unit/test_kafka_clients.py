@@ -34,10 +34,10 @@ class Assigned(GroupConsumer):
         return 0, {0: 12, 1: -1001, 2: 4}[partition.partition]
 
 
-def test_lag_is_the_cached_high_watermark_less_the_position_and_0_where_either_is_unknown():
+def test_the_ends_are_the_position_and_the_cached_high_watermark_negative_where_unknown():
     consumer = Assigned({"bootstrap.servers": "127.0.0.1:1", "group.id": "g"})
     try:
-        assert consumer.lag() == {0: 7, 1: 0, 2: 0}
+        assert consumer.ends() == {0: (5, 12), 1: (3, -1), 2: (-1, 4)}
     finally:
         consumer.close()
 

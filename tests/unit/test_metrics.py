@@ -292,7 +292,7 @@ def test_parked_messages_in_status_and_the_detector_gauge():
     at = datetime(2026, 11, 21, 9, 0, 5, tzinfo=timezone.utc)
     d = status.to_dict(_overview(at, parked=3), 5000)
     assert d["parked"] == 3
-    assert "parked                           3   no topic accepted them: see the chronos_parked table" in \
+    assert "parked                           3   kept in chronos_parked: see chronos parked list" in \
         status.render(d)
     assert "parked                           -" in status.render(status.to_dict(_overview(at), 5000))
     detector = telemetry.DetectorTelemetry(NODE, Settings())
@@ -481,8 +481,8 @@ def test_status_says_what_a_role_may_not_see_and_when_no_process_is_asked():
            "shows it)" in text
     assert "    firer 6f1c0d3e               2   another role's: its address and start are not visible to this " \
            "role" in text
-    assert "  processes report               -   no /metrics URLs known (CHRONOS_CONSOLE_METRICS_URLS, or the " \
-           "ready file of chronos up)" in text
+    assert "  processes report               -   no /metrics URLs known (no process said in PostgreSQL where it " \
+           "serves them, none in CHRONOS_CONSOLE_METRICS_URLS)" in text
     assert "postgres" not in status.render(status.to_dict(_overview(at), 5000))
 
 
@@ -499,3 +499,12 @@ def test_postgres_is_unreached_from_a_statement_given_up_until_one_is_answered()
     assert telemetry.postgres_reached(claim, settle) == 0.0  # neither reached it since: unhealthy now
     settle.last_ok = 112.0  # answered on a new connection
     assert telemetry.postgres_reached(claim, settle) == 112.0
+
+
+def test_the_detector_exports_every_operator_action_from_zero_the_parked_ones_included():
+    """An alert or a dashboard on the parked messages' replays and drops sees them before the first one."""
+    d = telemetry.DetectorTelemetry(NODE, Settings())
+    d.actions = {"cancel": (2, 5)}
+    taken = {s.labels["action"]: s.value for f in text_string_to_metric_families(generate_latest(d.registry).decode())
+             if f.name == "chronos_operator_actions" for s in f.samples if s.name.endswith("_total")}
+    assert taken == {"cancel": 2.0, "fire_now": 0.0, "reschedule": 0.0, "replay_parked": 0.0, "drop_parked": 0.0}

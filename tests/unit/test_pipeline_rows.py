@@ -130,7 +130,7 @@ def test_service_processes_never_import_pyspark():
             "import chronos.roles.consumer, chronos.roles.firer, chronos.roles.detector, chronos.cli, chronos.up.command\n"
             "import chronos.console.launch\n"
             "chronos.cli.build_parser()\n"
-            "import chronos.pipeline.commands, chronos.pipeline.rows\n"
+            "import chronos.commands.pipeline, chronos.pipeline.rows\n"
             "heavy = ('pyspark', 'py4j', 'pandas', 'matplotlib', 'starlette', 'uvicorn', 'jinja2', 'playwright')\n"
             "loaded = sorted(m for m in sys.modules if m.split('.')[0] in heavy)\n"
             "assert not loaded, loaded\n")

@@ -9,6 +9,7 @@ import time
 import types
 import uuid
 
+import pytest
 from prometheus_client.exposition import generate_latest
 
 from chronos import codec
@@ -20,6 +21,7 @@ from chronos.errors import KafkaUnanswered, StoreRejected
 from chronos.telemetry.metrics import ConsumerTelemetry, postgres_reached
 from chronos.roles.consumer import ConsumerProcess, sort_batch
 from chronos.roles.consumer.one_by_one import apply_one_by_one
+from chronos.roles.consumer.writer import CLOCK_EVERY_S
 from chronos.runtime.process import Lifecycle
 from kafka_double import FakeMessage, FakePublisher, settings
 
@@ -99,10 +101,26 @@ class FakeConsumer:
             return None
         return {p: self.group_offsets.get(p, -1001) for p in self.partitions}
 
-    def lag(self):
-        """As the adapter computes it: the cached high watermark less the position, 0 where either is unknown."""
-        return {p: max(0, high - pos) if (pos := self.positions.get(p, -1001)) >= 0 and
-                (high := self.watermarks.get(p, -1001)) >= 0 else 0 for p in self.assigned}
+    def ends(self):
+        """As the adapter reads them: the position and the cached high watermark, -1 where unknown."""
+        return {p: (self.positions.get(p, -1), self.watermarks.get(p, -1)) for p in self.assigned}
+
+    def pause_partitions(self, partitions):
+        with self.lock:
+            self.paused = self.paused | set(partitions)
+
+    def resume_partitions(self, partitions):
+        with self.lock:
+            self.paused = self.paused - set(partitions)
+            self.resumed = self.resumed + sorted(partitions)
+
+    def seek_partitions(self, offsets):
+        with self.lock:
+            self.seeks = self.seeks + [dict(offsets)]
+
+    paused: set = set()     # (topic, partition)s paused now
+    resumed: list = []      # (topic, partition)s resumed, in order
+    seeks: list = []        # each seek's offsets
 
     def commit_offsets(self, offsets, *, wait=False):
         with self.lock:
@@ -182,12 +200,36 @@ def test_a_batch_schedules_replaces_and_cancels_each_id_as_its_messages_say_in_o
             s["duplicates"]) == (11, 1, 2, 1, 1, 1, 1, 2)
 
 
+def test_the_consumer_measures_its_hosts_clock_against_postgresqls_every_ten_seconds():
+    """A database clock 2 s behind this host's (the host is ahead: what makes a consumer publish early): the
+    offset is measured after a write and by the idle probe, at most every CLOCK_EVERY_S; a statement that
+    fails leaves the last figure."""
+    c = Consumer()
+    c.db.now_us = lambda: time.time_ns() // 1000 - 2_000_000
+
+    def offset() -> float:
+        text = generate_latest(c.proc.metrics.registry).decode()
+        return float(re.search(r"^chronos_consumer_clock_offset_seconds\{[^}]*\} (\S+)$", text, re.M)[1])
+    assert offset() == 0.0
+    message = [FakeMessage(hdrs("a", in_1h_ms()), offset=0)]
+    assert c.proc.writer.write(message, sort_batch(message, time.time_ns() // 1000, c.proc.rules))
+    assert offset() == pytest.approx(-2.0, abs=0.05)
+    c.db.now_us = lambda: time.time_ns() // 1000 + 1_000_000
+    c.proc.writer.measure_clock(time.monotonic())  # within CLOCK_EVERY_S of the last: not measured again
+    assert offset() == pytest.approx(-2.0, abs=0.05)
+    c.proc.writer.measure_clock(time.monotonic() + CLOCK_EVERY_S)
+    assert offset() == pytest.approx(1.0, abs=0.05)
+    c.db.unavailable = "down"
+    c.proc.writer.measure_clock(time.monotonic() + 3 * CLOCK_EVERY_S)
+    assert offset() == pytest.approx(1.0, abs=0.05)
+
+
 def test_rows_postgres_refuses_are_dead_lettered_one_by_one():
     class RefusingStore(MemoryStore):
-        def apply(self, inserts, replaces, cancels):
+        def apply(self, inserts, replaces, cancels, fence=None):
             if any(r.id == "poison" for r in inserts):
                 raise StoreRejected("invalid byte sequence")
-            return super().apply(inserts, replaces, cancels)
+            return super().apply(inserts, replaces, cancels, fence)
 
     now_ms = NOW // 1000
     msgs = [FakeMessage(hdrs("good", now_ms + 60_000)), FakeMessage(hdrs("poison", now_ms + 60_000))]
@@ -261,9 +303,9 @@ class CountingStore(MemoryStore):
 
     tries = 0
 
-    def apply(self, inserts, replaces, cancels):
+    def apply(self, inserts, replaces, cancels, fence=None):
         self.tries += 1
-        return super().apply(inserts, replaces, cancels)
+        return super().apply(inserts, replaces, cancels, fence)
 
 
 class Running:
@@ -451,21 +493,45 @@ def test_the_lag_gauge_is_what_each_assigned_partition_holds_past_the_position()
     c = Consumer()
     c.proc.group.consumer.assigned = [0, 1]
     c.proc.group.consumer.positions, c.proc.group.consumer.watermarks = {0: 5, 1: 3}, {0: 12}
-
-    def lags() -> dict[str, float]:
-        text = generate_latest(c.proc.metrics.registry).decode()
-        return {m[0]: float(m[1]) for m in
-                re.findall(r'^chronos_consumer_lag_messages\{[^}]*partition="(\d+)"[^}]*\} (\S+)$', text, re.M)}
     c.proc.group.sample_lag(100.0)
-    assert lags() == {"0": 7.0, "1": 0.0}
+    assert lags(c) == {"0": 7.0, "1": 0.0}
     text = generate_latest(c.proc.metrics.registry).decode()
     assert re.search(r'^chronos_consumer_partitions\{[^}]*\} 2\.0$', text, re.M), text
     c.proc.group.consumer.watermarks = {0: 20}
     c.proc.group.sample_lag(101.0)  # within LAG_EVERY_S: not read again
-    assert lags() == {"0": 7.0, "1": 0.0}
+    assert lags(c) == {"0": 7.0, "1": 0.0}
     c.proc.group.consumer.assigned = [0]
     c.proc.group.sample_lag(106.0)
-    assert lags() == {"0": 15.0}
+    assert lags(c) == {"0": 15.0}
+    assert set(lags(c, "seconds")) == {"0"}
+
+
+def lags(c: Consumer, unit: str = "messages") -> dict[str, float]:
+    text = generate_latest(c.proc.metrics.registry).decode()
+    return {m[0]: float(m[1]) for m in
+            re.findall(rf'^chronos_consumer_lag_{unit}\{{[^}}]*partition="(\d+)"[^}}]*\}} (\S+)$', text, re.M)}
+
+
+def test_the_time_behind_grows_while_the_consumers_loop_stands_still_and_is_0_once_it_has_read_everything():
+    """Partition 0 caught up at 10, then 10 more messages by the next sample, 5 s later, none read: the
+    oldest unread message arrived between the two samples (half-way for the first of ten: 0.5 s in); the
+    scrapes after it see the time grow with no further sample (a loop waiting on a write)."""
+    clock = Clock()
+    c = Consumer()
+    c.proc.metrics.health.clock = clock
+    group = c.proc.group
+    group.consumer.assigned, group.consumer.positions, group.consumer.watermarks = [0], {0: 10}, {0: 10}
+    group.sample_lag(clock())
+    assert lags(c, "seconds") == {"0": 0.0}
+    clock.advance(5.0)
+    group.consumer.watermarks = {0: 20}
+    group.sample_lag(clock())
+    assert lags(c, "seconds") == {"0": pytest.approx(4.5)}
+    clock.advance(60.0)
+    assert lags(c, "seconds") == {"0": pytest.approx(64.5)}
+    group.consumer.positions = {0: 20}
+    group.sample_lag(clock())
+    assert lags(c, "seconds") == {"0": 0.0} and lags(c) == {"0": 0.0}
 
 
 def test_while_no_other_consumer_commits_a_consumer_waits_out_the_outage_in_the_group(caplog):

@@ -138,6 +138,17 @@ def create_topics(bootstrap_servers: str, topics: dict[str, int], config: dict |
             log.warning("topic %s has %s partitions, not the %s asked for", name, have, n)
 
 
+def partition_count(bootstrap_servers: str, topic: str, client_config: dict | None = None, timeout: float = 10) -> int:
+    """How many partitions `topic` has (0 when Kafka does not know it); UnavailableError if Kafka does not answer.
+    Asks for every topic's metadata: asking for one would let the cluster create it."""
+    admin = admin_client(bootstrap_servers, client_config)
+    try:
+        found = admin.list_topics(timeout=timeout).topics.get(topic)
+    except KafkaException as e:
+        raise UnavailableError(f"cannot read metadata from {bootstrap_servers}: {e}") from None
+    return 0 if found is None or found.error is not None else len(found.partitions)
+
+
 @dataclass(frozen=True)
 class BrokerOffsets:
     """What a broker holds, from its offsets: per (topic, partition) the start and end offsets, the

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -186,6 +186,14 @@ class Producer(confluent_kafka.Producer):
                 on_delivery(err, None)
                 return
 
+    def partitions(self, topic: str, timeout: float = 10.0) -> int | None:
+        """`ports.Publisher.partitions`."""
+        try:
+            found = self.list_topics(timeout=timeout).topics.get(topic)
+        except KafkaException as exc:
+            raise KafkaUnanswered(str(exc)) from None
+        return None if found is None or found.error is not None else len(found.partitions)
+
     def answers(self, timeout: float = 1.0) -> bool:
         """Whether Kafka answers a metadata request (for every topic: asking for one would let a
         producer create it) within `timeout` seconds."""
@@ -208,17 +216,36 @@ class GroupConsumer(confluent_kafka.Consumer):
         else:
             self.commit(offsets=tps, asynchronous=True)
 
-    def lag(self) -> dict[int, int]:
-        """Per assigned partition, the high watermark its last fetch reported (the client's cached one,
-        which a fetch keeps right; asking the broker would cost a request and, on the embedded broker, be
-        wrong) less the position. A partition not fetched yet counts 0."""
+    def pause_partitions(self, partitions: Sequence[tuple[str, int]]) -> None:
+        """`ports.InputConsumer.pause_partitions`; a partition no longer held (a rebalance) is passed over."""
+        self._each("pause", [TopicPartition(topic, partition) for topic, partition in partitions])
+
+    def resume_partitions(self, partitions: Sequence[tuple[str, int]]) -> None:
+        """`ports.InputConsumer.resume_partitions`."""
+        self._each("resume", [TopicPartition(topic, partition) for topic, partition in partitions])
+
+    def seek_partitions(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """`ports.InputConsumer.seek_partitions`."""
+        for (topic, partition), offset in offsets.items():
+            self._each("seek", TopicPartition(topic, partition, offset))
+
+    def _each(self, method: str, arg: Any) -> None:
+        try:
+            getattr(confluent_kafka.Consumer, method)(self, arg)
+        except KafkaException as exc:  # assigned elsewhere since: its next owner reads it from the last commit
+            log.info("could not %s input partitions %s: %s", method, arg, exc)
+
+    def ends(self) -> dict[int, tuple[int, int]]:
+        """Per assigned partition, the position and the high watermark its last fetch reported (the
+        client's cached one, which a fetch keeps right; asking the broker would cost a request and, on the
+        embedded broker, be wrong); negative where not known yet (a partition not fetched yet)."""
         try:
             assigned = self.assignment()
-            lag = {}
+            ends = {}
             for tp in self.position(assigned) if assigned else []:
                 _, high = self.get_watermark_offsets(tp, cached=True)
-                lag[tp.partition] = max(0, high - tp.offset) if tp.offset >= 0 and high >= 0 else 0
-            return lag
+                ends[tp.partition] = (max(-1, tp.offset), max(-1, high))
+            return ends
         except KafkaException as exc:
             raise KafkaUnanswered(str(exc)) from None
 

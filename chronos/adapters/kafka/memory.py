@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from chronos.domain.delivery import PURGED_IN_FLIGHT, PURGED_QUEUED, Failure
 from chronos.errors import KafkaUnanswered
@@ -147,6 +147,9 @@ class MemoryProducer:
             raise KafkaUnanswered("Kafka does not answer")
         return {name: len(parts) for name, parts in self.kafka.partitions.items()}
 
+    def partitions(self, topic: str, timeout: float = 10.0) -> int | None:
+        return self.list_topics(timeout=timeout).get(topic)
+
 
 class MemoryConsumer:
     """An `InputConsumer` on a `MemoryKafka`: a member of its group once subscribed, reading its
@@ -158,19 +161,20 @@ class MemoryConsumer:
         self.on_lost: Callable | None = None
         self.positions: dict[tuple[str, int], int] = {}
         self.lost: list[Lost] | None = None
+        self.paused: set[tuple[str, int]] = set()
 
     def subscribe(self, topics: list[str], *, on_lost: Callable) -> None:
         with self.kafka.lock:
             self.topics, self.on_lost = list(topics), on_lost
             if self not in self.kafka.members:
                 self.kafka.members.append(self)
-            self.positions = {}
+            self.positions, self.paused = {}, set()
 
     def unsubscribe(self) -> None:
         with self.kafka.lock:
             if self in self.kafka.members:
                 self.kafka.members.remove(self)
-            self.topics, self.positions = [], {}
+            self.topics, self.positions, self.paused = [], {}, set()
 
     def lose(self) -> None:
         """The group's session times out: the member leaves the group, and its next `consume` says so to
@@ -178,7 +182,7 @@ class MemoryConsumer:
         with self.kafka.lock:
             self.lost = [Lost(t, p) for t, p in self.kafka.assignment(self)]
             self.kafka.members.remove(self)
-            self.positions = {}
+            self.positions, self.paused = {}, set()
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[MemoryMessage]:
         with self.kafka.lock:
@@ -189,6 +193,8 @@ class MemoryConsumer:
                 self.kafka.members.append(self)
             read: list[MemoryMessage] = []
             for tp in self.kafka.assignment(self):
+                if tp in self.paused:
+                    continue
                 at = self.positions.get(tp, max(0, self.kafka.committed.get(tp, 0)))
                 taken = self.kafka.partitions[tp[0]][tp[1]][at:at + num_messages - len(read)]
                 read += taken
@@ -203,11 +209,23 @@ class MemoryConsumer:
         if self.on_commit is not None:
             self.on_commit(None, [Lost(t, p) for t, p in offsets])
 
-    def lag(self) -> dict[int, int]:
+    def pause_partitions(self, partitions: Sequence[tuple[str, int]]) -> None:
         with self.kafka.lock:
-            # a partition not read yet counts 0, as the client's lag does before its first fetch
-            return {p: len(self.kafka.partitions[t][p]) - self.positions[(t, p)] if (t, p) in self.positions else 0
-                    for t, p in self.kafka.assignment(self)}
+            self.paused.update(partitions)
+
+    def resume_partitions(self, partitions: Sequence[tuple[str, int]]) -> None:
+        with self.kafka.lock:
+            self.paused.difference_update(partitions)
+
+    def seek_partitions(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        with self.kafka.lock:
+            self.positions.update(offsets)
+
+    def ends(self) -> dict[int, tuple[int, int]]:
+        with self.kafka.lock:
+            # a partition not read yet is not known, as the client's before its first fetch
+            return {p: (self.positions[(t, p)], len(self.kafka.partitions[t][p])) if (t, p) in self.positions
+                    else (-1, -1) for t, p in self.kafka.assignment(self)}
 
     def close(self) -> None:
         self.unsubscribe()

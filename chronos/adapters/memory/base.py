@@ -27,6 +27,23 @@ class MemoryHandle:
     def close(self) -> None:
         """Nothing to close: the database outlives its handles."""
 
+    def announce(self, role: str, scheme: str, port: int, address: str | None) -> str:
+        """`ports.Presence.announce`; with no address, 127.0.0.1 (the twin has no connection)."""
+        host = address or "127.0.0.1"
+        url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+        assert self.node_id is not None, "a process's store has its node"
+        node = self.node_id
+
+        def run(now: int) -> str:
+            self.db.processes = {n: p for n, p in self.db.processes.items() if now - p[2] < 86_400_000_000}
+            self.db.processes[node] = (role, url, now)
+            return url
+        return self._run(run)
+
+    def withdraw(self) -> None:
+        """`ports.Presence.withdraw`."""
+        self._run(lambda now: self.db.processes.pop(self.node_id, None))  # type: ignore[arg-type]
+
     def cancel(self) -> None:
         """Nothing to cancel: a statement here never waits on I/O."""
 

@@ -1,5 +1,5 @@
-"""The in-memory database: its rows, parked messages, fire-rate buckets, the operators' action totals and
-its clock (`now_us`, injected so that tests control time; PostgreSQL uses its own clock), shared by any
+"""The in-memory database: its rows, parked messages, fire-rate buckets, the operators' action totals, its cell's
+input partitions and its clock (`now_us`, injected so that tests control time; PostgreSQL uses its own clock), shared by any
 number of store handles (`MemoryStore`). The clocks a test gives it: the machine's, or a manual one."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
+from chronos.domain.cells import CellPartition
 from chronos.domain.model import Parked
 
 
@@ -96,6 +97,8 @@ class MemoryDatabase:
         self.buckets: dict[str, Bucket] = {}     # by destination topic name, as chronos_rate_limits
         self.actions: dict[str, tuple[int, int]] = {}  # action -> (times taken, messages changed): chronos_actions
         self.firers: dict[uuid.UUID, int] = {}   # node -> its lease renewed at: chronos_firers
+        self.processes: dict[uuid.UUID, tuple[str, str, int]] = {}  # node -> (role, /metrics URL, said at): chronos_processes
+        self.cell_partitions: dict[int, CellPartition] = {}  # the input partitions this cell lists: chronos_cell_partitions
         self.unavailable: str | None = None       # set: every statement fails with StoreUnavailable(this)
         self._seq = itertools.count(1)
         self._ctid = itertools.count(1)

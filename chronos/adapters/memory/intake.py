@@ -1,5 +1,5 @@
-"""The consumer's statements on the in-memory database (`ports.IntakeStore`): a batch written, messages
-parked, which late ids are waiting."""
+"""The consumer's statements on the in-memory database (`ports.IntakeStore`): a batch written (fenced, with
+cells), messages parked, which late ids are waiting, the input partitions this cell owns."""
 
 from __future__ import annotations
 
@@ -8,17 +8,19 @@ from typing import Iterable, Sequence
 
 from chronos.adapters.memory.base import MemoryHandle
 from chronos.adapters.memory.database import StoredRow
+from chronos.domain.cells import CellPartition, Fence
 from chronos.domain.model import Parked, Row
-from chronos.errors import StoreRejected
+from chronos.errors import CellMapChanged, StoreRejected
 
 
 class MemoryIntake(MemoryHandle):
     """The consumer's side of the twin."""
 
-    def apply(self, inserts: Sequence[Row], replaces: Sequence[Row],
-              cancels: Sequence[str]) -> tuple[int, int, int, int]:
-        """One consumer batch, all or nothing: insert new ids, insert-or-replace, cancel. Returns
-        (inserted, replaced, cancelled, cancelled in flight), as the PostgreSQL store does."""
+    def apply(self, inserts: Sequence[Row], replaces: Sequence[Row], cancels: Sequence[str],
+              fence: Fence | None = None) -> tuple[int, int, int, int]:
+        """One consumer batch, all or nothing: insert new ids, insert-or-replace, cancel; nothing, and
+        CellMapChanged, when a `fence` does not hold. Returns (inserted, replaced, cancelled, cancelled in
+        flight), as the PostgreSQL store does."""
         if not (inserts or replaces or cancels):
             return 0, 0, 0, 0
         seen: set[str] = set()
@@ -29,6 +31,13 @@ class MemoryIntake(MemoryHandle):
 
         def run(now: int) -> tuple[int, int, int, int]:
             db = self.db
+            if fence is not None:
+                listed = db.cell_partitions
+                found = (list(listed.values())[:1] if fence.epochs is None
+                         else [listed[p] for p in fence.epochs if p in listed])
+                if not fence.holds(found):
+                    raise CellMapChanged("the cell map changed since it was read: this cell no longer owns "
+                                         "every partition written at the epoch known; nothing was written")
             inserted = replaced = cancelled = in_flight = 0
             for r in inserts:
                 if r.id not in db.rows:
@@ -67,3 +76,7 @@ class MemoryIntake(MemoryHandle):
                 self.db.park(replace(m), now)
         if messages:
             self._run(run)
+
+    def cell_partitions(self) -> list[CellPartition]:
+        """The input partitions this cell lists, in order."""
+        return self._run(lambda now: [self.db.cell_partitions[p] for p in sorted(self.db.cell_partitions)])

@@ -10,8 +10,10 @@ from chronos import codec
 from chronos.adapters.memory.base import MemoryHandle
 from chronos.adapters.memory.database import StoredParked, StoredRow
 from chronos.domain import cron
-from chronos.domain.operators import (ACTIONS, PREVIEW_BYTES, Filters, Listed, Message, ParkedMessage, Position,
-                                      Schedule, state_of)
+from chronos.domain.model import Announced
+from chronos.domain.operators import (ACTIONS, PREVIEW_BYTES, Filters, Listed, Message, ParkedFilters, ParkedMessage,
+                                      ParkedRecord, ParkedRef, Position, Schedule, state_of)
+from chronos.domain.reasons import code_of
 
 
 class MemoryOperators(MemoryHandle):
@@ -63,16 +65,63 @@ class MemoryOperators(MemoryHandle):
                            r.ordering_key, r.readied_by, r.cron) for r in found[:limit]]
         return self._run(run)
 
-    def list_parked(self, *, limit: int, before: int | None = None) -> list[ParkedMessage]:
-        """Up to `limit` parked messages numbered below `before`, newest first."""
-        def shown(p: StoredParked) -> ParkedMessage:
-            m = p.message
-            return ParkedMessage(p.number, m.message_id, m.source, m.topic, m.deadline, m.key,
-                                 codec.decode_headers(m.headers) if m.headers else [],
-                                 None if m.value is None else len(m.value),
-                                 b"" if m.value is None else m.value[:PREVIEW_BYTES], m.reason, cron.from_us(p.parked_us))
-        return self._run(lambda now: [shown(p) for p in reversed(self.db.parked)
-                                      if before is None or p.number < before][:limit])
+    def list_parked(self, *, limit: int, before: int | None = None,
+                    filters: ParkedFilters | None = None) -> list[ParkedMessage]:
+        """Up to `limit` parked messages numbered below `before` and matching `filters`, newest first."""
+        f = filters or ParkedFilters()
+        return self._run(lambda now: [_shown(p) for p in reversed(self.db.parked)
+                                      if (before is None or p.number < before) and _matches(p, f)][:limit])
+
+    def show_parked(self, number: int) -> ParkedMessage | None:
+        """The parked message of this number (its value's first PREVIEW_BYTES), or None."""
+        return self._run(lambda now: next((_shown(p) for p in self.db.parked if p.number == number), None))
+
+    def find_parked(self, numbers: Sequence[int]) -> list[ParkedRef]:
+        """Those of these numbers that are parked, oldest first."""
+        wanted = set(numbers)
+        return self._run(lambda now: [_ref(p) for p in self.db.parked if p.number in wanted])
+
+    def walk_parked(self, filters: ParkedFilters, *, limit: int, after: int | None = None) -> list[ParkedRef]:
+        """Up to `limit` parked messages matching `filters` numbered above `after`, oldest first."""
+        return self._run(lambda now: [_ref(p) for p in self.db.parked
+                                      if (after is None or p.number > after) and _matches(p, filters)][:limit])
+
+    def load_parked(self, numbers: Sequence[int]) -> list[ParkedRecord]:
+        """Those of these parked messages still parked, whole, oldest first."""
+        wanted = set(numbers)
+        return self._run(lambda now: [ParkedRecord(p.number, p.message.message_id, p.message.topic, p.message.key,
+                                                   p.message.value, p.message.headers)
+                                      for p in self.db.parked if p.number in wanted])
+
+    def settle_replayed(self, replayed: Sequence[int], refused: Sequence[tuple[int, str]], *, counted: bool) -> int:
+        """Delete the replayed, give the refused their new reason, and count the replay, all at once."""
+        def run(now: int) -> int:
+            deleted = self._delete_parked(replayed)
+            reasons = dict(refused)
+            for p in self.db.parked:
+                if p.number in reasons:
+                    p.message.reason = reasons[p.number]
+            self._count("replay_parked", counted, len(deleted))
+            return len(deleted)
+        return self._run(run)
+
+    def drop_parked(self, numbers: Sequence[int], *, counted: bool) -> list[int]:
+        """Delete these parked messages and count the drop, all at once."""
+        def run(now: int) -> list[int]:
+            dropped = self._delete_parked(numbers)
+            self._count("drop_parked", counted, len(dropped))
+            return dropped
+        return self._run(run)
+
+    def _delete_parked(self, numbers: Sequence[int]) -> list[int]:
+        wanted = set(numbers)
+        gone = [p.number for p in self.db.parked if p.number in wanted]
+        self.db.parked = [p for p in self.db.parked if p.number not in wanted]
+        return gone
+
+    def _count(self, action: str, counted: bool, messages: int) -> None:
+        times, total = self.db.actions.get(action, (0, 0))
+        self.db.actions[action] = (times + (1 if counted else 0), total + messages)
 
     def list_schedules(self) -> list[Schedule]:
         """Every recurring schedule, by next occurrence (then id)."""
@@ -105,8 +154,7 @@ class MemoryOperators(MemoryHandle):
                     to = cron.to_us(at)
                     row.deadline_us, row.ctid = min(row.deadline_us, to) if action == "fire_now" else to, db.new_ctid()
                 changed.append(mid)
-            times, messages = db.actions.get(action, (0, 0))
-            db.actions[action] = (times + (1 if counted else 0), messages + len(changed))
+            self._count(action, counted, len(changed))
             return changed
         return self._run(run)
 
@@ -114,6 +162,34 @@ class MemoryOperators(MemoryHandle):
         """action -> (times taken, messages changed)."""
         return self._run(lambda now: dict(sorted(self.db.actions.items())))
 
+    def announced(self, within_ms: int) -> list[Announced]:
+        """The processes that said where they serve /metrics within the last `within_ms`."""
+        return self._run(lambda now: sorted(
+            (Announced(role, str(node), url, (now - at) / 1e6) for node, (role, url, at) in self.db.processes.items()
+             if now - at < within_ms * 1000), key=lambda a: (a.role, a.url)))
+
 
 def _state(row: StoredRow) -> str:
     return state_of(row.cron, row.readied_us is not None)
+
+
+def _shown(p: StoredParked) -> ParkedMessage:
+    m = p.message
+    return ParkedMessage(p.number, m.message_id, m.source, m.topic, m.deadline, m.key,
+                         codec.decode_headers(m.headers) if m.headers else [],
+                         None if m.value is None else len(m.value),
+                         b"" if m.value is None else m.value[:PREVIEW_BYTES], m.reason, cron.from_us(p.parked_us))
+
+
+def _ref(p: StoredParked) -> ParkedRef:
+    m = p.message
+    return ParkedRef(p.number, m.topic, sum(len(b) for b in (m.key, m.value, m.headers) if b is not None))
+
+
+def _matches(p: StoredParked, f: ParkedFilters) -> bool:
+    """As parked_filters in queries.sql."""
+    m = p.message
+    after, before = (None if t is None else cron.to_us(t) for t in (f.parked_after, f.parked_before))
+    return ((f.topic is None or m.topic == f.topic) and (f.reason is None or code_of(m.reason) == f.reason)
+            and (after is None or p.parked_us > after) and (before is None or p.parked_us < before)
+            and (f.id_prefix is None or (m.message_id is not None and m.message_id.startswith(f.id_prefix))))

@@ -4,6 +4,7 @@ handle (`base.MemoryHandle`), all of them together."""
 from __future__ import annotations
 
 from chronos import ports
+from chronos.adapters.memory.cells import MemoryCellMap
 from chronos.adapters.memory.claims import MemoryClaims
 from chronos.adapters.memory.detect import MemoryDetect
 from chronos.adapters.memory.intake import MemoryIntake
@@ -11,7 +12,7 @@ from chronos.adapters.memory.operators import MemoryOperators
 from chronos.adapters.memory.settle import MemorySettle
 
 
-class MemoryStore(MemoryIntake, MemoryClaims, MemorySettle, MemoryDetect, MemoryOperators):
+class MemoryStore(MemoryIntake, MemoryClaims, MemorySettle, MemoryDetect, MemoryOperators, MemoryCellMap):
     """A handle on a `MemoryDatabase` (a fresh one when none is given), for one thread."""
 
 
@@ -24,3 +25,4 @@ _CLAIM_PORT: type[ports.ClaimStore] = MemoryClaims
 _SETTLE_PORT: type[ports.SettleStore] = MemorySettle
 _DETECT_PORT: type[ports.DetectStore] = MemoryDetect
 _OPERATORS_STATEMENTS_PORT: type[ports.OperatorsStore] = MemoryOperators
+_CELL_MAP_PORT: type[ports.CellMapStore] = MemoryCellMap

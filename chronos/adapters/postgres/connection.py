@@ -157,6 +157,15 @@ def server_of(conn: psycopg.Connection) -> str:
     return f"{info.host}:{info.port}"
 
 
+def local_address(conn: psycopg.Connection) -> str:
+    """This end's IP address of a connection to PostgreSQL (the host's address on the network toward the
+    server); 127.0.0.1 over a Unix socket, which only a process on the server's own host uses."""
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return "127.0.0.1"
+        return str(sock.getsockname()[0])
+
+
 def translate(exc: psycopg.Error, url: str, server: str | None) -> StoreUnavailable | StoreRejected:
     """The project's error for a driver error raised by a statement: StoreRejected when PostgreSQL refused
     the data, else StoreUnavailable (the caller drops the connection when `connection_lost`)."""

@@ -8,9 +8,12 @@ from typing import Iterable, Sequence
 import psycopg
 
 from chronos import codec
+from chronos.adapters.postgres.connection import one
 from chronos.adapters.postgres.queries import QUERIES
 from chronos.adapters.postgres.session import Session
+from chronos.domain.cells import CellPartition, Fence
 from chronos.domain.model import Parked, Row
+from chronos.errors import CellMapChanged, CellsUnsupported
 
 
 class IntakeStatements(Session):
@@ -20,12 +23,13 @@ class IntakeStatements(Session):
         """Insert rows whose id is not waiting yet; returns how many were new."""
         return self.apply(rows, (), ())[0]
 
-    def apply(self, inserts: Sequence[Row], replaces: Sequence[Row],
-              cancels: Sequence[str]) -> tuple[int, int, int, int]:
+    def apply(self, inserts: Sequence[Row], replaces: Sequence[Row], cancels: Sequence[str],
+              fence: Fence | None = None) -> tuple[int, int, int, int]:
         """One consumer batch in one transaction: COPY the inserts straight into the table (if an id
         is waiting already, the batch is written again with the inserts staged like the replaces,
         and only new ids inserted), COPY the replaces into the session's staging table and
-        insert-or-replace from it, and cancel. Returns (inserted, replaced, cancelled,
+        insert-or-replace from it, and cancel; then, with a `fence`, check it (CellMapChanged, the
+        transaction rolled back, if it does not hold). Returns (inserted, replaced, cancelled,
         cancelled in flight): a cancelled row that a firer had already claimed is deleted all the
         same (nothing hands it back), but that firer may still publish it."""
         if not (inserts or replaces or cancels):
@@ -73,7 +77,17 @@ class IntakeStatements(Session):
                         claimed = [r[0] for r in cur.execute(QUERIES["cancel"], {"ids": list(cancels)})]
                         in_flight = sum(claimed)
                         cancelled = len(claimed) - in_flight
+                    if fence is not None:
+                        check_fence(cur, fence)
             return inserted, replaced, cancelled, in_flight
+        return self._run(run)
+
+    def cell_partitions(self) -> list[CellPartition]:
+        """The input partitions this cell lists, in order."""
+        def run(conn: psycopg.Connection) -> list[CellPartition]:
+            if one(self._execute(conn, QUERIES["has_cell_partitions"]))[0] is None:
+                raise CellsUnsupported("this database's schema is before cells (version 11): run `chronos migrate`")
+            return [CellPartition(*r) for r in self._execute(conn, QUERIES["cell_partitions"])]
         return self._run(run)
 
     def waiting_ids(self, ids: Iterable[str]) -> set[str]:
@@ -93,3 +107,15 @@ class IntakeStatements(Session):
                     {"message_id": m.message_id, "source": m.source, "topic": m.topic, "deadline": m.deadline,
                      "key": m.key, "value": m.value, "headers": m.headers, "reason": m.reason} for m in messages])
         self._run(run)
+
+
+def check_fence(cur: psycopg.Cursor, fence: Fence) -> None:
+    """The last statement of a fenced write: CellMapChanged (the caller's transaction rolled back) unless the
+    cell still lists the partitions written at the fence's epochs."""
+    if fence.epochs is None:
+        found = cur.execute(QUERIES["cell_fence_whole"]).fetchall()
+    else:
+        found = cur.execute(QUERIES["cell_fence"], {"partitions": list(fence.epochs)}).fetchall()
+    if not fence.holds(CellPartition(*r) for r in found):
+        raise CellMapChanged("the cell map changed since it was read: this cell no longer owns "
+                             "every partition written at the epoch known; nothing was written")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psycopg
 
@@ -28,6 +29,9 @@ from chronos.adapters.postgres.connection import connect, one, short
 from chronos.adapters.postgres.queries import QUERIES, SQL_DIR
 from chronos.config import redact_url
 from chronos.errors import SchemaError, StoreRejected, StoreUnavailable, UnsupportedServer
+
+if TYPE_CHECKING:  # the folder is only named in an annotation
+    from importlib.abc import Traversable
 
 # Postgres advisory lock key that serialises concurrent `chronos migrate` runs.
 _MIGRATE_LOCK = 0x6368726F6E6F73
@@ -74,14 +78,20 @@ class Migration:
         return [s.strip() for s in re.split(r";\s*$", body, flags=re.M) if s.strip()]
 
 
-def migrations() -> list[Migration]:
-    """Every migration file, in order."""
-    found = []
-    for entry in SQL_DIR.iterdir():
+def migrations(folder: Traversable = SQL_DIR) -> list[Migration]:
+    """Every migration file of `folder`, in order. Two files of one version are refused with both names:
+    two schema changes made side by side must not ship as one version, whichever the loader met first."""
+    found: dict[int, tuple[str, Migration]] = {}
+    for entry in folder.iterdir():
         match = re.match(r"^(\d{4})_(\w+)\.sql$", entry.name)
         if match:
-            found.append(Migration.parse(int(match.group(1)), match.group(2), entry.read_text()))
-    return sorted(found, key=lambda m: m.version)
+            version = int(match.group(1))
+            if version in found:
+                first, second = sorted((found[version][0], entry.name))
+                raise ValueError(f"two migrations of version {version}: {first} and {second}; "
+                                 "give one of them the next free number")
+            found[version] = entry.name, Migration.parse(version, match.group(2), entry.read_text())
+    return [migration for _, (_, migration) in sorted(found.items())]
 
 
 LATEST_VERSION = migrations()[-1].version

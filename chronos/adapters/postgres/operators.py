@@ -14,9 +14,9 @@ from chronos.adapters.postgres.connection import one
 from chronos.adapters.postgres.queries import QUERIES
 from chronos.adapters.postgres.session import Session
 from chronos.domain import cron
-from chronos.domain.model import ServerView, Sessions, Standby
-from chronos.domain.operators import (ACTIONS, PREVIEW_BYTES, Filters, Listed, Message, ParkedMessage, Position,
-                                      Schedule, state_of)
+from chronos.domain.model import Announced, ServerView, Sessions, Standby
+from chronos.domain.operators import (ACTIONS, PREVIEW_BYTES, Filters, Listed, Message, ParkedFilters, ParkedMessage,
+                                      ParkedRecord, ParkedRef, Position, Schedule, state_of)
 
 
 def list_params(f: Filters, limit: int, *, after: Position | None = None,
@@ -29,6 +29,20 @@ def list_params(f: Filters, limit: int, *, after: Position | None = None,
             "after_deadline": cron.from_us(after[0]) if isinstance(after, tuple) else None,
             "after_seq": after[1] if isinstance(after, tuple) else None,
             "after_id": after if isinstance(after, str) else None}
+
+
+def parked_params(f: ParkedFilters | None) -> dict[str, Any]:
+    """The parameters of the parked messages' filters (parked_filters in queries.sql; None: none)."""
+    f = f or ParkedFilters()
+    return {"topic": f.topic, "reason": f.reason, "parked_after": f.parked_after, "parked_before": f.parked_before,
+            "id_prefix": f.id_prefix}
+
+
+def _parked(row: tuple[Any, ...]) -> ParkedMessage:
+    n, mid, src, topic, deadline, key, size, preview, headers, reason, at = row
+    return ParkedMessage(number=n, message_id=mid, source=src, topic=topic, deadline=deadline, key=key,
+                         headers=codec.decode_headers(headers) if headers else [], value_size=size,
+                         value_preview=b"" if preview is None else bytes(preview), reason=reason, parked_at=at)
 
 
 class OperatorsStatements(Session):
@@ -57,13 +71,49 @@ class OperatorsStatements(Session):
         return [Listed(state=s, id=i, deadline=d, seq=q, topic=t or output_topic, key=k, ordering_key=o, firer=r,
                        cron=cr) for s, i, d, q, t, k, o, r, cr in rows]
 
-    def list_parked(self, *, limit: int, before: int | None = None) -> list[ParkedMessage]:
-        rows = self._run(lambda c: c.execute(QUERIES["list_parked"], {"before": before, "limit": limit,
-                                                                      "preview": PREVIEW_BYTES}).fetchall())
-        return [ParkedMessage(number=n, message_id=mid, source=src, topic=topic, deadline=deadline, key=key,
-                              headers=codec.decode_headers(headers) if headers else [], value_size=size,
-                              value_preview=b"" if preview is None else bytes(preview), reason=reason, parked_at=at)
-                for n, mid, src, topic, deadline, key, size, preview, headers, reason, at in rows]
+    def list_parked(self, *, limit: int, before: int | None = None,
+                    filters: ParkedFilters | None = None) -> list[ParkedMessage]:
+        params = {"before": before, "limit": limit, "preview": PREVIEW_BYTES, **parked_params(filters)}
+        return [_parked(r) for r in self._run(lambda c: c.execute(QUERIES["list_parked"], params).fetchall())]
+
+    def show_parked(self, number: int) -> ParkedMessage | None:
+        row = self._run(lambda c: c.execute(QUERIES["show_parked"], {"number": number, "preview": PREVIEW_BYTES})
+                        .fetchone())
+        return None if row is None else _parked(row)
+
+    def find_parked(self, numbers: Sequence[int]) -> list[ParkedRef]:
+        rows = self._run(lambda c: c.execute(QUERIES["find_parked"], {"numbers": list(numbers)}).fetchall())
+        return [ParkedRef(*r) for r in rows]
+
+    def walk_parked(self, filters: ParkedFilters, *, limit: int, after: int | None = None) -> list[ParkedRef]:
+        params = {"after": after, "limit": limit, **parked_params(filters)}
+        return [ParkedRef(*r) for r in self._run(lambda c: c.execute(QUERIES["walk_parked"], params).fetchall())]
+
+    def load_parked(self, numbers: Sequence[int]) -> list[ParkedRecord]:
+        rows = self._run(lambda c: c.execute(QUERIES["load_parked"], {"numbers": list(numbers)}).fetchall())
+        return [ParkedRecord(n, mid, topic, key, value, headers) for n, mid, topic, key, value, headers in rows]
+
+    def settle_replayed(self, replayed: Sequence[int], refused: Sequence[tuple[int, str]], *, counted: bool) -> int:
+        def run(conn: psycopg.Connection) -> int:
+            with conn.transaction():
+                deleted = conn.execute(QUERIES["delete_parked"], {"numbers": list(replayed)}).rowcount if replayed else 0
+                if refused:
+                    conn.execute(QUERIES["refused_parked"], {"numbers": [n for n, _ in refused],
+                                                            "reasons": [r for _, r in refused]})
+                conn.execute(QUERIES["count_action"], {"action": "replay_parked", "actions": 1 if counted else 0,
+                                                       "messages": deleted})
+                return deleted
+        return self._run(run)
+
+    def drop_parked(self, numbers: Sequence[int], *, counted: bool) -> list[int]:
+        def run(conn: psycopg.Connection) -> list[int]:
+            with conn.transaction():
+                dropped = [r[0] for r in conn.execute(QUERIES["delete_parked"], {"numbers": list(numbers)})] \
+                    if numbers else []
+                conn.execute(QUERIES["count_action"], {"action": "drop_parked", "actions": 1 if counted else 0,
+                                                       "messages": len(dropped)})
+                return dropped
+        return self._run(run)
 
     def list_schedules(self) -> list[Schedule]:
         return self._run(lambda c: [Schedule(*r) for r in self._execute(c, QUERIES["list_schedules"])])
@@ -87,6 +137,14 @@ class OperatorsStatements(Session):
 
     def action_totals(self) -> dict[str, tuple[int, int]]:
         return {a: (n, m) for a, n, m in self._run(lambda c: c.execute(QUERIES["action_totals"]).fetchall())}
+
+    def announced(self, within_ms: int) -> list[Announced]:
+        def run(conn: psycopg.Connection) -> list[Announced]:
+            if one(conn.execute(QUERIES["has_processes"]))[0] is None:
+                return []  # a schema before version 10: the processes say nothing there yet
+            return [Announced(role, str(node), url, seen)
+                    for role, node, url, seen in conn.execute(QUERIES["announced_processes"], {"within_ms": within_ms})]
+        return self._run(run)
 
     def server_view(self) -> ServerView:
         """The server this store is connected to, as it sees itself (address, standby or primary,

@@ -17,7 +17,8 @@ import psycopg
 
 from chronos import ports
 from chronos.adapters.postgres import pooling
-from chronos.adapters.postgres.connection import DEADLINES, connect, connection_lost, one, server_of, short, translate
+from chronos.adapters.postgres.connection import (DEADLINES, connect, connection_lost, local_address, one, server_of,
+                                                  short, translate)
 from chronos.adapters.postgres.migrations import check_schema_raw
 from chronos.adapters.postgres.queries import QUERIES
 from chronos.errors import StoreUnavailable
@@ -145,6 +146,20 @@ class Session:
         """The database's clock, in epoch microseconds: a statement of every port's (the consumer's, the
         settling thread's, the operators')."""
         return self._run(lambda c: one(self._execute(c, QUERIES["db_clock"]))[0])
+
+    def announce(self, role: str, scheme: str, port: int, address: str | None) -> str:
+        """`ports.Presence.announce`: with no address, the local address of this store's connection (the
+        host's on its way to PostgreSQL), 127.0.0.1 over a Unix socket."""
+        def run(conn: psycopg.Connection) -> str:
+            host = address or local_address(conn)
+            url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+            self._execute(conn, QUERIES["announce_process"], {"node": self.node_id, "role": role, "url": url})
+            return url
+        return self._run(run)
+
+    def withdraw(self) -> None:
+        """`ports.Presence.withdraw`."""
+        self._run(lambda c: self._execute(c, QUERIES["withdraw_process"], {"node": self.node_id}))
 
     def _c(self) -> psycopg.Connection:
         if self.conn is None or self.conn.closed:

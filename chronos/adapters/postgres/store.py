@@ -1,7 +1,7 @@
 """The PostgreSQL store: the statements of the consumer, the firer, the detector, `chronos status` and the
 operators, each a method, run on the store's own connection (`session.Session`: its deadline, reconnection
 and error translation). One class per port, each in its own module over the session: `intake`, `claims`,
-`settle`, `detect`, `operators`; `Store` is all of them. The claims stand on `shares` (the firers' leases
+`settle`, `detect`, `operators`, `cells`; `Store` is all of them. The claims stand on `shares` (the firers' leases
 and the claim of a firer's own slices). The SQL is in `sql/queries.sql`
 (`queries.QUERIES`), never in Python.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 
 from chronos import ports
+from chronos.adapters.postgres.cells import CellMapStatements
 from chronos.adapters.postgres.claims import ClaimStatements
 from chronos.adapters.postgres.detect import DetectStatements
 from chronos.adapters.postgres.intake import IntakeStatements
@@ -19,16 +20,19 @@ from chronos.adapters.postgres.settle import SettleStatements
 from chronos.config import Settings
 
 
-class Store(IntakeStatements, ClaimStatements, SettleStatements, DetectStatements, OperatorsStatements):
+class Store(IntakeStatements, ClaimStatements, SettleStatements, DetectStatements, OperatorsStatements,
+            CellMapStatements):
     """The scheduler's table of waiting messages on PostgreSQL: `ports.Store` and `ports.OperatorsStore`. One
     per thread, as its connection is (see `Session`)."""
 
 
-def role_store(settings: Settings, node_id: uuid.UUID, role: str, *, synchronous_commit: bool = True) -> Store:
-    """A process's own store: the hot path's planner settings, CHRONOS_DATABASE_TIMEOUT_MS as the deadline
-    of every call, an application name that says which process it is (`pg_stat_activity`, `chronos
-    status`), and CHRONOS_DATABASE_POOL_MODE (settled at the process's start: chronos.runtime.process)."""
-    return Store(settings.require_database(), node_id=node_id, hot_path=True, synchronous_commit=synchronous_commit,
+def role_store(settings: Settings, node_id: uuid.UUID, role: str, *, synchronous_commit: bool = True,
+               url: str | None = None) -> Store:
+    """A process's own store (on `url`, a cell's, or CHRONOS_DATABASE_URL): the hot path's planner settings,
+    CHRONOS_DATABASE_TIMEOUT_MS as the deadline of every call, an application name that says which process it
+    is (`pg_stat_activity`, `chronos status`), and CHRONOS_DATABASE_POOL_MODE (settled at the process's start:
+    chronos.runtime.process)."""
+    return Store(url or settings.require_database(), node_id=node_id, hot_path=True, synchronous_commit=synchronous_commit,
                  deadline_s=settings.database_timeout_ms / 1000.0, application_name=application_name(role, node_id),
                  pool_mode=settings.database_pool_mode)
 
@@ -47,3 +51,4 @@ _CLAIM_PORT: type[ports.ClaimStore] = ClaimStatements
 _SETTLE_PORT: type[ports.SettleStore] = SettleStatements
 _DETECT_PORT: type[ports.DetectStore] = DetectStatements
 _OPERATORS_STATEMENTS_PORT: type[ports.OperatorsStore] = OperatorsStatements
+_CELL_MAP_PORT: type[ports.CellMapStore] = CellMapStatements

@@ -22,16 +22,14 @@ that was killed outright leaves anyway is stopped by the next start on the same 
 The kit in parts: `config` (its names, the Patroni program, each member's configuration, the REST API
 client), `nodes` (etcd and a member as processes that can die or hang whole), `state` (what the work
 directory keeps: passwords and ports), `restview` (the members as the REST API shows them, and the
-waits on it), `bootstrap` (the application's role and database), `cluster` (`ReplicatedPostgres`) and
-`cli` (`chronos pg-cluster`).
+waits on it), `bootstrap` (the application's role and database) and `cluster` (`ReplicatedPostgres`, which
+`chronos pg-cluster`, chronos/commands/pg_cluster.py, runs).
 """
 
-from chronos.embedded.patroni.cli import add_parser, cmd_pg_cluster
 from chronos.embedded.patroni.cluster import ReplicatedPostgres
 from chronos.embedded.patroni.config import (APP_DATABASE, APP_USER, ETCD, MIN_TTL, PATRONI_ENV, PATRONI_VENV,
                                              REPLICATION_USER, SCOPE, Leader, Member, patroni_command,
                                              patroni_config, rest)
 
 __all__ = ["APP_DATABASE", "APP_USER", "ETCD", "MIN_TTL", "PATRONI_ENV", "PATRONI_VENV", "REPLICATION_USER", "SCOPE",
-           "Leader", "Member", "ReplicatedPostgres", "add_parser", "cmd_pg_cluster", "patroni_command", "patroni_config",
-           "rest"]
+           "Leader", "Member", "ReplicatedPostgres", "patroni_command", "patroni_config", "rest"]

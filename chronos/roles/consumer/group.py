@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, Callable, cast
 
@@ -69,6 +70,7 @@ class Group:
         self.throttle = Throttle(log)
         self.consumer, self.outage = consumers(self.on_committed)
         self.watchers, self.watcher = watchers, cast(GroupWatcher | None, None)
+        self.watching = threading.Lock()
         self.uncommitted: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset, not committed yet
         self.committed_here: dict[int, int] = {}  # input partition -> the offset this consumer committed last
         self.last_batch: list[Message] | None = None
@@ -108,19 +110,19 @@ class Group:
             self.throttle.warning("commit", "offset commit failed (%s); the batch may be read again", err)
 
     def sample_lag(self, now: float) -> None:
-        """Every LAG_EVERY_S, the input messages on the assigned partitions past this consumer's position,
-        for `chronos_consumer_lag_messages`, per partition: the high watermark its last fetch reported
-        (the client's cached one, which a fetch keeps right; asking the broker would cost a request and, on
-        the embedded broker, be wrong) less the position. A partition not fetched yet counts 0."""
+        """Every LAG_EVERY_S, the position and end of each assigned partition, for its lag in messages
+        (`chronos_consumer_lag_messages`: the high watermark its last fetch reported, the client's cached
+        one, less the position; a partition not fetched yet counts 0) and in time
+        (`chronos_consumer_lag_seconds`, chronos.telemetry.lag)."""
         if now < self.next_lag:
             return
         self.next_lag = now + LAG_EVERY_S
         try:
-            lag = self.consumer.lag()
+            ends = self.consumer.ends()
         except KafkaUnanswered as exc:  # no gauge this time; the loop goes on
             self.throttle.warning("lag", "could not read the consumer's positions for its lag gauge: %s", exc)
             return
-        self.metrics.consumer_lag(lag)
+        self.metrics.consumer_lag(ends, now)
 
     def readable(self, messages: list[Any]) -> list[Message]:
         """The messages of a poll without its errors (a partition's end is not one)."""
@@ -137,19 +139,21 @@ class Group:
         """The group's committed offset of every input partition (partition -> offset), read by the
         watcher on the writer thread, or None when Kafka does not say in time (its coordinator out of
         reach too)."""
-        if self.watcher is None:
-            self.watcher = self.watchers()
-        return self.watcher.group_progress(self.settings.input_topic, KAFKA_PROBE_S)
+        with self.watching:  # with cells, each cell's writer thread may ask
+            if self.watcher is None:
+                self.watcher = self.watchers()
+            return self.watcher.group_progress(self.settings.input_topic, KAFKA_PROBE_S)
 
-    def others_serve(self, before: dict[int, int] | None) -> bool:
-        """Whether another consumer of the group committed since `before` (`progress` then): it
-        reaches what this one cannot, so the partitions are better in its hands. An offset this consumer
-        committed itself (an asynchronous commit landing after `before`) is not the others' progress."""
+    def others_serve(self, before: dict[int, int] | None, partitions: list[int] | None = None) -> bool:
+        """Whether another consumer of the group committed since `before` (`progress` then), on one of
+        `partitions` when given (a cell's): it reaches what this one cannot, so the partitions are better in
+        its hands. An offset this consumer committed itself (an asynchronous commit landing after `before`)
+        is not the others' progress."""
         now = self.progress()
         if before is None or now is None:
             return False
         return any(offset > before.get(partition, -1001) and offset != self.committed_here.get(partition)
-                   for partition, offset in now.items())
+                   for partition, offset in now.items() if partitions is None or partition in partitions)
 
     def serve(self, seconds: float) -> bool:
         """Call the Kafka consumer for `seconds`, the loop's health beating meanwhile; False if stopped
@@ -187,7 +191,7 @@ class Group:
         self.uncommitted.clear()
         self.last_batch = None
         self.consumer.unsubscribe()
-        self.metrics.consumer_lag({})  # its partitions are the other consumers' now
+        self.metrics.consumer_lag({}, self.clock())  # its partitions are the other consumers' now
         self.left_group_at, self.left_for = self.clock(), exc.service
         log.warning("cannot reach %s for %.1fs, longer than the hold time (%d ms): gave up %d messages "
                     "(not committed: they are read again) and left consumer group %s so that other consumers take "

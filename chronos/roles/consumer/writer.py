@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Callable, cast
 
 from chronos.config import Settings
+from chronos.domain.cells import Fence
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.logs import Throttle
 from chronos.telemetry.metrics import ConsumerTelemetry
@@ -20,6 +22,25 @@ from chronos.runtime.backoff import Outage
 from chronos.runtime.process import Lifecycle
 
 log = logging.getLogger("chronos.consumer")
+
+CLOCK_EVERY_S = 10.0  # how often the consumer measures its host's clock against PostgreSQL's
+
+
+class Unreached(Exception):
+    """A cell's PostgreSQL did not answer its part of a poll (failed, or gave no answer within
+    CHRONOS_DATABASE_TIMEOUT_MS): nothing of it is known written."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What writing a batch to the store did: the rows inserted, replaced, cancelled and cancelled in flight,
+    and which of its late messages' ids are waiting there (they are duplicates, not published)."""
+
+    inserted: int
+    replaced: int
+    cancelled: int
+    in_flight: int
+    waiting: set[str] = field(default_factory=set)
 
 
 class Writer:
@@ -34,12 +55,22 @@ class Writer:
         self.hold_s = settings.hold_time_ms / 1000.0
         self.throttle = Throttle(log)
         self.next_ping = 0.0
+        self.next_clock = 0.0  # monotonic: when `measure_clock` reads the database's clock next
 
     def write(self, messages: list[Message], batch: Batch, epoch: int | None = None) -> bool:
         """Make one sorted batch durable and acknowledged; False if stopped before it was. Raises
         `OutOfReach`, the batch not written, once PostgreSQL has not answered for the hold time (or its late
         messages not published, once Kafka has acknowledged none of them for as long), and `PartitionsLost`
         before a try when the group's session was lost since the batch was read (`epoch`)."""
+        stored = self.store_batch(batch, epoch)
+        return stored is not None and self.finish(messages, [(batch, stored)])
+
+    def store_batch(self, batch: Batch, epoch: int | None = None, fence: Fence | None = None, *,
+                    give_up: bool = False) -> Stored | None:
+        """A batch's store operations written, and which of its late messages' ids are waiting; None if stopped
+        first. With a `fence` (cells), `CellMapChanged` when it does not hold, nothing written. Raises as
+        `write` does; with `give_up` (a cell's part), `Unreached` at the first failure, instead of waiting
+        PostgreSQL's outage out: the other cells' parts go on meanwhile."""
         unreached_since: float | None = None
         others_before: dict[int, int] | None = None
         while True:
@@ -49,14 +80,16 @@ class Writer:
             try:
                 started = time.perf_counter()
                 try:
-                    inserted, replaced, cancelled, in_flight = self.store.apply(
-                        batch.of(INSERT), batch.of(REPLACE), batch.of(CANCEL))
+                    done = self.store.apply(batch.of(INSERT), batch.of(REPLACE), batch.of(CANCEL), fence)
                 except StoreRejected as exc:
-                    inserted, replaced, cancelled, in_flight = apply_one_by_one(self.store, batch, exc)
+                    done = apply_one_by_one(self.store, batch, exc, fence)
                 # late messages passed `decide`, so their headers are valid and carry an id
                 waiting = self.store.waiting_ids(cast(str, p.message_id) for _, p in batch.late)
                 break
             except StoreUnavailable as exc:
+                if give_up:
+                    self.db_outage.failed(exc)
+                    raise Unreached(str(exc)) from None
                 if unreached_since is None:
                     # out of reach since this first failed try at the latest (a statement PostgreSQL does not
                     # answer fails only CHRONOS_DATABASE_TIMEOUT_MS later), or since the idle probes failed
@@ -64,33 +97,43 @@ class Writer:
                     others_before = self.group.progress()
                 delay = self.db_outage.failed(exc)
                 if not self.wait_to_retry(unreached_since, self.clock(), delay, others_before):
-                    return False
+                    return None
         self.db_outage.ok()
+        self.now_and_then(time.monotonic())
         if batch.ops:
             self.metrics.batch("insert", len(batch.ops), time.perf_counter() - started)
-        late = [(m, p) for m, p in batch.late if p.message_id not in waiting]
+        return Stored(*done, waiting=waiting)
+
+    def finish(self, messages: list[Message], parts: list[tuple[Batch, Stored]]) -> bool:
+        """Once a poll's batches are stored (one per cell, with cells): their late messages whose id is not
+        waiting published, their invalid ones dead-lettered, all acknowledged, and counted; False if stopped
+        before Kafka acknowledged them."""
+        late = [(m, p) for batch, stored in parts for m, p in batch.late if p.message_id not in stored.waiting]
+        dead = [d for batch, _ in parts for d in batch.dead]
         started = time.perf_counter()
-        refused = self.late.publish(late, batch.dead)
+        refused = self.late.publish(late, dead)
         if refused is None:
             return False
-        if late or batch.dead:
-            self.metrics.batch("publish", len(late) + len(batch.dead), time.perf_counter() - started)
+        if late or dead:
+            self.metrics.batch("publish", len(late) + len(dead), time.perf_counter() - started)
         if refused:
             self.metrics.dead_lettered(refused)
         s = self.stats
         s["consumed"] += len(messages)
-        s["enqueued"] += inserted
         s["late"] += len(late) - len(refused)
-        s["dead"] += len(batch.dead) + len(refused)
-        s["duplicates"] += batch.duplicates + (len(batch.of(INSERT)) - inserted) + (len(batch.late) - len(late))
-        s["replaced"] += replaced
-        s["cancelled"] += cancelled
-        s["cancelled_in_flight"] += in_flight
-        s["cancel_unknown"] += len(batch.of(CANCEL)) - cancelled - in_flight
-        if batch.dead:
-            self.metrics.dead_lettered(r for _, r, _ in batch.dead)
-            reasons = sorted({r.split(":", 1)[0] for _, r, _ in batch.dead})
-            self.throttle.warning("dead", "%d invalid messages sent to %s (%s)", len(batch.dead),
+        s["dead"] += len(dead) + len(refused)
+        for batch, stored in parts:
+            s["enqueued"] += stored.inserted
+            s["duplicates"] += (batch.duplicates + (len(batch.of(INSERT)) - stored.inserted)
+                                + sum(p.message_id in stored.waiting for _, p in batch.late))
+            s["replaced"] += stored.replaced
+            s["cancelled"] += stored.cancelled
+            s["cancelled_in_flight"] += stored.in_flight
+            s["cancel_unknown"] += len(batch.of(CANCEL)) - stored.cancelled - stored.in_flight
+        if dead:
+            self.metrics.dead_lettered(r for _, r, _ in dead)
+            reasons = sorted({r.split(":", 1)[0] for _, r, _ in dead})
+            self.throttle.warning("dead", "%d invalid messages sent to %s (%s)", len(dead),
                                   self.settings.dlq_topic, ", ".join(reasons))
         return True
 
@@ -106,6 +149,30 @@ class Writer:
             return
         self.db_outage.ok()
         self.next_ping = now + 1.0
+        self.now_and_then(now)
+
+    def now_and_then(self, now: float) -> None:
+        """Once PostgreSQL answered (after a write, or an idle probe), on the thread that holds the store: the
+        host's clock measured, and where the process serves /metrics said again, each when due."""
+        self.measure_clock(now)
+        self.metrics.announce(self.store, now)
+
+    def measure_clock(self, now: float) -> None:
+        """Every CLOCK_EVERY_S, PostgreSQL's clock minus this host's, for
+        `chronos_consumer_clock_offset_seconds`: the consumer decides by this host's clock whether a message
+        is already due, so a host ahead of the database publishes messages early by as much. A statement that
+        fails is only logged."""
+        if now < self.next_clock:
+            return
+        self.next_clock = now + CLOCK_EVERY_S
+        try:
+            before = time.time()
+            db_us = self.store.db_clock_us()
+            after = time.time()
+        except StoreUnavailable as exc:  # the next write or probe says whether PostgreSQL is out of reach
+            log.debug("could not read PostgreSQL's clock: %s", exc)
+            return
+        self.metrics.clock_offset.set(db_us / 1e6 - (before + after) / 2)
 
     def wait_for_store(self, exc: StoreUnavailable) -> bool:
         """Wait out a PostgreSQL outage's backoff; False if stopped meanwhile."""

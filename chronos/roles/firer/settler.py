@@ -50,10 +50,12 @@ class Settler(StoreThread[SettleStore]):
                 self.settle(now)
                 if self.stopping:
                     if not self.todo:
+                        self.metrics.withdraw(self.store)
                         return
                     continue
                 if now >= self.next_clock_sync:
                     self.sync_clock(now)
+                self.metrics.announce(self.store, time.monotonic())
                 if self.store.last_ok >= asked:  # a pass that ran no statement says nothing of PostgreSQL
                     self.outage.ok()
             except StoreUnavailable as exc:

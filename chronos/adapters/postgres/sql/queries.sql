@@ -412,14 +412,62 @@ SELECT id, deadline, readied_at, readied_by, topic, key, octet_length(value), su
        headers, ordering_key, enqueued_at, cron, timezone, dst_policy, attempts, last_error, original_deadline
 FROM chronos_messages WHERE id = %(id)s;
 
+-- Parked messages (`chronos parked list|show|replay|drop`, the console's Parked page and its actions):
+-- few rows, each a message no topic took, walked along the primary key; the filters are checked on
+-- the rows the walk reads.
+
+-- fragment: parked_filters
+-- The parked messages' filters (every one optional: NULL, none), put where a statement says
+-- `/* include: parked_filters */`. A reason's code is the text before its first colon.
+AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+AND (%(reason)s::text IS NULL OR split_part(reason, ':', 1) = %(reason)s)
+AND (%(parked_after)s::timestamptz IS NULL OR parked_at > %(parked_after)s)
+AND (%(parked_before)s::timestamptz IS NULL OR parked_at < %(parked_before)s)
+AND (%(id_prefix)s::text IS NULL OR starts_with(message_id, %(id_prefix)s))
+
 -- name: list_parked
--- Parked messages, newest first, a page at a time after a cursor (the primary key: no scan).
+-- Newest first, a page at a time before a cursor (the primary key, backwards).
 SELECT id, message_id, source, topic, deadline, key, octet_length(value), substring(value FROM 1 FOR %(preview)s),
        headers, reason, parked_at
 FROM chronos_parked
-WHERE %(before)s::bigint IS NULL OR id < %(before)s::bigint
+WHERE (%(before)s::bigint IS NULL OR id < %(before)s::bigint) /* include: parked_filters */
 ORDER BY id DESC
 LIMIT %(limit)s;
+
+-- name: show_parked
+SELECT id, message_id, source, topic, deadline, key, octet_length(value), substring(value FROM 1 FOR %(preview)s),
+       headers, reason, parked_at
+FROM chronos_parked WHERE id = %(number)s;
+
+-- name: find_parked
+-- Which of these numbers are parked, where each was going and its size: what an action by number acts on.
+SELECT id, topic, coalesce(octet_length(key), 0) + coalesce(octet_length(value), 0) + coalesce(octet_length(headers), 0)
+FROM chronos_parked WHERE id = ANY(%(numbers)s::bigint[])
+ORDER BY id;
+
+-- name: walk_parked
+-- What an action by filter acts on, a batch at a time, oldest first (a replay publishes in the order
+-- parked), after a cursor.
+SELECT id, topic, coalesce(octet_length(key), 0) + coalesce(octet_length(value), 0) + coalesce(octet_length(headers), 0)
+FROM chronos_parked
+WHERE (%(after)s::bigint IS NULL OR id > %(after)s::bigint) /* include: parked_filters */
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: load_parked
+-- Parked messages whole, as a replay publishes them.
+SELECT id, message_id, topic, key, value, headers FROM chronos_parked WHERE id = ANY(%(numbers)s::bigint[])
+ORDER BY id;
+
+-- name: delete_parked
+-- Replayed (Kafka acknowledged them) or dropped.
+DELETE FROM chronos_parked WHERE id = ANY(%(numbers)s::bigint[]) RETURNING id;
+
+-- name: refused_parked
+-- A replay Kafka refused: the message stays parked, with why it was refused this time.
+UPDATE chronos_parked AS p SET reason = f.reason
+FROM unnest(%(numbers)s::bigint[], %(reasons)s::text[]) AS f(id, reason)
+WHERE p.id = f.id;
 
 -- fragment: message_filters
 -- The operators' filters (every one optional: NULL, none) of list_by_deadline and list_by_id, put
@@ -531,6 +579,26 @@ WHERE datname = current_database() AND coalesce(backend_type, 'client backend') 
 GROUP BY 1, 2
 ORDER BY 1, 2;
 
+-- name: announce_process
+-- A process says where it serves /metrics (chronos_processes), and rows not renewed for a day go.
+WITH gone AS (
+    DELETE FROM chronos_processes WHERE seen_at < now() - interval '1 day'
+)
+INSERT INTO chronos_processes (node, role, metrics_url, seen_at) VALUES (%(node)s, %(role)s, %(url)s, now())
+ON CONFLICT (node) DO UPDATE SET role = EXCLUDED.role, metrics_url = EXCLUDED.metrics_url, seen_at = now();
+
+-- name: withdraw_process
+DELETE FROM chronos_processes WHERE node = %(node)s;
+
+-- name: has_processes
+SELECT to_regclass('chronos_processes');
+
+-- name: announced_processes
+-- The processes that said where they serve /metrics within the last `within_ms`, and how long ago.
+SELECT role, node, metrics_url, extract(epoch FROM now() - seen_at)::float8 FROM chronos_processes
+WHERE seen_at > now() - %(within_ms)s * interval '1 millisecond'
+ORDER BY role, metrics_url;
+
 -- name: db_now
 SELECT now();
 
@@ -586,3 +654,40 @@ SELECT count(*), min(deadline) FROM (
     SELECT deadline FROM chronos_messages
     WHERE readied_at IS NULL AND cron IS NULL AND topic IS NULL AND deadline <= now()
     LIMIT %(cap)s) AS due;
+
+-- Cells (chronos/domain/cells.py): the input partitions this database's cell owns.
+
+-- name: has_cell_partitions
+SELECT to_regclass('chronos_cell_partitions');
+
+-- name: cell_partitions
+SELECT partition, epoch, state FROM chronos_cell_partitions ORDER BY partition;
+
+-- name: cell_fence
+-- The last statement of a consumer's write to this cell: the rows of the partitions it wrote, as they are
+-- now, locked to the end of its transaction (FOR SHARE also takes a ROW SHARE lock on the table, which a
+-- change of the map waits for; a change committed while this statement waited for it is seen here).
+SELECT partition, epoch, state FROM chronos_cell_partitions WHERE partition = ANY(%(partitions)s) FOR SHARE;
+
+-- name: cell_fence_whole
+-- The same for the one cell of a map that lists nothing: whether the list is still empty.
+SELECT partition, epoch, state FROM chronos_cell_partitions LIMIT 1 FOR SHARE;
+
+-- name: cell_map_lock
+-- Every change of the map first waits for the writes that checked their fence (cell_fence) to end, and
+-- holds off those that have not, until it commits.
+LOCK TABLE chronos_cell_partitions IN EXCLUSIVE MODE;
+
+-- name: open_cell_partitions
+-- Open partitions in this cell at an epoch: a partition it lists already at this epoch or a higher one
+-- is left as it is (and not returned).
+INSERT INTO chronos_cell_partitions AS c (partition, epoch, state)
+SELECT p, %(epoch)s, 'open' FROM unnest(%(partitions)s::int[]) AS p
+ON CONFLICT (partition) DO UPDATE SET epoch = EXCLUDED.epoch, state = 'open' WHERE c.epoch < EXCLUDED.epoch
+RETURNING partition;
+
+-- name: close_cell_partitions
+-- Partitions on their way to another cell: each one's epoch raised, so that no write fenced at the one
+-- before goes through, and nothing written to it until another cell opens it at a higher epoch.
+UPDATE chronos_cell_partitions SET state = 'moving', epoch = epoch + 1 WHERE partition = ANY(%(partitions)s)
+RETURNING partition, epoch;

@@ -119,19 +119,27 @@ class ChronosUp:
         if self.proc is not None and self.proc.poll() is not None:
             raise StackFailed(f"chronos up exited during the run (code {self.proc.returncode}):\n{self.tail()}")
 
+    def halt(self, timeout: float = 90.0) -> bool:
+        """SIGTERM `chronos up` and wait for it (SIGKILL after `timeout`), its directory left as it is, for
+        the next start or a look at its logs: whether it stopped by itself."""
+        if self.proc is None or self.proc.poll() is not None:
+            return True
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            print(f"chronos up did not stop within {timeout:.0f}s; killing it (logs in {self.workdir})", flush=True)
+            self.kill()
+            return False
+
     def stop(self, timeout: float = 90.0, keep: bool = False) -> int | None:
         """SIGTERM `chronos up` and wait for it (SIGKILL after `timeout`): its exit code. A temporary
         directory of its own is removed unless `keep` (e.g. to read its logs) or it had to be killed."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                print(f"chronos up did not stop within {timeout:.0f}s; killing it (logs in {self.workdir})", flush=True)
-                self.kill()
-                return self.proc.returncode
+        if not self.halt(timeout):
+            return self.proc.returncode
         if self.owned and keep:
             print(f"the stack's data and logs are kept in {self.workdir}", flush=True)
         elif self.owned:
@@ -264,7 +272,7 @@ class ChronosOnPostgres:
     def renew(self) -> dict:
         """Chronos and the broker stopped and started again; PostgreSQL untouched."""
         assert self.chronos is not None, "start() first"
-        self.chronos.stop(keep=True)  # its directory is the next start's
+        self.chronos.halt()  # its directory is the next start's
         return self.ready(self.chronos.start())
 
     def ready(self, info: dict) -> dict:

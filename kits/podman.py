@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CONTAINERS_CONF = Path(__file__).with_name("containers.conf")
 # one line per tag `make image` names: "localhost/chronos:0.2.0 0b5ced5c36bc 201 MB built in 99 s"
 MADE = re.compile(r"^(?P<tag>\S+) (?P<id>[0-9a-f]{12}) (?P<mb>\d+) MB (?P<how>built in (?P<s>\d+) s|up to date)$", re.M)

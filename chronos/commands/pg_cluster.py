@@ -1,4 +1,4 @@
-"""`chronos pg-cluster`: a replicated PostgreSQL on 127.0.0.1 until Ctrl-C."""
+"""`chronos pg-cluster`: a replicated PostgreSQL on 127.0.0.1 until Ctrl-C (chronos.embedded.patroni)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from chronos.embedded.patroni.cluster import ReplicatedPostgres
+from chronos.config import redact_url
 
 
 def add_parser(sub: Any) -> None:
@@ -35,11 +35,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--ready-file", default=None, help="where to write the URL and the members as JSON "
                                                       "(default: DIR/ready.json)")
     p.add_argument("--fast", action="store_true", help="fsync off: for throwaway clusters")
-    p.set_defaults(func=cmd_pg_cluster)
+    p.set_defaults(func=run)
 
 
-def cmd_pg_cluster(args: argparse.Namespace) -> int:
-    from chronos.config import redact_url
+def run(args: argparse.Namespace) -> int:
+    from chronos.embedded.patroni import ReplicatedPostgres
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     workdir = Path(args.dir).resolve()

@@ -1,7 +1,8 @@
-"""`chronos pipeline schedule` and `chronos pipeline report`: flags and command functions.
+"""`chronos pipeline schedule` and `chronos pipeline report`: the Spark jobs (chronos/pipeline/), their
+flags and their handlers.
 
 Importing this module does not import PySpark (the `chronos` command imports it to build its
-parser); the command functions do, when they run.
+parser); the handlers do, when they run.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from chronos import config
 from chronos.errors import ConfigError
@@ -33,6 +35,9 @@ Columns:
                 map column, or a list of {key, value} structs (Spark's Kafka shape, binary values)
 
 Invalid rows are written to --rejects (in the input's format, with a `reason` column).
+
+With cells (CHRONOS_CELLS), each row is written to the cell of the input partition its routing key
+(ordering_key, else id) gives, where the same message sent through Kafka would be.
 """
 
 REPORT_HELP = """\
@@ -75,8 +80,11 @@ def _add_spark_arguments(p: argparse.ArgumentParser) -> None:
                        help="Spark's own log level (default: ERROR)")
 
 
-def add_parsers(parser: argparse.ArgumentParser) -> None:
-    """The `pipeline` command group (`parser` is its sub-parser in the `chronos` parser)."""
+def add_parser(sub: Any) -> None:
+    """The `pipeline` command group and its jobs."""
+    parser = sub.add_parser("pipeline", help="Spark jobs: bulk scheduling and SLA reports (the spark extra)",
+                            description="Spark jobs (pip install 'chronos-scheduler[spark]'); PySpark is imported "
+                                        "only when a job runs")
     sub = parser.add_subparsers(dest="pipeline_command", required=True, metavar="JOB")
 
     p = sub.add_parser("schedule", help="bulk-schedule a dataset of messages (Spark)", description=SCHEDULE_HELP,
@@ -90,10 +98,10 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
                    help="repartition the input to this many partitions (default: as read, and at least "
                         "one per core)")
     p.add_argument("--no-progress", action="store_true", help="do not print progress lines")
-    config.add_arguments(p, only=("database_url", "database_pool_mode", "output_topic", "allowed_topics",
+    config.add_arguments(p, only=("database_url", "cells", "database_pool_mode", "output_topic", "allowed_topics",
                                   "timing_advance_ms", "max_lateness_ms"))
     _add_spark_arguments(p)
-    p.set_defaults(func=cmd_schedule)
+    p.set_defaults(func=run_schedule)
 
     p = sub.add_parser("report", help="SLA report over delivery records (Spark)", description=REPORT_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -111,10 +119,10 @@ def add_parsers(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--fail-on-breach", action="store_true", help="exit with status 1 when the SLA verdict is fail")
     config.add_arguments(p, only=("timing_advance_ms",))
     _add_spark_arguments(p)
-    p.set_defaults(func=cmd_report)
+    p.set_defaults(func=run_report)
 
 
-def cmd_schedule(args: argparse.Namespace) -> int:
+def run_schedule(args: argparse.Namespace) -> int:
     from chronos.domain.intake import Rules
     from chronos.pipeline import spark as sp
 
@@ -122,26 +130,29 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     from chronos.pipeline import schedule
 
     settings = config.load(args)
-    database_url = settings.require_database()
+    databases = settings.databases()
     if args.partitions is not None and args.partitions <= 0:
         raise ConfigError("--partitions must be greater than 0")
     rules = Rules.from_settings(settings)
     fmt = args.format or _guess_format(args.input)
     # What can be checked without Spark is checked before it starts (several seconds).
     sp.check_local_input(args.input)
-    pool_mode = schedule.check_store(database_url, settings.database_pool_mode)
+    pool_mode = settings.database_pool_mode
+    for url in databases.values():
+        pool_mode = schedule.check_store(url, pool_mode)
     spark = sp.session(args.master, "chronos-pipeline-schedule", _spark_conf(args.conf), args.spark_log_level)
     try:
-        result = schedule.run(spark, input_path=args.input, fmt=fmt, database_url=database_url,
+        result = schedule.run(spark, input_path=args.input, fmt=fmt, database_url=settings.database_url,
                               rules=rules, rejects_path=args.rejects, partitions=args.partitions,
-                              progress=not args.no_progress, check=False, pool_mode=pool_mode)
+                              progress=not args.no_progress, check=False, pool_mode=pool_mode,
+                              cells=dict(settings.cells) or None)
     finally:
         spark.stop()
     print(schedule.summary(result), flush=True)
     return 0
 
 
-def cmd_report(args: argparse.Namespace) -> int:
+def run_report(args: argparse.Namespace) -> int:
     from chronos.pipeline import spark as sp
 
     sp.require_pyspark()

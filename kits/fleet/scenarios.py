@@ -1,6 +1,6 @@
-"""Partitions under load on a fleet (harness.fleet): the scenarios, what they measure, and their verdict.
+"""Partitions under load on a fleet (kits.fleet): the scenarios, what they measure, and their verdict.
 
-Each scenario runs a steady load from the client host (harness.faultload's `Load` and `Reader`, in the
+Each scenario runs a steady load from the client host (kits.traffic's `Load` and `Reader`, in the
 client's network), cuts a host off as the scenario says, heals it, drains, and returns one row of
 figures: messages sent (acknowledged by the broker), lost, early and duplicated (and how many
 duplicates the fault explains, how many the cut-off host published after the heal), the longest pause
@@ -31,10 +31,11 @@ from typing import Any, Callable
 
 import orjson
 
-from benchmarks.harness.faultload import LATE_S, Fault, Load, Reader, Report, analyse, longest_pause, reread
-from benchmarks.harness.fleet import ROOT, ChronosHost, Fleet, FleetError, page_blocks, wait
-from benchmarks.harness.report import percentiles
 from chronos.roles.firer.held import PUBLISHABLE_SHARE
+from kits.figures import percentiles
+from kits.fleet import ROOT, ChronosHost, Fleet, FleetError, page_blocks, wait
+from kits.traffic import Load, Reader, reread
+from kits.verdicts import LATE_S, Fault, Report, analyse, longest_pause
 
 # a publish whose acknowledgement a cut can lose was produced this many seconds before it at most
 # (a batch lingers 100 ms at most, and the broker answers within milliseconds on the bridge)
@@ -80,10 +81,10 @@ class Watch(threading.Thread):
             sample: dict[str, Any] = {"at": at, "scraped": {}, "own": {}}
             for host in self.fleet.chronos:
                 for program in host.programs():
-                    status, report = self.fleet.health(host, program, timeout=0.8)
+                    status, report = self.fleet.hosts.health(host, program, timeout=0.8)
                     sample["scraped"][f"{host.name}/{program}"] = _health_word(status, report)
             if self.inside is not None:
-                sample["own"] = self._own_view(self.fleet.host(self.inside))
+                sample["own"] = self._own_view(self.fleet.hosts.host(self.inside))
             self.samples.append(sample)
 
     def _own_view(self, host: ChronosHost) -> dict[str, str]:
@@ -91,7 +92,7 @@ class Watch(threading.Thread):
         short Python of the host's own, not a CLI start per program, to keep the sampling light."""
         args = " ".join(f"{p}={host.metrics_port(p)}" for p in host.programs())
         try:
-            done = self.fleet.on(host, f"/opt/chronos/venv/bin/python -I -c {shlex.quote(OWN_HEALTH)} {args}",
+            done = self.fleet.hosts.on(host, f"/opt/chronos/venv/bin/python -I -c {shlex.quote(OWN_HEALTH)} {args}",
                                  timeout=10, check=False)
         except Exception:  # noqa: BLE001 - a sample missed is a gap in the timeline, not a failure
             return {}
@@ -164,7 +165,7 @@ class FleetScenario:
     def __init__(self, fleet: Fleet, name: str, *, rate: float = 300, watch_inside: str | None = None,
                  seed: int | None = None):
         self.fleet, self.name, self.rate = fleet, name, rate
-        self.hold_s = int(fleet.environment(fleet.chronos[0]).get("CHRONOS_HOLD_TIME_MS", "5000")) / 1000.0
+        self.hold_s = int(fleet.hosts.environment(fleet.chronos[0]).get("CHRONOS_HOLD_TIME_MS", "5000")) / 1000.0
         self.faults: list[Fault] = []
         self.watch = Watch(fleet, watch_inside)
         self.seed = seed
@@ -175,10 +176,10 @@ class FleetScenario:
 
     def __enter__(self) -> "FleetScenario":
         with self.fleet.net.inside("client"):  # the clients' threads and sockets are the client host's
-            self.reader = Reader(self.fleet.bootstrap, self.fleet.topics["output"], fetch_wait_ms=10)
+            self.reader = Reader(self.fleet.kafka.bootstrap, self.fleet.kafka.topics["output"], fetch_wait_ms=10)
             self.reader.start()
             self.reader.wait_assigned()
-            self.load = Load(self.fleet.bootstrap, self.fleet.topics["input"], rate=self.rate, seed=self.seed)
+            self.load = Load(self.fleet.kafka.bootstrap, self.fleet.kafka.topics["input"], rate=self.rate, seed=self.seed)
             self.load.start()
         self.watch.start()
         return self
@@ -218,7 +219,7 @@ class FleetScenario:
         report.session_losses = len(observed)
         if report.lost:
             with self.fleet.net.inside("client"):
-                found = reread(self.fleet.bootstrap, self.fleet.topics["output"], set(report.lost))
+                found = reread(self.fleet.kafka.bootstrap, self.fleet.kafka.topics["output"], set(report.lost))
             report.lost_found_on_reread = sorted(found)
             report.lost = [m for m in report.lost if m not in found]
             report.delivered += len(found)
@@ -252,21 +253,25 @@ class FleetScenario:
             "arrivals": self.reader.arrivals, "create_times": self.reader.create_times,
             "faults": [{"what": f.what, "start": f.start, "end": f.end} for f in self.faults]}))
 
-    def landed_after(self, heal_at: float, fault_at: float) -> tuple[list[str], list[str], list[str]]:
-        """Messages delivered before the heal and again after it, in three lists: those whose later copy
+    def landed_after(self, heal_at: float, fault_at: float) -> tuple[list[str], list[str], list[str], list[str]]:
+        """Messages delivered before the heal and again after it, in four lists: those whose later copy
         was produced while the cut-off host still held them (before the cut, or within three quarters of
         the hold time after it, past which a firer publishes none of the rows it claimed before: its
         request reached the broker only after the heal, sent again by the host's kernel); those whose
         first copy was produced in the last seconds before the cut and none landed during it (the broker
         stored it, its acknowledgement was lost in the cut, so the firer handed the row back when it
         replaced its producer and it fired again after the heal: at least once, by the row's holder);
-        and those produced later otherwise (a host that published rows it no longer held: must be none)."""
+        those sent during the cut, which no host cut off then can have held (read again by the consumer
+        group when the cut-off host rejoined it after the heal, at least once: the report's rebalances
+        explain them); and those produced later otherwise (a host that published rows it no longer held:
+        must be none)."""
         assert self.load is not None and self.reader is not None
         in_flight: list[str] = []
         unacknowledged: list[str] = []
+        sent_during: list[str] = []
         republished: list[str] = []
         held_until = fault_at + PUBLISHABLE_SHARE * self.hold_s + 0.1  # CreateTime has millisecond precision
-        for m in self.load.sent:
+        for m, sent in self.load.sent.items():
             arrivals = self.reader.arrivals.get(m, ())
             if len(arrivals) < 2 or not min(arrivals) < heal_at <= max(arrivals):
                 continue
@@ -277,9 +282,29 @@ class FleetScenario:
             elif fault_at - ACK_WINDOW_S <= created[0] <= fault_at + 0.1 and \
                     not any(fault_at + 1.0 < a < heal_at for a in arrivals):
                 unacknowledged.append(m)
+            elif sent.produced > fault_at + 0.1:
+                sent_during.append(m)
             else:
                 republished.append(m)
-        return sorted(in_flight), sorted(unacknowledged), sorted(republished)
+        return sorted(in_flight), sorted(unacknowledged), sorted(sent_during), sorted(republished)
+
+    def deliveries(self, ids: list[str], zero: float, limit: int = 5) -> dict[str, dict[str, Any]]:
+        """The first `limit` of `ids`, each with when it was sent, produced by a firer (CreateTime) and read,
+        in seconds after `zero`: what a verdict shows of the messages it blames."""
+        assert self.load is not None and self.reader is not None
+        return {m: {"sent": round(self.load.sent[m].produced - zero, 2),
+                    "created": [round(c - zero, 2) for c in self.reader.create_times.get(m, [])],
+                    "arrived": [round(a - zero, 2) for a in self.reader.arrivals.get(m, [])]}
+                for m in ids[:limit]}
+
+    def published_again(self, heal_at: float) -> float | None:
+        """Seconds from the heal to the first publish after it of any delivered message, by its CreateTime
+        (when a firer produced it): Chronos's own recovery, without the reader's. A reader cut off with the
+        broker reconnects on its client's own backoff, so its first delivery after the heal can come many
+        seconds after the firers published again. None when nothing was published after the heal."""
+        assert self.reader is not None
+        after = [c for times in self.reader.create_times.values() for c in times if c >= heal_at]
+        return round(min(after) - heal_at, 2) if after else None
 
     def lateness_of(self, due_from: float, due_to: float) -> float:
         """The latest delivery after its due time of the messages due between the two times (seconds)."""
@@ -307,18 +332,21 @@ class FleetScenario:
             "duplicates_explained": report.duplicates - len(report.unexplained),
             "published_while_held_landed_after_heal": len(landed[0]),
             "unacknowledged_at_cut_fired_after_heal": len(landed[1]),
-            "republished_after_heal": len(landed[2]),
+            "sent_during_cut_fired_again_after_heal": len(landed[2]),
+            "republished_after_heal": len(landed[3]),
+            "republished_sample": self.deliveries(landed[3], fault_at),
             "longest_pause_s": None if pause is None else round(pause[1] - pause[0], 2),
             "pause_began_after_fault_s": None if pause is None else round(pause[0] - fault_at, 2),
             "pause_ended_after_fault_s": None if pause is None else round(pause[1] - fault_at, 2),
             "pause_ended_after_heal_s": None if pause is None else round(pause[1] - heal_at, 2),
+            "published_again_after_heal_s": self.published_again(heal_at),
             "promoted_after_fault_s": None if promoted_at is None else round(promoted_at - fault_at, 2),
             "pause_ended_after_promotion_s": None if pause is None or promoted_at is None
             else round(pause[1] - promoted_at, 2),
             "max_lateness_during_fault_s": round(self.lateness_of(fault_at - self.hold_s, heal_at), 2),
             "health": self.watch.timeline(fault_at),
-            "alerts": self.fleet.alerts(fault_at - 5.0, time.time(), fault_at),
-            "scrape_gaps": self.fleet.scrape_gaps(fault_at - 5.0, time.time()),
+            "alerts": self.fleet.prometheus.alerts(fault_at - 5.0, time.time(), fault_at),
+            "scrape_gaps": self.fleet.prometheus.scrape_gaps(fault_at - 5.0, time.time()),
             "first_log_lines": first_log_lines(self.fleet, fault_at),
             "restarted_programs": self.restarted(),
             "lateness_p99_s": self.lateness_p99(),
@@ -340,19 +368,19 @@ def primary_cut(fleet: Fleet, *, cut_s: float = 60.0, rate: float = 300, warmup:
                 outbound_only: bool = False) -> ScenarioResult:
     """a) (or f) with `outbound_only`): the primary's host cut off; the standby promoted; the heal; the old
     primary back as a standby."""
-    old = fleet.leader()
+    old = fleet.db.leader()
     if old is None:
         raise FleetError("no leader to cut off")
     name = "f) primary's packets dropped one way" if outbound_only else "a) primary's host cut off"
     with FleetScenario(fleet, name, rate=rate) as sc:
         _steady(warmup)
         fault_at = fleet.cut(old, inbound=not outbound_only)
-        new, promoted_at = fleet.wait_leader(not_name=old, timeout=max(90.0, cut_s + 30))
+        new, promoted_at = fleet.db.wait_leader(not_name=old, timeout=max(90.0, cut_s + 30))
         time.sleep(max(0.0, fault_at + cut_s - time.time()))
         status_during = status_from(fleet, fleet.chronos[0])
         heal_at = fleet.heal(old)
         sc.fault(f"{old} cut off {'(outbound only) ' if outbound_only else ''}{cut_s:.0f} s", fault_at, heal_at)
-        rejoined = _wait_standby(fleet, old, timeout=90)
+        rejoined = fleet.db.wait_streaming(old, timeout=90)
         time.sleep(3)
         report = sc.finish()
         row = sc.row(report, fault_at=fault_at, heal_at=heal_at, promoted_at=promoted_at, extra={
@@ -362,22 +390,11 @@ def primary_cut(fleet: Fleet, *, cut_s: float = 60.0, rate: float = 300, warmup:
     return report, row
 
 
-def _wait_standby(fleet: Fleet, member: str, timeout: float) -> float | None:
-    """When `member` runs as a streaming replica again (None if not within `timeout`)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        for m in fleet.cluster() or []:
-            if m["name"] == member and m.get("role") in ("replica", "sync_standby") and m.get("state") == "streaming":
-                return time.time()
-        time.sleep(0.2)
-    return None
-
-
 def host_cut(fleet: Fleet, *, cut_s: float = 60.0, rate: float = 300, warmup: float = 5.0, peers: str = "all",
              host: str = "chronos-1") -> ScenarioResult:
     """b), c), d): a Chronos host cut off from everything (`peers` "all"), from PostgreSQL only ("db": every
     member) or from Kafka only ("kafka")."""
-    names = {"all": None, "db": fleet.members, "kafka": ["kafka-1"]}[peers]
+    names = {"all": None, "db": fleet.db.members, "kafka": ["kafka-1"]}[peers]
     label = {"all": "b) a Chronos host cut off", "db": "c) a Chronos host cut off from PostgreSQL",
              "kafka": "d) a Chronos host cut off from Kafka"}[peers]
     other = next(h for h in fleet.chronos if h.name != host)
@@ -414,7 +431,7 @@ UPGRADING = ROOT / "docs" / "operations" / "upgrading.md"
 
 
 def _program_pid(fleet: Fleet, host: ChronosHost, program: str) -> int:
-    status = fleet.supervisorctl(host, "pid", f"{program.rsplit('_', 1)[0]}:{program}", check=False).strip()
+    status = fleet.hosts.supervisorctl(host, "pid", f"{program.rsplit('_', 1)[0]}:{program}", check=False).strip()
     if not status.isdigit() or status == "0":
         raise FleetError(f"{host.name}/{program} is not running: {status!r}")
     return int(status)
@@ -427,9 +444,10 @@ def rolling_upgrade(fleet: Fleet, *, rate: float = 300, warmup: float = 5.0, set
     again, on the old release); the second host upgraded; the first rolled back and upgraded again; then the
     schema migrated by the new release, under its running processes. `settle` seconds of load between steps
     (two releases side by side meanwhile)."""
-    (migrate,) = page_blocks(UPGRADING, "upgrade migrate")
-    (upgrade,) = page_blocks(UPGRADING, "upgrade host")
-    (rollback,) = page_blocks(UPGRADING, "rollback host")
+    # each block after the page's releases, as in the shell the reader set them in
+    (releases,) = page_blocks(UPGRADING, "upgrade releases")
+    migrate, upgrade, rollback = (f"{releases}\n{code}" for tag in ("upgrade migrate", "upgrade host", "rollback host")
+                                  for code in page_blocks(UPGRADING, tag))
     first, second = fleet.chronos[0], fleet.chronos[1]
     steps: list[dict[str, Any]] = []
 
@@ -439,27 +457,27 @@ def rolling_upgrade(fleet: Fleet, *, rate: float = 300, warmup: float = 5.0, set
         ended = time.time()
         sc.fault(what, began, ended)
         steps.append({"step": what, "at_s": round(began - t0, 1), "took_s": round(ended - began, 1),
-                      "running": {h.name: fleet.running_releases(h) for h in fleet.chronos},
+                      "running": {h.name: fleet.hosts.running_releases(h) for h in fleet.chronos},
                       **({"output": out.strip()[-300:]} if isinstance(out, str) and out.strip() else {})})
         time.sleep(settle)
 
     def kill_old_firer() -> str:
         pid = _program_pid(fleet, second, "firer_00")
         starts = second.log("firer_00").count("starting: node")
-        fleet.on(second, f"kill -KILL {pid}")
+        fleet.hosts.on(second, f"kill -KILL {pid}")
         wait(lambda: second.log("firer_00").count("starting: node") > starts, 60, "the killed firer started again")
-        return f"firer_00 (pid {pid}) killed; started again on {fleet.release_of(second)}"
+        return f"firer_00 (pid {pid}) killed; started again on {fleet.hosts.release_of(second)}"
 
     with FleetScenario(fleet, "g) a rolling upgrade and a rollback", rate=rate) as sc:
         _steady(warmup)
         t0 = time.time()
-        before = {h.name: fleet.running_releases(h) for h in fleet.chronos}
-        step(f"{first.name} upgraded", lambda: fleet.run_block(first, upgrade))
+        before = {h.name: fleet.hosts.running_releases(h) for h in fleet.chronos}
+        step(f"{first.name} upgraded", lambda: fleet.hosts.run_block(first, upgrade))
         step(f"{second.name}: an old firer killed", kill_old_firer)
-        step(f"{second.name} upgraded", lambda: fleet.run_block(second, upgrade))
-        step(f"{first.name} rolled back", lambda: fleet.run_block(first, rollback))
-        step(f"{first.name} upgraded again", lambda: fleet.run_block(first, upgrade))
-        step("chronos migrate with the new release", lambda: fleet.run_block(first, migrate))
+        step(f"{second.name} upgraded", lambda: fleet.hosts.run_block(second, upgrade))
+        step(f"{first.name} rolled back", lambda: fleet.hosts.run_block(first, rollback))
+        step(f"{first.name} upgraded again", lambda: fleet.hosts.run_block(first, upgrade))
+        step("chronos migrate with the new release", lambda: fleet.hosts.run_block(first, migrate))
         done_at = time.time()
         report = sc.finish()
         # the longest gap between deliveries from the first step to the last one's end (and a stall up to it)
@@ -474,7 +492,7 @@ def rolling_upgrade(fleet: Fleet, *, rate: float = 300, warmup: float = 5.0, set
             "pause_began_s": None if pause is None else round(pause[0] - t0, 2),
             "max_lateness_s": round(sc.lateness_of(t0, done_at), 2),
             "started_again": sc.restarted(),  # by the steps' restarts, and by supervisord after the kill
-            "alerts": fleet.alerts(t0 - 5.0, time.time(), t0),
+            "alerts": fleet.prometheus.alerts(t0 - 5.0, time.time(), t0),
             "lateness_p99_s": sc.lateness_p99(),
         })
     return report, row
@@ -482,7 +500,7 @@ def rolling_upgrade(fleet: Fleet, *, rate: float = 300, warmup: float = 5.0, set
 
 def status_from(fleet: Fleet, host: ChronosHost) -> dict[str, Any] | str:
     """`chronos status --json` on `host`, with the install page's function (or what it said when it failed)."""
-    done = fleet.on(host, fleet.chronos_function() + "chronos status --json", check=False, timeout=30)
+    done = fleet.hosts.on(host, fleet.hosts.chronos_function() + "chronos status --json", check=False, timeout=30)
     if done.returncode != 0:
         return f"exit {done.returncode}: {(done.stderr or done.stdout).strip()[-300:]}"
     try:

@@ -1,0 +1,288 @@
+"""With cells: a poll's messages written to the cell of their input partition. The map is read from every
+cell at start (an input topic of another partition count than the map's is refused); each poll is split by
+cell and sorted on the loop's thread, and each cell's batch written by its own writer, on a thread of its
+own, fenced by the map (`chronos.domain.cells`), the cells in parallel. A cell that refuses its write (its
+list changed since the map was read) has the map read again and its messages written where the new map
+says; a moving partition's messages wait for the map to say where it went. A poll's part is durable once
+its cell's is: then its late messages are published and its offsets committed, partition by partition.
+
+A cell that does not answer (down, hung, cut off from this host) is given up at once: its part of the poll
+is not committed, its partitions are paused and sought back to the first message not written, while the
+other cells' partitions flow on; its database is asked the time until it answers, then its partitions are
+resumed and read again from there. The consumer leaves its group for such a cell only once the hold time
+has passed and another consumer of the group has committed on one of the cell's partitions since: it
+alone cannot reach a cell that the others reach."""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+from chronos.config import Settings
+from chronos.domain.cells import CellMap, ranges
+from chronos.domain.intake import Rules
+from chronos.errors import CellMapChanged, KafkaUnanswered, StoreUnavailable
+from chronos.ports import InputMessage as Message
+from chronos.roles.consumer.group import POSTGRES, Group, OutOfReach
+from chronos.roles.consumer.sorting import Batch, sort_batch
+from chronos.roles.consumer.writer import Stored, Unreached, Writer
+from chronos.runtime.backoff import Backoff
+from chronos.runtime.process import Lifecycle
+
+log = logging.getLogger("chronos.consumer")
+
+MAP_RETRY_CAP_S = 2.0  # the longest wait between two readings of the map while a partition is moving
+
+TopicPartition = tuple[str, int]
+
+
+def _partition(msg: Message) -> int:
+    partition = msg.partition()
+    assert partition is not None  # consumed, not an event
+    return partition
+
+
+def _where(msg: Message) -> tuple[TopicPartition, int]:
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    assert topic is not None and partition is not None and offset is not None  # consumed, not an event
+    return (topic, partition), offset
+
+
+@dataclass
+class CellBatches:
+    """A poll split by cell: each cell's messages and their batch, and the messages of moving partitions
+    (written nowhere until the map says where they went)."""
+
+    parts: dict[str, tuple[list[Message], Batch]] = field(default_factory=dict)
+    held: list[Message] = field(default_factory=list)
+
+
+@dataclass
+class Written:
+    """What became of a poll: the messages now durable (in the cells that took their part, or published),
+    to commit; and each cell that did not answer, with its part's messages, to read again."""
+
+    durable: list[Message]
+    down: dict[str, list[Message]] = field(default_factory=dict)
+
+
+@dataclass
+class Down:
+    """A cell that does not answer, as the loop's thread follows it: since when (by the process's clock), the
+    partitions paused for it and the offset each was sought back to, the group's progress when it went down,
+    and the probe of its database."""
+
+    since: float
+    others_before: dict[int, int] | None
+    rewound: dict[TopicPartition, int] = field(default_factory=dict)
+    probe: Future | None = None
+    next_probe: float = 0.0
+    checked: bool = False  # whether the others' progress was looked at once the hold time passed
+
+
+class Cells:
+    """The cells' map and a writer per cell, each on a thread of its own (its store is that thread's)."""
+
+    def __init__(self, settings: Settings, life: Lifecycle, *, writers: dict[str, Writer], rules: Rules,
+                 group: Group, partitions: Callable[[], int | None], clock: Callable[[], float]):
+        """`writers`: a writer per cell, in the cells' order; `partitions()` the input topic's partition count
+        (None when Kafka does not know the topic; KafkaUnanswered when it does not answer); `clock` times the
+        cells that do not answer against the hold time."""
+        self.settings, self.life, self.writers, self.rules = settings, life, writers, rules
+        self.group, self.partitions, self.clock = group, partitions, clock
+        self.map: CellMap | None = None
+        self.threads = {cell: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"consumer-{cell}")
+                        for cell in writers}
+        self.down: dict[str, Down] = {}  # the loop thread's: the cells that do not answer
+
+    def load(self) -> bool:
+        """Read the map at start and hold the input topic to it (CellMapError, or CellsUnsupported, to stop
+        the process on: waiting would not change them); False if stopped first."""
+        if not self.read_map():
+            return False
+        assert self.map is not None
+        backoff = Backoff(first=0.5, cap=5.0)
+        while self.life.running:
+            try:
+                count = self.partitions()
+                break
+            except KafkaUnanswered as exc:
+                delay = backoff.failed()
+                log.warning("kafka does not say how many partitions %s has (%s); asking again in %.1fs",
+                            self.settings.input_topic, exc, delay)
+                self.life.sleep(delay)
+        else:
+            return False
+        # a topic not there yet: a message of a partition the map does not know stops the process (CellMapError)
+        if count is not None:
+            self.map.check_topic(self.settings.input_topic, count)
+        owned = {cell: ranges(self.map.partitions_of(cell)) if self.map.owners else "all" for cell in self.map.cells}
+        log.info("cells: %s", ", ".join(f"{cell} (partitions {partitions})" for cell, partitions in owned.items()))
+        return True
+
+    def read_map(self) -> bool:
+        """The map, read again from every cell (on their threads), each cell's outage waited out; False if
+        stopped first."""
+        lists = {}
+        for cell, writer in self.writers.items():
+            while True:
+                try:
+                    lists[cell] = self.threads[cell].submit(writer.store.cell_partitions).result()
+                    writer.db_outage.ok()
+                    break
+                except StoreUnavailable as exc:
+                    if not self.life.sleep(writer.db_outage.failed(exc)):
+                        return False
+        self.map = CellMap.build(lists)
+        return True
+
+    def sort(self, messages: list[Message], now_us: int) -> CellBatches:
+        """A poll split by the cell of each message's partition, each cell's part sorted (`sort_batch`); the
+        messages of a cell that does not answer are held back (loop thread)."""
+        assert self.map is not None  # loaded at start
+        by_cell, held = self.map.split(messages, _partition)
+        for cell in [c for c in by_cell if c in self.down]:
+            self.hold_back(cell, by_cell.pop(cell))
+        return CellBatches({cell: (part, sort_batch(part, now_us, self.rules)) for cell, part in by_cell.items()},
+                           held)
+
+    def write(self, messages: list[Message], batches: CellBatches, epoch: int | None = None) -> Written | None:
+        """Make a poll durable in its cells, then publish the late messages and dead letters of the parts
+        stored: what `Writer.write` is for one store, but for the parts of the cells that do not answer,
+        given up (`Written.down`). None if stopped first; raises as `Writer.write` does."""
+        done: list[tuple[Batch, Stored]] = []
+        written = Written([])
+        backoff = Backoff(first=0.1, cap=MAP_RETRY_CAP_S)
+        while True:
+            refused = self.store_parts(batches, epoch, done, written)
+            if refused is None:
+                return None
+            again = [m for cell in refused for m in batches.parts[cell][0]] + batches.held
+            if not again:
+                break
+            if refused:
+                log.info("cells %s no longer own every partition this consumer wrote to them (the map changed): "
+                         "reading the map again", ", ".join(refused))
+            elif not self.life.sleep(backoff.failed()):  # nothing refused: a partition is moving, wait for it
+                return None
+            if not self.read_map():
+                return None
+            assert self.map is not None
+            by_cell, held = self.map.split(again, _partition)
+            batches = CellBatches({cell: (part, sort_batch(part, time.time_ns() // 1000, self.rules))
+                                   for cell, part in by_cell.items()}, held)
+        first = next(iter(self.writers.values()))
+        return written if first.finish(written.durable, done) else None
+
+    def store_parts(self, batches: CellBatches, epoch: int | None, done: list[tuple[Batch, Stored]],
+                    written: Written) -> list[str] | None:
+        """Each cell's part written on its thread, all at once, with the map's fence: those stored added to
+        `done` and `written.durable`, those of cells that did not answer to `written.down`. The cells that
+        refused the write (the map changed), or None if stopped first. An error of one cell's write
+        (`OutOfReach`, `PartitionsLost`) is raised once every cell's has ended."""
+        assert self.map is not None
+        futures: dict[str, Future] = {}
+        for cell, (part, batch) in batches.parts.items():
+            fence = self.map.fence(cell, {_partition(m) for m in part})
+            futures[cell] = self.threads[cell].submit(self.writers[cell].store_batch, batch, epoch, fence,
+                                                      give_up=True)
+        refused: list[str] = []
+        error: BaseException | None = None
+        stopped = False
+        for cell, future in futures.items():
+            part, batch = batches.parts[cell]
+            try:
+                stored = future.result()
+            except CellMapChanged:
+                refused.append(cell)
+                continue
+            except Unreached:
+                written.down.setdefault(cell, []).extend(part)
+                continue
+            except Exception as exc:  # noqa: BLE001 - raised below, once every cell's write has ended
+                error = error or exc
+                continue
+            if stored is None:
+                stopped = True
+            else:
+                done.append((batch, stored))
+                written.durable += part
+        if error is not None:
+            raise error
+        return None if stopped else refused
+
+    # -- the cells that do not answer, followed on the loop's thread ---------------------------------
+
+    def went_down(self, written: Written, pending: CellBatches | None) -> None:
+        """After a poll was written: each cell that did not answer is followed from now on, its messages of
+        the poll and of the next one, read meanwhile (`pending`), held back."""
+        for cell, part in written.down.items():
+            if cell not in self.down:
+                log.warning("cell %s does not answer: its partitions are paused, and read again once it answers; "
+                            "the other cells' go on", cell)
+                self.down[cell] = Down(self.clock(), self.group.progress())
+            self.hold_back(cell, part)
+            if pending is not None and cell in pending.parts:
+                self.hold_back(cell, pending.parts.pop(cell)[0])
+
+    def hold_back(self, cell: str, messages: list[Message]) -> None:
+        """Pause the partitions of these messages of a cell that does not answer, and seek each back to its first
+        one (never forward: a message read before and not written comes first)."""
+        down = self.down[cell]
+        first: dict[TopicPartition, int] = {}
+        for msg in messages:
+            tp, offset = _where(msg)
+            first[tp] = min(offset, first.get(tp, offset))
+        new = [tp for tp in first if tp not in down.rewound]
+        if new:
+            self.group.consumer.pause_partitions(new)
+        back = {tp: offset for tp, offset in first.items() if offset < down.rewound.get(tp, offset + 1)}
+        if back:
+            self.group.consumer.seek_partitions(back)
+            down.rewound.update(back)
+
+    def look_after(self) -> None:
+        """Ask each cell that does not answer the time, now and then, on its thread; resume its partitions once
+        it answers. Raises `OutOfReach` once one has not answered for the hold time while another consumer of
+        the group committed on its partitions since it went down: that one reaches it."""
+        now = self.clock()
+        for cell, down in list(self.down.items()):
+            writer = self.writers[cell]
+            if down.probe is not None and down.probe.done():
+                try:
+                    down.probe.result()
+                except StoreUnavailable as exc:
+                    down.next_probe = now + writer.db_outage.failed(exc)
+                else:
+                    writer.db_outage.ok()
+                    self.group.consumer.resume_partitions(list(down.rewound))
+                    del self.down[cell]
+                    log.warning("cell %s answers again after %.1fs: its partitions are read again", cell,
+                                now - down.since)
+                    continue
+                down.probe = None
+            if down.probe is None and now >= down.next_probe:
+                down.probe = self.threads[cell].submit(writer.store.db_clock_us)
+            if not down.checked and now - down.since >= self.settings.hold_time_ms / 1000.0:
+                down.checked = True
+                mine = self.map.partitions_of(cell) if self.map is not None and self.map.owners else None
+                if self.group.others_serve(down.others_before, mine):
+                    raise OutOfReach(f"{POSTGRES} of cell {cell}", now - down.since, 1.0)
+
+    def forget_down(self) -> None:
+        """Out of the group: nothing is paused any more (the partitions are the others' until it rejoins, then
+        read from their last commit)."""
+        self.down.clear()
+
+    def keep_alive(self) -> None:
+        """While idle, each cell that answers asked the time now and then (`Writer.keep_alive`), on its thread."""
+        for cell, writer in self.writers.items():
+            if cell not in self.down:
+                self.threads[cell].submit(writer.keep_alive).result()
+
+    def close(self) -> None:
+        for thread in self.threads.values():
+            thread.shutdown(wait=True)

@@ -1,0 +1,89 @@
+"""`chronos up --cells N` as a newcomer runs it: an embedded PostgreSQL per cell, the input partitions assigned
+among them, the input topic created with room for them, the firers and detectors of every cell, and a ready
+file that names each cell; `chronos send` and `tail` through it, and `status`, `list`, `show` and `cancel`
+asking every cell; started again, the same cells and map; with fewer cells than its data directory holds,
+refused."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import orjson
+import psycopg
+
+from chronos.adapters.kafka.admin import partition_count
+from chronos.adapters.postgres.store import Store
+from chronos.domain.cells import CellPartition
+from chronos.domain.routing import input_partition
+from helpers import exited
+from kits.stack import CHRONOS, ChronosUp, clean_env
+
+
+def chronos(info_file, *args: str) -> str:
+    out = subprocess.run(CHRONOS + [*args, "--ready-file", str(info_file)], env=clean_env(), capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def ids_in(url: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        return {r[0] for r in conn.execute("SELECT id FROM chronos_messages")}
+
+
+def test_up_with_two_cells_send_tail_status_list_show_cancel_and_start_again(tmp_path):
+    up = ChronosUp("--cells", "2", workdir=tmp_path)
+    try:
+        info = up.start()
+        cells = info["cells"]
+        assert list(cells) == ["cell1", "cell2"] and info["database_url"] is None
+        assert "console not started: it shows one database, and this stack has 2 cells" in up.output()
+        assert "assigned the input partitions: cell1 0-3, cell2 4-7" in up.output()
+        assert partition_count(info["bootstrap_servers"], info["input_topic"]) == 8
+        assert partition_count(info["bootstrap_servers"], info["output_topic"]) == 1
+        for cell, share in (("cell1", range(4)), ("cell2", range(4, 8))):
+            store = Store(cells[cell])
+            assert store.cell_partitions() == [CellPartition(p, 1) for p in share]
+            store.close()
+        # the firers and detectors of each cell (one each, as asked, per cell), one consumer for all
+        assert sorted(up.programs()) == ["consumer_00", "detector_00", "detector_01", "firer_00", "firer_01"]
+        for name in up.programs():
+            up.wait_running(name)  # and logged its start
+        assert "(cell cell2)" in up.log("firer_01") and "(cell cell1)" in up.log("detector_00")
+        # messages routed to both cells wait in their cell, and the due ones are fired by their cell's firer
+        far = [chronos(up.ready_file, "send", "--delay", "1h", "--id", f"far-{i}") for i in range(8)]
+        by_cell = {cell: {m for m in far if (input_partition(m, None, 8) < 4) == (cell == "cell1")} for cell in cells}
+        assert by_cell["cell1"] and by_cell["cell2"]
+        for i in range(6):
+            chronos(up.ready_file, "send", "--delay", "1s", "--id", f"soon-{i}", "--value", f"soon-{i}")
+        tailed = chronos(up.ready_file, "tail", "--count", "6", "--from-beginning", "--timeout", "30")
+        assert sorted(re.findall(r"value='(soon-\d)'", tailed)) == [f"soon-{i}" for i in range(6)]
+        assert {cell: ids_in(url) for cell, url in cells.items()} == by_cell
+        # the operators' commands ask every cell and say which cell each message is in
+        status = orjson.loads(chronos(up.ready_file, "status", "--json"))
+        assert status["waiting"] == 8
+        assert [(c["cell"], c["waiting"], c["input_partitions"]) for c in status["cells"]] == [
+            ("cell1", len(by_cell["cell1"]), [0, 1, 2, 3]), ("cell2", len(by_cell["cell2"]), [4, 5, 6, 7])]
+        listed = chronos(up.ready_file, "list")
+        assert {(m, c) for m, c in re.findall(r"'(far-\d)'  cell=(cell\d)", listed)} == \
+            {(m, cell) for cell, ms in by_cell.items() for m in ms}
+        one, other = sorted(by_cell["cell1"])[0], sorted(by_cell["cell2"])[0]
+        assert re.search(r"^cell +cell2$", chronos(up.ready_file, "show", other), re.M)
+        cancelled = chronos(up.ready_file, "cancel", one, other)
+        assert cancelled.startswith(f"2 cancelled (cell1 1, cell2 1): {one!r} (cell cell1), {other!r} (cell cell2)")
+        by_cell = {"cell1": by_cell["cell1"] - {one}, "cell2": by_cell["cell2"] - {other}}
+        assert {cell: ids_in(url) for cell, url in cells.items()} == by_cell
+        pids = [info["supervisord_pid"], info["broker_pid"], *info["cell_postgres_pids"].values(), *up.program_pids()]
+        assert up.halt()
+        assert all(exited(pid) for pid in pids), up.output()
+        # fewer cells than the data directory holds: the partitions of the others would be served by no one
+        fewer = ChronosUp("--cells", "1", workdir=tmp_path).launch()
+        assert fewer.proc is not None and fewer.proc.wait(60) == 5
+        assert "holds the data of 2 cells; run chronos up --cells 2" in fewer.output()
+        # started again: the same cells, their map as it was, their messages waiting
+        info = up.start()
+        assert "cells own the input partitions: cell1 0-3, cell2 4-7" in up.output()
+        assert {cell: ids_in(url) for cell, url in info["cells"].items()} == by_cell
+    finally:
+        up.stop()

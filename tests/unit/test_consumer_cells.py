@@ -1,0 +1,177 @@
+"""The consumer with cells, on in-memory cells and Kafka doubles: each message written to the cell of its input
+partition, fenced by the map; a map gone stale (a partition moved) refused and read again; a moving partition's
+messages held until the map says where it went; an input topic of another partition count refused."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from chronos.adapters.kafka.clients import OutageLog
+from chronos.adapters.memory import MemoryDatabase, MemoryStore
+from chronos.domain.cells import CellMapError
+from chronos.runtime.process import Lifecycle
+from chronos.telemetry.metrics import ConsumerTelemetry
+from chronos.roles.consumer import ConsumerProcess
+from kafka_double import FakeMessage, FakePublisher, settings
+from test_roles_consumer import Clock, FakeConsumer, hdrs, in_1h_ms, logged, wait_for
+
+CELLS = "a=postgresql://unused@127.0.0.1:1/a b=postgresql://unused@127.0.0.1:1/b"
+
+
+class MapReadsCounted(MemoryStore):
+    """A cell's store that counts the consumer's readings of the cell's list."""
+
+    reads = 0
+
+    def cell_partitions(self):
+        self.reads += 1
+        return super().cell_partitions()
+
+
+class CellsConsumer:
+    """A consumer process over two in-memory cells, a (partitions 0 and 1) and b (2 and 3), run on a thread."""
+
+    def __init__(self, partitions: int = 4, assign: bool = True, clock=time.monotonic):
+        self.dbs = {"a": MemoryDatabase(), "b": MemoryDatabase()}
+        self.stores = {cell: MemoryStore(db) for cell, db in self.dbs.items()}
+        if assign:
+            self.stores["a"].open_partitions([0, 1], 1)
+            self.stores["b"].open_partitions([2, 3], 1)
+        self.publisher = FakePublisher()
+        self.publisher.topic_partitions = {"in": partitions}
+        self.settings = settings(CHRONOS_CELLS=CELLS, CHRONOS_INPUT_TOPIC="in")
+        self.life = Lifecycle()
+        self.input: FakeConsumer | None = None
+
+        def consumers(on_commit):
+            self.input = FakeConsumer(on_commit, snapshot=self.rows)
+            return self.input, OutageLog("test consumer")
+        # each cell's store is its writer's; the test reads and moves the map through handles of its own
+        self.cell_stores = {cell: MapReadsCounted(db) for cell, db in self.dbs.items()}
+        self.proc = ConsumerProcess(self.settings, self.life, store=self.cell_stores["a"],
+                                    producers=self.publisher.factory(), consumers=consumers,
+                                    telemetry=ConsumerTelemetry(uuid.uuid4(), self.settings),
+                                    watchers=lambda: self.input, cells=self.cell_stores, clock=clock)
+        self.thread = threading.Thread(target=self.proc.run)
+
+    def rows(self) -> dict[str, list[str]]:
+        return {cell: sorted(db.rows) for cell, db in self.dbs.items()}
+
+    def __enter__(self) -> "CellsConsumer":
+        self.thread.start()
+        wait_for(lambda: self.input is not None and self.input.subscribed, "the consumer to subscribe")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.life.stop()
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+
+
+def msg(mid: str, partition: int, offset: int, action: str | None = None) -> FakeMessage:
+    return FakeMessage(hdrs(mid, None if action == "cancel" else in_1h_ms(), action), partition=partition,
+                       offset=offset)
+
+
+def test_each_message_is_written_to_its_partitions_cell_and_the_poll_committed_once_all_are_durable():
+    with CellsConsumer() as c:
+        assert c.input is not None
+        c.input.feed([msg("m0", 0, 10), msg("m1", 1, 20), msg("m2", 2, 30), msg("m3", 3, 40), msg("m0b", 0, 11)])
+        wait_for(lambda: c.input.commits, "the commit")
+        offsets, stored_then = c.input.commits[0]
+        assert stored_then == {"a": ["m0", "m0b", "m1"], "b": ["m2", "m3"]}
+        assert offsets == {("in", 0): 12, ("in", 1): 21, ("in", 2): 31, ("in", 3): 41}
+        # a cancel read from a message's partition finds it in that partition's cell
+        c.input.feed([msg("m2", 2, 31, "cancel")])
+        wait_for(lambda: len(c.input.commits) == 2, "the second commit")
+        assert c.rows() == {"a": ["m0", "m0b", "m1"], "b": ["m3"]}
+    assert c.proc.stats["enqueued"] == 5 and c.proc.stats["cancelled"] == 1
+
+
+def test_a_write_on_a_stale_map_is_refused_and_goes_where_the_map_now_says():
+    with CellsConsumer() as c:
+        assert c.input is not None
+        c.input.feed([msg("before", 1, 0)])
+        wait_for(lambda: c.input.commits, "the first commit")
+        # partition 1 moves from a to b behind the consumer's back
+        assert c.stores["a"].close_partitions([1]) == {1: 2}
+        c.stores["b"].open_partitions([1], 3)
+        c.input.feed([msg("after", 1, 1), msg("other", 0, 5)])
+        wait_for(lambda: len(c.input.commits) == 2, "the second commit")
+        assert c.input.commits[1][1] == {"a": ["before", "other"], "b": ["after"]}
+
+
+def test_a_moving_partitions_messages_wait_until_another_cell_opens_it():
+    with CellsConsumer() as c:
+        assert c.input is not None
+        c.stores["a"].close_partitions([1])  # moving, opened nowhere yet
+        c.input.feed([msg("held", 1, 0), msg("flows", 2, 0)])
+        wait_for(lambda: c.dbs["b"].rows, "the other cell's message written")
+        reads = c.cell_stores["a"].reads
+        wait_for(lambda: c.cell_stores["a"].reads >= reads + 2, "the map read again, twice: still moving")
+        assert c.input.commits == [] and "held" not in c.dbs["a"].rows
+        c.stores["b"].open_partitions([1], 3)
+        wait_for(lambda: c.input.commits, "the commit once partition 1 is open in b")
+        assert c.input.commits[0][1] == {"a": [], "b": ["flows", "held"]}
+
+
+def test_an_input_topic_of_another_partition_count_than_the_maps_is_refused():
+    c = CellsConsumer(partitions=6)
+    with pytest.raises(CellMapError, match="input topic in has 6 partitions, and the cell map assigns 4"):
+        c.proc.run()
+    unassigned = CellsConsumer(assign=False)  # two cells, nothing assigned: no map at all
+    with pytest.raises(CellMapError, match="no cell of a, b lists any input partition"):
+        unassigned.proc.run()
+
+
+def test_a_cell_that_does_not_answer_has_its_partitions_paused_and_read_again_while_the_others_flow(caplog):
+    caplog.set_level("WARNING", logger="chronos.consumer")
+    with CellsConsumer() as c:
+        assert c.input is not None
+        c.dbs["b"].unavailable = "connection refused"
+        c.input.feed([msg("a0", 0, 10), msg("b2", 2, 30), msg("b3", 3, 40)])
+        wait_for(lambda: c.input.commits, "the commit of what cell a took")
+        assert c.input.commits[0] == ({("in", 0): 11}, {"a": ["a0"], "b": []})
+        assert c.input.paused == {("in", 2), ("in", 3)} and c.input.seeks == [{("in", 2): 30, ("in", 3): 40}]
+        assert logged(caplog, "cell b does not answer: its partitions are paused")
+        # read before the pause took: held back too, never sought forward; cell a's partitions flow on
+        c.input.feed([msg("a1", 1, 20), msg("b2-later", 2, 31)])
+        wait_for(lambda: len(c.input.commits) == 2, "the next commit")
+        assert c.input.commits[1] == ({("in", 1): 21}, {"a": ["a0", "a1"], "b": []})
+        assert c.input.seeks == [{("in", 2): 30, ("in", 3): 40}]
+        c.dbs["b"].unavailable = None
+        wait_for(lambda: c.input.resumed, "cell b's partitions resumed")
+        assert sorted(c.input.resumed) == [("in", 2), ("in", 3)] and c.input.paused == set()
+        assert logged(caplog, "cell b answers again after")
+        # read again from where they were sought back to
+        c.input.feed([msg("b2", 2, 30), msg("b2-later", 2, 31), msg("b3", 3, 40)])
+        wait_for(lambda: len(c.input.commits) == 3, "cell b's part committed")
+        assert c.input.commits[2] == ({("in", 2): 32, ("in", 3): 41}, {"a": ["a0", "a1"], "b": ["b2", "b2-later", "b3"]})
+        assert c.input.group == ["subscribe"]
+
+
+@pytest.mark.parametrize("others_commit_on,leaves", [((2,), True), ((0, 1), False)],
+                         ids=["another-consumer-reaches-the-cell", "the-others-commit-elsewhere-only"])
+def test_the_consumer_leaves_the_group_only_when_another_reaches_the_cell_it_cannot(caplog, others_commit_on, leaves):
+    clock = Clock()
+    with CellsConsumer(clock=clock) as c:
+        assert c.input is not None
+        c.input.group_offsets = {}
+        c.dbs["b"].unavailable = "connection refused"
+        c.input.feed([msg("b3", 3, 40)])
+        wait_for(lambda: c.input.paused, "cell b's partition paused")
+        c.input.group_offsets = {p: 100 for p in others_commit_on}  # another consumer committed there since
+        reads = c.input.progress_reads
+        clock.advance(c.settings.hold_time_ms / 1000.0 + 0.1)
+        wait_for(lambda: c.input.progress_reads > reads, "the others' progress read past the hold time")
+        if leaves:
+            wait_for(lambda: c.input.group[-1] == "unsubscribe", "the consumer to leave the group")
+            assert logged(caplog, "cannot reach PostgreSQL of cell b for")
+        else:
+            c.input.feed([msg("a0", 0, 10)])
+            wait_for(lambda: c.input.commits, "cell a's partitions flowing")
+            assert c.input.group == ["subscribe"]

@@ -148,15 +148,14 @@ def image_with(key: str) -> str | None:
 
 def prune(current_base: str) -> None:
     """Remove what earlier builds left: their images that no tag names any more, and bases of other inputs that
-    no image stands on."""
+    no image stands on. One that a container still uses stays (podman refuses), for a later build to remove."""
     for image in run("podman", "images", "--quiet", "--no-trunc", "--filter", f"label={INPUTS_LABEL}",
                      "--filter", "dangling=true", capture=True).split():
-        run("podman", "rmi", image)
+        subprocess.run(["podman", "rmi", image], capture_output=True, timeout=120)
     for line in run("podman", "images", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}", BASE_NAME,
                     capture=True).splitlines():
         tag, image = line.split()
         if not current_base.startswith(image):
-            # one an image of this machine still stands on stays (podman refuses)
             subprocess.run(["podman", "rmi", tag], capture_output=True, timeout=120)
 
 

@@ -50,6 +50,8 @@ def test_make_image_again_remakes_nothing_and_leaves_an_old_image_a_container_us
     # leaves it (podman refuses to remove it) instead of failing
     builder = subprocess.run(["buildah", "from", "--pull-never", "--quiet", TAG], capture_output=True, text=True,
                              check=True, timeout=120).stdout.strip()
+    subprocess.run(["buildah", "config", "--label", "io.chronos.image.inputs=an-earlier-build", builder],
+                   capture_output=True, check=True, timeout=120)
     old = subprocess.run(["buildah", "commit", "--quiet", "--rm", builder], capture_output=True, text=True,
                          check=True, timeout=120).stdout.strip()
     user = podman("create", old, "--version").stdout.strip()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kits.fleet import page_blocks
@@ -29,8 +31,9 @@ def run_block(tag: str, timeout: float = 180.0):
 def test_chronos_up_runs_in_the_embedded_image_as_the_page_says(tryout):
     done = run_block("tryout")
     assert "key='hello' value='world'" in done.stdout, done.stdout + done.stderr
-    # the console, published on the host's loopback
-    status, page = wait_for(lambda: (lambda r: r if r[0] == 200 else None)(http_get("http://127.0.0.1:9700/")),
+    # the console, published on the host's loopback where the page says
+    (port,) = re.findall(r"--publish 127\.0\.0\.1:(\d+):9700 ", page_blocks(PAGE, "tryout")[0])
+    status, page = wait_for(lambda: (lambda r: r if r[0] == 200 else None)(http_get(f"http://127.0.0.1:{port}/")),
                             timeout=30, what="the console")
     assert b"Chronos" in page
     run_block("tryout stop", timeout=90)

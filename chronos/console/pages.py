@@ -147,7 +147,8 @@ async def search(request: Request) -> Response:
         f = filters_from(params, output_topic, datetime.now(timezone.utc))
         limit = _limit(params.get("limit"))
         page = await console.reader.call(lambda s: inspect.list_messages(
-            s, f, output_topic=output_topic, limit=limit, after=params.get("after") or None))
+            s, f, output_topic=output_topic, limit=limit, after=params.get("after") or None,
+            held_within_ms=console.settings.hold_time_ms // 2))
     except ChronosError as exc:
         error = str(exc)
     else:

@@ -47,16 +47,23 @@ class MemoryIntake(MemoryHandle):
                 old = db.rows.get(r.id)
                 if old is None:
                     db.rows[r.id] = self._new_row(r, now)
-                else:  # the new version, waiting, with no failed publishes; seq and last occurrence kept
+                else:  # the new version, waiting, with no failed publishes; seq and last occurrence kept. (A row
+                    # held by a claim that deletes is replaced at once: PostgreSQL waits for that firer's
+                    # transaction to end, then writes the new version all the same.)
                     db.rows[r.id] = replace(self._new_row(r, now, seq=old.seq), last_occurrence_us=old.last_occurrence_us)
                 replaced += 1
             for mid in dict.fromkeys(cancels):
-                gone = db.rows.pop(mid, None)
-                if gone is not None:
-                    if gone.readied_us is None:
-                        cancelled += 1
-                    else:
-                        in_flight += 1
+                gone = db.rows.get(mid)
+                if gone is None:
+                    continue
+                if gone.held_by is not None:  # left to the firer whose claim that deletes holds it
+                    in_flight += 1
+                    continue
+                del db.rows[mid]
+                if gone.readied_us is None:
+                    cancelled += 1
+                else:
+                    in_flight += 1
             return inserted, replaced, cancelled, in_flight
         return self._run(run)
 

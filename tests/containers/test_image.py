@@ -3,6 +3,7 @@ unchanged remakes nothing (and fails on no image of an earlier build that a cont
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 
@@ -22,6 +23,14 @@ python -I -c 'import psycopg, chronos.codec; print(psycopg.pq.__impl__, chronos.
 """
 
 
+def _build_script():
+    """deploy/image/build.py, the script `make image` runs (not a package)."""
+    spec = importlib.util.spec_from_file_location("image_build", ROOT / "deploy" / "image" / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_the_image_runs_as_its_own_user_with_no_compiler_no_headers_and_a_read_only_root(image):
     done = podman("run", "--rm", "--read-only", "--entrypoint", "/bin/sh", image, "-c", INSIDE)
     lines = done.stdout.splitlines()
@@ -36,10 +45,16 @@ def test_the_image_runs_as_its_own_user_with_no_compiler_no_headers_and_a_read_o
 def test_the_labels_name_the_version_and_the_commit_and_tini_runs_chronos(image):
     (config,) = json.loads(podman("image", "inspect", image).stdout)
     labels = config["Config"]["Labels"]
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
     assert labels["org.opencontainers.image.version"] == __version__
-    assert labels["org.opencontainers.image.revision"] in (head, f"{head}-dirty")
+    # the commit it was built from, whose files that go into the wheel are those of this checkout's commit (a
+    # commit of docs or tests alone reuses the image), with "-dirty" when the checkout's differ from them
+    commit, _, dirty = labels["org.opencontainers.image.revision"].partition("-")
+    inputs = _build_script().WHEEL_INPUTS
+    git = ["git", "-C", str(ROOT)]
+    assert subprocess.run([*git, "diff", "--quiet", commit, "HEAD", "--", *inputs], timeout=60).returncode == 0, commit
+    changed = subprocess.run([*git, "status", "--porcelain", "--", *inputs], capture_output=True, text=True,
+                             check=True, timeout=60).stdout
+    assert dirty == ("dirty" if changed else ""), changed
     assert config["Config"]["Entrypoint"] == ["/usr/bin/tini", "--", "/opt/chronos/venv/bin/chronos"]
     assert config["Config"]["User"] == "10001:10001"
     assert podman("run", "--rm", image, "--version").stdout.strip() == f"chronos {__version__}"

@@ -103,6 +103,20 @@ def capacity(rate: float) -> float:
     return max(1.0, rate * BURST_SECONDS)
 
 
+def claim_granted(reserve: Callable[[str, str | None, float, int], int], give_back: Callable[[str, float, int], None],
+                  take: Callable[[str | None, int], list[Claimed]]) -> Callable[[str, str | None, float, int], list[Claimed]]:
+    """A limited topic's claim (`claim_by_topic`'s `claim_granted`) whose tokens are set aside apart from the
+    rows' claim: `reserve(name, topic, rate, at_most)` grants up to `at_most` tokens, `take(topic, n)` takes
+    up to n due rows, and `give_back(name, rate, unused)` returns the tokens no row used."""
+    def granted(name: str, topic: str | None, rate: float, share: int) -> list[Claimed]:
+        grant = reserve(name, topic, rate, share)
+        rows = take(topic, grant) if grant > 0 else []
+        if len(rows) < grant:
+            give_back(name, rate, grant - len(rows))
+        return rows
+    return granted
+
+
 def claim_by_topic(limits: FireRateLimits, output_topic: str, topics: Sequence[str], limit: int,
                    claim: Callable[[str | None, int], list[Claimed]],
                    claim_granted: Callable[[str, str | None, float, int], list[Claimed]]) -> tuple[list[Claimed], bool]:

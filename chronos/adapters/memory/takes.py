@@ -54,12 +54,8 @@ class MemoryTakes(DueRows):
         def take(topic: str | None, share: int, lookahead: int) -> list[Claimed]:
             return self._run(lambda now: self._claim(now, share, lookahead, topic))
 
-        def granted(name: str, topic: str | None, rate: float, share: int) -> list[Claimed]:
-            grant = tokens.reserve_tokens(name, topic, rate, share)
-            rows = take(topic, grant, 0) if grant > 0 else []
-            if len(rows) < grant:
-                tokens.return_tokens(name, rate, grant - len(rows))
-            return rows
+        granted = ratelimit.claim_granted(tokens.reserve_tokens, tokens.return_tokens,
+                                          lambda topic, share: take(topic, share, 0))
         return ratelimit.claim_by_topic(limits, output_topic, self._topics(), limit,
                                         lambda topic, share: take(topic, share, lookahead_ms), granted)
 

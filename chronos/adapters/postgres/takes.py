@@ -95,12 +95,8 @@ class TakeStatements(Session):
             rows.sort(key=lambda r: (r.scheduled_us, r.seq))
             return rows
 
-        def granted(name: str, topic: str | None, rate: float, share: int) -> list[Claimed]:
-            grant = tokens.reserve_tokens(name, topic, rate, share)
-            rows = take(topic, grant, 0) if grant > 0 else []
-            if len(rows) < grant:
-                tokens.return_tokens(name, rate, grant - len(rows))
-            return rows
+        granted = ratelimit.claim_granted(tokens.reserve_tokens, tokens.return_tokens,
+                                          lambda topic, share: take(topic, share, 0))
         return ratelimit.claim_by_topic(limits, output_topic, topics, limit,
                                         lambda topic, share: take(topic, share, lookahead_ms), granted)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from chronos.config import Settings
 from chronos.errors import StoreUnavailable
@@ -157,37 +157,25 @@ class Settler(StoreThread[SettleStore]):
                 batch = touched[row.batch] = get(row.batch)
             return batch
 
-        left: list = []
-        for row in todo.acked:
-            if row.batch:
-                batch_of(row).fired += 1
-            else:
-                left.append(row)
-        todo.acked, left = left, []
-        for row, reason in todo.dead:
-            if row.batch:
-                batch_of(row).dead.append(reason)
-            else:
-                left.append((row, reason))
-        todo.dead, left = left, []
-        for row in todo.release:
-            if row.batch:
-                batch_of(row).restore.append(row)
-            else:
-                left.append(row)
-        todo.release, left = left, []
-        for item in todo.retry:
-            if item[0].batch:
-                batch_of(item[0]).retry.append(item)
-            else:
-                left.append(item)
-        todo.retry, left = left, []
-        for parked in todo.park:
-            if parked[0].batch:
-                batch_of(parked[0]).park.append(parked)
-            else:
-                left.append(parked)
-        todo.park = left
+        def sort_out(items: list, row_of: Callable[[Any], Claimed], into: Callable[[Batch, Any], None]) -> list:
+            """Hand each item of a held batch's row to its batch (`into`); the others are returned."""
+            left = []
+            for item in items:
+                row = row_of(item)
+                if row.batch:
+                    into(batch_of(row), item)
+                else:
+                    left.append(item)
+            return left
+
+        def fired(batch: Batch, _row: Claimed) -> None:
+            batch.fired += 1
+
+        todo.acked = sort_out(todo.acked, lambda row: row, fired)
+        todo.dead = sort_out(todo.dead, lambda item: item[0], lambda batch, item: batch.dead.append(item[1]))
+        todo.release = sort_out(todo.release, lambda row: row, lambda batch, row: batch.restore.append(row))
+        todo.retry = sort_out(todo.retry, lambda item: item[0], lambda batch, item: batch.retry.append(item))
+        todo.park = sort_out(todo.park, lambda item: item[0], lambda batch, item: batch.park.append(item))
         if not held:
             return
         self.count_settled(held)

@@ -414,6 +414,8 @@ def read_headers(msg: object) -> tuple[list[tuple[str, bytes | None]] | None, st
 _FIELD_COUNT = struct.Struct(">h").pack(len(COPY_COLUMNS))
 _NULL_FIELD = _I32.pack(-1)
 _TIMESTAMP = struct.Struct(">iq").pack
+_INT4 = struct.Struct(">ii").pack
+_PARTITION = COPY_COLUMNS.index("input_partition")
 
 
 def _copy_value(value: object, column: int, row: int) -> bytes:
@@ -426,6 +428,10 @@ def _copy_value(value: object, column: int, row: int) -> bytes:
         if not isinstance(value, int):
             raise TypeError(ERR_COPY_FIELD % (row, COPY_COLUMNS[column], type(value).__name__))
         return _TIMESTAMP(8, value - POSTGRES_EPOCH_US)
+    if column == _PARTITION:
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 0x7FFFFFFF:
+            raise TypeError(ERR_COPY_FIELD % (row, COPY_COLUMNS[column], type(value).__name__))
+        return _INT4(4, value)
     if column in (3, 4, 5):
         if not isinstance(value, bytes):
             raise TypeError(ERR_COPY_FIELD % (row, COPY_COLUMNS[column], type(value).__name__))
@@ -441,13 +447,13 @@ def _copy_value(value: object, column: int, row: int) -> bytes:
 
 def copy_rows(rows: Iterable[CopyRow]) -> bytes:
     """Rows as one PostgreSQL binary COPY stream (signature, one tuple per row, trailer) of the
-    columns COPY_COLUMNS: text, timestamptz (from epoch microseconds), bytea."""
+    columns COPY_COLUMNS: text, timestamptz (from epoch microseconds), bytea, integer."""
     parts = [COPY_SIGNATURE]
     append = parts.append
     for i, r in enumerate(rows):
         append(_FIELD_COUNT)
         for column, value in enumerate((r.id, r.deadline_us, r.topic, r.key, r.value, r.headers, r.ordering_key,
-                                        r.cron, r.timezone, r.dst_policy)):
+                                        r.cron, r.timezone, r.dst_policy, r.input_partition)):
             append(_copy_value(value, column, i))
     append(COPY_TRAILER)
     return b"".join(parts)
@@ -466,7 +472,7 @@ def intake(messages: Sequence[Any], start: int, now_us: int, timing_advance_us: 
     A plain message has readable headers and valid Chronos headers with neither action nor
     recurrence, and goes to the output topic: it is published now (late) or stored. It is decided
     and added to ``batch.ops`` (``id -> (insert_op, make_row(id, deadline_us, topic, key, value,
-    encoded headers, ordering key))``), ``batch.sources`` (``id -> message``),
+    encoded headers, ordering key, input partition))``), ``batch.sources`` (``id -> message``),
     ``batch.late`` (``(message, parsed)``) or counted in ``batch.duplicates`` exactly as
     chronos.domain.intake.decide and the consumer's sort_batch would. The first message that is not
     plain (or whose id an earlier cancel in ``batch.ops`` makes a replace) ends the run, and so
@@ -513,7 +519,7 @@ def intake(messages: Sequence[Any], start: int, now_us: int, timing_advance_us: 
                 duplicates += 1
             else:
                 ops[mid] = (insert_op, make_row(mid, deadline, topic, msg.key(), msg.value(),
-                                                encode_headers(parsed.headers), parsed.ordering_key))
+                                                encode_headers(parsed.headers), parsed.ordering_key, msg.partition()))
                 sources[mid] = msg
             i += 1
     finally:

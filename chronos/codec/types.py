@@ -175,10 +175,10 @@ ERR_TOO_LARGE = "header %s too large to encode (%d bytes)"
 
 # --- PostgreSQL binary COPY of the consumer's rows (copy_rows) ----------------------------------
 #: The columns of a row, in COPY order: `id` text, `deadline_us` timestamptz (given as epoch
-#: microseconds), `topic` text, `key`/`value`/`headers` bytea, the rest text. Only id and deadline
-#: may not be NULL.
+#: microseconds), `topic` text, `key`/`value`/`headers` bytea, `input_partition` integer, the rest
+#: text. Only id and deadline may not be NULL.
 COPY_COLUMNS = ("id", "deadline_us", "topic", "key", "value", "headers", "ordering_key", "cron", "timezone",
-                "dst_policy")
+                "dst_policy", "input_partition")
 #: A binary COPY stream starts with this signature, flags and header-extension length (both 0)...
 COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
 #: ... and ends with a field count of -1.
@@ -211,6 +211,8 @@ class CopyRow(Protocol):
     def timezone(self) -> str | None: ...
     @property
     def dst_policy(self) -> str | None: ...
+    @property
+    def input_partition(self) -> int | None: ...
 
 
 class Codec(Protocol):

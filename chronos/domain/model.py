@@ -20,6 +20,7 @@ class Row:
     value: bytes | None
     headers: bytes
     ordering_key: str | None = None
+    input_partition: int | None = None  # the input topic's partition it was read from (None: not known)
     cron: str | None = None
     timezone: str | None = None
     dst_policy: str | None = None

@@ -30,6 +30,7 @@ class Stored:
     attempts: int
     last_error: str | None
     original_deadline_us: int | None
+    input_partition: int | None
 
 
 class Backend:
@@ -100,7 +101,7 @@ class PostgresBackend(Backend):
 
     def stored(self, mid: str) -> Stored | None:
         found = self._q("SELECT (extract(epoch FROM deadline) * 1000000)::bigint, value, readied_at IS NOT NULL, "
-                        "attempts, last_error, (extract(epoch FROM original_deadline) * 1000000)::bigint "
+                        "attempts, last_error, (extract(epoch FROM original_deadline) * 1000000)::bigint, input_partition "
                         "FROM chronos_messages WHERE id = %s", mid)
         return Stored(*found[0]) if found else None
 
@@ -151,7 +152,7 @@ class MemoryBackend(Backend):
         if r is None:
             return None
         return Stored(r.deadline_us, r.value, r.readied_us is not None, r.attempts, r.last_error,
-                      r.original_deadline_us)
+                      r.original_deadline_us, r.input_partition)
 
     def ids(self) -> set[str]:
         return set(self.db.rows)

@@ -56,6 +56,7 @@ class StoredRow:
     last_error: str | None = None
     original_deadline_us: int | None = None
     last_occurrence_us: int | None = None
+    input_partition: int | None = None  # the input topic's partition it was read from (None: not known)
 
     @property
     def position(self) -> tuple[int, int]:

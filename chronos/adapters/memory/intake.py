@@ -62,7 +62,8 @@ class MemoryIntake(MemoryHandle):
 
     def _new_row(self, r: Row, now: int, seq: int | None = None) -> StoredRow:
         return StoredRow(r.id, r.deadline_us, r.topic, r.key, r.value, r.headers, r.ordering_key, r.cron,
-                         r.timezone, r.dst_policy, self.db.next_seq() if seq is None else seq, self.db.new_ctid(), now)
+                         r.timezone, r.dst_policy, self.db.next_seq() if seq is None else seq, self.db.new_ctid(), now,
+                         input_partition=r.input_partition)
 
     def waiting_ids(self, ids: Iterable[str]) -> set[str]:
         """Which of these ids the store holds (waiting, claimed or a recurring schedule)."""

@@ -62,11 +62,12 @@ class IntakeStatements(Session):
                     if replaces or not direct:
                         with cur.copy(QUERIES["copy_staging_full"]) as copy:
                             copy.set_types(["text", "int8", "text", "bytea", "bytea", "bytea", "text", "text",
-                                            "text", "text", "text"])
+                                            "text", "text", "text", "int4"])
                             for op, rows in staged:
                                 for r in rows:
                                     copy.write_row((r.id, r.deadline_us, r.topic, r.key, r.value, r.headers,
-                                                    r.ordering_key, r.cron, r.timezone, op, r.dst_policy))
+                                                    r.ordering_key, r.cron, r.timezone, op, r.dst_policy,
+                                                    r.input_partition))
                     if inserts and not direct:
                         cur.execute(QUERIES["insert_from_staging"])
                         inserted = cur.rowcount

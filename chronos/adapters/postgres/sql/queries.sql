@@ -54,7 +54,7 @@ SELECT to_regclass('chronos_schema_version') IS NOT NULL;
 -- op: 'i' insert unless the id is waiting, 'u' insert or replace; ord keeps the input order.
 id text, deadline_us bigint, topic text, key bytea, value bytea, headers bytea, ordering_key text,
 cron text, timezone text, op text NOT NULL DEFAULT 'i', ord bigint GENERATED ALWAYS AS IDENTITY,
-dst_policy text
+dst_policy text, input_partition integer
 
 -- name: create_staging
 -- The consumer's staging table, made once per connection and emptied at every commit.
@@ -72,10 +72,10 @@ CREATE TEMP TABLE IF NOT EXISTS chronos_staging (/* include: staging_columns */)
 -- 2255 and made 9999-12-31T23:59:59.999999 year 10000; each of these two products is exact.
 -- The way back, `(extract(epoch FROM deadline) * 1000000)::bigint`, is numeric (PostgreSQL 14+): exact.
 INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone,
-                              dst_policy)
+                              dst_policy, input_partition)
 SELECT id, timestamptz 'epoch' + (deadline_us / 1000000) * interval '1 second'
                   + mod(deadline_us, 1000000) * interval '1 microsecond',
-       topic, key, value, headers, ordering_key, cron, timezone, dst_policy
+       topic, key, value, headers, ordering_key, cron, timezone, dst_policy, input_partition
 FROM chronos_staging
 WHERE op = 'i'
 ORDER BY ord
@@ -86,23 +86,26 @@ ON CONFLICT (id) DO NOTHING;
 -- table, no INSERT ... SELECT, no speculative insertion. An id already waiting makes the whole COPY
 -- fail (unique violation); the batch is then written again through the staging table, whose insert
 -- leaves waiting ids alone (a batch read again after a crash).
-COPY chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone, dst_policy)
+COPY chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone, dst_policy,
+                       input_partition)
 FROM STDIN (FORMAT BINARY);
 
 -- name: copy_staging_full
-COPY chronos_staging (id, deadline_us, topic, key, value, headers, ordering_key, cron, timezone, op, dst_policy)
+COPY chronos_staging (id, deadline_us, topic, key, value, headers, ordering_key, cron, timezone, op, dst_policy,
+                      input_partition)
 FROM STDIN (FORMAT BINARY);
 
 -- name: upsert_from_staging
 -- chronosAction: replace. A replaced row that a firer holds is handed back, so the new version
 -- fires (the firer's delete then finds the row changed and leaves it), with no failed publishes
 -- counted against it. A replaced recurring schedule
--- keeps its last_occurrence: the firer skips occurrences already created by the old version.
+-- keeps its last_occurrence: the firer skips occurrences already created by the old version. The row takes
+-- the replace's input partition, where the message now comes from.
 INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone,
-                              dst_policy)
+                              dst_policy, input_partition)
 SELECT id, timestamptz 'epoch' + (deadline_us / 1000000) * interval '1 second'
                   + mod(deadline_us, 1000000) * interval '1 microsecond',
-       topic, key, value, headers, ordering_key, cron, timezone, dst_policy
+       topic, key, value, headers, ordering_key, cron, timezone, dst_policy, input_partition
 FROM chronos_staging
 WHERE op = 'u'
 ORDER BY ord
@@ -110,7 +113,8 @@ ON CONFLICT (id) DO UPDATE SET
     deadline = EXCLUDED.deadline, topic = EXCLUDED.topic, key = EXCLUDED.key, value = EXCLUDED.value,
     headers = EXCLUDED.headers, ordering_key = EXCLUDED.ordering_key, cron = EXCLUDED.cron,
     timezone = EXCLUDED.timezone, readied_at = NULL, readied_by = NULL, enqueued_at = now(),
-    dst_policy = EXCLUDED.dst_policy, attempts = 0, last_error = NULL, original_deadline = NULL;
+    dst_policy = EXCLUDED.dst_policy, attempts = 0, last_error = NULL, original_deadline = NULL,
+    input_partition = EXCLUDED.input_partition;
 
 -- name: cancel
 -- Whether each deleted row was in flight: a firer holding it may still publish it.

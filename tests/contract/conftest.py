@@ -75,6 +75,10 @@ class Backend:
         """Every process's word of where it serves /metrics said `seconds` earlier than it was."""
         raise NotImplementedError
 
+    def age_moves(self, seconds: float) -> None:
+        """Every move's lease renewed `seconds` earlier than it was (a move whose runner died)."""
+        raise NotImplementedError
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -129,6 +133,9 @@ class PostgresBackend(Backend):
     def age_announcements(self, seconds: float) -> None:
         self._q("UPDATE chronos_processes SET seen_at = seen_at - %s * interval '1 second'", seconds)
 
+    def age_moves(self, seconds: float) -> None:
+        self._q("UPDATE chronos_cell_moves SET seen_at = seen_at - %s * interval '1 second'", seconds)
+
     def close(self) -> None:
         for st in self.opened:
             st.close()
@@ -181,6 +188,10 @@ class MemoryBackend(Backend):
     def age_announcements(self, seconds: float) -> None:
         self.db.processes = {node: (role, url, at - round(seconds * 1_000_000))
                              for node, (role, url, at) in self.db.processes.items()}
+
+    def age_moves(self, seconds: float) -> None:
+        for move in self.db.moves.values():
+            move.seen_us -= round(seconds * 1_000_000)
 
     def close(self) -> None:
         pass

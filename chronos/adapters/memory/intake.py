@@ -47,10 +47,15 @@ class MemoryIntake(MemoryHandle):
                 old = db.rows.get(r.id)
                 if old is None:
                     db.rows[r.id] = self._new_row(r, now)
+                elif old.frozen:
+                    continue  # its partition's move froze it here: left as it is
                 else:  # the new version, waiting, with no failed publishes; seq and last occurrence kept
                     db.rows[r.id] = replace(self._new_row(r, now, seq=old.seq), last_occurrence_us=old.last_occurrence_us)
                 replaced += 1
             for mid in dict.fromkeys(cancels):
+                gone = db.rows.get(mid)
+                if gone is not None and gone.frozen:
+                    continue
                 gone = db.rows.pop(mid, None)
                 if gone is not None:
                     if gone.readied_us is None:
@@ -63,7 +68,7 @@ class MemoryIntake(MemoryHandle):
     def _new_row(self, r: Row, now: int, seq: int | None = None) -> StoredRow:
         return StoredRow(r.id, r.deadline_us, r.topic, r.key, r.value, r.headers, r.ordering_key, r.cron,
                          r.timezone, r.dst_policy, self.db.next_seq() if seq is None else seq, self.db.new_ctid(), now,
-                         input_partition=r.input_partition)
+                         input_partition=r.input_partition, frozen=r.input_partition in self.db.frozen)
 
     def waiting_ids(self, ids: Iterable[str]) -> set[str]:
         """Which of these ids the store holds (waiting, claimed or a recurring schedule)."""

@@ -8,11 +8,12 @@ from chronos.adapters.memory.cells import MemoryCellMap
 from chronos.adapters.memory.claims import MemoryClaims
 from chronos.adapters.memory.detect import MemoryDetect
 from chronos.adapters.memory.intake import MemoryIntake
+from chronos.adapters.memory.moves import MemoryMoves
 from chronos.adapters.memory.operators import MemoryOperators
 from chronos.adapters.memory.settle import MemorySettle
 
 
-class MemoryStore(MemoryIntake, MemoryClaims, MemorySettle, MemoryDetect, MemoryOperators, MemoryCellMap):
+class MemoryStore(MemoryIntake, MemoryClaims, MemorySettle, MemoryDetect, MemoryOperators, MemoryCellMap, MemoryMoves):
     """A handle on a `MemoryDatabase` (a fresh one when none is given), for one thread."""
 
 
@@ -26,3 +27,5 @@ _SETTLE_PORT: type[ports.SettleStore] = MemorySettle
 _DETECT_PORT: type[ports.DetectStore] = MemoryDetect
 _OPERATORS_STATEMENTS_PORT: type[ports.OperatorsStore] = MemoryOperators
 _CELL_MAP_PORT: type[ports.CellMapStore] = MemoryCellMap
+_MOVE_PORT: type[ports.MoveStore] = MemoryMoves
+_MOVE_STORE: type[ports.MoveStore] = MemoryStore

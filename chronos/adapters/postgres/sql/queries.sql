@@ -695,3 +695,247 @@ RETURNING partition;
 -- before goes through, and nothing written to it until another cell opens it at a higher epoch.
 UPDATE chronos_cell_partitions SET state = 'moving', epoch = epoch + 1 WHERE partition = ANY(%(partitions)s)
 RETURNING partition, epoch;
+
+-- Moves of input partitions between cells (chronos/domain/moves.py, chronos/ops/moves.py): run by `chronos cells
+-- move` as the databases' owner. The source cell's statements first, then the target's. Rows of a partition
+-- are found by walking the table's blocks (a TID range scan: no index of the partition costs the consumer's
+-- writes anything), or among the few due soon off the due index.
+
+-- fragment: moving_columns
+-- A row as a move carries it (chronos.domain.moves.MovingRow), times in epoch microseconds.
+id, (extract(epoch FROM deadline) * 1000000)::bigint, topic, key, value, headers, ordering_key, input_partition,
+cron, timezone, dst_policy, seq, (extract(epoch FROM enqueued_at) * 1000000)::bigint, attempts, last_error,
+(extract(epoch FROM original_deadline) * 1000000)::bigint, (extract(epoch FROM last_occurrence) * 1000000)::bigint
+
+-- name: has_cell_moves
+SELECT to_regclass('chronos_cell_moves');
+
+-- name: move_records
+SELECT partition, target, step, cursor, (extract(epoch FROM horizon) * 1000000)::bigint, node,
+       (extract(epoch FROM now() - seen_at) * 1000)::bigint
+FROM chronos_cell_moves ORDER BY partition;
+
+-- name: move_begin
+-- A move recorded, its copy to start at the first block, its lease this node's; one recorded already is left.
+INSERT INTO chronos_cell_moves (partition, target, step, horizon, node, seen_at)
+VALUES (%(partition)s, %(target)s, 'copying', now() + %(ahead_ms)s * interval '1 millisecond', %(node)s, now())
+ON CONFLICT (partition) DO NOTHING;
+
+-- name: move_lease
+-- The move's lease taken or renewed by this node: when it holds it, or the holder's is older than lease_ms.
+UPDATE chronos_cell_moves SET node = %(node)s, seen_at = now()
+WHERE partition = %(partition)s AND (node = %(node)s OR seen_at < now() - %(lease_ms)s * interval '1 millisecond')
+RETURNING partition;
+
+-- name: move_save
+UPDATE chronos_cell_moves SET step = %(step)s, cursor = %(cursor)s, seen_at = now()
+WHERE partition = %(partition)s AND node = %(node)s
+RETURNING partition;
+
+-- name: move_end
+-- The move done: its record, what it noted and held gone.
+WITH changes AS (
+    DELETE FROM chronos_cell_move_changes WHERE partition = %(partition)s
+), outbox AS (
+    DELETE FROM chronos_cell_move_outbox WHERE input_partition = %(partition)s
+)
+DELETE FROM chronos_cell_moves WHERE partition = %(partition)s;
+
+-- name: move_lock_timeout
+-- The move's changes of the table's triggers wait at most this long for its lock, then give up (and are tried
+-- again): every write waits behind a lock being waited for.
+SELECT set_config('lock_timeout', %(ms)s::text || 'ms', true);
+
+-- name: move_by_itself
+-- The statements of this transaction are the move's own: not noted, not held back by a freeze.
+SELECT set_config('chronos.moving', 'on', true);
+
+-- The watch on a moving partition and its freeze: triggers on the table, for the partition named (an integer
+-- put in by the store, not bound). WHEN keeps the other partitions' writes from calling the function.
+
+-- name: move_watch_inserts
+CREATE OR REPLACE TRIGGER chronos_move_{partition}_inserts AFTER INSERT ON chronos_messages FOR EACH ROW
+WHEN (NEW.input_partition = {partition}) EXECUTE FUNCTION chronos_cell_move_note('{partition}');
+
+-- name: move_watch_updates
+CREATE OR REPLACE TRIGGER chronos_move_{partition}_updates AFTER UPDATE ON chronos_messages FOR EACH ROW
+WHEN (OLD.input_partition = {partition} OR NEW.input_partition = {partition})
+EXECUTE FUNCTION chronos_cell_move_note('{partition}');
+
+-- name: move_watch_deletes
+CREATE OR REPLACE TRIGGER chronos_move_{partition}_deletes AFTER DELETE ON chronos_messages FOR EACH ROW
+WHEN (OLD.input_partition = {partition}) EXECUTE FUNCTION chronos_cell_move_note('{partition}');
+
+-- name: move_freeze
+CREATE OR REPLACE TRIGGER chronos_move_{partition}_freeze BEFORE UPDATE OR DELETE ON chronos_messages FOR EACH ROW
+WHEN (OLD.input_partition = {partition}) EXECUTE FUNCTION chronos_cell_move_freeze();
+
+-- name: move_unwatch
+-- One trigger of the partition's watch or freeze dropped: `{trigger}` is inserts, updates, deletes or freeze.
+DROP TRIGGER IF EXISTS chronos_move_{partition}_{trigger} ON chronos_messages;
+
+-- name: move_lock_messages
+-- Taken before the map's lock by the cut-over, as the consumer's writes take them (the table, then the map),
+-- so that the two never wait for each other.
+LOCK TABLE chronos_messages IN SHARE ROW EXCLUSIVE MODE;
+
+-- name: move_close
+-- The partition closed in its cell at its epoch + 1, unless it is closed already; its epoch either way.
+WITH closed AS (
+    UPDATE chronos_cell_partitions SET state = 'moving', epoch = epoch + 1
+    WHERE partition = %(partition)s AND state = 'open'
+    RETURNING epoch
+)
+SELECT epoch FROM closed
+UNION ALL
+SELECT epoch FROM chronos_cell_partitions WHERE partition = %(partition)s AND NOT EXISTS (SELECT FROM closed);
+
+-- name: move_blocks
+-- How many blocks the table has now: the copy walks them up to there.
+SELECT pg_relation_size('chronos_messages') / current_setting('block_size')::bigint;
+
+-- name: move_scan
+-- The rows of the partition in a range of the table's blocks due after the horizon (recurring schedules go at
+-- the cut-over): what the copy carries ahead.
+SELECT /* include: moving_columns */
+FROM chronos_messages
+WHERE ctid >= %(first)s::tid AND ctid < %(last)s::tid
+  AND input_partition = %(partition)s AND cron IS NULL AND deadline > %(after)s::timestamptz;
+
+-- name: move_changes
+-- The rows of the partition noted since, oldest change first, each as it stands now (none: deleted, or now
+-- another partition's).
+SELECT c.id, c.n, m.*
+FROM chronos_cell_move_changes AS c
+LEFT JOIN LATERAL (SELECT /* include: moving_columns */
+                   FROM chronos_messages WHERE id = c.id AND input_partition = c.partition) AS m ON true
+WHERE c.partition = %(partition)s
+ORDER BY c.n
+LIMIT %(limit)s;
+
+-- name: move_forget
+-- Changes carried over, forgotten unless noted again meanwhile.
+DELETE FROM chronos_cell_move_changes AS c
+USING unnest(%(ids)s::text[], %(ns)s::bigint[]) AS f(id, n)
+WHERE c.partition = %(partition)s AND c.id = f.id AND c.n = f.n;
+
+-- name: move_in_flight
+-- Rows of the partition a firer of this cell holds (the rows a move copied into it are held far later).
+SELECT count(*) FROM chronos_messages
+WHERE readied_at IS NOT NULL AND readied_at < %(dormant_from)s::timestamptz AND input_partition = %(partition)s;
+
+-- name: move_near
+-- The partition's rows waiting here due up to `until`, off the due index.
+SELECT /* include: moving_columns */
+FROM chronos_messages
+WHERE readied_at IS NULL AND cron IS NULL AND deadline <= %(until)s::timestamptz AND input_partition = %(partition)s
+ORDER BY deadline, seq
+LIMIT %(limit)s;
+
+-- name: move_take
+-- Rows handed over live to the cell the partition goes to, gone from here (after move_by_itself).
+DELETE FROM chronos_messages
+WHERE id = ANY(%(ids)s::text[]) AND input_partition = %(partition)s AND readied_at IS NULL;
+
+-- name: move_ship_schedules
+-- The partition's recurring schedules taken out of the table into the outbox, in one statement (after
+-- move_by_itself): held by neither cell until the target has them.
+WITH shipped AS (
+    DELETE FROM chronos_messages WHERE cron IS NOT NULL AND input_partition = %(partition)s
+    RETURNING id, deadline, readied_at, readied_by, topic, key, value, headers, ordering_key, enqueued_at, seq, cron,
+              timezone, attempts, last_error, original_deadline, last_occurrence, dst_policy, input_partition
+)
+INSERT INTO chronos_cell_move_outbox (id, deadline, readied_at, readied_by, topic, key, value, headers,
+                                      ordering_key, enqueued_at, seq, cron, timezone, attempts, last_error,
+                                      original_deadline, last_occurrence, dst_policy, input_partition)
+SELECT * FROM shipped;
+
+-- name: move_outbox
+SELECT /* include: moving_columns */
+FROM chronos_cell_move_outbox WHERE input_partition = %(partition)s;
+
+-- name: move_outbox_done
+DELETE FROM chronos_cell_move_outbox WHERE input_partition = %(partition)s;
+
+-- name: move_drop_due
+-- The source's own copies of the partition's rows due up to `until`, deleted (after move_by_itself): once the
+-- target owns them they are frozen here, and would stand at the head of the due index before the others'.
+DELETE FROM chronos_messages
+WHERE ctid = ANY(ARRAY(SELECT ctid FROM chronos_messages
+                       WHERE readied_at IS NULL AND cron IS NULL AND deadline <= %(until)s::timestamptz
+                         AND input_partition = %(partition)s
+                       LIMIT %(limit)s));
+
+-- name: move_drop_scan
+-- The source's own copies of the partition's rows in a range of blocks, deleted (after move_by_itself).
+DELETE FROM chronos_messages
+WHERE ctid >= %(first)s::tid AND ctid < %(last)s::tid AND input_partition = %(partition)s;
+
+-- name: move_seq
+-- Where the table's enqueue order stands: the target's goes on from past it.
+SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('chronos_messages', 'seq')::regclass), 0);
+
+-- name: move_seq_at_least
+SELECT setval(pg_get_serial_sequence('chronos_messages', 'seq'), %(seq)s::bigint)
+WHERE coalesce(pg_sequence_last_value(pg_get_serial_sequence('chronos_messages', 'seq')::regclass), 0)
+      < %(seq)s::bigint;
+
+-- name: create_move_rows
+-- The rows a move writes into the target, staged for one transaction.
+CREATE TEMP TABLE IF NOT EXISTS chronos_move_rows (
+    id text, deadline_us bigint, topic text, key bytea, value bytea, headers bytea, ordering_key text,
+    input_partition integer, cron text, timezone text, dst_policy text, seq bigint, enqueued_us bigint,
+    attempts integer, last_error text, original_deadline_us bigint, last_occurrence_us bigint, readied_us bigint
+) ON COMMIT DROP;
+
+-- name: copy_move_rows
+COPY chronos_move_rows FROM STDIN (FORMAT BINARY);
+
+-- name: move_put
+-- The staged rows into the target's table: dormant (held by the move, claimed at their mark `readied_us`: see
+-- chronos.domain.moves), or live (no mark). A row of the id already here is overwritten only if it is one the
+-- move put there dormant: a message the target holds of its own is kept. The enqueue order (seq) is the
+-- source's. Epoch microseconds to timestamptz as insert_from_staging does it (exact).
+INSERT INTO chronos_messages AS m (id, deadline, topic, key, value, headers, ordering_key, input_partition, cron,
+                                   timezone, dst_policy, seq, enqueued_at, attempts, last_error, original_deadline,
+                                   last_occurrence, readied_at, readied_by)
+OVERRIDING SYSTEM VALUE
+SELECT id, timestamptz 'epoch' + (deadline_us / 1000000) * interval '1 second'
+               + mod(deadline_us, 1000000) * interval '1 microsecond',
+       topic, key, value, headers, ordering_key, input_partition, cron, timezone, dst_policy, seq,
+       timestamptz 'epoch' + (enqueued_us / 1000000) * interval '1 second'
+           + mod(enqueued_us, 1000000) * interval '1 microsecond',
+       attempts, last_error,
+       timestamptz 'epoch' + (original_deadline_us / 1000000) * interval '1 second'
+           + mod(original_deadline_us, 1000000) * interval '1 microsecond',
+       timestamptz 'epoch' + (last_occurrence_us / 1000000) * interval '1 second'
+           + mod(last_occurrence_us, 1000000) * interval '1 microsecond',
+       timestamptz 'epoch' + (readied_us / 1000000) * interval '1 second'
+           + mod(readied_us, 1000000) * interval '1 microsecond',
+       CASE WHEN readied_us IS NOT NULL THEN %(node)s::uuid END
+FROM chronos_move_rows
+ON CONFLICT (id) DO UPDATE SET
+    deadline = EXCLUDED.deadline, topic = EXCLUDED.topic, key = EXCLUDED.key, value = EXCLUDED.value,
+    headers = EXCLUDED.headers, ordering_key = EXCLUDED.ordering_key, input_partition = EXCLUDED.input_partition,
+    cron = EXCLUDED.cron, timezone = EXCLUDED.timezone, dst_policy = EXCLUDED.dst_policy,
+    enqueued_at = EXCLUDED.enqueued_at, attempts = EXCLUDED.attempts, last_error = EXCLUDED.last_error,
+    original_deadline = EXCLUDED.original_deadline, last_occurrence = EXCLUDED.last_occurrence,
+    readied_at = EXCLUDED.readied_at, readied_by = EXCLUDED.readied_by
+WHERE m.readied_by = %(node)s::uuid;
+
+-- name: move_drop_copies
+-- Dormant copies of rows the source no longer holds in the partition.
+DELETE FROM chronos_messages WHERE id = ANY(%(ids)s::text[]) AND readied_by = %(node)s::uuid;
+
+-- name: move_wake
+-- The partition's dormant rows due up to `until` (its mark), made waiting, deadline first, a batch at a time.
+UPDATE chronos_messages SET readied_at = NULL, readied_by = NULL
+WHERE ctid = ANY(ARRAY(SELECT ctid FROM chronos_messages
+                       WHERE readied_at >= %(from)s::timestamptz AND readied_at <= %(until)s::timestamptz
+                         AND readied_by = %(node)s::uuid AND input_partition = %(partition)s
+                       ORDER BY readied_at
+                       LIMIT %(limit)s));
+
+-- name: live_firers
+-- The firers of this cell whose lease is younger than the hold time.
+SELECT count(*) FROM chronos_firers WHERE seen_at > now() - %(hold_ms)s * interval '1 millisecond';

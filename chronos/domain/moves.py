@@ -100,3 +100,21 @@ class MoveRecord:
     horizon_us: int
     node: uuid.UUID
     lease_age_ms: int
+
+
+def share_for(owners: dict[str, list[int]], cell: str) -> list[tuple[int, str]]:
+    """The partitions to move to `cell` (listed in `owners`, the partitions of each cell, maybe none) so that it
+    owns its even share: (partition, the cell it leaves), taken one at a time from the cell that owns the most
+    (the highest partition of it first; of cells that own as many, the last), until no cell owns more than one
+    partition over the new one's count."""
+    counts = {c: sorted(ps) for c, ps in owners.items()}
+    counts.setdefault(cell, [])
+    total = sum(len(ps) for ps in counts.values())
+    wanted = total // len(counts)
+    plan: list[tuple[int, str]] = []
+    while len(counts[cell]) < wanted:
+        donor = max((c for c in counts if c != cell), key=lambda c: (len(counts[c]), list(counts).index(c)))
+        partition = counts[donor].pop()
+        counts[cell].append(partition)
+        plan.append((partition, donor))
+    return plan

@@ -150,8 +150,11 @@ class MemoryMoves(MemoryHandle):
         return self._run(lambda now: [_moving(r) for r in self._waiting(partition, until_us)[:limit]])
 
     def _delete(self, rows: Sequence[StoredRow]) -> int:
+        """The move's own deletions: not noted by a watch."""
         for r in rows:
             del self.db.rows[r.id]
+            if r.input_partition is not None:
+                self.db.watched.get(r.input_partition, {}).pop(r.id, None)
         return len(rows)
 
     def take(self, partition: int, ids: Sequence[str]) -> int:

@@ -105,18 +105,34 @@ def test_a_write_on_a_stale_map_is_refused_and_goes_where_the_map_now_says():
         assert c.input.commits[1][1] == {"a": ["before", "other"], "b": ["after"]}
 
 
-def test_a_moving_partitions_messages_wait_until_another_cell_opens_it():
+def test_a_moving_partition_is_paused_until_another_cell_opens_it_while_the_others_flow(caplog):
+    caplog.set_level("INFO", logger="chronos.consumer")
     with CellsConsumer() as c:
         assert c.input is not None
-        c.stores["a"].close_partitions([1])  # moving, opened nowhere yet
-        c.input.feed([msg("held", 1, 0), msg("flows", 2, 0)])
-        wait_for(lambda: c.dbs["b"].rows, "the other cell's message written")
+        c.input.feed([msg("before", 1, 0)])
+        wait_for(lambda: c.input.commits, "the first commit")
+        c.stores["a"].close_partitions([1])  # moving, opened nowhere yet: the consumer's next write is refused
+        c.input.feed([msg("held", 1, 1), msg("flows", 2, 0), msg("also", 0, 7)])
+        wait_for(lambda: len(c.input.commits) == 2, "the other partitions committed")
+        assert c.input.commits[1] == ({("in", 0): 8, ("in", 2): 1}, {"a": ["also", "before"], "b": ["flows"]})
+        assert c.input.paused == {("in", 1)} and c.input.seeks == [{("in", 1): 1}]
+        assert logged(caplog, "input partition(s) 1 are moving to another cell: paused until it opens them")
+        # read before the pause took: held back too, never sought forward; the others go on meanwhile
+        c.input.feed([msg("held-later", 1, 2), msg("flows-later", 3, 0)])
+        wait_for(lambda: len(c.input.commits) == 3, "the next commit")
+        assert c.input.commits[2][0] == {("in", 3): 1} and c.input.seeks == [{("in", 1): 1}]
         reads = c.cell_stores["a"].reads
         wait_for(lambda: c.cell_stores["a"].reads >= reads + 2, "the map read again, twice: still moving")
-        assert c.input.commits == [] and "held" not in c.dbs["a"].rows
+        assert c.input.resumed == []
         c.stores["b"].open_partitions([1], 3)
-        wait_for(lambda: c.input.commits, "the commit once partition 1 is open in b")
-        assert c.input.commits[0][1] == {"a": [], "b": ["flows", "held"]}
+        wait_for(lambda: c.input.resumed, "partition 1 resumed once b opens it")
+        assert c.input.resumed == [("in", 1)] and c.input.paused == set()
+        assert logged(caplog, "input partition 1 is open in cell b at epoch 3: read again after")
+        # read again from where it was sought back to: into b
+        c.input.feed([msg("held", 1, 1), msg("held-later", 1, 2)])
+        wait_for(lambda: len(c.input.commits) == 4, "partition 1 committed")
+        assert c.input.commits[3] == ({("in", 1): 3}, {"a": ["also", "before"],
+                                                        "b": ["flows", "flows-later", "held", "held-later"]})
 
 
 def test_an_input_topic_of_another_partition_count_than_the_maps_is_refused():
@@ -175,3 +191,16 @@ def test_the_consumer_leaves_the_group_only_when_another_reaches_the_cell_it_can
             c.input.feed([msg("a0", 0, 10)])
             wait_for(lambda: c.input.commits, "cell a's partitions flowing")
             assert c.input.group == ["subscribe"]
+
+
+def test_a_partition_moving_for_long_is_said_in_the_log(caplog):
+    caplog.set_level("WARNING", logger="chronos.consumer")
+    clock = Clock()
+    with CellsConsumer(clock=clock) as c:
+        assert c.input is not None
+        c.stores["a"].close_partitions([1])
+        c.input.feed([msg("held", 1, 0)])
+        wait_for(lambda: c.input.paused, "partition 1 paused")
+        clock.advance(31)
+        wait_for(lambda: logged(caplog, "input partition 1 has been moving for 30s and no cell this consumer knows "
+                                        "opened it: finish its move (chronos cells move)"), "the warning")

@@ -3,8 +3,10 @@ cell at start (an input topic of another partition count than the map's is refus
 cell and sorted on the loop's thread, and each cell's batch written by its own writer, on a thread of its
 own, fenced by the map (`chronos.domain.cells`), the cells in parallel. A cell that refuses its write (its
 list changed since the map was read) has the map read again and its messages written where the new map
-says; a moving partition's messages wait for the map to say where it went. A poll's part is durable once
-its cell's is: then its late messages are published and its offsets committed, partition by partition.
+says. A moving partition (closed in its cell, opened in none yet) is paused and sought back to its first
+message not written, while the others flow on; the map is read again every MAP_POLL_S until a cell opens it,
+then it is resumed and read again from there. A poll's part is durable once its cell's is: then its late
+messages are published and its offsets committed, partition by partition.
 
 A cell that does not answer (down, hung, cut off from this host) is given up at once: its part of the poll
 is not committed, its partitions are paused and sought back to the first message not written, while the
@@ -34,7 +36,8 @@ from chronos.runtime.process import Lifecycle
 
 log = logging.getLogger("chronos.consumer")
 
-MAP_RETRY_CAP_S = 2.0  # the longest wait between two readings of the map while a partition is moving
+MAP_POLL_S = 0.2  # how often the map is read while a partition is moving: its pause is the move's cut-over, no more
+MOVING_WARN_S = 30.0  # a partition moving longer than this is said in the log, and again as long again later
 
 TopicPartition = tuple[str, int]
 
@@ -63,10 +66,23 @@ class CellBatches:
 @dataclass
 class Written:
     """What became of a poll: the messages now durable (in the cells that took their part, or published),
-    to commit; and each cell that did not answer, with its part's messages, to read again."""
+    to commit; each cell that did not answer, with its part's messages, to read again; and the messages of
+    partitions that are moving, to read again once a cell opens them."""
 
     durable: list[Message]
     down: dict[str, list[Message]] = field(default_factory=dict)
+    moving: list[Message] = field(default_factory=list)
+
+
+@dataclass
+class Moving:
+    """The partitions held back while they move, as the loop's thread follows them: each one's offset it was
+    sought back to, since when, the reading of the map under way and when the next is due."""
+
+    rewound: dict[TopicPartition, int] = field(default_factory=dict)
+    since: dict[TopicPartition, float] = field(default_factory=dict)
+    reads: dict[str, Future] | None = None
+    next_read: float = 0.0
 
 
 @dataclass
@@ -97,6 +113,7 @@ class Cells:
         self.threads = {cell: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"consumer-{cell}")
                         for cell in writers}
         self.down: dict[str, Down] = {}  # the loop thread's: the cells that do not answer
+        self.moving = Moving()  # the loop thread's: the partitions held back while they move
 
     def load(self) -> bool:
         """Read the map at start and hold the input topic to it (CellMapError, or CellsUnsupported, to stop
@@ -152,22 +169,20 @@ class Cells:
     def write(self, messages: list[Message], batches: CellBatches, epoch: int | None = None) -> Written | None:
         """Make a poll durable in its cells, then publish the late messages and dead letters of the parts
         stored: what `Writer.write` is for one store, but for the parts of the cells that do not answer,
-        given up (`Written.down`). None if stopped first; raises as `Writer.write` does."""
+        given up (`Written.down`), and the messages of moving partitions, held back (`Written.moving`). None if
+        stopped first; raises as `Writer.write` does."""
         done: list[tuple[Batch, Stored]] = []
         written = Written([])
-        backoff = Backoff(first=0.1, cap=MAP_RETRY_CAP_S)
         while True:
             refused = self.store_parts(batches, epoch, done, written)
             if refused is None:
                 return None
-            again = [m for cell in refused for m in batches.parts[cell][0]] + batches.held
+            written.moving += batches.held
+            again = [m for cell in refused for m in batches.parts[cell][0]]
             if not again:
                 break
-            if refused:
-                log.info("cells %s no longer own every partition this consumer wrote to them (the map changed): "
-                         "reading the map again", ", ".join(refused))
-            elif not self.life.sleep(backoff.failed()):  # nothing refused: a partition is moving, wait for it
-                return None
+            log.info("cells %s no longer own every partition this consumer wrote to them (the map changed): "
+                     "reading the map again", ", ".join(refused))
             if not self.read_map():
                 return None
             assert self.map is not None
@@ -231,18 +246,71 @@ class Cells:
     def hold_back(self, cell: str, messages: list[Message]) -> None:
         """Pause the partitions of these messages of a cell that does not answer, and seek each back to its first
         one (never forward: a message read before and not written comes first)."""
-        down = self.down[cell]
+        self._rewind(self.down[cell].rewound, messages)
+
+    def _rewind(self, rewound: dict[TopicPartition, int], messages: list[Message]) -> list[TopicPartition]:
+        """Pause the partitions of these messages not paused yet and seek each back to its first one, unless it
+        was sought back further already (`rewound`, updated); returns the partitions paused now."""
         first: dict[TopicPartition, int] = {}
         for msg in messages:
             tp, offset = _where(msg)
             first[tp] = min(offset, first.get(tp, offset))
-        new = [tp for tp in first if tp not in down.rewound]
+        new = [tp for tp in first if tp not in rewound]
         if new:
             self.group.consumer.pause_partitions(new)
-        back = {tp: offset for tp, offset in first.items() if offset < down.rewound.get(tp, offset + 1)}
+        back = {tp: offset for tp, offset in first.items() if offset < rewound.get(tp, offset + 1)}
         if back:
             self.group.consumer.seek_partitions(back)
-            down.rewound.update(back)
+            rewound.update(back)
+        return new
+
+    # -- the partitions that move, followed on the loop's thread -------------------------------------
+
+    def hold_moving(self, messages: list[Message]) -> None:
+        """After a poll was written: the partitions of its messages that are moving paused and sought back to
+        their first one, until the map says a cell opened them."""
+        new = self._rewind(self.moving.rewound, messages)
+        now = self.clock()
+        for tp in new:
+            self.moving.since[tp] = now
+        if new:
+            log.info("input partition(s) %s are moving to another cell: paused until it opens them",
+                     ranges(sorted(p for _, p in new)))
+
+    def look_after_moving(self) -> None:
+        """While partitions are moving, read the map from every cell now and then, on their threads; resume each
+        partition a cell has opened since, to be read again from where it was sought back to."""
+        moving, now = self.moving, self.clock()
+        if not moving.rewound:
+            return
+        if moving.reads is None:
+            if now >= moving.next_read and not self.down:
+                moving.reads = {cell: self.threads[cell].submit(writer.store.cell_partitions)
+                                for cell, writer in self.writers.items()}
+            return
+        if not all(f.done() for f in moving.reads.values()):
+            return
+        reads, moving.reads, moving.next_read = moving.reads, None, now + MAP_POLL_S
+        try:
+            cell_map = CellMap.build({cell: f.result() for cell, f in reads.items()})
+        except StoreUnavailable as exc:  # a cell the writes will find down; read again next time
+            log.debug("reading the map while partitions move: %s", exc)
+            return
+        self.map = cell_map
+        opened = [tp for tp in moving.rewound if cell_map.owner(tp[1]).writable]
+        if opened:
+            self.group.consumer.resume_partitions(opened)
+            for tp in opened:
+                owner = cell_map.owner(tp[1])
+                log.info("input partition %d is open in cell %s at epoch %d: read again after %.1fs paused", tp[1],
+                         owner.cell, owner.epoch, now - moving.since.pop(tp, now))
+                del moving.rewound[tp]
+        for tp, since in moving.since.items():
+            if now - since >= MOVING_WARN_S:
+                moving.since[tp] = now
+                log.warning("input partition %d has been moving for %.0fs and no cell this consumer knows opened it: "
+                            "finish its move (chronos cells move), or, if it goes to a cell missing from this "
+                            "consumer's CHRONOS_CELLS, restart the consumer with it", tp[1], MOVING_WARN_S)
 
     def look_after(self) -> None:
         """Ask each cell that does not answer the time, now and then, on its thread; resume its partitions once
@@ -276,6 +344,7 @@ class Cells:
         """Out of the group: nothing is paused any more (the partitions are the others' until it rejoins, then
         read from their last commit)."""
         self.down.clear()
+        self.moving = Moving()
 
     def keep_alive(self) -> None:
         """While idle, each cell that answers asked the time now and then (`Writer.keep_alive`), on its thread."""

@@ -113,6 +113,7 @@ class ConsumerProcess:
                     if not durable:
                         break  # stopped before that batch was durable: it is read again
                 if self.cells is not None and pending is None:
+                    self.cells.look_after_moving()
                     try:
                         self.cells.look_after()
                     except OutOfReach as exc:
@@ -155,6 +156,8 @@ class ConsumerProcess:
             messages = result.durable
             if result.down:
                 self.cells.went_down(result, pending_batch if isinstance(pending_batch, CellBatches) else None)
+            if result.moving:
+                self.cells.hold_moving(result.moving)
         if self.group.losses != epoch or not messages:
             return True
         self.group.commit(messages)

@@ -23,7 +23,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
-from chronos.domain.cells import CellPartition, Fence
+from chronos.domain.cells import CellPartition, Fence, Forward
 from chronos.domain.delivery import DeliveryError
 from chronos.domain.model import Announced, Claimed, Overview, Parked, Row, Stale, Throttled
 from chronos.domain.moves import Change, MoveRecord, MovingRow
@@ -195,10 +195,24 @@ class IntakeStore(StoreHandle, Presence, Protocol):
     partitions this store's cell owns."""
 
     def apply(self, inserts: Sequence[Row], replaces: Sequence[Row], cancels: Sequence[str],
-              fence: Fence | None = None) -> tuple[int, int, int, int]:
-        """One batch in one transaction: (inserted, replaced, cancelled, cancelled in flight). With a `fence`,
-        checked last in the same transaction: CellMapChanged, and nothing written, when the cell no longer
-        owns the partitions written at the fence's epochs."""
+              fence: Fence | None = None, *, forward: bool = False) -> tuple[int, int, int, int]:
+        """One batch in one transaction: (inserted, replaced, cancelled, cancelled in flight). With `forward`
+        (cells), the cancels that found nothing and the replaces are noted in the same transaction, to forward
+        to the other cells. With a `fence`, checked last in the same transaction: CellMapChanged, and nothing
+        written, when the cell no longer owns the partitions written at the fence's epochs."""
+        ...
+
+    def pending_forwards(self, limit: int) -> list[Forward]:
+        """Up to `limit` of the cancels and replaces noted here to forward to the other cells, oldest first;
+        CellsUnsupported on a schema before version 13."""
+        ...
+
+    def cancel_forwarded(self, ids: Sequence[str]) -> dict[str, bool]:
+        """Cancel these ids here, forwarded from another cell: each one found, with whether it was in flight."""
+        ...
+
+    def forget_forwards(self, forwards: Sequence[Forward]) -> None:
+        """These were forwarded to every other cell: forgotten, unless noted again since."""
         ...
 
     def cell_partitions(self) -> list[CellPartition]:
@@ -295,7 +309,8 @@ class MoveStore(StoreHandle, Protocol):
     and on the cell it goes to (the target: rows put there dormant or live, and woken)."""
 
     def moves(self) -> list[MoveRecord]:
-        """The moves of partitions leaving this cell, by partition; none on a schema before moves (13)."""
+        """The moves of partitions leaving this cell, by partition; CellsUnsupported on a schema before moves
+        (version 13)."""
         ...
 
     def begin_move(self, partition: int, target: str, node: uuid.UUID, ahead_ms: int) -> None:

@@ -866,13 +866,15 @@ cdef int _copy_field(_Buf* b, object value, int column, Py_ssize_t row) except -
     return 0
 
 
-def copy_rows(rows):
+def copy_rows(rows, bint input_partition=True):
     """Rows as one PostgreSQL binary COPY stream (signature, one tuple per row, trailer) of the
-    columns COPY_COLUMNS: text, timestamptz (from epoch microseconds), bytea, integer."""
+    columns COPY_COLUMNS: text, timestamptz (from epoch microseconds), bytea, integer; without the
+    last, `input_partition`, when not `input_partition` (a schema before it)."""
     cdef _Buf b
     cdef Py_ssize_t i = 0
     cdef int column
     cdef object row
+    cdef unsigned int fields = COPY_NCOLUMNS if input_partition else COPY_NCOLUMNS - 1
     b.data = NULL
     b.size = 0
     b.cap = 0
@@ -882,7 +884,7 @@ def copy_rows(rows):
         b.size = 19
         for row in rows:
             _reserve(&b, 2)
-            _put_u16(b.data + b.size, COPY_NCOLUMNS)
+            _put_u16(b.data + b.size, fields)
             b.size += 2
             _copy_field(&b, row.id, 0, i)
             _copy_field(&b, row.deadline_us, 1, i)
@@ -894,7 +896,8 @@ def copy_rows(rows):
             _copy_field(&b, row.cron, 7, i)
             _copy_field(&b, row.timezone, 8, i)
             _copy_field(&b, row.dst_policy, 9, i)
-            _copy_field(&b, row.input_partition, 10, i)
+            if input_partition:
+                _copy_field(&b, row.input_partition, 10, i)
             i += 1
         _reserve(&b, 2)
         memcpy(b.data + b.size, PyBytes_AS_STRING(COPY_TRAILER), 2)

@@ -412,6 +412,7 @@ def read_headers(msg: object) -> tuple[list[tuple[str, bytes | None]] | None, st
 # --- PostgreSQL binary COPY of the consumer's rows ----------------------------------------------
 
 _FIELD_COUNT = struct.Struct(">h").pack(len(COPY_COLUMNS))
+_FIELD_COUNT_BEFORE_PARTITION = struct.Struct(">h").pack(len(COPY_COLUMNS) - 1)
 _NULL_FIELD = _I32.pack(-1)
 _TIMESTAMP = struct.Struct(">iq").pack
 _INT4 = struct.Struct(">ii").pack
@@ -445,16 +446,20 @@ def _copy_value(value: object, column: int, row: int) -> bytes:
     return _I32.pack(len(data)) + data
 
 
-def copy_rows(rows: Iterable[CopyRow]) -> bytes:
+def copy_rows(rows: Iterable[CopyRow], input_partition: bool = True) -> bytes:
     """Rows as one PostgreSQL binary COPY stream (signature, one tuple per row, trailer) of the
-    columns COPY_COLUMNS: text, timestamptz (from epoch microseconds), bytea, integer."""
+    columns COPY_COLUMNS: text, timestamptz (from epoch microseconds), bytea, integer; without the
+    last, `input_partition`, when not `input_partition` (a schema before it)."""
     parts = [COPY_SIGNATURE]
     append = parts.append
+    count = _FIELD_COUNT if input_partition else _FIELD_COUNT_BEFORE_PARTITION
     for i, r in enumerate(rows):
-        append(_FIELD_COUNT)
+        append(count)
         for column, value in enumerate((r.id, r.deadline_us, r.topic, r.key, r.value, r.headers, r.ordering_key,
-                                        r.cron, r.timezone, r.dst_policy, r.input_partition)):
+                                        r.cron, r.timezone, r.dst_policy)):
             append(_copy_value(value, column, i))
+        if input_partition:
+            append(_copy_value(r.input_partition, _PARTITION, i))
     append(COPY_TRAILER)
     return b"".join(parts)
 

@@ -21,7 +21,7 @@ def impl(request):
     return implementation(request.param)
 
 
-def read_copy(data: bytes) -> list[list[bytes | int | None]]:
+def read_copy(data: bytes, columns: int = len(COPY_COLUMNS)) -> list[list[bytes | int | None]]:
     """An independent reader of PostgreSQL's binary COPY format (a field: int32 length, -1 NULL):
     each row's fields as bytes, the deadline as epoch microseconds."""
     assert data[:11] == b"PGCOPY\n\xff\r\n\x00" and data[11:19] == bytes(8)
@@ -32,7 +32,7 @@ def read_copy(data: bytes) -> list[list[bytes | int | None]]:
         if count == -1:
             assert pos == len(data)
             return rows
-        assert count == len(COPY_COLUMNS)
+        assert count == columns
         fields: list[bytes | int | None] = []
         for column in range(count):
             (size,) = struct.unpack_from(">i", data, pos)
@@ -65,6 +65,12 @@ def test_each_row_is_a_tuple_of_its_columns_in_copy_order(impl):
     assert rows[2][PARTITION] == 2**31 - 1
 
 
+def test_for_a_schema_before_the_input_partition_the_rows_leave_it_out(impl):
+    rows = read_copy(impl.copy_rows(ROWS, input_partition=False), len(COPY_COLUMNS) - 1)
+    assert rows[1] == ["été-✓".encode(), -62135596800000000, b"other.topic", None, None, b"", b"order-7",
+                       b"*/5 * * * *", b"Europe/Paris", b"skip"]
+
+
 def test_no_rows_is_a_stream_of_no_tuples(impl):
     assert read_copy(impl.copy_rows([])) == []
     assert impl.copy_rows(iter([])) == impl.copy_rows([])
@@ -93,6 +99,6 @@ rows = st.builds(Row, text, st.integers(-62135596800000000, 253402300799999999),
                  maybe_text, maybe_text)
 
 
-@given(st.lists(rows, max_size=5))
-def test_both_implementations_write_the_same_stream(batch):
-    assert NATIVE.copy_rows(batch) == PYTHON.copy_rows(batch)
+@given(st.lists(rows, max_size=5), st.booleans())
+def test_both_implementations_write_the_same_stream(batch, partition):
+    assert NATIVE.copy_rows(batch, partition) == PYTHON.copy_rows(batch, partition)

@@ -9,7 +9,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from chronos.domain.cells import CellPartition
 from chronos.domain.model import Parked
@@ -120,6 +120,8 @@ class MemoryDatabase:
         self.frozen: set[int] = set()             # partitions whose move froze their rows here
         self.outbox: dict[int, list[StoredRow]] = {}  # a moving partition's schedules: chronos_cell_move_outbox
         self.seq_last = 0                         # the last enqueue order given
+        self.forwards: dict[str, tuple[str, int]] = {}  # id -> (action, noted): chronos_cell_forwards
+        self._noted = itertools.count(1)
         self.unavailable: str | None = None       # set: every statement fails with StoreUnavailable(this)
         self._seq = itertools.count(1)
         self._ctid = itertools.count(1)
@@ -128,6 +130,10 @@ class MemoryDatabase:
     def next_seq(self) -> int:
         self.seq_last = next(self._seq)
         return self.seq_last
+
+    def note_forwards(self, ids: Iterable[str], action: str) -> None:
+        for mid in ids:
+            self.forwards[mid] = (action, next(self._noted))
 
     def seq_at_least(self, seq: int) -> None:
         if self.seq_last < seq:

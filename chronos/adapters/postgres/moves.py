@@ -19,6 +19,7 @@ from chronos.adapters.postgres.connection import one
 from chronos.adapters.postgres.queries import QUERIES
 from chronos.adapters.postgres.session import Session
 from chronos.domain.moves import DORMANT_FROM_US, MOVE_NODE, Change, MoveRecord, MovingRow, dormant_mark_us
+from chronos.errors import CellsUnsupported
 
 #: Blocks of the table a copy or a deletion reads per call (8 kB each): a few tens of thousands of rows.
 SCAN_BLOCKS = 2048
@@ -49,7 +50,8 @@ class MoveStatements(Session):
     def moves(self) -> list[MoveRecord]:
         def run(conn: psycopg.Connection) -> list[MoveRecord]:
             if one(self._execute(conn, QUERIES["has_cell_moves"]))[0] is None:
-                return []
+                raise CellsUnsupported("this cell's database schema is before moves (version 13): run `chronos "
+                                       "migrate` on it")
             return [MoveRecord(*r) for r in self._execute(conn, QUERIES["move_records"])]
         return self._run(run)
 

@@ -32,6 +32,17 @@ TOPIC_VARIANTS = {  # statement: (body, the filter put at its mark)
 }
 
 
+# The consumer's writes on a schema before the input partition was recorded (version 12), which this release's
+# processes run on until `chronos migrate` (docs/operations/upgrading.md): the same statements without it.
+BEFORE_PARTITION = ("copy_messages", "insert_from_staging", "upsert_from_staging")
+_PARTITION_COLUMN = re.compile(r",\s*input_partition(\s*=\s*EXCLUDED\.input_partition)?")
+
+
+def before_partition(name: str) -> str:
+    """The name of the statement `name` for a schema before version 12."""
+    return f"{name}_before_12"
+
+
 def load(text: str) -> dict[str, str]:
     """The statements of a queries.sql text by name, fragments put in and topic variants made."""
     parts = _NAME_RE.split(text)
@@ -44,6 +55,11 @@ def load(text: str) -> dict[str, str]:
     for name, (body, topic_filter) in TOPIC_VARIANTS.items():
         assert TOPIC_MARK in bodies[body], f"queries.sql: {body} has no {TOPIC_MARK} mark"
         queries[name] = bodies[body].replace(TOPIC_MARK, topic_filter)
+    for name in BEFORE_PARTITION:
+        older = _PARTITION_COLUMN.sub("", queries[name])
+        code = "\n".join(line for line in older.splitlines() if not line.lstrip().startswith("--"))
+        assert "input_partition" not in code and older != queries[name], f"queries.sql: {name} before 12"
+        queries[before_partition(name)] = older
     return queries
 
 

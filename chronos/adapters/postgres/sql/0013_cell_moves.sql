@@ -60,3 +60,13 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
+
+-- Cancels and replaces this cell's consumers took that may have a message waiting in another cell (a cancel that
+-- found no message here; a replace, whose earlier version may wait elsewhere): written in the transaction of the
+-- write that took them, and forwarded by the consumers to every other cell (a cancel of the id there), then
+-- forgotten. A cell that does not answer keeps them here until it does: none is dropped.
+CREATE TABLE IF NOT EXISTS chronos_cell_forwards (
+    id        text PRIMARY KEY,
+    action    text NOT NULL CHECK (action IN ('cancel', 'replace')),
+    noted_at  timestamptz NOT NULL DEFAULT now()
+);

@@ -117,9 +117,26 @@ ON CONFLICT (id) DO UPDATE SET
     input_partition = EXCLUDED.input_partition;
 
 -- name: cancel
--- Whether each deleted row was in flight: a firer holding it may still publish it.
+-- Each deleted row, and whether it was in flight: a firer holding it may still publish it.
 DELETE FROM chronos_messages WHERE id = ANY(%(ids)s)
-RETURNING readied_at IS NOT NULL;
+RETURNING id, readied_at IS NOT NULL;
+
+-- Cancels and replaces forwarded between cells (chronos_cell_forwards, migration 13).
+
+-- name: note_forwards
+-- Written in the transaction of the consumer's write that took them.
+INSERT INTO chronos_cell_forwards (id, action)
+SELECT id, %(action)s FROM unnest(%(ids)s::text[]) AS id
+ON CONFLICT (id) DO UPDATE SET action = EXCLUDED.action, noted_at = now();
+
+-- name: pending_forwards
+SELECT id, action, noted_at FROM chronos_cell_forwards ORDER BY noted_at, id LIMIT %(limit)s;
+
+-- name: forget_forwards
+-- Forwarded to every other cell: gone, unless noted again since.
+DELETE FROM chronos_cell_forwards AS f
+USING unnest(%(ids)s::text[], %(noted)s::timestamptz[]) AS d(id, noted_at)
+WHERE f.id = d.id AND f.noted_at = d.noted_at;
 
 -- name: waiting_ids
 SELECT id FROM chronos_messages WHERE id = ANY(%(ids)s);

@@ -438,6 +438,8 @@ class ConsumerTelemetry(Telemetry):
                                 "cancels that found the message already held by a firer: deleted, but it "
                                 "may still be delivered"),
         "parked": PARKED,
+        "forwarded": ("chronos_messages_forwarded_total", "cancels and replaces read in another cell than their "
+                      "message's, forwarded there and reaching it (cells)"),
     }
 
     def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):

@@ -103,3 +103,30 @@ def test_partitions_move_under_load_and_a_move_killed_half_way_is_finished(tmp_p
     assert early == []
     late = {m: reader.arrivals[m][0] - s.due for m, s in sent.items() if s.partition in (2, 3)}
     assert late and max(late.values()) <= 5.0, sorted(late.values())[-5:]
+
+
+def test_a_cancel_read_in_another_cells_partition_than_its_message_is_forwarded_to_it(processes, broker, topics,
+                                                                                       two_cells):
+    """A producer that does not route by the id: the message lands in a partition of cell a, its cancel in one of
+    cell b; the consumer forwards the cancel to cell a, where it cancels the message, and says so."""
+    from helpers import producer
+
+    for cell, share in (("a", [0, 1]), ("b", [2, 3])):
+        store = Store(two_cells[cell])
+        store.open_partitions(share, 1)
+        store.close()
+    consumer = processes.start("consumer", CHRONOS_CELLS=" ".join(f"{c}={u}" for c, u in two_cells.items()),
+                               CHRONOS_DATABASE_URL="")
+    processes.wait_for_log(consumer, "cells: ")
+    later = str(time.time_ns() // 1_000_000 + 3_600_000).encode()
+    p = producer(broker.bootstrap_servers)
+    p.produce(topics["input"], b"v", b"k", partition=0, headers=[("chronosMessageId", b"m"), ("chronosDeadline", later)])
+    p.flush(10)
+    wait_for(lambda: ids_by_partition(two_cells["a"]) == {0: 1}, 30, "the message in cell a, from partition 0")
+    p.produce(topics["input"], None, b"k", partition=3, headers=[("chronosMessageId", b"m"), ("chronosAction", b"cancel")])
+    p.flush(10)
+    wait_for(lambda: ids_by_partition(two_cells["a"]) == {}, 30, "the message cancelled in cell a")
+    processes.wait_for_log(consumer, "forwarded 1 cancels and replaces from cell b: 1 reached their message in another "
+                                     "cell ('m' in cell a)")
+    with psycopg.connect(two_cells["b"]) as conn:
+        assert conn.execute("SELECT count(*) FROM chronos_cell_forwards").fetchone() == (0,)

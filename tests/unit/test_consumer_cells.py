@@ -9,6 +9,7 @@ import time
 import uuid
 
 import pytest
+from confluent_kafka import KafkaError
 
 from chronos.adapters.kafka.clients import OutageLog
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
@@ -204,3 +205,43 @@ def test_a_partition_moving_for_long_is_said_in_the_log(caplog):
         clock.advance(31)
         wait_for(lambda: logged(caplog, "input partition 1 has been moving for 30s and no cell this consumer knows "
                                         "opened it: finish its move (chronos cells move)"), "the warning")
+
+
+def test_a_cancel_or_replace_arriving_in_another_cell_than_its_message_is_forwarded_there(caplog):
+    caplog.set_level("INFO", logger="chronos.consumer")
+    with CellsConsumer() as c:
+        assert c.input is not None
+        c.input.feed([msg("x", 0, 0), msg("y", 1, 0)])
+        wait_for(lambda: c.input.commits, "the messages written in cell a")
+        # their cancel and replace read from partitions of cell b (a producer that does not route by the id)
+        c.input.feed([msg("x", 2, 0, "cancel"), msg("y", 3, 0, "replace"), msg("nowhere", 2, 1, "cancel")])
+        wait_for(lambda: len(c.input.commits) == 2, "the second commit")
+        wait_for(lambda: c.proc.stats["forwarded"] == 2, "the cancel and the replace forwarded")
+        assert c.rows() == {"a": [], "b": ["y"]}  # x cancelled; y's new version in b, its old one gone from a
+        assert logged(caplog, "forwarded 3 cancels and replaces from cell b: 2 reached their message in another cell")
+        assert c.dbs["b"].forwards == {}  # forwarded to every other cell: forgotten
+    assert c.proc.stats["cancelled"] == 1 and c.proc.stats["cancel_unknown"] == 1
+
+
+def test_a_forward_waits_for_a_cell_that_does_not_answer():
+    with CellsConsumer() as c:
+        assert c.input is not None
+        c.input.feed([msg("x", 0, 0)])
+        wait_for(lambda: c.input.commits, "x written in cell a")
+        c.dbs["a"].unavailable = "connection refused"
+        c.input.feed([msg("x", 2, 0, "cancel")])
+        wait_for(lambda: len(c.input.commits) == 2, "the cancel's own write committed")
+        assert list(c.dbs["b"].forwards) == ["x"] and "x" in c.dbs["a"].rows  # noted, waiting for cell a
+        c.dbs["a"].unavailable = None
+        wait_for(lambda: "x" not in c.dbs["a"].rows, "the cancel forwarded once cell a answers")
+        wait_for(lambda: c.dbs["b"].forwards == {}, "the forward forgotten")
+        assert c.proc.stats["forwarded"] == 1
+
+
+def test_a_message_no_topic_took_is_parked_in_its_partitions_cell():
+    with CellsConsumer() as c:
+        assert c.input is not None
+        c.publisher.refuse = lambda topic, value: KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)  # nor the dead-letter topic
+        c.input.feed([FakeMessage([("chronosDeadline", b"soon")], partition=3, offset=5)])  # invalid: no id
+        wait_for(lambda: c.input.commits, "the commit once parked")
+        assert [p.message.source for p in c.dbs["b"].parked] == ["in/3/5"] and c.dbs["a"].parked == []

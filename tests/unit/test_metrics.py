@@ -295,8 +295,9 @@ def test_firer_and_consumer_count_dead_letters_and_parked_messages():
     assert value(firer, "chronos_messages_dead_lettered_total", reason="publish_failed") == 2
     assert value(firer, "chronos_messages_dead_lettered_total", reason="topic_not_allowed") == 0
     consumer = telemetry.ConsumerTelemetry(NODE, Settings())
-    consumer.follow(lambda: {"parked": 1})
+    consumer.follow(lambda: {"parked": 1, "forwarded": 4})
     assert value(consumer, "chronos_messages_parked_total") == 1
+    assert value(consumer, "chronos_messages_forwarded_total") == 4
     assert value(consumer, "chronos_messages_dead_lettered_total", reason="too_large") == 0
 
 

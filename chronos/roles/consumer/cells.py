@@ -8,6 +8,12 @@ message not written, while the others flow on; the map is read again every MAP_P
 then it is resumed and read again from there. A poll's part is durable once its cell's is: then its late
 messages are published and its offsets committed, partition by partition.
 
+A cancel that finds no message in its partition's cell, and a replace (whose earlier version may wait
+elsewhere), are noted in that cell in the write's own transaction, and forwarded to every other cell as a
+cancel of the id there (a producer that does not route by the ordering key or the id can send them to another
+partition than their message's), then forgotten: counted (`forwarded`), never dropped, kept while a cell does
+not answer. A message parked (no topic took it) is kept in its partition's cell.
+
 A cell that does not answer (down, hung, cut off from this host) is given up at once: its part of the poll
 is not committed, its partitions are paused and sought back to the first message not written, while the
 other cells' partitions flow on; its database is asked the time until it answers, then its partitions are
@@ -24,12 +30,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from chronos.config import Settings
-from chronos.domain.cells import CellMap, ranges
+from chronos.domain.cells import CANCEL as CANCEL_ACTION, CellMap, CellMapError, ranges
+from chronos.domain.model import Parked
 from chronos.domain.intake import Rules
 from chronos.errors import CellMapChanged, KafkaUnanswered, StoreUnavailable
 from chronos.ports import InputMessage as Message
 from chronos.roles.consumer.group import POSTGRES, Group, OutOfReach
-from chronos.roles.consumer.sorting import Batch, sort_batch
+from chronos.roles.consumer.sorting import CANCEL, REPLACE, Batch, sort_batch
 from chronos.roles.consumer.writer import Stored, Unreached, Writer
 from chronos.runtime.backoff import Backoff
 from chronos.runtime.process import Lifecycle
@@ -37,6 +44,8 @@ from chronos.runtime.process import Lifecycle
 log = logging.getLogger("chronos.consumer")
 
 MAP_POLL_S = 0.2  # how often the map is read while a partition is moving: its pause is the move's cut-over, no more
+FORWARD_EVERY_S = 1.0  # how often the cancels and replaces noted to forward are looked for, between those written
+FORWARD_BATCH = 1000  # noted forwards a cell's round takes
 MOVING_WARN_S = 30.0  # a partition moving longer than this is said in the log, and again as long again later
 
 TopicPartition = tuple[str, int]
@@ -114,6 +123,9 @@ class Cells:
                         for cell in writers}
         self.down: dict[str, Down] = {}  # the loop thread's: the cells that do not answer
         self.moving = Moving()  # the loop thread's: the partitions held back while they move
+        self.next_forward = 0.0  # when the noted forwards are looked for next (by `clock`)
+        for writer in writers.values():
+            writer.forward = True
 
     def load(self) -> bool:
         """Read the map at start and hold the input topic to it (CellMapError, or CellsUnsupported, to stop
@@ -189,6 +201,8 @@ class Cells:
             by_cell, held = self.map.split(again, _partition)
             batches = CellBatches({cell: (part, sort_batch(part, time.time_ns() // 1000, self.rules))
                                    for cell, part in by_cell.items()}, held)
+        if any(batch.of(CANCEL) or batch.of(REPLACE) for batch, _ in done) or self.clock() >= self.next_forward:
+            self.forward_noted()
         first = next(iter(self.writers.values()))
         return written if first.finish(written.durable, done) else None
 
@@ -228,6 +242,85 @@ class Cells:
         if error is not None:
             raise error
         return None if stopped else refused
+
+    # -- forwarding and parking, on the thread that writes (or, idle, the loop's) ------------------------
+
+    def forward_noted(self) -> None:
+        """Each cell's noted cancels and replaces, forwarded to every other cell as cancels of their ids, on the
+        cells' threads; forgotten in their cell once every other cell has had them (a cell that does not answer
+        keeps them noted, to forward again later: a cancel is the same done twice). Counted: the ones that
+        reached their message in another cell (`forwarded`), and the cancels that found it nowhere."""
+        self.next_forward = self.clock() + FORWARD_EVERY_S
+        stats = next(iter(self.writers.values())).stats
+        for home, writer in self.writers.items():
+            if home in self.down:
+                continue
+            try:
+                pending = self.threads[home].submit(writer.store.pending_forwards, FORWARD_BATCH).result()
+            except StoreUnavailable as exc:
+                log.debug("cell %s: could not read its cancels to forward: %s", home, exc)
+                continue
+            if not pending:
+                continue
+            ids = [f.id for f in pending]
+            found: dict[str, tuple[str, bool]] = {}
+            everywhere = True
+            for other, other_writer in self.writers.items():
+                if other == home:
+                    continue
+                if other in self.down:
+                    everywhere = False
+                    continue
+                try:
+                    hits = self.threads[other].submit(other_writer.store.cancel_forwarded, ids).result()
+                except StoreUnavailable as exc:
+                    log.info("cell %s does not answer: the cancels forwarded from cell %s wait for it (%s)", other,
+                             home, exc)
+                    everywhere = False
+                    continue
+                found.update({mid: (other, in_flight) for mid, in_flight in hits.items()})
+            cancels = {f.id for f in pending if f.action == CANCEL_ACTION}
+            stats["forwarded"] += len(found)  # a replace's earlier version gone from another cell is no cancel
+            stats["cancelled"] += sum(not in_flight for mid, (_, in_flight) in found.items() if mid in cancels)
+            stats["cancelled_in_flight"] += sum(in_flight for mid, (_, in_flight) in found.items() if mid in cancels)
+            if found:
+                log.info("forwarded %d cancels and replaces from cell %s: %d reached their message in another cell "
+                         "(%s)", len(pending), home, len(found),
+                         ", ".join(f"{mid!r} in cell {cell}" for mid, (cell, _) in list(found.items())[:5]))
+            if everywhere:
+                stats["cancel_unknown"] += len(cancels - found.keys())
+                try:
+                    self.threads[home].submit(writer.store.forget_forwards, pending).result()
+                except StoreUnavailable as exc:  # noted still: forwarded again, which changes nothing
+                    log.debug("cell %s: could not forget its forwarded cancels: %s", home, exc)
+
+    def park(self, parked: list[tuple[int | None, Parked]]) -> list[tuple[int | None, Parked]]:
+        """`LatePath.keep_parked` with cells: each parked message kept in the cell of the partition it was read
+        from (the first cell's when not known), each cell's on its thread; those of a cell that did not answer
+        returned, to park again."""
+        by_cell: dict[str, list[tuple[int | None, Parked]]] = {}
+        first = next(iter(self.writers))
+        for partition, p in parked:
+            cell = first
+            if partition is not None and self.map is not None:
+                try:
+                    cell = self.map.owner(partition).cell
+                except CellMapError:
+                    pass  # a partition the map does not know: the first cell keeps it
+            by_cell.setdefault(cell, []).append((partition, p))
+        futures = {cell: self.threads[cell].submit(self.writers[cell].store.park, [p for _, p in items])
+                   for cell, items in by_cell.items()}
+        left: list[tuple[int | None, Parked]] = []
+        failure: StoreUnavailable | None = None
+        for cell, future in futures.items():
+            try:
+                future.result()
+            except StoreUnavailable as exc:
+                left += by_cell[cell]
+                failure = exc
+        if failure is not None and len(left) == len(parked):
+            raise failure
+        return left
 
     # -- the cells that do not answer, followed on the loop's thread ---------------------------------
 
@@ -347,10 +440,13 @@ class Cells:
         self.moving = Moving()
 
     def keep_alive(self) -> None:
-        """While idle, each cell that answers asked the time now and then (`Writer.keep_alive`), on its thread."""
+        """While idle, each cell that answers asked the time now and then (`Writer.keep_alive`), on its thread;
+        and what is noted to forward, forwarded now and then."""
         for cell, writer in self.writers.items():
             if cell not in self.down:
                 self.threads[cell].submit(writer.keep_alive).result()
+        if self.clock() >= self.next_forward:
+            self.forward_noted()
 
     def close(self) -> None:
         for thread in self.threads.values():

@@ -46,7 +46,7 @@ class ConsumerProcess:
         self.slot = ProducerSlot(producers, ProducerWatch("the consumer", settings.publish_stall_ms / 1000.0,
                                                           time.monotonic()))
         self.stats = {"consumed": 0, "enqueued": 0, "late": 0, "dead": 0, "duplicates": 0, "replaced": 0,
-                      "cancelled": 0, "cancelled_in_flight": 0, "cancel_unknown": 0, "parked": 0}
+                      "cancelled": 0, "cancelled_in_flight": 0, "cancel_unknown": 0, "parked": 0, "forwarded": 0}
         self.metrics = telemetry
         self.group = Group(settings, life, telemetry, consumers=consumers, watchers=watchers, clock=clock)
         late = LatePath(settings, life, slot=self.slot, store=store, group=self.group, db_outage=self.db_outage,
@@ -62,6 +62,7 @@ class ConsumerProcess:
                        for cell, cell_store in cells.items()}
             self.cells = Cells(settings, life, writers=writers, rules=self.rules, group=self.group, clock=clock,
                                partitions=lambda: self.slot.producer.partitions(settings.input_topic))
+            late.keep_parked = self.cells.park  # each parked message in its partition's cell
         self.metrics.follow(lambda: self.stats)
         self.metrics.follow_producer(self.slot.watch)
         self.metrics.follow_postgres(lambda: [s.link for s in self.stores.values()])
@@ -188,8 +189,8 @@ class ConsumerProcess:
     def close(self) -> None:
         log.info("stopping: consumed %(consumed)d, enqueued %(enqueued)d, late %(late)d, dead-lettered %(dead)d, "
                  "duplicates %(duplicates)d, replaced %(replaced)d, cancelled %(cancelled)d, cancelled in flight "
-                 "(may still be delivered) %(cancelled_in_flight)d, cancels of ids not waiting %(cancel_unknown)d",
-                 self.stats)
+                 "(may still be delivered) %(cancelled_in_flight)d, cancels of ids not waiting %(cancel_unknown)d, "
+                 "cancels and replaces forwarded to their message's cell %(forwarded)d", self.stats)
         if self.cells is not None:
             self.cells.close()
         for store in self.stores.values():

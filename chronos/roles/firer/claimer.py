@@ -28,6 +28,7 @@ KAFKA_PROBE_EVERY = 1.0  # seconds: after a stall, how often the claimer asks Ka
 # p99.9 167 ms, 79 ms with sixteen: docs/benchmarks/hot-path.md). The bytes they come to are capped apart
 # (CHRONOS_FIRER_MAX_HELD_BYTES), so large messages cannot fill memory.
 MAX_HELD_BATCHES = 16
+SHARE_EVERY_S = 5.0  # with cells and fire-rate limits: how often the cell's share of them is worked out again
 
 
 class Claimer(StoreThread[ClaimStore]):
@@ -51,8 +52,11 @@ class Claimer(StoreThread[ClaimStore]):
 
     def __init__(self, store: ClaimStore, settings: Settings, shared: Shared, telemetry: FirerTelemetry, life: Lifecycle,
                  outbox: Claims, kafka_answers: Callable[[], bool] = lambda: True, *,
-                 part: int = 0, parts: int = 1, lead: Claimer | None = None):
-        """`kafka_answers` asks Kafka for its metadata (blocking up to a second or so): whether it answered."""
+                 part: int = 0, parts: int = 1, lead: Claimer | None = None,
+                 cell_share: Callable[[], float | None] | None = None):
+        """`kafka_answers` asks Kafka for its metadata (blocking up to a second or so): whether it answered.
+        `cell_share` (with cells) says the share of the fire-rate limits this firer's cell takes (on the
+        claimer's own store: `FirerProcess`), asked every SHARE_EVERY_S."""
         super().__init__("claimer" if part == 0 else f"claimer{part + 1}", store, settings, shared, telemetry, life)
         self.part, self.parts, self.lead = part, parts, lead
         self.outbox = outbox
@@ -60,9 +64,12 @@ class Claimer(StoreThread[ClaimStore]):
         self.kafka_answered_at = 0.0  # monotonic: Kafka last answered the claimer's own request
         self.next_kafka_probe = 0.0   # monotonic
         self.limit = settings.batch_size
-        self.limits = settings.fire_rates
+        self.limits = self.whole_limits = settings.fire_rates
         if self.limits:
             log.info("fire-rate limits: %s", self.limits)
+        self.cell_share = cell_share if self.limits else None
+        self.share: float | None = None
+        self.next_share = 0.0  # monotonic
         self.max_held = settings.batch_size * MAX_HELD_BATCHES
         self.max_held_bytes = settings.firer_max_held_bytes
         self.stopped = threading.Event()
@@ -162,6 +169,7 @@ class Claimer(StoreThread[ClaimStore]):
         try:
             started, sent = time.perf_counter(), time.monotonic()
             if self.limits:  # fire-rate limits: topic by topic, within each limited topic's budget
+                self.follow_share()
                 rows, backlog = self.store.claim_limited(self.limits, self.settings.output_topic, limit,
                                                          self.settings.lookahead_ms)
             else:
@@ -183,6 +191,19 @@ class Claimer(StoreThread[ClaimStore]):
         else:
             interval = self.settings.poll_interval_ms / 1000.0
             self.next_claim = now + interval * random.uniform(0.9, 1.1)
+
+    def follow_share(self) -> None:
+        """With cells, the fire-rate limits as this cell's share of them (`chronos.domain.ratelimit.cell_share`),
+        worked out again every SHARE_EVERY_S as partitions move between cells."""
+        if self.cell_share is None or time.monotonic() < self.next_share:
+            return
+        self.next_share = time.monotonic() + SHARE_EVERY_S
+        share = self.cell_share()
+        if share != self.share:
+            self.share = share
+            self.limits = self.whole_limits if share is None else self.whole_limits.scaled(share)
+            log.info("fire-rate limits: this cell's firers take %s of each: %s",
+                     "all" if share is None else f"{share:.4g}", self.limits)
 
     def claim_rows(self, limit: int) -> tuple[list[Claimed], bool]:
         """The claim without fire-rate limits: (the rows, whether they are a backlog's, to drain without

@@ -301,6 +301,8 @@ def test_a_cell_added_to_one_that_lists_nothing_writes_the_map_out_first():
                   sleep=clock.advance)
     with pytest.raises(MoveError, match="partition count is not known"):
         mover.add("cell2", None)
+    with pytest.raises(MoveError, match="no cell lists the input partitions yet"):
+        mover.move(3, "cell2")
     assert [m.partition for m in mover.add("cell2", 4)] == [3, 2]
     assert MemoryStore(dbs["cell1"]).cell_partitions() == [P(0, 1), P(1, 1), P(2, 2, MOVING), P(3, 2, MOVING)]
     assert {r.id for r in dbs["cell2"].rows.values()} == {"a"}

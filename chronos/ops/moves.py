@@ -103,11 +103,7 @@ class Mover:
         target_store = self._store(target)
         recorded = self.records().get(partition)
         if recorded is None:
-            cell_map = self.cell_map()
-            if not cell_map.owners:
-                raise MoveError("no cell lists the input partitions yet (one cell owns them all): `chronos cells add` "
-                                "writes the map out as it adds a cell")
-            owner = cell_map.owner(partition)
+            owner = self.cell_map().owner(partition)
             if owner.cell == target and owner.writable:
                 self.say(f"partition {partition} is in cell {target} already")
                 return Moved(partition, target, target, owner.epoch, already=True)

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import pytest
 
 from chronos.adapters.memory import ManualClock, MemoryDatabase, MemoryStore
-from chronos.domain.cells import MOVING, CellPartition as P
+from chronos.domain.cells import MOVING, CellMapError, CellPartition as P
 from chronos.domain.model import Row
 from chronos.domain.moves import COPYING, CUTTING_OVER, FINISHING, MOVE_NODE, MoveBusy, MoveError, share_for
 from chronos.ops.moves import MoveSettings, Mover
@@ -301,7 +301,7 @@ def test_a_cell_added_to_one_that_lists_nothing_writes_the_map_out_first():
                   sleep=clock.advance)
     with pytest.raises(MoveError, match="partition count is not known"):
         mover.add("cell2", None)
-    with pytest.raises(MoveError, match="no cell lists the input partitions yet"):
+    with pytest.raises(CellMapError, match="no cell of cell1, cell2 lists any input partition"):
         mover.move(3, "cell2")
     assert [m.partition for m in mover.add("cell2", 4)] == [3, 2]
     assert MemoryStore(dbs["cell1"]).cell_partitions() == [P(0, 1), P(1, 1), P(2, 2, MOVING), P(3, 2, MOVING)]

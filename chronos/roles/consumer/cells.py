@@ -139,6 +139,10 @@ class Cells:
         self.map = CellMap.build(lists)
         return True
 
+    def is_down(self, cell: str) -> bool:
+        """Whether `cell` does not answer and its partitions are paused (read by the metrics' thread)."""
+        return cell in self.down
+
     def sort(self, messages: list[Message], now_us: int) -> CellBatches:
         """A poll split by the cell of each message's partition, each cell's part sorted (`sort_batch`); the
         messages of a cell that does not answer are held back (loop thread)."""

@@ -65,9 +65,6 @@ def console(args: argparse.Namespace, opts: Options, log_dir: Path) -> ConsolePr
     """The web console to start, unless --no-console or its extra is missing (which is said)."""
     if args.no_console:
         return None
-    if opts.cells > 1:
-        print(f"console not started: it shows one database, and this stack has {opts.cells} cells", flush=True)
-        return None
     why_not = ConsoleProcess.available()
     if why_not:
         print(f"console not started: {why_not}", flush=True)

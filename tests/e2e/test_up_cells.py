@@ -103,3 +103,31 @@ def test_up_with_two_cells_send_tail_status_list_show_cancel_and_start_again(tmp
         assert {cell: ids_in(url) for cell, url in info["cells"].items()} == by_cell
     finally:
         up.stop()
+
+
+def test_up_on_cells_of_postgresql_servers_of_ones_own(tmp_path, two_cells):
+    """`chronos up --cells NAME=URL ...` runs on the cells given, as on --database-url: each waited for and
+    migrated, the input partitions assigned among them on the first start, the firers and detectors of each,
+    and the ready file naming them; --cells N beside CHRONOS_CELLS is refused in one line."""
+    given = " ".join(f"{cell}={url}" for cell, url in two_cells.items())
+    both = ChronosUp("--cells", "2", workdir=tmp_path / "both", env={"CHRONOS_CELLS": given}).launch()
+    assert both.proc is not None and both.proc.wait(60) == 2
+    assert "--cells 2 runs embedded cells, and CHRONOS_CELLS names cells of your own: give one or the other" \
+        in both.output()
+    up = ChronosUp("--cells", given, "--no-console", workdir=tmp_path / "own")
+    try:
+        info = up.start()
+        assert info["cells"] == two_cells and info["cell_postgres_pids"] is None and info["postgres_pid"] is None
+        out = up.output()
+        assert "cell a: using PostgreSQL at" in out and "cell b: using PostgreSQL at" in out
+        assert "assigned the input partitions: a 0-3, b 4-7" in out
+        assert sorted(up.programs()) == ["consumer_00", "detector_00", "detector_01", "firer_00", "firer_01"]
+        # messages of both cells, each fired by its cell's firer
+        ids = [f"own-{i}" for i in range(6)]
+        assert {input_partition(m, None, 8) < 4 for m in ids} == {True, False}
+        for m in ids:
+            chronos(up.ready_file, "send", "--delay", "1s", "--id", m, "--value", m)
+        tailed = chronos(up.ready_file, "tail", "--count", "6", "--from-beginning", "--timeout", "30")
+        assert sorted(re.findall(r"value='(own-\d)'", tailed)) == ids
+    finally:
+        up.stop()

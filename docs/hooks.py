@@ -714,7 +714,7 @@ COMPARE_MARKER = re.compile(r"<!-- generated: compare (?P<folder>[\w./-]+) -->")
 # -- capacity planning (benchmarks/capacity.py) ---------------------------------------------------
 
 #: The run of `python -m benchmarks.capacity` that docs/operations/capacity.md shows.
-CAPACITY_RESULT = "2026-11-26/capacity-1x1x1.json"
+CAPACITY_RESULT = "2026-11-28/capacity-1x1x1.json"
 
 
 def _mb(n: float) -> str:

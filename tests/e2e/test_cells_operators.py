@@ -1,6 +1,7 @@
 """The operators' commands over cells, through the CLI: `chronos migrate` migrating every cell (a cell that does not
-answer named, the others migrated, and the rest done when run again), `chronos schedules` naming the cell of each
-schedule, `chronos parked` naming each parked message CELL#NUMBER and replaying those of every cell."""
+answer named, the others migrated, and the rest done when run again) and assigning their input partitions,
+`chronos schedules` naming the cell of each schedule, `chronos parked` naming each parked message CELL#NUMBER and
+replaying those of every cell."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_migrate_migrates_every_cell_and_finishes_the_job_when_run_again(two_empty_cells):
+def test_migrate_migrates_every_cell_assigns_their_partitions_and_finishes_the_job_when_run_again(two_empty_cells):
     a, b = two_empty_cells["a"], two_empty_cells["b"]
     host = conninfo_to_dict(b)
     away = b.replace(f"{host['host']}:{host['port']}", f"127.0.0.1:{closed_port()}")
@@ -41,9 +42,15 @@ def test_migrate_migrates_every_cell_and_finishes_the_job_when_run_again(two_emp
     assert "cell a: applied migrations 1, " in half.stdout
     assert "cell b: not migrated: cannot connect to" in half.stdout
     assert "1 of 2 cells not migrated (b): run chronos migrate again" in half.stderr
-    done = chronos("migrate", "--cells", f"a={a} b={b}")
+    unassigned = chronos("migrate", "--cells", f"a={a} b={b}", check=False)
+    assert unassigned.returncode == 2 and "list no input partition yet: give --partitions" in unassigned.stderr
+    assert "cell b: applied migrations 1, " in unassigned.stdout
+    done = chronos("migrate", "--cells", f"a={a} b={b}", "--partitions", "8")
     assert f"cell a: schema already at version {LATEST_VERSION}" in done.stdout
-    assert "cell b: applied migrations 1, " in done.stdout
+    assert f"cell b: schema already at version {LATEST_VERSION}" in done.stdout
+    assert "assigned the input partitions: a 0-3, b 4-7" in done.stdout
+    again = chronos("migrate", "--cells", f"a={a} b={b}")
+    assert "cells own the input partitions: a 0-3, b 4-7" in again.stdout
     for url in (a, b):
         with psycopg.connect(url) as conn:
             assert conn.execute("SELECT max(version) FROM chronos_schema_version").fetchone() == (LATEST_VERSION,)

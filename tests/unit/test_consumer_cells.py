@@ -32,6 +32,25 @@ class MapReadsCounted(MemoryStore):
         return super().cell_partitions()
 
 
+class Hangs(MapReadsCounted):
+    """A cell's store whose writes hang while `hung` is set (a frozen server: no answer, no error), until
+    released."""
+
+    def __init__(self, db):
+        super().__init__(db)
+        self.hung = threading.Event()
+        self.released = threading.Event()
+        self.writes_ended = 0
+
+    def apply(self, *args, **kwargs):
+        if self.hung.is_set():
+            assert self.released.wait(30), "never released"
+        try:
+            return super().apply(*args, **kwargs)
+        finally:
+            self.writes_ended += 1
+
+
 class CellsConsumer:
     """A consumer process over two in-memory cells, a (partitions 0 and 1) and b (2 and 3), run on a thread."""
 
@@ -51,7 +70,7 @@ class CellsConsumer:
             self.input = FakeConsumer(on_commit, snapshot=self.rows)
             return self.input, OutageLog("test consumer")
         # each cell's store is its writer's; the test reads and moves the map through handles of its own
-        self.cell_stores = {cell: MapReadsCounted(db) for cell, db in self.dbs.items()}
+        self.cell_stores = {cell: Hangs(db) for cell, db in self.dbs.items()}
         self.proc = ConsumerProcess(self.settings, self.life, store=self.cell_stores["a"],
                                     producers=self.publisher.factory(), consumers=consumers,
                                     telemetry=ConsumerTelemetry(uuid.uuid4(), self.settings),
@@ -175,3 +194,30 @@ def test_the_consumer_leaves_the_group_only_when_another_reaches_the_cell_it_can
             c.input.feed([msg("a0", 0, 10)])
             wait_for(lambda: c.input.commits, "cell a's partitions flowing")
             assert c.input.group == ["subscribe"]
+
+
+def test_a_hung_cell_does_not_hold_up_the_others_for_the_statements_deadline(caplog):
+    """Cell b's write hangs (no answer, no error, as a frozen server's): cell a's part of the poll is committed
+    within the patience, not the statement's deadline, and b's partitions are paused; once b answers, its write
+    given up ends and its messages, read again, are written again (idempotently) and committed."""
+    caplog.set_level("INFO", logger="chronos.consumer")
+    with CellsConsumer() as c:
+        assert c.input is not None
+        b = c.cell_stores["b"]
+        b.hung.set()
+        c.input.feed([msg("a0", 0, 10), msg("b2", 2, 30)])
+        wait_for(lambda: c.input.commits, "the commit of what cell a took")
+        assert c.input.commits[0] == ({("in", 0): 11}, {"a": ["a0"], "b": []})
+        assert b.writes_ended == 0  # b's write still hangs: a did not wait for its deadline
+        assert c.input.paused == {("in", 2)} and c.input.seeks == [{("in", 2): 30}]
+        assert logged(caplog, "cell b has not answered within 0.5s of the other cells")
+        # a's partitions flow on while b hangs
+        c.input.feed([msg("a1", 1, 20)])
+        wait_for(lambda: len(c.input.commits) == 2, "the next commit")
+        assert c.input.commits[1] == ({("in", 1): 21}, {"a": ["a0", "a1"], "b": []})
+        b.hung.clear()
+        b.released.set()
+        wait_for(lambda: c.input.resumed, "cell b's partitions resumed once it answers")
+        c.input.feed([msg("b2", 2, 30)])
+        wait_for(lambda: len(c.input.commits) == 3, "cell b's part committed")
+        assert c.input.commits[2] == ({("in", 2): 31}, {"a": ["a0", "a1"], "b": ["b2"]})

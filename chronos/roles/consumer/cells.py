@@ -8,16 +8,19 @@ its cell's is: then its late messages are published and its offsets committed, p
 
 A cell that does not answer (down, hung, cut off from this host) is given up at once: its part of the poll
 is not committed, its partitions are paused and sought back to the first message not written, while the
-other cells' partitions flow on; its database is asked the time until it answers, then its partitions are
-resumed and read again from there. The consumer leaves its group for such a cell only once the hold time
-has passed and another consumer of the group has committed on one of the cell's partitions since: it
-alone cannot reach a cell that the others reach."""
+other cells' partitions flow on. A hung cell does not hold up the poll for the statement's deadline
+(CHRONOS_DATABASE_TIMEOUT_MS): once the other cells' parts are durable, a part that has not answered within
+CELL_PATIENCE_S more is given up as well, its write left to end on its cell's thread (a write that ends well
+after all is written again, idempotently, when its messages are read again). Its database is asked the time
+until it answers, then its partitions are resumed and read again from there. The consumer leaves its group
+for such a cell only once the hold time has passed and another consumer of the group has committed on one
+of the cell's partitions since: it alone cannot reach a cell that the others reach."""
 
 from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -35,6 +38,11 @@ from chronos.runtime.process import Lifecycle
 log = logging.getLogger("chronos.consumer")
 
 MAP_RETRY_CAP_S = 2.0  # the longest wait between two readings of the map while a partition is moving
+# how much longer than the other cells' parts of a poll a cell's part may take before it is given up (never more
+# than CHRONOS_DATABASE_TIMEOUT_MS): short enough that the messages of the cells that answer, read in the
+# meantime, are stored before they are due (the shortest delay worth scheduling is longer), long enough that a
+# healthy cell's slower write is rarely taken for a hung one (that costs only its part read again)
+CELL_PATIENCE_S = 0.5
 
 TopicPartition = tuple[str, int]
 
@@ -49,6 +57,16 @@ def _where(msg: Message) -> tuple[TopicPartition, int]:
     topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
     assert topic is not None and partition is not None and offset is not None  # consumed, not an event
     return (topic, partition), offset
+
+
+def _abandoned(cell: str) -> Callable[[Future], None]:
+    """What becomes of a write given up while under way: logged when it failed otherwise than by not answering
+    (its messages are read and written again either way)."""
+    def ended(future: Future) -> None:
+        exc = future.exception()
+        if exc is not None and not isinstance(exc, (Unreached, StoreUnavailable, CellMapChanged)):
+            log.warning("the write to cell %s given up while under way failed: %s", cell, exc)
+    return ended
 
 
 @dataclass
@@ -97,6 +115,8 @@ class Cells:
         self.threads = {cell: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"consumer-{cell}")
                         for cell in writers}
         self.down: dict[str, Down] = {}  # the loop thread's: the cells that do not answer
+        self.patience = min(CELL_PATIENCE_S, settings.database_timeout_ms / 1000.0)
+        self.pinging: dict[str, Future] = {}  # the loop thread's: each cell's idle probe under way
 
     def load(self) -> bool:
         """Read the map at start and hold the input topic to it (CellMapError, or CellsUnsupported, to stop
@@ -196,6 +216,11 @@ class Cells:
         refused: list[str] = []
         error: BaseException | None = None
         stopped = False
+        for cell in self.stragglers(futures):
+            log.info("cell %s has not answered within %.1fs of the other cells: its part of the poll is given up, "
+                     "its write left to end on its own", cell, self.patience)
+            futures.pop(cell).add_done_callback(_abandoned(cell))
+            written.down.setdefault(cell, []).extend(batches.parts[cell][0])
         for cell, future in futures.items():
             part, batch = batches.parts[cell]
             try:
@@ -217,6 +242,21 @@ class Cells:
         if error is not None:
             raise error
         return None if stopped else refused
+
+    def stragglers(self, futures: dict[str, Future]) -> list[str]:
+        """Wait for the cells' writes of a poll: all of them, or, once one has ended, the others for `patience`
+        more after the last that ended; the cells whose write is still under way then (a hung cell's). When
+        none ends (every cell slow, or this host cut off from all), each is waited for until its statements'
+        deadline, as one database is without cells."""
+        pending = set(futures.values())
+        if len(pending) < 2:
+            return []
+        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+        while pending:
+            done, pending = wait(pending, timeout=self.patience, return_when=FIRST_COMPLETED)
+            if not done:
+                return [cell for cell, future in futures.items() if future in pending]
+        return []
 
     # -- the cells that do not answer, followed on the loop's thread ---------------------------------
 
@@ -282,10 +322,17 @@ class Cells:
         self.down.clear()
 
     def keep_alive(self) -> None:
-        """While idle, each cell that answers asked the time now and then (`Writer.keep_alive`), on its thread."""
+        """While idle, each cell that answers asked the time now and then (`Writer.keep_alive`), on its thread,
+        without waiting for one that takes long (a hung cell's probe ends at its statement's deadline; the next
+        write to the cell finds it out)."""
         for cell, writer in self.writers.items():
-            if cell not in self.down:
-                self.threads[cell].submit(writer.keep_alive).result()
+            under_way = self.pinging.get(cell)
+            if cell not in self.down and (under_way is None or under_way.done()):
+                self.pinging[cell] = self.threads[cell].submit(writer.keep_alive)
+        for cell, future in list(self.pinging.items()):
+            if future.done():
+                del self.pinging[cell]
+                future.result()  # raises what the probe raised: a failure is its own to wait out, not the loop's
 
     def close(self) -> None:
         for thread in self.threads.values():

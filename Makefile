@@ -13,12 +13,18 @@ up: $(VENV)/.installed
 # Two workers: tests/fleet, tests/ha (servers of their own) and tests/faults (a stack under load and faults) in
 # one, the rest in the other (tests/conftest.py groups them); PYTEST_WORKERS= runs everything in this process.
 PYTEST_WORKERS ?= -n 2
+# The tests' temporary directories, in /tmp (short paths: Unix sockets live in them) but this checkout's own: the
+# embedded PostgreSQL runs as a user of its own, which must traverse them, and every pytest session resets the
+# machine-wide /tmp/pytest-of-$USER to 0700 when it starts, which stopped the servers of a suite already running
+# from another checkout.
+PYTEST_TEMPROOT ?= /tmp/ct-$(shell printf %s "$(CURDIR)" | cksum | cut -d' ' -f1)
 
 test: $(VENV)/.installed $(BIN)/promtool $(BIN)/prometheus chromium stunnel postgresql-15 pgbouncer patroni fleet
 	$(BIN)/ruff check chronos benchmarks tests kits
 	$(BIN)/lint-imports
 	$(BIN)/mypy chronos
-	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(ARGS)
+	mkdir -p $(PYTEST_TEMPROOT)
+	PYTEST_DEBUG_TEMPROOT=$(PYTEST_TEMPROOT) $(BIN)/python -m pytest $(PYTEST_WORKERS) $(ARGS)
 
 # The console's browser tests drive Debian's chromium (Playwright's own browser download is not
 # used). Installed here when missing; without it the browser tests fail rather than skip.

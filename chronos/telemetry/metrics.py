@@ -1,7 +1,9 @@
 """What an operator sees of a running process: its role's Prometheus metrics and its health.
 
 Every process has a `Telemetry` of its role: a registry of the role's metrics, all labelled
-with the role and the node id, and a `Health` record (chronos.telemetry.health) of when the process
+with the role and the node id (and, for a firer or a detector of a deployment with cells, with the one
+cell it serves: one label more per series, no series more; a consumer serves every cell and labels by cell
+only what it has per cell), and a `Health` record (chronos.telemetry.health) of when the process
 last ran its loop, reached PostgreSQL and reached Kafka. With `CHRONOS_METRICS_PORT` set
 (chronos.telemetry.endpoints), a `MetricsServer` (chronos.telemetry.http) serves `/metrics` and `/healthz`.
 
@@ -34,7 +36,7 @@ from chronos.adapters.kafka.brokerstats import STATS_ENV, read_stats
 from chronos.errors import ConfigError, StoreRejected, StoreUnavailable
 from chronos.telemetry.endpoints import ANNOUNCE_EVERY_S, WILDCARDS, metrics_port
 from chronos.telemetry.health import Health, KafkaProbe
-from chronos.telemetry.http import MetricsServer
+from chronos.telemetry.http import CellLabelled, MetricsServer
 from chronos.telemetry.lag import PartitionLag
 from chronos.telemetry import webconfig
 
@@ -186,26 +188,36 @@ class _PostgresLinks:
     CONNECTED = ("chronos_postgres_connected", "connections of this process open to each PostgreSQL server "
                  "(host:port as the URL names it); no series while none is open")
 
-    def __init__(self, role: str, node: str, links: Callable[[], Iterable[Any]]):
-        self.labels, self.links = (role, node), links
+    def __init__(self, role: str, node: str, links: Callable[[], Iterable[Any]],
+                 cells: Callable[[], Mapping[str, Iterable[Any]]] | None = None):
+        """`links()`: the links of the process's stores; or, for a consumer of several cells, `cells()`: each
+        cell's, whose series then carry the cell."""
+        self.labels, self.links, self.cells = (role, node), links, cells
 
     def describe(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
-        return self._families([])
+        return self._families({})
 
     def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
-        return self._families(list(self.links()))
+        if self.cells is not None:
+            return self._families({cell: list(links) for cell, links in self.cells().items()})
+        return self._families({"": list(self.links())})
 
-    def _families(self, links: list[Any]) -> list[CounterMetricFamily | GaugeMetricFamily]:
+    def _families(self, by_cell: Mapping[str, list[Any]]) -> list[CounterMetricFamily | GaugeMetricFamily]:
+        cell_label = ("cell",) if self.cells is not None else ()
         families: list[CounterMetricFamily | GaugeMetricFamily] = []
         for key, (name, doc) in self.COUNTERS.items():
-            family = CounterMetricFamily(name, doc, labels=("role", "node"))
-            family.add_metric(self.labels, sum(getattr(link, key) for link in links))
+            family = CounterMetricFamily(name, doc, labels=("role", "node", *cell_label))
+            for cell, links in by_cell.items():
+                family.add_metric([*self.labels, *([cell] if cell_label else [])],
+                                  sum(getattr(link, key) for link in links))
             families.append(family)
-        connected = GaugeMetricFamily(*self.CONNECTED, labels=("role", "node", "server"))
-        for server, count in sorted(collections.Counter(link.server for link in links if link.server).items()):
-            connected.add_metric([*self.labels, server], count)
+        connected = GaugeMetricFamily(*self.CONNECTED, labels=("role", "node", *cell_label, "server"))
+        for cell, links in by_cell.items():
+            for server, count in sorted(collections.Counter(link.server for link in links if link.server).items()):
+                connected.add_metric([*self.labels, *([cell] if cell_label else []), server], count)
         families.append(connected)
         return families
+
 
 
 def postgres_reached(*stores: Any) -> float:
@@ -226,13 +238,15 @@ class Telemetry:
     def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):
         self.node = str(node_id)
         self.settings = settings
+        # the one cell a firer or a detector serves (with cells); a consumer serves every cell
+        self.cell = settings.cell if settings.cells and self.role != "consumer" else None
         self.port = metrics_port(self.role, settings.metrics_port, environ)
         self.registry = CollectorRegistry()
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
             collector(registry=self.registry)
-        Info("chronos", "Chronos version and header codec of this process", ("role", "node"),
-             registry=self.registry).labels(self.role, self.node).info({"version": __version__, "codec": codec.IMPL,
-                                                                   "psycopg": psycopg.pq.__impl__})
+        Info("chronos", "Chronos version and header codec of this process",
+             ("role", "node"), registry=self.registry).labels(self.role, self.node).info(
+            {"version": __version__, "codec": codec.IMPL, "psycopg": psycopg.pq.__impl__})
         self.health = Health(settings.health_window_ms / 1000.0)
         self.last_loop = time.monotonic()
         self.health.watch("loop", lambda: self.last_loop, window_s=max(self.health.window, 3 * self.loop_period()))
@@ -294,9 +308,11 @@ class Telemetry:
                           detail=lambda: f"nothing acknowledged by Kafka while messages wait ({watch.replacements['stall']} "
                                          f"producers replaced for it so far)")
 
-    def follow_postgres(self, links: Callable[[], Iterable[Any]]) -> None:
-        """Export the process's connections to PostgreSQL (the `ports.Link` of each of its stores)."""
-        self.registry.register(_PostgresLinks(self.role, self.node, links))
+    def follow_postgres(self, links: Callable[[], Iterable[Any]],
+                        cells: Callable[[], Mapping[str, Iterable[Any]]] | None = None) -> None:
+        """Export the process's connections to PostgreSQL (the `ports.Link` of each of its stores; with `cells`,
+        a consumer's, each cell's links, labelled with their cell)."""
+        self.registry.register(_PostgresLinks(self.role, self.node, links, cells))
 
     # -- the hot path ----------------------------------------------------------------------
 
@@ -320,28 +336,43 @@ class Telemetry:
 
     def health_report(self) -> tuple[bool, dict[str, Any]]:
         ok, report = self.health.report()
-        report.update(role=self.role, node=self.node)
+        report.update(role=self.role, node=self.node, **({"cell": self.cell} if self.cell is not None else {}))
         return ok, report
 
-    def serve(self, *, postgres: Callable[[], float], postgres_detail: Callable[[], str | None] | None = None,
+    def exposed(self) -> Any:
+        """What /metrics serves: the registry, each sample labelled with the cell this process serves if one."""
+        return self.registry if self.cell is None else CellLabelled(self.registry, self.cell)
+
+    def watch_postgres(self, postgres: Callable[[], float] | Mapping[str, Callable[[], float]],
+                       detail: Callable[[], str | None] | None = None) -> None:
+        """The health check of PostgreSQL (`serve`'s `postgres`): one, or with cells one per cell, named by it."""
+        if callable(postgres):
+            self.health.watch("postgres", postgres, detail=detail)
+        else:
+            for cell, reached in postgres.items():
+                self.health.watch(f"postgres of cell {cell}", reached, detail=detail)
+
+    def serve(self, *, postgres: Callable[[], float] | Mapping[str, Callable[[], float]],
+              postgres_detail: Callable[[], str | None] | None = None,
               kafka: Callable[[], Any] | None = None, kafka_topic: str | None = None) -> None:
         """Start the HTTP server (if a port is set: on CHRONOS_METRICS_ADDRESS, over TLS and with basic
         authentication as CHRONOS_METRICS_WEB_CONFIG_FILE says) and the health checks of PostgreSQL and Kafka.
 
-        `postgres` returns when the process last reached PostgreSQL, `postgres_detail` what the process
-        does about it not answering (if anything); `kafka` returns the process's current Kafka client,
-        which a probe thread asks for `kafka_topic`'s metadata.
+        `postgres` returns when the process last reached PostgreSQL (a consumer of several cells: one such
+        function per cell, each cell its own check), `postgres_detail` what the process does about it not
+        answering (if anything); `kafka` returns the process's current Kafka client, which a probe thread asks
+        for `kafka_topic`'s metadata.
         """
         if not self.port:
             return
-        self.health.watch("postgres", postgres, detail=postgres_detail)
+        self.watch_postgres(postgres, postgres_detail)
         if kafka is not None and kafka_topic is not None:
             probe = self.probe = KafkaProbe(kafka, kafka_topic, every_s=max(1.0, self.health.window / 4))
             self.health.watch("kafka", lambda: probe.last_ok, detail=lambda: probe.error)
         web = webconfig.load("CHRONOS_METRICS_WEB_CONFIG_FILE", self.settings.metrics_web_config_file or "")
         host = self.settings.metrics_address
         try:
-            self.server = MetricsServer((host, self.port), self.registry, self.health_report, web)
+            self.server = MetricsServer((host, self.port), self.exposed(), self.health_report, web)
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on port {self.port} of {host} (CHRONOS_METRICS_PORT, "
                               f"CHRONOS_METRICS_ADDRESS): {exc.strerror or exc}") from None
@@ -457,6 +488,15 @@ class ConsumerTelemetry(Telemetry):
         self.clock_offset = self.gauge("chronos_consumer_clock_offset_seconds",
                                        "database clock minus this host's clock, as last measured (every 10 s): "
                                        "a consumer publishes at once what is due by this host's clock")
+
+    def follow_cells(self, cells: Iterable[str], paused: Callable[[str], bool]) -> None:
+        """With cells: whether this consumer holds each cell's partitions paused (`paused(cell)`, read at
+        scrape time) because the cell does not answer it."""
+        gauge = Gauge("chronos_consumer_cell_paused", "1 while this consumer holds the input partitions of a cell "
+                      "paused because the cell's PostgreSQL does not answer it (its messages wait on the input "
+                      "topic), else 0", ("role", "node", "cell"), registry=self.registry)
+        for cell in cells:
+            gauge.labels(self.role, self.node, cell).set_function(functools.partial(lambda c: float(paused(c)), cell))
 
     def consumer_lag(self, ends: Mapping[int, tuple[int, int]], now: float) -> None:
         """Each assigned input partition's position and end (partition -> (the offset the consumer reads

@@ -33,6 +33,25 @@ class MapReadsCounted(MemoryStore):
         return super().cell_partitions()
 
 
+class Hangs(MapReadsCounted):
+    """A cell's store whose writes hang while `hung` is set (a frozen server: no answer, no error), until
+    released."""
+
+    def __init__(self, db):
+        super().__init__(db)
+        self.hung = threading.Event()
+        self.released = threading.Event()
+        self.writes_ended = 0
+
+    def apply(self, *args, **kwargs):
+        if self.hung.is_set():
+            assert self.released.wait(30), "never released"
+        try:
+            return super().apply(*args, **kwargs)
+        finally:
+            self.writes_ended += 1
+
+
 class CellsConsumer:
     """A consumer process over two in-memory cells, a (partitions 0 and 1) and b (2 and 3), run on a thread."""
 
@@ -52,7 +71,7 @@ class CellsConsumer:
             self.input = FakeConsumer(on_commit, snapshot=self.rows)
             return self.input, OutageLog("test consumer")
         # each cell's store is its writer's; the test reads and moves the map through handles of its own
-        self.cell_stores = {cell: MapReadsCounted(db) for cell, db in self.dbs.items()}
+        self.cell_stores = {cell: Hangs(db) for cell, db in self.dbs.items()}
         self.proc = ConsumerProcess(self.settings, self.life, store=self.cell_stores["a"],
                                     producers=self.publisher.factory(), consumers=consumers,
                                     telemetry=ConsumerTelemetry(uuid.uuid4(), self.settings),
@@ -245,3 +264,49 @@ def test_a_message_no_topic_took_is_parked_in_its_partitions_cell():
         c.input.feed([FakeMessage([("chronosDeadline", b"soon")], partition=3, offset=5)])  # invalid: no id
         wait_for(lambda: c.input.commits, "the commit once parked")
         assert [p.message.source for p in c.dbs["b"].parked] == ["in/3/5"] and c.dbs["a"].parked == []
+
+
+def test_a_hung_cell_does_not_hold_up_the_others_for_the_statements_deadline(caplog):
+    """Cell b's write hangs (no answer, no error, as a frozen server's): cell a's part of the poll is committed
+    within the patience, not the statement's deadline, and b's partitions are paused; once b answers, its write
+    given up ends and its messages, read again, are written again (idempotently) and committed."""
+    caplog.set_level("INFO", logger="chronos.consumer")
+    with CellsConsumer() as c:
+        assert c.input is not None
+        b = c.cell_stores["b"]
+        b.hung.set()
+        c.input.feed([msg("a0", 0, 10), msg("b2", 2, 30)])
+        wait_for(lambda: c.input.commits, "the commit of what cell a took")
+        assert c.input.commits[0] == ({("in", 0): 11}, {"a": ["a0"], "b": []})
+        assert b.writes_ended == 0  # b's write still hangs: a did not wait for its deadline
+        assert c.input.paused == {("in", 2)} and c.input.seeks == [{("in", 2): 30}]
+        assert logged(caplog, "cell b has not answered within 0.5s of the other cells")
+        # a's partitions flow on while b hangs
+        c.input.feed([msg("a1", 1, 20)])
+        wait_for(lambda: len(c.input.commits) == 2, "the next commit")
+        assert c.input.commits[1] == ({("in", 1): 21}, {"a": ["a0", "a1"], "b": []})
+        b.hung.clear()
+        b.released.set()
+        wait_for(lambda: c.input.resumed, "cell b's partitions resumed once it answers")
+        c.input.feed([msg("b2", 2, 30)])
+        wait_for(lambda: len(c.input.commits) == 3, "cell b's part committed")
+        assert c.input.commits[2] == ({("in", 2): 31}, {"a": ["a0", "a1"], "b": ["b2"]})
+
+
+def test_a_cancel_to_forward_to_a_hung_cell_holds_up_the_forwarding_not_the_poll():
+    with CellsConsumer() as c:
+        assert c.input is not None
+        b = c.cell_stores["b"]
+        c.input.feed([msg("x", 2, 0)])
+        wait_for(lambda: c.input.commits, "x written in cell b")
+        b.hung.set()
+        # x's cancel read in cell a's partition (forwarded to b, whose thread the hung write holds) and a write to b
+        c.input.feed([msg("x", 0, 0, "cancel"), msg("b3", 3, 0)])
+        wait_for(lambda: len(c.input.commits) == 2, "cell a's part committed while b hangs")
+        c.input.feed([msg("a1", 1, 0)])
+        wait_for(lambda: len(c.input.commits) == 3, "cell a's next poll committed while b hangs")
+        assert "x" in c.dbs["b"].rows and c.proc.stats["forwarded"] == 0
+        b.hung.clear()
+        b.released.set()
+        wait_for(lambda: c.proc.stats["forwarded"] == 1, "the cancel forwarded once b answers")
+        assert "x" not in c.dbs["b"].rows

@@ -16,16 +16,19 @@ not answer. A message parked (no topic took it) is kept in its partition's cell.
 
 A cell that does not answer (down, hung, cut off from this host) is given up at once: its part of the poll
 is not committed, its partitions are paused and sought back to the first message not written, while the
-other cells' partitions flow on; its database is asked the time until it answers, then its partitions are
-resumed and read again from there. The consumer leaves its group for such a cell only once the hold time
-has passed and another consumer of the group has committed on one of the cell's partitions since: it
-alone cannot reach a cell that the others reach."""
+other cells' partitions flow on. A hung cell does not hold up the poll for the statement's deadline
+(CHRONOS_DATABASE_TIMEOUT_MS): once the other cells' parts are durable, a part that has not answered within
+CELL_PATIENCE_S more is given up as well, its write left to end on its cell's thread (a write that ends well
+after all is written again, idempotently, when its messages are read again). Its database is asked the time
+until it answers, then its partitions are resumed and read again from there. The consumer leaves its group
+for such a cell only once the hold time has passed and another consumer of the group has committed on one
+of the cell's partitions since: it alone cannot reach a cell that the others reach."""
 
 from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -47,6 +50,11 @@ MAP_POLL_S = 0.2  # how often the map is read while a partition is moving: its p
 FORWARD_EVERY_S = 1.0  # how often the cancels and replaces noted to forward are looked for, between those written
 FORWARD_BATCH = 1000  # noted forwards a cell's round takes
 MOVING_WARN_S = 30.0  # a partition moving longer than this is said in the log, and again as long again later
+# how much longer than the other cells' parts of a poll a cell's part may take before it is given up (never more
+# than CHRONOS_DATABASE_TIMEOUT_MS): short enough that the messages of the cells that answer, read in the
+# meantime, are stored before they are due (the shortest delay worth scheduling is longer), long enough that a
+# healthy cell's slower write is rarely taken for a hung one (that costs only its part read again)
+CELL_PATIENCE_S = 0.5
 
 TopicPartition = tuple[str, int]
 
@@ -61,6 +69,16 @@ def _where(msg: Message) -> tuple[TopicPartition, int]:
     topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
     assert topic is not None and partition is not None and offset is not None  # consumed, not an event
     return (topic, partition), offset
+
+
+def _abandoned(cell: str) -> Callable[[Future], None]:
+    """What becomes of a write given up while under way: logged when it failed otherwise than by not answering
+    (its messages are read and written again either way)."""
+    def ended(future: Future) -> None:
+        exc = future.exception()
+        if exc is not None and not isinstance(exc, (Unreached, StoreUnavailable, CellMapChanged)):
+            log.warning("the write to cell %s given up while under way failed: %s", cell, exc)
+    return ended
 
 
 @dataclass
@@ -126,6 +144,10 @@ class Cells:
         self.next_forward = 0.0  # when the noted forwards are looked for next (by `clock`)
         for writer in writers.values():
             writer.forward = True
+        self.patience = min(CELL_PATIENCE_S, settings.database_timeout_ms / 1000.0)
+        self.pinging: dict[str, Future] = {}  # the loop thread's: each cell's idle probe under way
+        self.forwarder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="consumer-forwards")
+        self.forwarding: Future | None = None  # the round of forwards under way
 
     def load(self) -> bool:
         """Read the map at start and hold the input topic to it (CellMapError, or CellsUnsupported, to stop
@@ -168,6 +190,10 @@ class Cells:
         self.map = CellMap.build(lists)
         return True
 
+    def is_down(self, cell: str) -> bool:
+        """Whether `cell` does not answer and its partitions are paused (read by the metrics' thread)."""
+        return cell in self.down
+
     def sort(self, messages: list[Message], now_us: int) -> CellBatches:
         """A poll split by the cell of each message's partition, each cell's part sorted (`sort_batch`); the
         messages of a cell that does not answer are held back (loop thread)."""
@@ -202,7 +228,7 @@ class Cells:
             batches = CellBatches({cell: (part, sort_batch(part, time.time_ns() // 1000, self.rules))
                                    for cell, part in by_cell.items()}, held)
         if any(batch.of(CANCEL) or batch.of(REPLACE) for batch, _ in done) or self.clock() >= self.next_forward:
-            self.forward_noted()
+            self.forward_soon()
         first = next(iter(self.writers.values()))
         return written if first.finish(written.durable, done) else None
 
@@ -221,6 +247,11 @@ class Cells:
         refused: list[str] = []
         error: BaseException | None = None
         stopped = False
+        for cell in self.stragglers(futures):
+            log.info("cell %s has not answered within %.1fs of the other cells: its part of the poll is given up, "
+                     "its write left to end on its own", cell, self.patience)
+            futures.pop(cell).add_done_callback(_abandoned(cell))
+            written.down.setdefault(cell, []).extend(batches.parts[cell][0])
         for cell, future in futures.items():
             part, batch = batches.parts[cell]
             try:
@@ -243,14 +274,24 @@ class Cells:
             raise error
         return None if stopped else refused
 
-    # -- forwarding and parking, on the thread that writes (or, idle, the loop's) ------------------------
+    # -- forwarding, on a thread of its own; parking, on the thread that writes ---------------------------
+
+    def forward_soon(self) -> None:
+        """A round of `forward_noted` started on its own thread, unless one is under way: a cell slow to answer
+        (hung, and not yet given up) holds up the forwarding, never a poll. Called by the thread that writes or,
+        idle, the loop's, never both at once; raises what the last round raised, other than a cell's outage."""
+        self.next_forward = self.clock() + FORWARD_EVERY_S
+        if self.forwarding is not None:
+            if not self.forwarding.done():
+                return
+            self.forwarding.result()
+        self.forwarding = self.forwarder.submit(self.forward_noted)
 
     def forward_noted(self) -> None:
         """Each cell's noted cancels and replaces, forwarded to every other cell as cancels of their ids, on the
         cells' threads; forgotten in their cell once every other cell has had them (a cell that does not answer
         keeps them noted, to forward again later: a cancel is the same done twice). Counted: the ones that
         reached their message in another cell (`forwarded`), and the cancels that found it nowhere."""
-        self.next_forward = self.clock() + FORWARD_EVERY_S
         stats = next(iter(self.writers.values())).stats
         for home, writer in self.writers.items():
             if home in self.down:
@@ -321,6 +362,21 @@ class Cells:
         if failure is not None and len(left) == len(parked):
             raise failure
         return left
+
+    def stragglers(self, futures: dict[str, Future]) -> list[str]:
+        """Wait for the cells' writes of a poll: all of them, or, once one has ended, the others for `patience`
+        more after the last that ended; the cells whose write is still under way then (a hung cell's). When
+        none ends (every cell slow, or this host cut off from all), each is waited for until its statements'
+        deadline, as one database is without cells."""
+        pending = set(futures.values())
+        if len(pending) < 2:
+            return []
+        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+        while pending:
+            done, pending = wait(pending, timeout=self.patience, return_when=FIRST_COMPLETED)
+            if not done:
+                return [cell for cell, future in futures.items() if future in pending]
+        return []
 
     # -- the cells that do not answer, followed on the loop's thread ---------------------------------
 
@@ -440,14 +496,21 @@ class Cells:
         self.moving = Moving()
 
     def keep_alive(self) -> None:
-        """While idle, each cell that answers asked the time now and then (`Writer.keep_alive`), on its thread;
-        and what is noted to forward, forwarded now and then."""
+        """While idle, each cell that answers asked the time now and then (`Writer.keep_alive`), on its thread,
+        without waiting for one that takes long (a hung cell's probe ends at its statement's deadline; the next
+        write to the cell finds it out); and what is noted to forward, forwarded now and then."""
         for cell, writer in self.writers.items():
-            if cell not in self.down:
-                self.threads[cell].submit(writer.keep_alive).result()
+            under_way = self.pinging.get(cell)
+            if cell not in self.down and (under_way is None or under_way.done()):
+                self.pinging[cell] = self.threads[cell].submit(writer.keep_alive)
+        for cell, future in list(self.pinging.items()):
+            if future.done():
+                del self.pinging[cell]
+                future.result()  # raises what the probe raised: a failure is its own to wait out, not the loop's
         if self.clock() >= self.next_forward:
-            self.forward_noted()
+            self.forward_soon()
 
     def close(self) -> None:
+        self.forwarder.shutdown(wait=True)  # first: its round waits on the cells' threads
         for thread in self.threads.values():
             thread.shutdown(wait=True)

@@ -3,6 +3,7 @@ commit it once durable)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -65,7 +66,11 @@ class ConsumerProcess:
             late.keep_parked = self.cells.park  # each parked message in its partition's cell
         self.metrics.follow(lambda: self.stats)
         self.metrics.follow_producer(self.slot.watch)
-        self.metrics.follow_postgres(lambda: [s.link for s in self.stores.values()])
+        self.metrics.follow_postgres(lambda: [s.link for s in self.stores.values()],
+                                     cells=(lambda: {cell: [s.link] for cell, s in self.stores.items()}) if cells
+                                     else None)
+        if self.cells is not None:
+            self.metrics.follow_cells(self.stores, self.cells.is_down)
 
     def run(self) -> None:
         """Read batch N+1 (and sort it) while batch N is written on the writer thread; commit N's
@@ -77,7 +82,8 @@ class ConsumerProcess:
         log.info("consuming %s (group %s), batch %d", self.settings.input_topic, self.settings.consumer_group,
                  self.settings.batch_size)
         # the producer answers metadata requests at once; the group consumer may take seconds
-        self.metrics.serve(postgres=lambda: min(postgres_reached(s) for s in self.stores.values()),
+        self.metrics.serve(postgres=(lambda: postgres_reached(self.store)) if self.cells is None else
+                           {cell: functools.partial(postgres_reached, s) for cell, s in self.stores.items()},
                            postgres_detail=self.group.out_of_group,
                            kafka=lambda: self.slot.producer, kafka_topic=self.settings.input_topic)
         # the store, the producer and the stats are the writer's while a batch is pending

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import ipaddress
 import os
 import shutil
@@ -92,10 +93,15 @@ class Host:
     ns: str
 
 
+# One prefix per checkout: a kit removes what an earlier kit of its prefix left, so two checkouts' suites
+# running at once on one machine would otherwise delete each other's hosts.
+PREFIX = "ch" + hashlib.sha256(os.fsencode(Path(__file__).resolve().parents[1])).hexdigest()[:4]
+
+
 class Network:
     """Hosts on one bridge, all in namespaces named `<prefix>-...`."""
 
-    def __init__(self, prefix: str = "chf", subnet: str = SUBNET):
+    def __init__(self, prefix: str = PREFIX, subnet: str = SUBNET):
         self.prefix = prefix
         self.net = ipaddress.ip_network(subnet)
         self.switch = f"{prefix}-switch"

@@ -32,7 +32,7 @@ from kits.fleet.hosts import SYSTEMCTL, ChronosHost, ChronosHosts
 from kits.fleet.install import build_wheel, install_chronos, page_blocks, previous_release, release_wheel
 from kits.fleet.postgres import ETCD, PatroniCluster
 from kits.fleet.prometheus import Prometheus
-from kits.network import Network, NetworkError
+from kits.network import PREFIX, Network, NetworkError
 
 __all__ = ["ROOT", "ChronosHost", "Fleet", "FleetError", "build_wheel", "install_chronos", "page_blocks",
            "previous_release", "release_wheel", "require_fleet_tools", "wait"]
@@ -46,7 +46,7 @@ class Fleet:
     host's environment file (the hold time, say). `release` is the release every host runs at first."""
 
     def __init__(self, workdir: Path, opt_dir: Path, *, chronos_hosts: int = 2, per_host: tuple[int, int, int] = (1, 1, 1),
-                 members: int = 2, partitions: int = 4, prefix: str = "chf", settings: dict[str, str] | None = None,
+                 members: int = 2, partitions: int = 4, prefix: str = PREFIX, settings: dict[str, str] | None = None,
                  kafka_properties: dict[str, str] | None = None, release: str | None = None, archive: bool = False):
         self.workdir = Path(workdir).absolute()
         self.net = Network(prefix)

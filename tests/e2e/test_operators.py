@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from chronos.errors import EXIT_CONFIG, EXIT_SCHEMA, EXIT_UNAVAILABLE, StoreUnavailable
+from chronos.up.datadir import short_run_dir
 from chronos.up.supervisor import Supervisor, SupervisorError, supervisord_conf
 from chronos.adapters.postgres.connection import connect
 
@@ -183,9 +184,10 @@ def test_kafka_secrets_never_reach_the_logs(tmp_path, processes, chronos_env):
 
 
 def _supervise(tmp_path: Path, **env: str) -> tuple[subprocess.Popen, Path]:
-    run_dir, log_dir = tmp_path / "run", tmp_path / "logs"
-    run_dir.mkdir()
+    log_dir = tmp_path / "logs"
+    (tmp_path / "run").mkdir()
     log_dir.mkdir()
+    run_dir = short_run_dir(tmp_path / "run")  # a Unix socket's path has a limit that tmp_path may pass
     full = _env(CHRONOS_BIN=f"{sys.executable} -m chronos", CHRONOS_RUN_DIR=str(run_dir),
                 CHRONOS_LOG_DIR=str(log_dir), CHRONOS_CONSUMERS="1", CHRONOS_FIRERS="1", CHRONOS_DETECTORS="1",
                 CHRONOS_CONSOLES="0", **env)

@@ -21,6 +21,7 @@ import orjson
 import pytest
 
 from chronos.embedded import INSTALL_HINT
+from chronos.up.datadir import short_run_dir
 
 from helpers import EMBEDDED_KAFKA, wait_for
 
@@ -100,9 +101,10 @@ def test_chronos_up_without_the_extra_says_what_to_install(venv, tmp_path):
 
 def test_the_three_processes_run_from_the_wheel_under_the_shipped_supervisord_conf(venv, empty_database_url, broker,
                                                                                    topics, tmp_path):
-    run_dir, log_dir = tmp_path / "run", tmp_path / "logs"
-    run_dir.mkdir()
+    log_dir = tmp_path / "logs"
+    (tmp_path / "run").mkdir()
     log_dir.mkdir()
+    run_dir = short_run_dir(tmp_path / "run")  # a Unix socket's path has a limit that tmp_path may pass
     settings = {
         "CHRONOS_DATABASE_URL": empty_database_url, "CHRONOS_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
         "CHRONOS_INPUT_TOPIC": topics["input"], "CHRONOS_OUTPUT_TOPIC": topics["output"],

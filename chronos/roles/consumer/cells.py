@@ -3,16 +3,11 @@ cell at start (an input topic of another partition count than the map's is refus
 cell and sorted on the loop's thread, and each cell's batch written by its own writer, on a thread of its
 own, fenced by the map (`chronos.domain.cells`), the cells in parallel. A cell that refuses its write (its
 list changed since the map was read) has the map read again and its messages written where the new map
-says. A moving partition (closed in its cell, opened in none yet) is paused and sought back to its first
-message not written, while the others flow on; the map is read again every MAP_POLL_S until a cell opens it,
-then it is resumed and read again from there. A poll's part is durable once its cell's is: then its late
-messages are published and its offsets committed, partition by partition.
-
-A cancel that finds no message in its partition's cell, and a replace (whose earlier version may wait
-elsewhere), are noted in that cell in the write's own transaction, and forwarded to every other cell as a
-cancel of the id there (a producer that does not route by the ordering key or the id can send them to another
-partition than their message's), then forgotten: counted (`forwarded`), never dropped, kept while a cell does
-not answer. A message parked (no topic took it) is kept in its partition's cell.
+says. A moving partition's messages are held back while the others flow on (chronos.roles.consumer.moving).
+A poll's part is durable once its cell's is: then its late messages are published and its offsets committed,
+partition by partition. The cancels and replaces a write notes to forward to the other cells go there on a
+thread of their own (chronos.roles.consumer.forwards). A message parked (no topic took it) is kept in its
+partition's cell.
 
 A cell that does not answer (down, hung, cut off from this host) is given up at once: its part of the poll
 is not committed, its partitions are paused and sought back to the first message not written, while the
@@ -33,12 +28,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from chronos.config import Settings
-from chronos.domain.cells import CANCEL as CANCEL_ACTION, CellMap, CellMapError, ranges
+from chronos.domain.cells import CellMap, CellMapError, ranges
 from chronos.domain.model import Parked
 from chronos.domain.intake import Rules
 from chronos.errors import CellMapChanged, KafkaUnanswered, StoreUnavailable
 from chronos.ports import InputMessage as Message
+from chronos.roles.consumer.forwards import Forwarder
 from chronos.roles.consumer.group import POSTGRES, Group, OutOfReach
+from chronos.roles.consumer.moving import MovingPartitions, TopicPartition, rewind
 from chronos.roles.consumer.sorting import CANCEL, REPLACE, Batch, sort_batch
 from chronos.roles.consumer.writer import Stored, Unreached, Writer
 from chronos.runtime.backoff import Backoff
@@ -46,29 +43,17 @@ from chronos.runtime.process import Lifecycle
 
 log = logging.getLogger("chronos.consumer")
 
-MAP_POLL_S = 0.2  # how often the map is read while a partition is moving: its pause is the move's cut-over, no more
-FORWARD_EVERY_S = 1.0  # how often the cancels and replaces noted to forward are looked for, between those written
-FORWARD_BATCH = 1000  # noted forwards a cell's round takes
-MOVING_WARN_S = 30.0  # a partition moving longer than this is said in the log, and again as long again later
 # how much longer than the other cells' parts of a poll a cell's part may take before it is given up (never more
 # than CHRONOS_DATABASE_TIMEOUT_MS): short enough that the messages of the cells that answer, read in the
 # meantime, are stored before they are due (the shortest delay worth scheduling is longer), long enough that a
 # healthy cell's slower write is rarely taken for a hung one (that costs only its part read again)
 CELL_PATIENCE_S = 0.5
 
-TopicPartition = tuple[str, int]
-
 
 def _partition(msg: Message) -> int:
     partition = msg.partition()
     assert partition is not None  # consumed, not an event
     return partition
-
-
-def _where(msg: Message) -> tuple[TopicPartition, int]:
-    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-    assert topic is not None and partition is not None and offset is not None  # consumed, not an event
-    return (topic, partition), offset
 
 
 def _abandoned(cell: str) -> Callable[[Future], None]:
@@ -102,17 +87,6 @@ class Written:
 
 
 @dataclass
-class Moving:
-    """The partitions held back while they move, as the loop's thread follows them: each one's offset it was
-    sought back to, since when, the reading of the map under way and when the next is due."""
-
-    rewound: dict[TopicPartition, int] = field(default_factory=dict)
-    since: dict[TopicPartition, float] = field(default_factory=dict)
-    reads: dict[str, Future] | None = None
-    next_read: float = 0.0
-
-
-@dataclass
 class Down:
     """A cell that does not answer, as the loop's thread follows it: since when (by the process's clock), the
     partitions paused for it and the offset each was sought back to, the group's progress when it went down,
@@ -140,14 +114,11 @@ class Cells:
         self.threads = {cell: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"consumer-{cell}")
                         for cell in writers}
         self.down: dict[str, Down] = {}  # the loop thread's: the cells that do not answer
-        self.moving = Moving()  # the loop thread's: the partitions held back while they move
-        self.next_forward = 0.0  # when the noted forwards are looked for next (by `clock`)
-        for writer in writers.values():
-            writer.forward = True
+        # the loop thread's: the partitions held back while they move
+        self.moving = MovingPartitions(writers, self.threads, lambda: group.consumer, clock)
+        self.forwards = Forwarder(writers, self.threads, self.down, clock)
         self.patience = min(CELL_PATIENCE_S, settings.database_timeout_ms / 1000.0)
         self.pinging: dict[str, Future] = {}  # the loop thread's: each cell's idle probe under way
-        self.forwarder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="consumer-forwards")
-        self.forwarding: Future | None = None  # the round of forwards under way
 
     def load(self) -> bool:
         """Read the map at start and hold the input topic to it (CellMapError, or CellsUnsupported, to stop
@@ -227,8 +198,8 @@ class Cells:
             by_cell, held = self.map.split(again, _partition)
             batches = CellBatches({cell: (part, sort_batch(part, time.time_ns() // 1000, self.rules))
                                    for cell, part in by_cell.items()}, held)
-        if any(batch.of(CANCEL) or batch.of(REPLACE) for batch, _ in done) or self.clock() >= self.next_forward:
-            self.forward_soon()
+        if any(batch.of(CANCEL) or batch.of(REPLACE) for batch, _ in done) or self.forwards.due():
+            self.forwards.soon()
         first = next(iter(self.writers.values()))
         return written if first.finish(written.durable, done) else None
 
@@ -273,67 +244,6 @@ class Cells:
         if error is not None:
             raise error
         return None if stopped else refused
-
-    # -- forwarding, on a thread of its own; parking, on the thread that writes ---------------------------
-
-    def forward_soon(self) -> None:
-        """A round of `forward_noted` started on its own thread, unless one is under way: a cell slow to answer
-        (hung, and not yet given up) holds up the forwarding, never a poll. Called by the thread that writes or,
-        idle, the loop's, never both at once; raises what the last round raised, other than a cell's outage."""
-        self.next_forward = self.clock() + FORWARD_EVERY_S
-        if self.forwarding is not None:
-            if not self.forwarding.done():
-                return
-            self.forwarding.result()
-        self.forwarding = self.forwarder.submit(self.forward_noted)
-
-    def forward_noted(self) -> None:
-        """Each cell's noted cancels and replaces, forwarded to every other cell as cancels of their ids, on the
-        cells' threads; forgotten in their cell once every other cell has had them (a cell that does not answer
-        keeps them noted, to forward again later: a cancel is the same done twice). Counted: the ones that
-        reached their message in another cell (`forwarded`), and the cancels that found it nowhere."""
-        stats = next(iter(self.writers.values())).stats
-        for home, writer in self.writers.items():
-            if home in self.down:
-                continue
-            try:
-                pending = self.threads[home].submit(writer.store.pending_forwards, FORWARD_BATCH).result()
-            except StoreUnavailable as exc:
-                log.debug("cell %s: could not read its cancels to forward: %s", home, exc)
-                continue
-            if not pending:
-                continue
-            ids = [f.id for f in pending]
-            found: dict[str, tuple[str, bool]] = {}
-            everywhere = True
-            for other, other_writer in self.writers.items():
-                if other == home:
-                    continue
-                if other in self.down:
-                    everywhere = False
-                    continue
-                try:
-                    hits = self.threads[other].submit(other_writer.store.cancel_forwarded, ids).result()
-                except StoreUnavailable as exc:
-                    log.info("cell %s does not answer: the cancels forwarded from cell %s wait for it (%s)", other,
-                             home, exc)
-                    everywhere = False
-                    continue
-                found.update({mid: (other, in_flight) for mid, in_flight in hits.items()})
-            cancels = {f.id for f in pending if f.action == CANCEL_ACTION}
-            stats["forwarded"] += len(found)  # a replace's earlier version gone from another cell is no cancel
-            stats["cancelled"] += sum(not in_flight for mid, (_, in_flight) in found.items() if mid in cancels)
-            stats["cancelled_in_flight"] += sum(in_flight for mid, (_, in_flight) in found.items() if mid in cancels)
-            if found:
-                log.info("forwarded %d cancels and replaces from cell %s: %d reached their message in another cell "
-                         "(%s)", len(pending), home, len(found),
-                         ", ".join(f"{mid!r} in cell {cell}" for mid, (cell, _) in list(found.items())[:5]))
-            if everywhere:
-                stats["cancel_unknown"] += len(cancels - found.keys())
-                try:
-                    self.threads[home].submit(writer.store.forget_forwards, pending).result()
-                except StoreUnavailable as exc:  # noted still: forwarded again, which changes nothing
-                    log.debug("cell %s: could not forget its forwarded cancels: %s", home, exc)
 
     def park(self, parked: list[tuple[int | None, Parked]]) -> list[tuple[int | None, Parked]]:
         """`LatePath.keep_parked` with cells: each parked message kept in the cell of the partition it was read
@@ -395,71 +305,11 @@ class Cells:
     def hold_back(self, cell: str, messages: list[Message]) -> None:
         """Pause the partitions of these messages of a cell that does not answer, and seek each back to its first
         one (never forward: a message read before and not written comes first)."""
-        self._rewind(self.down[cell].rewound, messages)
-
-    def _rewind(self, rewound: dict[TopicPartition, int], messages: list[Message]) -> list[TopicPartition]:
-        """Pause the partitions of these messages not paused yet and seek each back to its first one, unless it
-        was sought back further already (`rewound`, updated); returns the partitions paused now."""
-        first: dict[TopicPartition, int] = {}
-        for msg in messages:
-            tp, offset = _where(msg)
-            first[tp] = min(offset, first.get(tp, offset))
-        new = [tp for tp in first if tp not in rewound]
-        if new:
-            self.group.consumer.pause_partitions(new)
-        back = {tp: offset for tp, offset in first.items() if offset < rewound.get(tp, offset + 1)}
-        if back:
-            self.group.consumer.seek_partitions(back)
-            rewound.update(back)
-        return new
-
-    # -- the partitions that move, followed on the loop's thread -------------------------------------
-
-    def hold_moving(self, messages: list[Message]) -> None:
-        """After a poll was written: the partitions of its messages that are moving paused and sought back to
-        their first one, until the map says a cell opened them."""
-        new = self._rewind(self.moving.rewound, messages)
-        now = self.clock()
-        for tp in new:
-            self.moving.since[tp] = now
-        if new:
-            log.info("input partition(s) %s are moving to another cell: paused until it opens them",
-                     ranges(sorted(p for _, p in new)))
+        rewind(self.group.consumer, self.down[cell].rewound, messages)
 
     def look_after_moving(self) -> None:
-        """While partitions are moving, read the map from every cell now and then, on their threads; resume each
-        partition a cell has opened since, to be read again from where it was sought back to."""
-        moving, now = self.moving, self.clock()
-        if not moving.rewound:
-            return
-        if moving.reads is None:
-            if now >= moving.next_read and not self.down:
-                moving.reads = {cell: self.threads[cell].submit(writer.store.cell_partitions)
-                                for cell, writer in self.writers.items()}
-            return
-        if not all(f.done() for f in moving.reads.values()):
-            return
-        reads, moving.reads, moving.next_read = moving.reads, None, now + MAP_POLL_S
-        try:
-            cell_map = CellMap.build({cell: f.result() for cell, f in reads.items()})
-        except StoreUnavailable as exc:  # a cell the writes will find down; read again next time
-            log.debug("reading the map while partitions move: %s", exc)
-            return
-        self.map = cell_map
-        opened = [tp for tp in moving.rewound if cell_map.owner(tp[1]).writable]
-        if opened:
-            self.group.consumer.resume_partitions(opened)
-            for tp in opened:
-                owner = cell_map.owner(tp[1])
-                log.info("input partition %d is open in cell %s at epoch %d: read again after %.1fs paused", tp[1],
-                         owner.cell, owner.epoch, now - moving.since.pop(tp, now))
-                del moving.rewound[tp]
-        for tp, since in moving.since.items():
-            if now - since >= MOVING_WARN_S:
-                moving.since[tp] = now
-                log.warning("input partition %d has been moving for %.0fs and no cell this consumer knows opened it: "
-                            "finish its move (chronos cells move), or, if it goes to a cell missing from this "
-                            "consumer's CHRONOS_CELLS, restart the consumer with it", tp[1], MOVING_WARN_S)
+        """The partitions that move followed (`MovingPartitions.look_after`), the map they read kept."""
+        self.map = self.moving.look_after(bool(self.down)) or self.map
 
     def look_after(self) -> None:
         """Ask each cell that does not answer the time, now and then, on its thread; resume its partitions once
@@ -475,10 +325,10 @@ class Cells:
                     down.next_probe = now + writer.db_outage.failed(exc)
                 else:
                     writer.db_outage.ok()
-                    self.group.consumer.resume_partitions(list(down.rewound))
-                    del self.down[cell]
                     log.warning("cell %s answers again after %.1fs: its partitions are read again", cell,
                                 now - down.since)
+                    self.group.consumer.resume_partitions(list(down.rewound))
+                    del self.down[cell]
                     continue
                 down.probe = None
             if down.probe is None and now >= down.next_probe:
@@ -493,7 +343,7 @@ class Cells:
         """Out of the group: nothing is paused any more (the partitions are the others' until it rejoins, then
         read from their last commit)."""
         self.down.clear()
-        self.moving = Moving()
+        self.moving.forget()
 
     def keep_alive(self) -> None:
         """While idle, each cell that answers asked the time now and then (`Writer.keep_alive`), on its thread,
@@ -507,10 +357,10 @@ class Cells:
             if future.done():
                 del self.pinging[cell]
                 future.result()  # raises what the probe raised: a failure is its own to wait out, not the loop's
-        if self.clock() >= self.next_forward:
-            self.forward_soon()
+        if self.forwards.due():
+            self.forwards.soon()
 
     def close(self) -> None:
-        self.forwarder.shutdown(wait=True)  # first: its round waits on the cells' threads
+        self.forwards.close()  # first: its round waits on the cells' threads
         for thread in self.threads.values():
             thread.shutdown(wait=True)

@@ -164,7 +164,7 @@ class ConsumerProcess:
             if result.down:
                 self.cells.went_down(result, pending_batch if isinstance(pending_batch, CellBatches) else None)
             if result.moving:
-                self.cells.hold_moving(result.moving)
+                self.cells.moving.hold(result.moving)
         if self.group.losses != epoch or not messages:
             return True
         self.group.commit(messages)

@@ -57,7 +57,7 @@ class Writer:
         self.next_ping = 0.0
         self.next_clock = 0.0  # monotonic: when `measure_clock` reads the database's clock next
         # with cells: the cancels that found nothing and the replaces are noted to forward to the other cells,
-        # which count the cancels that found nothing anywhere (`Cells.forward_noted`)
+        # which count the cancels that found nothing anywhere (`Forwarder.round`)
         self.forward = False
 
     def write(self, messages: list[Message], batch: Batch, epoch: int | None = None) -> bool:

@@ -1,5 +1,5 @@
 """Which PostgreSQL server each process says it uses: the `chronos_postgres_*` series of its /metrics
-(chronos.telemetry.metrics `_PostgresLinks`), read back for `chronos status` and the console.
+(chronos.telemetry.collectors `PostgresLinks`), read back for `chronos status` and the console.
 
 The server's own side (its role, its standbys, the processes' sessions on it) is
 `Store.server_view`; this module is the processes' side, so the two can be put together: a

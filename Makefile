@@ -1,11 +1,13 @@
 # The two set-up commands of the README:
 #   make up    set up and run the whole stack (embedded PostgreSQL and broker unless real ones are configured)
 #   make test  set up and pass the whole test suite
+# and the container image (docs/operations/containers.md):
+#   make image build localhost/chronos:VERSION (and VERSION-embedded) from Debian's packages and this checkout
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test bench clean chromium stunnel postgresql-15 pgbouncer patroni fleet
+.PHONY: up test bench clean chromium stunnel postgresql-15 pgbouncer patroni fleet image containers
 
 up: $(VENV)/.installed
 	$(BIN)/chronos up $(ARGS)
@@ -19,8 +21,8 @@ PYTEST_WORKERS ?= -n 2
 # from another checkout.
 PYTEST_TEMPROOT ?= /tmp/ct-$(shell printf %s "$(CURDIR)" | cksum | cut -d' ' -f1)
 
-test: $(VENV)/.installed $(BIN)/promtool $(BIN)/prometheus chromium stunnel postgresql-15 pgbouncer patroni fleet
-	$(BIN)/ruff check chronos benchmarks tests kits
+test: $(VENV)/.installed $(BIN)/promtool $(BIN)/prometheus chromium stunnel postgresql-15 pgbouncer patroni fleet containers
+	$(BIN)/ruff check chronos benchmarks tests kits deploy
 	$(BIN)/lint-imports
 	$(BIN)/mypy chronos
 	mkdir -p $(PYTEST_TEMPROOT)
@@ -97,6 +99,21 @@ fleet: patroni
 	[ -z "$$missing" ] || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	  else echo "make test: the fleet tests need root and Debian's $$missing: sudo apt-get install $$missing" >&2; exit 1; fi; }
+
+# The container image (deploy/image/build.py) is made from Debian's packages by mmdebstrap and made an image by
+# podman and buildah, with runc to run it (tests/containers); they need root, as the build's chroot does.
+# Installed here when missing, like stunnel, without the packages they only recommend (rootless podman's helpers).
+CONTAINER_PACKAGES ?= podman buildah runc mmdebstrap
+containers:
+	@missing=$$(for p in $(CONTAINER_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	[ -z "$$missing" ] || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	  else echo "make: the container image needs root and Debian's $$missing: sudo apt-get install $$missing" >&2; exit 1; fi; }
+
+# The image is remade only where its inputs changed (deploy/image/build.py); ARGS=--refresh remakes it all with
+# today's Debian packages.
+image: $(VENV)/.installed containers
+	$(BIN)/python deploy/image/build.py $(ARGS)
 
 bench: $(VENV)/.installed
 	$(BIN)/python -m pytest benchmarks --benchmark-only $(ARGS)

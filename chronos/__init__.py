@@ -1,3 +1,3 @@
 """Chronos for Python: a persistent, highly available time-delay scheduler for Kafka."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -274,6 +274,13 @@ OPTIONS: tuple[Option, ...] = (
            "are published; 1 to 16 (one under fire-rate limits, whatever this says). More than one pays where "
            "PostgreSQL has cores to spare: on two cores shared with everything else, a second claimer slowed the "
            "consumers' writes more than it sped the claims", _claimers, "1"),
+    Option("firer_claim", "how a firer claims its due rows: stamp (each claimed row is stamped as the firer's, "
+           "deleted once Kafka acknowledged it, handed back by a detector after the hold time when its firer "
+           "dies) or delete (the claim deletes the rows in a transaction the firer holds open, one session per "
+           "batch in flight, until Kafka acknowledged them, then commits; PostgreSQL ends the transaction of a "
+           "firer silent for the hold time, and its rows are back: half the row versions, no detector needed "
+           "for them). Firers of both kinds may run beside each other on one store (a rollout); recurring "
+           "schedules' occurrences are stamped either way", _choice("stamp", "delete"), "stamp"),
     Option("consumer_group", "Kafka consumer group of the consumers", _str, "chronos"),
     Option("kafka_properties", "extra librdkafka properties as key=value,key=value (TLS, SASL, ...)",
            parse_kafka_properties, ""),
@@ -342,6 +349,7 @@ class Settings:
     batch_size: int = 2000
     firer_max_held_bytes: int = 64 << 20
     firer_claimers: int = 1
+    firer_claim: str = "stamp"
     consumer_group: str = "chronos"
     kafka_properties: dict[str, str] = field(default_factory=dict)
     kafka_properties_file: dict[str, str] = field(default_factory=dict)

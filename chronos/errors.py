@@ -60,6 +60,11 @@ class KafkaRefused(ConfigError):
     retrying with the same settings cannot help."""
 
 
+class ClaimContended(ChronosError):
+    """A firer's claim that deletes found a row it had chosen taken by another firer meanwhile: its batch was
+    rolled back, nothing of it held, and the claim is made again (not an outage)."""
+
+
 class StoreRejected(ChronosError):
     """PostgreSQL refused the data itself (not the connection): retrying the same data cannot help."""
 

@@ -27,8 +27,8 @@ from chronos.domain.cells import CellPartition, Fence, Forward
 from chronos.domain.delivery import DeliveryError
 from chronos.domain.model import Announced, Claimed, Overview, Parked, Row, Stale, Throttled
 from chronos.domain.moves import Change, MoveRecord, MovingRow
-from chronos.domain.operators import (Filters, Listed, Message, ParkedFilters, ParkedMessage, ParkedRecord, ParkedRef,
-                                      Position, Schedule)
+from chronos.domain.operators import (HELD_WITHIN_MS, Filters, Listed, Message, ParkedFilters, ParkedMessage,
+                                      ParkedRecord, ParkedRef, Position, Schedule)
 from chronos.domain.ratelimit import FireRateLimits
 
 
@@ -228,8 +228,8 @@ class IntakeStore(StoreHandle, Presence, Protocol):
 
 
 class ShareStore(StoreHandle, Protocol):
-    """The firers' shares of the due rows (`chronos.domain.shares`): a firer's lease, and the claim of
-    its own slices."""
+    """The firers' shares of the due rows (`chronos.domain.shares`): a firer's lease (the claim of its own
+    slices is `DueClaims.claim_share`)."""
 
     def firer_heartbeat(self, hold_ms: int) -> dict[uuid.UUID, int]:
         """Renew this firer's lease; the other firers whose lease is younger than `hold_ms`, each with
@@ -240,6 +240,16 @@ class ShareStore(StoreHandle, Protocol):
         """Give this firer's slices up at once."""
         ...
 
+
+class DueClaims(Protocol):
+    """The two claims of a claimer's pass over the due rows (`Claimer.claim_rows`): a `ClaimStore`'s, which
+    stamp the rows as the firer's, or a `TakeStore`'s, which delete them in the transaction it holds."""
+
+    def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None) -> list[Claimed]:
+        """Claim up to `limit` rows due within `lookahead_ms`, in (deadline, seq) order; with
+        `window_ms`, only rows due at most that long ago (a cheaper claim: see `Claimer.claim_rows`)."""
+        ...
+
     def claim_share(self, slices: tuple[int, ...], limit: int, lookahead_ms: int,
                     window_ms: int | None = None) -> tuple[list[Claimed], bool]:
         """`claim` within these slices, each up to its share of `limit`: (the rows in (deadline, seq)
@@ -247,18 +257,58 @@ class ShareStore(StoreHandle, Protocol):
         ...
 
 
-class ClaimStore(ShareStore, Protocol):
-    """The statements of the firer's claiming thread: due rows and due occurrences claimed."""
+class TokenStore(Protocol):
+    """The fire-rate buckets as the claim that deletes uses them: tokens set aside before its claim, in a
+    transaction of their own (its held transaction would keep the bucket locked, and every other firer
+    waiting on it, until its commit), and those its claim did not use given back."""
 
-    def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None) -> list[Claimed]:
-        """Claim up to `limit` rows due within `lookahead_ms`, in (deadline, seq) order; with
-        `window_ms`, only rows due at most that long ago (a cheaper claim: see `Claimer.claim_rows`)."""
+    def reserve_tokens(self, name: str, topic: str | None, rate: float, limit: int) -> int:
+        """Refill the bucket `name` (of `topic`'s rows: None, the output topic's) and take up to `limit`
+        tokens from it, when rows of the topic are due: how many it gave."""
         ...
+
+    def return_tokens(self, name: str, rate: float, count: int) -> None:
+        """Give `count` tokens taken and not used back to the bucket `name` (up to what it holds at most)."""
+        ...
+
+
+class ClaimStore(ShareStore, DueClaims, TokenStore, Protocol):
+    """The statements of the firer's claiming thread: due rows and due occurrences claimed."""
 
     def claim_limited(self, limits: FireRateLimits, output_topic: str, limit: int,
                       lookahead_ms: int) -> tuple[list[Claimed], bool]: ...
 
     def claim_schedules(self, limit: int, lookahead_ms: int, now_us: int) -> list[Claimed]: ...
+
+
+class TakeStore(StoreHandle, DueClaims, Protocol):
+    """A firer's session for the claim that deletes (CHRONOS_FIRER_CLAIM=delete). Its claims delete the rows
+    they take, in a transaction the session holds open (begun by the first of them) until `finish` commits
+    it, the rows gone for good once Kafka acknowledged them, or `give_back` rolls it back, every row back as
+    it was. While it is open the rows are this firer's alone: other claims skip them, operators and status
+    see them in flight, a write of the same id waits for it to end. PostgreSQL ends the transaction of a
+    session silent for the hold time (its firer dead, hung or cut off), and the rows are back. One batch at a
+    time: a firer holds a session per batch in flight."""
+
+    def claim_limited(self, limits: FireRateLimits, output_topic: str, limit: int, lookahead_ms: int,
+                      tokens: TokenStore) -> tuple[list[Claimed], bool]:
+        """`ClaimStore.claim_limited`, deleting, with the tokens of each limited topic set aside in `tokens`
+        first and what was not used given back."""
+        ...
+
+    def finish(self, restore: Sequence[Claimed], retry: Sequence[tuple[Claimed, str, int]],
+               park: Sequence[tuple[Claimed, str]], output_topic: str) -> None:
+        """Settle the batch and commit: put `restore` back as taken (handed back), `retry` back with the
+        failure counted and the deadline put off (row, error, delay_ms), `park` into the parked messages
+        (row, reason); every other row taken is gone. StoreUnavailable when the transaction had ended
+        already (held past the hold time, or PostgreSQL lost): every row is back, or, where the commit
+        itself was lost on the way, possibly gone."""
+        ...
+
+    def give_back(self) -> None:
+        """Roll the batch back: every row taken is back as it was. Never fails: a session that cannot reach
+        PostgreSQL is closed, and PostgreSQL rolls back what it held."""
+        ...
 
 
 class SettleStore(StoreHandle, Presence, Protocol):
@@ -429,9 +479,10 @@ class OperatorsStore(StoreHandle, Protocol):
         ...
 
     def list_messages(self, f: Filters, *, output_topic: str, limit: int, after: Position | None = None,
-                      not_at: datetime | None = None) -> list[Listed]:
+                      not_at: datetime | None = None, held_within_ms: int = HELD_WITHIN_MS) -> list[Listed]:
         """Up to `limit` rows matching `f` (and whose deadline is not `not_at`) after the position `after`: in
-        (deadline, seq) order, in id order with an id prefix."""
+        (deadline, seq) order, in id order with an id prefix. Rows held by a firer's claim that deletes are
+        found in flight among those due within `held_within_ms`."""
         ...
 
     def list_parked(self, *, limit: int, before: int | None = None,

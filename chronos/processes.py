@@ -18,7 +18,7 @@ from chronos.adapters.kafka.clients import make_consumer, make_producer
 from chronos.adapters.postgres import pooling
 from chronos.adapters.postgres.connection import connect
 from chronos.adapters.postgres.migrations import check_schema
-from chronos.adapters.postgres.store import role_store
+from chronos.adapters.postgres.store import role_store, take_session
 from chronos.config import Settings
 from chronos.telemetry.metrics import ConsumerTelemetry, DetectorTelemetry, FirerTelemetry
 from chronos.roles.consumer import ConsumerProcess
@@ -48,7 +48,8 @@ def build_firer(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> Fire
     return FirerProcess(settings, life,
                         stores=lambda: role_store(settings, node_id, "firer", synchronous_commit=False),
                         producers=lambda: make_producer(settings, "firer"),
-                        telemetry=FirerTelemetry(node_id, settings))
+                        telemetry=FirerTelemetry(node_id, settings),
+                        takes=lambda: take_session(settings, node_id))
 
 
 def build_detector(settings: Settings, node_id: uuid.UUID, life: Lifecycle) -> DetectorProcess:

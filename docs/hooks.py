@@ -363,7 +363,11 @@ def upgrade_page(result: str = UPGRADE_RESULT) -> str:
                      f"{r['duplicates']} ({r['duplicates_explained']} explained)",
                      f"{r['longest_pause_s']:g} s", f"{r['max_lateness_s']:g} s", steps, alerts))
     settle = next((r.get("settle_s") for r in data["rows"] if r["scenario_key"] == "upgrade"), None)
-    head = (f"Run of {data['date']}: {data['hosts']}, each a network namespace on this 2-core machine; "
+    upgrade = next(r for r in data["rows"] if r["scenario_key"] == "upgrade")
+    old = sorted({v for host in upgrade["running_before"].values() for v in host.values()})
+    new = sorted({v for host in upgrade["steps"][-1]["running"].values() for v in host.values()})
+    head = (f"Run of {data['date']}, from {', '.join(old)} to {', '.join(new)}: {data['hosts']}, each a network "
+            "namespace on this 2-core machine; "
             f"{data['rate']:g} msg/s (delays 0.5-5 s, 10% already late), hold time 5 s, {settle:g} s of load between "
             f"steps (`{data['command']}`; result file `benchmarks/results/{result}`). A killed firer's claimed rows "
             f"wait out the hold time, which is the latest delivery; times are from the first step.\n\n")

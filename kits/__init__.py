@@ -11,6 +11,7 @@
     proxy.py      a TCP proxy that freezes as a hung server does
     tls.py        certificate authorities and a TLS proxy for the broker; PostgreSQL 15 with TLS
     pgbouncer.py  Debian's PgBouncer in front of PostgreSQL
+    podman.py     Chronos's container image (make image) run by podman, with this machine's settings
     figures.py    the one definition of a percentile
 
 They import the product and nothing of the tests or the benchmarks, which import them.

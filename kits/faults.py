@@ -9,6 +9,8 @@ the reader (kits.traffic), records each fault it injects (a program killed, with
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -64,20 +66,45 @@ class Scenario:
         _, f.back_running = self.stack.wait_running(name, not_pid=pid)
         return f
 
-    def kill_firer(self, name: str, wait_held: float = 5.0) -> Fault:
-        """SIGKILL a running firer while it holds claimed rows; record those rows and its restart."""
+    def kill_firer(self, name: str, wait_held: float = 5.0, *, deletes: bool = False) -> Fault:
+        """SIGKILL a running firer while it holds claimed rows; record those rows and its restart. A firer whose
+        claims delete (`deletes`) has its batches rolled back as its connections close: what it held is read
+        while it is stopped (SIGSTOP), so that it claims and commits nothing between that read and the kill."""
+        pid, node = self._firer_holding(name, wait_held)
+        url = self.info["database_url"]
+        before = {}
+        if deletes:
+            os.kill(pid, signal.SIGSTOP)
+            before = held_rows(url, node)
+        pid, at = self.stack.kill_program(name)
+        # its PostgreSQL backend may still finish a statement sent just before the kill
+        time.sleep(0.5)
+        f = self.fault(f"SIGKILL {name}", at, held={**before, **held_rows(url, node)}, node=node)
+        _, f.back_running = self.stack.wait_running(name, not_pid=pid)
+        return f
+
+    def freeze_firer(self, name: str, seconds: float, wait_held: float = 5.0) -> Fault:
+        """SIGSTOP a running firer while it holds claimed rows, for `seconds`, then SIGCONT it; record the rows it
+        held when it froze."""
+        pid, node = self._firer_holding(name, wait_held)
+        os.kill(pid, signal.SIGSTOP)
+        at = time.time()
+        try:
+            held = held_rows(self.info["database_url"], node)
+            time.sleep(seconds)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        return self.fault(f"SIGSTOP {name} {seconds:g} s", at, end=time.time(), held=held, node=node)
+
+    def _firer_holding(self, name: str, wait_held: float) -> tuple[int, str]:
+        """(pid, node) of a running firer, once it holds rows (or `wait_held` seconds went by)."""
         pid = self.stack.running(name) or self.stack.wait_running(name)[0]
         node = self.stack.node_of(name, pid)
         url = self.info["database_url"]
         end = time.monotonic() + wait_held
         while not held_rows(url, node) and time.monotonic() < end:
             time.sleep(0.02)
-        pid, at = self.stack.kill_program(name)
-        # its PostgreSQL backend may still finish a statement sent just before the kill
-        time.sleep(0.5)
-        f = self.fault(f"SIGKILL {name}", at, held=held_rows(url, node), node=node)
-        _, f.back_running = self.stack.wait_running(name, not_pid=pid)
-        return f
+        return pid, node
 
     def lag(self) -> int:
         """Messages on the input topic past the consumer group's committed offsets (from what the load

@@ -26,15 +26,21 @@ from chronos.adapters.kafka.clients import EMBEDDED_GROUP_TIMEOUTS as EMBEDDED_K
 # -- the store -------------------------------------------------------------------------------
 
 
+# A row a firer holds: stamped as claimed (readied_at, readied_by), or taken by its claim that deletes (deleted by
+# a transaction of the firer's still open: the row's xmax is that transaction's, pg_stat_activity names the firer,
+# and the transaction's start is the claim's time).
+HELD = ("SELECT m.id, extract(epoch FROM coalesce(m.readied_at, a.xact_start))::float8, "
+        "coalesce(m.readied_by::text, split_part(a.application_name, ' ', 3)) "
+        "FROM chronos_messages AS m LEFT JOIN pg_stat_activity AS a "
+        "ON a.backend_xid = m.xmax AND a.application_name LIKE 'chronos firer %' "
+        "WHERE m.readied_at IS NOT NULL OR a.pid IS NOT NULL")
+
+
 def held_rows(database_url: str, node: str | None = None) -> dict[str, float]:
-    """Rows claimed (readied) right now, by `node` or by anyone: id -> readied_at (epoch s)."""
-    sql = "SELECT id, extract(epoch FROM readied_at)::float8 FROM chronos_messages WHERE readied_at IS NOT NULL"
-    params: tuple = ()
-    if node is not None:
-        sql += " AND readied_by = %s"
-        params = (node,)
+    """Rows a firer holds right now (stamped as claimed, or taken by its claim that deletes), by `node` or by
+    anyone: id -> when it was claimed (epoch s)."""
     with psycopg.connect(database_url, autocommit=True, connect_timeout=5) as conn:
-        return dict(conn.execute(sql, params).fetchall())
+        return {mid: at for mid, at, by in conn.execute(HELD).fetchall() if node is None or by == str(node)}
 
 
 # -- load and reader --------------------------------------------------------------------------

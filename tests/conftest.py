@@ -176,11 +176,11 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
     tr.write_line("JSON: " + ", ".join(map(str, paths)))
 
 
-# -- two workers (make test): the tests of servers of their own (a fleet of hosts, a replicated PostgreSQL) and
-# the fault scenarios under load in one, everything else in the other; each group runs in order in its worker,
-# the two groups side by side, about as long as each other --
+# -- two workers (make test): the tests of servers of their own (a fleet of hosts, a replicated PostgreSQL), the
+# fault scenarios under load and the containers in one, everything else in the other; each group runs in order in
+# its worker, the two groups side by side, about as long as each other --
 
-SERVER_GROUPS = ("fleet", "ha", "faults")
+SERVER_GROUPS = ("fleet", "ha", "faults", "containers")
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: nothing without it (-p no:xdist)

@@ -28,11 +28,11 @@ def chronos_headers(message_id: str, deadline_s: float, extra: list | None = Non
         list(extra or [])
 
 
-def start_consumer_and_doomed_firer(processes) -> tuple:
+def start_consumer_and_doomed_firer(processes, **env: str) -> tuple:
     """A consumer and a firer that claims far ahead (lookahead 1.4 s, polling every 50 ms), so that
     when the test kills it, it holds rows it has not published yet."""
     consumer = processes.start("consumer")
-    doomed = processes.start("firer", CHRONOS_LOOKAHEAD_MS="1400", CHRONOS_POLL_INTERVAL_MS="50")
+    doomed = processes.start("firer", CHRONOS_LOOKAHEAD_MS="1400", CHRONOS_POLL_INTERVAL_MS="50", **env)
     processes.wait_for_log(consumer, "starting: node")
     processes.wait_for_log(doomed, "firing from the store")
     return consumer, doomed
@@ -54,6 +54,7 @@ class Received:
     value: bytes | None
     headers: list
     at: float  # local time it was read
+    created: float = 0.0  # its CreateTime (epoch s): when its producer made it
 
     @property
     def header_dict(self) -> dict:
@@ -80,7 +81,7 @@ class Collector:
             if msg.error():
                 continue
             self.messages.append(Received(msg.topic(), msg.key(), msg.value(), msg.headers() or [],
-                                          time.time()))
+                                          time.time(), msg.timestamp()[1] / 1000.0))
 
     def until(self, predicate, timeout: float = 30.0) -> list[Received]:
         end = time.monotonic() + timeout

@@ -14,7 +14,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("list", help="search waiting, in-flight and recurring messages, a page at a time",
                        description="Messages matching every filter given, in deadline order (id order with "
                                    "--id-prefix); each page prints the cursor of the next.")
-    config.add_arguments(p, only=_shared.OPERATOR_SETTINGS)
+    # the hold time bounds where rows held by a firer's claim that deletes are looked for (in flight)
+    config.add_arguments(p, only=_shared.OPERATOR_SETTINGS + ("hold_time_ms",))
     _shared.add_filter_arguments(p)
     p.add_argument("--limit", default="50", help="messages per page (default 50)")
     p.add_argument("--after", default=None, metavar="CURSOR", help="the cursor printed with the previous page")
@@ -29,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         limit = config._positive_int("--limit", args.limit)
         page = inspect.list_in_cells(stores, _shared.filters(args, settings, datetime.now(timezone.utc)),
-                                     output_topic=settings.output_topic, limit=limit, after=args.after)
+                                     output_topic=settings.output_topic, limit=limit, after=args.after,
+                                     held_within_ms=settings.hold_time_ms // 2)
     finally:
         for store in stores.values():
             store.close()

@@ -155,7 +155,8 @@ async def search(request: Request) -> Response:
         f = filters_from(params, output_topic, datetime.now(timezone.utc))
         limit = _limit(params.get("limit"))
         page = await console.call_cells(lambda stores: inspect.list_in_cells(
-            stores, f, output_topic=output_topic, limit=limit, after=params.get("after") or None))
+            stores, f, output_topic=output_topic, limit=limit, after=params.get("after") or None,
+            held_within_ms=console.settings.hold_time_ms // 2))
     except ChronosError as exc:
         error = str(exc)
     else:

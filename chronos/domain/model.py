@@ -28,7 +28,12 @@ class Row:
 
 @dataclass(slots=True)
 class Claimed:
-    """A row this firer claimed: published from memory at its deadline, then deleted."""
+    """A row this firer claimed: published from memory at its deadline, then deleted.
+
+    A row taken by the claim that deletes (CHRONOS_FIRER_CLAIM=delete) is gone from the table once its
+    firer's transaction commits: it carries the rest of the row (`ordering_key`, `enqueued_at`, `last_error`),
+    to be put back as it was, and `batch`, the firer's number for the transaction that holds it (0: a row
+    stamped as claimed, settled by statements of its own)."""
 
     id: str
     deadline_us: int
@@ -41,6 +46,10 @@ class Claimed:
     attempts: int = 0                        # failed publishes so far
     original_deadline_us: int | None = None  # the deadline as scheduled, when a retry moved it
     ctid: str = ""  # where the claimed version of the row lies: delete and hand-back reach it by TID
+    ordering_key: str | None = None          # taken rows only: what putting one back needs
+    enqueued_at: datetime | None = None
+    last_error: str | None = None
+    batch: int = 0                           # taken rows: the held transaction they are in
 
     @property
     def scheduled_us(self) -> int:

@@ -4,8 +4,8 @@ parked message (shown, selected, whole) and a recurring schedule as the store gi
 (`chronos.ports.OperatorsStore`).
 
 States: `waiting` (not claimed, due at `deadline`), `in_flight` (claimed by a firer, which publishes
-it from memory at the deadline it was claimed with), `recurring` (a cron schedule; `deadline` is its
-next occurrence).
+it from memory at the deadline it was claimed with: stamped as claimed, or taken by a claim that deletes
+whose transaction is open), `recurring` (a cron schedule; `deadline` is its next occurrence).
 """
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ ACTIONS = ("cancel", "fire_now", "reschedule")
 # on parked messages (`chronos parked replay|drop`), counted in the same totals
 PARKED_ACTIONS = ("replay_parked", "drop_parked")
 PREVIEW_BYTES = 64   # of a value, what `show` and the parked messages give: a value may be megabytes
+# How far ahead of now a listing looks for rows a firer's claim that deletes holds (in flight): a firer claims
+# at most its lookahead ahead of a deadline, and its lookahead is under half its hold time. Half the default
+# hold time; the commands and the console give half of CHRONOS_HOLD_TIME_MS.
+HELD_WITHIN_MS = 2500
 
 
 def state_of(cron: str | None, claimed: bool) -> str:

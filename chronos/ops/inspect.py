@@ -8,12 +8,13 @@ walked in batches, confirmed above a threshold and logged. `chronos show|list|ca
 What operators select and see (filters, states, messages) is `chronos.domain.operators`.
 
 In-flight rows: no action changes them. The firer that holds the row publishes it at the deadline
-in force when it claimed it and then deletes it; changing or deleting the row under it could not
-stop that publish, only make the result lie. Each action reports such rows as `in_flight`, and the
-operator can act again once they fired (or, if their firer died, once a detector handed them back
-after the hold time). A later input message with the same id follows the usual rule: ignored while
-the id is waiting or in flight (so after fire-now or reschedule too), scheduled anew once the id is
-gone (after cancel, or after it fired).
+in force when it claimed it and then deletes it (or, with the claim that deletes, commits its delete);
+changing or deleting the row under it could not stop that publish, only make the result lie. A row held
+by a claim that deletes is skipped without waiting for the firer's transaction. Each action reports
+such rows as `in_flight`, and the operator can act again once they fired (or, if their firer died, once
+a detector handed them back after the hold time, or PostgreSQL ended the firer's transaction). A later
+input message with the same id follows the usual rule: ignored while the id is waiting or in flight (so
+after fire-now or reschedule too), scheduled anew once the id is gone (after cancel, or after it fired).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from typing import Any, Iterator, Mapping, Sequence
 import orjson
 
 from chronos.domain.cron import from_us, to_us
-from chronos.domain.operators import ACTIONS, PREVIEW_BYTES, STATES, Filters, Listed, Message, Position, Schedule
+from chronos.domain.operators import (ACTIONS, HELD_WITHIN_MS, PREVIEW_BYTES, STATES, Filters, Listed, Message,
+                                      Position, Schedule)
 from chronos.errors import ConfigError, InFlightSkipped, NeedsConfirmation, NotFound
 from chronos.ports import OperatorsStore
 
@@ -156,8 +158,9 @@ class ActionResult:
 # -- queries -------------------------------------------------------------------------------------
 
 def list_messages(store: OperatorsStore, f: Filters, *, output_topic: str, limit: int = 50, after: str | None = None,
-                  not_at: datetime | None = None) -> Page:
-    """One page of what matches, in deadline order (id order with an id prefix), after a cursor."""
+                  not_at: datetime | None = None, held_within_ms: int = HELD_WITHIN_MS) -> Page:
+    """One page of what matches, in deadline order (id order with an id prefix), after a cursor; rows a
+    firer's claim that deletes holds are looked for among those due within `held_within_ms`."""
     if limit <= 0:
         raise ConfigError(f"--limit must be greater than 0, got {limit}")
     cursor = decode_cursor(after) if after else None
@@ -168,7 +171,8 @@ def list_messages(store: OperatorsStore, f: Filters, *, output_topic: str, limit
     if cursor is not None:
         order, values = cursor
         position = values[0] if order == "i" else (values[0], values[1])
-    items = store.list_messages(f, output_topic=output_topic, limit=limit, after=position, not_at=not_at)
+    items = store.list_messages(f, output_topic=output_topic, limit=limit, after=position, not_at=not_at,
+                                held_within_ms=held_within_ms)
     next_cursor = None
     if len(items) == limit:
         last = items[-1]
@@ -177,12 +181,13 @@ def list_messages(store: OperatorsStore, f: Filters, *, output_topic: str, limit
 
 
 def list_in_cells(stores: Mapping[str, OperatorsStore], f: Filters, *, output_topic: str, limit: int = 50,
-                  after: str | None = None) -> Page:
+                  after: str | None = None, held_within_ms: int = HELD_WITHIN_MS) -> Page:
     """`list_messages` over every cell (cell name -> its store): one page of what matches in all of them, in
     deadline order (id order with an id prefix; between cells at one deadline, in the cells' order), with the
     cell of each, and a cursor that holds each cell's position. One cell, named "" (no cells): its page."""
     if len(stores) == 1 and "" in stores:
-        return list_messages(stores[""], f, output_topic=output_topic, limit=limit, after=after)
+        return list_messages(stores[""], f, output_topic=output_topic, limit=limit, after=after,
+                             held_within_ms=held_within_ms)
     if limit <= 0:
         raise ConfigError(f"--limit must be greater than 0, got {limit}")
     by_id = f.id_prefix is not None
@@ -191,7 +196,8 @@ def list_in_cells(stores: Mapping[str, OperatorsStore], f: Filters, *, output_to
     found: list[tuple[Any, str, Listed]] = []
     more = False
     for cell, store in stores.items():
-        items = store.list_messages(f, output_topic=output_topic, limit=limit, after=positions.get(cell))
+        items = store.list_messages(f, output_topic=output_topic, limit=limit, after=positions.get(cell),
+                                    held_within_ms=held_within_ms)
         more = more or len(items) == limit
         found += [((m.id, rank[cell]) if by_id else (m.deadline, rank[cell], m.seq), cell, m) for m in items]
     found.sort(key=lambda t: t[0])
@@ -442,8 +448,8 @@ def schedule_facts(m: Message) -> list[tuple[str, str]]:
     firer holding it (in flight), its cron and next occurrence (recurring), or its deadline."""
     facts = []
     if m.state == "in_flight":
-        assert m.claimed_at is not None  # in flight means claimed: the store sets both from readied_at
-        facts.append(("firer", f"{m.firer} since {iso(m.claimed_at)}"))
+        # since when: unknown to a role that may not see the firers' sessions hold a row (held_sessions)
+        facts.append(("firer", f"{m.firer}" + (f" since {iso(m.claimed_at)}" if m.claimed_at else "")))
     if m.state == "recurring":
         facts += [("cron", f"{m.cron} ({m.timezone}" + (f", {m.dst_policy})" if m.dst_policy else ")")),
                   ("next occurrence", iso(m.deadline))]

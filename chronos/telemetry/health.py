@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 from confluent_kafka import Producer
 
@@ -30,12 +30,15 @@ class Health:
         """Add a check; `detail` explains a failure (the last error seen), if it knows one."""
         self.checks[name] = (window_s or self.window, last_ok, detail)
 
-    def report(self, now: float | None = None) -> tuple[bool, dict[str, Any]]:
-        """(healthy, the /healthz JSON report): every check's age, and why the stale ones fail."""
+    def report(self, now: float | None = None, only: Collection[str] | None = None) -> tuple[bool, dict[str, Any]]:
+        """(healthy, the /healthz JSON report): every check's age (or only those named), and why the stale
+        ones fail."""
         now = self.clock() if now is None else now
         checks: dict[str, Any] = {}
         reasons = []
         for name, (window, last_ok, detail) in self.checks.items():
+            if only is not None and name not in only:
+                continue
             last = last_ok()
             age = now - (last or self.started)
             ok = age <= window

@@ -1,6 +1,6 @@
-"""The small HTTP server of a process: /metrics (Prometheus text format) and /healthz (200 or 503, JSON),
+"""The small HTTP server of a process: /metrics (Prometheus text format), /healthz and /livez (200 or 503, JSON),
 over HTTPS and behind basic authentication when a web configuration file says so (chronos.telemetry.webconfig);
-/healthz never asks for a password, so that a supervisor's or an orchestrator's probe needs none."""
+/healthz and /livez never ask for a password, so that a supervisor's or an orchestrator's probe needs none."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from chronos.telemetry.webconfig import BasicAuth, WebConfig
 log = logging.getLogger("chronos.metrics")
 
 HEALTH_PATHS = ("/healthz", "/health")
+LIVENESS_PATH = "/livez"
 # how long a connection may take to say what it wants (and to shake hands): a client that stalls holds
 # one thread of the server for that long, no longer
 REQUEST_TIMEOUT_S = 10.0
@@ -36,8 +37,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         path = self.path.split("?", 1)[0]
-        if path in HEALTH_PATHS:
-            ok, report = self.server.health_report()
+        if path in HEALTH_PATHS or path == LIVENESS_PATH:
+            ok, report = (self.server.liveness_report if path == LIVENESS_PATH else self.server.health_report)()
             self._send(200 if ok else 503, "application/json", orjson.dumps(report) + b"\n")
         elif self.server.auth is not None and not self.server.auth.allows(self.headers.get("Authorization")):
             self._send(401, "text/plain; charset=utf-8", b"unauthorized\n",
@@ -45,7 +46,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/metrics":
             self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.server.registry))
         else:
-            self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics or /healthz\n")
+            self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics, /healthz or /livez\n")
 
     def _send(self, status: int, content_type: str, body: bytes, headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
@@ -75,17 +76,18 @@ class CellLabelled:
 
 
 class MetricsServer(ThreadingHTTPServer):
-    """Serves a registry's metrics and a health report (`(ok, report)`) on `address` (host, port), over TLS
-    and with basic authentication as `web` says; binds at once (OSError if it cannot), answers from a thread
-    of its own once started."""
+    """Serves a registry's metrics, a health report and a liveness report (each `(ok, report)`) on `address`
+    (host, port), over TLS and with basic authentication as `web` says; binds at once (OSError if it cannot),
+    answers from a thread of its own once started."""
 
     daemon_threads = True
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], registry: CollectorRegistry | CellLabelled,
-                 health_report: Callable[[], tuple[bool, dict[str, Any]]], web: WebConfig | None = None):
+                 health_report: Callable[[], tuple[bool, dict[str, Any]]],
+                 liveness_report: Callable[[], tuple[bool, dict[str, Any]]], web: WebConfig | None = None):
         self.registry = registry
-        self.health_report = health_report
+        self.health_report, self.liveness_report = health_report, liveness_report
         web = web or WebConfig()
         self.context = web.server_context()
         self.auth = BasicAuth(web.users) if web.users else None

@@ -175,6 +175,14 @@ class Telemetry:
         report.update(role=self.role, node=self.node, **({"cell": self.cell} if self.cell is not None else {}))
         return ok, report
 
+    def liveness_report(self) -> tuple[bool, dict[str, Any]]:
+        """/livez: the process's own loop only. An outage of PostgreSQL or Kafka (a failover) fails /healthz
+        for as long as it lasts, and a restart would not end it; a loop that stopped beating is what a
+        restart mends (a liveness probe's business)."""
+        ok, report = self.health.report(only=("loop",))
+        report.update(role=self.role, node=self.node, **({"cell": self.cell} if self.cell is not None else {}))
+        return ok, report
+
     def exposed(self) -> Any:
         """What /metrics serves: the registry, each sample labelled with the cell this process serves if one."""
         return self.registry if self.cell is None else CellLabelled(self.registry, self.cell)
@@ -208,7 +216,8 @@ class Telemetry:
         web = webconfig.load("CHRONOS_METRICS_WEB_CONFIG_FILE", self.settings.metrics_web_config_file or "")
         host = self.settings.metrics_address
         try:
-            self.server = MetricsServer((host, self.port), self.exposed(), self.health_report, web)
+            self.server = MetricsServer((host, self.port), self.exposed(), self.health_report, self.liveness_report,
+                                        web)
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on port {self.port} of {host} (CHRONOS_METRICS_PORT, "
                               f"CHRONOS_METRICS_ADDRESS): {exc.strerror or exc}") from None

@@ -104,6 +104,14 @@ def release_commit(version: str) -> str:
     return found[1]
 
 
+def release_schema_version(version: str) -> int:
+    """The schema version a release's migrations end at, read from the files of its commit."""
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", release_commit(version),
+                             "chronos/adapters/postgres/sql/"], capture_output=True, text=True, check=True,
+                            timeout=60).stdout.split()
+    return max(int(m[1]) for name in listed if (m := re.search(r"/(\d{4})_[^/]*\.sql$", name)))
+
+
 def previous_release() -> str:
     """The release before this checkout's, the second in CHANGELOG.md (newest first)."""
     versions = re.findall(r"^## (\d+\.\d+\.\d+)\b", CHANGELOG.read_text(), re.M)

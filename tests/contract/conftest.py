@@ -7,6 +7,7 @@ or buckets), each written for both."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -15,8 +16,9 @@ import psycopg
 import pytest
 
 from chronos import ports
-from chronos.adapters.memory import ManualClock, MemoryDatabase, MemoryStore
+from chronos.adapters.memory import ManualClock, MemoryDatabase, MemoryStore, MemoryTakes
 from chronos.adapters.postgres.store import Store
+from chronos.adapters.postgres.takes import TakeStatements
 from chronos.domain import cron
 
 
@@ -31,6 +33,7 @@ class Stored:
     last_error: str | None
     original_deadline_us: int | None
     input_partition: int | None
+    seq: int = 0
 
 
 class Backend:
@@ -39,6 +42,23 @@ class Backend:
     name: str
 
     def store(self, node_id: uuid.UUID | None = None) -> ports.Store:
+        raise NotImplementedError
+
+    def intake(self) -> ports.Store:
+        """A handle as the consumer's: a write that waits for a row's lock gives up after a lock timeout and is
+        tried again (`IntakeStatements.apply`), for up to a minute."""
+        raise NotImplementedError
+
+    def takes(self, node_id: uuid.UUID) -> ports.TakeStore:
+        """A firer's session for the claim that deletes."""
+        raise NotImplementedError
+
+    def end(self, takes: ports.TakeStore) -> None:
+        """What PostgreSQL does to a session idle in its transaction for the hold time: ends it."""
+        raise NotImplementedError
+
+    def wait_blocked(self, handles: int = 1) -> None:
+        """Until `handles` handles wait for a row's lock (the twin's never wait: at once)."""
         raise NotImplementedError
 
     def now_us(self) -> int:
@@ -95,6 +115,28 @@ class PostgresBackend(Backend):
         self.opened.append(st)
         return st
 
+    def intake(self) -> ports.Store:
+        st = Store(self.url, node_id=uuid.uuid4(), lock_timeout_ms=200, lock_wait_s=60.0)
+        self.opened.append(st)
+        return st
+
+    def takes(self, node_id: uuid.UUID) -> ports.TakeStore:
+        st = TakeStatements(self.url, node_id=node_id, hot_path=True, synchronous_commit=False, held_ms=60_000,
+                            application_name=f"chronos firer {node_id}")
+        self.opened.append(st)  # type: ignore[arg-type]
+        return st
+
+    def end(self, takes: ports.TakeStore) -> None:
+        assert isinstance(takes, TakeStatements) and takes.conn is not None
+        self._q("SELECT pg_terminate_backend(%s)", takes.conn.info.backend_pid)
+
+    def wait_blocked(self, handles: int = 1) -> None:
+        deadline = time.monotonic() + 10
+        while self._q("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                      "AND datname = current_database()")[0][0] < handles:
+            assert time.monotonic() < deadline, "no handle came to wait for a row's lock"
+            time.sleep(0.01)
+
     def _q(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.url, autocommit=True) as conn:
             cur = conn.execute(sql, params)
@@ -105,7 +147,8 @@ class PostgresBackend(Backend):
 
     def stored(self, mid: str) -> Stored | None:
         found = self._q("SELECT (extract(epoch FROM deadline) * 1000000)::bigint, value, readied_at IS NOT NULL, "
-                        "attempts, last_error, (extract(epoch FROM original_deadline) * 1000000)::bigint, input_partition "
+                        "attempts, last_error, (extract(epoch FROM original_deadline) * 1000000)::bigint, input_partition, "
+                        "seq "
                         "FROM chronos_messages WHERE id = %s", mid)
         return Stored(*found[0]) if found else None
 
@@ -151,6 +194,19 @@ class MemoryBackend(Backend):
     def store(self, node_id: uuid.UUID | None = None) -> ports.Store:
         return MemoryStore(self.db, node_id=node_id)
 
+    def intake(self) -> ports.Store:
+        return MemoryStore(self.db, node_id=uuid.uuid4())
+
+    def takes(self, node_id: uuid.UUID) -> ports.TakeStore:
+        return MemoryTakes(self.db, node_id=node_id)
+
+    def end(self, takes: ports.TakeStore) -> None:
+        assert isinstance(takes, MemoryTakes)
+        takes.end()
+
+    def wait_blocked(self, handles: int = 1) -> None:
+        pass
+
     def now_us(self) -> int:
         return self.clock()
 
@@ -159,7 +215,7 @@ class MemoryBackend(Backend):
         if r is None:
             return None
         return Stored(r.deadline_us, r.value, r.readied_us is not None, r.attempts, r.last_error,
-                      r.original_deadline_us, r.input_partition)
+                      r.original_deadline_us, r.input_partition, r.seq)
 
     def ids(self) -> set[str]:
         return set(self.db.rows)

@@ -18,6 +18,7 @@ import pytest
 from chronos.client import Scheduler
 from chronos.adapters.kafka.admin import create_topics
 from helpers import Collector, chronos_headers, producer, send, start_consumer_and_doomed_firer, wait_for
+from kits.traffic import held_rows
 
 
 def start_all(processes, firers=1, **env):
@@ -108,11 +109,15 @@ def test_max_lateness_dead_letters_messages_too_far_in_the_past(processes, broke
 
 # -- ordering keys ----------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("claim", ["stamp", "delete"])
 def test_ordering_keys_hold_with_several_firers_and_a_firer_killed_mid_batch(processes, broker, topics,
-                                                                           chronos_env):
+                                                                           chronos_env, claim):
+    """With the claim that deletes, a row a firer holds holds back the later rows of its key as a stamped
+    one does, and the killed firer's rows are back at once."""
     url = chronos_env["CHRONOS_DATABASE_URL"]
+    env = {"CHRONOS_FIRER_CLAIM": claim}
     # one firer claims far ahead, so it is killed holding whole chains of keys
-    consumer, doomed = start_consumer_and_doomed_firer(processes)
+    consumer, doomed = start_consumer_and_doomed_firer(processes, **env)
     collect = Collector(broker.bootstrap_servers, [topics["output"]])
     p = producer(broker.bootstrap_servers)
     deadline = time.time() + 2.5
@@ -122,10 +127,10 @@ def test_ordering_keys_hold_with_several_firers_and_a_firer_killed_mid_batch(pro
             send(p, topics["input"], k.encode(), f"{k}:{i}".encode(),
                  chronos_headers(f"{k}-{i}", deadline, [("chronosOrderingKey", k.encode())]))
     p.flush(10)
-    wait_for(lambda: rows(url, "readied_at IS NOT NULL"), 20, "a row claimed", every=0.05)
+    wait_for(lambda: held_rows(url), 20, "a row claimed", every=0.05)
     os.kill(doomed.pid, signal.SIGKILL)
     for _ in range(3):
-        processes.start("firer")
+        processes.start("firer", **env)
     processes.start("detector")
     collect.until(lambda ms: len({m.value for m in ms}) >= 160, timeout=60)
     collect.close()
@@ -140,9 +145,12 @@ def test_ordering_keys_hold_with_several_firers_and_a_firer_killed_mid_batch(pro
 
 # -- recurring schedules ---------------------------------------------------------------------------
 
-def test_recurring_schedule_fires_occurrences_and_can_be_cancelled(processes, broker, topics, chronos_env):
+@pytest.mark.parametrize("claim", ["stamp", "delete"])
+def test_recurring_schedule_fires_occurrences_and_can_be_cancelled(processes, broker, topics, chronos_env, claim):
+    """A firer that claims with a delete still stamps the occurrences it creates (a schedule is advanced, not
+    deleted)."""
     url = chronos_env["CHRONOS_DATABASE_URL"]
-    start_all(processes, firers=2)
+    start_all(processes, firers=2, CHRONOS_FIRER_CLAIM=claim)
     collect = Collector(broker.bootstrap_servers, [topics["output"], topics["dlq"]])
     p = producer(broker.bootstrap_servers)
     send(p, topics["input"], b"k", b"tick", [("chronosMessageId", b"every-minute"), ("chronosCron", b"* * * * *"),

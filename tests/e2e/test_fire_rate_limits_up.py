@@ -8,6 +8,7 @@ import time
 import urllib.request
 
 import orjson
+import pytest
 
 from kits.stack import CHRONOS, ChronosUp, clean_env
 from chronos.adapters.kafka.admin import create_topics
@@ -24,12 +25,16 @@ def status(up: ChronosUp) -> dict:
     return orjson.loads(out.stdout)
 
 
-def test_a_limited_topic_is_spread_at_its_rate_by_two_firers_while_another_fires_at_once(tmp_path):
+@pytest.mark.parametrize("claim", ["stamp", "delete"])
+def test_a_limited_topic_is_spread_at_its_rate_by_two_firers_while_another_fires_at_once(tmp_path, claim):
+    """Whichever way the firers claim (the claim that deletes sets its tokens aside in a transaction of their
+    own, and gives back what it did not use)."""
     # every program's port free (one free port says nothing of base + 100, base + 101, ...)
     metrics_port = pick_metrics_base({"consumer": 1, "firer": 2, "detector": 1})
     # two firers: the limit is theirs together (each with a bucket of its own would take half the time)
     up = ChronosUp("--fire-rate-limits", f"fragile={RATE}", "--allowed-topics", "fragile|chronos.output",
-               "--metrics-port", str(metrics_port), "--firers", "2", workdir=tmp_path).launch()
+               "--metrics-port", str(metrics_port), "--firers", "2", "--firer-claim", claim,
+               workdir=tmp_path).launch()
     try:
         info = up.wait_ready()
         create_topics(info["bootstrap_servers"], {"fragile": 1})

@@ -1,5 +1,6 @@
 """What a firer process holds of PostgreSQL, as the server counts it (pg_stat_activity, by the process's
-`application_name`): one session for its settler and one per claimer, as Capacity planning says."""
+`application_name`): one session for its settler and one per claimer, and with the claim that deletes one
+per batch in flight (one while nothing is due), as Capacity planning says."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from helpers import wait_for
 @pytest.mark.parametrize(("settings", "sessions"), [
     ({"CHRONOS_FIRER_CLAIMERS": "3"}, 4),
     ({"CHRONOS_FIRER_CLAIMERS": "3", "CHRONOS_FIRE_RATE_LIMITS": "elsewhere=100"}, 2),  # one claimer under limits
-], ids=["three claimers", "fire-rate limits"])
+    ({"CHRONOS_FIRER_CLAIM": "delete"}, 3),  # and the session its claims hold their batches on, none in flight
+], ids=["three claimers", "fire-rate limits", "claims that delete"])
 def test_a_firer_holds_a_session_for_its_settler_and_one_per_claimer(processes, database_url, settings, sessions):
     proc = processes.start("firer", **settings)
     log = processes.wait_for_log(proc, "claimers")  # its threads made, about to start them

@@ -212,6 +212,9 @@ def test_health_fails_when_postgres_stops_and_recovers(processes, tmp_path):
             assert report["checks"]["postgres"]["ok"] is False, report
             assert "postgres" in report["reason"]
             assert report["checks"]["loop"]["ok"] is True  # it keeps running and retrying
+            # so its liveness holds: a restart would not bring PostgreSQL back
+            live, alive = get(f"http://127.0.0.1:{port}/livez")
+            assert live == 200 and set(orjson.loads(alive)["checks"]) == {"loop"}, alive
         sick = run_cli("health", "--metrics-port", str(ports["detector"]))
         assert sick.returncode == 1 and "postgres" in orjson.loads(sick.stdout)["reason"]
         urls = ",".join(f"http://127.0.0.1:{p}/metrics" for p in ports.values())

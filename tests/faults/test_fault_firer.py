@@ -1,4 +1,6 @@
-"""Scenario 2: SIGKILL a firer between claiming and deleting; a peer re-fires its rows after the hold time."""
+"""Scenario 2: SIGKILL a firer between claiming and deleting; a peer re-fires its rows after the hold time (at
+once, when its claims delete: PostgreSQL rolls its batches back). Scenario 2f: SIGSTOP a firer past the hold
+time; a peer fires its rows, and once thawed it publishes none of them."""
 
 from __future__ import annotations
 
@@ -60,3 +62,48 @@ def test_firer_sigkilled_while_holding_rows(tmp_path, fault_report):
         supervisord = (sc.stack.log_dir / "supervisord.log").read_text()
         assert supervisord.count("exited: firer_00 (terminated by SIGKILL; not expected)") == 2
         assert supervisord.count("exited: firer_01 (terminated by SIGKILL; not expected)") == 1
+
+
+def test_firer_whose_claims_delete_sigkilled_while_holding_rows(tmp_path, fault_report):
+    """Its rows are back as soon as PostgreSQL sees its connections close: a peer fires them, no detector
+    hands anything back."""
+    with Scenario("2d firer SIGKILL x2 (delete)", tmp_path, "--firers", "2", "--firer-claim", "delete",
+                  hold_s=HOLD_S) as sc:
+        time.sleep(4)
+        kills = []
+        for name in ("firer_00", "firer_01"):
+            kills.append(sc.kill_firer(name, deletes=True))
+            time.sleep(3)
+        report = sc.finish()
+        fault_report(report)
+        check_common(sc, report)
+        held = set().union(*(f.held for f in kills))
+        assert held, "no firer was killed while holding rows"
+        assert held <= set(sc.reader.arrivals)
+        assert set(report.duplicated_ids) <= held
+        assert reset_counts(sc.stack.log("detector_00")) == {}
+
+
+@pytest.mark.parametrize("claim", ["stamp", "delete"])
+def test_firer_frozen_past_the_hold_time_publishes_nothing_once_thawed(tmp_path, fault_report, claim):
+    """A firer SIGSTOPped while it holds rows, for longer than the hold time: a peer fires them (handed back by
+    a detector, or, when its claims delete, by PostgreSQL ending its transactions), and once thawed the
+    frozen firer publishes none of them: they were claimed too long ago. It claims a second ahead, so that
+    most of what it holds was not yet due, hence not yet handed to Kafka, when it froze (what was may still
+    leave once it is thawed: a duplicate the freeze explains)."""
+    with Scenario(f"2f firer SIGSTOP ({claim})", tmp_path, "--firers", "2", "--firer-claim", claim,
+                  "--lookahead-ms", "1000", hold_s=HOLD_S) as sc:
+        time.sleep(4)
+        frozen = sc.freeze_firer("firer_00", HOLD_S + 5)   # the peer takes its rows over well before the thaw
+        time.sleep(2)
+        report = sc.finish()
+        fault_report(report)
+        check_common(sc, report)
+        assert set(frozen.held) <= set(sc.reader.arrivals)
+        assert set(report.duplicated_ids) <= set(frozen.held)
+        sent, arrivals = sc.load.sent, sc.reader.arrivals
+        unpublished = [m for m in frozen.held if sent[m].due > frozen.start + 0.2]   # past any timing advance
+        assert len(unpublished) >= 50, f"the firer held {len(unpublished)} rows not yet due when it froze"
+        # each once, by the peer while the firer was frozen: a copy of the thawed firer's would come later
+        assert [m for m in unpublished if len(arrivals[m]) > 1 or arrivals[m][0] > frozen.ended()] == []
+        assert "claimed more than" in sc.stack.log("firer_00")

@@ -15,6 +15,7 @@ import pytest
 from kits.faults import Scenario
 from kits.verdicts import Report, resumed
 from kits.stack import layout_args
+from helpers import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
@@ -26,6 +27,14 @@ PROGRAMS = ("consumer_00", "consumer_01", "firer_00", "firer_01", "detector_00",
 def scenario(name: str, tmp_path, cluster) -> Scenario:
     return Scenario(name, tmp_path / "stack", *layout_args(2, 2, 2), "--database-url", cluster.url, "--no-console",
                     rate=RATE, hold_s=5.0)
+
+
+def connected(sc: Scenario) -> None:
+    """Wait for every process to be at work on the primary (the fault is to happen to the server they use:
+    on a busy machine Patroni itself may still be electing the first leader when the stack starts)."""
+    at_work = ("firing from the store", "consuming ", "watching for rows")
+    wait_for(lambda: all(any(line in sc.stack.log(name) for line in at_work) for name in PROGRAMS), 90,
+             "every process connected to the primary")
 
 
 def check(sc: Scenario, report: Report, fault_at: float, promoted_at: float) -> float:
@@ -45,6 +54,7 @@ def check(sc: Scenario, report: Report, fault_at: float, promoted_at: float) -> 
 def test_the_primary_node_dies_and_a_standby_takes_over(cluster, tmp_path, fault_report):
     with scenario("HA a: primary's node killed", tmp_path, cluster) as sc:
         time.sleep(4)
+        connected(sc)
         old, standby = cluster.wait_leader().name, cluster.wait_sync_standby()
         fault_at = time.time()
         cluster.kill(old)
@@ -61,6 +71,7 @@ def test_the_primary_node_dies_and_a_standby_takes_over(cluster, tmp_path, fault
 def test_a_switchover_moves_the_stack_to_the_new_primary(cluster, tmp_path, fault_report):
     with scenario("HA b: switchover", tmp_path, cluster) as sc:
         time.sleep(4)
+        connected(sc)
         old = cluster.wait_leader().name
         fault_at = time.time()
         new = cluster.switchover()
@@ -80,6 +91,7 @@ def test_a_hung_primary_is_given_up_and_its_writes_after_the_promotion_never_cou
     frozen_s = 35.0
     with scenario("HA d: primary hung", tmp_path, cluster) as sc:
         time.sleep(4)
+        connected(sc)
         old = cluster.wait_leader().name
         fault_at = time.time()
         cluster.freeze(old)

@@ -31,7 +31,8 @@ def serve():
     started = []
 
     def start(address: str, web: WebConfig | None = None) -> int:
-        server = MetricsServer((address, 0), registry(), lambda: (True, {"status": "ok"}), web)
+        server = MetricsServer((address, 0), registry(), lambda: (True, {"status": "ok"}),
+                               lambda: (True, {"status": "alive"}), web)
         server.start()
         started.append(server)
         return server.server_address[1]
@@ -58,7 +59,7 @@ def secured(tmp_path, serve):
     return port, authority
 
 
-def test_metrics_over_https_needs_the_password_and_the_health_probe_does_not(secured):
+def test_metrics_over_https_needs_the_password_and_the_health_probes_do_not(secured):
     port, authority = secured
     anonymous = Scraper(ScrapeConfig(ca_file=str(authority.ca_file)))
     status, body = anonymous.get(f"https://127.0.0.1:{port}/metrics", TIMEOUT)
@@ -67,6 +68,8 @@ def test_metrics_over_https_needs_the_password_and_the_health_probe_does_not(sec
         anonymous.text(f"https://127.0.0.1:{port}/metrics", TIMEOUT)
     status, body = anonymous.get(f"https://127.0.0.1:{port}/healthz", TIMEOUT)
     assert status == 200 and orjson.loads(body) == {"status": "ok"}
+    status, body = anonymous.get(f"https://127.0.0.1:{port}/livez", TIMEOUT)
+    assert status == 200 and orjson.loads(body) == {"status": "alive"}
     wrong = Scraper(ScrapeConfig("prometheus", "guess", ca_file=str(authority.ca_file)))
     assert wrong.get(f"https://127.0.0.1:{port}/metrics", TIMEOUT)[0] == 401
     right = Scraper(ScrapeConfig("prometheus", "s3cret", ca_file=str(authority.ca_file)))

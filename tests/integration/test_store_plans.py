@@ -17,12 +17,14 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 import pytest
 
 from chronos.adapters.postgres.queries import QUERIES
 from chronos.adapters.postgres.store import Store
+from chronos.adapters.postgres.takes import TakeStatements
 from chronos.domain.model import Claimed, Row, Stale
 from chronos.domain.ratelimit import FireRateLimits, TopicRates
 
@@ -32,7 +34,9 @@ HOT_PATH = ("claim", "due_schedules", "insert_occurrence", "advance_schedule", "
             # the claim under fire-rate limits: topic by topic, each limited one within its bucket
             "waiting_topics", "claim_topic", "claim_output_topic", "take_tokens", "take_output_tokens",
             # beside other firers: the lease, and the claim of the firer's own slices
-            "firer_heartbeat", "claim_share", "claim_share_recent")
+            "firer_heartbeat", "claim_share", "claim_share_recent",
+            # the claim that deletes: each claim's pick, and the take by TID
+            "pick", "pick_share", "pick_share_recent", "pick_topic", "pick_output_topic", "take", "take_sliced")
 OUTPUT = "chronos.out"
 LIMITS = FireRateLimits(TopicRates(((OUTPUT, 1e6), ("limited.topic", 1e6))))
 # scans that read only what an index condition or a TID bounds
@@ -165,11 +169,24 @@ CONDITIONS = {"analyzed_empty_then_grown": analyzed_empty_then_grown, "ten_milli
 
 # -- the statements ---------------------------------------------------------------------------------
 
-def exercise(admin, firer: Store, consumer: Store, detector: Store, *, times: int) -> None:
-    """Run every hot-path statement `times` times as the processes do."""
+def exercise(admin, firer: Store, consumer: Store, detector: Store, takes: TakeStatements, *, times: int) -> None:
+    """Run every hot-path statement `times` times as the processes do (a firer that claims with a delete:
+    `takes`)."""
     t = now_us()
     for _ in range(times):
         tag = uuid.uuid4().hex[:8]
+        admin.execute(f"INSERT INTO {TABLE} (id, deadline, topic) SELECT %s || g, now() - interval '1 second', "
+                      "CASE WHEN g %% 2 = 0 THEN 'limited.topic' ELSE 'free.topic' END FROM generate_series(1, 40) g",
+                      (f"taken-{tag}-",))
+        # each batch given back at once: the rows back for the next claim (a batch's own claims see its rows
+        # gone), and for the other claims below
+        takes.claim(500, 300)
+        takes.give_back()
+        for window in (None, 2000):
+            takes.claim_share(tuple(range(1, 16, 2)), 500, 300, window)
+            takes.give_back()
+        takes.claim_limited(LIMITS, OUTPUT, 200, 300, firer)
+        takes.give_back()
         claimed = firer.claim(2000, 300)
         firer.firer_heartbeat(5000)
         for window in (None, 2000):
@@ -202,6 +219,11 @@ def exercise(admin, firer: Store, consumer: Store, detector: Store, *, times: in
         consumer.waiting_ids([f"in-{tag}-{j}" for j in range(0, 400, 2)])
 
 
+def take_session(url: str) -> TakeStatements:
+    node = uuid.uuid4()
+    return TakeStatements(url, node_id=node, hot_path=True, held_ms=60_000, application_name=f"chronos firer {node}")
+
+
 def t_dt(admin):
     return admin.execute("SELECT now()").fetchone()[0]
 
@@ -216,8 +238,8 @@ def test_every_hot_path_statement_reads_only_what_it_touches(database_url, condi
         # only the statistics this test sets: no autovacuum or autoanalyze in between
         admin.execute(f"ALTER TABLE {TABLE} SET (autovacuum_enabled = false)")
         setup(admin, "before")
-        stores: dict[str, list[Store]] = {mode: [Store(database_url, node_id=uuid.uuid4(), hot_path=True)
-                                                 for _ in range(3)] for mode in modes}
+        stores: dict[str, list[Any]] = {mode: [Store(database_url, node_id=uuid.uuid4(), hot_path=True)
+                                               for _ in range(3)] + [take_session(database_url)] for mode in modes}
         logs: dict[str, list[PlanLog]] = {mode: [] for mode in modes}
         for mode in modes:
             for st in stores[mode]:

@@ -206,7 +206,7 @@ def test_the_consumer_leaves_the_group_only_when_another_reaches_the_cell_it_can
         wait_for(lambda: c.input.progress_reads > reads, "the others' progress read past the hold time")
         if leaves:
             wait_for(lambda: c.input.group[-1] == "unsubscribe", "the consumer to leave the group")
-            assert logged(caplog, "cannot reach PostgreSQL of cell b for")
+            wait_for(lambda: logged(caplog, "cannot reach PostgreSQL of cell b for"), "the leaving said")  # just after
         else:
             c.input.feed([msg("a0", 0, 10)])
             wait_for(lambda: c.input.commits, "cell a's partitions flowing")

@@ -105,6 +105,20 @@ def test_check_with_its_own_window():
     assert health.report()[0]
 
 
+def test_liveness_reports_the_processs_own_loop_alone():
+    """/livez fails only when the loop stopped beating: PostgreSQL out of reach fails /healthz, not /livez."""
+    t = telemetry.FirerTelemetry(NODE, Settings())
+    t.health.watch("postgres", lambda: 0.0)
+    t.health.clock = lambda: t.health.started + 60.0
+    t.last_loop = t.health.started + 59.0
+    assert not t.health_report()[0]
+    ok, report = t.liveness_report()
+    assert ok and set(report["checks"]) == {"loop"} and report["role"] == "firer" and report["node"] == str(NODE)
+    t.last_loop = t.health.started + 45.0  # stuck for 15 s, past its 10 s window
+    ok, report = t.liveness_report()
+    assert not ok and report["reason"] == "loop: last ok 15.0s ago (window 10s)"
+
+
 def test_loop_window_follows_a_slow_detector():
     t = telemetry.DetectorTelemetry(NODE, Settings(failure_detection_interval_ms=20000))
     window, _, _ = t.health.checks["loop"]

@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError
 
 from chronos import codec
 from chronos.adapters.kafka.clients import OutageLog
-from chronos.adapters.memory import MemoryDatabase, MemoryStore
+from chronos.adapters.memory import MemoryDatabase, MemoryStore, MemoryTakes
 from chronos.domain.model import Claimed, Row
 from chronos.telemetry.metrics import FirerTelemetry
 from chronos.roles.firer import FirerProcess
@@ -45,10 +45,14 @@ class Firer:
         self.life = Lifecycle()
         self.proc = FirerProcess(self.settings, self.life, stores=self.store,
                                  producers=producers or self.publisher.factory(),
-                                 telemetry=FirerTelemetry(self.node, self.settings))
+                                 telemetry=FirerTelemetry(self.node, self.settings), takes=self.takes)
 
     def store(self) -> MemoryStore:
         return self.store_class(self.db, node_id=self.node)
+
+    def takes(self) -> MemoryTakes:
+        """A session of the claim that deletes (CHRONOS_FIRER_CLAIM=delete)."""
+        return MemoryTakes(self.db, node_id=self.node)
 
     def add(self, *ids: str, due_in: float = -1.0, topic: str | None = None) -> None:
         """Waiting rows, due `due_in` seconds from now (already due by default)."""
@@ -57,8 +61,8 @@ class Firer:
                                     for i in ids], [], [])
 
     def state(self) -> dict[str, str]:
-        """id -> waiting or held, of the rows in the database."""
-        return {r.id: "waiting" if r.readied_us is None else "held" for r in self.db.rows.values()}
+        """id -> waiting or held (stamped as claimed, or held by a claim that deletes), of the rows in the database."""
+        return {r.id: "held" if r.in_flight else "waiting" for r in self.db.rows.values()}
 
 
 def wait_for(predicate, what: str) -> None:

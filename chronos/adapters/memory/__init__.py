@@ -15,5 +15,6 @@ no planner: the waiting count `overview` gives when it would estimate is the row
 
 from chronos.adapters.memory.database import ManualClock, MemoryDatabase, wall_clock_us
 from chronos.adapters.memory.store import MemoryStore
+from chronos.adapters.memory.takes import MemoryTakes
 
-__all__ = ["ManualClock", "MemoryDatabase", "MemoryStore", "wall_clock_us"]
+__all__ = ["ManualClock", "MemoryDatabase", "MemoryStore", "MemoryTakes", "wall_clock_us"]

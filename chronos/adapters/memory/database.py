@@ -33,6 +33,18 @@ class ManualClock:
         self.now_us += round(seconds * 1_000_000)
 
 
+@dataclass(slots=True, eq=False)
+class Taken:
+    """A firer's open transaction of the claim that deletes (`takes.MemoryTakes`): the rows it took stay in
+    the table, held by it, until it commits (they go) or rolls back (they are back). Held, a row is in flight:
+    every handle sees it, no claim takes it, a cancel or an operator's action leaves it alone. `ended`: rolled
+    back without its firer knowing yet (PostgreSQL ended the session after the hold time)."""
+
+    node: uuid.UUID
+    since_us: int           # when the transaction began: the claim's time
+    ended: bool = False
+
+
 @dataclass(slots=True)
 class StoredRow:
     """One row of chronos_messages, as the twin keeps it (times in epoch microseconds)."""
@@ -58,6 +70,21 @@ class StoredRow:
     last_occurrence_us: int | None = None
     input_partition: int | None = None  # the input topic's partition it was read from (None: not known)
     frozen: bool = False            # its partition's move froze it here (`chronos.domain.moves`)
+    held_by: Taken | None = None    # taken by a claim that deletes whose transaction is open
+
+    @property
+    def in_flight(self) -> bool:
+        """Claimed: stamped as a firer's, or held by a firer's claim that deletes."""
+        return self.readied_us is not None or self.held_by is not None
+
+    @property
+    def holder(self) -> tuple[uuid.UUID, int] | None:
+        """(the firer, since when) of a row in flight; None for one that is not."""
+        if self.held_by is not None:
+            return self.held_by.node, self.held_by.since_us
+        if self.readied_by is not None and self.readied_us is not None:
+            return self.readied_by, self.readied_us
+        return None
 
     @property
     def position(self) -> tuple[int, int]:
@@ -66,9 +93,9 @@ class StoredRow:
 
     @property
     def waiting(self) -> bool:
-        """Unclaimed, not a recurring schedule, not frozen by a move: what the claim and the counts of waiting
-        rows see."""
-        return self.readied_us is None and self.cron is None and not self.frozen
+        """Unclaimed (nor held), not a recurring schedule, not frozen by a move: what the claim and the counts
+        of waiting rows see."""
+        return self.readied_us is None and self.cron is None and self.held_by is None and not self.frozen
 
 
 @dataclass(slots=True)

@@ -44,13 +44,13 @@ class MemoryDetect(MemoryHandle):
         estimate would be."""
         def run(now: int) -> Overview:
             rows = list(self.db.rows.values())
-            by_node: dict[uuid.UUID, list[StoredRow]] = {}
+            by_node: dict[uuid.UUID, list[tuple[int, StoredRow]]] = {}
             for r in rows:
-                if r.readied_us is not None:
-                    by_node.setdefault(_holder(r), []).append(r)
-            nodes = [NodeLoad(node, len(held), sum(1 for r in held if _readied(r) < now - hold_ms * 1000),
-                              (now - min(_readied(r) for r in held)) / 1e6,
-                              cron.from_us(min(r.deadline_us for r in held)))
+                if (holder := r.holder) is not None:
+                    by_node.setdefault(holder[0], []).append((holder[1], r))
+            nodes = [NodeLoad(node, len(held), sum(1 for since, _ in held if since < now - hold_ms * 1000),
+                              (now - min(since for since, _ in held)) / 1e6,
+                              cron.from_us(min(r.deadline_us for _, r in held)))
                      for node, held in by_node.items()]
             nodes.sort(key=lambda n: (-n.rows, n.node))
             waiting = [r.deadline_us for r in rows if r.waiting]

@@ -50,7 +50,9 @@ class MemoryIntake(MemoryHandle):
                     db.rows[r.id] = self._new_row(r, now)
                 elif old.frozen:
                     continue  # its partition's move froze it here: left as it is
-                else:  # the new version, waiting, with no failed publishes; seq and last occurrence kept
+                else:  # the new version, waiting, with no failed publishes; seq and last occurrence kept. (A row
+                    # held by a claim that deletes is replaced at once: PostgreSQL waits for that firer's
+                    # transaction to end, then writes the new version all the same.)
                     db.rows[r.id] = replace(self._new_row(r, now, seq=old.seq), last_occurrence_us=old.last_occurrence_us)
                 replaced += 1
             missed = []
@@ -58,6 +60,9 @@ class MemoryIntake(MemoryHandle):
                 gone = db.rows.get(mid)
                 if gone is None or gone.frozen:
                     missed.append(mid)
+                    continue
+                if gone.held_by is not None:  # left to the firer whose claim that deletes holds it
+                    in_flight += 1
                     continue
                 del db.rows[mid]
                 if gone.readied_us is None:

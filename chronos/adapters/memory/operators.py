@@ -11,8 +11,8 @@ from chronos.adapters.memory.base import MemoryHandle
 from chronos.adapters.memory.database import StoredParked, StoredRow
 from chronos.domain import cron
 from chronos.domain.model import Announced
-from chronos.domain.operators import (ACTIONS, PREVIEW_BYTES, Filters, Listed, Message, ParkedFilters, ParkedMessage,
-                                      ParkedRecord, ParkedRef, Position, Schedule, state_of)
+from chronos.domain.operators import (ACTIONS, HELD_WITHIN_MS, PREVIEW_BYTES, Filters, Listed, Message, ParkedFilters,
+                                      ParkedMessage, ParkedRecord, ParkedRef, Position, Schedule, state_of)
 from chronos.domain.reasons import code_of
 
 
@@ -25,12 +25,14 @@ class MemoryOperators(MemoryHandle):
             r = self.db.rows.get(message_id)
             if r is None:
                 return None
+            holder = r.holder
             return Message(id=r.id, state=_state(r), deadline=cron.from_us(r.deadline_us), topic=r.topic or output_topic,
                            key=r.key, headers=codec.decode_headers(r.headers) if r.headers else [],
                            value_size=None if r.value is None else len(r.value),
                            value_preview=b"" if r.value is None else r.value[:PREVIEW_BYTES],
-                           ordering_key=r.ordering_key, enqueued_at=cron.from_us(r.enqueued_us), firer=r.readied_by,
-                           claimed_at=None if r.readied_us is None else cron.from_us(r.readied_us), cron=r.cron,
+                           ordering_key=r.ordering_key, enqueued_at=cron.from_us(r.enqueued_us),
+                           firer=None if holder is None else holder[0],
+                           claimed_at=None if holder is None else cron.from_us(holder[1]), cron=r.cron,
                            timezone=(r.timezone or "UTC") if r.cron is not None else None, dst_policy=r.dst_policy,
                            attempts=r.attempts, last_error=r.last_error,
                            original_deadline=None if r.original_deadline_us is None
@@ -38,9 +40,10 @@ class MemoryOperators(MemoryHandle):
         return self._run(run)
 
     def list_messages(self, f: Filters, *, output_topic: str, limit: int, after: Position | None = None,
-                      not_at: datetime | None = None) -> list[Listed]:
+                      not_at: datetime | None = None, held_within_ms: int = HELD_WITHIN_MS) -> list[Listed]:
         """Up to `limit` rows matching `f` after `after`: in (deadline, seq) order, in id order with an id
-        prefix (a string's code points: the order of PostgreSQL's C collation, the embedded server's)."""
+        prefix (a string's code points: the order of PostgreSQL's C collation, the embedded server's). Every
+        held row is found, however far ahead (`held_within_ms` bounds only PostgreSQL's search)."""
         bounds = [None if t is None else cron.to_us(t) for t in (f.due_after, f.due_before, not_at)]
         due_after, due_before, not_at_us = bounds
 
@@ -62,7 +65,8 @@ class MemoryOperators(MemoryHandle):
                 found = sorted((r for r in found if not isinstance(after, tuple) or (r.deadline_us, r.seq) > after),
                                key=lambda r: (r.deadline_us, r.seq))
             return [Listed(_state(r), r.id, cron.from_us(r.deadline_us), r.seq, r.topic or output_topic, r.key,
-                           r.ordering_key, r.readied_by, r.cron) for r in found[:limit]]
+                           r.ordering_key, r.readied_by if r.held_by is None else r.held_by.node, r.cron)
+                    for r in found[:limit]]
         return self._run(run)
 
     def list_parked(self, *, limit: int, before: int | None = None,
@@ -133,7 +137,7 @@ class MemoryOperators(MemoryHandle):
 
     def present(self, ids: Sequence[str]) -> dict[str, bool]:
         """Of these ids, those held, each with whether a firer holds it."""
-        return self._run(lambda now: {i: self.db.rows[i].readied_us is not None for i in ids if i in self.db.rows})
+        return self._run(lambda now: {i: self.db.rows[i].in_flight for i in ids if i in self.db.rows})
 
     def apply_action(self, action: str, ids: Sequence[str], at: datetime | None, *, counted: bool) -> list[str]:
         """Cancel, fire now or reschedule the rows no firer holds, and count it, all at once."""
@@ -145,7 +149,7 @@ class MemoryOperators(MemoryHandle):
             changed = []
             for mid in dict.fromkeys(ids):
                 row = db.rows.get(mid)
-                if row is None or row.readied_us is not None:
+                if row is None or row.in_flight:
                     continue
                 if action == "cancel":
                     del db.rows[mid]
@@ -170,7 +174,7 @@ class MemoryOperators(MemoryHandle):
 
 
 def _state(row: StoredRow) -> str:
-    return state_of(row.cron, row.readied_us is not None)
+    return state_of(row.cron, row.in_flight)
 
 
 def _shown(p: StoredParked) -> ParkedMessage:

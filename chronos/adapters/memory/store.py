@@ -11,6 +11,7 @@ from chronos.adapters.memory.intake import MemoryIntake
 from chronos.adapters.memory.moves import MemoryMoves
 from chronos.adapters.memory.operators import MemoryOperators
 from chronos.adapters.memory.settle import MemorySettle
+from chronos.adapters.memory.takes import MemoryTakes
 
 
 class MemoryStore(MemoryIntake, MemoryClaims, MemorySettle, MemoryDetect, MemoryOperators, MemoryCellMap, MemoryMoves):
@@ -26,6 +27,7 @@ _CLAIM_PORT: type[ports.ClaimStore] = MemoryClaims
 _SETTLE_PORT: type[ports.SettleStore] = MemorySettle
 _DETECT_PORT: type[ports.DetectStore] = MemoryDetect
 _OPERATORS_STATEMENTS_PORT: type[ports.OperatorsStore] = MemoryOperators
+_TAKE_PORT: type[ports.TakeStore] = MemoryTakes
 _CELL_MAP_PORT: type[ports.CellMapStore] = MemoryCellMap
 _MOVE_PORT: type[ports.MoveStore] = MemoryMoves
 _MOVE_STORE: type[ports.MoveStore] = MemoryStore

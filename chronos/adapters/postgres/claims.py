@@ -59,6 +59,24 @@ class ClaimStatements(ShareStatements):
                 conn.execute(QUERIES["spend_tokens"], {"topic": name, "spent": len(rows)})
         return rows
 
+    def reserve_tokens(self, name: str, topic: str | None, rate: float, limit: int) -> int:
+        """`ports.TokenStore.reserve_tokens`: the bucket refilled, and up to `limit` tokens spent, in one short
+        transaction of its own under the bucket's lock."""
+        def run(conn: psycopg.Connection) -> int:
+            with self._transaction(conn):
+                bucket = self._execute(conn, QUERIES["take_output_tokens" if topic is None else "take_tokens"], {
+                    "topic": name, "rate": rate, "capacity": ratelimit.capacity(rate)}, prepare=True).fetchone()
+                grant = 0 if bucket is None else max(0, min(int(bucket[0]), limit))
+                if grant:
+                    conn.execute(QUERIES["spend_tokens"], {"topic": name, "spent": grant})
+            return grant
+        return self._run(run)
+
+    def return_tokens(self, name: str, rate: float, count: int) -> None:
+        """`ports.TokenStore.return_tokens`."""
+        params = {"topic": name, "count": count, "capacity": ratelimit.capacity(rate)}
+        self._run(lambda c: self._execute(c, QUERIES["return_tokens"], params))
+
     def _claim_topic(self, conn: psycopg.Connection, topic: str | None, limit: int,
                      lookahead_ms: int) -> list[Claimed]:
         query = QUERIES["claim_output_topic" if topic is None else "claim_topic"]

@@ -16,6 +16,18 @@ from chronos.adapters.postgres.session import Session
 from chronos.domain.model import DUE_CAP, ESTIMATE_ABOVE, NodeLoad, Overview, Stale, Throttled
 
 
+def merge_held(stamped: list[NodeLoad], held: list[NodeLoad]) -> list[NodeLoad]:
+    """The rows in flight per firer: those stamped as claimed and those held by its claims that delete (a firer
+    has one kind or the other, but a row may be in both lists for an instant), most rows first."""
+    by_node = {n.node: n for n in stamped}
+    for h in held:
+        n = by_node.get(h.node)
+        by_node[h.node] = h if n is None else NodeLoad(
+            n.node, n.rows + h.rows, n.past_hold_time + h.past_hold_time, max(n.held_for_s, h.held_for_s),
+            min(n.oldest_deadline, h.oldest_deadline))
+    return sorted(by_node.values(), key=lambda n: (-n.rows, str(n.node)))
+
+
 class DetectStatements(Session):
     """The detector's side of the store."""
 
@@ -35,8 +47,9 @@ class DetectStatements(Session):
         """What `chronos status` and the detector's gauges show, from cheap index-backed queries.
 
         The waiting count is exact below ESTIMATE_ABOVE rows (or with exact=True), else the
-        planner's estimate; the due count stops at DUE_CAP. Tolerates schemas without recurring
-        schedules (no `cron` column: a database migrated by an older chronos).
+        planner's estimate; the due count stops at DUE_CAP. Rows held by firers' claims that delete
+        (`overview_held`) are in flight, per firer, and counted neither waiting nor due. Tolerates
+        schemas without recurring schedules (no `cron` column: a database migrated by an older chronos).
         """
         def run(conn: psycopg.Connection) -> Overview:
             execute = self._execute
@@ -46,6 +59,12 @@ class DetectStatements(Session):
             at, first, next_deadline, waiting, due = one(execute(
                 conn, QUERIES["overview_waiting_cron" if has_cron else "overview_waiting"],
                 {"exact": count, "due_cap": DUE_CAP}))
+            if has_cron:  # a schema that has recurring schedules has the columns the claim that deletes needs
+                held = execute(conn, QUERIES["overview_held"], {"hold_ms": hold_ms, "within_ms": hold_ms // 2,
+                                                                "cap": DUE_CAP}).fetchall()
+                nodes = merge_held(nodes, [NodeLoad(*r[:5]) for r in held])
+                waiting = None if waiting is None else waiting - sum(r[1] for r in held)
+                due = max(0, due - sum(r[5] for r in held))
             schedules = one(execute(conn, QUERIES["count_cron_schedules"]))[0] if has_cron else None
             parked = None
             if one(execute(conn, QUERIES["has_parked"]))[0]:

@@ -3,6 +3,8 @@ late ids are waiting. Run on the store's session (`session.Session`)."""
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Iterable, Sequence
 
 import psycopg
@@ -14,7 +16,11 @@ from chronos.adapters.postgres.queries import QUERIES, before_partition
 from chronos.adapters.postgres.session import Session
 from chronos.domain.cells import CANCEL, REPLACE, CellPartition, Fence, Forward
 from chronos.domain.model import Parked, Row
-from chronos.errors import CellMapChanged, CellsUnsupported
+from chronos.errors import CellMapChanged, CellsUnsupported, StoreUnavailable
+
+log = logging.getLogger("chronos.store")
+
+LOCK_RETRY_S = 0.01  # between two tries of a batch that waited for a row's lock up to the lock timeout
 
 
 class IntakeStatements(Session):
@@ -33,7 +39,15 @@ class IntakeStatements(Session):
         and the replaces, to forward to the other cells; then, with a `fence`, check it (CellMapChanged, the
         transaction rolled back, if it does not hold). Returns (inserted, replaced, cancelled,
         cancelled in flight): a cancelled row that a firer had already claimed is deleted all the
-        same (nothing hands it back), but that firer may still publish it."""
+        same (nothing hands it back), but that firer may still publish it; one that a firer's claim
+        that deletes holds is left to it (see `cancel` in queries.sql).
+
+        A row a firer's claim that deletes holds keeps a write of the same id waiting until that
+        firer's transaction ends (a replace; an id read again, in the COPY): the wait ends after
+        the session's lock timeout, and the batch is written again, through the staging table, which
+        leaves ids held alone, until the firer has let the row go (within the hold time, when it
+        hangs: PostgreSQL ends its transaction). A row that stays locked for `lock_wait_s` makes
+        the write fail as PostgreSQL out of reach does (StoreUnavailable)."""
         if not (inserts or replaces or cancels):
             return 0, 0, 0, 0
 
@@ -41,8 +55,8 @@ class IntakeStatements(Session):
             if inserts:
                 try:
                     return write(conn, direct=True)
-                except psycopg.errors.UniqueViolation:
-                    pass  # an id of the batch is waiting already: insert only the others, below
+                except (psycopg.errors.UniqueViolation, psycopg.errors.LockNotAvailable):
+                    pass  # an id of the batch is waiting already (or held by a firer): insert only the others, below
             return write(conn, direct=False)
 
         def write(conn: psycopg.Connection, direct: bool) -> tuple[int, int, int, int]:
@@ -59,8 +73,10 @@ class IntakeStatements(Session):
                 conn.execute(QUERIES["create_staging"])
                 self._staging_ready = True
             inserted = replaced = cancelled = in_flight = 0
-            # a batch of new ids only (the COPY, which has no plan) needs no settings
-            with self._transaction(conn, settings=staging or bool(cancels), staging=staging):
+            # a batch of new ids only (the COPY, which has no plan) needs no settings but the lock timeout: an
+            # id read again may be one a firer holds
+            settings = staging or bool(cancels) or self.lock_timeout_ms is not None
+            with self._transaction(conn, settings=settings, staging=staging):
                 with conn.cursor() as cur:
                     if direct:
                         # the whole binary COPY stream built natively, handed over in one write: psycopg's
@@ -95,7 +111,19 @@ class IntakeStatements(Session):
                     if fence is not None:
                         check_fence(cur, fence)
             return inserted, replaced, cancelled, in_flight
-        return self._run(run)
+
+        started = time.monotonic()
+        while True:
+            try:
+                return self._run(run)
+            except psycopg.errors.LockNotAvailable:
+                waited = time.monotonic() - started
+                if waited >= self.lock_wait_s:
+                    raise StoreUnavailable(f"a row of the batch stayed locked for {waited:.1f}s (a firer's claim "
+                                           f"that deletes holds it, or another writer)") from None
+                log.debug("a row of the batch is locked (held by a firer until Kafka acknowledges it, for %.1fs "
+                          "so far): writing the batch again", waited)
+                time.sleep(LOCK_RETRY_S)
 
     def pending_forwards(self, limit: int) -> list[Forward]:
         """Up to `limit` of the cancels and replaces noted here to forward to the other cells, oldest first

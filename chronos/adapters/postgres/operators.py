@@ -15,16 +15,16 @@ from chronos.adapters.postgres.queries import QUERIES
 from chronos.adapters.postgres.session import Session
 from chronos.domain import cron
 from chronos.domain.model import Announced, ServerView, Sessions, Standby
-from chronos.domain.operators import (ACTIONS, PREVIEW_BYTES, Filters, Listed, Message, ParkedFilters, ParkedMessage,
-                                      ParkedRecord, ParkedRef, Position, Schedule, state_of)
+from chronos.domain.operators import (ACTIONS, HELD_WITHIN_MS, PREVIEW_BYTES, Filters, Listed, Message, ParkedFilters,
+                                      ParkedMessage, ParkedRecord, ParkedRef, Position, Schedule, state_of)
 
 
-def list_params(f: Filters, limit: int, *, after: Position | None = None,
-                not_at: datetime | None = None) -> dict[str, Any]:
-    """The parameters of list_by_deadline and list_by_id: every filter (None: none) and the position to
-    start after."""
-    return {"state": f.state, "due_after": f.due_after, "due_before": f.due_before, "not_at": not_at,
-            "topic": f.topic, "output_topic": f.output_topic, "key": f.key, "ordering_key": f.ordering_key,
+def list_params(f: Filters, limit: int, *, after: Position | None = None, not_at: datetime | None = None,
+                held_within_ms: int = HELD_WITHIN_MS) -> dict[str, Any]:
+    """The parameters of list_by_deadline and list_by_id: every filter (None: none), the position to
+    start after, and how far ahead rows held by a firer's claim that deletes are looked for."""
+    return {"state": f.state, "held_within_ms": held_within_ms, "due_after": f.due_after, "due_before": f.due_before,
+            "not_at": not_at, "topic": f.topic, "output_topic": f.output_topic, "key": f.key, "ordering_key": f.ordering_key,
             "id_prefix": f.id_prefix, "limit": limit,
             "after_deadline": cron.from_us(after[0]) if isinstance(after, tuple) else None,
             "after_seq": after[1] if isinstance(after, tuple) else None,
@@ -54,8 +54,8 @@ class OperatorsStatements(Session):
         if row is None:
             return None
         (mid, deadline, readied_at, readied_by, topic, key, size, preview, headers, okey, enqueued_at, expr, tz,
-         dst, attempts, last_error, original_deadline) = row
-        return Message(id=mid, state=state_of(expr, readied_at is not None), deadline=deadline,
+         dst, attempts, last_error, original_deadline, held) = row
+        return Message(id=mid, state=state_of(expr, held), deadline=deadline,
                        topic=topic or output_topic, key=key, headers=codec.decode_headers(headers) if headers else [],
                        value_size=size, value_preview=b"" if preview is None else bytes(preview),
                        ordering_key=okey, enqueued_at=enqueued_at, firer=readied_by, claimed_at=readied_at,
@@ -63,8 +63,8 @@ class OperatorsStatements(Session):
                        attempts=attempts, last_error=last_error, original_deadline=original_deadline)
 
     def list_messages(self, f: Filters, *, output_topic: str, limit: int, after: Position | None = None,
-                      not_at: datetime | None = None) -> list[Listed]:
-        params = list_params(f, limit, after=after, not_at=not_at)
+                      not_at: datetime | None = None, held_within_ms: int = HELD_WITHIN_MS) -> list[Listed]:
+        params = list_params(f, limit, after=after, not_at=not_at, held_within_ms=held_within_ms)
         # prepare=False: planned for these values every time (see list_by_deadline)
         rows = self._run(lambda c: c.execute(QUERIES["list_by_deadline" if f.id_prefix is None else "list_by_id"],
                                              params, prepare=False).fetchall())

@@ -3,7 +3,8 @@
 Each statement sits under a `-- name: x` header; a `-- fragment: x` is a piece of SQL several statements
 share, put where they say `/* include: x */`. Statements that differ from another only in their topic
 filter (or the claim's window of recent deadlines) are one body with the filter's place marked, made into
-one statement per filter here (`TOPIC_VARIANTS`).
+one statement per filter here (`TOPIC_VARIANTS`); and each claim has a twin that picks its rows for the claim
+that deletes (`PICKS`: without the claim's lock, without the rows firers hold, ending with `pick_rows`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ TOPIC_VARIANTS = {  # statement: (body, the filter put at its mark)
     "take_tokens": ("take_tokens", "AND topic = %(topic)s"),
     "take_output_tokens": ("take_tokens", "AND topic IS NULL"),
 }
+# The claim that deletes (CHRONOS_FIRER_CLAIM=delete) picks each claim's rows with the claim's twin: its row lock
+# dropped, the rows firers hold left out at its topic filter's mark, and `pick_rows` in place of `claim_rows` (and
+# of what follows it).
+PICKS = {"pick": "claim", "pick_recent": "claim_recent", "pick_topic": "claim_topic",
+         "pick_output_topic": "claim_output_topic", "pick_share": "claim_share", "pick_share_recent": "claim_share_recent"}
+LOCK = "FOR UPDATE SKIP LOCKED"
 
 
 # The consumer's writes on a schema before the input partition was recorded (version 12), which this release's
@@ -60,6 +67,13 @@ def load(text: str) -> dict[str, str]:
         code = "\n".join(line for line in older.splitlines() if not line.lstrip().startswith("--"))
         assert "input_partition" not in code and older != queries[name], f"queries.sql: {name} before 12"
         queries[before_partition(name)] = older
+    stamp, pick = fragments["claim_rows"], fragments["pick_rows"]
+    not_held = f"AND xmax <> ALL (ARRAY(SELECT held_xid FROM ({fragments['held_sessions']}) AS holders))"
+    for name, claim in PICKS.items():
+        body, topic_filter = TOPIC_VARIANTS[claim]
+        statement = bodies[body].replace(TOPIC_MARK, f"{topic_filter} {not_held}")
+        assert statement.count(LOCK) == 1 and statement.count(stamp) == 1, f"queries.sql: {body} is not a claim"
+        queries[name] = statement.replace(LOCK, "").split(stamp)[0] + pick
     return queries
 
 

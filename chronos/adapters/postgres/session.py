@@ -30,6 +30,11 @@ log = logging.getLogger("chronos.store")
 # CHRONOS_DATABASE_TIMEOUT_MS instead.
 DEFAULT_DEADLINE_S = 60.0
 
+# How long a firer's claim that deletes waits for a row another firer took since it chose it (a moment's race
+# between two claims of one slice) before its batch rolls back: another firer's batch is held for as long as
+# Kafka takes to acknowledge it.
+HELD_LOCK_TIMEOUT_MS = 200
+
 # Whether this libpq has pipeline mode (14 and later): through a pooler in transaction mode a statement and
 # its settings then go in one round trip.
 PIPELINE = psycopg.Pipeline.is_supported()
@@ -76,19 +81,29 @@ class Session:
 
     def __init__(self, url: str, *, node_id: uuid.UUID | None = None, hot_path: bool = False,
                  synchronous_commit: bool = True, deadline_s: float = DEFAULT_DEADLINE_S,
-                 application_name: str = "chronos", pool_mode: str = pooling.SESSION):
+                 application_name: str = "chronos", pool_mode: str = pooling.SESSION,
+                 held_ms: int | None = None, lock_timeout_ms: int | None = None, lock_wait_s: float = 0.0):
+        """`held_ms`: a session whose transactions a firer holds open (the claim that deletes): PostgreSQL ends
+        it once idle in a transaction that long (`held_session_settings`). `lock_timeout_ms`: a statement
+        waiting that long for a row's lock fails (LockNotAvailable, which `_guarded` lets through, the
+        connection kept), rather than wait for as long as a firer holds the row; a write that does is tried
+        again for up to `lock_wait_s` (`IntakeStatements.apply`)."""
         self.url = url
         self.node_id = node_id
         self.hot_path = hot_path
         self.synchronous_commit = synchronous_commit
+        self.held_ms = held_ms
+        self.lock_timeout_ms = lock_timeout_ms
+        self.lock_wait_s = lock_wait_s
         self.deadline_s = deadline_s
         self.application_name = application_name
         self.pool_mode = pool_mode
         # transaction_settings' parameters, for a transaction through a pooler in transaction mode; None: none to make
         self._settings: dict[str, str | None] | None = None
-        if hot_path or not synchronous_commit:
+        if hot_path or not synchronous_commit or lock_timeout_ms is not None:
             self._settings = {"planner": "off" if hot_path else None,
-                              "synchronous_commit": None if synchronous_commit else "off"}
+                              "synchronous_commit": None if synchronous_commit else "off",
+                              "lock_timeout": None if lock_timeout_ms is None else str(lock_timeout_ms)}
         self.conn: psycopg.Connection | None = None
         self.link = ports.Link()
         self._avoid: str | None = None  # the server the last connection failed on: tried last next time
@@ -122,7 +137,20 @@ class Session:
                 conn.execute(QUERIES["hot_path_settings"])
             if not self.synchronous_commit:
                 conn.execute(QUERIES["async_commit"])
+            if self.lock_timeout_ms is not None:
+                conn.execute(QUERIES["lock_timeout"], {"ms": str(self.lock_timeout_ms)})
+            if self.held_ms is not None:
+                conn.execute(QUERIES["held_session_settings"], self.held_params(local=False))
         self._guarded(conn, settle)
+
+    def held_params(self, *, local: bool) -> dict[str, Any]:
+        """The parameters of held_session_settings: the hold time, the server's TCP keepalives after a quarter
+        of it (a whole second at least), two probes, the wait for a row's lock (HELD_LOCK_TIMEOUT_MS, a tenth
+        of the hold time at most) and the session's own application name."""
+        assert self.held_ms is not None
+        return {"hold_ms": str(self.held_ms), "keepalive_s": str(max(1, self.held_ms // 4000)),
+                "lock_ms": str(max(1, min(HELD_LOCK_TIMEOUT_MS, self.held_ms // 10))),
+                "application_name": self.application_name, "local": local}
 
     def close(self) -> None:
         if self.conn is not None:
@@ -179,8 +207,8 @@ class Session:
                 return fn(conn, *args)
             finally:
                 DEADLINES.disarm(watch)  # before anything closes the connection: see Deadlines
-        except psycopg.errors.TransactionRollback:
-            raise  # the caller runs it again
+        except (psycopg.errors.TransactionRollback, psycopg.errors.LockNotAvailable):
+            raise  # the caller runs it again (the transaction rolled back, the connection is fine)
         except psycopg.Error as exc:
             server = self.link.server
             if watch.fired:

@@ -30,9 +30,13 @@ read of each other is in `Shared`:
   dead-lettered rows, hands back, retries later, parks. Its connection never waits behind a claim,
   so it also measures the database clock, which the sender turns deadlines into local times with.
 
-A row is *held* from its claim until it is settled; the SQL marks it with `readied_at`. What the
-threads hand each other is in `handoff`; the decisions that depend on no thread (failure policy,
-retry delay, publish timing) in `decisions`. `FirerProcess` wires the three and stops them in order.
+A row is *held* from its claim until it is settled; the SQL marks it with `readied_at`. With
+CHRONOS_FIRER_CLAIM=delete the claim deletes its rows instead, in a transaction held open on a session of
+the firer's (`batches.HeldBatches`: one per batch in flight) until the settler has settled every row of
+the batch and commits it, or rolls it back; PostgreSQL ends the transaction of a firer silent for the hold
+time, and its rows are back. Recurring schedules' occurrences are stamped either way. What the threads
+hand each other is in `handoff`; the decisions that depend on no thread (failure policy, retry delay,
+publish timing) in `decisions`. `FirerProcess` wires the three and stops them in order.
 """
 
 from __future__ import annotations
@@ -47,8 +51,9 @@ from chronos.domain.model import Claimed
 from chronos.domain.ratelimit import cell_share
 from chronos.errors import CellsUnsupported, ConfigError, KafkaUnanswered, StoreUnavailable
 from chronos.telemetry.metrics import FirerTelemetry, postgres_reached
-from chronos.ports import KafkaOutage, Publisher, Store
-from chronos.roles.firer.claimer import Claimer
+from chronos.ports import KafkaOutage, Publisher, Store, TakeStore
+from chronos.roles.firer.batches import HeldBatches
+from chronos.roles.firer.claimer import MAX_HELD_BATCHES, Claimer
 from chronos.roles.firer.decisions import PublishTiming
 from chronos.roles.firer.handoff import Shared, Stop
 from chronos.roles.firer.sender import Sender
@@ -68,25 +73,32 @@ class FirerProcess:
     stops, then stops all three in order (`shutdown`)."""
 
     def __init__(self, settings: Settings, life: Lifecycle, *, stores: Callable[[], Store],
-                 producers: Callable[[], tuple[Publisher, KafkaOutage]], telemetry: FirerTelemetry):
+                 producers: Callable[[], tuple[Publisher, KafkaOutage]], telemetry: FirerTelemetry,
+                 takes: Callable[[], TakeStore] | None = None):
         """`stores` makes one store per thread (a store is one connection, not thread-safe);
-        `producers` makes a Kafka producer and the log of its outages, again after a fatal error."""
+        `producers` makes a Kafka producer and the log of its outages, again after a fatal error; `takes`
+        makes a session for the claim that deletes (CHRONOS_FIRER_CLAIM=delete), one per batch in flight."""
         self.settings, self.life, self.stores, self.metrics = settings, life, stores, telemetry
         self.input_partitions: int | None = None  # the input topic's, as Kafka last said (cells' rate shares)
         self.slot = ProducerSlot(producers, ProducerWatch("the firer", settings.publish_stall_ms / 1000.0,
                                                           time.monotonic()))
         self.shared = Shared(PublishTiming(settings.timing_advance_ms))
-        self.settler = Settler(stores(), settings, self.shared, telemetry, life)
+        self.batches: HeldBatches | None = None
+        if settings.firer_claim == "delete":
+            if takes is None:
+                raise ConfigError("CHRONOS_FIRER_CLAIM=delete: this firer was given no sessions to hold its batches on")
+            self.batches = HeldBatches(takes, MAX_HELD_BATCHES)
+        self.settler = Settler(stores(), settings, self.shared, telemetry, life, self.batches)
         self.sender = Sender(settings, life, self.slot, self.shared, telemetry, outbox=self.settler.inbox)
         # fire-rate limits claim topic by topic over every slice, each topic's budget at a time: one claimer
         parts = 1 if settings.fire_rates else settings.firer_claimers
         lead = stores()
         self.claimer = Claimer(lead, settings, self.shared, telemetry, life, outbox=self.sender.inbox,
-                               kafka_answers=lambda: self.slot.producer.answers(), parts=parts,
+                               kafka_answers=lambda: self.slot.producer.answers(), parts=parts, batches=self.batches,
                                cell_share=(lambda: self.cell_share(lead)) if settings.cells else None)
         self.claimers = [self.claimer] + [
             Claimer(stores(), settings, self.shared, telemetry, life, outbox=self.sender.inbox, part=part,
-                    parts=parts, lead=self.claimer) for part in range(1, parts)]
+                    parts=parts, lead=self.claimer, batches=self.batches) for part in range(1, parts)]
         self.metrics.follow(self.shared.totals.as_dict)
         self.metrics.follow_timing(lambda: len(self.sender.held) + self.shared.in_flight, self.shared.timing)
         self.metrics.follow_producer(self.slot.watch)
@@ -110,8 +122,10 @@ class FirerProcess:
 
     def run(self) -> None:
         log.info("firing from the store to %s: batch %d, lookahead %d ms, poll %d ms, timing advance %d ms, "
-                 "%d claimers", self.settings.output_topic, self.settings.batch_size, self.settings.lookahead_ms,
-                 self.settings.poll_interval_ms, self.settings.timing_advance_ms, len(self.claimers))
+                 "%d claimers, claims that %s", self.settings.output_topic, self.settings.batch_size,
+                 self.settings.lookahead_ms, self.settings.poll_interval_ms, self.settings.timing_advance_ms,
+                 len(self.claimers), "stamp" if self.batches is None else
+                 f"delete (a session per batch in flight, {MAX_HELD_BATCHES} at most)")
         # `last_ok` is a float the claimers and the settler write: reading it uses no connection
         self.metrics.serve(postgres=lambda: postgres_reached(self.settler.store, *(c.store for c in self.claimers)),
                            kafka=lambda: self.slot.producer, kafka_topic=self.settings.output_topic)
@@ -146,7 +160,12 @@ class FirerProcess:
         self.settler.inbox.put(Stop())
         self.settler.join(30.0)
         # claimed after the stop was asked (a claim that would not end): hand those back too
-        self.release_leftovers(self.sender.leftovers())
+        self.release_leftovers([row for row in self.sender.leftovers() if not row.batch])
+        if self.batches is not None:
+            if self.settler.is_alive():
+                log.warning("the settler has not ended: PostgreSQL hands the batches it holds back after the hold time")
+            else:  # batches left open (leftovers, reports that never came) are rolled back: their rows are back
+                self.batches.close()
         log.info("stopping: claimed %(claimed)d, fired %(fired)d, vanished %(vanished)d, handed back %(released)d "
                  "(held too long: %(expired)d), retried later %(retried)d, dead-lettered %(dead)d, parked %(parked)d",
                  self.shared.totals.as_dict())

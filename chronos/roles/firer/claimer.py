@@ -11,9 +11,10 @@ from typing import Callable
 from chronos.config import Settings
 from chronos.domain.model import Claimed
 from chronos.domain.shares import Shares, claimer_slices, overdue_ms, strays_every
-from chronos.errors import StoreRejected, StoreUnavailable
+from chronos.errors import ClaimContended, StoreRejected, StoreUnavailable
 from chronos.telemetry.metrics import FirerTelemetry
-from chronos.ports import ClaimStore
+from chronos.ports import ClaimStore, DueClaims, TakeStore
+from chronos.roles.firer.batches import HeldBatches
 from chronos.roles.firer.handoff import Claims, Shared
 from chronos.roles.firer.store_thread import StoreThread
 from chronos.runtime.process import Lifecycle
@@ -48,17 +49,25 @@ class Claimer(StoreThread[ClaimStore]):
     slices (`claimer_slices`), on a connection of its own. The first (`lead` None) also renews the
     firer's lease, asks Kafka whether it answers after a stall, claims recurring schedules and the
     others' overdue rows (other firers', and this firer's other claimers'); the others (`lead`: the
-    first) follow its view of the shares. They share the firer's cap on held rows (`Shared.reserve`)."""
+    first) follow its view of the shares. They share the firer's cap on held rows (`Shared.reserve`).
+
+    With the claim that deletes (`batches`: CHRONOS_FIRER_CLAIM=delete), each claim of due rows runs on a
+    free session of the firer's (`HeldBatches`), whose transaction then holds its rows as one batch until the
+    settler ends it; with none free (as many batches in flight as MAX_HELD_BATCHES), it claims nothing until
+    one is. Its own connection still renews the lease, sets fire-rate tokens aside and claims the recurring
+    schedules' occurrences, which are stamped as claimed either way."""
 
     def __init__(self, store: ClaimStore, settings: Settings, shared: Shared, telemetry: FirerTelemetry, life: Lifecycle,
                  outbox: Claims, kafka_answers: Callable[[], bool] = lambda: True, *,
-                 part: int = 0, parts: int = 1, lead: Claimer | None = None,
+                 part: int = 0, parts: int = 1, lead: Claimer | None = None, batches: HeldBatches | None = None,
                  cell_share: Callable[[], float | None] | None = None):
         """`kafka_answers` asks Kafka for its metadata (blocking up to a second or so): whether it answered.
         `cell_share` (with cells) says the share of the fire-rate limits this firer's cell takes (on the
         claimer's own store: `FirerProcess`), asked every SHARE_EVERY_S."""
         super().__init__("claimer" if part == 0 else f"claimer{part + 1}", store, settings, shared, telemetry, life)
         self.part, self.parts, self.lead = part, parts, lead
+        self.batches = batches
+        self.claiming: TakeStore | None = None  # the session of the claim that deletes running now
         self.outbox = outbox
         self.kafka_answers = kafka_answers
         self.kafka_answered_at = 0.0  # monotonic: Kafka last answered the claimer's own request
@@ -128,6 +137,9 @@ class Claimer(StoreThread[ClaimStore]):
         SIGTERM does not wait for a slow one. A cancelled claim rolls back and holds nothing."""
         self.stopped.set()
         self.store.cancel()
+        session = self.claiming
+        if session is not None:
+            session.cancel()
 
     def claim(self, now: float) -> None:
         """Claim what is due now (wall-clock `now`), unless Kafka lags or enough rows are held, and
@@ -166,17 +178,45 @@ class Claimer(StoreThread[ClaimStore]):
         if not limit:
             self.next_claim = now + 0.005  # wait for acknowledgements before claiming more
             return
+        session = None
+        if self.batches is not None:
+            session = self.claiming = self.batches.session()
+            if session is None:  # every session holds a batch: wait for the settler to end one
+                self.shared.count_claimed([], reserved=limit)
+                self.next_claim = now + 0.005
+                return
         try:
             started, sent = time.perf_counter(), time.monotonic()
-            if self.limits:  # fire-rate limits: topic by topic, within each limited topic's budget
+            claims: DueClaims = self.store if session is None else session
+            if self.limits:  # with cells, this cell's share of the limits, whichever the claim
                 self.follow_share()
+            if self.limits and session is not None:  # fire-rate limits, the tokens set aside on the claimer's store
+                rows, backlog = session.claim_limited(self.limits, self.settings.output_topic, limit,
+                                                      self.settings.lookahead_ms, self.store)
+            elif self.limits:  # fire-rate limits: topic by topic, within each limited topic's budget
                 rows, backlog = self.store.claim_limited(self.limits, self.settings.output_topic, limit,
                                                          self.settings.lookahead_ms)
             else:
-                rows, backlog = self.claim_rows(limit)
-        except BaseException:  # a claim that failed or was cancelled holds nothing: its room is given back
+                rows, backlog = self.claim_rows(limit, claims)
+        except ClaimContended as exc:  # another firer took a row since it was chosen: claim again
             self.shared.count_claimed([], reserved=limit)
+            self.release_session(session)
+            self.throttle.warning("contended", "%s", exc)
+            self.next_claim = now + 0.005
+            return
+        except BaseException as exc:  # a claim that failed or was cancelled holds nothing: its room is given back
+            self.shared.count_claimed([], reserved=limit)
+            self.release_session(session)
+            if isinstance(exc, StoreUnavailable) and session is not None and self.batches is not None:
+                self.batches.drop_idle()  # PostgreSQL is gone: its other free sessions are broken too
             raise
+        finally:
+            self.claiming = None
+        if session is not None and self.batches is not None:
+            if rows:
+                self.batches.hold(session, rows)  # each row carries its batch before anyone else sees it
+            else:
+                self.release_session(session)
         self.hand_to_sender(sent, rows, reserved=limit)  # before the schedules' claim, which may be the slow one
         occurrences = []
         # recurring schedules: by the first claimer, once per poll interval, even in a backlog
@@ -205,7 +245,13 @@ class Claimer(StoreThread[ClaimStore]):
             log.info("fire-rate limits: this cell's firers take %s of each: %s",
                      "all" if share is None else f"{share:.4g}", self.limits)
 
-    def claim_rows(self, limit: int) -> tuple[list[Claimed], bool]:
+    def release_session(self, session: TakeStore | None) -> None:
+        """A session whose claim took nothing to hold (or failed): whatever it began rolled back, and free."""
+        if session is not None and self.batches is not None:
+            session.give_back()
+            self.batches.free(session)
+
+    def claim_rows(self, limit: int, claims: DueClaims) -> tuple[list[Claimed], bool]:
         """The claim without fire-rate limits: (the rows, whether they are a backlog's, to drain without
         sleeping). Most claims take only rows due at most RECENT_WINDOW_MS ago: the due index keeps an
         entry for every row claimed since its last vacuum, all at the head of its range (deadlines
@@ -219,21 +265,22 @@ class Claimer(StoreThread[ClaimStore]):
         limit; a full claim that finds them drained also takes what others left overdue (`take_others`):
         the rows of a firer gone quiet, and of any slice once overdue by the hold time. With other
         claimers in this firer, each claims its part of the firer's slices, and the first takes what the
-        others left overdue as well."""
+        others left overdue as well. `claims`: the store's (stamping), or a session of the claim that
+        deletes (all of one pass in one batch)."""
         now = time.monotonic()
         full = now >= self.next_full_claim
         mine = self.own_slices(now)
         window = None if full else RECENT_WINDOW_MS
         if mine is None:
-            rows = self.store.claim(limit, self.settings.lookahead_ms, window)
+            rows = claims.claim(limit, self.settings.lookahead_ms, window)
             backlog = len(rows) == limit
         elif not mine:  # fewer slices than claimers, or the first claimer has not renewed the lease yet
             rows, backlog = [], False
         else:
-            rows, backlog = self.store.claim_share(mine, limit, self.settings.lookahead_ms, window)
+            rows, backlog = claims.claim_share(mine, limit, self.settings.lookahead_ms, window)
             assert self.shares is not None
             if self.lead is None and self.shares.takes_others(full, backlog, self.parts) and len(rows) < limit:
-                taken = self.take_others(self.shares, limit - len(rows))
+                taken = self.take_others(self.shares, limit - len(rows), claims)
                 backlog = len(rows) + len(taken) == limit
                 rows += taken
         if full:
@@ -243,7 +290,7 @@ class Claimer(StoreThread[ClaimStore]):
             self.next_full_claim = now if behind else now + FULL_CLAIM_EVERY
         return rows, backlog
 
-    def take_others(self, shares: Shares, limit: int) -> list[Claimed]:
+    def take_others(self, shares: Shares, limit: int, claims: DueClaims) -> list[Claimed]:
         """Up to `limit` rows others left overdue: of the quiet firers' slices and this firer's other
         claimers' (`Shares.taken_slices`) once overdue by `overdue_ms`, then of any slice once overdue by
         the hold time (an owner that renews its lease yet serves nothing). The last claim starts at the
@@ -253,10 +300,10 @@ class Claimer(StoreThread[ClaimStore]):
         taken: list[Claimed] = []
         slices = shares.taken_slices(self.parts)
         if slices:
-            taken, _ = self.store.claim_share(slices, limit, -overdue_ms(self.settings.poll_interval_ms))
+            taken, _ = claims.claim_share(slices, limit, -overdue_ms(self.settings.poll_interval_ms))
         now = time.monotonic()
         if len(taken) < limit and now >= self.next_strays:
-            strays = self.store.claim(limit - len(taken), -self.settings.hold_time_ms)
+            strays = claims.claim(limit - len(taken), -self.settings.hold_time_ms)
             full = len(strays) == limit - len(taken)
             self.next_strays = now if full else now + strays_every(self.settings.hold_time_ms)
             taken += strays

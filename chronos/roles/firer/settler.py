@@ -1,5 +1,5 @@
 """The settler: the firer's thread that settles held rows in the store as the sender reports what
-became of them, and measures the database clock."""
+became of them, ends the batches of the claim that deletes, and measures the database clock."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from chronos.errors import StoreUnavailable
 from chronos.telemetry.metrics import FirerTelemetry
 from chronos.ports import SettleStore
 from chronos.domain.model import Claimed
+from chronos.roles.firer.batches import Batch, HeldBatches
 from chronos.roles.firer.handoff import Outcomes, Shared, Stop, ToSettle, size_of
 from chronos.roles.firer.store_thread import StoreThread
 from chronos.runtime.process import Lifecycle
@@ -28,10 +29,16 @@ class Settler(StoreThread[SettleStore]):
     """The settler: settles held rows as the sender reports their outcomes (`inbox`): deletes the
     acknowledged ones in batches, hands back, retries later, deletes as dead-lettered or parks
     the others. On its own thread and connection, never behind a claim, which is why it also
-    measures the database clock for the sender (`sync_clock`)."""
+    measures the database clock for the sender (`sync_clock`).
 
-    def __init__(self, store: SettleStore, settings: Settings, shared: Shared, telemetry: FirerTelemetry, life: Lifecycle):
+    A row of the claim that deletes (`Claimed.batch`) is settled in its batch (`batches`): once every
+    row of a batch is, its transaction commits, with the rows to hand back, retry or park put there
+    first (`end`), or, when none of them went anywhere, rolls back."""
+
+    def __init__(self, store: SettleStore, settings: Settings, shared: Shared, telemetry: FirerTelemetry, life: Lifecycle,
+                 batches: HeldBatches | None = None):
         super().__init__("settler", store, settings, shared, telemetry, life)
+        self.batches = batches
         self.inbox: ToSettle = queue.SimpleQueue()
         self.todo = Outcomes()
         self.stopping = False
@@ -96,6 +103,8 @@ class Settler(StoreThread[SettleStore]):
         """Delete acknowledged rows in batches, hand back rows that will not be published, and settle
         failed ones: retried later, deleted once dead-lettered, or parked."""
         todo, totals = self.todo, self.shared.totals
+        if self.batches is not None:
+            self.settle_held(todo)
         if todo.release:
             totals.released += self.store.release(todo.release)
             self.count_settled(todo.release)
@@ -132,6 +141,90 @@ class Settler(StoreThread[SettleStore]):
                 totals.vanished += len(done) - deleted
                 self.throttle.warning("vanished", "%d published rows were no longer ours to delete "
                                       "(taken over by a peer after the hold time)", len(done) - deleted)
+
+    def settle_held(self, todo: Outcomes) -> None:
+        """Take the rows of held batches out of `todo`, each into its batch, and end every batch whose rows
+        are all settled now."""
+        assert self.batches is not None
+        get = self.batches.get
+        touched: dict[int, Batch] = {}
+        held: list[Claimed] = []
+
+        def batch_of(row: Claimed) -> Batch:
+            held.append(row)
+            batch = touched.get(row.batch)
+            if batch is None:
+                batch = touched[row.batch] = get(row.batch)
+            return batch
+
+        left: list = []
+        for row in todo.acked:
+            if row.batch:
+                batch_of(row).fired += 1
+            else:
+                left.append(row)
+        todo.acked, left = left, []
+        for row, reason in todo.dead:
+            if row.batch:
+                batch_of(row).dead.append(reason)
+            else:
+                left.append((row, reason))
+        todo.dead, left = left, []
+        for row in todo.release:
+            if row.batch:
+                batch_of(row).restore.append(row)
+            else:
+                left.append(row)
+        todo.release, left = left, []
+        for item in todo.retry:
+            if item[0].batch:
+                batch_of(item[0]).retry.append(item)
+            else:
+                left.append(item)
+        todo.retry, left = left, []
+        for parked in todo.park:
+            if parked[0].batch:
+                batch_of(parked[0]).park.append(parked)
+            else:
+                left.append(parked)
+        todo.park = left
+        if not held:
+            return
+        self.count_settled(held)
+        for batch in touched.values():
+            if batch.done:
+                self.end(batch)
+
+    def end(self, batch: Batch) -> None:
+        """End a batch whose rows are all settled: commit it with the rows to hand back, retry or park put
+        there first, or roll it back when none of its rows went anywhere. A transaction that ended already
+        (held past the hold time, or PostgreSQL lost) has every row back: those published fire again."""
+        assert self.batches is not None
+        totals = self.shared.totals
+        started = time.perf_counter()
+        try:
+            if batch.changes:
+                batch.session.finish(batch.restore, batch.retry, batch.park, self.settings.output_topic)
+            else:
+                batch.session.give_back()
+        except StoreUnavailable as exc:
+            totals.vanished += batch.fired
+            self.throttle.warning("batch ended", "a batch of %d rows could not be committed (%s): those %d "
+                                  "published will be published again", batch.size, exc, batch.fired)
+            return
+        finally:
+            self.batches.ended(batch)
+        self.measured("delete", batch.size, started)  # the commit: the batch's rows deleted for good
+        totals.fired += batch.fired
+        totals.released += len(batch.restore)
+        totals.retried += len(batch.retry)
+        totals.dead += len(batch.dead)
+        totals.parked += len(batch.park)
+        if batch.dead:
+            self.metrics.dead_lettered(batch.dead)
+        for row, reason in batch.park:
+            log.warning("parked %s in chronos_parked: neither %s nor the dead-letter topic %s took it (%s)",
+                        row.id, row.topic or self.settings.output_topic, self.settings.dlq_topic, reason)
 
     def count_settled(self, rows: Sequence[Claimed]) -> None:
         """These rows are no longer held: counted, and their size, which the claimer's caps read."""

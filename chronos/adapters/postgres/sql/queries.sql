@@ -76,8 +76,12 @@ INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering
 SELECT id, timestamptz 'epoch' + (deadline_us / 1000000) * interval '1 second'
                   + mod(deadline_us, 1000000) * interval '1 microsecond',
        topic, key, value, headers, ordering_key, cron, timezone, dst_policy, input_partition
-FROM chronos_staging
+FROM chronos_staging AS s
 WHERE op = 'i'
+  -- an id a firer's claim that deletes holds (the row still there to this statement, its transaction
+  -- open) is left alone at once, as any waiting id is: ON CONFLICT alone would wait for that transaction
+  AND s.id <> ALL (ARRAY(SELECT m.id FROM chronos_messages AS m
+                         WHERE m.id = ANY (ARRAY(SELECT id FROM chronos_staging WHERE op = 'i'))))
 ORDER BY ord
 ON CONFLICT (id) DO NOTHING;
 
@@ -98,9 +102,12 @@ FROM STDIN (FORMAT BINARY);
 -- name: upsert_from_staging
 -- chronosAction: replace. A replaced row that a firer holds is handed back, so the new version
 -- fires (the firer's delete then finds the row changed and leaves it), with no failed publishes
--- counted against it. A replaced recurring schedule
--- keeps its last_occurrence: the firer skips occurrences already created by the old version. The row takes
--- the replace's input partition, where the message now comes from.
+-- counted against it. A row a firer's claim that deletes holds is written once that firer's
+-- transaction ends (the old version fired and gone: the new one is inserted; handed back: it is
+-- replaced), so the new version fires either way, as for a stamped row: the wait ends after the
+-- session's lock_timeout, and the whole batch is written again (IntakeStatements.apply). A replaced
+-- recurring schedule keeps its last_occurrence: the firer skips occurrences already created by the old version.
+-- The row takes the replace's input partition, where the message now comes from.
 INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone,
                               dst_policy, input_partition)
 SELECT id, timestamptz 'epoch' + (deadline_us / 1000000) * interval '1 second'
@@ -116,10 +123,37 @@ ON CONFLICT (id) DO UPDATE SET
     dst_policy = EXCLUDED.dst_policy, attempts = 0, last_error = NULL, original_deadline = NULL,
     input_partition = EXCLUDED.input_partition;
 
+-- fragment: held_sessions
+-- The transactions firers hold open now, each with its firer's node and its start: a row one of them took
+-- with the claim that deletes (CHRONOS_FIRER_CLAIM=delete) is still there to every other session until it
+-- commits (the row gone) or rolls back (the row back), and has that transaction for its xmax: such a row is
+-- in flight, held by that firer since then. A firer's other transactions last a statement (a claim or a
+-- delete running): the rows they lock are being claimed or settled, in flight too. pg_stat_activity shows
+-- every role each session's transaction and application name (store.application_name), and its start only
+-- to the firers' own role and pg_read_all_stats (else NULL).
+SELECT backend_xid AS held_xid, split_part(application_name, ' ', 3)::uuid AS held_by, xact_start AS held_since
+FROM pg_stat_activity
+WHERE backend_xid IS NOT NULL
+  AND application_name ~ '^chronos firer [0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+
 -- name: cancel
--- Each deleted row, and whether it was in flight: a firer holding it may still publish it.
-DELETE FROM chronos_messages WHERE id = ANY(%(ids)s)
-RETURNING id, readied_at IS NOT NULL;
+-- Each id cancelled, and whether it was in flight: a row stamped as claimed is deleted all the same (its
+-- firer may still publish it); one a firer's claim that deletes holds is skipped, never waited for, and left
+-- to its firer, which publishes it, or hands it back if it cannot. A row a firer took after this statement's
+-- snapshot is waited for, up to the session's lock_timeout (IntakeStatements.apply writes the batch again,
+-- and then skips it). The final SELECT reads the rows as they were before this statement's delete: those
+-- there and not deleted were held. An id not returned is not in this cell.
+WITH free AS MATERIALIZED (
+    SELECT ctid FROM chronos_messages
+    WHERE id = ANY(%(ids)s) AND xmax <> ALL (ARRAY(SELECT held_xid FROM (/* include: held_sessions */) AS holders))
+    FOR UPDATE
+), gone AS (
+    DELETE FROM chronos_messages AS m USING free WHERE m.ctid = free.ctid
+    RETURNING m.id, m.readied_at IS NOT NULL AS claimed
+)
+SELECT id, claimed FROM gone
+UNION ALL
+SELECT id, true FROM chronos_messages WHERE id = ANY(%(ids)s) AND id <> ALL (ARRAY(SELECT id FROM gone));
 
 -- Cancels and replaces forwarded between cells (chronos_cell_forwards, migration 13).
 
@@ -146,13 +180,19 @@ SELECT id FROM chronos_messages WHERE id = ANY(%(ids)s);
 SELECT pg_backend_pid();
 
 -- name: transaction_settings
--- Through a transaction pooler, the settings of hot_path_settings and async_commit for one transaction
--- only: set_config(..., true) ends with the transaction (a session setting would stay on the server
--- connection the pooler lends to other clients next). NULL leaves a setting as it is.
+-- Through a transaction pooler, the settings of hot_path_settings, async_commit and lock_timeout for one
+-- transaction only: set_config(..., true) ends with the transaction (a session setting would stay on the
+-- server connection the pooler lends to other clients next). NULL leaves a setting as it is.
 SELECT set_config('enable_seqscan', coalesce(%(planner)s::text, current_setting('enable_seqscan')), true),
        set_config('enable_bitmapscan', coalesce(%(planner)s::text, current_setting('enable_bitmapscan')), true),
        set_config('synchronous_commit', coalesce(%(synchronous_commit)s::text, current_setting('synchronous_commit')),
-                  true);
+                  true),
+       set_config('lock_timeout', coalesce(%(lock_timeout)s::text, current_setting('lock_timeout')), true);
+
+-- name: lock_timeout
+-- The consumer's session: a write that waits this long for a row's lock fails, and is tried again, rather
+-- than wait for as long as a firer's claim that deletes holds the row (see `upsert_from_staging`).
+SELECT set_config('lock_timeout', %(ms)s, false);
 
 -- name: hot_path_settings
 -- For the firer's, consumer's and detector's own connections (through a transaction pooler, for each
@@ -200,6 +240,16 @@ WHERE m.ctid = due.ctid
 RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers,
           m.readied_at, m.seq,
           m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint, m.ctid
+
+-- fragment: pick_rows
+-- The claim's last part in its `pick` twin: the claim that deletes (CHRONOS_FIRER_CLAIM=delete) takes a
+-- claim's rows in two statements, this one to choose them and `take` to delete them (chronos/adapters/
+-- postgres/takes.py). The pick is the claim without its FOR UPDATE SKIP LOCKED, and without the rows firers
+-- hold (held_sessions): a lock it took would last until the firer's transaction ends, also on the
+-- candidates the ordering check holds back, which no one else could then claim, cancel or change meanwhile.
+-- It returns how many rows it chose and their TIDs, as one array (chronos/adapters/postgres/queries.py
+-- makes the picks).
+SELECT count(*), coalesce(array_agg(ctid)::text, '{}') FROM due
 
 -- name: claim
 -- A row with an ordering key is claimable only if every earlier row of its key (by deadline,
@@ -272,6 +322,100 @@ WHERE node <> %(node)s AND seen_at > now() - %(hold_ms)s * interval '1 milliseco
 -- name: firer_leave
 -- A firer that stops gives its slices up at once, rather than after the hold time.
 DELETE FROM chronos_firers WHERE node = %(node)s;
+
+-- The claim that deletes (CHRONOS_FIRER_CLAIM=delete): a batch's rows chosen by a `pick` (each claim's
+-- twin, see pick_rows) and deleted by `take` in a transaction the firer holds open on a session of its own
+-- until Kafka has acknowledged them, then committed; rolled back, every row is back as it was. While the
+-- transaction is open the rows are still there for every other session, deleted by it (held_sessions): a
+-- claim leaves them out, a cancel or an operator's action leaves them to their firer and calls them in
+-- flight, a write of the same id waits for the transaction to end. PostgreSQL ends the transaction of a
+-- firer gone silent (dead, hung, cut off) after the hold time (held_session_settings), and the rows are back.
+
+-- name: begin_held
+BEGIN;
+
+-- fragment: taken_columns
+-- What a take returns of each row: a claimed row (chronos.domain.model.Claimed; now() is when the
+-- transaction began, the claim's time), with what `restore_taken` needs to put it back.
+m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers, now(), m.seq,
+m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint, m.ctid, m.ordering_key, m.enqueued_at,
+m.last_error
+
+-- name: take
+-- The rows a pick chose, deleted by TID in the firer's held transaction. A row taken or stamped by another
+-- firer since the pick is waited for, up to the session's lock_timeout (the batch then rolls back, and the
+-- claim goes on with the next one); one changed or deleted meanwhile is left out (its newest version, checked
+-- again, lies at another TID), and with it the rows of its ordering key (TakeStatements). Joined by TID, with
+-- no other condition (as delete_fired): `ctid = ANY(...)`, or a condition in the words of a partial index's
+-- predicate, and the planner read that index whole instead.
+DELETE FROM chronos_messages AS m
+USING unnest(%(ctids)s::tid[]) AS t(ctid)
+WHERE m.ctid = t.ctid
+RETURNING /* include: taken_columns */;
+
+-- name: take_sliced
+-- `take`, each row with its slice (the claim of a firer's own slices: whether one filled its share).
+DELETE FROM chronos_messages AS m
+USING unnest(%(ctids)s::tid[]) AS t(ctid)
+WHERE m.ctid = t.ctid
+RETURNING /* include: taken_columns */, hashtext(coalesce(m.ordering_key, m.id)) & 15;
+
+-- name: held_session_settings
+-- A firer's session for the claim that deletes: PostgreSQL ends the session, and rolls its transaction
+-- back, once it has been idle in a transaction for the hold time (a firer that died, hangs or was cut off:
+-- its rows are back for the others), or, from PostgreSQL 17, once its transaction is that old whatever it
+-- does; the server's TCP keepalives and user timeout notice a peer gone within the hold time too. With
+-- %(local)s, for the transaction only (through a pooler in transaction mode).
+-- A take that finds a row locked gives up after %(lock_ms)s (see `take`). The application name is the
+-- firer's whatever the URL says: held_sessions knows a firer's transactions by it.
+SELECT set_config(name, setting, %(local)s)
+FROM (VALUES ('idle_in_transaction_session_timeout', %(hold_ms)s::text), ('transaction_timeout', %(hold_ms)s::text),
+             ('tcp_keepalives_idle', %(keepalive_s)s::text), ('tcp_keepalives_interval', %(keepalive_s)s::text),
+             ('tcp_keepalives_count', '2'), ('tcp_user_timeout', %(hold_ms)s::text),
+             ('lock_timeout', %(lock_ms)s::text), ('application_name', %(application_name)s::text)) AS s(name, setting)
+WHERE name <> 'transaction_timeout' OR current_setting('server_version_num')::int >= 170000;
+
+-- fragment: taken_rows
+-- The rows a firer's held transaction deleted, as its statements below take them back: one array per
+-- column, of the rows as they were claimed (chronos.domain.model.Claimed).
+unnest(%(ids)s::text[], %(deadline_us)s::bigint[], %(topics)s::text[], %(keys)s::bytea[], %(values)s::bytea[],
+       %(headers)s::bytea[], %(ordering_keys)s::text[], %(enqueued_at)s::timestamptz[], %(seqs)s::bigint[],
+       %(attempts)s::int[], %(errors)s::text[], %(original_us)s::bigint[], %(delay_ms)s::bigint[])
+    AS r(id, deadline_us, topic, key, value, headers, ordering_key, enqueued_at, seq, attempts, error,
+         original_us, delay_ms)
+
+-- name: restore_taken
+-- Rows the held transaction deleted, put back in it before it commits: handed back as they were (delay_ms
+-- NULL, error the row's last), or put off for a retry (the failure counted, the deadline moved by the delay
+-- from now, the deadline as scheduled kept in original_deadline), as `release` and `retry_later` do to a
+-- stamped row. The same seq: a row keeps its place in its ordering key. clock_timestamp(), not now(): now()
+-- is when the transaction began, up to the hold time ago.
+INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, enqueued_at, seq, attempts,
+                              last_error, original_deadline)
+OVERRIDING SYSTEM VALUE
+SELECT r.id,
+       CASE WHEN r.delay_ms IS NULL THEN d.deadline
+            ELSE greatest(d.deadline, clock_timestamp()) + r.delay_ms * interval '1 millisecond' END,
+       r.topic, r.key, r.value, r.headers, r.ordering_key, r.enqueued_at, r.seq,
+       r.attempts + (r.delay_ms IS NOT NULL)::int, r.error,
+       CASE WHEN r.delay_ms IS NULL THEN d.original ELSE coalesce(d.original, d.deadline) END
+FROM /* include: taken_rows */
+CROSS JOIN LATERAL (
+    SELECT timestamptz 'epoch' + (r.deadline_us / 1000000) * interval '1 second'
+               + mod(r.deadline_us, 1000000) * interval '1 microsecond' AS deadline,
+           timestamptz 'epoch' + (r.original_us / 1000000) * interval '1 second'
+               + mod(r.original_us, 1000000) * interval '1 microsecond' AS original
+) AS d;
+
+-- name: park_taken
+-- Rows the held transaction deleted that neither their destination nor the dead-letter topic accept:
+-- kept in chronos_parked, in that transaction (errors: each one's reason), as `park_claimed` does.
+INSERT INTO chronos_parked (message_id, source, topic, deadline, key, value, headers, reason)
+SELECT r.id, 'store/' || r.id, coalesce(r.topic, %(output_topic)s),
+       timestamptz 'epoch' + (coalesce(r.original_us, r.deadline_us) / 1000000) * interval '1 second'
+           + mod(coalesce(r.original_us, r.deadline_us), 1000000) * interval '1 microsecond',
+       r.key, r.value, r.headers, r.error
+FROM /* include: taken_rows */;
 
 -- name: due_schedules
 SELECT id, (extract(epoch FROM deadline) * 1000000)::bigint, cron, timezone, topic, key, value, headers,
@@ -401,6 +545,23 @@ WHERE readied_at IS NOT NULL
 GROUP BY readied_by
 ORDER BY count(*) DESC, readied_by;
 
+-- name: overview_held
+-- Rows firers' claims that delete hold (held_sessions), per firer, with the other columns of
+-- overview_in_flight, and how many of them are due (to leave out of the due count): looked for among the
+-- first %(cap)s rows due by now plus %(within_ms)s (a held row was taken at most the lookahead ahead of its
+-- deadline, within the hold time), and only while some firer holds a transaction open.
+WITH held AS MATERIALIZED (/* include: held_sessions */)
+SELECT h.held_by, count(*),
+       count(*) FILTER (WHERE h.held_since < now() - %(hold_ms)s * interval '1 millisecond'),
+       coalesce(extract(epoch FROM now() - min(h.held_since))::float8, 0), min(m.deadline),
+       count(*) FILTER (WHERE m.deadline <= now())
+FROM (SELECT xmax, deadline FROM chronos_messages
+      WHERE readied_at IS NULL AND cron IS NULL AND deadline <= now() + %(within_ms)s * interval '1 millisecond'
+        AND EXISTS (SELECT FROM held)
+      ORDER BY deadline, seq LIMIT %(cap)s) AS m
+JOIN held AS h ON h.held_xid = m.xmax
+GROUP BY h.held_by;
+
 -- name: overview_waiting
 -- Unclaimed rows. The first and next deadlines come off the partial due index; the count runs
 -- only when %(exact)s (else the caller uses the estimate); the due count stops at %(due_cap)s.
@@ -428,10 +589,15 @@ SELECT count(*) FROM chronos_messages WHERE cron IS NOT NULL;
 -- chronos/ops/inspect.py walks filters and actions in batches over it).
 
 -- name: show_message
--- The value's size and its first bytes only: a value may be megabytes.
-SELECT id, deadline, readied_at, readied_by, topic, key, octet_length(value), substring(value FROM 1 FOR %(preview)s),
-       headers, ordering_key, enqueued_at, cron, timezone, dst_policy, attempts, last_error, original_deadline
-FROM chronos_messages WHERE id = %(id)s;
+-- The value's size and its first bytes only: a value may be megabytes. A row a firer's claim that deletes
+-- holds is in flight, held by that firer since its transaction began (held_sessions).
+WITH held AS MATERIALIZED (/* include: held_sessions */)
+SELECT id, deadline, coalesce(readied_at, h.held_since), coalesce(readied_by, h.held_by), topic, key,
+       octet_length(value), substring(value FROM 1 FOR %(preview)s),
+       headers, ordering_key, enqueued_at, cron, timezone, dst_policy, attempts, last_error, original_deadline,
+       readied_at IS NOT NULL OR h.held_by IS NOT NULL
+FROM chronos_messages AS m LEFT JOIN held AS h ON h.held_xid = m.xmax
+WHERE id = %(id)s;
 
 -- Parked messages (`chronos parked list|show|replay|drop`, the console's Parked page and its actions):
 -- few rows, each a message no topic took, walked along the primary key; the filters are checked on
@@ -509,16 +675,27 @@ ORDER BY deadline, seq LIMIT %(limit)s
 -- One page in (deadline, seq) order, after the keyset cursor. Every filter is optional (NULL: none).
 -- Run unprepared, so each call is planned for its own values: `NULL IS NULL OR ...` folds away and
 -- what remains picks the index. One branch per state, each off its own partial index (due,
--- in-flight, schedules), or the ordering, topic or key index when that filter is given.
+-- in-flight, schedules), or the ordering, topic or key index when that filter is given. Rows a
+-- firer's claim that deletes holds (held_sessions) are in flight: looked for among the rows due by
+-- now plus %(held_within_ms)s (a held row was taken at most the lookahead ahead of its deadline,
+-- within the hold time).
+WITH held AS MATERIALIZED (/* include: held_sessions */)
 SELECT * FROM (
     (SELECT 'waiting' AS state, id, deadline, seq, topic, key, ordering_key, readied_by, cron
      FROM chronos_messages
      WHERE readied_at IS NULL AND cron IS NULL AND coalesce(%(state)s::text, 'waiting') = 'waiting'
+       AND xmax <> ALL (ARRAY(SELECT held_xid FROM held))
        /* include: message_filters */ /* include: deadline_page */)
     UNION ALL
     (SELECT 'in_flight', id, deadline, seq, topic, key, ordering_key, readied_by, cron
      FROM chronos_messages
      WHERE readied_at IS NOT NULL AND coalesce(%(state)s::text, 'in_flight') = 'in_flight'
+       /* include: message_filters */ /* include: deadline_page */)
+    UNION ALL
+    (SELECT 'in_flight', id, deadline, seq, topic, key, ordering_key, held_by, cron
+     FROM chronos_messages JOIN held ON held_xid = xmax
+     WHERE readied_at IS NULL AND cron IS NULL AND coalesce(%(state)s::text, 'in_flight') = 'in_flight'
+       AND deadline <= now() + %(held_within_ms)s * interval '1 millisecond'
        /* include: message_filters */ /* include: deadline_page */)
     UNION ALL
     (SELECT 'recurring', id, deadline, seq, topic, key, ordering_key, readied_by, cron
@@ -532,13 +709,15 @@ ORDER BY deadline, seq LIMIT %(limit)s;
 -- `--id-prefix`: one page in id order off the primary key. starts_with() becomes a range condition
 -- on the key where the column's collation is C (the embedded PostgreSQL's); under another
 -- collation it is correct but a scan. The other filters as in list_by_deadline.
-SELECT CASE WHEN cron IS NOT NULL THEN 'recurring' WHEN readied_at IS NOT NULL THEN 'in_flight' ELSE 'waiting' END,
-       id, deadline, seq, topic, key, ordering_key, readied_by, cron
-FROM chronos_messages
+WITH held AS MATERIALIZED (/* include: held_sessions */)
+SELECT CASE WHEN cron IS NOT NULL THEN 'recurring'
+            WHEN readied_at IS NOT NULL OR held_by IS NOT NULL THEN 'in_flight' ELSE 'waiting' END,
+       id, deadline, seq, topic, key, ordering_key, coalesce(readied_by, held_by), cron
+FROM chronos_messages LEFT JOIN held ON held_xid = xmax
 WHERE starts_with(id, %(id_prefix)s) AND (%(after_id)s::text IS NULL OR id > %(after_id)s)
   AND (%(state)s::text IS NULL
-       OR CASE %(state)s::text WHEN 'waiting' THEN readied_at IS NULL AND cron IS NULL
-                               WHEN 'in_flight' THEN readied_at IS NOT NULL
+       OR CASE %(state)s::text WHEN 'waiting' THEN readied_at IS NULL AND cron IS NULL AND held_by IS NULL
+                               WHEN 'in_flight' THEN readied_at IS NOT NULL OR held_by IS NOT NULL
                                ELSE cron IS NOT NULL END)
   /* include: message_filters */
 ORDER BY id LIMIT %(limit)s;
@@ -546,22 +725,33 @@ ORDER BY id LIMIT %(limit)s;
 -- name: act_cancel
 -- Actions change only rows no firer holds: a claimed row is being published from a firer's memory
 -- at the deadline it was claimed with, and nothing here could stop that. A concurrent claim locks
--- the row first; this statement then re-reads it, finds it claimed and leaves it.
-DELETE FROM chronos_messages WHERE id = ANY(%(ids)s::text[]) AND readied_at IS NULL RETURNING id;
+-- the row first; this statement then re-reads it, finds it claimed (or, taken by a claim that
+-- deletes, gone once that firer commits) and leaves it. A row a firer's claim that deletes holds
+-- already is skipped without a wait.
+DELETE FROM chronos_messages
+WHERE id = ANY(%(ids)s::text[]) AND readied_at IS NULL
+  AND xmax <> ALL (ARRAY(SELECT held_xid FROM (/* include: held_sessions */) AS holders))
+RETURNING id;
 
 -- name: act_fire_now
 -- Due now by the database clock; a deadline already past stays as it is. For a recurring schedule
 -- this fires one occurrence now, then the schedule goes on from its expression.
 UPDATE chronos_messages SET deadline = least(deadline, %(at)s::timestamptz)
-WHERE id = ANY(%(ids)s::text[]) AND readied_at IS NULL RETURNING id;
+WHERE id = ANY(%(ids)s::text[]) AND readied_at IS NULL
+  AND xmax <> ALL (ARRAY(SELECT held_xid FROM (/* include: held_sessions */) AS holders))
+RETURNING id;
 
 -- name: act_reschedule
 UPDATE chronos_messages SET deadline = %(at)s::timestamptz
-WHERE id = ANY(%(ids)s::text[]) AND readied_at IS NULL RETURNING id;
+WHERE id = ANY(%(ids)s::text[]) AND readied_at IS NULL
+  AND xmax <> ALL (ARRAY(SELECT held_xid FROM (/* include: held_sessions */) AS holders))
+RETURNING id;
 
 -- name: present_ids
--- Which of these ids exist, and whether a firer holds them (for the actions' report).
-SELECT id, readied_at IS NOT NULL FROM chronos_messages WHERE id = ANY(%(ids)s::text[]);
+-- Which of these ids exist, and whether a firer holds them (for the actions' report): stamped as
+-- claimed, or taken by a firer's claim that deletes whose transaction is open (held_sessions).
+SELECT id, readied_at IS NOT NULL OR xmax = ANY (ARRAY(SELECT held_xid FROM (/* include: held_sessions */) AS holders))
+FROM chronos_messages WHERE id = ANY(%(ids)s::text[]);
 
 -- name: count_action
 INSERT INTO chronos_actions (action, actions, messages, last_at)
@@ -658,6 +848,11 @@ RETURNING tokens;
 -- name: spend_tokens
 UPDATE chronos_rate_limits SET tokens = tokens - %(spent)s WHERE topic = %(topic)s;
 
+-- name: return_tokens
+-- Tokens a firer's claim that deletes set aside (take_tokens, spend_tokens: a transaction of their own) and
+-- did not use, given back, up to what the bucket holds at most.
+UPDATE chronos_rate_limits SET tokens = least(tokens + %(count)s, %(capacity)s::float8) WHERE topic = %(topic)s;
+
 -- name: limited_topics
 -- Topics the firers applied a limit to within the last minute (they take tokens every poll while
 -- the topic has due rows; a bucket left by a limit since removed drops out).
@@ -668,12 +863,14 @@ SELECT topic, rate FROM chronos_rate_limits WHERE refilled_at > now() - interval
 SELECT count(*), min(deadline) FROM (
     SELECT deadline FROM chronos_messages
     WHERE readied_at IS NULL AND cron IS NULL AND topic = %(topic)s AND deadline <= now()
+      AND xmax <> ALL (ARRAY(SELECT held_xid FROM (/* include: held_sessions */) AS holders))
     LIMIT %(cap)s) AS due;
 
 -- name: throttled_output_topic
 SELECT count(*), min(deadline) FROM (
     SELECT deadline FROM chronos_messages
     WHERE readied_at IS NULL AND cron IS NULL AND topic IS NULL AND deadline <= now()
+      AND xmax <> ALL (ARRAY(SELECT held_xid FROM (/* include: held_sessions */) AS holders))
     LIMIT %(cap)s) AS due;
 
 -- Cells (chronos/domain/cells.py): the input partitions this database's cell owns.

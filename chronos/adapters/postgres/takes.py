@@ -1,0 +1,210 @@
+"""The claim that deletes on PostgreSQL (`ports.TakeStore`, CHRONOS_FIRER_CLAIM=delete): a firer's session
+that takes a batch of due rows in a transaction it leaves open, and ends it once the batch is settled:
+committed (`finish`, with the rows to put back or park put there first) or rolled back (`give_back`).
+
+Each claim takes its rows in two statements (`sql/queries.sql`): a `pick`, the claim's twin, chooses them
+with the claim's rules but without locking them and without the rows firers hold already; `take` deletes
+those by TID in the held transaction (begun then, `begin_held`). A lock on a row lasts as long as the
+transaction that took it: the claim's own FOR UPDATE would also hold the candidates its ordering check left
+out, which nobody else could claim, cancel or change until the batch ends. A row another firer took since the
+pick makes `take` wait, up to the session's lock_timeout: the batch rolls back (ClaimContended), and the
+claimer claims again. A row changed or deleted since the pick is left out, and with it the other rows of
+the batch that have an ordering key, put back at once: the order of a key is never at stake.
+
+Nothing else runs in the transaction, so PostgreSQL, told by `held_session_settings` when the session
+opens, ends it once it has been idle for the hold time: a firer that died, hangs or was cut off has its
+rows back within the hold time. No statement of it is sent in a pipeline: a pipeline's flush request after
+its last sync leaves PostgreSQL idle in the transaction with that timer off.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from typing import Any, Callable, Sequence
+
+import psycopg
+
+from chronos.adapters.postgres.connection import one, short
+from chronos.adapters.postgres.queries import QUERIES
+from chronos.adapters.postgres.session import Session
+from chronos.domain import ratelimit
+from chronos.domain.model import Claimed
+from chronos.domain.shares import slice_limits
+from chronos.errors import ClaimContended, StoreRejected, StoreUnavailable
+from chronos.ports import TokenStore
+
+log = logging.getLogger("chronos.store")
+
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+_INTRANS = psycopg.pq.TransactionStatus.INTRANS
+
+
+def taken_params(rows: Sequence[Claimed], errors: Sequence[str | None], delays: Sequence[int | None]) -> dict[str, Any]:
+    """The arrays of `taken_rows` (queries.sql): the rows as taken, each with its error and delay (None: none)."""
+    return {"ids": [r.id for r in rows], "deadline_us": [r.deadline_us for r in rows], "topics": [r.topic for r in rows],
+            "keys": [r.key for r in rows], "values": [r.value for r in rows], "headers": [r.headers for r in rows],
+            "ordering_keys": [r.ordering_key for r in rows], "enqueued_at": [r.enqueued_at for r in rows],
+            "seqs": [r.seq for r in rows], "attempts": [r.attempts for r in rows], "errors": list(errors),
+            "original_us": [r.original_deadline_us for r in rows], "delay_ms": list(delays)}
+
+
+class TakeStatements(Session):
+    """One session of the claim that deletes: at most one batch held at a time. Not thread-safe, like any
+    session: the claimer that takes a batch hands the session on to the settler that ends it."""
+
+    _held: psycopg.Connection | None = None  # the connection whose transaction holds the batch taken
+
+    @property
+    def holding(self) -> bool:
+        """Whether a batch is taken and not ended yet (as far as this session knows)."""
+        return self._held is not None
+
+    def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None) -> list[Claimed]:
+        """Take up to `limit` rows due within `lookahead_ms` (see `ClaimStatements.claim`), in this session's
+        held transaction."""
+        params = {"limit": limit, "lookahead_ms": lookahead_ms, "window_ms": window_ms}
+        rows = [Claimed(*r) for r in self._take("pick" if window_ms is None else "pick_recent", params, "take")]
+        rows.sort(key=lambda r: (r.scheduled_us, r.seq))  # RETURNING has no order of its own
+        return rows
+
+    def claim_share(self, slices: tuple[int, ...], limit: int, lookahead_ms: int,
+                    window_ms: int | None = None) -> tuple[list[Claimed], bool]:
+        """Take rows of these slices (see `ShareStatements.claim_share`), in this session's held transaction."""
+        kept, limits = slice_limits(slices, limit)
+        params = {"slices": kept, "limits": limits, "lookahead_ms": lookahead_ms, "window_ms": window_ms}
+        found = self._take("pick_share" if window_ms is None else "pick_share_recent", params, "take_sliced")
+        per_slice = Counter(r[-1] for r in found)
+        rows = [Claimed(*r[:-1]) for r in found]
+        rows.sort(key=lambda r: (r.scheduled_us, r.seq))
+        return rows, any(per_slice[s] >= n for s, n in zip(kept, limits))
+
+    def claim_limited(self, limits: ratelimit.FireRateLimits, output_topic: str, limit: int, lookahead_ms: int,
+                      tokens: TokenStore) -> tuple[list[Claimed], bool]:
+        """The claim under fire-rate limits (see `ClaimStatements.claim_limited`), topic by topic in this
+        session's held transaction. A limited topic's tokens are set aside in `tokens` (a transaction of their
+        own, so no firer waits on the bucket while this one holds its batch), at most as many rows as they
+        allow are taken, and the tokens not used are given back."""
+        topics = self._guarded_run(lambda c: [r[0] for r in self._execute(c, QUERIES["waiting_topics"], prepare=True)])
+
+        def take(topic: str | None, share: int, lookahead: int) -> list[Claimed]:
+            params = {"limit": share, "lookahead_ms": lookahead, "topic": topic}
+            rows = [Claimed(*r) for r in self._take("pick_output_topic" if topic is None else "pick_topic", params,
+                                                    "take")]
+            rows.sort(key=lambda r: (r.scheduled_us, r.seq))
+            return rows
+
+        def granted(name: str, topic: str | None, rate: float, share: int) -> list[Claimed]:
+            grant = tokens.reserve_tokens(name, topic, rate, share)
+            rows = take(topic, grant, 0) if grant > 0 else []
+            if len(rows) < grant:
+                tokens.return_tokens(name, rate, grant - len(rows))
+            return rows
+        return ratelimit.claim_by_topic(limits, output_topic, topics, limit,
+                                        lambda topic, share: take(topic, share, lookahead_ms), granted)
+
+    def finish(self, restore: Sequence[Claimed], retry: Sequence[tuple[Claimed, str, int]],
+               park: Sequence[tuple[Claimed, str]], output_topic: str) -> None:
+        """Put `restore` and `retry` back and `park` away in the held transaction, then commit it (see
+        `ports.TakeStore.finish`). The session is closed when the transaction turns out to have ended, or
+        its commit's outcome is unknown: its next claim opens another."""
+        conn = self._held
+        self._held = None
+        if conn is None or conn.closed or conn is not self.conn or conn.info.transaction_status != _INTRANS:
+            self.close()
+            raise StoreUnavailable("the transaction that held the batch had ended (PostgreSQL ended it after the "
+                                   "hold time, or the connection was lost): its rows are back")
+
+        def run(c: psycopg.Connection) -> None:
+            self._restore(c, restore, retry)
+            if park:
+                params = taken_params([r for r, _ in park], [reason for _, reason in park], [None] * len(park))
+                c.execute(QUERIES["park_taken"], {**params, "output_topic": output_topic})
+            c.commit()
+        try:
+            self._guarded(conn, run)
+        except StoreRejected as exc:  # what a pooler says of a server connection ended under it, say
+            self.close()
+            raise StoreUnavailable(f"the batch could not be committed ({exc}): its rows are back") from None
+        except BaseException:
+            self.close()  # whatever it did is rolled back with the connection, unless its commit was what failed
+            raise
+        self.last_ok = time.monotonic()
+
+    def give_back(self) -> None:
+        """Roll the held transaction back (see `ports.TakeStore.give_back`)."""
+        conn = self._held
+        self._held = None
+        if conn is None or conn.closed or conn is not self.conn:
+            return
+        try:
+            self._guarded(conn, lambda c: c.rollback())
+        except (StoreUnavailable, psycopg.Error) as exc:  # the connection is closed: PostgreSQL rolls it back
+            log.debug("rolling a held batch back: %s", exc)
+            self.close()
+
+    def close(self) -> None:
+        self._held = None
+        super().close()
+
+    @staticmethod
+    def _restore(c: psycopg.Connection, restore: Sequence[Claimed], retry: Sequence[tuple[Claimed, str, int]]) -> None:
+        if restore or retry:
+            rows = [*restore, *(r for r, _, _ in retry)]
+            errors = [*(r.last_error for r in restore), *(e for _, e, _ in retry)]
+            delays = [*(None for _ in restore), *(d for _, _, d in retry)]
+            c.execute(QUERIES["restore_taken"], taken_params(rows, errors, delays))
+
+    def _take(self, pick: str, params: dict[str, Any], take: str) -> list[tuple[Any, ...]]:
+        """The rows `pick` chooses, deleted by `take` in this session's held transaction (begun first when none
+        is open: a pick that finds nothing costs no transaction), as `take` returns them."""
+        def run(c: psycopg.Connection) -> list[tuple[Any, ...]]:
+            picked, ctids = one(self._execute(c, QUERIES[pick], params, prepare=True))
+            if not picked:
+                return []
+            if c.info.transaction_status == _IDLE:
+                self._begin(c)
+            found = self._execute(c, QUERIES[take], {"ctids": ctids}, prepare=True).fetchall()
+            if len(found) < picked:
+                # a row changed or deleted since the pick: the rows of the batch with an ordering key go back,
+                # in case an earlier row of theirs was the one
+                keyed = [r for r in found if r[11] is not None]
+                log.debug("%d of %d rows picked were changed or taken meanwhile (%d with an ordering key put back)",
+                          picked - len(found), picked, len(keyed))
+                if keyed:
+                    self._restore(c, [Claimed(*r[:14]) for r in keyed], ())
+                    found = [r for r in found if r[11] is None]
+            return found
+        return self._guarded_run(run)
+
+    def _begin(self, c: psycopg.Connection) -> None:
+        c.execute(QUERIES["begin_held"])
+        self._held = c
+        if self.pooled:  # the session's settings for this transaction alone
+            if self._settings is not None:
+                c.execute(QUERIES["transaction_settings"], self._settings)
+            c.execute(QUERIES["held_session_settings"], self.held_params(local=True))
+
+    def _guarded_run(self, fn: Callable[[psycopg.Connection], Any]) -> Any:
+        """fn(conn) on this session, in its held transaction if one is open; a statement that fails ends the
+        transaction (rolled back, or closed with its connection), and with it everything taken in it: a row
+        found locked by another firer's transaction raises ClaimContended, the batch given back."""
+        conn = self._c()
+        if self._held is not None and self._held is not conn:  # the connection it was held on is gone
+            self._held = None
+            raise StoreUnavailable("the transaction that held this batch had ended: its rows are back")
+        try:
+            result = self._guarded(conn, fn)
+        except psycopg.errors.LockNotAvailable as exc:
+            self.give_back()
+            raise ClaimContended(f"a row picked was locked by another transaction ({short(exc, self.url)}): "
+                                 "the batch is given back") from None
+        except psycopg.errors.TransactionRollback as exc:
+            self.give_back()
+            raise StoreUnavailable(short(exc, self.url)) from None
+        except BaseException:
+            self.give_back()
+            raise
+        self.last_ok = time.monotonic()
+        return result

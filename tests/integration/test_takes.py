@@ -1,0 +1,179 @@
+"""The claim that deletes on a real PostgreSQL (chronos/adapters/postgres/takes.py): the server ends a held
+transaction its firer left idle for the hold time, on a direct connection and through PgBouncer in
+transaction mode; a row another firer took since the pick rolls the batch back within the lock timeout; a
+row changed since the pick is left out with the rows of the batch that have an ordering key (put back with
+the batch's commit); the firer's
+sessions go by its own application name; a consumer's replace of a row held by a firer that hangs lands
+once the server has ended that firer's transaction, no statement waiting on it longer than the lock timeout."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import psycopg
+import pytest
+
+from chronos.adapters.postgres import pooling
+from chronos.adapters.postgres.queries import QUERIES
+from chronos.adapters.postgres.store import Store
+from chronos.adapters.postgres.takes import TakeStatements
+from chronos.domain.model import Row
+from chronos.errors import ClaimContended, StoreUnavailable
+from kits.pgbouncer import PgBouncer
+
+OUT = "chronos.output"
+PICKS = {QUERIES[name] for name in ("pick", "pick_recent", "pick_share", "pick_share_recent")}
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def row(name: str, deadline_us: int, okey: str | None = None, value: bytes = b"v") -> Row:
+    return Row(id=name, deadline_us=deadline_us, topic=None, key=b"k", value=value, headers=b"", ordering_key=okey)
+
+
+def takes(url: str, held_ms: int, pool_mode: str = pooling.SESSION, **kw) -> TakeStatements:
+    node = uuid.uuid4()
+    return TakeStatements(url, node_id=node, hot_path=True, synchronous_commit=False, held_ms=held_ms,
+                          application_name=kw.pop("application_name", f"chronos firer {node}"), pool_mode=pool_mode,
+                          **kw)
+
+
+def ids(url: str) -> list[str]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return [r[0] for r in conn.execute("SELECT id FROM chronos_messages ORDER BY id")]
+
+
+def held_by_firers(url: str) -> list[str]:
+    """The rows a firer holds, as the operators' commands find them."""
+    store = Store(url)
+    try:
+        return sorted(i for i, held in store.present(ids(url)).items() if held)
+    finally:
+        store.close()
+
+
+def wait_until(condition, timeout: float, what: str) -> float:
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout, f"timed out waiting for {what}"
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+def test_a_held_transaction_its_firer_leaves_idle_for_the_hold_time_is_ended_by_the_server(database_url):
+    """What keeps a dead, hung or cut-off firer's rows from staying held: no statement of its session is
+    sent after the take, and the server ends the transaction (and the session) once the hold time is up."""
+    Store(database_url).apply([row("a", now_us() - 1000), row("b", now_us() - 500)], [], [])
+    t = takes(database_url, held_ms=800)
+    assert [r.id for r in t.claim(10, 0)] == ["a", "b"]
+    assert held_by_firers(database_url) == ["a", "b"]
+    back_after = wait_until(lambda: not held_by_firers(database_url), 10, "the server to end the transaction")
+    assert 0.5 < back_after < 3.0
+    assert ids(database_url) == ["a", "b"]
+    with pytest.raises(StoreUnavailable):
+        t.finish([], [], [], OUT)
+    assert ids(database_url) == ["a", "b"]   # nothing the firer did after the hold time counts
+
+
+def test_through_pgbouncer_in_transaction_mode_the_held_transaction_is_ended_too(pg_server, database_url):
+    with PgBouncer(pg_server.port, pooling.TRANSACTION) as bouncer:
+        url = bouncer.url(database_url)
+        Store(database_url).apply([row("a", now_us() - 1000)], [], [])
+        t = takes(url, held_ms=800, pool_mode=pooling.TRANSACTION)
+        assert [r.id for r in t.claim(10, 0)] == ["a"]
+        assert held_by_firers(database_url) == ["a"]   # the firer's application name, through the pooler
+        wait_until(lambda: not held_by_firers(database_url), 10, "the server to end the transaction")
+        with pytest.raises(StoreUnavailable):
+            t.finish([], [], [], OUT)
+        # and a batch committed through the pooler is final
+        t2 = takes(url, held_ms=5000, pool_mode=pooling.TRANSACTION)
+        assert [r.id for r in t2.claim(10, 0)] == ["a"]
+        t2.finish([], [], [], OUT)
+        assert ids(database_url) == []
+        t.close()
+        t2.close()
+
+
+def test_the_firer_s_sessions_go_by_its_own_name_whatever_the_url_says(database_url):
+    """The rows a firer holds are found by its sessions' application name: one the URL gives is replaced."""
+    Store(database_url).apply([row("a", now_us() - 1000)], [], [])
+    t = takes(database_url + "?application_name=my-app", held_ms=60_000)
+    t.claim(10, 0)
+    assert held_by_firers(database_url) == ["a"]
+    t.give_back()
+    assert held_by_firers(database_url) == [] and ids(database_url) == ["a"]
+
+
+class Meddled(TakeStatements):
+    """A session that lets `meddle` run between its pick and its take: what another client does meanwhile."""
+
+    meddle = staticmethod(lambda: None)
+
+    def _execute(self, conn, query, params=None, *, prepare=None):
+        cur = super()._execute(conn, query, params, prepare=prepare)
+        if query in PICKS:
+            self.meddle()
+        return cur
+
+
+def test_a_row_another_firer_took_since_the_pick_rolls_the_batch_back_within_the_lock_timeout(database_url):
+    Store(database_url).apply([row("a", now_us() - 1000), row("b", now_us() - 500)], [], [])
+    node = uuid.uuid4()
+    t = Meddled(database_url, node_id=node, held_ms=60_000, application_name=f"chronos firer {node}")
+    peer = takes(database_url, held_ms=60_000)
+    t.meddle = lambda: peer.claim(1, 0)   # the peer takes a: held in its transaction
+    started = time.monotonic()
+    with pytest.raises(ClaimContended):
+        t.claim(10, 0)
+    assert time.monotonic() - started < 2.0
+    assert not t.holding and held_by_firers(database_url) == ["a"]   # b is not held: the batch rolled back
+    peer.give_back()
+
+
+def test_a_row_changed_since_the_pick_is_left_out_with_the_rows_that_have_a_key(database_url):
+    store, base = Store(database_url, node_id=uuid.uuid4()), now_us()
+    store.apply([row("K-1", base - 3000, "K"), row("K-2", base - 2000, "K"), row("N", base - 1000)], [], [])
+    node = uuid.uuid4()
+    t = Meddled(database_url, node_id=node, held_ms=60_000, application_name=f"chronos firer {node}")
+    t.meddle = lambda: Store(database_url).apply([], [row("K-1", base - 3000, "K", b"v2")], [])  # a replace
+    assert [r.id for r in t.claim(10, 0)] == ["N"]
+    assert held_by_firers(database_url) == ["K-2", "N"]   # K-2 put back in the batch: back with its commit
+    t.finish([], [], [], OUT)
+    assert ids(database_url) == ["K-1", "K-2"]
+    [first] = store.claim(1, 0)
+    assert (first.id, first.value) == ("K-1", b"v2")   # the key's order stands
+
+
+def test_a_replace_of_a_row_a_hung_firer_holds_lands_once_the_server_ended_its_transaction(database_url):
+    """The consumer's write never waits on the row longer than its lock timeout (200 ms here): it is tried
+    again until the hung firer's transaction is over, then the new version is stored, and fires."""
+    consumer = Store(database_url, node_id=uuid.uuid4(), lock_timeout_ms=200, lock_wait_s=10.0)
+    consumer.apply([row("x", now_us() - 1000, value=b"v1")], [], [])
+    hung = takes(database_url, held_ms=1500)
+    hung.claim(10, 0)
+    waits: list[float] = []
+    with psycopg.connect(database_url, autocommit=True) as watcher:
+        done = threading.Event()
+
+        def watch() -> None:   # the longest any statement of the consumer waited for a lock, as it waits
+            while not done.is_set():
+                (longest,) = watcher.execute(
+                    "SELECT coalesce(max(extract(epoch FROM now() - query_start)), 0) FROM pg_stat_activity "
+                    "WHERE wait_event_type = 'Lock' AND application_name = 'chronos'").fetchone()
+                waits.append(float(longest))
+                time.sleep(0.02)
+        watching = threading.Thread(target=watch)
+        watching.start()
+        started = time.monotonic()
+        assert consumer.apply([], [row("x", now_us() - 500, value=b"v2")], []) == (0, 1, 0, 0)
+        took = time.monotonic() - started
+        done.set()
+        watching.join()
+    assert 1.0 < took < 4.0
+    assert max(waits) < 0.5
+    [again] = Store(database_url, node_id=uuid.uuid4()).claim(10, 0)
+    assert (again.id, again.value) == ("x", b"v2")

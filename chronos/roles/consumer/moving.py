@@ -96,12 +96,13 @@ class MovingPartitions:
             return None
         opened = [tp for tp in self.rewound if cell_map.owner(tp[1]).writable]
         if opened:
-            self.consumer().resume_partitions(opened)
+            # said before the resume, so that what reads the log once the partition flows finds the line
             for tp in opened:
                 owner = cell_map.owner(tp[1])
                 log.info("input partition %d is open in cell %s at epoch %d: read again after %.1fs paused", tp[1],
                          owner.cell, owner.epoch, now - self.since.pop(tp, now))
                 del self.rewound[tp]
+            self.consumer().resume_partitions(opened)
         for tp, since in self.since.items():
             if now - since >= MOVING_WARN_S:
                 self.since[tp] = now

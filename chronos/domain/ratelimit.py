@@ -117,6 +117,27 @@ def cell_share(listed: Sequence[CellPartition], partitions: int | None) -> float
     return min(1.0, max(owned, 1) / partitions)
 
 
+class CellLimits:
+    """The fire-rate limits a firer's claims keep to: the deployment's (`whole`), or, with cells, its cell's share
+    of them (`cell_share`), asked of `share` again every `every_s` seconds as partitions move between cells."""
+
+    def __init__(self, whole: FireRateLimits, share: Callable[[], float | None] | None, every_s: float):
+        self.whole = self.limits = whole
+        self.ask, self.every_s = share, every_s
+        self.share: float | None = None
+        self.next_at = 0.0
+
+    def current(self, now: float) -> FireRateLimits:
+        """The limits to claim by, the share asked for again if it is time (`now`, a monotonic clock's seconds)."""
+        if self.ask is not None and now >= self.next_at:
+            self.next_at = now + self.every_s
+            share = self.ask()
+            if share != self.share:
+                self.share = share
+                self.limits = self.whole if share is None else self.whole.scaled(share)
+        return self.limits
+
+
 def capacity(rate: float) -> float:
     """How many tokens a topic's bucket holds at most: one second of its rate, at least one message."""
     return max(1.0, rate * BURST_SECONDS)

@@ -80,6 +80,7 @@ class FirerProcess:
         makes a session for the claim that deletes (CHRONOS_FIRER_CLAIM=delete), one per batch in flight."""
         self.settings, self.life, self.stores, self.metrics = settings, life, stores, telemetry
         self.input_partitions: int | None = None  # the input topic's, as Kafka last said (cells' rate shares)
+        self.share: float | None = None           # of the fire-rate limits, this cell's firers' as last worked out
         self.slot = ProducerSlot(producers, ProducerWatch("the firer", settings.publish_stall_ms / 1000.0,
                                                           time.monotonic()))
         self.shared = Shared(PublishTiming(settings.timing_advance_ms))
@@ -118,7 +119,11 @@ class FirerProcess:
         except CellsUnsupported as exc:  # a database before cells owns every partition
             log.warning("fire-rate limits: %s; this firer takes the whole of each", exc)
             return None
-        return cell_share(listed, self.input_partitions)
+        share = cell_share(listed, self.input_partitions)
+        if share != self.share:
+            self.share = share
+            log.info("fire-rate limits: this cell's firers take %s of each", "all" if share is None else f"{share:.4g}")
+        return share
 
     def run(self) -> None:
         log.info("firing from the store to %s: batch %d, lookahead %d ms, poll %d ms, timing advance %d ms, "

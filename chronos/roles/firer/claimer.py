@@ -10,6 +10,7 @@ from typing import Callable
 
 from chronos.config import Settings
 from chronos.domain.model import Claimed
+from chronos.domain.ratelimit import CellLimits
 from chronos.domain.shares import Shares, claimer_slices, overdue_ms, strays_every
 from chronos.errors import ClaimContended, StoreRejected, StoreUnavailable
 from chronos.telemetry.metrics import FirerTelemetry
@@ -62,23 +63,17 @@ class Claimer(StoreThread[ClaimStore]):
                  part: int = 0, parts: int = 1, lead: Claimer | None = None, batches: HeldBatches | None = None,
                  cell_share: Callable[[], float | None] | None = None):
         """`kafka_answers` asks Kafka for its metadata (blocking up to a second or so): whether it answered.
-        `cell_share` (with cells) says the share of the fire-rate limits this firer's cell takes (on the
-        claimer's own store: `FirerProcess`), asked every SHARE_EVERY_S."""
+        `cell_share` (cells) says this cell's share of the fire-rate limits, asked every SHARE_EVERY_S."""
         super().__init__("claimer" if part == 0 else f"claimer{part + 1}", store, settings, shared, telemetry, life)
-        self.part, self.parts, self.lead = part, parts, lead
-        self.batches = batches
+        self.part, self.parts, self.lead, self.batches = part, parts, lead, batches
         self.claiming: TakeStore | None = None  # the session of the claim that deletes running now
-        self.outbox = outbox
-        self.kafka_answers = kafka_answers
+        self.outbox, self.kafka_answers = outbox, kafka_answers
         self.kafka_answered_at = 0.0  # monotonic: Kafka last answered the claimer's own request
         self.next_kafka_probe = 0.0   # monotonic
         self.limit = settings.batch_size
-        self.limits = self.whole_limits = settings.fire_rates
-        if self.limits:
-            log.info("fire-rate limits: %s", self.limits)
-        self.cell_share = cell_share if self.limits else None
-        self.share: float | None = None
-        self.next_share = 0.0  # monotonic
+        self.limits = CellLimits(settings.fire_rates, cell_share if settings.fire_rates else None, SHARE_EVERY_S)
+        if settings.fire_rates:
+            log.info("fire-rate limits: %s", settings.fire_rates)
         self.max_held = settings.batch_size * MAX_HELD_BATCHES
         self.max_held_bytes = settings.firer_max_held_bytes
         self.stopped = threading.Event()
@@ -188,13 +183,12 @@ class Claimer(StoreThread[ClaimStore]):
         try:
             started, sent = time.perf_counter(), time.monotonic()
             claims: DueClaims = self.store if session is None else session
-            if self.limits:  # with cells, this cell's share of the limits, whichever the claim
-                self.follow_share()
-            if self.limits and session is not None:  # fire-rate limits, the tokens set aside on the claimer's store
-                rows, backlog = session.claim_limited(self.limits, self.settings.output_topic, limit,
+            limits = self.limits.current(time.monotonic())  # with cells, this cell's share, whichever the claim
+            if limits and session is not None:  # fire-rate limits, the tokens set aside on the claimer's store
+                rows, backlog = session.claim_limited(limits, self.settings.output_topic, limit,
                                                       self.settings.lookahead_ms, self.store)
-            elif self.limits:  # fire-rate limits: topic by topic, within each limited topic's budget
-                rows, backlog = self.store.claim_limited(self.limits, self.settings.output_topic, limit,
+            elif limits:  # fire-rate limits: topic by topic, within each limited topic's budget
+                rows, backlog = self.store.claim_limited(limits, self.settings.output_topic, limit,
                                                          self.settings.lookahead_ms)
             else:
                 rows, backlog = self.claim_rows(limit, claims)
@@ -231,19 +225,6 @@ class Claimer(StoreThread[ClaimStore]):
         else:
             interval = self.settings.poll_interval_ms / 1000.0
             self.next_claim = now + interval * random.uniform(0.9, 1.1)
-
-    def follow_share(self) -> None:
-        """With cells, the fire-rate limits as this cell's share of them (`chronos.domain.ratelimit.cell_share`),
-        worked out again every SHARE_EVERY_S as partitions move between cells."""
-        if self.cell_share is None or time.monotonic() < self.next_share:
-            return
-        self.next_share = time.monotonic() + SHARE_EVERY_S
-        share = self.cell_share()
-        if share != self.share:
-            self.share = share
-            self.limits = self.whole_limits if share is None else self.whole_limits.scaled(share)
-            log.info("fire-rate limits: this cell's firers take %s of each: %s",
-                     "all" if share is None else f"{share:.4g}", self.limits)
 
     def release_session(self, session: TakeStore | None) -> None:
         """A session whose claim took nothing to hold (or failed): whatever it began rolled back, and free."""

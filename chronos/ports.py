@@ -409,16 +409,18 @@ class MoveStore(StoreHandle, Protocol):
         """Forget these changes, but for the rows noted again since."""
         ...
 
-    def held(self, partition: int) -> int:
-        """Rows of the partition a firer of this cell holds in flight."""
+    def held(self, partition: int, until_us: int) -> int:
+        """Rows of the partition a firer of this cell holds in flight: stamped as claimed, or, due up to `until_us`,
+        held by a firer's claim that deletes (its transaction open: the row still here, gone if it commits)."""
         ...
 
     def near(self, partition: int, until_us: int, limit: int) -> list[MovingRow]:
-        """Up to `limit` rows of the partition waiting here, due up to `until_us` (no schedule), by deadline."""
+        """Up to `limit` rows of the partition waiting here, due up to `until_us` (no schedule), by deadline; not
+        those a firer's claim that deletes holds."""
         ...
 
     def take(self, partition: int, ids: Sequence[str]) -> int:
-        """Delete these rows of the partition waiting here (handed over): how many."""
+        """Delete these rows of the partition waiting here (handed over), not those a firer holds: how many."""
         ...
 
     def ship_schedules(self, partition: int) -> list[MovingRow]:

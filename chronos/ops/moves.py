@@ -5,7 +5,8 @@ move again after it died half way (its progress is in the source cell's database
 Nothing is lost: every row of the partition written after the watch began is noted in the source and carried
 over as it stands; the rest is copied ahead or handed over at the cut-over. Nothing fires early or in both cells:
 the copies wait dormant in the target until the partition froze in the source (where no firer claims a row of it
-any more), and a row is handed over live only once no firer holds it. The other partitions do not pause: the
+any more), and a row is handed over live only once no firer holds it (stamped, or taken by a claim that deletes
+in a transaction still open). The other partitions do not pause: the
 watch and the freeze are triggers of the moving partition's rows only, made under a short lock timeout.
 """
 
@@ -236,7 +237,11 @@ class Mover:
                 target.put(near, dormant=False)
                 moved.handed += source.take(p, [r.id for r in near])
                 continue
-            if source.held(p) == 0:
+            # a row a firer's claim that deletes holds is due within that firer's lookahead (less than half the
+            # hold time) of when it was taken: gone once its transaction commits, back (and handed over) if it
+            # rolls back; PostgreSQL ends a silent firer's transaction after the hold time
+            held_until = source.db_clock_us() + max(self.settings.near_ms, self.settings.hold_ms) * 1000
+            if source.held(p, held_until) == 0:
                 if not source.changes(p, 1):
                     break
                 continue

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 
 from chronos.domain.cells import MOVING, CellPartition as P
 from chronos.domain.moves import COPYING, CUTTING_OVER, MovingRow
@@ -99,7 +100,7 @@ def test_rows_put_dormant_wait_for_the_move_to_wake_them_and_a_message_of_the_ta
     # no firer claims them, no detector hands them back, an operator's action leaves them alone (in flight)
     assert s.claim(10, 0) == [] and s.find_stale(-60_000) == []
     assert s.present(["due", "later"]) == {"due": True, "later": True}
-    assert s.held(1) == 0
+    assert s.held(1, backend.now_us() + HOUR) == 0
     # put again (a copy carried over anew) overwrites a dormant copy; dropped, only a dormant one goes
     assert s.put([moving("later", now + HOUR, value=b"v2")], dormant=True) == 1
     assert backend.stored("later").value == b"v2"
@@ -130,7 +131,7 @@ def test_the_freeze_closes_the_partition_and_holds_its_rows_while_a_firer_settle
     insert(firer, [row("held", now - 3000, partition=1), row("p1", now - 2000, partition=1),
                    row("p0", now - 1000, partition=0), row("gone", now - 500, partition=1)])
     held = [c for c in firer.claim(1, 0)]
-    assert [c.id for c in held] == ["held"] and firer.held(1) == 1
+    assert [c.id for c in held] == ["held"] and firer.held(1, now + HOUR) == 1
     assert firer.freeze(1) == 2 and firer.freeze(1) == 2  # closed once
     assert firer.cell_partitions() == [P(0, 1), P(1, 2, MOVING)]
     assert [c.id for c in firer.claim(10, 0)] == ["p0"]  # the partition's rows are no firer's any more
@@ -138,7 +139,7 @@ def test_the_freeze_closes_the_partition_and_holds_its_rows_while_a_firer_settle
     assert firer.apply([], [row("p1", now + HOUR, partition=1, value=b"new")], ["gone"]) == (0, 0, 0, 0)
     assert backend.stored("p1").value == b"v" and "gone" in backend.ids()
     # but the firer that held a row settles it: a hand-back leaves it here, frozen too
-    assert firer.release(held) == 1 and firer.held(1) == 0
+    assert firer.release(held) == 1 and firer.held(1, now + HOUR) == 0
     assert firer.claim(10, 0) == []
     assert [r.id for r in firer.near(1, now, 10)] == ["held", "p1", "gone"]
     assert [r.id for r in firer.near(1, now - 2500, 10)] == ["held"]
@@ -153,6 +154,44 @@ def test_a_firer_deletes_a_row_it_held_once_the_partition_froze(backend):
     held = firer.claim(10, 0)
     firer.freeze(1)
     assert firer.delete_fired(held) == 1 and backend.ids() == set()
+
+
+@pytest.mark.parametrize("ends", ["commits", "rolls back"])
+def test_a_row_a_claim_that_deletes_holds_is_held_until_its_transaction_ends_and_never_handed_over_meanwhile(
+        backend, ends):
+    firer = backend.store(uuid.uuid4())
+    firer.open_partitions([0, 1], 1)
+    now = backend.now_us()
+    insert(firer, [row("held", now - 3000, partition=1), row("free", now - 2000, partition=1),
+                   row("other", now - 1000, partition=0)])
+    takes = backend.takes(uuid.uuid4())
+    assert [(c.id, c.input_partition) for c in takes.claim(1, 0)] == [("held", 1)]
+    # PostgreSQL's freeze waits for the table's lock, which a firer's open transaction holds: it gives up at once
+    # and is tried again (the cut-over's freeze goes through once the firer's transaction ended); the twin has
+    # no such lock, and the cut-over waits for the rows held
+    assert firer.freeze(1) == (None if backend.name == "postgres" else 2)
+    # still there to every other session, but the firer's: in flight, never handed over to another cell
+    assert firer.held(1, now + HOUR) == 1 and firer.held(0, now + HOUR) == 0
+    assert [r.id for r in firer.near(1, now + HOUR, 10)] == ["free"]
+    assert firer.held(1, now - 5000) == 0  # looked for among the rows due up to then
+    if ends == "commits":  # published: gone from the cell
+        takes.finish([], [], [], "out")
+        assert backend.ids() == {"free", "other"}
+    else:  # handed back, or its firer gone silent: back, with its partition, and handed over as any other
+        takes.give_back()
+        assert [r.id for r in firer.near(1, now + HOUR, 10)] == ["held", "free"]
+        assert backend.stored("held").input_partition == 1
+    assert firer.held(1, now + HOUR) == 0
+
+
+def test_a_row_a_claim_that_deletes_puts_back_keeps_its_input_partition(backend):
+    firer = backend.store(uuid.uuid4())
+    now = backend.now_us()
+    insert(firer, [row("back", now - 2000, "K", partition=3), row("retry", now - 1000, partition=3)])
+    takes = backend.takes(uuid.uuid4())
+    taken = {c.id: c for c in takes.claim(10, 0)}
+    takes.finish([taken["back"]], [(taken["retry"], "refused: X", 60_000)], [], "out")
+    assert {m: backend.stored(m).input_partition for m in ("back", "retry")} == {"back": 3, "retry": 3}
 
 
 def test_schedules_are_shipped_through_the_outbox_and_the_rest_dropped_here(s, backend):

@@ -15,11 +15,13 @@ import pytest
 
 from chronos.adapters.postgres import moves as pg_moves
 from chronos.adapters.postgres.store import Store
+from chronos.adapters.postgres.takes import TakeStatements
 from chronos.domain.cells import MOVING, CellPartition as P, Fence
 from chronos.domain.model import Row
 from chronos.domain.moves import MOVE_NODE
 from chronos.errors import CellMapChanged
 from chronos.ops.moves import MoveSettings, Mover
+from helpers import wait_for
 
 HOUR = 3_600_000_000
 
@@ -160,6 +162,35 @@ def test_a_move_killed_at_the_cut_over_is_finished_by_the_next_one(cells):
     assert held["cell1"] == {f"p0-{i}" for i in range(500)}
     assert {f"far{i}" for i in range(6000)} | {f"soon{i}" for i in range(50)} | {"daily"} == held["cell2"]
     assert q(urls["cell1"], "SELECT tgname FROM pg_trigger WHERE tgname LIKE 'chronos_move%'") == []
+
+
+@pytest.mark.parametrize("ends", ["commits", "rolls back"])
+def test_a_row_a_firers_claim_that_deletes_holds_while_its_partition_moves_fires_in_one_cell_only(cells, ends):
+    urls, firers = cells
+    t = now_us()
+    firers["cell1"].apply([row("held", t - 2000, 1), row("due", t - 1000, 1)], [], [])
+    node = uuid.uuid4()
+    takes = TakeStatements(urls["cell1"], node_id=node, held_ms=60_000, application_name=f"chronos firer {node}")
+    assert [c.id for c in takes.claim(1, 0)] == ["held"]  # deleted in the firer's transaction, open until Kafka acks
+    moved: list = []
+    mover = threading.Thread(target=lambda: moved.append(Mover(stores(urls), MoveSettings(lease_ms=1000)).move(1, "cell2")))
+    mover.start()
+    try:
+        # the move waits for the table's lock, which the firer's transaction holds: the row is in cell1 alone
+        wait_for(lambda: q(urls["cell1"], "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                          "AND datname = current_database()")[0][0] > 0, what="the move waiting")
+        assert "held" not in held_by_cell(urls)["cell2"] and mover.is_alive()
+    finally:
+        if ends == "commits":
+            takes.finish([], [], [], "out")  # published: gone
+        else:
+            takes.give_back()                # handed back: goes over with the others
+        mover.join(60)
+        takes.close()
+    assert moved and moved[0].epoch == 3
+    held = held_by_cell(urls)
+    assert "held" not in held["cell1"] and "due" in held["cell2"]
+    assert ("held" in held["cell2"]) == (ends == "rolls back")
 
 
 def test_a_watch_that_cannot_have_the_tables_lock_at_once_gives_up_without_holding_its_writers(cells):

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import pytest
 
-from chronos.adapters.memory import ManualClock, MemoryDatabase, MemoryStore
+from chronos.adapters.memory import ManualClock, MemoryDatabase, MemoryStore, MemoryTakes
 from chronos.domain.cells import MOVING, CellMapError, CellPartition as P
 from chronos.domain.model import Row
 from chronos.domain.moves import COPYING, CUTTING_OVER, FINISHING, MOVE_NODE, MoveBusy, MoveError, share_for
@@ -150,6 +150,27 @@ def test_a_row_a_firer_holds_at_the_cut_over_is_settled_in_the_source_first():
     assert settled and moved.handed == 20 - 3
     values = cells.values("cell2")
     assert not {c.id for c in held[:3]} & set(values) and {c.id for c in held[3:]} <= set(values)
+
+
+def test_rows_a_claim_that_deletes_holds_at_the_cut_over_wait_for_its_transaction_to_end():
+    cells = loaded()
+    cells.clock.advance(6)
+    cells.beat()
+    takes = MemoryTakes(cells.dbs["cell1"], node_id=uuid.uuid4())
+    held = takes.claim(5, 0)  # in the firer's open transaction: still there to the move, deleted once it commits
+    ended: list[str] = []
+
+    def waits(seconds: float) -> None:  # the cut-over waits for the rows held: the firer's batch ends meanwhile
+        if not ended:
+            assert not {c.id for c in held} & set(cells.values("cell2"))  # none handed over while held
+            takes.finish(held[3:], [], [], "out")  # three published, gone with the commit; two handed back
+            ended.extend(c.id for c in held)
+        cells.clock.advance(seconds)
+    moved = Mover(cells.stores(), SETTINGS, clock=lambda: cells.clock() / 1e6, sleep=waits).move(1, "cell2")
+    assert ended and moved.handed == 20 - 3
+    values = cells.values("cell2")
+    assert not {c.id for c in held[:3]} & set(values) and {c.id for c in held[3:]} <= set(values)
+    assert not {c.id for c in held} & set(cells.values("cell1"))
 
 
 def test_a_row_held_by_a_firer_that_died_is_taken_back_after_the_hold_time():

@@ -137,13 +137,15 @@ class MemoryMoves(MemoryHandle):
                     seen[change.id] = row.ctid
         self._run(run)
 
-    def held(self, partition: int) -> int:
+    def held(self, partition: int, until_us: int) -> int:
         return self._run(lambda now: sum(1 for r in self._rows_of(partition)
-                                         if r.readied_us is not None and r.readied_us < DORMANT_FROM_US))
+                                         if (r.readied_us is not None and r.readied_us < DORMANT_FROM_US)
+                                         or (r.held_by is not None and r.cron is None and r.deadline_us <= until_us)))
 
     def _waiting(self, partition: int, until_us: int) -> list[StoredRow]:
+        """Its rows waiting here due up to `until_us`: not those a firer's claim that deletes holds."""
         return sorted((r for r in self._rows_of(partition)
-                       if r.readied_us is None and r.cron is None and r.deadline_us <= until_us),
+                       if r.readied_us is None and r.held_by is None and r.cron is None and r.deadline_us <= until_us),
                       key=lambda r: (r.deadline_us, r.seq))
 
     def near(self, partition: int, until_us: int, limit: int) -> list[MovingRow]:
@@ -160,7 +162,8 @@ class MemoryMoves(MemoryHandle):
     def take(self, partition: int, ids: Sequence[str]) -> int:
         def run(now: int) -> int:
             rows = [self.db.rows[mid] for mid in dict.fromkeys(ids) if mid in self.db.rows]
-            return self._delete([r for r in rows if r.input_partition == partition and r.readied_us is None])
+            return self._delete([r for r in rows if r.input_partition == partition and r.readied_us is None
+                                 and r.held_by is None])
         return self._run(run)
 
     def ship_schedules(self, partition: int) -> list[MovingRow]:

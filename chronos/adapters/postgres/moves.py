@@ -129,9 +129,9 @@ class MoveStatements(Session):
             self._run(lambda c: self._execute(c, QUERIES["move_forget"], {
                 "partition": partition, "ids": [ch.id for ch in changes], "ns": [ch.n for ch in changes]}))
 
-    def held(self, partition: int) -> int:
+    def held(self, partition: int, until_us: int) -> int:
         return self._run(lambda c: one(self._execute(c, QUERIES["move_in_flight"], {
-            "partition": partition, "dormant_from": _ts(DORMANT_FROM_US)}))[0])
+            "partition": partition, "dormant_from": _ts(DORMANT_FROM_US), "until": _ts(until_us)}))[0])
 
     def near(self, partition: int, until_us: int, limit: int) -> list[MovingRow]:
         return self._run(lambda c: [_row(r) for r in self._execute(c, QUERIES["move_near"], {

@@ -39,10 +39,13 @@ PICKS = {"pick": "claim", "pick_recent": "claim_recent", "pick_topic": "claim_to
 LOCK = "FOR UPDATE SKIP LOCKED"
 
 
-# The consumer's writes on a schema before the input partition was recorded (version 12), which this release's
-# processes run on until `chronos migrate` (docs/operations/upgrading.md): the same statements without it.
-BEFORE_PARTITION = ("copy_messages", "insert_from_staging", "upsert_from_staging")
-_PARTITION_COLUMN = re.compile(r",\s*input_partition(\s*=\s*EXCLUDED\.input_partition)?")
+# The consumer's writes and the claim that deletes' takes and put-backs on a schema before the input partition was
+# recorded (version 12), which this release's processes run on until `chronos migrate`
+# (docs/operations/upgrading.md): the same statements without it.
+BEFORE_PARTITION = ("copy_messages", "insert_from_staging", "upsert_from_staging", "take", "take_sliced",
+                    "restore_taken")
+_PARTITION_COLUMN = re.compile(r",\s*(?:[mr]\.)?input_partition(?:\s*=\s*EXCLUDED\.input_partition)?"
+                               r"|,\s*%\(input_partitions\)s::int\[\]")
 
 
 def before_partition(name: str) -> str:

@@ -142,10 +142,13 @@ WHERE backend_xid IS NOT NULL
 -- to its firer, which publishes it, or hands it back if it cannot. A row a firer took after this statement's
 -- snapshot is waited for, up to the session's lock_timeout (IntakeStatements.apply writes the batch again,
 -- and then skips it). The final SELECT reads the rows as they were before this statement's delete: those
--- there and not deleted were held. An id not returned is not in this cell.
-WITH free AS MATERIALIZED (
+-- there, not deleted and held are in flight. An id not returned is not in this cell, or is a row of a partition
+-- on its way to another cell, frozen here (the move's freeze leaves it alone): the cancel is forwarded.
+WITH holders AS MATERIALIZED (
+    SELECT held_xid FROM (/* include: held_sessions */) AS h
+), free AS MATERIALIZED (
     SELECT ctid FROM chronos_messages
-    WHERE id = ANY(%(ids)s) AND xmax <> ALL (ARRAY(SELECT held_xid FROM (/* include: held_sessions */) AS holders))
+    WHERE id = ANY(%(ids)s) AND xmax <> ALL (ARRAY(SELECT held_xid FROM holders))
     FOR UPDATE
 ), gone AS (
     DELETE FROM chronos_messages AS m USING free WHERE m.ctid = free.ctid
@@ -153,7 +156,9 @@ WITH free AS MATERIALIZED (
 )
 SELECT id, claimed FROM gone
 UNION ALL
-SELECT id, true FROM chronos_messages WHERE id = ANY(%(ids)s) AND id <> ALL (ARRAY(SELECT id FROM gone));
+SELECT id, true FROM chronos_messages
+WHERE id = ANY(%(ids)s) AND id <> ALL (ARRAY(SELECT id FROM gone))
+  AND xmax = ANY (ARRAY(SELECT held_xid FROM holders));
 
 -- Cancels and replaces forwarded between cells (chronos_cell_forwards, migration 13).
 
@@ -339,7 +344,7 @@ BEGIN;
 -- transaction began, the claim's time), with what `restore_taken` needs to put it back.
 m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers, now(), m.seq,
 m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint, m.ctid, m.ordering_key, m.enqueued_at,
-m.last_error
+m.last_error, m.input_partition
 
 -- name: take
 -- The rows a pick chose, deleted by TID in the firer's held transaction. A row taken or stamped by another
@@ -380,25 +385,27 @@ WHERE name <> 'transaction_timeout' OR current_setting('server_version_num')::in
 -- column, of the rows as they were claimed (chronos.domain.model.Claimed).
 unnest(%(ids)s::text[], %(deadline_us)s::bigint[], %(topics)s::text[], %(keys)s::bytea[], %(values)s::bytea[],
        %(headers)s::bytea[], %(ordering_keys)s::text[], %(enqueued_at)s::timestamptz[], %(seqs)s::bigint[],
-       %(attempts)s::int[], %(errors)s::text[], %(original_us)s::bigint[], %(delay_ms)s::bigint[])
+       %(attempts)s::int[], %(errors)s::text[], %(original_us)s::bigint[], %(delay_ms)s::bigint[],
+       %(input_partitions)s::int[])
     AS r(id, deadline_us, topic, key, value, headers, ordering_key, enqueued_at, seq, attempts, error,
-         original_us, delay_ms)
+         original_us, delay_ms, input_partition)
 
 -- name: restore_taken
 -- Rows the held transaction deleted, put back in it before it commits: handed back as they were (delay_ms
 -- NULL, error the row's last), or put off for a retry (the failure counted, the deadline moved by the delay
 -- from now, the deadline as scheduled kept in original_deadline), as `release` and `retry_later` do to a
 -- stamped row. The same seq: a row keeps its place in its ordering key. clock_timestamp(), not now(): now()
--- is when the transaction began, up to the hold time ago.
+-- is when the transaction began, up to the hold time ago. The row keeps its input partition: a move of the
+-- partition takes it along.
 INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, enqueued_at, seq, attempts,
-                              last_error, original_deadline)
+                              last_error, original_deadline, input_partition)
 OVERRIDING SYSTEM VALUE
 SELECT r.id,
        CASE WHEN r.delay_ms IS NULL THEN d.deadline
             ELSE greatest(d.deadline, clock_timestamp()) + r.delay_ms * interval '1 millisecond' END,
        r.topic, r.key, r.value, r.headers, r.ordering_key, r.enqueued_at, r.seq,
        r.attempts + (r.delay_ms IS NOT NULL)::int, r.error,
-       CASE WHEN r.delay_ms IS NULL THEN d.original ELSE coalesce(d.original, d.deadline) END
+       CASE WHEN r.delay_ms IS NULL THEN d.original ELSE coalesce(d.original, d.deadline) END, r.input_partition
 FROM /* include: taken_rows */
 CROSS JOIN LATERAL (
     SELECT timestamptz 'epoch' + (r.deadline_us / 1000000) * interval '1 second'
@@ -1034,20 +1041,31 @@ USING unnest(%(ids)s::text[], %(ns)s::bigint[]) AS f(id, n)
 WHERE c.partition = %(partition)s AND c.id = f.id AND c.n = f.n;
 
 -- name: move_in_flight
--- Rows of the partition a firer of this cell holds (the rows a move copied into it are held far later).
-SELECT count(*) FROM chronos_messages
-WHERE readied_at IS NOT NULL AND readied_at < %(dormant_from)s::timestamptz AND input_partition = %(partition)s;
+-- Rows of the partition a firer of this cell holds: stamped as claimed (the rows a move copied into it are held
+-- far later), or taken by a firer's claim that deletes whose transaction is still open (held_sessions: the row
+-- still here to this statement, gone once it commits, back if it rolls back), looked for among the rows due up to
+-- `until` off the due index (a firer takes rows due within its lookahead, less than half the hold time).
+SELECT (SELECT count(*) FROM chronos_messages
+        WHERE readied_at IS NOT NULL AND readied_at < %(dormant_from)s::timestamptz AND input_partition = %(partition)s)
+     + (SELECT count(*) FROM chronos_messages
+        WHERE readied_at IS NULL AND cron IS NULL AND deadline <= %(until)s::timestamptz
+          AND input_partition = %(partition)s
+          AND xmax = ANY (ARRAY(SELECT held_xid FROM (/* include: held_sessions */) AS holders)));
 
 -- name: move_near
--- The partition's rows waiting here due up to `until`, off the due index.
+-- The partition's rows waiting here due up to `until`, off the due index; not those a firer's claim that deletes
+-- holds (move_in_flight): handed over, such a row could be fired by both cells, once its firer commits.
 SELECT /* include: moving_columns */
 FROM chronos_messages
 WHERE readied_at IS NULL AND cron IS NULL AND deadline <= %(until)s::timestamptz AND input_partition = %(partition)s
+  AND xmax <> ALL (ARRAY(SELECT held_xid FROM (/* include: held_sessions */) AS holders))
 ORDER BY deadline, seq
 LIMIT %(limit)s;
 
 -- name: move_take
--- Rows handed over live to the cell the partition goes to, gone from here (after move_by_itself).
+-- Rows handed over live to the cell the partition goes to, gone from here (after move_by_itself). move_near left
+-- out the rows firers' claims that delete held; none takes one since (the freeze), so none is left here that
+-- another cell now has.
 DELETE FROM chronos_messages
 WHERE id = ANY(%(ids)s::text[]) AND input_partition = %(partition)s AND readied_at IS NULL;
 

@@ -64,3 +64,10 @@ def two_cells(pg_server) -> Iterator[dict[str, str]]:
     """Two fresh, migrated databases, as the databases of two cells: cell name -> URL."""
     with _fresh_database(pg_server.url, "ca", TEMPLATE) as a, _fresh_database(pg_server.url, "cb", TEMPLATE) as b:
         yield {"a": a, "b": b}
+
+
+@pytest.fixture
+def two_empty_cells(pg_server) -> Iterator[dict[str, str]]:
+    """Two fresh databases with no schema, as the databases of two cells: cell name -> URL."""
+    with _fresh_database(pg_server.url, "ea", None) as a, _fresh_database(pg_server.url, "eb", None) as b:
+        yield {"a": a, "b": b}

@@ -23,9 +23,10 @@ import uuid
 from datetime import datetime
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
-from chronos.domain.cells import CellPartition, Fence
+from chronos.domain.cells import CellPartition, Fence, Forward
 from chronos.domain.delivery import DeliveryError
 from chronos.domain.model import Announced, Claimed, Overview, Parked, Row, Stale, Throttled
+from chronos.domain.moves import Change, MoveRecord, MovingRow
 from chronos.domain.operators import (HELD_WITHIN_MS, Filters, Listed, Message, ParkedFilters, ParkedMessage,
                                       ParkedRecord, ParkedRef, Position, Schedule)
 from chronos.domain.ratelimit import FireRateLimits
@@ -194,10 +195,24 @@ class IntakeStore(StoreHandle, Presence, Protocol):
     partitions this store's cell owns."""
 
     def apply(self, inserts: Sequence[Row], replaces: Sequence[Row], cancels: Sequence[str],
-              fence: Fence | None = None) -> tuple[int, int, int, int]:
-        """One batch in one transaction: (inserted, replaced, cancelled, cancelled in flight). With a `fence`,
-        checked last in the same transaction: CellMapChanged, and nothing written, when the cell no longer
-        owns the partitions written at the fence's epochs."""
+              fence: Fence | None = None, *, forward: bool = False) -> tuple[int, int, int, int]:
+        """One batch in one transaction: (inserted, replaced, cancelled, cancelled in flight). With `forward`
+        (cells), the cancels that found nothing and the replaces are noted in the same transaction, to forward
+        to the other cells. With a `fence`, checked last in the same transaction: CellMapChanged, and nothing
+        written, when the cell no longer owns the partitions written at the fence's epochs."""
+        ...
+
+    def pending_forwards(self, limit: int) -> list[Forward]:
+        """Up to `limit` of the cancels and replaces noted here to forward to the other cells, oldest first;
+        CellsUnsupported on a schema before version 13."""
+        ...
+
+    def cancel_forwarded(self, ids: Sequence[str]) -> dict[str, bool]:
+        """Cancel these ids here, forwarded from another cell: each one found, with whether it was in flight."""
+        ...
+
+    def forget_forwards(self, forwards: Sequence[Forward]) -> None:
+        """These were forwarded to every other cell: forgotten, unless noted again since."""
         ...
 
     def cell_partitions(self) -> list[CellPartition]:
@@ -335,6 +350,121 @@ class CellMapStore(StoreHandle, Protocol):
     def close_partitions(self, partitions: Sequence[int]) -> dict[int, int]:
         """Mark these partitions moving, each at its epoch + 1 (a write fenced at the epoch before is refused
         from now on); returns partition -> its new epoch, for those this cell lists."""
+        ...
+
+
+class MoveStore(StoreHandle, Protocol):
+    """A move of an input partition between cells (`chronos.domain.moves`, `chronos.ops.moves`): the statements
+    it runs on the cell the partition leaves (the source: its record, watch, freeze, rows and their changes)
+    and on the cell it goes to (the target: rows put there dormant or live, and woken)."""
+
+    def moves(self) -> list[MoveRecord]:
+        """The moves of partitions leaving this cell, by partition; CellsUnsupported on a schema before moves
+        (version 13)."""
+        ...
+
+    def begin_move(self, partition: int, target: str, node: uuid.UUID, ahead_ms: int) -> None:
+        """Record a move of `partition` to `target`, copying, its horizon `ahead_ms` from now, its lease `node`'s;
+        a move of it recorded already is left as it is."""
+        ...
+
+    def lease_move(self, partition: int, node: uuid.UUID, lease_ms: int) -> bool:
+        """Take or renew the move's lease for `node`: whether it holds it now (False: another node renewed it
+        within `lease_ms`)."""
+        ...
+
+    def save_move(self, partition: int, node: uuid.UUID, step: str, cursor: int) -> bool:
+        """Record the move's step and copy cursor, if `node` still holds its lease."""
+        ...
+
+    def end_move(self, partition: int) -> None:
+        """Forget the move: its record, its noted changes, its outbox."""
+        ...
+
+    def watch(self, partition: int) -> bool:
+        """Note every row of the partition written from now on (`changes`); False when the table was too busy
+        to change its triggers just now (nothing done: try again)."""
+        ...
+
+    def freeze(self, partition: int) -> int | None:
+        """Close the partition in this cell's list (its epoch + 1, unless closed already) and freeze its rows
+        here: no firer claims one, nothing changes one, but for a firer settling a row it holds and the move.
+        Returns the partition's epoch here; None when the table was too busy (nothing done: try again)."""
+        ...
+
+    def unwatch(self, partition: int) -> bool:
+        """Drop the partition's watch and freeze; False when the table was too busy (try again)."""
+        ...
+
+    def scan(self, partition: int, cursor: int, after_us: int) -> tuple[list[MovingRow], int | None]:
+        """The partition's rows due after `after_us` (no recurring schedule) in the next stretch of the table
+        from `cursor`, and the cursor after it (None: the end of the table)."""
+        ...
+
+    def changes(self, partition: int, limit: int) -> list[Change]:
+        """Up to `limit` rows of the partition noted since the watch began, oldest change first."""
+        ...
+
+    def forget(self, partition: int, changes: Sequence[Change]) -> None:
+        """Forget these changes, but for the rows noted again since."""
+        ...
+
+    def held(self, partition: int, until_us: int) -> int:
+        """Rows of the partition a firer of this cell holds in flight: stamped as claimed, or, due up to `until_us`,
+        held by a firer's claim that deletes (its transaction open: the row still here, gone if it commits)."""
+        ...
+
+    def near(self, partition: int, until_us: int, limit: int) -> list[MovingRow]:
+        """Up to `limit` rows of the partition waiting here, due up to `until_us` (no schedule), by deadline; not
+        those a firer's claim that deletes holds."""
+        ...
+
+    def take(self, partition: int, ids: Sequence[str]) -> int:
+        """Delete these rows of the partition waiting here (handed over), not those a firer holds: how many."""
+        ...
+
+    def ship_schedules(self, partition: int) -> list[MovingRow]:
+        """Take the partition's recurring schedules out of the table into the move's outbox (in one
+        statement); return what the outbox holds of the partition."""
+        ...
+
+    def shipped(self, partition: int) -> None:
+        """Empty the move's outbox of the partition (the target has its schedules)."""
+        ...
+
+    def drop_due(self, partition: int, until_us: int, limit: int) -> int:
+        """Delete up to `limit` rows of the partition waiting here due up to `until_us`: how many."""
+        ...
+
+    def drop_scan(self, partition: int, cursor: int) -> int | None:
+        """Delete the partition's rows in the next stretch of the table from `cursor`; the cursor after it
+        (None: the end of the table)."""
+        ...
+
+    def seq_position(self) -> int:
+        """Where the table's enqueue order (seq) stands."""
+        ...
+
+    def seq_at_least(self, seq: int) -> None:
+        """Make the enqueue order go on past `seq`."""
+        ...
+
+    def put(self, rows: Sequence[MovingRow], *, dormant: bool) -> int:
+        """Write rows carried from another cell: dormant (held by the move until woken) or live; a row of the
+        same id is overwritten only if it is one the move put here dormant. How many were written."""
+        ...
+
+    def drop_copies(self, ids: Sequence[str]) -> int:
+        """Delete the dormant copies of these ids: how many."""
+        ...
+
+    def wake(self, partition: int, until_us: int | None, limit: int) -> int:
+        """Make up to `limit` of the partition's dormant rows due up to `until_us` (None: any) waiting, the
+        earliest first: how many."""
+        ...
+
+    def live_firers(self, hold_ms: int) -> int:
+        """The firers of this cell whose lease is younger than `hold_ms`."""
         ...
 
 

@@ -166,6 +166,8 @@ def metric_families() -> dict[str, dict[str, Any]]:
                 t.follow_producer(ProducerWatch(t.role, stall_s=10.0, now=0.0))
             if isinstance(t, telemetry.FirerTelemetry):
                 t.follow_timing(lambda: 0, SimpleNamespace(latency=0.0, offset_us=0))
+            if isinstance(t, telemetry.ConsumerTelemetry):  # with cells only
+                t.follow_cells(["cell1"], lambda cell: False)
             if isinstance(t, telemetry.DetectorTelemetry):  # per-topic gauges have no series until a topic is limited
                 t.throttled_gauges([SimpleNamespace(topic="t", rows=0, lateness_s=0.0)])
             for family in t.registry.collect():

@@ -764,6 +764,7 @@ def read_headers(msg):
 # PostgreSQL binary COPY of the consumer's rows
 # --------------------------------------------------------------------------
 
+from cpython.bool cimport PyBool_Check
 from cpython.long cimport PyLong_AsLongLong, PyLong_Check
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from chronos.codec.types import COPY_COLUMNS, COPY_SIGNATURE, COPY_TRAILER, ERR_COPY_FIELD, POSTGRES_EPOCH_US
@@ -772,15 +773,16 @@ cdef int64_t C_POSTGRES_EPOCH_US = 946684800000000
 if POSTGRES_EPOCH_US != C_POSTGRES_EPOCH_US or COPY_SIGNATURE != b"PGCOPY\n\xff\r\n\x00" + bytes(8):
     raise ImportError("chronos.codec.types COPY constants changed; rebuild the native codec")
 if COPY_COLUMNS != ("id", "deadline_us", "topic", "key", "value", "headers", "ordering_key", "cron", "timezone",
-                    "dst_policy"):
+                    "dst_policy", "input_partition"):
     raise ImportError("chronos.codec.types.COPY_COLUMNS changed; rebuild the native codec")
 
-# Column kinds, in COPY_COLUMNS order: 0 text, 1 timestamptz from epoch microseconds, 2 bytea.
-cdef int COPY_KIND[10]
-COPY_KIND[:] = [0, 1, 0, 2, 2, 2, 0, 0, 0, 0]
+# Column kinds, in COPY_COLUMNS order: 0 text, 1 timestamptz from epoch microseconds, 2 bytea, 3 integer.
+DEF COPY_NCOLUMNS = 11
+cdef int COPY_KIND[COPY_NCOLUMNS]
+COPY_KIND[:] = [0, 1, 0, 2, 2, 2, 0, 0, 0, 0, 3]
 cdef tuple COPY_NAMES = COPY_COLUMNS
-cdef bint COPY_NULLABLE[10]
-COPY_NULLABLE[:] = [False, False, True, True, True, True, True, True, True, True]
+cdef bint COPY_NULLABLE[COPY_NCOLUMNS]
+COPY_NULLABLE[:] = [False, False, True, True, True, True, True, True, True, True, True]
 
 
 cdef struct _Buf:
@@ -835,6 +837,17 @@ cdef int _copy_field(_Buf* b, object value, int column, Py_ssize_t row) except -
         _put_u64(b.data + b.size + 4, <uint64_t>us)
         b.size += 12
         return 0
+    if kind == 3:
+        if not PyLong_Check(value) or PyBool_Check(value):
+            raise TypeError(ERR_COPY_FIELD % (row, COPY_NAMES[column], type(value).__name__))
+        us = PyLong_AsLongLong(value)
+        if us < 0 or us > 0x7FFFFFFF:
+            raise TypeError(ERR_COPY_FIELD % (row, COPY_NAMES[column], type(value).__name__))
+        _reserve(b, 8)
+        _put_u32(b.data + b.size, 4)
+        _put_u32(b.data + b.size + 4, <uint32_t>us)
+        b.size += 8
+        return 0
     if kind == 0:
         if not PyUnicode_Check(value):
             raise TypeError(ERR_COPY_FIELD % (row, COPY_NAMES[column], type(value).__name__))
@@ -853,13 +866,15 @@ cdef int _copy_field(_Buf* b, object value, int column, Py_ssize_t row) except -
     return 0
 
 
-def copy_rows(rows):
+def copy_rows(rows, bint input_partition=True):
     """Rows as one PostgreSQL binary COPY stream (signature, one tuple per row, trailer) of the
-    columns COPY_COLUMNS: text, timestamptz (from epoch microseconds), bytea."""
+    columns COPY_COLUMNS: text, timestamptz (from epoch microseconds), bytea, integer; without the
+    last, `input_partition`, when not `input_partition` (a schema before it)."""
     cdef _Buf b
     cdef Py_ssize_t i = 0
     cdef int column
     cdef object row
+    cdef unsigned int fields = COPY_NCOLUMNS if input_partition else COPY_NCOLUMNS - 1
     b.data = NULL
     b.size = 0
     b.cap = 0
@@ -869,7 +884,7 @@ def copy_rows(rows):
         b.size = 19
         for row in rows:
             _reserve(&b, 2)
-            _put_u16(b.data + b.size, 10)
+            _put_u16(b.data + b.size, fields)
             b.size += 2
             _copy_field(&b, row.id, 0, i)
             _copy_field(&b, row.deadline_us, 1, i)
@@ -881,6 +896,8 @@ def copy_rows(rows):
             _copy_field(&b, row.cron, 7, i)
             _copy_field(&b, row.timezone, 8, i)
             _copy_field(&b, row.dst_policy, 9, i)
+            if input_partition:
+                _copy_field(&b, row.input_partition, 10, i)
             i += 1
         _reserve(&b, 2)
         memcpy(b.data + b.size, PyBytes_AS_STRING(COPY_TRAILER), 2)
@@ -921,7 +938,7 @@ cdef object ROW_CLASS = None
 cdef bint ROW_DIRECT = False
 cdef Py_ssize_t ROW_OFFSETS[ROW_FIELDS_MAX]
 cdef Py_ssize_t ROW_NFIELDS = 0
-ROW_ARGUMENTS = ("id", "deadline_us", "topic", "key", "value", "headers", "ordering_key")
+ROW_ARGUMENTS = ("id", "deadline_us", "topic", "key", "value", "headers", "ordering_key", "input_partition")
 
 
 cdef bint _row_layout(object cls) except -1:
@@ -956,7 +973,7 @@ cdef inline void _put_slot(PyObject* o, Py_ssize_t offset, object value) noexcep
     (<PyObject**>(<char*>o + offset))[0] = <PyObject*>value
 
 
-cdef object _new_row(object mid, object deadline, object key, object value, object headers):
+cdef object _new_row(object mid, object deadline, object key, object value, object headers, object partition):
     """A row with no topic, ordering key nor schedule, its slots filled directly (see _row_layout)."""
     cdef PyObject* o = PyType_GenericAlloc(<PyTypeObject*>ROW_CLASS, 0)
     cdef Py_ssize_t k
@@ -970,7 +987,9 @@ cdef object _new_row(object mid, object deadline, object key, object value, obje
     _put_slot(o, ROW_OFFSETS[3], key)
     _put_slot(o, ROW_OFFSETS[4], value)
     _put_slot(o, ROW_OFFSETS[5], headers)
-    for k in range(6, ROW_NFIELDS):
+    _put_slot(o, ROW_OFFSETS[6], None)
+    _put_slot(o, ROW_OFFSETS[7], partition)
+    for k in range(8, ROW_NFIELDS):
         _put_slot(o, ROW_OFFSETS[k], None)
     return row
 
@@ -1056,9 +1075,9 @@ cdef bint _stored_plain(object msg, int64_t now_us, int64_t timing_advance_us, b
                 continue
             pos += _put_header(w + pos, name, <Py_ssize_t>name_size, value, <Py_ssize_t>size)
     if ROW_DIRECT:
-        row = _new_row(mid, deadline, msg.key(), msg.value(), encoded)
+        row = _new_row(mid, deadline, msg.key(), msg.value(), encoded, msg.partition())
     else:
-        row = make_row(mid, deadline, None, msg.key(), msg.value(), encoded, None)
+        row = make_row(mid, deadline, None, msg.key(), msg.value(), encoded, None, msg.partition())
     ops[mid] = (insert_op, row)
     sources[mid] = msg
     return True
@@ -1131,7 +1150,7 @@ def intake(messages, Py_ssize_t start, int64_t now_us, int64_t timing_advance_us
             else:
                 ops[mid] = (insert_op, make_row(mid, deadline, topic, msg.key(), msg.value(),
                                                 encode_headers(<object>PyTuple_GET_ITEM(parsed, 8)),
-                                                <object>PyTuple_GET_ITEM(parsed, 4)))
+                                                <object>PyTuple_GET_ITEM(parsed, 4), msg.partition()))
                 sources[mid] = msg
             i += 1
     finally:

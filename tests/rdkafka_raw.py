@@ -50,10 +50,10 @@ def header_list(headers: list[Header]) -> int:
     return hdrs
 
 
-def message_with_headers(headers: list[Header], topic: str = "t") -> Message:
+def message_with_headers(headers: list[Header], topic: str = "t", partition: int | None = None) -> Message:
     """A Message whose headers are a librdkafka list, as the consumer hands them over (the Message
-    owns the list and frees it)."""
-    msg = Message(topic=topic, value=b"v", key=b"k")
+    owns the list and frees it), read from `partition` (None: not said)."""
+    msg = Message(topic=topic, value=b"v", key=b"k", **({} if partition is None else {"partition": partition}))
     ctypes.c_void_p.from_address(id(msg) + librdkafka.C_HEADERS_OFFSET).value = header_list(headers)
     return msg
 

@@ -50,15 +50,18 @@ def ensure_database(url: str, name: str) -> None:
             conn.execute(f'CREATE DATABASE "{name}"')
 
 
-def far_row(g: int, *, prefix: str, start_us: int, spacing_us: float, value: bytes, varied: bool) -> Row:
+def far_row(g: int, *, prefix: str, start_us: int, spacing_us: float, value: bytes, varied: bool,
+            partition: int | None = None) -> Row:
     """Far-future row number `g` (from 1): see fill_far."""
     return Row(id=f"{prefix}{g:09d}", deadline_us=start_us + int((g - 1) * spacing_us),
                topic="billing.reminders" if varied and g % 100 == 7 else None, key=b"customer-%d" % g, value=value,
-               headers=b"", ordering_key=f"invoice-{g % 100_000}" if varied and g % 100 == 3 else None)
+               headers=b"", ordering_key=f"invoice-{g % 100_000}" if varied and g % 100 == 3 else None,
+               input_partition=partition)
 
 
 def fill_far(url: str, rows: int, *, prefix: str = "far-", ahead_s: float = 365 * DAY_S, spacing_ms: float = 1.0,
-             payload_bytes: int = 100, varied: bool = False, vacuum: bool = True, progress: bool = False) -> float:
+             payload_bytes: int = 100, varied: bool = False, vacuum: bool = True, progress: bool = False,
+             partition: int | None = None) -> float:
     """Write `rows` waiting messages into the store, due from `ahead_s` seconds on and `spacing_ms` apart,
     through the consumer's own COPY path (`Store.insert`, FAR_CHUNK rows a transaction); then, if `vacuum`,
     VACUUM ANALYZE the table, as autovacuum would within a minute on a store in its steady state. The
@@ -67,11 +70,12 @@ def fill_far(url: str, rows: int, *, prefix: str = "far-", ahead_s: float = 365 
     Ids are `prefix` and a 9-digit number from 1, keys `customer-N`, values `payload_bytes` bytes; with
     `varied`, one row in a hundred goes to the topic `billing.reminders` and another has one of 100,000
     ordering keys (`invoice-N`), as operators' filters find them. `progress` prints a line at every
-    million rows."""
+    million rows. `partition`: the input partition the rows say they were read from (none by default)."""
     from chronos.adapters.postgres.store import Store
     started = time.monotonic()
     shape = {"prefix": prefix, "start_us": time.time_ns() // 1000 + int(ahead_s * 1e6),
-             "spacing_us": spacing_ms * 1000.0, "value": b"\xab" * payload_bytes, "varied": varied}
+             "spacing_us": spacing_ms * 1000.0, "value": b"\xab" * payload_bytes, "varied": varied,
+             "partition": partition}
     store = Store(url)
     try:
         for first in range(1, rows + 1, FAR_CHUNK):

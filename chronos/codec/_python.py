@@ -412,8 +412,11 @@ def read_headers(msg: object) -> tuple[list[tuple[str, bytes | None]] | None, st
 # --- PostgreSQL binary COPY of the consumer's rows ----------------------------------------------
 
 _FIELD_COUNT = struct.Struct(">h").pack(len(COPY_COLUMNS))
+_FIELD_COUNT_BEFORE_PARTITION = struct.Struct(">h").pack(len(COPY_COLUMNS) - 1)
 _NULL_FIELD = _I32.pack(-1)
 _TIMESTAMP = struct.Struct(">iq").pack
+_INT4 = struct.Struct(">ii").pack
+_PARTITION = COPY_COLUMNS.index("input_partition")
 
 
 def _copy_value(value: object, column: int, row: int) -> bytes:
@@ -426,6 +429,10 @@ def _copy_value(value: object, column: int, row: int) -> bytes:
         if not isinstance(value, int):
             raise TypeError(ERR_COPY_FIELD % (row, COPY_COLUMNS[column], type(value).__name__))
         return _TIMESTAMP(8, value - POSTGRES_EPOCH_US)
+    if column == _PARTITION:
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 0x7FFFFFFF:
+            raise TypeError(ERR_COPY_FIELD % (row, COPY_COLUMNS[column], type(value).__name__))
+        return _INT4(4, value)
     if column in (3, 4, 5):
         if not isinstance(value, bytes):
             raise TypeError(ERR_COPY_FIELD % (row, COPY_COLUMNS[column], type(value).__name__))
@@ -439,16 +446,20 @@ def _copy_value(value: object, column: int, row: int) -> bytes:
     return _I32.pack(len(data)) + data
 
 
-def copy_rows(rows: Iterable[CopyRow]) -> bytes:
+def copy_rows(rows: Iterable[CopyRow], input_partition: bool = True) -> bytes:
     """Rows as one PostgreSQL binary COPY stream (signature, one tuple per row, trailer) of the
-    columns COPY_COLUMNS: text, timestamptz (from epoch microseconds), bytea."""
+    columns COPY_COLUMNS: text, timestamptz (from epoch microseconds), bytea, integer; without the
+    last, `input_partition`, when not `input_partition` (a schema before it)."""
     parts = [COPY_SIGNATURE]
     append = parts.append
+    count = _FIELD_COUNT if input_partition else _FIELD_COUNT_BEFORE_PARTITION
     for i, r in enumerate(rows):
-        append(_FIELD_COUNT)
+        append(count)
         for column, value in enumerate((r.id, r.deadline_us, r.topic, r.key, r.value, r.headers, r.ordering_key,
                                         r.cron, r.timezone, r.dst_policy)):
             append(_copy_value(value, column, i))
+        if input_partition:
+            append(_copy_value(r.input_partition, _PARTITION, i))
     append(COPY_TRAILER)
     return b"".join(parts)
 
@@ -466,7 +477,7 @@ def intake(messages: Sequence[Any], start: int, now_us: int, timing_advance_us: 
     A plain message has readable headers and valid Chronos headers with neither action nor
     recurrence, and goes to the output topic: it is published now (late) or stored. It is decided
     and added to ``batch.ops`` (``id -> (insert_op, make_row(id, deadline_us, topic, key, value,
-    encoded headers, ordering key))``), ``batch.sources`` (``id -> message``),
+    encoded headers, ordering key, input partition))``), ``batch.sources`` (``id -> message``),
     ``batch.late`` (``(message, parsed)``) or counted in ``batch.duplicates`` exactly as
     chronos.domain.intake.decide and the consumer's sort_batch would. The first message that is not
     plain (or whose id an earlier cancel in ``batch.ops`` makes a replace) ends the run, and so
@@ -513,7 +524,7 @@ def intake(messages: Sequence[Any], start: int, now_us: int, timing_advance_us: 
                 duplicates += 1
             else:
                 ops[mid] = (insert_op, make_row(mid, deadline, topic, msg.key(), msg.value(),
-                                                encode_headers(parsed.headers), parsed.ordering_key))
+                                                encode_headers(parsed.headers), parsed.ordering_key, msg.partition()))
                 sources[mid] = msg
             i += 1
     finally:

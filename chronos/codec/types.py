@@ -175,10 +175,11 @@ ERR_TOO_LARGE = "header %s too large to encode (%d bytes)"
 
 # --- PostgreSQL binary COPY of the consumer's rows (copy_rows) ----------------------------------
 #: The columns of a row, in COPY order: `id` text, `deadline_us` timestamptz (given as epoch
-#: microseconds), `topic` text, `key`/`value`/`headers` bytea, the rest text. Only id and deadline
-#: may not be NULL.
+#: microseconds), `topic` text, `key`/`value`/`headers` bytea, `input_partition` integer, the rest
+#: text. Only id and deadline may not be NULL. `input_partition` is last, left out for a schema before it
+#: (version 12).
 COPY_COLUMNS = ("id", "deadline_us", "topic", "key", "value", "headers", "ordering_key", "cron", "timezone",
-                "dst_policy")
+                "dst_policy", "input_partition")
 #: A binary COPY stream starts with this signature, flags and header-extension length (both 0)...
 COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
 #: ... and ends with a field count of -1.
@@ -211,6 +212,8 @@ class CopyRow(Protocol):
     def timezone(self) -> str | None: ...
     @property
     def dst_policy(self) -> str | None: ...
+    @property
+    def input_partition(self) -> int | None: ...
 
 
 class Codec(Protocol):
@@ -228,7 +231,7 @@ class Codec(Protocol):
 
     def read_headers(self, msg: object) -> tuple[list[tuple[str, bytes | None]] | None, str | None]: ...
 
-    def copy_rows(self, rows: Iterable[CopyRow]) -> bytes: ...
+    def copy_rows(self, rows: Iterable[CopyRow], input_partition: bool = True) -> bytes: ...
 
     def intake(self, messages: Sequence[Any], start: int, now_us: int, timing_advance_us: int,
                max_lateness_us: int | None, output_topic: str, batch: Any, make_row: Callable[..., Any],

@@ -12,10 +12,11 @@ from chronos.errors import ConfigError
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("console", help="serve the web console (overview, messages, schedules, actions)",
-                       description="Serve the web console. Read-only unless CHRONOS_CONSOLE_TOKEN is set. "
+                       description="Serve the web console (with CHRONOS_CELLS, of every cell). Read-only unless "
+                                   "CHRONOS_CONSOLE_TOKEN is set. "
                                    f"Needs the console extra: {INSTALL_HINT}")
     # the Kafka settings, the dead-letter topic and the allow-list are a replay's (the Parked page's actions)
-    config.add_arguments(p, only=("database_url", "database_pool_mode", "hold_time_ms", "console_host",
+    config.add_arguments(p, only=("database_url", "cells", "database_pool_mode", "hold_time_ms", "console_host",
                                   "console_port", "console_token", "console_metrics_urls", "metrics_scrape_config_file",
                                   "log_level", "log_format",
                                   "kafka_bootstrap_servers", "kafka_properties", "kafka_properties_file", "dlq_topic",
@@ -34,6 +35,6 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         raise ConfigError(f"the console needs the console extra ({missing} is not installed): {INSTALL_HINT}")
     settings = config.load(args)
-    settings.require_database()
+    settings.databases()  # a database, or the cells, or a configuration error
     from chronos.console.server import serve
     return serve(settings, fd=args.fd)

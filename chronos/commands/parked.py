@@ -13,10 +13,10 @@ from typing import Any
 from chronos import config
 from chronos.commands import _shared
 
-STORE_SETTINGS = ("database_url", "database_pool_mode")
-ACTED = "Selects by number (as `chronos parked list` shows them) or, with --filter, every parked message " \
-        "matching the filters, oldest first; numbers not parked exit 6; more than CHRONOS_CONFIRM_ABOVE need " \
-        "--yes (exit 7 without)."
+STORE_SETTINGS = ("database_url", "cells", "database_pool_mode")
+ACTED = "Selects by number (as `chronos parked list` shows them: with cells CELL#NUMBER) or, with --filter, every " \
+        "parked message matching the filters, oldest first (with cells, in every cell); numbers not parked exit 6; " \
+        "more than CHRONOS_CONFIRM_ABOVE (in all the cells) need --yes (exit 7 without)."
 
 
 def add_parser(sub: Any) -> None:
@@ -26,12 +26,13 @@ def add_parser(sub: Any) -> None:
                             description="Messages that neither their destination nor the dead-letter topic took "
                                         "(too large for both, say) are parked in PostgreSQL (chronos_parked) and "
                                         "never published again by themselves: list and show them, replay them "
-                                        "to Kafka once the cause is fixed, or drop them.")
+                                        "to Kafka once the cause is fixed, or drop them. With cells (CHRONOS_CELLS) "
+                                        "each cell parks its own and numbers them itself: CELL#NUMBER names one.")
     sub = parser.add_subparsers(dest="parked_command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("list", help="parked messages, newest first, a page at a time",
-                       description="Parked messages matching every filter given, newest first; each page prints "
-                                   "the cursor of the next.")
+                       description="Parked messages matching every filter given, newest first (with cells, those "
+                                   "of every cell, each named CELL#NUMBER); each page prints the cursor of the next.")
     config.add_arguments(p, only=STORE_SETTINGS)
     _add_filters(p)
     p.add_argument("--limit", default="50", help="parked messages per page (default 50)")
@@ -43,7 +44,7 @@ def add_parser(sub: Any) -> None:
                                     "value", description="Print everything PostgreSQL keeps of one parked message. "
                                                          "Exit 1 when it is not there.")
     config.add_arguments(p, only=STORE_SETTINGS)
-    p.add_argument("number", help="its number, as `chronos parked list` shows it")
+    p.add_argument("number", help="its number, as `chronos parked list` shows it (with cells, CELL#NUMBER)")
     p.add_argument("--save-value", default=None, metavar="PATH",
                    help="write its whole value to PATH (to publish it in another shape, say)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
@@ -86,7 +87,8 @@ _FILTERS = ("topic", "reason", "parked_after", "parked_before", "id_prefix")
 def _add_action(sub: Any, name: str, text: str, more: str, settings: tuple[str, ...]) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]}. {ACTED}" + (f" {more}" if more else ""))
     config.add_arguments(p, only=STORE_SETTINGS + settings + ("confirm_above", "log_level", "log_format"))
-    p.add_argument("numbers", nargs="*", metavar="NUMBER", help="numbers of parked messages (or --filter)")
+    p.add_argument("numbers", nargs="*", metavar="NUMBER", help="numbers of parked messages, as `chronos parked "
+                   "list` shows them (with cells CELL#NUMBER), or --filter")
     p.add_argument("--filter", action="store_true", help="act on every parked message matching the filters")
     _add_filters(p)
     return p
@@ -104,10 +106,9 @@ def _filters(args: argparse.Namespace):
     return parked.filters_for(datetime.now(timezone.utc), **{f: getattr(args, f) for f in _FILTERS})
 
 
-def _store(args: argparse.Namespace):
-    from chronos.adapters.postgres.store import Store
-    settings = config.load(args)
-    return settings, Store(settings.require_database(), pool_mode=settings.database_pool_mode)
+def _close(stores: dict[str, Any]) -> None:
+    for store in stores.values():
+        store.close()
 
 
 # -- list, show ----------------------------------------------------------------------------------
@@ -116,20 +117,19 @@ def run_list(args: argparse.Namespace) -> int:
     """A page of parked messages matching the filters, newest first, with the next cursor."""
     from chronos.ops import inspect, parked
     limit = config._positive_int("--limit", args.limit)
-    before = parked.parse_numbers([args.before])[0] if args.before is not None else None
     f = _filters(args)
-    settings, store = _store(args)
+    settings, stores = _shared.operator_stores(args)
     try:
-        page = parked.list_parked(store, limit=limit, before=before, filters=f)
+        page = parked.list_parked_in_cells(stores, limit=limit, before=args.before, filters=f)
     finally:
-        store.close()
+        _close(stores)
     if args.json:
         _shared.print_json(parked.to_json(page))
         return 0
-    for p in page.items:
+    for p, cell in zip(page.items, page.cells or [""] * len(page.items)):
         size = "null" if p.value_size is None else f"{p.value_size:,} bytes"
-        print(f"#{p.number}  {inspect.iso(p.parked_at)}  {_id(p.message_id)}  topic={p.topic} value={size}  "
-              f"reason={p.reason}")
+        print(f"{parked.label(cell, p.number)}  {inspect.iso(p.parked_at)}  {_id(p.message_id)}  topic={p.topic} "
+              f"value={size}  reason={p.reason}")
     if not page.items:
         print("no parked messages match")
     if page.cursor:
@@ -140,19 +140,24 @@ def run_list(args: argparse.Namespace) -> int:
 def run_show(args: argparse.Namespace) -> int:
     """One parked message, everything kept of it; exit 1 when it is not there."""
     from chronos.ops import inspect, parked
-    (number,) = parked.parse_numbers([args.number])
-    settings, store = _store(args)
+    settings, stores = _shared.operator_stores(args)
     try:
-        p = store.show_parked(number)
-        whole = store.load_parked([number]) if p is not None and args.save_value else []
+        ((cell, number),) = parked.parse_refs([args.number], list(stores))
+        p = stores[cell].show_parked(number)
+        whole = stores[cell].load_parked([number]) if p is not None and args.save_value else []
     finally:
-        store.close()
+        _close(stores)
+    name = parked.label(cell, number)
     if args.json:
-        _shared.print_json(parked.to_json(p))
+        shown = parked.to_json(p)
+        if cell and p is not None:
+            shown["cell"] = cell
+        _shared.print_json(shown)
     elif p is None:
-        print(f"#{number}: not_found")
+        print(f"{name}: not_found")
     else:
-        lines = [("number", f"#{p.number}"), ("id", _id(p.message_id)), ("source", p.source), ("topic", p.topic),
+        lines = [("number", name), *([("cell", cell)] if cell else []), ("id", _id(p.message_id)),
+                 ("source", p.source), ("topic", p.topic),
                  ("deadline", inspect.iso(p.deadline) if p.deadline else "-"), ("parked", inspect.iso(p.parked_at)),
                  ("reason", p.reason), ("key", inspect.safe_text(p.key)),
                  ("value", "null" if p.value_size is None else
@@ -164,7 +169,7 @@ def run_show(args: argparse.Namespace) -> int:
     if whole:
         value = whole[0].value
         if value is None:
-            raise config.ConfigError(f"#{number} has a null value (a tombstone): nothing to save")
+            raise config.ConfigError(f"{name} has a null value (a tombstone): nothing to save")
         Path(args.save_value).write_bytes(value)
         if not args.json:
             print(f"value saved to {args.save_value} ({len(value):,} bytes)")
@@ -177,8 +182,8 @@ def _id(message_id: str | None) -> str:
 
 # -- replay, drop --------------------------------------------------------------------------------
 
-def _selection(args: argparse.Namespace, verb: str) -> dict[str, Any]:
-    """What an action acts on: its numbers, or the filters with --filter."""
+def _selection(args: argparse.Namespace, verb: str, cells: list[str]) -> dict[str, Any]:
+    """What an action acts on: its parked messages (each with its cell), or the filters with --filter."""
     from chronos.ops import parked
     if not args.filter and any(getattr(args, f) is not None for f in _FILTERS):
         raise config.ConfigError("filters act only with --filter (so a typo never widens an action)")
@@ -186,17 +191,24 @@ def _selection(args: argparse.Namespace, verb: str) -> dict[str, Any]:
         raise config.ConfigError("give numbers of parked messages, or --filter with filters, not both")
     if not args.filter and not args.numbers:
         raise config.ConfigError(f"give the numbers of the parked messages to {verb}, or --filter with filters")
-    return {"filters": _filters(args)} if args.filter else {"numbers": parked.parse_numbers(args.numbers)}
+    return {"filters": _filters(args)} if args.filter else {"refs": parked.parse_refs(args.numbers, cells)}
 
 
 def run_replay(args: argparse.Namespace) -> int:
     """Publish parked messages again; delete each once Kafka acknowledged it."""
-    from chronos import logs
-    from chronos.ops import parked
     if args.timeout <= 0:
         raise config.ConfigError(f"--timeout must be greater than 0, got {args.timeout:g}")
-    selection = _selection(args, "replay")
-    settings, store = _store(args)
+    settings, stores = _shared.operator_stores(args)
+    try:
+        return _replay(args, settings, stores)
+    finally:
+        _close(stores)
+
+
+def _replay(args: argparse.Namespace, settings: config.Settings, stores: dict[str, Any]) -> int:
+    from chronos import logs
+    from chronos.ops import parked
+    selection = _selection(args, "replay", list(stores))
     if not settings.kafka_bootstrap_servers and not args.dry_run:
         raise config.ConfigError("no Kafka to replay to: give --kafka-bootstrap-servers or --ready-file")
     logs.setup("operator", str(uuid.uuid4()), settings.log_level, settings.log_format, settings.secrets())
@@ -210,11 +222,9 @@ def run_replay(args: argparse.Namespace) -> int:
                         secrets=settings.secrets())
         return make_producer(settings, "replay", **{"message.timeout.ms": str(int(args.timeout * 1000))})[0]
 
-    try:
-        result = parked.replay(store, producer, destinations, to=args.to, dry_run=args.dry_run,
-                               confirm_above=settings.confirm_above, yes=args.yes, timeout=args.timeout, **selection)
-    finally:
-        store.close()
+    result = parked.replay_in_cells(stores, producer, destinations, to=args.to, dry_run=args.dry_run,
+                                    confirm_above=settings.confirm_above, yes=args.yes, timeout=args.timeout,
+                                    **selection)
     _report(args, result, "replayed", f" to {args.to or 'their topics'}")
     return 0
 
@@ -223,14 +233,14 @@ def run_drop(args: argparse.Namespace) -> int:
     """Delete parked messages."""
     from chronos import logs
     from chronos.ops import parked
-    selection = _selection(args, "drop")
-    settings, store = _store(args)
-    logs.setup("operator", str(uuid.uuid4()), settings.log_level, settings.log_format, settings.secrets())
+    settings, stores = _shared.operator_stores(args)
     try:
-        result = parked.drop(store, dry_run=args.dry_run, confirm_above=settings.confirm_above, yes=args.yes,
-                             **selection)
+        selection = _selection(args, "drop", list(stores))
+        logs.setup("operator", str(uuid.uuid4()), settings.log_level, settings.log_format, settings.secrets())
+        result = parked.drop_in_cells(stores, dry_run=args.dry_run, confirm_above=settings.confirm_above,
+                                      yes=args.yes, **selection)
     finally:
-        store.close()
+        _close(stores)
     _report(args, result, "dropped", "")
     return 0
 
@@ -242,16 +252,22 @@ def _report(args: argparse.Namespace, result: Any, done: str, where: str) -> Non
         _shared.print_json(parked.to_json(result))
     else:
         head = f"would be {done}" if result.dry_run else done
-        print(f"{result.changed} {head}{where}" + (": " + ", ".join(f"#{n}" for n in result.sample)
-                                                   + (" ..." if result.changed > len(result.sample) else "")
-                                                   if result.sample else ""))
-        if result.refused:
-            print(f"{len(result.refused)} refused by Kafka, left parked with the refusal as their reason:")
-            for number, reason in result.refused[:parked.SAMPLE]:
-                print(f"  #{number}  {reason}")
-        if result.not_allowed:
-            print(f"{len(result.not_allowed)} left parked: CHRONOS_ALLOWED_TOPICS does not allow the topic they were "
-                  "going to (give --to): " + ", ".join(f"#{n}" for n in result.not_allowed[:parked.SAMPLE]))
-        if result.not_found:
-            print(f"{len(result.not_found)} not found: " + ", ".join(f"#{n}" for n in result.not_found[:parked.SAMPLE]))
+        cells = "" if "" in result.parts else \
+            " (" + ", ".join(f"{cell} {part.changed:,}" for cell, part in result.parts.items()) + ")"
+        sample = result.labels("sample")[:parked.SAMPLE]
+        print(f"{result.changed} {head}{where}{cells}" + (": " + ", ".join(sample)
+                                                          + (" ..." if result.changed > len(sample) else "")
+                                                          if sample else ""))
+        refused = result.refused()
+        if refused:
+            print(f"{len(refused)} refused by Kafka, left parked with the refusal as their reason:")
+            for name, reason in refused[:parked.SAMPLE]:
+                print(f"  {name}  {reason}")
+        not_allowed = result.labels("not_allowed")
+        if not_allowed:
+            print(f"{len(not_allowed)} left parked: CHRONOS_ALLOWED_TOPICS does not allow the topic they were "
+                  "going to (give --to): " + ", ".join(not_allowed[:parked.SAMPLE]))
+        not_found = result.labels("not_found")
+        if not_found:
+            print(f"{len(not_found)} not found: " + ", ".join(not_found[:parked.SAMPLE]))
     result.check()

@@ -15,7 +15,7 @@ from chronos.up.stack import EMBEDDED_PARTITIONS, EXTERNAL_PARTITIONS
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("up", help="run the whole stack in the foreground (embedded PostgreSQL and broker "
                                   "unless real ones are configured)")
-    # the cells it runs are its own (--cells N), not a list of databases
+    # --cells is either a count of embedded cells or the list CHRONOS_CELLS takes; a firer's cell is not `up`'s
     config.add_arguments(p, only=tuple(o.attr for o in config.OPTIONS if o.attr not in ("cells", "cell")))
     p.add_argument("--data-dir", default=os.environ.get("CHRONOS_DATA_DIR", ".chronos"),
                    help="where the embedded PostgreSQL keeps its data, and logs go [env CHRONOS_DATA_DIR] "
@@ -28,11 +28,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--partitions", type=int, default=None,
                    help=f"partitions of the topics it creates (default {EMBEDDED_PARTITIONS} on the embedded broker, "
                         f"whose fetches slow with every batch a partition holds; {EXTERNAL_PARTITIONS} on a real Kafka)")
-    p.add_argument("--cells", type=int, default=1, dest="n_cells", metavar="N",
+    p.add_argument("--cells", default=None, dest="n_cells", metavar="N|CELLS",
                    help="run N cells, each an embedded PostgreSQL with its firers and detectors (--firers and "
                         "--detectors per cell) and its share of the input partitions; the consumers write each "
-                        f"message to its partition's cell (default 1: one database, no cells). The input topic "
-                        f"gets {PARTITIONS_PER_CELL} partitions per cell unless --partitions says")
+                        "message to its partition's cell (default 1: one database, no cells). Or the cells of "
+                        "PostgreSQL servers of your own, NAME=URL pairs as CHRONOS_CELLS takes them (that variable "
+                        "too), as --database-url names one. The input topic gets "
+                        f"{PARTITIONS_PER_CELL} partitions per cell unless --partitions says")
     p.add_argument("--pg-port", type=int, default=None, help="port of the embedded PostgreSQL (default: free; with "
                    "cells, the first cell's, the next ones following it)")
     p.add_argument("--kafka-port", type=int, default=None, help="port of the embedded broker (default: free)")
@@ -50,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
     from chronos import embedded
     from chronos.up import command
     # before anything starts: the servers it would embed come with the embedded extra
-    given = {"PostgreSQL": args.database_url or os.environ.get("CHRONOS_DATABASE_URL"),
+    cells = args.n_cells or os.environ.get("CHRONOS_CELLS")
+    given = {"PostgreSQL": args.database_url or os.environ.get("CHRONOS_DATABASE_URL")
+             or (cells if cells and not cells.strip().isdigit() else None),
              "broker": args.kafka_bootstrap_servers or args.kafka_bootstrap_servers_alias
              or os.environ.get("CHRONOS_KAFKA_BOOTSTRAP_SERVERS")}
     embedded.require_extra(*(server for server, url in given.items() if not url))

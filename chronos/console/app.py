@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from importlib import resources
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Mapping
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -57,9 +57,10 @@ class SecurityHeaders:
         await self.app(scope, receive, with_headers)
 
 
-def create_app(settings: Settings, store: Any, *, metrics_urls: tuple[str, ...] = ()) -> Starlette:
-    """The console for these settings over this store (a `chronos.adapters.postgres.store.Store`)."""
-    console = Console(settings, store, metrics_urls=metrics_urls)
+def create_app(settings: Settings, stores: Mapping[str, Any], *, metrics_urls: tuple[str, ...] = ()) -> Starlette:
+    """The console for these settings over these stores (a `chronos.adapters.postgres.store.Store` on each cell's
+    database by cell name; without cells, one named "")."""
+    console = Console(settings, stores, metrics_urls=metrics_urls)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -70,7 +71,7 @@ def create_app(settings: Settings, store: Any, *, metrics_urls: tuple[str, ...] 
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            await asyncio.to_thread(console.reader.close)
+            await asyncio.to_thread(console.close)
 
     middleware = [Middleware(SecurityHeaders)]
     if settings.console_host in LOOPBACK:
@@ -85,6 +86,7 @@ def create_app(settings: Settings, store: Any, *, metrics_urls: tuple[str, ...] 
             Route("/messages/{message_id:path}", pages.detail),
             Route("/parked", pages.parked),
             Route("/parked/{number:int}", pages.parked_detail),
+            Route("/parked/{cell}/{number:int}", pages.parked_detail),
             Route("/parked/actions/preview", pages.parked_preview, methods=["POST"]),
             Route("/parked/actions/apply", pages.parked_apply, methods=["POST"]),
             Route("/actions/preview", pages.preview, methods=["POST"]),

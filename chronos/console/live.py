@@ -406,6 +406,7 @@ class StoreReader:
         self._refresh = asyncio.Lock()
         self._cached: tuple[float, dict[str, Any] | None, str | None] | None = None
         self._waiting: tuple[int, bool] | None = None   # the last count: (rows, estimated)
+        self._partitions: tuple[float, list[int] | None] | None = None  # the last read of the cell's list
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(store, *args) in a worker thread; raises what it raises (ChronosError subclasses)."""
@@ -417,7 +418,24 @@ class StoreReader:
     async def call_between(self, fn: Callable[[Any], Any]) -> Any:
         """fn(store) in a worker thread, where `store` holds the lock for each of its calls only, not between
         them: an action that waits on Kafka between its statements (a replay) holds up no page's read."""
-        return await asyncio.to_thread(fn, _EachCallLocked(self.store, self._lock))
+        return await asyncio.to_thread(fn, self.locked())
+
+    def locked(self) -> Any:
+        """The store, each of its calls holding the lock for that call only (`call_between`)."""
+        return _EachCallLocked(self.store, self._lock)
+
+    async def partitions(self) -> list[int] | None:
+        """The input partitions this cell's database lists (none: it owns every one), or None when it does not
+        answer; read at most once per `ttl`."""
+        now = self.clock()
+        if self._partitions is not None and now - self._partitions[0] < self.ttl:
+            return self._partitions[1]
+        try:
+            listed: list[int] | None = [row.partition for row in await self.call(lambda s: s.cell_partitions())]
+        except ChronosError:
+            listed = None
+        self._partitions = (now, listed)
+        return listed
 
     async def overview(self) -> tuple[dict[str, Any] | None, str | None]:
         """(the store's overview as `chronos status --json` prints it, plus `waiting_age_s`, or None;

@@ -6,7 +6,8 @@ The messages pages and their actions are a second face on `chronos.ops.inspect` 
 port, the functions behind `chronos show`, `list`, `cancel`, `fire-now` and `reschedule`; the parked pages
 and theirs on `chronos.ops.parked`, behind `chronos parked list|show|replay|drop` (same parsing, same
 statements, same actions; nothing here talks SQL). Every store call runs off the event loop through
-the console's store reader."""
+the console's store readers, one per cell: with cells, every page and action covers every cell and says
+which cell each thing is in."""
 
 from __future__ import annotations
 
@@ -40,6 +41,13 @@ VERBS = {"cancel": ("Cancel", "cancel", "cancelled"), "fire_now": ("Fire now", "
          "reschedule": ("Reschedule", "reschedule", "rescheduled")}
 
 
+def by_cell(counts: Mapping[str, int] | None, verb: str) -> str:
+    """`By cell, would change: a 3, b 0.`: what an action does in each cell, with cells; nothing without."""
+    if not counts:
+        return ""
+    return f"By cell, {verb}: " + ", ".join(f"{cell} {n:,}" for cell, n in counts.items()) + "."
+
+
 # -- the overview and the schedules ------------------------------------------------------------
 
 async def overview(request: Request) -> Response:
@@ -54,12 +62,12 @@ async def overview_json(request: Request) -> Response:
 async def schedules(request: Request) -> Response:
     console = console_of(request)
     try:
-        rows = await console.reader.call(lambda s: s.list_schedules())
+        rows = await console.call_cells(inspect.schedules_in_cells)
         error = None
     except ChronosError as exc:
         rows, error = [], str(exc)
     items = []
-    for sid, expr, tz, next_us, topic, okey, created in rows:
+    for cell, (sid, expr, tz, next_us, topic, okey, created) in rows:
         upcoming: list[datetime] = [cron.from_us(next_us)]
         problem = None
         try:
@@ -69,8 +77,8 @@ async def schedules(request: Request) -> Response:
         except cron.CronError as exc:
             problem = str(exc)
         items.append({"id": sid, "cron": expr, "timezone": tz, "topic": topic, "ordering_key": okey,
-                      "created_at": created, "next": upcoming, "problem": problem})
-    return console.page(request, "schedules.html", schedules=items, error=error,
+                      "created_at": created, "next": upcoming, "problem": problem, "cell": cell})
+    return console.page(request, "schedules.html", schedules=items, error=error, cells=console.cells,
                         now=datetime.now(timezone.utc))
 
 
@@ -146,21 +154,22 @@ async def search(request: Request) -> Response:
     try:
         f = filters_from(params, output_topic, datetime.now(timezone.utc))
         limit = _limit(params.get("limit"))
-        page = await console.reader.call(lambda s: inspect.list_messages(
-            s, f, output_topic=output_topic, limit=limit, after=params.get("after") or None,
+        page = await console.call_cells(lambda stores: inspect.list_in_cells(
+            stores, f, output_topic=output_topic, limit=limit, after=params.get("after") or None,
             held_within_ms=console.settings.hold_time_ms // 2))
     except ChronosError as exc:
         error = str(exc)
     else:
         rows = [{"id": m.id, "url": message_url(m.id), "state": m.state, "deadline": m.deadline,
-                 "topic": m.topic, "key": show_bytes(m.key, 64), "ordering_key": m.ordering_key} for m in page.items]
+                 "topic": m.topic, "key": show_bytes(m.key, 64), "ordering_key": m.ordering_key, "cell": cell}
+                for m, cell in zip(page.items, page.cells or [""] * len(page.items))]
         if page.cursor:
             next_url = "/messages?" + urlencode({**{k: v for k, v in params.items() if v and k != "after"},
                                                  "after": page.cursor})
     filter_fields = [(k, params[k]) for k in FILTER_FIELDS if params.get(k)]
     return console.page(request, "messages.html", 400 if error else 200, rows=rows, error=error,
                         next_url=next_url, filters=params, filter_fields=filter_fields,
-                        states=("", *STATES))
+                        states=("", *STATES), cells=console.cells)
 
 
 async def detail(request: Request) -> Response:
@@ -169,12 +178,16 @@ async def detail(request: Request) -> Response:
     message_id = id_from_path(request.scope.get("raw_path") or request.url.path.encode())
     if message_id is None:
         raise HTTPException(404)
-    m = await console.reader.call(lambda s: s.show(message_id, output_topic=console.settings.output_topic))
+    found = await console.call_cells(lambda stores: inspect.show_in_cells(
+        stores, message_id, output_topic=console.settings.output_topic))
+    cell, m = found[0] if found else ("", None)
     if m is None:
         return console.page(request, "error.html", 404, title="Not found",
                             message=f"No message or schedule with the id {message_id!r} is in the store "
                                     "(it may have fired or been cancelled).")
-    facts = inspect.schedule_facts(m)
+    facts = [("cell", cell + (f" (also in {', '.join(c for c, _ in found[1:])})" if found[1:] else ""))] if cell \
+        else []
+    facts += inspect.schedule_facts(m)
     if m.original_deadline is not None:
         facts.append(("scheduled for", inspect.iso(m.original_deadline)))
     if m.attempts:
@@ -245,8 +258,8 @@ async def preview(request: Request) -> Response:
         return posted
     console, form, action, target, at = posted
     try:
-        result = await console.reader.call(lambda s: inspect.act(
-            s, action, output_topic=console.settings.output_topic, at=at, dry_run=True, **target))
+        result = await console.call_cells(lambda stores: inspect.act_in_cells(
+            stores, action, output_topic=console.settings.output_topic, at=at, dry_run=True, **target))
     except ChronosError as exc:
         raise HTTPException(400, str(exc)) from None
     fields = [("action", action)] + ([("id", form["id"])] if "ids" in target else
@@ -259,7 +272,8 @@ async def preview(request: Request) -> Response:
     return console.page(request, "confirm.html", verb=verb, verb_lower=verb_lower, count=result.changed,
                         type_count=result.changed > console.settings.confirm_above,
                         when=f"to {inspect.iso(at)}" if at else None, fields=fields, back=back,
-                        in_flight=len(result.in_flight), not_found=len(result.not_found))
+                        in_flight=len(result.in_flight), not_found=len(result.not_found),
+                        note=by_cell(result.cells, "would change") or None)
 
 
 def _confirmed(console, form, what: str) -> int:
@@ -282,8 +296,8 @@ async def apply(request: Request) -> Response:
     console, form, action, target, at = posted
     try:
         expected = _confirmed(console, form, "changes more than {:,} messages")
-        result = await console.reader.call(lambda s: inspect.act(
-            s, action, output_topic=console.settings.output_topic, at=at, confirm_above=expected, **target))
+        result = await console.call_cells(lambda stores: inspect.act_in_cells(
+            stores, action, output_topic=console.settings.output_topic, at=at, confirm_above=expected, **target))
     except NeedsConfirmation:
         raise HTTPException(409, "More messages match now than you confirmed: nothing was changed. "
                                  "Review the action again.") from None
@@ -292,7 +306,7 @@ async def apply(request: Request) -> Response:
     except ChronosError as exc:
         raise HTTPException(400, str(exc)) from None
     verb, _, past = VERBS[action]
-    notes = []
+    notes = [by_cell(result.cells, past)] if result.cells else []
     if result.in_flight:
         notes.append(f"{len(result.in_flight):,} in flight (a firer is publishing them) were left alone.")
     if result.not_found:
@@ -312,54 +326,61 @@ def parked_filters_from(fields: Mapping[str, str], now: datetime) -> ParkedFilte
     return parked_ops.filters_for(now, **{k: fields.get(k, "").strip() or None for k in PARKED_FILTERS})
 
 
-def _parked_view(p: ParkedMessage, preview: int = 64) -> dict[str, Any]:
-    return {"number": p.number, "url": f"/parked/{p.number}", "message_id": p.message_id, "source": p.source,
+def _parked_view(p: ParkedMessage, preview: int = 64, *, cell: str = "") -> dict[str, Any]:
+    return {"number": p.number, "name": parked_ops.label(cell, p.number), "cell": cell,
+            "url": _parked_url(cell, p.number), "message_id": p.message_id, "source": p.source,
             "topic": p.topic, "deadline": p.deadline, "reason": p.reason, "parked_at": p.parked_at,
             "key": show_bytes(p.key, preview), "headers": [(name, show_bytes(v, preview)) for name, v in p.headers],
             "value": show_bytes(None if p.value_size is None else p.value_preview, size=p.value_size)}
 
 
+def _parked_url(cell: str, number: int) -> str:
+    return f"/parked/{cell}/{number}" if cell else f"/parked/{number}"
+
+
 async def parked(request: Request) -> Response:
-    """Messages no topic accepted, newest first (`chronos_parked`), a page at a time, with the filters of
-    `chronos parked list`; signed in, the actions on every one a search matches."""
+    """Messages no topic accepted, newest first (`chronos_parked`; with cells, every cell's, each named
+    CELL#NUMBER), a page at a time, with the filters of `chronos parked list`; signed in, the actions on every
+    one a search matches."""
     console = console_of(request)
     params = {k: v for k, v in request.query_params.items() if k in (*PARKED_FILTERS, "before")}
     text = params.get("before", "")
     error = None
     rows: list[dict[str, Any]] = []
     next_url = None
-    try:
-        before = int(text) if text else None
-        if before is not None and before <= 0:
-            raise ValueError
-    except ValueError:
+    if text and not console.cells and not (text.isdigit() and int(text) > 0):
         error = f"before is not a page cursor of this page: {text!r}"
     else:
         try:
             f = parked_filters_from(params, datetime.now(timezone.utc))
-            page = await console.reader.call(lambda s: parked_ops.list_parked(s, limit=DEFAULT_LIMIT, before=before,
-                                                                                filters=f))
+            page = await console.call_cells(lambda stores: parked_ops.list_parked_in_cells(
+                stores, limit=DEFAULT_LIMIT, before=text or None, filters=f))
         except ChronosError as exc:
             error = str(exc)
         else:
-            rows = [_parked_view(p) for p in page.items]
+            rows = [_parked_view(p, cell=cell) for p, cell in zip(page.items, page.cells or [""] * len(page.items))]
             if page.cursor is not None:
                 next_url = "/parked?" + urlencode({"before": page.cursor, **{k: v for k, v in params.items()
                                                                             if v and k != "before"}})
     filter_fields = [(k, params[k]) for k in PARKED_FILTERS if params.get(k)]
     return console.page(request, "parked.html", 400 if error else 200, rows=rows, error=error, next_url=next_url,
-                        filters=params, filter_fields=filter_fields)
+                        filters=params, filter_fields=filter_fields, cells=console.cells)
 
 
 async def parked_detail(request: Request) -> Response:
-    """`/parked/<number>`: what `chronos parked show` tells about one parked message, and its actions."""
+    """`/parked/<number>` (with cells `/parked/<cell>/<number>`): what `chronos parked show` tells about one
+    parked message, and its actions."""
     console = console_of(request)
     number = request.path_params["number"]
-    p = await console.reader.call(lambda s: s.show_parked(number))
+    cell = request.path_params.get("cell", "")
+    if cell not in console.readers:
+        raise HTTPException(404)
+    p = await console.readers[cell].call(lambda s: s.show_parked(number))
     if p is None:
         return console.page(request, "error.html", 404, title="Not found",
-                            message=f"No parked message #{number} (it may have been replayed or dropped).")
-    return console.page(request, "parked_message.html", p=_parked_view(p, PREVIEW_BYTES))
+                            message=f"No parked message {parked_ops.label(cell, number)} (it may have been replayed "
+                                    "or dropped).")
+    return console.page(request, "parked_message.html", p=_parked_view(p, PREVIEW_BYTES, cell=cell))
 
 
 class _ParkedAction(NamedTuple):
@@ -385,7 +406,7 @@ async def _parked_form(request: Request) -> _ParkedAction | Response:
         raise HTTPException(400, f"unknown action {action!r}")
     try:
         if form.get("number"):
-            target: dict[str, Any] = {"numbers": parked_ops.parse_numbers([form["number"]])}
+            target: dict[str, Any] = {"refs": parked_ops.parse_refs([form["number"]], list(console.readers))}
         else:
             f = parked_filters_from(form, datetime.now(timezone.utc))
             if f.empty:
@@ -405,7 +426,7 @@ def _act_on_parked(console: Console, action: str, target: dict[str, Any], to: st
     settings, as `chronos parked replay` does."""
     settings = console.settings
     if action == "drop":
-        return lambda s: parked_ops.drop(s, **target, **kw)
+        return lambda stores: parked_ops.drop_in_cells(stores, **target, **kw)
 
     def producer() -> Any:
         from chronos.adapters.kafka.admin import check_reachable
@@ -415,7 +436,7 @@ def _act_on_parked(console: Console, action: str, target: dict[str, Any], to: st
         timeout_ms = str(int(parked_ops.REPLAY_TIMEOUT_S * 1000))
         return make_producer(settings, "console replay", **{"message.timeout.ms": timeout_ms})[0]
     destinations = parked_ops.Destinations(settings.output_topic, settings.dlq_topic, settings.allowed_topics_re)
-    return lambda s: parked_ops.replay(s, producer, destinations, to=to, **target, **kw)
+    return lambda stores: parked_ops.replay_in_cells(stores, producer, destinations, to=to, **target, **kw)
 
 
 async def parked_preview(request: Request) -> Response:
@@ -425,23 +446,28 @@ async def parked_preview(request: Request) -> Response:
         return posted
     console, form, action, target, to = posted
     try:
-        result = await console.reader.call(_act_on_parked(console, action, target, to, dry_run=True))
+        result = await console.call_cells(_act_on_parked(console, action, target, to, dry_run=True))
     except ChronosError as exc:
         raise HTTPException(400, str(exc)) from None
-    fields = [("action", action)] + ([("number", form["number"])] if "numbers" in target else
+    fields = [("action", action)] + ([("number", form["number"])] if "refs" in target else
                                      [(k, form[k]) for k in PARKED_FILTERS if form.get(k)])
     if to is not None:
         fields.append(("to", to))
     verb, verb_lower, _ = PARKED_VERBS[action]
-    back = f"/parked/{target['numbers'][0]}" if "numbers" in target else "/parked?" + urlencode(
+    back = _parked_url(*target["refs"][0]) if "refs" in target else "/parked?" + urlencode(
         [(k, form[k]) for k in PARKED_FILTERS if form.get(k)])
     when = None if action == "drop" else f"to {to}" if to else "each to the topic it was going to"
-    note = (f"{len(result.not_allowed):,} more would stay parked: CHRONOS_ALLOWED_TOPICS does not allow the topic "
-            "they were going to (give a topic to replay them to)." if result.not_allowed else None)
+    not_allowed = result.labels("not_allowed")
+    notes = [f"{len(not_allowed):,} more would stay parked: CHRONOS_ALLOWED_TOPICS does not allow the topic "
+             "they were going to (give a topic to replay them to)."] if not_allowed else []
+    if console.cells:
+        notes.append(by_cell({cell: part.changed for cell, part in result.parts.items()},
+                             f"would be {PARKED_VERBS[action][2]}"))
+    note = " ".join(notes) or None
     return console.page(request, "confirm.html", verb=verb, verb_lower=verb_lower, count=result.changed,
                         noun="parked message", type_count=result.changed > console.settings.confirm_above,
                         when=when, fields=fields, back=back, apply_url="/parked/actions/apply", in_flight=0,
-                        not_found=len(result.not_found), note=note)
+                        not_found=len(result.labels("not_found")), note=note)
 
 
 async def parked_apply(request: Request) -> Response:
@@ -453,7 +479,7 @@ async def parked_apply(request: Request) -> Response:
     try:
         expected = _confirmed(console, form, "acts on more than {:,} parked messages")
         # statement by statement: a replay waits on Kafka between them, and the pages read on meanwhile
-        result = await console.reader.call_between(_act_on_parked(console, action, target, to, confirm_above=expected))
+        result = await console.call_cells(_act_on_parked(console, action, target, to, confirm_above=expected))
     except NeedsConfirmation:
         raise HTTPException(409, "More parked messages match now than you confirmed: nothing was done. "
                                  "Review the action again.") from None
@@ -464,17 +490,19 @@ async def parked_apply(request: Request) -> Response:
     except ChronosError as exc:
         raise HTTPException(400, str(exc)) from None
     verb, _, past = PARKED_VERBS[action]
-    notes = []
-    if result.refused:
-        notes.append(f"{len(result.refused):,} refused by Kafka stay parked, with the refusal as their reason.")
-    if result.not_allowed:
-        notes.append(f"{len(result.not_allowed):,} stay parked: CHRONOS_ALLOWED_TOPICS does not allow the topic "
+    notes = [by_cell({cell: part.changed for cell, part in result.parts.items()}, past)] if console.cells else []
+    refused, not_allowed = result.refused(), result.labels("not_allowed")
+    unanswered, not_found = result.labels("unanswered"), result.labels("not_found")
+    if refused:
+        notes.append(f"{len(refused):,} refused by Kafka stay parked, with the refusal as their reason.")
+    if not_allowed:
+        notes.append(f"{len(not_allowed):,} stay parked: CHRONOS_ALLOWED_TOPICS does not allow the topic "
                      "they were going to.")
-    if result.unanswered:
-        notes.append(f"Kafka did not answer in time: {len(result.unanswered):,} stay parked as they were, and the "
+    if unanswered:
+        notes.append(f"Kafka did not answer in time: {len(unanswered):,} stay parked as they were, and the "
                      "replay stopped there.")
-    if result.not_found:
-        notes.append(f"{len(result.not_found):,} were no longer parked.")
+    if not_found:
+        notes.append(f"{len(not_found):,} were no longer parked.")
     return console.page(request, "done.html", verb=verb, count=result.changed, noun="parked message", past=past,
                         note=" ".join(notes), back="/parked")
 

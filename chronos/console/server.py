@@ -24,12 +24,13 @@ def serve(settings: Settings, *, fd: int | None = None) -> int:
     logs.setup("console", str(node), settings.log_level, settings.log_format, settings.secrets())
     sock = socket.socket(fileno=fd) if fd is not None else listen_socket(settings.console_host, settings.console_port)
     host, port = sock.getsockname()[:2]
-    store = Store(settings.require_database(), pool_mode=settings.database_pool_mode,
-                  application_name="chronos console")
-    app = create_app(settings, store, metrics_urls=settings.console_metrics_urls)
-    log.info("console serving on http://%s:%d (node %s, database %s, %s, metrics from the processes PostgreSQL "
-             "lists and %d URLs given)", host if ":" not in host else f"[{host}]", port, node,
-             redact_url(settings.database_url or ""),
+    stores = {cell: Store(url, pool_mode=settings.database_pool_mode, application_name="chronos console")
+              for cell, url in settings.databases().items()}
+    app = create_app(settings, stores, metrics_urls=settings.console_metrics_urls)
+    databases = f"database {redact_url(settings.database_url or '')}" if not settings.cells else \
+        "cells " + ", ".join(f"{cell} {redact_url(url)}" for cell, url in settings.cells)
+    log.info("console serving on http://%s:%d (node %s, %s, %s, metrics from the processes PostgreSQL "
+             "lists and %d URLs given)", host if ":" not in host else f"[{host}]", port, node, databases,
              "read-only: no CHRONOS_CONSOLE_TOKEN" if settings.console_token is None else "actions need the token",
              len(settings.console_metrics_urls))
     server = uvicorn.Server(uvicorn.Config(app, loop="uvloop", http="h11", lifespan="on", log_config=None,

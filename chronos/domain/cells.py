@@ -73,6 +73,19 @@ class Fence:
 
 WHOLE = Fence(None)
 
+CANCEL, REPLACE = "cancel", "replace"
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """A cancel or a replace a cell's consumer took that may have its message waiting in another cell: a cancel
+    that found none in its cell, a replace (whose earlier version may wait elsewhere). It is forwarded to every
+    other cell as a cancel of the id there, then forgotten unless noted again since (`noted`)."""
+
+    id: str
+    action: str
+    noted: object  # when it was noted, as the store says it (only given back to it)
+
 
 @dataclass(frozen=True)
 class CellMap:

@@ -20,6 +20,7 @@ class Row:
     value: bytes | None
     headers: bytes
     ordering_key: str | None = None
+    input_partition: int | None = None  # the input topic's partition it was read from (None: not known)
     cron: str | None = None
     timezone: str | None = None
     dst_policy: str | None = None
@@ -48,6 +49,7 @@ class Claimed:
     ordering_key: str | None = None          # taken rows only: what putting one back needs
     enqueued_at: datetime | None = None
     last_error: str | None = None
+    input_partition: int | None = None       # taken rows: the input partition the row was read from (schema 12)
     batch: int = 0                           # taken rows: the held transaction they are in
 
     @property

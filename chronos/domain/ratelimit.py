@@ -6,8 +6,9 @@ per second, or per minute or hour with `/min` or `/h`; `unlimited` exempts a top
 default. Each destination topic has its own token bucket in PostgreSQL (chronos_rate_limits),
 shared by every firer: it refills at the rate and holds at most one second of it (at least one
 message), so after a quiet spell a topic gets at most that burst before the rate applies.
-Pure logic here (the rates, and how one batch is shared between topics); the buckets are in
-the store adapters.
+With cells, each cell's firers take a share of every limit, by the input partitions the cell owns
+(`cell_share`): its buckets refill at that part of each rate. Pure logic here (the rates, a cell's
+share of them, and how one batch is shared between topics); the buckets are in the store adapters.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from chronos.domain.cells import OPEN, CellPartition
 from chronos.domain.model import Claimed
 from chronos.codec.topics import MAX_TOPIC_LENGTH, TOPIC_CHARS
 from chronos.errors import ConfigError
@@ -88,6 +90,11 @@ class FireRateLimits:
         default = "unlimited" if self.default is None else f"{self.default:g}/s"
         return f"{self.topics or 'none'} (messages per second), default {default}"
 
+    def scaled(self, share: float) -> "FireRateLimits":
+        """These limits, each rate times `share` (a cell's part of them: `cell_share`)."""
+        return FireRateLimits(TopicRates(tuple((p, None if r is None else r * share) for p, r in self.topics.entries)),
+                              None if self.default is None else self.default * share)
+
     def rate_for(self, topic: str) -> float | None:
         for pattern, rate in self.topics.entries:
             if pattern == topic:
@@ -96,6 +103,39 @@ class FireRateLimits:
             if "*" in pattern and fnmatch.fnmatchcase(topic, pattern):
                 return rate
         return self.default
+
+
+def cell_share(listed: Sequence[CellPartition], partitions: int | None) -> float | None:
+    """With cells, the share of every fire-rate limit a cell's firers take: the input partitions it owns open
+    over the topic's (`partitions`), since its messages are its partitions'; so the cells' buckets together refill
+    at each limit's rate. A cell that owns none takes one partition's share, for the rows it still holds (written
+    before the map, or left by a partition moved away). None for the whole: a cell that lists nothing (the
+    one cell of a deployment), or a partition count not known."""
+    if not listed or not partitions:
+        return None
+    owned = sum(1 for p in listed if p.state == OPEN)
+    return min(1.0, max(owned, 1) / partitions)
+
+
+class CellLimits:
+    """The fire-rate limits a firer's claims keep to: the deployment's (`whole`), or, with cells, its cell's share
+    of them (`cell_share`), asked of `share` again every `every_s` seconds as partitions move between cells."""
+
+    def __init__(self, whole: FireRateLimits, share: Callable[[], float | None] | None, every_s: float):
+        self.whole = self.limits = whole
+        self.ask, self.every_s = share, every_s
+        self.share: float | None = None
+        self.next_at = 0.0
+
+    def current(self, now: float) -> FireRateLimits:
+        """The limits to claim by, the share asked for again if it is time (`now`, a monotonic clock's seconds)."""
+        if self.ask is not None and now >= self.next_at:
+            self.next_at = now + self.every_s
+            share = self.ask()
+            if share != self.share:
+                self.share = share
+                self.limits = self.whole if share is None else self.whole.scaled(share)
+        return self.limits
 
 
 def capacity(rate: float) -> float:

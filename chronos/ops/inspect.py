@@ -31,7 +31,7 @@ import orjson
 
 from chronos.domain.cron import from_us, to_us
 from chronos.domain.operators import (ACTIONS, HELD_WITHIN_MS, PREVIEW_BYTES, STATES, Filters, Listed, Message,
-                                      Position)
+                                      Position, Schedule)
 from chronos.errors import ConfigError, InFlightSkipped, NeedsConfirmation, NotFound
 from chronos.ports import OperatorsStore
 
@@ -240,6 +240,14 @@ def show_in_cells(stores: Mapping[str, OperatorsStore], message_id: str, *,
         if m is not None:
             found.append((cell, m))
     return found
+
+
+def schedules_in_cells(stores: Mapping[str, OperatorsStore]) -> list[tuple[str, Schedule]]:
+    """The recurring schedules of every cell (cell name -> its store; one named "" without cells), each with
+    its cell, by next occurrence, then id, then the cells' order."""
+    rank = {cell: i for i, cell in enumerate(stores)}
+    found = [(cell, s) for cell, store in stores.items() for s in store.list_schedules()]
+    return sorted(found, key=lambda t: (t[1].next_us, t[1].id, rank[t[0]]))
 
 
 # -- actions -------------------------------------------------------------------------------------

@@ -9,6 +9,9 @@ from a client that never joined left the group unable to take members again.
 
 It commits nothing unless it holds every partition of the topic: a member still in the group (a
 consumer not stopped) would read on from where it is, and its next commit would undo the rewind.
+
+With cells, a restore is one cell's: only the partitions that cell owns are read again (`only`), and the
+others keep their offsets, so the cells not restored take nothing twice.
 """
 
 from __future__ import annotations
@@ -51,9 +54,10 @@ def parse_moment(text: str) -> datetime:
 
 
 def rewind(settings: config.Settings, moment: datetime, *, dry_run: bool = False,
-           assign_wait: float = ASSIGN_WAIT_S) -> list[Moved]:
+           assign_wait: float = ASSIGN_WAIT_S, only: set[int] | None = None) -> list[Moved]:
     """Join the group, take every partition of the input topic, commit the offsets of `moment` (unless
-    `dry_run`), leave. Raises GroupBusy, committing nothing, when other members keep partitions."""
+    `dry_run`) on every partition or on those of `only`, leave. Raises GroupBusy, committing nothing, when other
+    members keep partitions."""
     from confluent_kafka import KafkaException, TopicPartition
 
     from chronos.adapters.kafka.admin import check_reachable
@@ -79,15 +83,17 @@ def rewind(settings: config.Settings, moment: datetime, *, dry_run: bool = False
         deadline = time.monotonic() + assign_wait
         while held != every and time.monotonic() < deadline:
             consumer.poll(0.2)
+        if only is not None and not only <= every:
+            raise ConfigError(f"input topic {topic} has no partition {min(only - every)}")
         if held != every:
             raise GroupBusy(f"group {group} gave this command {len(held)} of the {len(every)} partitions of {topic} "
                             f"within {assign_wait:.0f}s: other members hold the rest. Stop Chronos's consumers on "
                             "every host first; nothing was committed")
-        partitions = [TopicPartition(topic, p) for p in sorted(every)]
+        chosen = sorted(every if only is None else only)
+        partitions = [TopicPartition(topic, p) for p in chosen]
         was = {tp.partition: tp.offset for tp in consumer.committed(partitions, timeout=KAFKA_CALL_S)}
         at_ms = int(moment.timestamp() * 1000)
-        found = consumer.offsets_for_times([TopicPartition(topic, p, at_ms) for p in sorted(every)],
-                                           timeout=KAFKA_CALL_S)
+        found = consumer.offsets_for_times([TopicPartition(topic, p, at_ms) for p in chosen], timeout=KAFKA_CALL_S)
         offsets = [TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else
                                   consumer.get_watermark_offsets(tp, timeout=KAFKA_CALL_S)[1]) for tp in found]
         if not dry_run:

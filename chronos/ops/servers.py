@@ -1,5 +1,5 @@
 """Which PostgreSQL server each process says it uses: the `chronos_postgres_*` series of its /metrics
-(chronos.telemetry.metrics `_PostgresLinks`), read back for `chronos status` and the console.
+(chronos.telemetry.collectors `PostgresLinks`), read back for `chronos status` and the console.
 
 The server's own side (its role, its standbys, the processes' sessions on it) is
 `Store.server_view`; this module is the processes' side, so the two can be put together: a
@@ -67,16 +67,17 @@ class Asked:
 
 def reported_from(samples: Iterable[Any]) -> tuple[Reported, ...]:
     """The processes' connections from the samples of a scrape (`prometheus_client` samples of the
-    `chronos_postgres_*` families; others are ignored), one `Reported` per role and node."""
-    servers: dict[tuple[str, str], dict[str, int]] = collections.defaultdict(dict)
-    counters: dict[tuple[str, str], dict[str, int]] = collections.defaultdict(dict)
+    `chronos_postgres_*` families; others are ignored), one `Reported` per role and node (a consumer of several
+    cells reports each cell's connections: they are added up)."""
+    servers: dict[tuple[str, str], collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    counters: dict[tuple[str, str], collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for sample in samples:
         key = (sample.labels.get("role", ""), sample.labels.get("node", ""))
         if sample.name == CONNECTED:
             if sample.value > 0:
-                servers[key][sample.labels.get("server", "?")] = int(sample.value)
+                servers[key][sample.labels.get("server", "?")] += int(sample.value)
         elif sample.name in _COUNTERS:
-            counters[key][_COUNTERS[sample.name]] = int(sample.value)
+            counters[key][_COUNTERS[sample.name]] += int(sample.value)
     return tuple(Reported(role, node, tuple(sorted(servers[(role, node)].items())), **counters[(role, node)])
                  for role, node in sorted(set(servers) | set(counters)))
 

@@ -46,6 +46,16 @@ def to_dict(view: Any, hold_time_ms: int, throttled: Sequence[Any] = (),
 def cells_dict(cells: dict[str, dict[str, Any]], cell_map: CellMap, broker: dict[str, Any] | None) -> dict[str, Any]:
     """The status of several cells (each cell's `to_dict`, without the broker's): the totals of what they hold,
     each cell's own with its input partitions, and the embedded broker's stats once."""
+    return {
+        **cells_totals(cells),
+        "cells": [{"cell": cell, "input_partitions": cell_map.partitions_of(cell), **d} for cell, d in cells.items()],
+        "embedded_broker": _broker(broker) if broker else None,
+    }
+
+
+def cells_totals(cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What several cells hold together (each cell's `to_dict`): the counts added up, the most overdue, the
+    soonest deadline, the time of the latest read; the embedded broker's stats as one of them saw them."""
     parts = list(cells.values())
 
     def total(key: str) -> int | None:
@@ -63,8 +73,7 @@ def cells_dict(cells: dict[str, dict[str, Any]], cell_map: CellMap, broker: dict
         "next_deadline": soonest["next_deadline"] if soonest else None,
         "next_deadline_in_s": soonest["next_deadline_in_s"] if soonest else None,
         "hold_time_ms": parts[0]["hold_time_ms"],
-        "cells": [{"cell": cell, "input_partitions": cell_map.partitions_of(cell), **d} for cell, d in cells.items()],
-        "embedded_broker": _broker(broker) if broker else None,
+        "embedded_broker": next((d["embedded_broker"] for d in parts if d.get("embedded_broker")), None),
     }
 
 

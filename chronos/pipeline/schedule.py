@@ -189,6 +189,8 @@ def validate_and_write(batches: Iterator["pa.RecordBatch"], *, url: str, rules: 
                     stats.reject(reason)
                 else:
                     cell, partition = cell_of(row)
+                    if cell_map is not None and cell_map.partitions:
+                        row.input_partition = partition  # where the same message sent through Kafka would be read
                     pending.setdefault(cell, []).append((row, partition))
                     stats.valid += 1
                     stats.due += due

@@ -9,7 +9,7 @@ import socket
 import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import orjson
 from prometheus_client import CollectorRegistry
@@ -62,6 +62,19 @@ class _Handler(BaseHTTPRequestHandler):
         return
 
 
+class CellLabelled:
+    """What a process serving one cell exposes: its registry's metrics, every sample labelled with the cell
+    (`generate_latest` reads only `collect`)."""
+
+    def __init__(self, registry: CollectorRegistry, cell: str):
+        self.registry, self.cell = registry, cell
+
+    def collect(self) -> Iterable[Any]:
+        for family in self.registry.collect():
+            family.samples = [sample._replace(labels={**sample.labels, "cell": self.cell}) for sample in family.samples]
+            yield family
+
+
 class MetricsServer(ThreadingHTTPServer):
     """Serves a registry's metrics, a health report and a liveness report (each `(ok, report)`) on `address`
     (host, port), over TLS and with basic authentication as `web` says; binds at once (OSError if it cannot),
@@ -70,7 +83,7 @@ class MetricsServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], registry: CollectorRegistry,
+    def __init__(self, address: tuple[str, int], registry: CollectorRegistry | CellLabelled,
                  health_report: Callable[[], tuple[bool, dict[str, Any]]],
                  liveness_report: Callable[[], tuple[bool, dict[str, Any]]], web: WebConfig | None = None):
         self.registry = registry

@@ -1,7 +1,9 @@
 """What an operator sees of a running process: its role's Prometheus metrics and its health.
 
 Every process has a `Telemetry` of its role: a registry of the role's metrics, all labelled
-with the role and the node id, and a `Health` record (chronos.telemetry.health) of when the process
+with the role and the node id (and, for a firer or a detector of a deployment with cells, with the one
+cell it serves: one label more per series, no series more; a consumer serves every cell and labels by cell
+only what it has per cell), and a `Health` record (chronos.telemetry.health) of when the process
 last ran its loop, reached PostgreSQL and reached Kafka. With `CHRONOS_METRICS_PORT` set
 (chronos.telemetry.endpoints), a `MetricsServer` (chronos.telemetry.http) serves `/metrics` and `/healthz`.
 
@@ -24,17 +26,18 @@ from typing import Any, Callable, Iterable, Mapping
 import psycopg
 from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram, Info, PlatformCollector,
                                ProcessCollector, disable_created_metrics)
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily
 
 from chronos import __version__, codec
 from chronos.config import Settings
-from chronos.domain.operators import ACTIONS, PARKED_ACTIONS
 from chronos.domain.reasons import CONSUMER_REASONS, FIRER_REASONS, code_of
-from chronos.adapters.kafka.brokerstats import STATS_ENV, read_stats
+from chronos.adapters.kafka.brokerstats import STATS_ENV
 from chronos.errors import ConfigError, StoreRejected, StoreUnavailable
+from chronos.telemetry.collectors import (ActionTotals, EmbeddedBroker, PostgresLinks, ProducerReplacements,
+                                         Totals)
 from chronos.telemetry.endpoints import ANNOUNCE_EVERY_S, WILDCARDS, metrics_port
 from chronos.telemetry.health import Health, KafkaProbe
-from chronos.telemetry.http import MetricsServer
+from chronos.telemetry.http import CellLabelled, MetricsServer
 from chronos.telemetry.lag import PartitionLag
 from chronos.telemetry import webconfig
 
@@ -51,161 +54,6 @@ LATENESS_BUCKETS = (-0.05, -0.025, -0.01, -0.005, 0.0, 0.005, 0.01, 0.025, 0.05,
 
 PARKED = ("chronos_messages_parked_total", "messages neither their destination nor the dead-letter topic accepted, "
           "kept in the chronos_parked table")
-
-
-class _Totals:
-    """Counters read at scrape time from a process's own running totals: no work on the hot path."""
-
-    def __init__(self, role: str, node: str, names: Mapping[str, tuple[str, str]],
-                 totals: Callable[[], Mapping[str, int]]):
-        self.labels = (role, node)
-        self.names, self.totals = names, totals
-
-    def describe(self) -> Iterable[CounterMetricFamily]:
-        for name, doc in self.names.values():
-            yield CounterMetricFamily(name, doc, labels=("role", "node"))
-
-    def collect(self) -> Iterable[CounterMetricFamily]:
-        values = self.totals()
-        for key, (name, doc) in self.names.items():
-            family = CounterMetricFamily(name, doc, labels=("role", "node"))
-            family.add_metric(self.labels, values.get(key, 0))
-            yield family
-
-
-class _ActionTotals:
-    """Operator actions (cancel, fire-now, reschedule; parked messages replayed and dropped) as counted in
-    the store's chronos_actions table: the CLI that takes them lives for a second, so the detector exports
-    the store's totals, each action from zero before it is first taken."""
-
-    ACTIONS = (*ACTIONS, *PARKED_ACTIONS)
-
-    def __init__(self, role: str, node: str, totals: Callable[[], Mapping[str, tuple[int, int]]]):
-        self.labels = (role, node)
-        self.totals = totals
-
-    def describe(self) -> Iterable[CounterMetricFamily]:
-        return self._families({})
-
-    def collect(self) -> Iterable[CounterMetricFamily]:
-        return self._families(self.totals())
-
-    def _families(self, totals: Mapping[str, tuple[int, int]]) -> list[CounterMetricFamily]:
-        taken = CounterMetricFamily("chronos_operator_actions_total",
-                                    "operator actions taken (chronos cancel, fire-now, reschedule, parked replay and "
-                                    "drop), from the store",
-                                    labels=("role", "node", "action"))
-        changed = CounterMetricFamily("chronos_operator_action_messages_total",
-                                      "messages changed by operator actions, from the store",
-                                      labels=("role", "node", "action"))
-        for action in sorted(set(self.ACTIONS) | set(totals)):
-            n, m = totals.get(action, (0, 0))
-            taken.add_metric([*self.labels, action], n)
-            changed.add_metric([*self.labels, action], m)
-        return [taken, changed]
-
-
-class _EmbeddedBroker:
-    """The embedded broker as `chronos up` last sampled it (its stats file, read at scrape time): its
-    memory, the messages it holds, its restarts and what they lost. Nothing without a stats file."""
-
-    GAUGES = {
-        "rss_bytes": ("chronos_embedded_broker_rss_bytes", "resident memory of the embedded broker (it frees no message)"),
-        "messages": ("chronos_embedded_broker_messages", "messages the embedded broker holds in memory, all topics"),
-        "input_unread": ("chronos_embedded_broker_unread_input_messages",
-                         "input messages past the consumer group's committed offsets (lost if the broker dies)"),
-        "warning_bytes": ("chronos_embedded_broker_memory_warning_bytes",
-                          "memory above which chronos up warns about the embedded broker"),
-        "sampled_at": ("chronos_embedded_broker_sampled_timestamp_seconds",
-                       "when chronos up last read the embedded broker's offsets (unix time)"),
-    }
-    COUNTERS = {
-        "restarts": ("chronos_embedded_broker_restarts_total", "times chronos up started a dead embedded broker again"),
-        "lost_input": ("chronos_embedded_broker_lost_input_messages_total",
-                       "input messages not yet read that died with the embedded broker (about: from the last sample)"),
-    }
-
-    def __init__(self, role: str, node: str, path: str):
-        self.labels, self.path = (role, node), path
-
-    def describe(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
-        return []  # the families exist only while the file does
-
-    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
-        stats = read_stats(self.path)
-        if stats is None:
-            return
-        for key, (name, doc) in self.GAUGES.items():
-            if isinstance(stats.get(key), (int, float)):
-                yield self._one(GaugeMetricFamily, name, doc, stats[key])
-        for key, (name, doc) in self.COUNTERS.items():
-            yield self._one(CounterMetricFamily, name, doc, stats.get(key) or 0)
-
-    def _one(self, kind, name: str, doc: str, value: float):
-        family = kind(name, doc, labels=("role", "node"))
-        family.add_metric(self.labels, value)
-        return family
-
-
-class _ProducerReplacements:
-    """How often a process replaced its Kafka producer, by why: `fault` (the producer itself was refused:
-    fenced, forgotten, ...) or `stall` (nothing acknowledged for CHRONOS_PUBLISH_STALL_MS)."""
-
-    NAME = "chronos_producer_replacements_total"
-    HELP = "Kafka producers replaced: fault (the broker refused the producer itself), stall (nothing acknowledged)"
-
-    def __init__(self, role: str, node: str, replacements: Mapping[str, int]):
-        self.labels = (role, node)
-        self.replacements = replacements
-
-    def describe(self) -> Iterable[CounterMetricFamily]:
-        yield CounterMetricFamily(self.NAME, self.HELP, labels=("role", "node", "reason"))
-
-    def collect(self) -> Iterable[CounterMetricFamily]:
-        family = CounterMetricFamily(self.NAME, self.HELP, labels=("role", "node", "reason"))
-        for reason, count in sorted(self.replacements.items()):
-            family.add_metric([*self.labels, reason], count)
-        yield family
-
-
-class _PostgresLinks:
-    """The process's connections to PostgreSQL (`ports.Link` of each of its stores), read at scrape time:
-    which server each is connected to, and how often they reconnected, reached another server (a
-    failover, a switchover), gave up a statement the server did not answer, or found it read-only."""
-
-    COUNTERS = {
-        "connects": ("chronos_postgres_connects_total", "connections opened to PostgreSQL (the first ones included)"),
-        "server_changes": ("chronos_postgres_server_changes_total",
-                           "connections that reached another server than the one before: a failover or switchover"),
-        "unanswered": ("chronos_postgres_unanswered_total",
-                       "statements PostgreSQL did not answer within CHRONOS_DATABASE_TIMEOUT_MS: the connection "
-                       "was dropped (a hung server, a network partition)"),
-        "read_only": ("chronos_postgres_read_only_total",
-                      "connections dropped because their server had become read-only (a demoted primary)"),
-    }
-    CONNECTED = ("chronos_postgres_connected", "connections of this process open to each PostgreSQL server "
-                 "(host:port as the URL names it); no series while none is open")
-
-    def __init__(self, role: str, node: str, links: Callable[[], Iterable[Any]]):
-        self.labels, self.links = (role, node), links
-
-    def describe(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
-        return self._families([])
-
-    def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
-        return self._families(list(self.links()))
-
-    def _families(self, links: list[Any]) -> list[CounterMetricFamily | GaugeMetricFamily]:
-        families: list[CounterMetricFamily | GaugeMetricFamily] = []
-        for key, (name, doc) in self.COUNTERS.items():
-            family = CounterMetricFamily(name, doc, labels=("role", "node"))
-            family.add_metric(self.labels, sum(getattr(link, key) for link in links))
-            families.append(family)
-        connected = GaugeMetricFamily(*self.CONNECTED, labels=("role", "node", "server"))
-        for server, count in sorted(collections.Counter(link.server for link in links if link.server).items()):
-            connected.add_metric([*self.labels, server], count)
-        families.append(connected)
-        return families
 
 
 def postgres_reached(*stores: Any) -> float:
@@ -226,13 +74,15 @@ class Telemetry:
     def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):
         self.node = str(node_id)
         self.settings = settings
+        # the one cell a firer or a detector serves (with cells); a consumer serves every cell
+        self.cell = settings.cell if settings.cells and self.role != "consumer" else None
         self.port = metrics_port(self.role, settings.metrics_port, environ)
         self.registry = CollectorRegistry()
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
             collector(registry=self.registry)
-        Info("chronos", "Chronos version and header codec of this process", ("role", "node"),
-             registry=self.registry).labels(self.role, self.node).info({"version": __version__, "codec": codec.IMPL,
-                                                                   "psycopg": psycopg.pq.__impl__})
+        Info("chronos", "Chronos version and header codec of this process",
+             ("role", "node"), registry=self.registry).labels(self.role, self.node).info(
+            {"version": __version__, "codec": codec.IMPL, "psycopg": psycopg.pq.__impl__})
         self.health = Health(settings.health_window_ms / 1000.0)
         self.last_loop = time.monotonic()
         self.health.watch("loop", lambda: self.last_loop, window_s=max(self.health.window, 3 * self.loop_period()))
@@ -279,12 +129,12 @@ class Telemetry:
 
     def follow(self, totals: Callable[[], Mapping[str, int]]) -> None:
         """Export the process's running totals (see `totals`), read at each scrape."""
-        self.registry.register(_Totals(self.role, self.node, self.totals, totals))
+        self.registry.register(Totals(self.role, self.node, self.totals, totals))
 
     def follow_producer(self, watch: Any) -> None:
         """Export the Kafka producer's watchdog (`chronos.runtime.producer.ProducerWatch`): its replacements, and how
         long publishing has stalled; /healthz fails while it has."""
-        self.registry.register(_ProducerReplacements(self.role, self.node, watch.replacements))
+        self.registry.register(ProducerReplacements(self.role, self.node, watch.replacements))
         clock = self.health.clock
         self.gauge("chronos_publishing_stalled_seconds",
                    "how long nothing was acknowledged while messages wait to be published, once that is at least "
@@ -294,9 +144,11 @@ class Telemetry:
                           detail=lambda: f"nothing acknowledged by Kafka while messages wait ({watch.replacements['stall']} "
                                          f"producers replaced for it so far)")
 
-    def follow_postgres(self, links: Callable[[], Iterable[Any]]) -> None:
-        """Export the process's connections to PostgreSQL (the `ports.Link` of each of its stores)."""
-        self.registry.register(_PostgresLinks(self.role, self.node, links))
+    def follow_postgres(self, links: Callable[[], Iterable[Any]],
+                        cells: Callable[[], Mapping[str, Iterable[Any]]] | None = None) -> None:
+        """Export the process's connections to PostgreSQL (the `ports.Link` of each of its stores; with `cells`,
+        a consumer's, each cell's links, labelled with their cell)."""
+        self.registry.register(PostgresLinks(self.role, self.node, links, cells))
 
     # -- the hot path ----------------------------------------------------------------------
 
@@ -320,7 +172,7 @@ class Telemetry:
 
     def health_report(self) -> tuple[bool, dict[str, Any]]:
         ok, report = self.health.report()
-        report.update(role=self.role, node=self.node)
+        report.update(role=self.role, node=self.node, **({"cell": self.cell} if self.cell is not None else {}))
         return ok, report
 
     def liveness_report(self) -> tuple[bool, dict[str, Any]]:
@@ -328,28 +180,43 @@ class Telemetry:
         for as long as it lasts, and a restart would not end it; a loop that stopped beating is what a
         restart mends (a liveness probe's business)."""
         ok, report = self.health.report(only=("loop",))
-        report.update(role=self.role, node=self.node)
+        report.update(role=self.role, node=self.node, **({"cell": self.cell} if self.cell is not None else {}))
         return ok, report
 
-    def serve(self, *, postgres: Callable[[], float], postgres_detail: Callable[[], str | None] | None = None,
+    def exposed(self) -> Any:
+        """What /metrics serves: the registry, each sample labelled with the cell this process serves if one."""
+        return self.registry if self.cell is None else CellLabelled(self.registry, self.cell)
+
+    def watch_postgres(self, postgres: Callable[[], float] | Mapping[str, Callable[[], float]],
+                       detail: Callable[[], str | None] | None = None) -> None:
+        """The health check of PostgreSQL (`serve`'s `postgres`): one, or with cells one per cell, named by it."""
+        if callable(postgres):
+            self.health.watch("postgres", postgres, detail=detail)
+        else:
+            for cell, reached in postgres.items():
+                self.health.watch(f"postgres of cell {cell}", reached, detail=detail)
+
+    def serve(self, *, postgres: Callable[[], float] | Mapping[str, Callable[[], float]],
+              postgres_detail: Callable[[], str | None] | None = None,
               kafka: Callable[[], Any] | None = None, kafka_topic: str | None = None) -> None:
         """Start the HTTP server (if a port is set: on CHRONOS_METRICS_ADDRESS, over TLS and with basic
         authentication as CHRONOS_METRICS_WEB_CONFIG_FILE says) and the health checks of PostgreSQL and Kafka.
 
-        `postgres` returns when the process last reached PostgreSQL, `postgres_detail` what the process
-        does about it not answering (if anything); `kafka` returns the process's current Kafka client,
-        which a probe thread asks for `kafka_topic`'s metadata.
+        `postgres` returns when the process last reached PostgreSQL (a consumer of several cells: one such
+        function per cell, each cell its own check), `postgres_detail` what the process does about it not
+        answering (if anything); `kafka` returns the process's current Kafka client, which a probe thread asks
+        for `kafka_topic`'s metadata.
         """
         if not self.port:
             return
-        self.health.watch("postgres", postgres, detail=postgres_detail)
+        self.watch_postgres(postgres, postgres_detail)
         if kafka is not None and kafka_topic is not None:
             probe = self.probe = KafkaProbe(kafka, kafka_topic, every_s=max(1.0, self.health.window / 4))
             self.health.watch("kafka", lambda: probe.last_ok, detail=lambda: probe.error)
         web = webconfig.load("CHRONOS_METRICS_WEB_CONFIG_FILE", self.settings.metrics_web_config_file or "")
         host = self.settings.metrics_address
         try:
-            self.server = MetricsServer((host, self.port), self.registry, self.health_report, self.liveness_report,
+            self.server = MetricsServer((host, self.port), self.exposed(), self.health_report, self.liveness_report,
                                         web)
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on port {self.port} of {host} (CHRONOS_METRICS_PORT, "
@@ -447,6 +314,8 @@ class ConsumerTelemetry(Telemetry):
                                 "cancels that found the message already held by a firer: deleted, but it "
                                 "may still be delivered"),
         "parked": PARKED,
+        "forwarded": ("chronos_messages_forwarded_total", "cancels and replaces read in another cell than their "
+                      "message's, forwarded there and reaching it (cells)"),
     }
 
     def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):
@@ -464,6 +333,15 @@ class ConsumerTelemetry(Telemetry):
         self.clock_offset = self.gauge("chronos_consumer_clock_offset_seconds",
                                        "database clock minus this host's clock, as last measured (every 10 s): "
                                        "a consumer publishes at once what is due by this host's clock")
+
+    def follow_cells(self, cells: Iterable[str], paused: Callable[[str], bool]) -> None:
+        """With cells: whether this consumer holds each cell's partitions paused (`paused(cell)`, read at
+        scrape time) because the cell does not answer it."""
+        gauge = Gauge("chronos_consumer_cell_paused", "1 while this consumer holds the input partitions of a cell "
+                      "paused because the cell's PostgreSQL does not answer it (its messages wait on the input "
+                      "topic), else 0", ("role", "node", "cell"), registry=self.registry)
+        for cell in cells:
+            gauge.labels(self.role, self.node, cell).set_function(functools.partial(lambda c: float(paused(c)), cell))
 
     def consumer_lag(self, ends: Mapping[int, tuple[int, int]], now: float) -> None:
         """Each assigned input partition's position and end (partition -> (the offset the consumer reads
@@ -569,10 +447,10 @@ class DetectorTelemetry(Telemetry):
         self.store_read = self.gauge("chronos_store_gauges_timestamp_seconds",
                                      "when the chronos_rows_* gauges were last read from the store (unix time)")
         self.actions: Mapping[str, tuple[int, int]] = {}   # read with the store gauges
-        self.registry.register(_ActionTotals(self.role, self.node, lambda: self.actions))
+        self.registry.register(ActionTotals(self.role, self.node, lambda: self.actions))
         stats_file = (os.environ if environ is None else environ).get(STATS_ENV)
         if stats_file:  # under `chronos up` with its embedded broker
-            self.registry.register(_EmbeddedBroker(self.role, self.node, stats_file))
+            self.registry.register(EmbeddedBroker(self.role, self.node, stats_file))
 
     def loop_period(self) -> float:
         return max(1.0, self.settings.failure_detection_interval_ms / 1000.0)

@@ -27,6 +27,11 @@ def options(args: argparse.Namespace) -> Options:
     data_dir = Path(args.data_dir).resolve()
     ready_file = Path(args.ready_file).resolve() if args.ready_file else data_dir / "ready.json"
     args.ready_file = None  # `up` writes the ready file; it does not read one
+    n_cells = 1
+    if args.n_cells is not None and args.n_cells.strip().isdigit():
+        n_cells = int(args.n_cells)
+    elif args.n_cells is not None:
+        args.cells = args.n_cells  # the cells of databases of the user's own, as CHRONOS_CELLS names them
     settings = config.load(args, default_ready_file=False)
     counts = {role: getattr(args, f"n_{role}") for role in ROLES}
     for role, n in counts.items():
@@ -34,17 +39,24 @@ def options(args: argparse.Namespace) -> Options:
             raise config.ConfigError(f"--{role}s must be between 0 and 64, got {n}")
     if args.partitions is not None and args.partitions < 1:
         raise config.ConfigError(f"--partitions must be at least 1, got {args.partitions}")
-    if not 1 <= args.n_cells <= MAX_CELLS:
-        raise config.ConfigError(f"--cells must be between 1 and {MAX_CELLS}, got {args.n_cells}")
-    if args.n_cells > 1 and args.partitions is not None and args.partitions < args.n_cells:
-        raise config.ConfigError(f"--cells {args.n_cells} needs at least {args.n_cells} partitions (one per cell), "
+    if not 1 <= n_cells <= MAX_CELLS:
+        raise config.ConfigError(f"--cells must be between 1 and {MAX_CELLS}, got {n_cells}")
+    if n_cells > 1 and settings.cells:
+        raise config.ConfigError(f"--cells {n_cells} runs embedded cells, and CHRONOS_CELLS names cells of your own: "
+                                 "give one or the other")
+    if settings.cells and settings.database_url:
+        raise config.ConfigError("CHRONOS_CELLS names the cells' databases, and --database-url (CHRONOS_DATABASE_URL) "
+                                 "one database: give one or the other")
+    count = max(n_cells, len(settings.cells))
+    if count > 1 and args.partitions is not None and args.partitions < count:
+        raise config.ConfigError(f"{count} cells need at least {count} partitions (one per cell), "
                                  f"got --partitions {args.partitions}")
     warning_mb = positive_mb(args.broker_memory_warning_mb)
     return Options(settings, data_dir, counts, partitions=args.partitions, pg_port=args.pg_port,
                    kafka_port=args.kafka_port, ready_file=ready_file,
                    kafka_properties_file=str(Path(args.kafka_properties_file).resolve())
                    if args.kafka_properties_file else None,
-                   broker_warning_bytes=None if warning_mb is None else warning_mb * 2 ** 20, cells=args.n_cells)
+                   broker_warning_bytes=None if warning_mb is None else warning_mb * 2 ** 20, cells=n_cells)
 
 
 def positive_mb(value: str | None) -> int | None:
@@ -64,9 +76,6 @@ def positive_mb(value: str | None) -> int | None:
 def console(args: argparse.Namespace, opts: Options, log_dir: Path) -> ConsoleProcess | None:
     """The web console to start, unless --no-console or its extra is missing (which is said)."""
     if args.no_console:
-        return None
-    if opts.cells > 1:
-        print(f"console not started: it shows one database, and this stack has {opts.cells} cells", flush=True)
         return None
     why_not = ConsoleProcess.available()
     if why_not:

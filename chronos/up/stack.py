@@ -86,7 +86,8 @@ class Stack:
         self.options = options
         self.settings = options.settings
         # with cells, each runs its firers and detectors, which serve the cells in turn by process number
-        self.counts = {role: n * (options.cells if role != "consumer" else 1) for role, n in options.counts.items()}
+        cells = max(options.cells, len(options.settings.cells))
+        self.counts = {role: n * (cells if role != "consumer" else 1) for role, n in options.counts.items()}
         self.data = DataDir(options.data_dir)
         self.console: ConsoleProcess | None = None
         self.partitions = options.partitions
@@ -108,9 +109,8 @@ class Stack:
             self.console.reserve()  # after the leftovers stopped: one of them may be an old console
         s = self.settings
         if s.cells:
-            raise ConfigError("CHRONOS_CELLS names the cells of a deployment outside chronos up; chronos up runs "
-                              "cells of its own: --cells N")
-        if self.options.cells > 1:
+            s = self.use_cells(s)
+        elif self.options.cells > 1:
             if s.database_url:
                 raise ConfigError("--cells runs an embedded PostgreSQL per cell: not with --database-url")
             self.cell_servers = cells.start_servers(self.data.path, self.data.logs, self.options.cells,
@@ -188,6 +188,23 @@ class Stack:
             print(f"console on {self.console.start(self.environ())} ("
                   + ("read-only: no CHRONOS_CONSOLE_TOKEN" if s.console_token is None else "actions need the token")
                   + ")", flush=True)
+
+    def use_cells(self, s: Settings) -> Settings:
+        """The settings on the cells CHRONOS_CELLS names (PostgreSQL servers of the user's own), each waited for
+        and its pool mode settled, once, for the programs: one mode for every cell."""
+        modes = {}
+        for cell, url in s.cells:
+            print(f"cell {cell}: using PostgreSQL at {redact_url(url)}", flush=True)
+            connection.wait_for_database(url, timeout=10)
+            modes[cell] = pooling.resolve_pool_mode(url, s.database_pool_mode, check=True)
+        if len(set(modes.values())) > 1:
+            raise ConfigError("the cells are reached in different pool modes (" + ", ".join(
+                f"{cell} {mode}" for cell, mode in modes.items()) + "): set CHRONOS_DATABASE_POOL_MODE for all")
+        mode = next(iter(modes.values()))
+        if mode == pooling.TRANSACTION:
+            print("PostgreSQL is reached through a pooler in transaction mode: the programs prepare no "
+                  "statement and make their settings in each transaction", flush=True)
+        return config.replace(s, database_pool_mode=mode)
 
     def create_topics(self) -> None:
         s = self.settings

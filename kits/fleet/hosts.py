@@ -74,10 +74,17 @@ class ChronosHosts:
 
     def __init__(self, net: Network, workdir: Path, opt_dir: Path, db: PatroniCluster, kafka: Broker, *,
                  count: int = 2, per_host: tuple[int, int, int] = (1, 1, 1), settings: dict[str, str] | None = None,
-                 kafka_properties: dict[str, str] | None = None, release: str | None = None):
+                 kafka_properties: dict[str, str] | None = None, release: str | None = None,
+                 cells: dict[str, PatroniCluster] | None = None):
+        """`cells`: with cells, each cell's cluster by name (`db` the first's); the hosts' CHRONOS_CELLS names
+        them, and `per_host`'s firers and detectors are each cell's (process n serves the cell at n modulo
+        their count)."""
         self.net, self.workdir, self.opt_dir, self.db, self.kafka = net, workdir, opt_dir, db, kafka
+        self.cells = cells or {}
+        consumers, firers, detectors = per_host
+        each = max(1, len(self.cells))
         self.all = [ChronosHost(f"chronos-{i + 1}", "", workdir / f"chronos-{i + 1}",
-                                dict(zip(("consumer", "firer", "detector"), per_host)))
+                                {"consumer": consumers, "firer": firers * each, "detector": detectors * each})
                     for i in range(count)]
         self.settings = settings or {}
         self.kafka_properties = kafka_properties or {}
@@ -175,7 +182,7 @@ exit "$status"
             "CHRONOS_FIRERS": str(firers),
             "CHRONOS_DETECTORS": str(detectors),
             "CHRONOS_CONSOLES": "0",
-            "CHRONOS_DATABASE_URL": self.db.database_url(),
+            **self.databases(),
             "PGPASSFILE": "/etc/chronos/pgpass",
             "CHRONOS_KAFKA_BOOTSTRAP_SERVERS": self.kafka.bootstrap_by_name,
             "CHRONOS_KAFKA_PROPERTIES_FILE": "/etc/chronos/kafka.properties",
@@ -184,6 +191,12 @@ exit "$status"
             "CHRONOS_CONSOLE_TOKEN": self.console_token,
             **self.settings,
         }
+
+    def databases(self, user: str = APP_USER) -> dict[str, str]:
+        """The environment's database: CHRONOS_DATABASE_URL, or with cells CHRONOS_CELLS (as `user`)."""
+        if not self.cells:
+            return {"CHRONOS_DATABASE_URL": self.db.database_url(user)}
+        return {"CHRONOS_CELLS": " ".join(f"{cell}={db.database_url(user)}" for cell, db in self.cells.items())}
 
     def install(self, host: ChronosHost) -> None:
         """The install page's `host` blocks on the host, then its environment file, pgpass and Kafka properties."""
@@ -198,7 +211,7 @@ exit "$status"
         host.env = self.environment(host)
         env_text = "".join(f"{k}={shlex.quote(v)}\n" for k, v in host.env.items())
         owner_text = "".join(f"{k}={shlex.quote(v)}\n" for k, v in (
-            ("CHRONOS_DATABASE_URL", self.db.database_url(OWNER)), ("PGPASSWORD", self.db.passwords["owner"])))
+            *self.databases(OWNER).items(), ("PGPASSWORD", self.db.passwords["owner"])))
         props = {**EMBEDDED_PROFILE, **self.kafka_properties}
         self.on(host, "install -o chronos -g chronos -m 0600 /dev/null /etc/chronos/pgpass\n"
                       f"echo '*:{PG_PORT}:{APP_DATABASE}:{APP_USER}:{self.db.passwords['app']}' > /etc/chronos/pgpass\n"
@@ -211,8 +224,9 @@ exit "$status"
                       f"cat > /etc/chronos/owner.env <<'EOF'\n{owner_text}EOF\n")
 
     def migrate(self) -> None:
-        """The install page's migration, as the database's owner, from the first host."""
-        (code,) = page_blocks(INSTALL_PAGE, "migrate")
+        """The install page's migration, as the database's owner, from the first host (with cells, its first
+        migration of the cells, which assigns the input partitions among them)."""
+        (code,) = page_blocks(INSTALL_PAGE, "migrate cells" if self.cells else "migrate")
         self.on(self.all[0], code)
 
     def chronos_function(self) -> str:

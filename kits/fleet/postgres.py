@@ -6,9 +6,11 @@ cluster restored from one (docs/operations/backups.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -26,16 +28,23 @@ OWNER = "chronos_owner"  # the database's owner, which migrates; the processes r
 class PatroniCluster:
     """`members` 2: etcd on a host of its own (etcd-1); 3: an etcd member on each PostgreSQL host. With
     `archive`, every member archives its finished WAL files into one folder, shared as a network file system
-    would be."""
+    would be.
 
-    def __init__(self, net: Network, servers: Servers, workdir: Path, *, members: int = 2, archive: bool = False):
+    A fleet of cells has a cluster per cell, each with etcd of its own: its members numbered from `first`
+    (db-3, db-4 for the second of two-member clusters), its etcd host `etcd_host`, the roles' `passwords` the
+    first cluster's (one secret per role for every cell, as one secret store would give them)."""
+
+    def __init__(self, net: Network, servers: Servers, workdir: Path, *, members: int = 2, archive: bool = False,
+                 first: int = 1, etcd_host: str = "etcd-1", passwords: dict[str, str] | None = None):
         if members not in (2, 3):
             raise FleetError(f"the fleet's PostgreSQL has 2 or 3 members, not {members}")
         self.net, self.servers, self.workdir = net, servers, workdir
-        self.members = [f"db-{i + 1}" for i in range(members)]
-        self.etcd_hosts = self.members if members == 3 else ["etcd-1"]
-        self.archive = workdir / "wal-archive" if archive else None
-        self.passwords = {role: secrets.token_hex(12) for role in ("superuser", "replication", "app", "owner")}
+        self.members = [f"db-{first + i}" for i in range(members)]
+        self.etcd_hosts = self.members if members == 3 else [etcd_host]
+        self.archive = (workdir / ("wal-archive" if first == 1 else f"wal-archive-{self.members[0]}")) if archive \
+            else None
+        self.passwords = dict(passwords) if passwords else {
+            role: secrets.token_hex(12) for role in ("superuser", "replication", "app", "owner")}
 
     @property
     def hosts(self) -> list[str]:
@@ -237,6 +246,23 @@ class PatroniCluster:
             "--pgdata", str(dest), "--checkpoint=fast", "--wal-method=stream"])
         if done.returncode != 0:
             raise FleetError(f"pg_basebackup failed: {done.stderr}")
+
+    def kill_member(self, member: str) -> None:
+        """The member killed outright, as a host that loses power: its Patroni and its PostgreSQL (the postmaster,
+        whose children end with it), SIGKILL."""
+        pid_file = self.workdir / member / "pg" / "data" / "postmaster.pid"
+        postmaster = int(pid_file.read_text().split()[0]) if pid_file.exists() else None
+        proc = self.servers[member].popen
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if postmaster is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(postmaster, signal.SIGKILL)
+        proc.wait(10)
+
+    def start_member(self, member: str) -> None:
+        """A member started again (after `kill_member`): Patroni brings it back as a standby."""
+        self._start_member(member)
 
     def stop_members(self, timeout: float = 60.0) -> None:
         """Patroni stopped on every member (its PostgreSQL with it), as `systemctl stop patroni` does."""

@@ -18,7 +18,12 @@ right side. The scenarios (docs/operations/failure-behaviour.md shows the figure
     primary-out  f) one-way loss: what the primary's host sends is dropped, what it receives arrives
 
 and, not a partition, `rolling_upgrade`: g) a rolling upgrade from the previous release and a rollback, with
-the upgrade page's blocks (docs/operations/upgrading.md)
+the upgrade page's blocks (docs/operations/upgrading.md).
+
+On a fleet of two cells (`Fleet(..., cells=2)`), the scenarios of one cell: `primary_cut(cell=...)` cuts off that
+cell's primary, `primary_kill` kills it outright; each row also gives the latest delivery of each cell's messages
+due during the fault (`max_lateness_during_fault_by_cell_s`), the other cells' being the ones that must stay on
+time.
 """
 
 from __future__ import annotations
@@ -313,6 +318,16 @@ class FleetScenario:
                 if m in self.reader.arrivals and due_from <= s.due <= due_to]
         return max(late, default=0.0)
 
+    def lateness_by_cell(self, due_from: float, due_to: float) -> dict[str, float]:
+        """With cells: `lateness_of` each cell's messages (by the cell of their input partition) (seconds)."""
+        assert self.load is not None and self.reader is not None
+        late: dict[str, float] = {}
+        for m, s in self.load.sent.items():
+            if m in self.reader.arrivals and due_from <= s.due <= due_to:
+                cell = self.fleet.cell_of(s.partition)
+                late[cell] = max(late.get(cell, 0.0), min(self.reader.arrivals[m]) - s.due)
+        return {cell: round(value, 2) for cell, value in sorted(late.items())}
+
     def lateness_p99(self) -> float | None:
         """The 99th percentile of every delivered message's first delivery after its due time (seconds)."""
         if self.load is None or self.reader is None:
@@ -344,6 +359,8 @@ class FleetScenario:
             "pause_ended_after_promotion_s": None if pause is None or promoted_at is None
             else round(pause[1] - promoted_at, 2),
             "max_lateness_during_fault_s": round(self.lateness_of(fault_at - self.hold_s, heal_at), 2),
+            "max_lateness_during_fault_by_cell_s": self.lateness_by_cell(fault_at - self.hold_s, heal_at)
+            if len(self.fleet.cells) > 1 else None,
             "health": self.watch.timeline(fault_at),
             "alerts": self.fleet.prometheus.alerts(fault_at - 5.0, time.time(), fault_at),
             "scrape_gaps": self.fleet.prometheus.scrape_gaps(fault_at - 5.0, time.time()),
@@ -365,22 +382,25 @@ def _steady(seconds: float) -> None:
 
 
 def primary_cut(fleet: Fleet, *, cut_s: float = 60.0, rate: float = 300, warmup: float = 5.0,
-                outbound_only: bool = False) -> ScenarioResult:
-    """a) (or f) with `outbound_only`): the primary's host cut off; the standby promoted; the heal; the old
-    primary back as a standby."""
-    old = fleet.db.leader()
+                outbound_only: bool = False, cell: str = "cell1") -> ScenarioResult:
+    """a) (or f) with `outbound_only`): the primary's host (of `cell`'s cluster, with cells) cut off; the
+    standby promoted; the heal; the old primary back as a standby."""
+    db = fleet.cells[cell]
+    old = db.leader()
     if old is None:
         raise FleetError("no leader to cut off")
     name = "f) primary's packets dropped one way" if outbound_only else "a) primary's host cut off"
+    if len(fleet.cells) > 1:
+        name += f" (cell {cell})"
     with FleetScenario(fleet, name, rate=rate) as sc:
         _steady(warmup)
         fault_at = fleet.cut(old, inbound=not outbound_only)
-        new, promoted_at = fleet.db.wait_leader(not_name=old, timeout=max(90.0, cut_s + 30))
+        new, promoted_at = db.wait_leader(not_name=old, timeout=max(90.0, cut_s + 30))
         time.sleep(max(0.0, fault_at + cut_s - time.time()))
         status_during = status_from(fleet, fleet.chronos[0])
         heal_at = fleet.heal(old)
         sc.fault(f"{old} cut off {'(outbound only) ' if outbound_only else ''}{cut_s:.0f} s", fault_at, heal_at)
-        rejoined = fleet.db.wait_streaming(old, timeout=90)
+        rejoined = db.wait_streaming(old, timeout=90)
         time.sleep(3)
         report = sc.finish()
         row = sc.row(report, fault_at=fault_at, heal_at=heal_at, promoted_at=promoted_at, extra={
@@ -393,8 +413,8 @@ def primary_cut(fleet: Fleet, *, cut_s: float = 60.0, rate: float = 300, warmup:
 def host_cut(fleet: Fleet, *, cut_s: float = 60.0, rate: float = 300, warmup: float = 5.0, peers: str = "all",
              host: str = "chronos-1") -> ScenarioResult:
     """b), c), d): a Chronos host cut off from everything (`peers` "all"), from PostgreSQL only ("db": every
-    member) or from Kafka only ("kafka")."""
-    names = {"all": None, "db": fleet.db.members, "kafka": ["kafka-1"]}[peers]
+    member of every cell) or from Kafka only ("kafka")."""
+    names = {"all": None, "db": [m for db in fleet.cells.values() for m in db.members], "kafka": ["kafka-1"]}[peers]
     label = {"all": "b) a Chronos host cut off", "db": "c) a Chronos host cut off from PostgreSQL",
              "kafka": "d) a Chronos host cut off from Kafka"}[peers]
     other = next(h for h in fleet.chronos if h.name != host)
@@ -409,6 +429,35 @@ def host_cut(fleet: Fleet, *, cut_s: float = 60.0, rate: float = 300, warmup: fl
         time.sleep(8)  # the host rejoins: its consumer takes partitions again, its firer claims again
         report = sc.finish()
         row = sc.row(report, fault_at=fault_at, heal_at=heal_at, extra={"status_during": status_during})
+    return report, row
+
+
+def primary_kill(fleet: Fleet, *, cell: str = "cell1", rate: float = 300, warmup: float = 5.0,
+                 down_s: float = 30.0) -> ScenarioResult:
+    """A cell's primary killed outright (its Patroni and its PostgreSQL, SIGKILL, as a host that loses power):
+    the standby promoted once the leader's key expires; the killed member started again after `down_s`, back
+    as a standby."""
+    db = fleet.cells[cell]
+    old = db.leader()
+    if old is None:
+        raise FleetError("no leader to kill")
+    with FleetScenario(fleet, f"a cell's primary killed (cell {cell})", rate=rate) as sc:
+        _steady(warmup)
+        fault_at = time.time()
+        db.kill_member(old)
+        new, promoted_at = db.wait_leader(not_name=old, timeout=90.0)
+        time.sleep(max(0.0, fault_at + down_s - time.time()))
+        status_during = status_from(fleet, fleet.chronos[0])
+        back_at = time.time()
+        db.start_member(old)
+        sc.fault(f"{old} killed, started again after {back_at - fault_at:.0f} s", fault_at, back_at)
+        rejoined = db.wait_streaming(old, timeout=90)
+        time.sleep(3)
+        report = sc.finish()
+        row = sc.row(report, fault_at=fault_at, heal_at=back_at, promoted_at=promoted_at, extra={
+            "old_primary": old, "new_primary": new,
+            "old_primary_rejoined_after_start_s": None if rejoined is None else round(rejoined - back_at, 1),
+            "status_during": status_during})
     return report, row
 
 

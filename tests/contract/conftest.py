@@ -32,6 +32,7 @@ class Stored:
     attempts: int
     last_error: str | None
     original_deadline_us: int | None
+    input_partition: int | None
     seq: int = 0
 
 
@@ -94,6 +95,10 @@ class Backend:
         """Every process's word of where it serves /metrics said `seconds` earlier than it was."""
         raise NotImplementedError
 
+    def age_moves(self, seconds: float) -> None:
+        """Every move's lease renewed `seconds` earlier than it was (a move whose runner died)."""
+        raise NotImplementedError
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -142,7 +147,8 @@ class PostgresBackend(Backend):
 
     def stored(self, mid: str) -> Stored | None:
         found = self._q("SELECT (extract(epoch FROM deadline) * 1000000)::bigint, value, readied_at IS NOT NULL, "
-                        "attempts, last_error, (extract(epoch FROM original_deadline) * 1000000)::bigint, seq "
+                        "attempts, last_error, (extract(epoch FROM original_deadline) * 1000000)::bigint, input_partition, "
+                        "seq "
                         "FROM chronos_messages WHERE id = %s", mid)
         return Stored(*found[0]) if found else None
 
@@ -169,6 +175,9 @@ class PostgresBackend(Backend):
 
     def age_announcements(self, seconds: float) -> None:
         self._q("UPDATE chronos_processes SET seen_at = seen_at - %s * interval '1 second'", seconds)
+
+    def age_moves(self, seconds: float) -> None:
+        self._q("UPDATE chronos_cell_moves SET seen_at = seen_at - %s * interval '1 second'", seconds)
 
     def close(self) -> None:
         for st in self.opened:
@@ -206,7 +215,7 @@ class MemoryBackend(Backend):
         if r is None:
             return None
         return Stored(r.deadline_us, r.value, r.readied_us is not None, r.attempts, r.last_error,
-                      r.original_deadline_us, r.seq)
+                      r.original_deadline_us, r.input_partition, r.seq)
 
     def ids(self) -> set[str]:
         return set(self.db.rows)
@@ -235,6 +244,10 @@ class MemoryBackend(Backend):
     def age_announcements(self, seconds: float) -> None:
         self.db.processes = {node: (role, url, at - round(seconds * 1_000_000))
                              for node, (role, url, at) in self.db.processes.items()}
+
+    def age_moves(self, seconds: float) -> None:
+        for move in self.db.moves.values():
+            move.seen_us -= round(seconds * 1_000_000)
 
     def close(self) -> None:
         pass

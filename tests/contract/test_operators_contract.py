@@ -27,8 +27,8 @@ WEIRD = ["it's", 'say "hi"', "back\\slash", "100%", "%(x)s", "naïve-日本-🚀
 
 def r(mid: str, deadline_us: int, **kw) -> Row:
     return Row(mid, deadline_us, kw.get("topic"), kw.get("key", b"k"), kw.get("value", b"v"),
-               codec.encode_headers(kw.get("headers", [])), kw.get("ordering_key"), kw.get("cron"),
-               kw.get("timezone"))
+               codec.encode_headers(kw.get("headers", [])), kw.get("ordering_key"), cron=kw.get("cron"),
+               timezone=kw.get("timezone"))
 
 
 def insert(st, rows) -> int:

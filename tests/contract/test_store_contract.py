@@ -21,7 +21,8 @@ from chronos.errors import StoreRejected
 
 
 def row(mid, deadline_us, okey=None, value=b"v", *, topic=None, key=b"k", headers=b"", **kw) -> Row:
-    return Row(str(mid), deadline_us, topic, key, value, headers, okey, kw.get("cron"), kw.get("timezone"))
+    return Row(str(mid), deadline_us, topic, key, value, headers, okey, kw.get("partition"), kw.get("cron"),
+               kw.get("timezone"))
 
 
 def insert(st, rows) -> int:
@@ -45,6 +46,17 @@ def test_apply_inserts_replaces_and_cancels_in_one_batch(s, backend):
     assert {m: backend.stored(m).value for m in backend.ids()} == {"keep": b"v", "new": b"v", "old": b"new",
                                                                     "fresh": b"v"}
     assert backend.stored("old").deadline_us == t + 5
+
+
+def test_each_row_keeps_the_input_partition_it_was_read_from_on_every_way_in(s, backend):
+    """Straight in (the COPY), through the staging table (a batch holding an id already waiting), replaced (the
+    replace's partition: where the message comes from now), and none when not known."""
+    t = backend.now_us() + 60_000_000
+    assert insert(s, [row("a", t, partition=3), row("b", t, partition=0), row("c", t)]) == 3
+    assert insert(s, [row("a", t, partition=9), row("d", t, partition=2**31 - 1)]) == 1
+    assert s.apply([], [row("b", t + 5, partition=6), row("e", t, partition=1)], []) == (0, 2, 0, 0)
+    assert {m: backend.stored(m).input_partition for m in backend.ids()} == \
+        {"a": 3, "b": 6, "c": None, "d": 2**31 - 1, "e": 1}
 
 
 def test_a_batch_replacing_one_id_twice_is_refused_whole(s, backend):

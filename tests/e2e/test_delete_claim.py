@@ -128,9 +128,10 @@ def test_a_firer_that_deletes_beside_one_that_stamps_loses_nothing_and_fires_not
 def test_status_and_list_tell_the_rows_a_firer_that_deletes_holds_in_flight(processes, broker, topics, chronos_env):
     url = chronos_env["CHRONOS_DATABASE_URL"]
     start(processes, "consumer")
-    # a firer that claims 20 s ahead, and holds what it claimed until its deadline
-    _, node = start(processes, "firer", CHRONOS_LOOKAHEAD_MS="20000", CHRONOS_HOLD_TIME_MS="60000", **DELETE)
-    ids = send_due(broker, topics, 5, time.time() + 15, prefix="held")
+    # a firer that claims 28 s ahead, and holds what it claimed until its deadline: 25 s for the commands below,
+    # each a process of its own, on a busy machine
+    _, node = start(processes, "firer", CHRONOS_LOOKAHEAD_MS="28000", CHRONOS_HOLD_TIME_MS="60000", **DELETE)
+    ids = send_due(broker, topics, 5, time.time() + 25, prefix="held")
     send_due(broker, topics, 3, time.time() + 3600, prefix="later")
     wait_for(lambda: len(held_rows(url, node)) == 5, 20, "five rows held", every=0.05)
 

@@ -21,6 +21,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from chronos.adapters.postgres.store import Store
 from chronos.embedded.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,7 +124,7 @@ def test_the_checker_catches_a_wrong_metric_and_a_wrong_label():
     problems = [p for p in unknown_names(exported) if "chronos_rows_due" not in p.split("metric ")[-1]]
     assert any("exported by no process" in p for p in problems)
     assert not [p for p in unknown_names({**exported, **{m: {"role", "node", "le", "reason", "step", "action",
-                                                                     "topic", "partition", "server"}
+                                                                     "topic", "partition", "server", "cell"}
                                                         for _, e, _ in expressions() for m in _METRIC.findall(e)}})]
 
 
@@ -151,6 +152,29 @@ def test_every_metric_an_alert_watches_or_points_to_has_a_dashboard_panel():
             missing += [(rule["alert"], m) for m in sorted((words & documented) - panels)]
     assert unknown == [], "annotations naming no exported metric"
     assert missing == [], "metrics an alert reads or points to with no dashboard panel"
+
+
+# what one cell's detectors and firers report, and the consumers per cell: a query over them keeps the cell apart
+PER_CELL = re.compile(r"\bchronos_(rows_\w+|oldest_overdue_seconds|recurring_schedules|store_gauges_timestamp_seconds|"
+                      r"throttled_\w+|fire_lateness_seconds\w*|messages_(reset|vanished|released)_total|firer_\w+|"
+                      r"consumer_cell_paused)\b")
+_AGGREGATION = re.compile(r"\b(sum|max|min|avg|count)\s*(?:by\s*\(([^)]*)\))?\s*\(")
+
+
+def test_what_is_per_cell_stays_per_cell_in_every_panel_and_rule():
+    """Every dashboard query and rule over a cell's store, firers or detectors groups by cell, so that with
+    cells each cell is shown apart and each alert names its cell (without cells, there is no cell label and
+    `by (cell)` is one group, as before)."""
+    merged = []
+    for where, expr, legend in expressions():
+        if not PER_CELL.search(expr):
+            continue
+        for op, by in _AGGREGATION.findall(expr):
+            if "cell" not in [label.strip() for label in by.split(",")]:
+                merged.append(f"{where}: {op}({by}) in {expr}")
+        if where.startswith("dashboard") and "cell" not in legend:
+            merged.append(f"{where}: its legend does not name the cell: {expr}")
+    assert merged == []
 
 
 def test_rules_pass_promtool_and_dashboard_queries_parse(tmp_path):
@@ -222,9 +246,16 @@ def test_every_alert_fires_on_its_condition_and_is_silent_on_healthy_series(tmp_
     assert alerts - silent == set(), "alerts with no case where they stay silent"
 
 
-def test_dashboard_and_rules_name_only_what_running_processes_export(chronos_env, tmp_path):
+def test_dashboard_and_rules_name_only_what_running_processes_export(chronos_env, two_cells, tmp_path):
+    """The processes of a deployment with cells, whose series are those of one without and the cell labels."""
+    for cell, share in (("a", [0, 1]), ("b", [2, 3])):
+        store = Store(two_cells[cell])
+        store.open_partitions(share, 1)
+        store.close()
+    cells = {"CHRONOS_CELLS": " ".join(f"{cell}={url}" for cell, url in two_cells.items()), "CHRONOS_CELL": "a",
+             "CHRONOS_DATABASE_URL": ""}
     # a topic under a fire-rate limit, as a firer leaves its bucket: the throttled gauges are per topic
-    with psycopg.connect(chronos_env["CHRONOS_DATABASE_URL"], autocommit=True) as conn:
+    with psycopg.connect(two_cells["a"], autocommit=True) as conn:
         conn.execute("INSERT INTO chronos_rate_limits (topic, rate, tokens, refilled_at) VALUES (%s, 5, 5, now())",
                      (chronos_env["CHRONOS_OUTPUT_TOPIC"],))
     # the embedded broker's figures, as `chronos up` writes them for its detector to export
@@ -237,7 +268,7 @@ def test_dashboard_and_rules_name_only_what_running_processes_export(chronos_env
             port = free_port()
             log = tmp_path / f"{role}.log"
             procs.append((subprocess.Popen([sys.executable, "-m", "chronos", role],
-                                           env={**os.environ, **chronos_env, "CHRONOS_METRICS_PORT": str(port),
+                                           env={**os.environ, **chronos_env, **cells, "CHRONOS_METRICS_PORT": str(port),
                                                 "CHRONOS_EMBEDDED_BROKER_STATS": str(stats)},
                                            stdout=open(log, "wb"), stderr=subprocess.STDOUT), log))
             ports.append(port)
@@ -258,6 +289,7 @@ def test_dashboard_and_rules_name_only_what_running_processes_export(chronos_env
                 break
             time.sleep(0.2)
         assert "chronos_operator_actions_total" in exported, sorted(exported)
+        assert "cell" in exported["chronos_rows_due"] and "cell" in exported["chronos_consumer_cell_paused"]
         assert "chronos_embedded_broker_rss_bytes" in exported, sorted(exported)
         assert unknown_names(exported) == []
         # and the metrics reference of the docs lists every family they serve

@@ -15,6 +15,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 
 from chronos.adapters.kafka.clients import EMBEDDED_GROUP_TIMEOUTS
+from chronos.adapters.postgres.store import Store
 from chronos.errors import EXIT_CONFIG, EXIT_FAILURE
 
 from helpers import producer
@@ -154,3 +155,29 @@ def test_nothing_is_committed_while_another_member_holds_partitions(broker, topi
     assert busy.returncode == EXIT_FAILURE, busy.stdout + busy.stderr
     assert "other members hold the rest" in busy.stderr and "nothing was committed" in busy.stderr
     assert _committed(broker, topics["input"], group) == [4] * PARTITIONS
+
+
+def test_with_cells_each_partition_is_named_with_its_cell_and_a_restored_cells_partitions_move_alone(
+        broker, topics, tmp_path, two_cells):
+    for cell, share in (("a", [0, 1]), ("b", [2, 3])):
+        store = Store(two_cells[cell])
+        store.open_partitions(share, 1)
+        store.close()
+    group = f"chronos-{uuid.uuid4().hex[:8]}"
+    moment = _two_batches(broker, topics["input"])
+    _read(broker, topics["input"], group, 4 * PARTITIONS)
+    env = {**_env(broker, topics, group, _properties(tmp_path)),
+           "CHRONOS_CELLS": " ".join(f"{cell}={url}" for cell, url in two_cells.items())}
+    dry = _rewind(env, "--to", moment.isoformat(), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert [line.strip() for line in dry.stdout.splitlines()[1:]] == [
+        "partition 0 (cell a): 4 -> 2", "partition 1 (cell a): 4 -> 2", "partition 2 (cell b): 4 -> 2",
+        "partition 3 (cell b): 4 -> 2"]
+    done = _rewind(env, "--to", moment.isoformat(), "--cell", "b")
+    assert done.returncode == 0, done.stderr
+    assert "on the partitions of cell b:" in done.stdout.splitlines()[0]
+    assert [line.strip() for line in done.stdout.splitlines()[1:]] == [
+        "partition 2 (cell b): 4 -> 2", "partition 3 (cell b): 4 -> 2"]
+    assert _committed(broker, topics["input"], group) == [4, 4, 2, 2]
+    unknown = _rewind(env, "--to", moment.isoformat(), "--cell", "c")
+    assert unknown.returncode == EXIT_CONFIG and "CHRONOS_CELLS lists a, b" in unknown.stderr

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import re
 import subprocess
+import urllib.request
 
 import orjson
 import psycopg
+from prometheus_client.parser import text_string_to_metric_families
 
 from chronos.adapters.kafka.admin import partition_count
 from chronos.adapters.postgres.store import Store
@@ -38,7 +40,7 @@ def test_up_with_two_cells_send_tail_status_list_show_cancel_and_start_again(tmp
         info = up.start()
         cells = info["cells"]
         assert list(cells) == ["cell1", "cell2"] and info["database_url"] is None
-        assert "console not started: it shows one database, and this stack has 2 cells" in up.output()
+        assert info["console_url"] and "console not started" not in up.output()
         assert "assigned the input partitions: cell1 0-3, cell2 4-7" in up.output()
         assert partition_count(info["bootstrap_servers"], info["input_topic"]) == 8
         assert partition_count(info["bootstrap_servers"], info["output_topic"]) == 1
@@ -74,6 +76,20 @@ def test_up_with_two_cells_send_tail_status_list_show_cancel_and_start_again(tmp
         assert cancelled.startswith(f"2 cancelled (cell1 1, cell2 1): {one!r} (cell cell1), {other!r} (cell cell2)")
         by_cell = {"cell1": by_cell["cell1"] - {one}, "cell2": by_cell["cell2"] - {other}}
         assert {cell: ids_in(url) for cell, url in cells.items()} == by_cell
+        # every process's health and metrics name the cell it serves; the consumer checks each cell
+        health = [orjson.loads(line) for line in chronos(up.ready_file, "health").splitlines()]
+        assert sorted((h["role"], h.get("cell")) for h in health) == [
+            ("consumer", None), ("detector", "cell1"), ("detector", "cell2"), ("firer", "cell1"), ("firer", "cell2")]
+        (consumer,) = [h for h in health if h["role"] == "consumer"]
+        assert {"postgres of cell cell1", "postgres of cell cell2"} <= set(consumer["checks"])
+        labelled = set()
+        for url in info["metrics_urls"]:
+            with urllib.request.urlopen(url, timeout=5) as scraped:
+                for family in text_string_to_metric_families(scraped.read().decode()):
+                    labelled |= {(s.labels["role"], s.labels.get("cell")) for s in family.samples
+                                 if s.name == "chronos_healthy"}
+        assert labelled == {("consumer", None), ("firer", "cell1"), ("firer", "cell2"), ("detector", "cell1"),
+                            ("detector", "cell2")}
         pids = [info["supervisord_pid"], info["broker_pid"], *info["cell_postgres_pids"].values(), *up.program_pids()]
         assert up.halt()
         assert all(exited(pid) for pid in pids), up.output()
@@ -85,5 +101,33 @@ def test_up_with_two_cells_send_tail_status_list_show_cancel_and_start_again(tmp
         info = up.start()
         assert "cells own the input partitions: cell1 0-3, cell2 4-7" in up.output()
         assert {cell: ids_in(url) for cell, url in info["cells"].items()} == by_cell
+    finally:
+        up.stop()
+
+
+def test_up_on_cells_of_postgresql_servers_of_ones_own(tmp_path, two_cells):
+    """`chronos up --cells NAME=URL ...` runs on the cells given, as on --database-url: each waited for and
+    migrated, the input partitions assigned among them on the first start, the firers and detectors of each,
+    and the ready file naming them; --cells N beside CHRONOS_CELLS is refused in one line."""
+    given = " ".join(f"{cell}={url}" for cell, url in two_cells.items())
+    both = ChronosUp("--cells", "2", workdir=tmp_path / "both", env={"CHRONOS_CELLS": given}).launch()
+    assert both.proc is not None and both.proc.wait(60) == 2
+    assert "--cells 2 runs embedded cells, and CHRONOS_CELLS names cells of your own: give one or the other" \
+        in both.output()
+    up = ChronosUp("--cells", given, "--no-console", workdir=tmp_path / "own")
+    try:
+        info = up.start()
+        assert info["cells"] == two_cells and info["cell_postgres_pids"] is None and info["postgres_pid"] is None
+        out = up.output()
+        assert "cell a: using PostgreSQL at" in out and "cell b: using PostgreSQL at" in out
+        assert "assigned the input partitions: a 0-3, b 4-7" in out
+        assert sorted(up.programs()) == ["consumer_00", "detector_00", "detector_01", "firer_00", "firer_01"]
+        # messages of both cells, each fired by its cell's firer
+        ids = [f"own-{i}" for i in range(6)]
+        assert {input_partition(m, None, 8) < 4 for m in ids} == {True, False}
+        for m in ids:
+            chronos(up.ready_file, "send", "--delay", "1s", "--id", m, "--value", m)
+        tailed = chronos(up.ready_file, "tail", "--count", "6", "--from-beginning", "--timeout", "30")
+        assert sorted(re.findall(r"value='(own-\d)'", tailed)) == ids
     finally:
         up.stop()

@@ -30,7 +30,7 @@ def store(url) -> Store:
 
 
 def row(mid: str, deadline_us: int, value: bytes = b"v", **kw) -> Row:
-    return Row(mid, deadline_us, None, b"k", value, b"", None, kw.get("cron"), kw.get("timezone"))
+    return Row(mid, deadline_us, None, b"k", value, b"", None, cron=kw.get("cron"), timezone=kw.get("timezone"))
 
 
 # -- exact deadlines -----------------------------------------------------------------------------

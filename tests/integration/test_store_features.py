@@ -19,7 +19,7 @@ def now_us() -> int:
 
 
 def r(mid, deadline_us, okey=None, value=b"v", **kw) -> Row:
-    return Row(mid, deadline_us, None, b"k", value, b"", okey, kw.get("cron"), kw.get("timezone"))
+    return Row(mid, deadline_us, None, b"k", value, b"", okey, cron=kw.get("cron"), timezone=kw.get("timezone"))
 
 
 def store(url) -> Store:

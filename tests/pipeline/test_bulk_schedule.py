@@ -312,6 +312,11 @@ def test_with_cells_each_row_goes_to_the_cell_of_its_routing_keys_partition(spar
         expected["a" if input_partition(message_id, row["ordering_key"], 6) < 3 else "b"].add(message_id)
     assert {cell: set(stored(url)) for cell, url in two_cells.items()} == expected
     assert expected["a"] and expected["b"]
+    # and each row says that partition, as one the consumer wrote would (a move of it takes the row along)
+    for url in two_cells.values():
+        with psycopg.connect(url) as conn:
+            recorded = dict(conn.execute("SELECT id, input_partition FROM chronos_messages").fetchall())
+        assert recorded == {m: input_partition(m, dataset["valid"][m]["ordering_key"], 6) for m in recorded}
     # a partition on its way to another cell: the job stops, and run again once it has moved, goes through
     stores["b"].close_partitions([4])
     with pytest.raises(InputError, match="input partition 4 is moving to another cell: run the job again"):

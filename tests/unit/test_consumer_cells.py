@@ -9,6 +9,7 @@ import time
 import uuid
 
 import pytest
+from confluent_kafka import KafkaError
 
 from chronos.adapters.kafka.clients import OutageLog
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
@@ -32,6 +33,25 @@ class MapReadsCounted(MemoryStore):
         return super().cell_partitions()
 
 
+class Hangs(MapReadsCounted):
+    """A cell's store whose writes hang while `hung` is set (a frozen server: no answer, no error), until
+    released."""
+
+    def __init__(self, db):
+        super().__init__(db)
+        self.hung = threading.Event()
+        self.released = threading.Event()
+        self.writes_ended = 0
+
+    def apply(self, *args, **kwargs):
+        if self.hung.is_set():
+            assert self.released.wait(30), "never released"
+        try:
+            return super().apply(*args, **kwargs)
+        finally:
+            self.writes_ended += 1
+
+
 class CellsConsumer:
     """A consumer process over two in-memory cells, a (partitions 0 and 1) and b (2 and 3), run on a thread."""
 
@@ -51,7 +71,7 @@ class CellsConsumer:
             self.input = FakeConsumer(on_commit, snapshot=self.rows)
             return self.input, OutageLog("test consumer")
         # each cell's store is its writer's; the test reads and moves the map through handles of its own
-        self.cell_stores = {cell: MapReadsCounted(db) for cell, db in self.dbs.items()}
+        self.cell_stores = {cell: Hangs(db) for cell, db in self.dbs.items()}
         self.proc = ConsumerProcess(self.settings, self.life, store=self.cell_stores["a"],
                                     producers=self.publisher.factory(), consumers=consumers,
                                     telemetry=ConsumerTelemetry(uuid.uuid4(), self.settings),
@@ -105,18 +125,34 @@ def test_a_write_on_a_stale_map_is_refused_and_goes_where_the_map_now_says():
         assert c.input.commits[1][1] == {"a": ["before", "other"], "b": ["after"]}
 
 
-def test_a_moving_partitions_messages_wait_until_another_cell_opens_it():
+def test_a_moving_partition_is_paused_until_another_cell_opens_it_while_the_others_flow(caplog):
+    caplog.set_level("INFO", logger="chronos.consumer")
     with CellsConsumer() as c:
         assert c.input is not None
-        c.stores["a"].close_partitions([1])  # moving, opened nowhere yet
-        c.input.feed([msg("held", 1, 0), msg("flows", 2, 0)])
-        wait_for(lambda: c.dbs["b"].rows, "the other cell's message written")
+        c.input.feed([msg("before", 1, 0)])
+        wait_for(lambda: c.input.commits, "the first commit")
+        c.stores["a"].close_partitions([1])  # moving, opened nowhere yet: the consumer's next write is refused
+        c.input.feed([msg("held", 1, 1), msg("flows", 2, 0), msg("also", 0, 7)])
+        wait_for(lambda: len(c.input.commits) == 2, "the other partitions committed")
+        assert c.input.commits[1] == ({("in", 0): 8, ("in", 2): 1}, {"a": ["also", "before"], "b": ["flows"]})
+        assert c.input.paused == {("in", 1)} and c.input.seeks == [{("in", 1): 1}]
+        assert logged(caplog, "input partition(s) 1 are moving to another cell: paused until it opens them")
+        # read before the pause took: held back too, never sought forward; the others go on meanwhile
+        c.input.feed([msg("held-later", 1, 2), msg("flows-later", 3, 0)])
+        wait_for(lambda: len(c.input.commits) == 3, "the next commit")
+        assert c.input.commits[2][0] == {("in", 3): 1} and c.input.seeks == [{("in", 1): 1}]
         reads = c.cell_stores["a"].reads
         wait_for(lambda: c.cell_stores["a"].reads >= reads + 2, "the map read again, twice: still moving")
-        assert c.input.commits == [] and "held" not in c.dbs["a"].rows
+        assert c.input.resumed == []
         c.stores["b"].open_partitions([1], 3)
-        wait_for(lambda: c.input.commits, "the commit once partition 1 is open in b")
-        assert c.input.commits[0][1] == {"a": [], "b": ["flows", "held"]}
+        wait_for(lambda: c.input.resumed, "partition 1 resumed once b opens it")
+        assert c.input.resumed == [("in", 1)] and c.input.paused == set()
+        assert logged(caplog, "input partition 1 is open in cell b at epoch 3: read again after")
+        # read again from where it was sought back to: into b
+        c.input.feed([msg("held", 1, 1), msg("held-later", 1, 2)])
+        wait_for(lambda: len(c.input.commits) == 4, "partition 1 committed")
+        assert c.input.commits[3] == ({("in", 1): 3}, {"a": ["also", "before"],
+                                                        "b": ["flows", "flows-later", "held", "held-later"]})
 
 
 def test_an_input_topic_of_another_partition_count_than_the_maps_is_refused():
@@ -175,3 +211,102 @@ def test_the_consumer_leaves_the_group_only_when_another_reaches_the_cell_it_can
             c.input.feed([msg("a0", 0, 10)])
             wait_for(lambda: c.input.commits, "cell a's partitions flowing")
             assert c.input.group == ["subscribe"]
+
+
+def test_a_partition_moving_for_long_is_said_in_the_log(caplog):
+    caplog.set_level("WARNING", logger="chronos.consumer")
+    clock = Clock()
+    with CellsConsumer(clock=clock) as c:
+        assert c.input is not None
+        c.stores["a"].close_partitions([1])
+        c.input.feed([msg("held", 1, 0)])
+        wait_for(lambda: c.input.paused, "partition 1 paused")
+        clock.advance(31)
+        wait_for(lambda: logged(caplog, "input partition 1 has been moving for 30s and no cell this consumer knows "
+                                        "opened it: finish its move (chronos cells move)"), "the warning")
+
+
+def test_a_cancel_or_replace_arriving_in_another_cell_than_its_message_is_forwarded_there(caplog):
+    caplog.set_level("INFO", logger="chronos.consumer")
+    with CellsConsumer() as c:
+        assert c.input is not None
+        c.input.feed([msg("x", 0, 0), msg("y", 1, 0)])
+        wait_for(lambda: c.input.commits, "the messages written in cell a")
+        # their cancel and replace read from partitions of cell b (a producer that does not route by the id)
+        c.input.feed([msg("x", 2, 0, "cancel"), msg("y", 3, 0, "replace"), msg("nowhere", 2, 1, "cancel")])
+        wait_for(lambda: len(c.input.commits) == 2, "the second commit")
+        wait_for(lambda: c.proc.stats["forwarded"] == 2, "the cancel and the replace forwarded")
+        assert c.rows() == {"a": [], "b": ["y"]}  # x cancelled; y's new version in b, its old one gone from a
+        assert logged(caplog, "forwarded 3 cancels and replaces from cell b: 2 reached their message in another cell")
+        assert c.dbs["b"].forwards == {}  # forwarded to every other cell: forgotten
+    assert c.proc.stats["cancelled"] == 1 and c.proc.stats["cancel_unknown"] == 1
+
+
+def test_a_forward_waits_for_a_cell_that_does_not_answer():
+    with CellsConsumer() as c:
+        assert c.input is not None
+        c.input.feed([msg("x", 0, 0)])
+        wait_for(lambda: c.input.commits, "x written in cell a")
+        c.dbs["a"].unavailable = "connection refused"
+        c.input.feed([msg("x", 2, 0, "cancel")])
+        wait_for(lambda: len(c.input.commits) == 2, "the cancel's own write committed")
+        assert list(c.dbs["b"].forwards) == ["x"] and "x" in c.dbs["a"].rows  # noted, waiting for cell a
+        c.dbs["a"].unavailable = None
+        wait_for(lambda: "x" not in c.dbs["a"].rows, "the cancel forwarded once cell a answers")
+        wait_for(lambda: c.dbs["b"].forwards == {}, "the forward forgotten")
+        assert c.proc.stats["forwarded"] == 1
+
+
+def test_a_message_no_topic_took_is_parked_in_its_partitions_cell():
+    with CellsConsumer() as c:
+        assert c.input is not None
+        c.publisher.refuse = lambda topic, value: KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)  # nor the dead-letter topic
+        c.input.feed([FakeMessage([("chronosDeadline", b"soon")], partition=3, offset=5)])  # invalid: no id
+        wait_for(lambda: c.input.commits, "the commit once parked")
+        assert [p.message.source for p in c.dbs["b"].parked] == ["in/3/5"] and c.dbs["a"].parked == []
+
+
+def test_a_hung_cell_does_not_hold_up_the_others_for_the_statements_deadline(caplog):
+    """Cell b's write hangs (no answer, no error, as a frozen server's): cell a's part of the poll is committed
+    within the patience, not the statement's deadline, and b's partitions are paused; once b answers, its write
+    given up ends and its messages, read again, are written again (idempotently) and committed."""
+    caplog.set_level("INFO", logger="chronos.consumer")
+    with CellsConsumer() as c:
+        assert c.input is not None
+        b = c.cell_stores["b"]
+        b.hung.set()
+        c.input.feed([msg("a0", 0, 10), msg("b2", 2, 30)])
+        wait_for(lambda: c.input.commits, "the commit of what cell a took")
+        assert c.input.commits[0] == ({("in", 0): 11}, {"a": ["a0"], "b": []})
+        assert b.writes_ended == 0  # b's write still hangs: a did not wait for its deadline
+        assert c.input.paused == {("in", 2)} and c.input.seeks == [{("in", 2): 30}]
+        assert logged(caplog, "cell b has not answered within 0.5s of the other cells")
+        # a's partitions flow on while b hangs
+        c.input.feed([msg("a1", 1, 20)])
+        wait_for(lambda: len(c.input.commits) == 2, "the next commit")
+        assert c.input.commits[1] == ({("in", 1): 21}, {"a": ["a0", "a1"], "b": []})
+        b.hung.clear()
+        b.released.set()
+        wait_for(lambda: c.input.resumed, "cell b's partitions resumed once it answers")
+        c.input.feed([msg("b2", 2, 30)])
+        wait_for(lambda: len(c.input.commits) == 3, "cell b's part committed")
+        assert c.input.commits[2] == ({("in", 2): 31}, {"a": ["a0", "a1"], "b": ["b2"]})
+
+
+def test_a_cancel_to_forward_to_a_hung_cell_holds_up_the_forwarding_not_the_poll():
+    with CellsConsumer() as c:
+        assert c.input is not None
+        b = c.cell_stores["b"]
+        c.input.feed([msg("x", 2, 0)])
+        wait_for(lambda: c.input.commits, "x written in cell b")
+        b.hung.set()
+        # x's cancel read in cell a's partition (forwarded to b, whose thread the hung write holds) and a write to b
+        c.input.feed([msg("x", 0, 0, "cancel"), msg("b3", 3, 0)])
+        wait_for(lambda: len(c.input.commits) == 2, "cell a's part committed while b hangs")
+        c.input.feed([msg("a1", 1, 0)])
+        wait_for(lambda: len(c.input.commits) == 3, "cell a's next poll committed while b hangs")
+        assert "x" in c.dbs["b"].rows and c.proc.stats["forwarded"] == 0
+        b.hung.clear()
+        b.released.set()
+        wait_for(lambda: c.proc.stats["forwarded"] == 1, "the cancel forwarded once b answers")
+        assert "x" not in c.dbs["b"].rows

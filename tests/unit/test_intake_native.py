@@ -46,7 +46,7 @@ def messages(draw):
     headers = [("chronosMessageId", mid.encode()), ("chronosDeadline", str(draw(deadlines) // 1000).encode()),
                *draw(extras)]
     return FakeMessage(headers, key=draw(st.sampled_from([None, b"k"])), value=b"v-" + mid.encode(),
-                       offset=draw(st.integers(0, 100)))
+                       offset=draw(st.integers(0, 100)), partition=draw(st.integers(0, 7)))
 
 
 @IMPLS
@@ -73,6 +73,24 @@ def test_plain_messages_are_sorted_without_decide(impl, monkeypatch):
     row = batch.ops["m2"][1]
     assert (row.deadline_us, row.topic, row.key, row.value) == (NOW + 20_000_000, None, b"k", b"v")
     assert codec.decode_headers(row.headers) == [("traceparent", b"00-ab")]
+
+
+@IMPLS
+def test_each_stored_row_records_the_input_partition_it_was_read_from(impl, monkeypatch):
+    """A plain message (intake) and one that is not (an ordering key, a schedule, a replace: `_sort_one`) alike:
+    the row says which partition of the input topic it came from, so that a move of that partition to another
+    cell takes it along."""
+    monkeypatch.setattr(consumer.codec, "intake", implementation(impl).intake)
+    later = str(NOW // 1000 + 60_000).encode()
+
+    def message(mid: str, partition: int, *extra) -> FakeMessage:
+        return FakeMessage([("chronosMessageId", mid.encode()), ("chronosDeadline", later), *extra],
+                           partition=partition)
+    batch = sort_batch([message("plain", 5), message("keyed", 3, ("chronosOrderingKey", b"k")),
+                        message("daily", 7, ("chronosCron", b"0 9 * * *")),
+                        message("new", 2, ("chronosAction", b"replace"))], NOW, RULES)
+    assert {mid: row.input_partition for mid, (_, row) in batch.ops.items()} == \
+        {"plain": 5, "keyed": 3, "daily": 7, "new": 2}
 
 
 @IMPLS

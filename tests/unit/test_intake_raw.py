@@ -43,7 +43,7 @@ def raw_messages(draw):
     headers = draw(others)
     headers.insert(draw(st.integers(0, len(headers))), (b"chronosMessageId", draw(ids)))
     headers.insert(draw(st.integers(0, len(headers))), (b"chronosDeadline", draw(deadlines)))
-    return message_with_headers(headers)
+    return message_with_headers(headers, partition=draw(st.integers(0, 7)))
 
 
 @IMPLS
@@ -55,9 +55,9 @@ def test_a_poll_is_sorted_as_decide_sorts_each_message(impl, batch, rules):
         assert sort_batch(batch, NOW, rules) == one_by_one(batch, NOW, rules)
 
 
-def plain(i: int, *extra) -> object:
+def plain(i: int, *extra, partition: int | None = None) -> object:
     return message_with_headers([(b"chronosMessageId", b"m%d" % i), (b"traceparent", b"00-ab"),
-                                 (b"chronosDeadline", ms(NOW + 60_000_000)), *extra])
+                                 (b"chronosDeadline", ms(NOW + 60_000_000)), *extra], partition=partition)
 
 
 def test_plain_stored_messages_are_read_without_a_header_list(monkeypatch):
@@ -66,11 +66,12 @@ def test_plain_stored_messages_are_read_without_a_header_list(monkeypatch):
     native = implementation("native")
     monkeypatch.setattr(native, "read_headers", lambda msg: pytest.fail("a header list was built"))
     monkeypatch.setattr(native, "parse_headers", lambda headers: pytest.fail("a Parsed was built"))
-    messages = [plain(0), plain(1, (b"content-type", None)), plain(2, (b"chronosTopic", b"out"))]
+    messages = [plain(0), plain(1, (b"content-type", None), partition=6), plain(2, (b"chronosTopic", b"out"))]
     batch = Batch()
     assert native.intake(messages, 0, NOW, 50_000, None, "out", batch, Row, consumer.INSERT) == (3, None)
     assert batch.ops["m1"][1] == Row("m1", NOW + 60_000_000, None, b"k", b"v",
-                                     codec.encode_headers([("traceparent", b"00-ab"), ("content-type", None)]))
+                                     codec.encode_headers([("traceparent", b"00-ab"), ("content-type", None)]),
+                                     input_partition=6)
     assert batch.sources == {"m0": messages[0], "m1": messages[1], "m2": messages[2]}
 
 
@@ -91,12 +92,12 @@ def test_the_row_is_built_without_its_python_init(monkeypatch):
 
     Counted.__init__ = watched
     batch = Batch()
-    native.intake([plain(0)], 0, NOW, 50_000, None, "out", batch, Counted, consumer.INSERT)
+    native.intake([plain(0, partition=4)], 0, NOW, 50_000, None, "out", batch, Counted, consumer.INSERT)
     assert calls == []
     row = batch.ops["m0"][1]
     assert type(row) is Counted
-    assert (row.id, row.deadline_us, row.topic, row.key, row.value, row.ordering_key, row.cron, row.dst_policy) == \
-        ("m0", NOW + 60_000_000, None, b"k", b"v", None, None, None)
+    assert (row.id, row.deadline_us, row.topic, row.key, row.value, row.ordering_key, row.input_partition, row.cron,
+            row.dst_policy) == ("m0", NOW + 60_000_000, None, b"k", b"v", None, 4, None, None)
     assert codec.decode_headers(row.headers) == [("traceparent", b"00-ab")]
 
 
@@ -109,5 +110,5 @@ def test_any_other_row_maker_is_called(make_row):
     implementation("native").intake([plain(0)], 0, NOW, 50_000, None, "out", batch, make_row, consumer.INSERT)
     row = batch.ops["m0"][1]
     fields = row[1:] if isinstance(row, tuple) else row.fields
-    assert fields[:5] == ("m0", NOW + 60_000_000, None, b"k", b"v") and fields[6] is None
+    assert fields[:5] == ("m0", NOW + 60_000_000, None, b"k", b"v") and fields[6] is None and fields[7] is None
 

@@ -309,8 +309,9 @@ def test_firer_and_consumer_count_dead_letters_and_parked_messages():
     assert value(firer, "chronos_messages_dead_lettered_total", reason="publish_failed") == 2
     assert value(firer, "chronos_messages_dead_lettered_total", reason="topic_not_allowed") == 0
     consumer = telemetry.ConsumerTelemetry(NODE, Settings())
-    consumer.follow(lambda: {"parked": 1})
+    consumer.follow(lambda: {"parked": 1, "forwarded": 4})
     assert value(consumer, "chronos_messages_parked_total") == 1
+    assert value(consumer, "chronos_messages_forwarded_total") == 4
     assert value(consumer, "chronos_messages_dead_lettered_total", reason="too_large") == 0
 
 
@@ -508,3 +509,57 @@ def test_the_detector_exports_every_operator_action_from_zero_the_parked_ones_in
     taken = {s.labels["action"]: s.value for f in text_string_to_metric_families(generate_latest(d.registry).decode())
              if f.name == "chronos_operator_actions" for s in f.samples if s.name.endswith("_total")}
     assert taken == {"cancel": 2.0, "fire_now": 0.0, "reschedule": 0.0, "replay_parked": 0.0, "drop_parked": 0.0}
+
+
+# -- cells ---------------------------------------------------------------------------------------
+
+CELLS = (("a", "postgresql://db-a/chronos"), ("b", "postgresql://db-b/chronos"))
+
+
+def test_a_firer_or_detector_of_a_cell_labels_every_series_with_it_and_says_it_in_its_health():
+    for role in (telemetry.FirerTelemetry, telemetry.DetectorTelemetry):
+        t = role(NODE, Settings(cells=CELLS, cell="b", database_url=CELLS[1][1]))
+        text = generate_latest(t.exposed()).decode()
+        series = [s for family in text_string_to_metric_families(text) for s in family.samples]
+        assert series and all(s.labels.get("cell") == "b" for s in series)
+        # as many series as without cells: one label more, no series more
+        alone = role(NODE, Settings())
+        assert len(series) == len([s for family in text_string_to_metric_families(
+            generate_latest(alone.exposed()).decode()) for s in family.samples])
+        assert t.health_report()[1]["cell"] == "b" and "cell" not in alone.health_report()[1]
+    # without cells, and for a consumer (which serves every cell), no cell label
+    consumer = telemetry.ConsumerTelemetry(NODE, Settings(cells=CELLS))
+    assert consumer.exposed() is consumer.registry and "cell" not in consumer.health_report()[1]
+
+
+def test_a_consumer_of_cells_says_which_cell_it_holds_paused_and_each_cells_connections():
+    from chronos.ops import servers
+    from chronos.ports import Link
+    t = telemetry.ConsumerTelemetry(NODE, Settings(cells=CELLS))
+    down = {"b"}
+    t.follow_cells(["a", "b"], lambda cell: cell in down)
+    links = {"a": Link(), "b": Link()}
+    links["a"].connected("db-a:5432")
+    links["b"].connected("db-b:5432")
+    links["b"].unanswered = 2
+    t.follow_postgres(lambda: list(links.values()), cells=lambda: {cell: [link] for cell, link in links.items()})
+    assert (value(t, "chronos_consumer_cell_paused", cell="a"), value(t, "chronos_consumer_cell_paused", cell="b")) \
+        == (0, 1)
+    down.clear()
+    assert value(t, "chronos_consumer_cell_paused", cell="b") == 0
+    assert value(t, "chronos_postgres_unanswered_total", cell="b") == 2
+    assert value(t, "chronos_postgres_connected", cell="a", server="db-a:5432") == 1
+    # status and the console read a consumer's connections back whole
+    (r,) = servers.parse(generate_latest(t.registry).decode())
+    assert (r.servers, r.connects, r.unanswered) == ((("db-a:5432", 1), ("db-b:5432", 1)), 2, 2)
+
+
+def test_a_consumer_of_cells_checks_each_cells_postgresql_for_its_health():
+    t = telemetry.ConsumerTelemetry(NODE, Settings(cells=CELLS))
+    clock = Clock()
+    t.health = Health(10.0, clock=clock)
+    t.watch_postgres({"a": lambda: 1000.0, "b": lambda: 1010.0})
+    clock.now += 15
+    ok, report = t.health_report()
+    assert not ok and report["reason"] == "postgres of cell a: last ok 15.0s ago (window 10s)"
+    assert report["checks"]["postgres of cell b"] == {"ok": True, "age_s": 5.0}

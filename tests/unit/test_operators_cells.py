@@ -95,3 +95,13 @@ def test_the_status_of_cells_totals_them_and_shows_each(cells):
     text = render_cells(d)
     assert "waiting                         10   a 5, b 5" in text
     assert "cell a: input partitions 0-1" in text and "cell b: input partitions 2" in text
+
+
+def test_the_schedules_of_every_cell_by_next_occurrence_each_with_its_cell(cells):
+    clock = cells["a"].db.now_us
+    for cell, sid, offset in (("b", "tick-b", 1), ("a", "tick-a", 2), ("b", "tick-late", 3)):
+        cells[cell].apply([Row(sid, clock() + offset * 60_000_000, None, None, b"v", codec.encode_headers([]),
+                               cron="* * * * *")], [], [])
+    assert [(cell, s.id) for cell, s in inspect.schedules_in_cells(cells)] == [
+        ("b", "tick-b"), ("a", "tick-a"), ("b", "tick-late")]
+    assert [(cell, s.id) for cell, s in inspect.schedules_in_cells({"": cells["a"]})] == [("", "tick-a")]

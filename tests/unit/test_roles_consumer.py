@@ -226,10 +226,10 @@ def test_the_consumer_measures_its_hosts_clock_against_postgresqls_every_ten_sec
 
 def test_rows_postgres_refuses_are_dead_lettered_one_by_one():
     class RefusingStore(MemoryStore):
-        def apply(self, inserts, replaces, cancels, fence=None):
+        def apply(self, inserts, replaces, cancels, fence=None, **kw):
             if any(r.id == "poison" for r in inserts):
                 raise StoreRejected("invalid byte sequence")
-            return super().apply(inserts, replaces, cancels, fence)
+            return super().apply(inserts, replaces, cancels, fence, **kw)
 
     now_ms = NOW // 1000
     msgs = [FakeMessage(hdrs("good", now_ms + 60_000)), FakeMessage(hdrs("poison", now_ms + 60_000))]
@@ -303,9 +303,9 @@ class CountingStore(MemoryStore):
 
     tries = 0
 
-    def apply(self, inserts, replaces, cancels, fence=None):
+    def apply(self, inserts, replaces, cancels, fence=None, **kw):
         self.tries += 1
-        return super().apply(inserts, replaces, cancels, fence)
+        return super().apply(inserts, replaces, cancels, fence, **kw)
 
 
 class Running:

@@ -9,7 +9,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from chronos.domain.cells import CellPartition
 from chronos.domain.model import Parked
@@ -68,6 +68,8 @@ class StoredRow:
     last_error: str | None = None
     original_deadline_us: int | None = None
     last_occurrence_us: int | None = None
+    input_partition: int | None = None  # the input topic's partition it was read from (None: not known)
+    frozen: bool = False            # its partition's move froze it here (`chronos.domain.moves`)
     held_by: Taken | None = None    # taken by a claim that deletes whose transaction is open
 
     @property
@@ -91,8 +93,21 @@ class StoredRow:
 
     @property
     def waiting(self) -> bool:
-        """Unclaimed (nor held) and not a recurring schedule: what the claim and the counts of waiting rows see."""
-        return self.readied_us is None and self.cron is None and self.held_by is None
+        """Unclaimed (nor held), not a recurring schedule, not frozen by a move: what the claim and the counts
+        of waiting rows see."""
+        return self.readied_us is None and self.cron is None and self.held_by is None and not self.frozen
+
+
+@dataclass(slots=True)
+class MoveState:
+    """A row of chronos_cell_moves: a move of a partition leaving this cell."""
+
+    target: str
+    step: str
+    cursor: int
+    horizon_us: int
+    node: uuid.UUID
+    seen_us: int
 
 
 @dataclass(slots=True)
@@ -126,13 +141,31 @@ class MemoryDatabase:
         self.firers: dict[uuid.UUID, int] = {}   # node -> its lease renewed at: chronos_firers
         self.processes: dict[uuid.UUID, tuple[str, str, int]] = {}  # node -> (role, /metrics URL, said at): chronos_processes
         self.cell_partitions: dict[int, CellPartition] = {}  # the input partitions this cell lists: chronos_cell_partitions
+        self.moves: dict[int, MoveState] = {}     # moves of partitions leaving this cell: chronos_cell_moves
+        # a moving partition's rows as the move last saw them (id -> ctid): what changed since is its changes
+        self.watched: dict[int, dict[str, str]] = {}
+        self.frozen: set[int] = set()             # partitions whose move froze their rows here
+        self.outbox: dict[int, list[StoredRow]] = {}  # a moving partition's schedules: chronos_cell_move_outbox
+        self.seq_last = 0                         # the last enqueue order given
+        self.forwards: dict[str, tuple[str, int]] = {}  # id -> (action, noted): chronos_cell_forwards
+        self._noted = itertools.count(1)
         self.unavailable: str | None = None       # set: every statement fails with StoreUnavailable(this)
         self._seq = itertools.count(1)
         self._ctid = itertools.count(1)
         self._parked = itertools.count(1)
 
     def next_seq(self) -> int:
-        return next(self._seq)
+        self.seq_last = next(self._seq)
+        return self.seq_last
+
+    def note_forwards(self, ids: Iterable[str], action: str) -> None:
+        for mid in ids:
+            self.forwards[mid] = (action, next(self._noted))
+
+    def seq_at_least(self, seq: int) -> None:
+        if self.seq_last < seq:
+            self._seq = itertools.count(seq + 1)
+            self.seq_last = seq
 
     def new_ctid(self) -> str:
         return f"(0,{next(self._ctid)})"

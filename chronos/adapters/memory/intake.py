@@ -8,7 +8,7 @@ from typing import Iterable, Sequence
 
 from chronos.adapters.memory.base import MemoryHandle
 from chronos.adapters.memory.database import StoredRow
-from chronos.domain.cells import CellPartition, Fence
+from chronos.domain.cells import CANCEL, REPLACE, CellPartition, Fence, Forward
 from chronos.domain.model import Parked, Row
 from chronos.errors import CellMapChanged, StoreRejected
 
@@ -17,10 +17,11 @@ class MemoryIntake(MemoryHandle):
     """The consumer's side of the twin."""
 
     def apply(self, inserts: Sequence[Row], replaces: Sequence[Row], cancels: Sequence[str],
-              fence: Fence | None = None) -> tuple[int, int, int, int]:
-        """One consumer batch, all or nothing: insert new ids, insert-or-replace, cancel; nothing, and
-        CellMapChanged, when a `fence` does not hold. Returns (inserted, replaced, cancelled, cancelled in
-        flight), as the PostgreSQL store does."""
+              fence: Fence | None = None, *, forward: bool = False) -> tuple[int, int, int, int]:
+        """One consumer batch, all or nothing: insert new ids, insert-or-replace, cancel (with `forward`, the
+        cancels that found nothing and the replaces noted to forward); nothing, and CellMapChanged, when a
+        `fence` does not hold. Returns (inserted, replaced, cancelled, cancelled in flight), as the PostgreSQL
+        store does."""
         if not (inserts or replaces or cancels):
             return 0, 0, 0, 0
         seen: set[str] = set()
@@ -47,14 +48,18 @@ class MemoryIntake(MemoryHandle):
                 old = db.rows.get(r.id)
                 if old is None:
                     db.rows[r.id] = self._new_row(r, now)
+                elif old.frozen:
+                    continue  # its partition's move froze it here: left as it is
                 else:  # the new version, waiting, with no failed publishes; seq and last occurrence kept. (A row
                     # held by a claim that deletes is replaced at once: PostgreSQL waits for that firer's
                     # transaction to end, then writes the new version all the same.)
                     db.rows[r.id] = replace(self._new_row(r, now, seq=old.seq), last_occurrence_us=old.last_occurrence_us)
                 replaced += 1
+            missed = []
             for mid in dict.fromkeys(cancels):
                 gone = db.rows.get(mid)
-                if gone is None:
+                if gone is None or gone.frozen:
+                    missed.append(mid)
                     continue
                 if gone.held_by is not None:  # left to the firer whose claim that deletes holds it
                     in_flight += 1
@@ -64,12 +69,16 @@ class MemoryIntake(MemoryHandle):
                     cancelled += 1
                 else:
                     in_flight += 1
+            if forward:
+                db.note_forwards((r.id for r in replaces), REPLACE)
+                db.note_forwards(missed, CANCEL)
             return inserted, replaced, cancelled, in_flight
         return self._run(run)
 
     def _new_row(self, r: Row, now: int, seq: int | None = None) -> StoredRow:
         return StoredRow(r.id, r.deadline_us, r.topic, r.key, r.value, r.headers, r.ordering_key, r.cron,
-                         r.timezone, r.dst_policy, self.db.next_seq() if seq is None else seq, self.db.new_ctid(), now)
+                         r.timezone, r.dst_policy, self.db.next_seq() if seq is None else seq, self.db.new_ctid(), now,
+                         input_partition=r.input_partition, frozen=r.input_partition in self.db.frozen)
 
     def waiting_ids(self, ids: Iterable[str]) -> set[str]:
         """Which of these ids the store holds (waiting, claimed or a recurring schedule)."""
@@ -83,6 +92,31 @@ class MemoryIntake(MemoryHandle):
                 self.db.park(replace(m), now)
         if messages:
             self._run(run)
+
+    def pending_forwards(self, limit: int) -> list[Forward]:
+        """Up to `limit` of the cancels and replaces noted here to forward, oldest first."""
+        return self._run(lambda now: [Forward(mid, action, noted) for mid, (action, noted)
+                                      in sorted(self.db.forwards.items(), key=lambda f: f[1][1])[:limit]])
+
+    def cancel_forwarded(self, ids: Sequence[str]) -> dict[str, bool]:
+        """Cancel these ids here, forwarded from another cell: each one found, with whether it was in flight."""
+        def run(now: int) -> dict[str, bool]:
+            found = {}
+            for mid in dict.fromkeys(ids):
+                row = self.db.rows.get(mid)
+                if row is not None and not row.frozen:
+                    del self.db.rows[mid]
+                    found[mid] = row.readied_us is not None
+            return found
+        return self._run(run)
+
+    def forget_forwards(self, forwards: Sequence[Forward]) -> None:
+        """Forwarded to every other cell: forgotten, unless noted again since."""
+        def run(now: int) -> None:
+            for f in forwards:
+                if self.db.forwards.get(f.id, (None, None))[1] == f.noted:
+                    del self.db.forwards[f.id]
+        self._run(run)
 
     def cell_partitions(self) -> list[CellPartition]:
         """The input partitions this cell lists, in order."""

@@ -8,12 +8,13 @@ from chronos.adapters.memory.cells import MemoryCellMap
 from chronos.adapters.memory.claims import MemoryClaims
 from chronos.adapters.memory.detect import MemoryDetect
 from chronos.adapters.memory.intake import MemoryIntake
+from chronos.adapters.memory.moves import MemoryMoves
 from chronos.adapters.memory.operators import MemoryOperators
 from chronos.adapters.memory.settle import MemorySettle
 from chronos.adapters.memory.takes import MemoryTakes
 
 
-class MemoryStore(MemoryIntake, MemoryClaims, MemorySettle, MemoryDetect, MemoryOperators, MemoryCellMap):
+class MemoryStore(MemoryIntake, MemoryClaims, MemorySettle, MemoryDetect, MemoryOperators, MemoryCellMap, MemoryMoves):
     """A handle on a `MemoryDatabase` (a fresh one when none is given), for one thread."""
 
 
@@ -28,3 +29,5 @@ _DETECT_PORT: type[ports.DetectStore] = MemoryDetect
 _OPERATORS_STATEMENTS_PORT: type[ports.OperatorsStore] = MemoryOperators
 _TAKE_PORT: type[ports.TakeStore] = MemoryTakes
 _CELL_MAP_PORT: type[ports.CellMapStore] = MemoryCellMap
+_MOVE_PORT: type[ports.MoveStore] = MemoryMoves
+_MOVE_STORE: type[ports.MoveStore] = MemoryStore

@@ -43,7 +43,7 @@ class MemoryTakes(DueRows):
             self.taken.append(r)
             claimed.append(Claimed(r.id, r.deadline_us, r.topic, r.key, r.value, r.headers, cron.from_us(hold.since_us),
                                    r.seq, r.attempts, r.original_deadline_us, r.ctid, r.ordering_key,
-                                   cron.from_us(r.enqueued_us), r.last_error))
+                                   cron.from_us(r.enqueued_us), r.last_error, r.input_partition))
         claimed.sort(key=lambda c: (c.scheduled_us, c.seq))
         return claimed
 
@@ -82,7 +82,8 @@ class MemoryTakes(DueRows):
                 db.rows[c.id] = StoredRow(c.id, deadline, c.topic, c.key, c.value, c.headers or b"", c.ordering_key,
                                           None, None, None, c.seq, db.new_ctid(), cron.to_us(c.enqueued_at),
                                           attempts=c.attempts + (delay_ms is not None), last_error=error,
-                                          original_deadline_us=original)
+                                          original_deadline_us=original, input_partition=c.input_partition,
+                                          frozen=c.input_partition in db.frozen)
             for c, reason in park:
                 db.park(Parked(c.id, f"store/{c.id}", c.topic or output_topic, cron.from_us(c.scheduled_us), c.key,
                                c.value, c.headers or b"", reason), now)

@@ -11,9 +11,10 @@ import psycopg
 
 from chronos import codec
 from chronos.adapters.postgres.connection import one
-from chronos.adapters.postgres.queries import QUERIES
+from chronos.adapters.postgres.migrations import LATEST_VERSION
+from chronos.adapters.postgres.queries import QUERIES, before_partition
 from chronos.adapters.postgres.session import Session
-from chronos.domain.cells import CellPartition, Fence
+from chronos.domain.cells import CANCEL, REPLACE, CellPartition, Fence, Forward
 from chronos.domain.model import Parked, Row
 from chronos.errors import CellMapChanged, CellsUnsupported, StoreUnavailable
 
@@ -30,11 +31,12 @@ class IntakeStatements(Session):
         return self.apply(rows, (), ())[0]
 
     def apply(self, inserts: Sequence[Row], replaces: Sequence[Row], cancels: Sequence[str],
-              fence: Fence | None = None) -> tuple[int, int, int, int]:
+              fence: Fence | None = None, *, forward: bool = False) -> tuple[int, int, int, int]:
         """One consumer batch in one transaction: COPY the inserts straight into the table (if an id
         is waiting already, the batch is written again with the inserts staged like the replaces,
         and only new ids inserted), COPY the replaces into the session's staging table and
-        insert-or-replace from it, and cancel; then, with a `fence`, check it (CellMapChanged, the
+        insert-or-replace from it, and cancel; with `forward` (cells), note the cancels that found nothing
+        and the replaces, to forward to the other cells; then, with a `fence`, check it (CellMapChanged, the
         transaction rolled back, if it does not hold). Returns (inserted, replaced, cancelled,
         cancelled in flight): a cancelled row that a firer had already claimed is deleted all the
         same (nothing hands it back), but that firer may still publish it; one that a firer's claim
@@ -58,6 +60,13 @@ class IntakeStatements(Session):
             return write(conn, direct=False)
 
         def write(conn: psycopg.Connection, direct: bool) -> tuple[int, int, int, int]:
+            # a schema before 12 (this release's processes run on 0.1.0's until `chronos migrate`) has no
+            # input_partition: written without it; before 13, nothing is noted to forward
+            version = self.schema_version if self.schema_version is not None else LATEST_VERSION
+            partitioned, forwarding = version >= 12, forward and version >= 13
+
+            def q(name: str) -> str:
+                return QUERIES[name if partitioned else before_partition(name)]
             staged = (("u", replaces),) if direct else (("i", inserts), ("u", replaces))
             staging = bool(replaces) or not direct
             if staging and not self._staging_ready and not self.pooled:
@@ -72,27 +81,33 @@ class IntakeStatements(Session):
                     if direct:
                         # the whole binary COPY stream built natively, handed over in one write: psycopg's
                         # write_row cost more per row than the rest of the consumer's batch path
-                        with cur.copy(QUERIES["copy_messages"]) as copy:
-                            copy.write(codec.copy_rows(inserts))
+                        with cur.copy(q("copy_messages")) as copy:
+                            copy.write(codec.copy_rows(inserts, partitioned))
                         inserted = len(inserts)
                     if replaces or not direct:
                         with cur.copy(QUERIES["copy_staging_full"]) as copy:
                             copy.set_types(["text", "int8", "text", "bytea", "bytea", "bytea", "text", "text",
-                                            "text", "text", "text"])
+                                            "text", "text", "text", "int4"])
                             for op, rows in staged:
                                 for r in rows:
                                     copy.write_row((r.id, r.deadline_us, r.topic, r.key, r.value, r.headers,
-                                                    r.ordering_key, r.cron, r.timezone, op, r.dst_policy))
+                                                    r.ordering_key, r.cron, r.timezone, op, r.dst_policy,
+                                                    r.input_partition))
                     if inserts and not direct:
-                        cur.execute(QUERIES["insert_from_staging"])
+                        cur.execute(q("insert_from_staging"))
                         inserted = cur.rowcount
                     if replaces:
-                        cur.execute(QUERIES["upsert_from_staging"])
+                        cur.execute(q("upsert_from_staging"))
                         replaced = cur.rowcount
+                        if forwarding:
+                            cur.execute(QUERIES["note_forwards"], {"ids": [r.id for r in replaces], "action": REPLACE})
                     if cancels:
-                        claimed = [r[0] for r in cur.execute(QUERIES["cancel"], {"ids": list(cancels)})]
-                        in_flight = sum(claimed)
-                        cancelled = len(claimed) - in_flight
+                        found: dict[str, bool] = dict(cur.execute(QUERIES["cancel"], {"ids": list(cancels)}).fetchall())
+                        in_flight = sum(found.values())
+                        cancelled = len(found) - in_flight
+                        missed = [mid for mid in cancels if mid not in found]
+                        if forwarding and missed:
+                            cur.execute(QUERIES["note_forwards"], {"ids": missed, "action": CANCEL})
                     if fence is not None:
                         check_fence(cur, fence)
             return inserted, replaced, cancelled, in_flight
@@ -109,6 +124,27 @@ class IntakeStatements(Session):
                 log.debug("a row of the batch is locked (held by a firer until Kafka acknowledges it, for %.1fs "
                           "so far): writing the batch again", waited)
                 time.sleep(LOCK_RETRY_S)
+
+    def pending_forwards(self, limit: int) -> list[Forward]:
+        """Up to `limit` of the cancels and replaces noted here to forward to the other cells, oldest first
+        (none on a schema before 13, which notes none)."""
+        def run(conn: psycopg.Connection) -> list[Forward]:
+            if one(self._execute(conn, QUERIES["has_cell_moves"]))[0] is None:
+                return []
+            return [Forward(*r) for r in self._execute(conn, QUERIES["pending_forwards"], {"limit": limit})]
+        return self._run(run)
+
+    def cancel_forwarded(self, ids: Sequence[str]) -> dict[str, bool]:
+        """Cancel these ids here, forwarded from another cell: each one found, with whether it was in flight."""
+        if not ids:
+            return {}
+        return self._run(lambda c: dict(self._execute(c, QUERIES["cancel"], {"ids": list(ids)}).fetchall()))
+
+    def forget_forwards(self, forwards: Sequence[Forward]) -> None:
+        """These were forwarded to every other cell: forgotten, unless noted again since."""
+        if forwards:
+            self._run(lambda c: self._execute(c, QUERIES["forget_forwards"], {
+                "ids": [f.id for f in forwards], "noted": [f.noted for f in forwards]}))
 
     def cell_partitions(self) -> list[CellPartition]:
         """The input partitions this cell lists, in order."""

@@ -199,8 +199,9 @@ def check_schema(conn: psycopg.Connection) -> None:
         raise StoreUnavailable(short(exc)) from None
 
 
-def check_schema_raw(conn: psycopg.Connection) -> None:
-    """check_schema, with the driver's errors left to the caller (a store's, which translates them)."""
+def check_schema_raw(conn: psycopg.Connection) -> int:
+    """check_schema, with the driver's errors left to the caller (a store's, which translates them); the
+    schema's version."""
     check_server_version(conn)
     current = _current(conn)
     if current < OLDEST_VERSION:
@@ -212,3 +213,4 @@ def check_schema_raw(conn: psycopg.Connection) -> None:
             raise SchemaError(f"database schema is at version {current}, newer than this chronos ({LATEST_VERSION}) "
                               f"and outside its compatibility window: migration {outside[0]} runs only with "
                               f"processes of version {outside[1]} or newer; upgrade chronos")
+    return current

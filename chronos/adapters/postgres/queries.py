@@ -39,6 +39,20 @@ PICKS = {"pick": "claim", "pick_recent": "claim_recent", "pick_topic": "claim_to
 LOCK = "FOR UPDATE SKIP LOCKED"
 
 
+# The consumer's writes and the claim that deletes' takes and put-backs on a schema before the input partition was
+# recorded (version 12), which this release's processes run on until `chronos migrate`
+# (docs/operations/upgrading.md): the same statements without it.
+BEFORE_PARTITION = ("copy_messages", "insert_from_staging", "upsert_from_staging", "take", "take_sliced",
+                    "restore_taken")
+_PARTITION_COLUMN = re.compile(r",\s*(?:[mr]\.)?input_partition(?:\s*=\s*EXCLUDED\.input_partition)?"
+                               r"|,\s*%\(input_partitions\)s::int\[\]")
+
+
+def before_partition(name: str) -> str:
+    """The name of the statement `name` for a schema before version 12."""
+    return f"{name}_before_12"
+
+
 def load(text: str) -> dict[str, str]:
     """The statements of a queries.sql text by name, fragments put in and topic variants made."""
     parts = _NAME_RE.split(text)
@@ -51,6 +65,11 @@ def load(text: str) -> dict[str, str]:
     for name, (body, topic_filter) in TOPIC_VARIANTS.items():
         assert TOPIC_MARK in bodies[body], f"queries.sql: {body} has no {TOPIC_MARK} mark"
         queries[name] = bodies[body].replace(TOPIC_MARK, topic_filter)
+    for name in BEFORE_PARTITION:
+        older = _PARTITION_COLUMN.sub("", queries[name])
+        code = "\n".join(line for line in older.splitlines() if not line.lstrip().startswith("--"))
+        assert "input_partition" not in code and older != queries[name], f"queries.sql: {name} before 12"
+        queries[before_partition(name)] = older
     stamp, pick = fragments["claim_rows"], fragments["pick_rows"]
     not_held = f"AND xmax <> ALL (ARRAY(SELECT held_xid FROM ({fragments['held_sessions']}) AS holders))"
     for name, claim in PICKS.items():

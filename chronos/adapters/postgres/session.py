@@ -108,6 +108,8 @@ class Session:
         self.link = ports.Link()
         self._avoid: str | None = None  # the server the last connection failed on: tried last next time
         self._staging_ready = False  # the consumer's staging table is made on this connection (create_staging)
+        # the schema's version as the connection found it at open (None: not checked): what it holds to write
+        self.schema_version: int | None = None
         self.last_ok = 0.0  # time.monotonic() of the last statement PostgreSQL answered (for /healthz)
 
     @property
@@ -128,7 +130,7 @@ class Session:
 
         def settle(conn: psycopg.Connection) -> None:
             if check:
-                check_schema_raw(conn)
+                self.schema_version = check_schema_raw(conn)
             if self.pooled:  # made in each transaction instead: see _execute and _transaction
                 return
             if self.hot_path:

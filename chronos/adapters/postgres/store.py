@@ -1,8 +1,8 @@
 """The PostgreSQL store: the statements of the consumer, the firer, the detector, `chronos status` and the
 operators, each a method, run on the store's own connection (`session.Session`: its deadline, reconnection
 and error translation). One class per port, each in its own module over the session: `intake`, `claims`,
-`settle`, `detect`, `operators`, `cells`; `Store` is all of them. The claims stand on `shares` (the firers' leases
-and the claim of a firer's own slices). A firer's session for the claim that deletes is a class apart
+`settle`, `detect`, `operators`, `cells`, `moves`; `Store` is all of them. The claims stand on `shares` (the firers'
+leases and the claim of a firer's own slices). A firer's session for the claim that deletes is a class apart
 (`takes`: its claims delete). The SQL is in `sql/queries.sql` (`queries.QUERIES`), never in Python.
 """
 
@@ -15,6 +15,7 @@ from chronos.adapters.postgres.cells import CellMapStatements
 from chronos.adapters.postgres.claims import ClaimStatements
 from chronos.adapters.postgres.detect import DetectStatements
 from chronos.adapters.postgres.intake import IntakeStatements
+from chronos.adapters.postgres.moves import MoveStatements
 from chronos.adapters.postgres.operators import OperatorsStatements
 from chronos.adapters.postgres.settle import SettleStatements
 from chronos.adapters.postgres.takes import TakeStatements
@@ -22,7 +23,7 @@ from chronos.config import Settings
 
 
 class Store(IntakeStatements, ClaimStatements, SettleStatements, DetectStatements, OperatorsStatements,
-            CellMapStatements):
+            CellMapStatements, MoveStatements):
     """The scheduler's table of waiting messages on PostgreSQL: `ports.Store` and `ports.OperatorsStore`. One
     per thread, as its connection is (see `Session`)."""
 
@@ -75,3 +76,5 @@ _DETECT_PORT: type[ports.DetectStore] = DetectStatements
 _OPERATORS_STATEMENTS_PORT: type[ports.OperatorsStore] = OperatorsStatements
 _TAKE_PORT: type[ports.TakeStore] = TakeStatements
 _CELL_MAP_PORT: type[ports.CellMapStore] = CellMapStatements
+_MOVE_PORT: type[ports.MoveStore] = MoveStatements
+_MOVE_STORE: type[ports.MoveStore] = Store

@@ -27,7 +27,8 @@ from typing import Any, Callable, Sequence
 import psycopg
 
 from chronos.adapters.postgres.connection import one, short
-from chronos.adapters.postgres.queries import QUERIES
+from chronos.adapters.postgres.migrations import LATEST_VERSION
+from chronos.adapters.postgres.queries import QUERIES, before_partition
 from chronos.adapters.postgres.session import Session
 from chronos.domain import ratelimit
 from chronos.domain.model import Claimed
@@ -47,7 +48,8 @@ def taken_params(rows: Sequence[Claimed], errors: Sequence[str | None], delays: 
             "keys": [r.key for r in rows], "values": [r.value for r in rows], "headers": [r.headers for r in rows],
             "ordering_keys": [r.ordering_key for r in rows], "enqueued_at": [r.enqueued_at for r in rows],
             "seqs": [r.seq for r in rows], "attempts": [r.attempts for r in rows], "errors": list(errors),
-            "original_us": [r.original_deadline_us for r in rows], "delay_ms": list(delays)}
+            "original_us": [r.original_deadline_us for r in rows], "delay_ms": list(delays),
+            "input_partitions": [r.input_partition for r in rows]}
 
 
 class TakeStatements(Session):
@@ -60,6 +62,15 @@ class TakeStatements(Session):
     def holding(self) -> bool:
         """Whether a batch is taken and not ended yet (as far as this session knows)."""
         return self._held is not None
+
+    @property
+    def _partitioned(self) -> bool:
+        """Whether the schema records each row's input partition (version 12): this release's processes run on
+        0.2.0's until `chronos migrate`, their takes and put-backs then without it."""
+        return (self.schema_version if self.schema_version is not None else LATEST_VERSION) >= 12
+
+    def _q(self, name: str) -> str:
+        return QUERIES[name if self._partitioned else before_partition(name)]
 
     def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None) -> list[Claimed]:
         """Take up to `limit` rows due within `lookahead_ms` (see `ClaimStatements.claim`), in this session's
@@ -113,7 +124,7 @@ class TakeStatements(Session):
                                    "hold time, or the connection was lost): its rows are back")
 
         def run(c: psycopg.Connection) -> None:
-            self._restore(c, restore, retry)
+            self._restore_rows(c, restore, retry)
             if park:
                 params = taken_params([r for r, _ in park], [reason for _, reason in park], [None] * len(park))
                 c.execute(QUERIES["park_taken"], {**params, "output_topic": output_topic})
@@ -144,13 +155,13 @@ class TakeStatements(Session):
         self._held = None
         super().close()
 
-    @staticmethod
-    def _restore(c: psycopg.Connection, restore: Sequence[Claimed], retry: Sequence[tuple[Claimed, str, int]]) -> None:
+    def _restore_rows(self, c: psycopg.Connection, restore: Sequence[Claimed],
+                      retry: Sequence[tuple[Claimed, str, int]]) -> None:
         if restore or retry:
             rows = [*restore, *(r for r, _, _ in retry)]
             errors = [*(r.last_error for r in restore), *(e for _, e, _ in retry)]
             delays = [*(None for _ in restore), *(d for _, _, d in retry)]
-            c.execute(QUERIES["restore_taken"], taken_params(rows, errors, delays))
+            c.execute(self._q("restore_taken"), taken_params(rows, errors, delays))
 
     def _take(self, pick: str, params: dict[str, Any], take: str) -> list[tuple[Any, ...]]:
         """The rows `pick` chooses, deleted by `take` in this session's held transaction (begun first when none
@@ -161,15 +172,16 @@ class TakeStatements(Session):
                 return []
             if c.info.transaction_status == _IDLE:
                 self._begin(c)
-            found = self._execute(c, QUERIES[take], {"ctids": ctids}, prepare=True).fetchall()
+            found = self._execute(c, self._q(take), {"ctids": ctids}, prepare=True).fetchall()
             if len(found) < picked:
                 # a row changed or deleted since the pick: the rows of the batch with an ordering key go back,
                 # in case an earlier row of theirs was the one
                 keyed = [r for r in found if r[11] is not None]
                 log.debug("%d of %d rows picked were changed or taken meanwhile (%d with an ordering key put back)",
                           picked - len(found), picked, len(keyed))
-                if keyed:
-                    self._restore(c, [Claimed(*r[:14]) for r in keyed], ())
+                if keyed:  # each row as `take` returns it (take_sliced adds its slice after)
+                    width = 15 if self._partitioned else 14
+                    self._restore_rows(c, [Claimed(*r[:width]) for r in keyed], ())
                     found = [r for r in found if r[11] is None]
             return found
         return self._guarded_run(run)

@@ -3,40 +3,51 @@ cell at start (an input topic of another partition count than the map's is refus
 cell and sorted on the loop's thread, and each cell's batch written by its own writer, on a thread of its
 own, fenced by the map (`chronos.domain.cells`), the cells in parallel. A cell that refuses its write (its
 list changed since the map was read) has the map read again and its messages written where the new map
-says; a moving partition's messages wait for the map to say where it went. A poll's part is durable once
-its cell's is: then its late messages are published and its offsets committed, partition by partition.
+says. A moving partition's messages are held back while the others flow on (chronos.roles.consumer.moving).
+A poll's part is durable once its cell's is: then its late messages are published and its offsets committed,
+partition by partition. The cancels and replaces a write notes to forward to the other cells go there on a
+thread of their own (chronos.roles.consumer.forwards). A message parked (no topic took it) is kept in its
+partition's cell.
 
 A cell that does not answer (down, hung, cut off from this host) is given up at once: its part of the poll
 is not committed, its partitions are paused and sought back to the first message not written, while the
-other cells' partitions flow on; its database is asked the time until it answers, then its partitions are
-resumed and read again from there. The consumer leaves its group for such a cell only once the hold time
-has passed and another consumer of the group has committed on one of the cell's partitions since: it
-alone cannot reach a cell that the others reach."""
+other cells' partitions flow on. A hung cell does not hold up the poll for the statement's deadline
+(CHRONOS_DATABASE_TIMEOUT_MS): once the other cells' parts are durable, a part that has not answered within
+CELL_PATIENCE_S more is given up as well, its write left to end on its cell's thread (a write that ends well
+after all is written again, idempotently, when its messages are read again). Its database is asked the time
+until it answers, then its partitions are resumed and read again from there. The consumer leaves its group
+for such a cell only once the hold time has passed and another consumer of the group has committed on one
+of the cell's partitions since: it alone cannot reach a cell that the others reach."""
 
 from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable
 
 from chronos.config import Settings
-from chronos.domain.cells import CellMap, ranges
+from chronos.domain.cells import CellMap, CellMapError, ranges
+from chronos.domain.model import Parked
 from chronos.domain.intake import Rules
 from chronos.errors import CellMapChanged, KafkaUnanswered, StoreUnavailable
 from chronos.ports import InputMessage as Message
+from chronos.roles.consumer.forwards import Forwarder
 from chronos.roles.consumer.group import POSTGRES, Group, OutOfReach
-from chronos.roles.consumer.sorting import Batch, sort_batch
+from chronos.roles.consumer.moving import MovingPartitions, TopicPartition, rewind
+from chronos.roles.consumer.sorting import CANCEL, REPLACE, Batch, sort_batch
 from chronos.roles.consumer.writer import Stored, Unreached, Writer
 from chronos.runtime.backoff import Backoff
 from chronos.runtime.process import Lifecycle
 
 log = logging.getLogger("chronos.consumer")
 
-MAP_RETRY_CAP_S = 2.0  # the longest wait between two readings of the map while a partition is moving
-
-TopicPartition = tuple[str, int]
+# how much longer than the other cells' parts of a poll a cell's part may take before it is given up (never more
+# than CHRONOS_DATABASE_TIMEOUT_MS): short enough that the messages of the cells that answer, read in the
+# meantime, are stored before they are due (the shortest delay worth scheduling is longer), long enough that a
+# healthy cell's slower write is rarely taken for a hung one (that costs only its part read again)
+CELL_PATIENCE_S = 0.5
 
 
 def _partition(msg: Message) -> int:
@@ -45,10 +56,14 @@ def _partition(msg: Message) -> int:
     return partition
 
 
-def _where(msg: Message) -> tuple[TopicPartition, int]:
-    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-    assert topic is not None and partition is not None and offset is not None  # consumed, not an event
-    return (topic, partition), offset
+def _abandoned(cell: str) -> Callable[[Future], None]:
+    """What becomes of a write given up while under way: logged when it failed otherwise than by not answering
+    (its messages are read and written again either way)."""
+    def ended(future: Future) -> None:
+        exc = future.exception()
+        if exc is not None and not isinstance(exc, (Unreached, StoreUnavailable, CellMapChanged)):
+            log.warning("the write to cell %s given up while under way failed: %s", cell, exc)
+    return ended
 
 
 @dataclass
@@ -63,10 +78,12 @@ class CellBatches:
 @dataclass
 class Written:
     """What became of a poll: the messages now durable (in the cells that took their part, or published),
-    to commit; and each cell that did not answer, with its part's messages, to read again."""
+    to commit; each cell that did not answer, with its part's messages, to read again; and the messages of
+    partitions that are moving, to read again once a cell opens them."""
 
     durable: list[Message]
     down: dict[str, list[Message]] = field(default_factory=dict)
+    moving: list[Message] = field(default_factory=list)
 
 
 @dataclass
@@ -97,6 +114,11 @@ class Cells:
         self.threads = {cell: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"consumer-{cell}")
                         for cell in writers}
         self.down: dict[str, Down] = {}  # the loop thread's: the cells that do not answer
+        # the loop thread's: the partitions held back while they move
+        self.moving = MovingPartitions(writers, self.threads, lambda: group.consumer, clock)
+        self.forwards = Forwarder(writers, self.threads, self.down, clock)
+        self.patience = min(CELL_PATIENCE_S, settings.database_timeout_ms / 1000.0)
+        self.pinging: dict[str, Future] = {}  # the loop thread's: each cell's idle probe under way
 
     def load(self) -> bool:
         """Read the map at start and hold the input topic to it (CellMapError, or CellsUnsupported, to stop
@@ -139,6 +161,10 @@ class Cells:
         self.map = CellMap.build(lists)
         return True
 
+    def is_down(self, cell: str) -> bool:
+        """Whether `cell` does not answer and its partitions are paused (read by the metrics' thread)."""
+        return cell in self.down
+
     def sort(self, messages: list[Message], now_us: int) -> CellBatches:
         """A poll split by the cell of each message's partition, each cell's part sorted (`sort_batch`); the
         messages of a cell that does not answer are held back (loop thread)."""
@@ -152,28 +178,28 @@ class Cells:
     def write(self, messages: list[Message], batches: CellBatches, epoch: int | None = None) -> Written | None:
         """Make a poll durable in its cells, then publish the late messages and dead letters of the parts
         stored: what `Writer.write` is for one store, but for the parts of the cells that do not answer,
-        given up (`Written.down`). None if stopped first; raises as `Writer.write` does."""
+        given up (`Written.down`), and the messages of moving partitions, held back (`Written.moving`). None if
+        stopped first; raises as `Writer.write` does."""
         done: list[tuple[Batch, Stored]] = []
         written = Written([])
-        backoff = Backoff(first=0.1, cap=MAP_RETRY_CAP_S)
         while True:
             refused = self.store_parts(batches, epoch, done, written)
             if refused is None:
                 return None
-            again = [m for cell in refused for m in batches.parts[cell][0]] + batches.held
+            written.moving += batches.held
+            again = [m for cell in refused for m in batches.parts[cell][0]]
             if not again:
                 break
-            if refused:
-                log.info("cells %s no longer own every partition this consumer wrote to them (the map changed): "
-                         "reading the map again", ", ".join(refused))
-            elif not self.life.sleep(backoff.failed()):  # nothing refused: a partition is moving, wait for it
-                return None
+            log.info("cells %s no longer own every partition this consumer wrote to them (the map changed): "
+                     "reading the map again", ", ".join(refused))
             if not self.read_map():
                 return None
             assert self.map is not None
             by_cell, held = self.map.split(again, _partition)
             batches = CellBatches({cell: (part, sort_batch(part, time.time_ns() // 1000, self.rules))
                                    for cell, part in by_cell.items()}, held)
+        if any(batch.of(CANCEL) or batch.of(REPLACE) for batch, _ in done) or self.forwards.due():
+            self.forwards.soon()
         first = next(iter(self.writers.values()))
         return written if first.finish(written.durable, done) else None
 
@@ -192,6 +218,11 @@ class Cells:
         refused: list[str] = []
         error: BaseException | None = None
         stopped = False
+        for cell in self.stragglers(futures):
+            log.info("cell %s has not answered within %.1fs of the other cells: its part of the poll is given up, "
+                     "its write left to end on its own", cell, self.patience)
+            futures.pop(cell).add_done_callback(_abandoned(cell))
+            written.down.setdefault(cell, []).extend(batches.parts[cell][0])
         for cell, future in futures.items():
             part, batch = batches.parts[cell]
             try:
@@ -214,6 +245,49 @@ class Cells:
             raise error
         return None if stopped else refused
 
+    def park(self, parked: list[tuple[int | None, Parked]]) -> list[tuple[int | None, Parked]]:
+        """`LatePath.keep_parked` with cells: each parked message kept in the cell of the partition it was read
+        from (the first cell's when not known), each cell's on its thread; those of a cell that did not answer
+        returned, to park again."""
+        by_cell: dict[str, list[tuple[int | None, Parked]]] = {}
+        first = next(iter(self.writers))
+        for partition, p in parked:
+            cell = first
+            if partition is not None and self.map is not None:
+                try:
+                    cell = self.map.owner(partition).cell
+                except CellMapError:
+                    pass  # a partition the map does not know: the first cell keeps it
+            by_cell.setdefault(cell, []).append((partition, p))
+        futures = {cell: self.threads[cell].submit(self.writers[cell].store.park, [p for _, p in items])
+                   for cell, items in by_cell.items()}
+        left: list[tuple[int | None, Parked]] = []
+        failure: StoreUnavailable | None = None
+        for cell, future in futures.items():
+            try:
+                future.result()
+            except StoreUnavailable as exc:
+                left += by_cell[cell]
+                failure = exc
+        if failure is not None and len(left) == len(parked):
+            raise failure
+        return left
+
+    def stragglers(self, futures: dict[str, Future]) -> list[str]:
+        """Wait for the cells' writes of a poll: all of them, or, once one has ended, the others for `patience`
+        more after the last that ended; the cells whose write is still under way then (a hung cell's). When
+        none ends (every cell slow, or this host cut off from all), each is waited for until its statements'
+        deadline, as one database is without cells."""
+        pending = set(futures.values())
+        if len(pending) < 2:
+            return []
+        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+        while pending:
+            done, pending = wait(pending, timeout=self.patience, return_when=FIRST_COMPLETED)
+            if not done:
+                return [cell for cell, future in futures.items() if future in pending]
+        return []
+
     # -- the cells that do not answer, followed on the loop's thread ---------------------------------
 
     def went_down(self, written: Written, pending: CellBatches | None) -> None:
@@ -231,18 +305,11 @@ class Cells:
     def hold_back(self, cell: str, messages: list[Message]) -> None:
         """Pause the partitions of these messages of a cell that does not answer, and seek each back to its first
         one (never forward: a message read before and not written comes first)."""
-        down = self.down[cell]
-        first: dict[TopicPartition, int] = {}
-        for msg in messages:
-            tp, offset = _where(msg)
-            first[tp] = min(offset, first.get(tp, offset))
-        new = [tp for tp in first if tp not in down.rewound]
-        if new:
-            self.group.consumer.pause_partitions(new)
-        back = {tp: offset for tp, offset in first.items() if offset < down.rewound.get(tp, offset + 1)}
-        if back:
-            self.group.consumer.seek_partitions(back)
-            down.rewound.update(back)
+        rewind(self.group.consumer, self.down[cell].rewound, messages)
+
+    def look_after_moving(self) -> None:
+        """The partitions that move followed (`MovingPartitions.look_after`), the map they read kept."""
+        self.map = self.moving.look_after(bool(self.down)) or self.map
 
     def look_after(self) -> None:
         """Ask each cell that does not answer the time, now and then, on its thread; resume its partitions once
@@ -258,10 +325,10 @@ class Cells:
                     down.next_probe = now + writer.db_outage.failed(exc)
                 else:
                     writer.db_outage.ok()
-                    self.group.consumer.resume_partitions(list(down.rewound))
-                    del self.down[cell]
                     log.warning("cell %s answers again after %.1fs: its partitions are read again", cell,
                                 now - down.since)
+                    self.group.consumer.resume_partitions(list(down.rewound))
+                    del self.down[cell]
                     continue
                 down.probe = None
             if down.probe is None and now >= down.next_probe:
@@ -276,13 +343,24 @@ class Cells:
         """Out of the group: nothing is paused any more (the partitions are the others' until it rejoins, then
         read from their last commit)."""
         self.down.clear()
+        self.moving.forget()
 
     def keep_alive(self) -> None:
-        """While idle, each cell that answers asked the time now and then (`Writer.keep_alive`), on its thread."""
+        """While idle, each cell that answers asked the time now and then (`Writer.keep_alive`), on its thread,
+        without waiting for one that takes long (a hung cell's probe ends at its statement's deadline; the next
+        write to the cell finds it out); and what is noted to forward, forwarded now and then."""
         for cell, writer in self.writers.items():
-            if cell not in self.down:
-                self.threads[cell].submit(writer.keep_alive).result()
+            under_way = self.pinging.get(cell)
+            if cell not in self.down and (under_way is None or under_way.done()):
+                self.pinging[cell] = self.threads[cell].submit(writer.keep_alive)
+        for cell, future in list(self.pinging.items()):
+            if future.done():
+                del self.pinging[cell]
+                future.result()  # raises what the probe raised: a failure is its own to wait out, not the loop's
+        if self.forwards.due():
+            self.forwards.soon()
 
     def close(self) -> None:
+        self.forwards.close()  # first: its round waits on the cells' threads
         for thread in self.threads.values():
             thread.shutdown(wait=True)

@@ -63,6 +63,9 @@ class LatePath:
         self.db_outage, self.stats, self.clock = db_outage, stats, clock
         self.hold_s = settings.hold_time_ms / 1000.0
         self.throttle = Throttle(log)
+        # where what no topic took is kept: the store; with cells, each in its partition's cell (`Cells.park`)
+        self.keep_parked: Callable[[list[tuple[int | None, Parked]]], list[tuple[int | None, Parked]]] = \
+            self.park_here
 
     def publish(self, late: list[tuple[Message, codec.Parsed]], dead: list[tuple[Message, str, list]]) -> list[str] | None:
         """Publish late and dead-lettered messages and wait for every acknowledgement, retrying failures
@@ -117,7 +120,7 @@ class LatePath:
                                           "to the dead-letter topic", parsed.message_id, item.topic, reason)
                     outbox.append(Outgoing(self.settings.dlq_topic, item.msg, parsed=item.parsed, reason=reason))
                 else:
-                    parked.append(self.parked(item, err))
+                    parked.append((item.msg.partition(), self.parked(item, err)))
             if parked and not self.park(parked):
                 return None
             if transient:
@@ -161,18 +164,24 @@ class LatePath:
                       key=msg.key(), value=msg.value(), headers=codec.encode_headers(item.original_headers()),
                       reason=f"{item.reason}; dead-letter topic: {err.name()}: {err.str()}")
 
-    def park(self, parked: list[Parked]) -> bool:
-        """Keep in PostgreSQL what no topic accepted; False if stopped before it was kept."""
-        while True:
+    def park_here(self, parked: list[tuple[int | None, Parked]]) -> list[tuple[int | None, Parked]]:
+        """Park these (each with the input partition it was read from) in the store; returns those not kept."""
+        self.store.park([p for _, p in parked])
+        return []
+
+    def park(self, parked: list[tuple[int | None, Parked]]) -> bool:
+        """Keep in PostgreSQL what no topic accepted (with the input partitions they were read from); False if
+        stopped before it was kept."""
+        left = parked
+        while left:
             try:
-                self.store.park(parked)
-                break
+                left = self.keep_parked(left)
             except StoreUnavailable as exc:
                 if not self.life.sleep(self.db_outage.failed(exc)):
                     return False
         self.db_outage.ok()
         self.stats["parked"] += len(parked)
-        for p in parked:
+        for _, p in parked:
             log.warning("parked the message at %s in chronos_parked: the dead-letter topic %s refused it (%s)",
                         p.source, self.settings.dlq_topic, p.reason)
         return True

@@ -16,16 +16,16 @@ log = logging.getLogger("chronos.consumer")
 
 
 def apply_one_by_one(store: IntakeStore, batch: Batch, exc: StoreRejected,
-                     fence: Fence | None = None) -> tuple[int, int, int, int]:
+                     fence: Fence | None = None, *, forward: bool = False) -> tuple[int, int, int, int]:
         """PostgreSQL refused the batch: find the rows it refuses and dead-letter only those (each write with
-        the batch's `fence`, with cells)."""
+        the batch's `fence` and `forward`, with cells)."""
         log.warning("postgres refused a batch of %d operations (%s); applying them one by one", len(batch.ops), exc)
         totals = [0, 0, 0, 0]
         for message_id, (op, row) in list(batch.ops.items()):
             try:
                 rows = [row] if row is not None else []  # only a cancel has no row
                 done = store.apply(rows if op == INSERT else [], rows if op == REPLACE else [],
-                                   [message_id] if op == CANCEL else [], fence)
+                                   [message_id] if op == CANCEL else [], fence, forward=forward)
             except StoreRejected as row_exc:
                 del batch.ops[message_id]
                 msg = batch.sources[message_id]

@@ -3,6 +3,7 @@ commit it once durable)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -46,7 +47,7 @@ class ConsumerProcess:
         self.slot = ProducerSlot(producers, ProducerWatch("the consumer", settings.publish_stall_ms / 1000.0,
                                                           time.monotonic()))
         self.stats = {"consumed": 0, "enqueued": 0, "late": 0, "dead": 0, "duplicates": 0, "replaced": 0,
-                      "cancelled": 0, "cancelled_in_flight": 0, "cancel_unknown": 0, "parked": 0}
+                      "cancelled": 0, "cancelled_in_flight": 0, "cancel_unknown": 0, "parked": 0, "forwarded": 0}
         self.metrics = telemetry
         self.group = Group(settings, life, telemetry, consumers=consumers, watchers=watchers, clock=clock)
         late = LatePath(settings, life, slot=self.slot, store=store, group=self.group, db_outage=self.db_outage,
@@ -62,9 +63,14 @@ class ConsumerProcess:
                        for cell, cell_store in cells.items()}
             self.cells = Cells(settings, life, writers=writers, rules=self.rules, group=self.group, clock=clock,
                                partitions=lambda: self.slot.producer.partitions(settings.input_topic))
+            late.keep_parked = self.cells.park  # each parked message in its partition's cell
         self.metrics.follow(lambda: self.stats)
         self.metrics.follow_producer(self.slot.watch)
-        self.metrics.follow_postgres(lambda: [s.link for s in self.stores.values()])
+        self.metrics.follow_postgres(lambda: [s.link for s in self.stores.values()],
+                                     cells=(lambda: {cell: [s.link] for cell, s in self.stores.items()}) if cells
+                                     else None)
+        if self.cells is not None:
+            self.metrics.follow_cells(self.stores, self.cells.is_down)
 
     def run(self) -> None:
         """Read batch N+1 (and sort it) while batch N is written on the writer thread; commit N's
@@ -76,7 +82,8 @@ class ConsumerProcess:
         log.info("consuming %s (group %s), batch %d", self.settings.input_topic, self.settings.consumer_group,
                  self.settings.batch_size)
         # the producer answers metadata requests at once; the group consumer may take seconds
-        self.metrics.serve(postgres=lambda: min(postgres_reached(s) for s in self.stores.values()),
+        self.metrics.serve(postgres=(lambda: postgres_reached(self.store)) if self.cells is None else
+                           {cell: functools.partial(postgres_reached, s) for cell, s in self.stores.items()},
                            postgres_detail=self.group.out_of_group,
                            kafka=lambda: self.slot.producer, kafka_topic=self.settings.input_topic)
         # the store, the producer and the stats are the writer's while a batch is pending
@@ -113,6 +120,7 @@ class ConsumerProcess:
                     if not durable:
                         break  # stopped before that batch was durable: it is read again
                 if self.cells is not None and pending is None:
+                    self.cells.look_after_moving()
                     try:
                         self.cells.look_after()
                     except OutOfReach as exc:
@@ -155,6 +163,8 @@ class ConsumerProcess:
             messages = result.durable
             if result.down:
                 self.cells.went_down(result, pending_batch if isinstance(pending_batch, CellBatches) else None)
+            if result.moving:
+                self.cells.moving.hold(result.moving)
         if self.group.losses != epoch or not messages:
             return True
         self.group.commit(messages)
@@ -185,8 +195,8 @@ class ConsumerProcess:
     def close(self) -> None:
         log.info("stopping: consumed %(consumed)d, enqueued %(enqueued)d, late %(late)d, dead-lettered %(dead)d, "
                  "duplicates %(duplicates)d, replaced %(replaced)d, cancelled %(cancelled)d, cancelled in flight "
-                 "(may still be delivered) %(cancelled_in_flight)d, cancels of ids not waiting %(cancel_unknown)d",
-                 self.stats)
+                 "(may still be delivered) %(cancelled_in_flight)d, cancels of ids not waiting %(cancel_unknown)d, "
+                 "cancels and replaces forwarded to their message's cell %(forwarded)d", self.stats)
         if self.cells is not None:
             self.cells.close()
         for store in self.stores.values():

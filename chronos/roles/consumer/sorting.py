@@ -44,9 +44,9 @@ def _row(mid: str, parsed: codec.Parsed, decision: Decision, msg: Message, rules
     assert decision.deadline_us is not None  # every ENQUEUE and LATE decision has one
     topic = parsed.topic if parsed.topic != rules.output_topic else None
     return Row(mid, decision.deadline_us, topic, msg.key(), msg.value(),
-               codec.encode_headers(parsed.headers), parsed.ordering_key, parsed.cron,
-               parsed.timezone if parsed.cron is not None else None,
-               parsed.dst_policy if parsed.cron is not None else None)
+               codec.encode_headers(parsed.headers), parsed.ordering_key, msg.partition(), cron=parsed.cron,
+               timezone=parsed.timezone if parsed.cron is not None else None,
+               dst_policy=parsed.dst_policy if parsed.cron is not None else None)
 
 
 def sort_batch(messages: list[Message], now_us: int, rules: Rules) -> Batch:

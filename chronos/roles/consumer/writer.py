@@ -56,6 +56,9 @@ class Writer:
         self.throttle = Throttle(log)
         self.next_ping = 0.0
         self.next_clock = 0.0  # monotonic: when `measure_clock` reads the database's clock next
+        # with cells: the cancels that found nothing and the replaces are noted to forward to the other cells,
+        # which count the cancels that found nothing anywhere (`Forwarder.round`)
+        self.forward = False
 
     def write(self, messages: list[Message], batch: Batch, epoch: int | None = None) -> bool:
         """Make one sorted batch durable and acknowledged; False if stopped before it was. Raises
@@ -80,9 +83,10 @@ class Writer:
             try:
                 started = time.perf_counter()
                 try:
-                    done = self.store.apply(batch.of(INSERT), batch.of(REPLACE), batch.of(CANCEL), fence)
+                    done = self.store.apply(batch.of(INSERT), batch.of(REPLACE), batch.of(CANCEL), fence,
+                                            forward=self.forward)
                 except StoreRejected as exc:
-                    done = apply_one_by_one(self.store, batch, exc, fence)
+                    done = apply_one_by_one(self.store, batch, exc, fence, forward=self.forward)
                 # late messages passed `decide`, so their headers are valid and carry an id
                 waiting = self.store.waiting_ids(cast(str, p.message_id) for _, p in batch.late)
                 break
@@ -129,7 +133,8 @@ class Writer:
             s["replaced"] += stored.replaced
             s["cancelled"] += stored.cancelled
             s["cancelled_in_flight"] += stored.in_flight
-            s["cancel_unknown"] += len(batch.of(CANCEL)) - stored.cancelled - stored.in_flight
+            if not self.forward:
+                s["cancel_unknown"] += len(batch.of(CANCEL)) - stored.cancelled - stored.in_flight
         if dead:
             self.metrics.dead_lettered(r for _, r, _ in dead)
             reasons = sorted({r.split(":", 1)[0] for _, r, _ in dead})

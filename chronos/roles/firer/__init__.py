@@ -48,7 +48,8 @@ from typing import Callable
 
 from chronos.config import Settings
 from chronos.domain.model import Claimed
-from chronos.errors import ConfigError, StoreUnavailable
+from chronos.domain.ratelimit import cell_share
+from chronos.errors import CellsUnsupported, ConfigError, KafkaUnanswered, StoreUnavailable
 from chronos.telemetry.metrics import FirerTelemetry, postgres_reached
 from chronos.ports import KafkaOutage, Publisher, Store, TakeStore
 from chronos.roles.firer.batches import HeldBatches
@@ -78,6 +79,8 @@ class FirerProcess:
         `producers` makes a Kafka producer and the log of its outages, again after a fatal error; `takes`
         makes a session for the claim that deletes (CHRONOS_FIRER_CLAIM=delete), one per batch in flight."""
         self.settings, self.life, self.stores, self.metrics = settings, life, stores, telemetry
+        self.input_partitions: int | None = None  # the input topic's, as Kafka last said (cells' rate shares)
+        self.share: float | None = None           # of the fire-rate limits, this cell's firers' as last worked out
         self.slot = ProducerSlot(producers, ProducerWatch("the firer", settings.publish_stall_ms / 1000.0,
                                                           time.monotonic()))
         self.shared = Shared(PublishTiming(settings.timing_advance_ms))
@@ -90,8 +93,10 @@ class FirerProcess:
         self.sender = Sender(settings, life, self.slot, self.shared, telemetry, outbox=self.settler.inbox)
         # fire-rate limits claim topic by topic over every slice, each topic's budget at a time: one claimer
         parts = 1 if settings.fire_rates else settings.firer_claimers
-        self.claimer = Claimer(stores(), settings, self.shared, telemetry, life, outbox=self.sender.inbox,
-                               kafka_answers=lambda: self.slot.producer.answers(), parts=parts, batches=self.batches)
+        lead = stores()
+        self.claimer = Claimer(lead, settings, self.shared, telemetry, life, outbox=self.sender.inbox,
+                               kafka_answers=lambda: self.slot.producer.answers(), parts=parts, batches=self.batches,
+                               cell_share=(lambda: self.cell_share(lead)) if settings.cells else None)
         self.claimers = [self.claimer] + [
             Claimer(stores(), settings, self.shared, telemetry, life, outbox=self.sender.inbox, part=part,
                     parts=parts, lead=self.claimer, batches=self.batches) for part in range(1, parts)]
@@ -99,6 +104,26 @@ class FirerProcess:
         self.metrics.follow_timing(lambda: len(self.sender.held) + self.shared.in_flight, self.shared.timing)
         self.metrics.follow_producer(self.slot.watch)
         self.metrics.follow_postgres(lambda: [self.settler.store.link] + [c.store.link for c in self.claimers])
+
+    def cell_share(self, store: Store) -> float | None:
+        """The share of the fire-rate limits this firer's cell takes (`ratelimit.cell_share`): the partitions its
+        database lists open, over the input topic's as Kafka says it (the last known while Kafka does not)."""
+        try:
+            self.input_partitions = self.slot.producer.partitions(self.settings.input_topic, timeout=2.0) \
+                or self.input_partitions
+        except KafkaUnanswered as exc:
+            log.info("kafka does not say how many partitions %s has (%s): the fire-rate limits' share is worked out "
+                     "from the count known", self.settings.input_topic, exc)
+        try:
+            listed = store.cell_partitions()
+        except CellsUnsupported as exc:  # a database before cells owns every partition
+            log.warning("fire-rate limits: %s; this firer takes the whole of each", exc)
+            return None
+        share = cell_share(listed, self.input_partitions)
+        if share != self.share:
+            self.share = share
+            log.info("fire-rate limits: this cell's firers take %s of each", "all" if share is None else f"{share:.4g}")
+        return share
 
     def run(self) -> None:
         log.info("firing from the store to %s: batch %d, lookahead %d ms, poll %d ms, timing advance %d ms, "

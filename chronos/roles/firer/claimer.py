@@ -10,6 +10,7 @@ from typing import Callable
 
 from chronos.config import Settings
 from chronos.domain.model import Claimed
+from chronos.domain.ratelimit import CellLimits
 from chronos.domain.shares import Shares, claimer_slices, overdue_ms, strays_every
 from chronos.errors import ClaimContended, StoreRejected, StoreUnavailable
 from chronos.telemetry.metrics import FirerTelemetry
@@ -29,6 +30,7 @@ KAFKA_PROBE_EVERY = 1.0  # seconds: after a stall, how often the claimer asks Ka
 # p99.9 167 ms, 79 ms with sixteen: docs/benchmarks/hot-path.md). The bytes they come to are capped apart
 # (CHRONOS_FIRER_MAX_HELD_BYTES), so large messages cannot fill memory.
 MAX_HELD_BATCHES = 16
+SHARE_EVERY_S = 5.0  # with cells and fire-rate limits: how often the cell's share of them is worked out again
 
 
 class Claimer(StoreThread[ClaimStore]):
@@ -58,20 +60,20 @@ class Claimer(StoreThread[ClaimStore]):
 
     def __init__(self, store: ClaimStore, settings: Settings, shared: Shared, telemetry: FirerTelemetry, life: Lifecycle,
                  outbox: Claims, kafka_answers: Callable[[], bool] = lambda: True, *,
-                 part: int = 0, parts: int = 1, lead: Claimer | None = None, batches: HeldBatches | None = None):
-        """`kafka_answers` asks Kafka for its metadata (blocking up to a second or so): whether it answered."""
+                 part: int = 0, parts: int = 1, lead: Claimer | None = None, batches: HeldBatches | None = None,
+                 cell_share: Callable[[], float | None] | None = None):
+        """`kafka_answers` asks Kafka for its metadata (blocking up to a second or so): whether it answered.
+        `cell_share` (cells) says this cell's share of the fire-rate limits, asked every SHARE_EVERY_S."""
         super().__init__("claimer" if part == 0 else f"claimer{part + 1}", store, settings, shared, telemetry, life)
-        self.part, self.parts, self.lead = part, parts, lead
-        self.batches = batches
+        self.part, self.parts, self.lead, self.batches = part, parts, lead, batches
         self.claiming: TakeStore | None = None  # the session of the claim that deletes running now
-        self.outbox = outbox
-        self.kafka_answers = kafka_answers
+        self.outbox, self.kafka_answers = outbox, kafka_answers
         self.kafka_answered_at = 0.0  # monotonic: Kafka last answered the claimer's own request
         self.next_kafka_probe = 0.0   # monotonic
         self.limit = settings.batch_size
-        self.limits = settings.fire_rates
-        if self.limits:
-            log.info("fire-rate limits: %s", self.limits)
+        self.limits = CellLimits(settings.fire_rates, cell_share if settings.fire_rates else None, SHARE_EVERY_S)
+        if settings.fire_rates:
+            log.info("fire-rate limits: %s", settings.fire_rates)
         self.max_held = settings.batch_size * MAX_HELD_BATCHES
         self.max_held_bytes = settings.firer_max_held_bytes
         self.stopped = threading.Event()
@@ -181,11 +183,12 @@ class Claimer(StoreThread[ClaimStore]):
         try:
             started, sent = time.perf_counter(), time.monotonic()
             claims: DueClaims = self.store if session is None else session
-            if self.limits and session is not None:  # fire-rate limits, the tokens set aside on the claimer's store
-                rows, backlog = session.claim_limited(self.limits, self.settings.output_topic, limit,
+            limits = self.limits.current(time.monotonic())  # with cells, this cell's share, whichever the claim
+            if limits and session is not None:  # fire-rate limits, the tokens set aside on the claimer's store
+                rows, backlog = session.claim_limited(limits, self.settings.output_topic, limit,
                                                       self.settings.lookahead_ms, self.store)
-            elif self.limits:  # fire-rate limits: topic by topic, within each limited topic's budget
-                rows, backlog = self.store.claim_limited(self.limits, self.settings.output_topic, limit,
+            elif limits:  # fire-rate limits: topic by topic, within each limited topic's budget
+                rows, backlog = self.store.claim_limited(limits, self.settings.output_topic, limit,
                                                          self.settings.lookahead_ms)
             else:
                 rows, backlog = self.claim_rows(limit, claims)

@@ -54,7 +54,7 @@ SELECT to_regclass('chronos_schema_version') IS NOT NULL;
 -- op: 'i' insert unless the id is waiting, 'u' insert or replace; ord keeps the input order.
 id text, deadline_us bigint, topic text, key bytea, value bytea, headers bytea, ordering_key text,
 cron text, timezone text, op text NOT NULL DEFAULT 'i', ord bigint GENERATED ALWAYS AS IDENTITY,
-dst_policy text
+dst_policy text, input_partition integer
 
 -- name: create_staging
 -- The consumer's staging table, made once per connection and emptied at every commit.
@@ -72,10 +72,10 @@ CREATE TEMP TABLE IF NOT EXISTS chronos_staging (/* include: staging_columns */)
 -- 2255 and made 9999-12-31T23:59:59.999999 year 10000; each of these two products is exact.
 -- The way back, `(extract(epoch FROM deadline) * 1000000)::bigint`, is numeric (PostgreSQL 14+): exact.
 INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone,
-                              dst_policy)
+                              dst_policy, input_partition)
 SELECT id, timestamptz 'epoch' + (deadline_us / 1000000) * interval '1 second'
                   + mod(deadline_us, 1000000) * interval '1 microsecond',
-       topic, key, value, headers, ordering_key, cron, timezone, dst_policy
+       topic, key, value, headers, ordering_key, cron, timezone, dst_policy, input_partition
 FROM chronos_staging AS s
 WHERE op = 'i'
   -- an id a firer's claim that deletes holds (the row still there to this statement, its transaction
@@ -90,11 +90,13 @@ ON CONFLICT (id) DO NOTHING;
 -- table, no INSERT ... SELECT, no speculative insertion. An id already waiting makes the whole COPY
 -- fail (unique violation); the batch is then written again through the staging table, whose insert
 -- leaves waiting ids alone (a batch read again after a crash).
-COPY chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone, dst_policy)
+COPY chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone, dst_policy,
+                       input_partition)
 FROM STDIN (FORMAT BINARY);
 
 -- name: copy_staging_full
-COPY chronos_staging (id, deadline_us, topic, key, value, headers, ordering_key, cron, timezone, op, dst_policy)
+COPY chronos_staging (id, deadline_us, topic, key, value, headers, ordering_key, cron, timezone, op, dst_policy,
+                      input_partition)
 FROM STDIN (FORMAT BINARY);
 
 -- name: upsert_from_staging
@@ -105,11 +107,12 @@ FROM STDIN (FORMAT BINARY);
 -- replaced), so the new version fires either way, as for a stamped row: the wait ends after the
 -- session's lock_timeout, and the whole batch is written again (IntakeStatements.apply). A replaced
 -- recurring schedule keeps its last_occurrence: the firer skips occurrences already created by the old version.
+-- The row takes the replace's input partition, where the message now comes from.
 INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, cron, timezone,
-                              dst_policy)
+                              dst_policy, input_partition)
 SELECT id, timestamptz 'epoch' + (deadline_us / 1000000) * interval '1 second'
                   + mod(deadline_us, 1000000) * interval '1 microsecond',
-       topic, key, value, headers, ordering_key, cron, timezone, dst_policy
+       topic, key, value, headers, ordering_key, cron, timezone, dst_policy, input_partition
 FROM chronos_staging
 WHERE op = 'u'
 ORDER BY ord
@@ -117,7 +120,8 @@ ON CONFLICT (id) DO UPDATE SET
     deadline = EXCLUDED.deadline, topic = EXCLUDED.topic, key = EXCLUDED.key, value = EXCLUDED.value,
     headers = EXCLUDED.headers, ordering_key = EXCLUDED.ordering_key, cron = EXCLUDED.cron,
     timezone = EXCLUDED.timezone, readied_at = NULL, readied_by = NULL, enqueued_at = now(),
-    dst_policy = EXCLUDED.dst_policy, attempts = 0, last_error = NULL, original_deadline = NULL;
+    dst_policy = EXCLUDED.dst_policy, attempts = 0, last_error = NULL, original_deadline = NULL,
+    input_partition = EXCLUDED.input_partition;
 
 -- fragment: held_sessions
 -- The transactions firers hold open now, each with its firer's node and its start: a row one of them took
@@ -133,23 +137,45 @@ WHERE backend_xid IS NOT NULL
   AND application_name ~ '^chronos firer [0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
 
 -- name: cancel
--- For each id cancelled, whether it was in flight: a row stamped as claimed is deleted all the same (its
+-- Each id cancelled, and whether it was in flight: a row stamped as claimed is deleted all the same (its
 -- firer may still publish it); one a firer's claim that deletes holds is skipped, never waited for, and left
 -- to its firer, which publishes it, or hands it back if it cannot. A row a firer took after this statement's
 -- snapshot is waited for, up to the session's lock_timeout (IntakeStatements.apply writes the batch again,
 -- and then skips it). The final SELECT reads the rows as they were before this statement's delete: those
--- there and not deleted were held.
-WITH free AS MATERIALIZED (
+-- there, not deleted and held are in flight. An id not returned is not in this cell, or is a row of a partition
+-- on its way to another cell, frozen here (the move's freeze leaves it alone): the cancel is forwarded.
+WITH holders AS MATERIALIZED (
+    SELECT held_xid FROM (/* include: held_sessions */) AS h
+), free AS MATERIALIZED (
     SELECT ctid FROM chronos_messages
-    WHERE id = ANY(%(ids)s) AND xmax <> ALL (ARRAY(SELECT held_xid FROM (/* include: held_sessions */) AS holders))
+    WHERE id = ANY(%(ids)s) AND xmax <> ALL (ARRAY(SELECT held_xid FROM holders))
     FOR UPDATE
 ), gone AS (
     DELETE FROM chronos_messages AS m USING free WHERE m.ctid = free.ctid
     RETURNING m.id, m.readied_at IS NOT NULL AS claimed
 )
-SELECT claimed FROM gone
+SELECT id, claimed FROM gone
 UNION ALL
-SELECT true FROM chronos_messages WHERE id = ANY(%(ids)s) AND id <> ALL (ARRAY(SELECT id FROM gone));
+SELECT id, true FROM chronos_messages
+WHERE id = ANY(%(ids)s) AND id <> ALL (ARRAY(SELECT id FROM gone))
+  AND xmax = ANY (ARRAY(SELECT held_xid FROM holders));
+
+-- Cancels and replaces forwarded between cells (chronos_cell_forwards, migration 13).
+
+-- name: note_forwards
+-- Written in the transaction of the consumer's write that took them.
+INSERT INTO chronos_cell_forwards (id, action)
+SELECT id, %(action)s FROM unnest(%(ids)s::text[]) AS id
+ON CONFLICT (id) DO UPDATE SET action = EXCLUDED.action, noted_at = now();
+
+-- name: pending_forwards
+SELECT id, action, noted_at FROM chronos_cell_forwards ORDER BY noted_at, id LIMIT %(limit)s;
+
+-- name: forget_forwards
+-- Forwarded to every other cell: gone, unless noted again since.
+DELETE FROM chronos_cell_forwards AS f
+USING unnest(%(ids)s::text[], %(noted)s::timestamptz[]) AS d(id, noted_at)
+WHERE f.id = d.id AND f.noted_at = d.noted_at;
 
 -- name: waiting_ids
 SELECT id FROM chronos_messages WHERE id = ANY(%(ids)s);
@@ -318,7 +344,7 @@ BEGIN;
 -- transaction began, the claim's time), with what `restore_taken` needs to put it back.
 m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers, now(), m.seq,
 m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint, m.ctid, m.ordering_key, m.enqueued_at,
-m.last_error
+m.last_error, m.input_partition
 
 -- name: take
 -- The rows a pick chose, deleted by TID in the firer's held transaction. A row taken or stamped by another
@@ -359,25 +385,27 @@ WHERE name <> 'transaction_timeout' OR current_setting('server_version_num')::in
 -- column, of the rows as they were claimed (chronos.domain.model.Claimed).
 unnest(%(ids)s::text[], %(deadline_us)s::bigint[], %(topics)s::text[], %(keys)s::bytea[], %(values)s::bytea[],
        %(headers)s::bytea[], %(ordering_keys)s::text[], %(enqueued_at)s::timestamptz[], %(seqs)s::bigint[],
-       %(attempts)s::int[], %(errors)s::text[], %(original_us)s::bigint[], %(delay_ms)s::bigint[])
+       %(attempts)s::int[], %(errors)s::text[], %(original_us)s::bigint[], %(delay_ms)s::bigint[],
+       %(input_partitions)s::int[])
     AS r(id, deadline_us, topic, key, value, headers, ordering_key, enqueued_at, seq, attempts, error,
-         original_us, delay_ms)
+         original_us, delay_ms, input_partition)
 
 -- name: restore_taken
 -- Rows the held transaction deleted, put back in it before it commits: handed back as they were (delay_ms
 -- NULL, error the row's last), or put off for a retry (the failure counted, the deadline moved by the delay
 -- from now, the deadline as scheduled kept in original_deadline), as `release` and `retry_later` do to a
 -- stamped row. The same seq: a row keeps its place in its ordering key. clock_timestamp(), not now(): now()
--- is when the transaction began, up to the hold time ago.
+-- is when the transaction began, up to the hold time ago. The row keeps its input partition: a move of the
+-- partition takes it along.
 INSERT INTO chronos_messages (id, deadline, topic, key, value, headers, ordering_key, enqueued_at, seq, attempts,
-                              last_error, original_deadline)
+                              last_error, original_deadline, input_partition)
 OVERRIDING SYSTEM VALUE
 SELECT r.id,
        CASE WHEN r.delay_ms IS NULL THEN d.deadline
             ELSE greatest(d.deadline, clock_timestamp()) + r.delay_ms * interval '1 millisecond' END,
        r.topic, r.key, r.value, r.headers, r.ordering_key, r.enqueued_at, r.seq,
        r.attempts + (r.delay_ms IS NOT NULL)::int, r.error,
-       CASE WHEN r.delay_ms IS NULL THEN d.original ELSE coalesce(d.original, d.deadline) END
+       CASE WHEN r.delay_ms IS NULL THEN d.original ELSE coalesce(d.original, d.deadline) END, r.input_partition
 FROM /* include: taken_rows */
 CROSS JOIN LATERAL (
     SELECT timestamptz 'epoch' + (r.deadline_us / 1000000) * interval '1 second'
@@ -888,3 +916,258 @@ RETURNING partition;
 -- before goes through, and nothing written to it until another cell opens it at a higher epoch.
 UPDATE chronos_cell_partitions SET state = 'moving', epoch = epoch + 1 WHERE partition = ANY(%(partitions)s)
 RETURNING partition, epoch;
+
+-- Moves of input partitions between cells (chronos/domain/moves.py, chronos/ops/moves.py): run by `chronos cells
+-- move` as the databases' owner. The source cell's statements first, then the target's. Rows of a partition
+-- are found by walking the table's blocks (a TID range scan: no index of the partition costs the consumer's
+-- writes anything), or among the few due soon off the due index.
+
+-- fragment: moving_columns
+-- A row as a move carries it (chronos.domain.moves.MovingRow), times in epoch microseconds.
+id, (extract(epoch FROM deadline) * 1000000)::bigint, topic, key, value, headers, ordering_key, input_partition,
+cron, timezone, dst_policy, seq, (extract(epoch FROM enqueued_at) * 1000000)::bigint, attempts, last_error,
+(extract(epoch FROM original_deadline) * 1000000)::bigint, (extract(epoch FROM last_occurrence) * 1000000)::bigint
+
+-- name: has_cell_moves
+SELECT to_regclass('chronos_cell_moves');
+
+-- name: move_records
+SELECT partition, target, step, cursor, (extract(epoch FROM horizon) * 1000000)::bigint, node,
+       (extract(epoch FROM now() - seen_at) * 1000)::bigint
+FROM chronos_cell_moves ORDER BY partition;
+
+-- name: move_begin
+-- A move recorded, its copy to start at the first block, its lease this node's; one recorded already is left.
+INSERT INTO chronos_cell_moves (partition, target, step, horizon, node, seen_at)
+VALUES (%(partition)s, %(target)s, 'copying', now() + %(ahead_ms)s * interval '1 millisecond', %(node)s, now())
+ON CONFLICT (partition) DO NOTHING;
+
+-- name: move_lease
+-- The move's lease taken or renewed by this node: when it holds it, or the holder's is older than lease_ms.
+UPDATE chronos_cell_moves SET node = %(node)s, seen_at = now()
+WHERE partition = %(partition)s AND (node = %(node)s OR seen_at < now() - %(lease_ms)s * interval '1 millisecond')
+RETURNING partition;
+
+-- name: move_save
+UPDATE chronos_cell_moves SET step = %(step)s, cursor = %(cursor)s, seen_at = now()
+WHERE partition = %(partition)s AND node = %(node)s
+RETURNING partition;
+
+-- name: move_end
+-- The move done: its record, what it noted and held gone.
+WITH changes AS (
+    DELETE FROM chronos_cell_move_changes WHERE partition = %(partition)s
+), outbox AS (
+    DELETE FROM chronos_cell_move_outbox WHERE input_partition = %(partition)s
+)
+DELETE FROM chronos_cell_moves WHERE partition = %(partition)s;
+
+-- name: move_lock_timeout
+-- The move's changes of the table's triggers wait at most this long for its lock, then give up (and are tried
+-- again): every write waits behind a lock being waited for.
+SELECT set_config('lock_timeout', %(ms)s::text || 'ms', true);
+
+-- name: move_by_itself
+-- The statements of this transaction are the move's own: not noted, not held back by a freeze.
+SELECT set_config('chronos.moving', 'on', true);
+
+-- The watch on a moving partition and its freeze: triggers on the table, for the partition named (an integer
+-- put in by the store, not bound). WHEN keeps the other partitions' writes from calling the function.
+
+-- name: move_watch_inserts
+CREATE OR REPLACE TRIGGER chronos_move_{partition}_inserts AFTER INSERT ON chronos_messages FOR EACH ROW
+WHEN (NEW.input_partition = {partition}) EXECUTE FUNCTION chronos_cell_move_note('{partition}');
+
+-- name: move_watch_updates
+CREATE OR REPLACE TRIGGER chronos_move_{partition}_updates AFTER UPDATE ON chronos_messages FOR EACH ROW
+WHEN (OLD.input_partition = {partition} OR NEW.input_partition = {partition})
+EXECUTE FUNCTION chronos_cell_move_note('{partition}');
+
+-- name: move_watch_deletes
+CREATE OR REPLACE TRIGGER chronos_move_{partition}_deletes AFTER DELETE ON chronos_messages FOR EACH ROW
+WHEN (OLD.input_partition = {partition}) EXECUTE FUNCTION chronos_cell_move_note('{partition}');
+
+-- name: move_freeze
+CREATE OR REPLACE TRIGGER chronos_move_{partition}_freeze BEFORE UPDATE OR DELETE ON chronos_messages FOR EACH ROW
+WHEN (OLD.input_partition = {partition}) EXECUTE FUNCTION chronos_cell_move_freeze();
+
+-- name: move_unwatch
+-- One trigger of the partition's watch or freeze dropped: `{trigger}` is inserts, updates, deletes or freeze.
+DROP TRIGGER IF EXISTS chronos_move_{partition}_{trigger} ON chronos_messages;
+
+-- name: move_lock_messages
+-- Taken before the map's lock by the cut-over, as the consumer's writes take them (the table, then the map),
+-- so that the two never wait for each other.
+LOCK TABLE chronos_messages IN SHARE ROW EXCLUSIVE MODE;
+
+-- name: move_close
+-- The partition closed in its cell at its epoch + 1, unless it is closed already; its epoch either way.
+WITH closed AS (
+    UPDATE chronos_cell_partitions SET state = 'moving', epoch = epoch + 1
+    WHERE partition = %(partition)s AND state = 'open'
+    RETURNING epoch
+)
+SELECT epoch FROM closed
+UNION ALL
+SELECT epoch FROM chronos_cell_partitions WHERE partition = %(partition)s AND NOT EXISTS (SELECT FROM closed);
+
+-- name: move_blocks
+-- How many blocks the table has now: the copy walks them up to there.
+SELECT pg_relation_size('chronos_messages') / current_setting('block_size')::bigint;
+
+-- name: move_scan
+-- The rows of the partition in a range of the table's blocks due after the horizon (recurring schedules go at
+-- the cut-over): what the copy carries ahead.
+SELECT /* include: moving_columns */
+FROM chronos_messages
+WHERE ctid >= %(first)s::tid AND ctid < %(last)s::tid
+  AND input_partition = %(partition)s AND cron IS NULL AND deadline > %(after)s::timestamptz;
+
+-- name: move_changes
+-- The rows of the partition noted since, oldest change first, each as it stands now (none: deleted, or now
+-- another partition's).
+SELECT c.id, c.n, m.*
+FROM chronos_cell_move_changes AS c
+LEFT JOIN LATERAL (SELECT /* include: moving_columns */
+                   FROM chronos_messages WHERE id = c.id AND input_partition = c.partition) AS m ON true
+WHERE c.partition = %(partition)s
+ORDER BY c.n
+LIMIT %(limit)s;
+
+-- name: move_forget
+-- Changes carried over, forgotten unless noted again meanwhile.
+DELETE FROM chronos_cell_move_changes AS c
+USING unnest(%(ids)s::text[], %(ns)s::bigint[]) AS f(id, n)
+WHERE c.partition = %(partition)s AND c.id = f.id AND c.n = f.n;
+
+-- name: move_in_flight
+-- Rows of the partition a firer of this cell holds: stamped as claimed (the rows a move copied into it are held
+-- far later), or taken by a firer's claim that deletes whose transaction is still open (held_sessions: the row
+-- still here to this statement, gone once it commits, back if it rolls back), looked for among the rows due up to
+-- `until` off the due index (a firer takes rows due within its lookahead, less than half the hold time).
+SELECT (SELECT count(*) FROM chronos_messages
+        WHERE readied_at IS NOT NULL AND readied_at < %(dormant_from)s::timestamptz AND input_partition = %(partition)s)
+     + (SELECT count(*) FROM chronos_messages
+        WHERE readied_at IS NULL AND cron IS NULL AND deadline <= %(until)s::timestamptz
+          AND input_partition = %(partition)s
+          AND xmax = ANY (ARRAY(SELECT held_xid FROM (/* include: held_sessions */) AS holders)));
+
+-- name: move_near
+-- The partition's rows waiting here due up to `until`, off the due index; not those a firer's claim that deletes
+-- holds (move_in_flight): handed over, such a row could be fired by both cells, once its firer commits.
+SELECT /* include: moving_columns */
+FROM chronos_messages
+WHERE readied_at IS NULL AND cron IS NULL AND deadline <= %(until)s::timestamptz AND input_partition = %(partition)s
+  AND xmax <> ALL (ARRAY(SELECT held_xid FROM (/* include: held_sessions */) AS holders))
+ORDER BY deadline, seq
+LIMIT %(limit)s;
+
+-- name: move_take
+-- Rows handed over live to the cell the partition goes to, gone from here (after move_by_itself). move_near left
+-- out the rows firers' claims that delete held; none takes one since (the freeze), so none is left here that
+-- another cell now has.
+DELETE FROM chronos_messages
+WHERE id = ANY(%(ids)s::text[]) AND input_partition = %(partition)s AND readied_at IS NULL;
+
+-- name: move_ship_schedules
+-- The partition's recurring schedules taken out of the table into the outbox, in one statement (after
+-- move_by_itself): held by neither cell until the target has them.
+WITH shipped AS (
+    DELETE FROM chronos_messages WHERE cron IS NOT NULL AND input_partition = %(partition)s
+    RETURNING id, deadline, readied_at, readied_by, topic, key, value, headers, ordering_key, enqueued_at, seq, cron,
+              timezone, attempts, last_error, original_deadline, last_occurrence, dst_policy, input_partition
+)
+INSERT INTO chronos_cell_move_outbox (id, deadline, readied_at, readied_by, topic, key, value, headers,
+                                      ordering_key, enqueued_at, seq, cron, timezone, attempts, last_error,
+                                      original_deadline, last_occurrence, dst_policy, input_partition)
+SELECT * FROM shipped;
+
+-- name: move_outbox
+SELECT /* include: moving_columns */
+FROM chronos_cell_move_outbox WHERE input_partition = %(partition)s;
+
+-- name: move_outbox_done
+DELETE FROM chronos_cell_move_outbox WHERE input_partition = %(partition)s;
+
+-- name: move_drop_due
+-- The source's own copies of the partition's rows due up to `until`, deleted (after move_by_itself): once the
+-- target owns them they are frozen here, and would stand at the head of the due index before the others'.
+DELETE FROM chronos_messages
+WHERE ctid = ANY(ARRAY(SELECT ctid FROM chronos_messages
+                       WHERE readied_at IS NULL AND cron IS NULL AND deadline <= %(until)s::timestamptz
+                         AND input_partition = %(partition)s
+                       LIMIT %(limit)s));
+
+-- name: move_drop_scan
+-- The source's own copies of the partition's rows in a range of blocks, deleted (after move_by_itself).
+DELETE FROM chronos_messages
+WHERE ctid >= %(first)s::tid AND ctid < %(last)s::tid AND input_partition = %(partition)s;
+
+-- name: move_seq
+-- Where the table's enqueue order stands: the target's goes on from past it.
+SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('chronos_messages', 'seq')::regclass), 0);
+
+-- name: move_seq_at_least
+SELECT setval(pg_get_serial_sequence('chronos_messages', 'seq'), %(seq)s::bigint)
+WHERE coalesce(pg_sequence_last_value(pg_get_serial_sequence('chronos_messages', 'seq')::regclass), 0)
+      < %(seq)s::bigint;
+
+-- name: create_move_rows
+-- The rows a move writes into the target, staged for one transaction.
+CREATE TEMP TABLE IF NOT EXISTS chronos_move_rows (
+    id text, deadline_us bigint, topic text, key bytea, value bytea, headers bytea, ordering_key text,
+    input_partition integer, cron text, timezone text, dst_policy text, seq bigint, enqueued_us bigint,
+    attempts integer, last_error text, original_deadline_us bigint, last_occurrence_us bigint, readied_us bigint
+) ON COMMIT DROP;
+
+-- name: copy_move_rows
+COPY chronos_move_rows FROM STDIN (FORMAT BINARY);
+
+-- name: move_put
+-- The staged rows into the target's table: dormant (held by the move, claimed at their mark `readied_us`: see
+-- chronos.domain.moves), or live (no mark). A row of the id already here is overwritten only if it is one the
+-- move put there dormant: a message the target holds of its own is kept. The enqueue order (seq) is the
+-- source's. Epoch microseconds to timestamptz as insert_from_staging does it (exact).
+INSERT INTO chronos_messages AS m (id, deadline, topic, key, value, headers, ordering_key, input_partition, cron,
+                                   timezone, dst_policy, seq, enqueued_at, attempts, last_error, original_deadline,
+                                   last_occurrence, readied_at, readied_by)
+OVERRIDING SYSTEM VALUE
+SELECT id, timestamptz 'epoch' + (deadline_us / 1000000) * interval '1 second'
+               + mod(deadline_us, 1000000) * interval '1 microsecond',
+       topic, key, value, headers, ordering_key, input_partition, cron, timezone, dst_policy, seq,
+       timestamptz 'epoch' + (enqueued_us / 1000000) * interval '1 second'
+           + mod(enqueued_us, 1000000) * interval '1 microsecond',
+       attempts, last_error,
+       timestamptz 'epoch' + (original_deadline_us / 1000000) * interval '1 second'
+           + mod(original_deadline_us, 1000000) * interval '1 microsecond',
+       timestamptz 'epoch' + (last_occurrence_us / 1000000) * interval '1 second'
+           + mod(last_occurrence_us, 1000000) * interval '1 microsecond',
+       timestamptz 'epoch' + (readied_us / 1000000) * interval '1 second'
+           + mod(readied_us, 1000000) * interval '1 microsecond',
+       CASE WHEN readied_us IS NOT NULL THEN %(node)s::uuid END
+FROM chronos_move_rows
+ON CONFLICT (id) DO UPDATE SET
+    deadline = EXCLUDED.deadline, topic = EXCLUDED.topic, key = EXCLUDED.key, value = EXCLUDED.value,
+    headers = EXCLUDED.headers, ordering_key = EXCLUDED.ordering_key, input_partition = EXCLUDED.input_partition,
+    cron = EXCLUDED.cron, timezone = EXCLUDED.timezone, dst_policy = EXCLUDED.dst_policy,
+    enqueued_at = EXCLUDED.enqueued_at, attempts = EXCLUDED.attempts, last_error = EXCLUDED.last_error,
+    original_deadline = EXCLUDED.original_deadline, last_occurrence = EXCLUDED.last_occurrence,
+    readied_at = EXCLUDED.readied_at, readied_by = EXCLUDED.readied_by
+WHERE m.readied_by = %(node)s::uuid;
+
+-- name: move_drop_copies
+-- Dormant copies of rows the source no longer holds in the partition.
+DELETE FROM chronos_messages WHERE id = ANY(%(ids)s::text[]) AND readied_by = %(node)s::uuid;
+
+-- name: move_wake
+-- The partition's dormant rows due up to `until` (its mark), made waiting, deadline first, a batch at a time.
+UPDATE chronos_messages SET readied_at = NULL, readied_by = NULL
+WHERE ctid = ANY(ARRAY(SELECT ctid FROM chronos_messages
+                       WHERE readied_at >= %(from)s::timestamptz AND readied_at <= %(until)s::timestamptz
+                         AND readied_by = %(node)s::uuid AND input_partition = %(partition)s
+                       ORDER BY readied_at
+                       LIMIT %(limit)s));
+
+-- name: live_firers
+-- The firers of this cell whose lease is younger than the hold time.
+SELECT count(*) FROM chronos_firers WHERE seen_at > now() - %(hold_ms)s * interval '1 millisecond';

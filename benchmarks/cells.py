@@ -1,0 +1,156 @@
+"""`python -m benchmarks.cells`: an input partition moved between the cells of one stack under a steady load, with
+a million far-future rows in it (`chronos cells move`, docs/operations/scaling.md).
+
+    python -m benchmarks.cells                                  # 1,000 msg/s, 1,000,000 far-future rows
+    python -m benchmarks.cells --rate 500 --far 100000 --out benchmarks/out/cells.json
+
+Starts `chronos up --cells 2` (the input partitions 0-3 in cell1, 4-7 in cell2), writes `--far` rows due in a
+year into `--partition` of cell1 through the consumer's own COPY path, then runs the load (`kits.traffic.Load`:
+deadlines 0.5-5 s ahead; each message's Kafka key picks its partition) and reads the
+output topic. After `--before` seconds it moves the partition to cell2, and goes on `--after` seconds once the
+move ended. Reported: messages sent, lost, duplicated and published early (before their deadline less the timing
+advance); the moved partition's lateness (read time - when it was due) of the messages due from the move's start
+to its end plus 10 s, at most and p99.9; the other partitions' p99.9 over the same window beside the window of
+the same length before the move (jitter, read time - deadline; and the publish's own, CreateTime - deadline);
+the move's own figures (its rows copied, its cut-over, its length).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from benchmarks.harness.database import DAY_S, fill_far
+from kits.stack import CHRONOS, ChronosUp, clean_env, layout_args
+from kits.traffic import Load, Reader
+
+TIMING_ADVANCE_S = 0.05
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (nearest rank) of `values`; None of none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, int(round(q / 100.0 * len(ordered) + 0.5)) - 1))]
+
+
+def figures(values: list[float]) -> dict[str, Any]:
+    return {"messages": len(values), "p50_s": _r(percentile(values, 50)), "p99_s": _r(percentile(values, 99)),
+            "p99_9_s": _r(percentile(values, 99.9)), "max_s": _r(max(values) if values else None)}
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.cells", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rate", type=float, default=1000.0, help="messages per second (default 1,000)")
+    p.add_argument("--far", type=int, default=1_000_000, help="far-future rows in the moved partition")
+    p.add_argument("--partition", type=int, default=3, help="the partition moved from cell1 to cell2 (default 3)")
+    p.add_argument("--before", type=float, default=60.0, help="seconds of load before the move")
+    p.add_argument("--after", type=float, default=30.0, help="seconds of load after the move ended")
+    p.add_argument("--consumers", type=int, default=1)
+    p.add_argument("--firers", type=int, default=1, help="per cell")
+    p.add_argument("--detectors", type=int, default=1, help="per cell")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/out/cells.json"))
+    args = p.parse_args(argv)
+
+    stack = ChronosUp("--cells", "2", *layout_args(args.consumers, args.firers, args.detectors))
+    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {_cores()} cores",
+                              "rate": args.rate, "far": args.far, "partition": args.partition,
+                              "layout": {"consumers": args.consumers, "firers_per_cell": args.firers,
+                                         "detectors_per_cell": args.detectors},
+                              "code": _commit()}
+    load = reader = None
+    try:
+        info = stack.start(timeout=300)
+        cells = info["cells"]
+        print(f"writing {args.far:,} far-future rows into partition {args.partition} of cell1 ...", flush=True)
+        result["far_fill_s"] = round(fill_far(cells["cell1"], args.far, ahead_s=365 * DAY_S, partition=args.partition,
+                                              progress=True), 1)
+        reader = Reader(info["bootstrap_servers"], info["output_topic"])
+        reader.start()
+        reader.wait_assigned()
+        load = Load(info["bootstrap_servers"], info["input_topic"], rate=args.rate, late=0.0, seed=11)
+        load.start()
+        print(f"load at {args.rate:,.0f} msg/s for {args.before:.0f}s before the move ...", flush=True)
+        time.sleep(args.before)
+        moved_from = time.time()
+        done = subprocess.run(CHRONOS + ["cells", "move", "--partition", str(args.partition), "--to", "cell2",
+                                         "--ready-file", str(stack.ready_file)],
+                              env=clean_env(), capture_output=True, text=True, timeout=3600)
+        moved_until = time.time()
+        print(done.stdout, end="", flush=True)
+        if done.returncode != 0:
+            raise SystemExit(f"the move failed (exit {done.returncode}): {done.stdout}{done.stderr}")
+        result["move"] = move_figures(done.stdout, moved_until - moved_from)
+        time.sleep(args.after)
+        load.stop()
+        sent = dict(load.sent)
+        missing = reader.wait_for(sent, 120)
+    finally:
+        if load is not None and load.is_alive():
+            load.stop()
+        if reader is not None:
+            reader.stop()
+        stack.stop()
+    window = (moved_from, moved_until + 10.0)
+    before = (moved_from - (window[1] - window[0]), moved_from)
+    moved = [m for m, s in sent.items() if s.partition == args.partition]
+    others = [m for m, s in sent.items() if s.partition != args.partition]
+
+    def within(ids: list[str], span: tuple[float, float]) -> list[str]:
+        return [m for m in ids if span[0] <= sent[m].due < span[1] and m in reader.arrivals]
+    result["messages"] = {
+        "sent": len(sent), "lost": len(missing),
+        "duplicated": sum(1 for m in sent if len(reader.arrivals.get(m, [])) > 1),
+        "early": sum(1 for m, s in sent.items()
+                     if m in reader.created and reader.created[m] < s.deadline - TIMING_ADVANCE_S - 0.001),
+    }
+    result["moved_partition_during_move"] = figures([reader.arrivals[m][0] - sent[m].due for m in within(moved, window)])
+    result["others_during_move"] = {
+        "jitter": figures([reader.arrivals[m][0] - sent[m].deadline for m in within(others, window)]),
+        "publish_lateness": figures([reader.created[m] - sent[m].deadline for m in within(others, window)])}
+    result["others_before_move"] = {
+        "jitter": figures([reader.arrivals[m][0] - sent[m].deadline for m in within(others, before)]),
+        "publish_lateness": figures([reader.created[m] - sent[m].deadline for m in within(others, before)])}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    print(orjson.dumps({k: v for k, v in result.items() if k != "layout"}, option=orjson.OPT_INDENT_2).decode())
+    print(f"written to {args.out}")
+    return 0 if not missing and result["messages"]["early"] == 0 else 1
+
+
+def move_figures(output: str, took_s: float) -> dict[str, Any]:
+    """What `chronos cells move` said of itself: rows copied ahead and carried, the cut-over's length, rows
+    handed over and woken."""
+    def number(pattern: str) -> float | None:
+        found = re.search(pattern, output)
+        return float(found.group(1).replace(",", "")) if found else None
+    return {"took_s": round(took_s, 2), "copied_ahead": number(r"([\d,]+) rows copied ahead,"),
+            "changes_carried": number(r"([\d,]+) changes carried over"),
+            "cut_over_s": number(r"cut over to cell \S+ at epoch \d+ in ([\d.]+)s"),
+            "handed_over": number(r"\(([\d,]+) rows handed over"), "woken": number(r"([\d,]+) rows woken there")}
+
+
+def _cores() -> int:
+    import os
+    return os.cpu_count() or 0
+
+
+def _commit() -> str | None:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

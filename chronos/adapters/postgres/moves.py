@@ -1,0 +1,211 @@
+"""A move of an input partition between cells on PostgreSQL (`ports.MoveStore`): the source's record, watch,
+freeze and rows, the target's rows put and woken. Run on the store's session (`session.Session`), as the
+database's owner (the watch and the freeze are triggers on the table).
+
+The copy and the deletion walk the table a stretch of blocks at a time, by TID range: finding a partition's rows
+takes no index, which every write of the consumers would pay for. The triggers are made and dropped under a
+short lock timeout: while one waits for the table's lock every write waits behind it, so a busy table makes it
+give up at once, and the caller tries again a little later."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any, Sequence
+
+import psycopg
+
+from chronos.adapters.postgres.connection import one
+from chronos.adapters.postgres.queries import QUERIES
+from chronos.adapters.postgres.session import Session
+from chronos.domain.moves import DORMANT_FROM_US, MOVE_NODE, Change, MoveRecord, MovingRow, dormant_mark_us
+from chronos.errors import CellsUnsupported
+
+#: Blocks of the table a copy or a deletion reads per call (8 kB each): a few tens of thousands of rows.
+SCAN_BLOCKS = 2048
+#: How long a change of the table's triggers waits for its lock before it gives up (milliseconds).
+LOCK_TIMEOUT_MS = 50
+_WATCH = ("inserts", "updates", "deletes")
+_TRIGGERS = (*_WATCH, "freeze")
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _ts(us: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=us)
+
+
+def _tid(block: int) -> str:
+    return f"({block},0)"
+
+
+def _row(r: Sequence[Any]) -> MovingRow:
+    return MovingRow(*r)
+
+
+class MoveStatements(Session):
+    """The moves' side of the store."""
+
+    def moves(self) -> list[MoveRecord]:
+        def run(conn: psycopg.Connection) -> list[MoveRecord]:
+            if one(self._execute(conn, QUERIES["has_cell_moves"]))[0] is None:
+                raise CellsUnsupported("this cell's database schema is before moves (version 13): run `chronos "
+                                       "migrate` on it")
+            return [MoveRecord(*r) for r in self._execute(conn, QUERIES["move_records"])]
+        return self._run(run)
+
+    def begin_move(self, partition: int, target: str, node: uuid.UUID, ahead_ms: int) -> None:
+        self._run(lambda c: self._execute(c, QUERIES["move_begin"], {"partition": partition, "target": target,
+                                                                     "node": node, "ahead_ms": ahead_ms}))
+
+    def lease_move(self, partition: int, node: uuid.UUID, lease_ms: int) -> bool:
+        return self._run(lambda c: self._execute(c, QUERIES["move_lease"], {
+            "partition": partition, "node": node, "lease_ms": lease_ms}).fetchone() is not None)
+
+    def save_move(self, partition: int, node: uuid.UUID, step: str, cursor: int) -> bool:
+        return self._run(lambda c: self._execute(c, QUERIES["move_save"], {
+            "partition": partition, "node": node, "step": step, "cursor": cursor}).fetchone() is not None)
+
+    def end_move(self, partition: int) -> None:
+        self._run(lambda c: self._execute(c, QUERIES["move_end"], {"partition": partition}))
+
+    def _ddl(self, partition: int, names: Sequence[tuple[str, str]], then: str | None = None) -> Any:
+        """The triggers' statements (name, trigger) for the partition in one transaction under the short lock
+        timeout, and `then` (a statement of the partition's) after them; False when the lock was not had."""
+        p = int(partition)  # put into the statement, not bound: an integer only
+
+        def run(conn: psycopg.Connection) -> Any:
+            try:
+                with conn.transaction():
+                    conn.execute(QUERIES["move_lock_timeout"], {"ms": LOCK_TIMEOUT_MS})
+                    result: Any = True
+                    if then == "move_close":
+                        # the table first, then the map: the consumers' writes take them in that order
+                        conn.execute(QUERIES["move_lock_messages"])
+                        conn.execute(QUERIES["cell_map_lock"])
+                        found = conn.execute(QUERIES["move_close"], {"partition": p}).fetchone()
+                        result = None if found is None else found[0]
+                    for name, trigger in names:
+                        conn.execute(QUERIES[name].format(partition=p, trigger=trigger))
+                    return result
+            except psycopg.errors.LockNotAvailable:
+                return False
+        return self._run(run)
+
+    def watch(self, partition: int) -> bool:
+        return bool(self._ddl(partition, [(f"move_watch_{kind}", "") for kind in _WATCH]))
+
+    def freeze(self, partition: int) -> int | None:
+        epoch = self._ddl(partition, [("move_freeze", "")], then="move_close")
+        if epoch is False:
+            return None
+        if epoch is None:
+            raise LookupError(f"this cell does not list partition {partition}")
+        return int(epoch)
+
+    def unwatch(self, partition: int) -> bool:
+        return bool(self._ddl(partition, [("move_unwatch", trigger) for trigger in _TRIGGERS]))
+
+    def scan(self, partition: int, cursor: int, after_us: int) -> tuple[list[MovingRow], int | None]:
+        def run(conn: psycopg.Connection) -> tuple[list[MovingRow], int | None]:
+            blocks = one(self._execute(conn, QUERIES["move_blocks"]))[0]
+            if cursor >= blocks:
+                return [], None
+            last = cursor + SCAN_BLOCKS
+            rows = [_row(r) for r in self._execute(conn, QUERIES["move_scan"], {
+                "partition": partition, "first": _tid(cursor), "last": _tid(last), "after": _ts(after_us)})]
+            return rows, last
+        return self._run(run)
+
+    def changes(self, partition: int, limit: int) -> list[Change]:
+        def run(conn: psycopg.Connection) -> list[Change]:
+            return [Change(r[0], r[1], _row(r[2:]) if r[2] is not None else None)
+                    for r in self._execute(conn, QUERIES["move_changes"], {"partition": partition, "limit": limit})]
+        return self._run(run)
+
+    def forget(self, partition: int, changes: Sequence[Change]) -> None:
+        if changes:
+            self._run(lambda c: self._execute(c, QUERIES["move_forget"], {
+                "partition": partition, "ids": [ch.id for ch in changes], "ns": [ch.n for ch in changes]}))
+
+    def held(self, partition: int, until_us: int) -> int:
+        return self._run(lambda c: one(self._execute(c, QUERIES["move_in_flight"], {
+            "partition": partition, "dormant_from": _ts(DORMANT_FROM_US), "until": _ts(until_us)}))[0])
+
+    def near(self, partition: int, until_us: int, limit: int) -> list[MovingRow]:
+        return self._run(lambda c: [_row(r) for r in self._execute(c, QUERIES["move_near"], {
+            "partition": partition, "until": _ts(until_us), "limit": limit})])
+
+    def _by_itself(self, statement: str, params: dict[str, Any]) -> psycopg.Cursor:
+        """One of the move's own statements, in a transaction of its own, neither noted nor held back."""
+        def run(conn: psycopg.Connection) -> psycopg.Cursor:
+            with conn.transaction():
+                conn.execute(QUERIES["move_by_itself"])
+                return conn.execute(QUERIES[statement], params)
+        return self._run(run)
+
+    def take(self, partition: int, ids: Sequence[str]) -> int:
+        if not ids:
+            return 0
+        return self._by_itself("move_take", {"partition": partition, "ids": list(ids)}).rowcount
+
+    def ship_schedules(self, partition: int) -> list[MovingRow]:
+        self._by_itself("move_ship_schedules", {"partition": partition})
+        return self._run(lambda c: [_row(r) for r in self._execute(c, QUERIES["move_outbox"],
+                                                                   {"partition": partition})])
+
+    def shipped(self, partition: int) -> None:
+        self._run(lambda c: self._execute(c, QUERIES["move_outbox_done"], {"partition": partition}))
+
+    def drop_due(self, partition: int, until_us: int, limit: int) -> int:
+        return self._by_itself("move_drop_due", {"partition": partition, "until": _ts(until_us),
+                                                 "limit": limit}).rowcount
+
+    def drop_scan(self, partition: int, cursor: int) -> int | None:
+        blocks = self._run(lambda c: one(self._execute(c, QUERIES["move_blocks"]))[0])
+        if cursor >= blocks:
+            return None
+        self._by_itself("move_drop_scan", {"partition": partition, "first": _tid(cursor),
+                                           "last": _tid(cursor + SCAN_BLOCKS)})
+        return cursor + SCAN_BLOCKS
+
+    def seq_position(self) -> int:
+        return self._run(lambda c: one(self._execute(c, QUERIES["move_seq"]))[0])
+
+    def seq_at_least(self, seq: int) -> None:
+        self._run(lambda c: self._execute(c, QUERIES["move_seq_at_least"], {"seq": seq}))
+
+    def put(self, rows: Sequence[MovingRow], *, dormant: bool) -> int:
+        if not rows:
+            return 0
+
+        def run(conn: psycopg.Connection) -> int:
+            with conn.transaction(), conn.cursor() as cur:
+                cur.execute(QUERIES["create_move_rows"])
+                with cur.copy(QUERIES["copy_move_rows"]) as copy:
+                    copy.set_types(["text", "int8", "text", "bytea", "bytea", "bytea", "text", "int4", "text", "text",
+                                    "text", "int8", "int8", "int4", "text", "int8", "int8", "int8"])
+                    for r in rows:
+                        copy.write_row((r.id, r.deadline_us, r.topic, r.key, r.value, r.headers, r.ordering_key,
+                                        r.input_partition, r.cron, r.timezone, r.dst_policy, r.seq, r.enqueued_us,
+                                        r.attempts, r.last_error, r.original_deadline_us, r.last_occurrence_us,
+                                        dormant_mark_us(r.deadline_us) if dormant else None))
+                cur.execute(QUERIES["move_put"], {"node": MOVE_NODE})
+                return cur.rowcount
+        return self._run(run)
+
+    def drop_copies(self, ids: Sequence[str]) -> int:
+        if not ids:
+            return 0
+        return self._run(lambda c: self._execute(c, QUERIES["move_drop_copies"], {
+            "ids": list(ids), "node": MOVE_NODE}).rowcount)
+
+    def wake(self, partition: int, until_us: int | None, limit: int) -> int:
+        until = dormant_mark_us(until_us) if until_us is not None else dormant_mark_us(253_402_300_799_999_999)
+        return self._run(lambda c: self._execute(c, QUERIES["move_wake"], {
+            "partition": partition, "from": _ts(DORMANT_FROM_US), "until": _ts(until), "node": MOVE_NODE,
+            "limit": limit}).rowcount)
+
+    def live_firers(self, hold_ms: int) -> int:
+        return self._run(lambda c: one(self._execute(c, QUERIES["live_firers"], {"hold_ms": hold_ms}))[0])

@@ -181,6 +181,9 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
 # its worker, the two groups side by side, about as long as each other --
 
 SERVER_GROUPS = ("fleet", "ha", "faults", "containers")
+# Stacks of several cells under load, in the servers' group too: the two groups then take about as long
+# (without them the other group ended five minutes after the servers' on two cores)
+SERVER_FILES = ("e2e/test_up_cells.py", "e2e/test_cell_moves.py", "e2e/test_add_cell.py")
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: nothing without it (-p no:xdist)
@@ -191,5 +194,6 @@ def pytest_xdist_make_scheduler(config, log):
     class TwoGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             parts = nodeid.split("/")
-            return "servers" if len(parts) > 2 and parts[1] in SERVER_GROUPS else "main"
+            servers = len(parts) > 2 and (parts[1] in SERVER_GROUPS or "/".join(parts[1:3]).split("::")[0] in SERVER_FILES)
+            return "servers" if servers else "main"
     return TwoGroups(config, log)

@@ -21,21 +21,14 @@ from chronos.errors import ClaimContended, StoreUnavailable
 from chronos.roles.firer.claimer import MAX_HELD_BATCHES
 from kafka_double import FakePublisher
 from test_roles_firer import TIMEOUT, Firer, wait_for
+from test_roles_firer import cycle as firer_cycle
 
 DELETE = {"CHRONOS_FIRER_CLAIM": "delete"}
 
 
 def cycle(f: Firer) -> None:
     """One claim, its publishes and their reports, and the settling of what they say."""
-    f.proc.claimer.claim(time.time())
-    f.proc.sender.take_claimed()
-    f.proc.sender.publish_due()
-    f.publisher.poll()
-    f.proc.sender.send_dead()
-    f.publisher.poll()
-    f.proc.sender.hand_over()
-    f.proc.settler.receive(0)
-    f.proc.settler.settle(time.time() + 1)
+    firer_cycle(f, settle_ahead_s=1.0)
 
 
 def test_a_claim_holds_its_rows_until_every_one_is_acknowledged_then_commits():

@@ -72,6 +72,20 @@ def wait_for(predicate, what: str) -> None:
         time.sleep(0.005)
 
 
+def cycle(f: Firer, settle_ahead_s: float = 0.0) -> None:
+    """One claim, its publishes and their reports, and the settling of what they say (`settle_ahead_s`
+    past now, so that a settle due within that time is made)."""
+    f.proc.claimer.claim(time.time())
+    f.proc.sender.take_claimed()
+    f.proc.sender.publish_due()
+    f.publisher.poll()
+    f.proc.sender.send_dead()
+    f.publisher.poll()
+    f.proc.sender.hand_over()
+    f.proc.settler.receive(0)
+    f.proc.settler.settle(time.time() + settle_ahead_s)
+
+
 def claimed(mid: str, deadline_s: float) -> Claimed:
     return Claimed(mid, int(deadline_s * 1e6), None, b"k", mid.encode(), None, datetime.now(timezone.utc))
 
@@ -244,15 +258,7 @@ def test_a_publish_refused_for_now_is_retried_later_and_one_refused_for_good_is_
         return None
     f = Firer(FakePublisher(refuse))
     f.add("later", "huge")
-    f.proc.claimer.claim(time.time())
-    f.proc.sender.take_claimed()
-    f.proc.sender.publish_due()
-    f.publisher.poll()
-    f.proc.sender.send_dead()
-    f.publisher.poll()
-    f.proc.sender.hand_over()
-    f.proc.settler.receive(0)
-    f.proc.settler.settle(time.time())
+    cycle(f)
     assert [(p.topic, p.value) for p in f.publisher.produced] == [
         (f.settings.output_topic, b"later"), (f.settings.output_topic, b"huge"), (f.settings.dlq_topic, b"huge")]
     assert f.state() == {"later": "waiting"} and f.db.rows["later"].attempts == 1

@@ -66,7 +66,10 @@ class Target:
 
     def cpu_groups(self) -> dict[str, tuple[int, bool]]:
         groups = {}
-        if self.info.get("postgres_pid"):
+        cells = self.info.get("cell_postgres_pids") or {}
+        if cells:  # a stack of several cells: each cell's PostgreSQL on its own (the ready file's postgres_pid is the first's)
+            groups.update({f"postgres-{cell}": (pid, True) for cell, pid in cells.items()})
+        elif self.info.get("postgres_pid"):
             groups["postgres"] = (self.info["postgres_pid"], True)
         return groups
 

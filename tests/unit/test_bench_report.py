@@ -174,3 +174,12 @@ def test_a_result_names_the_service_that_ran_when_it_is_another_checkout_than_th
     assert older["git_commit"] == here["git_commit"]
     assert older["service_commit"] == commit and older["service_dirty"] is False
     assert older["service_tree_sha256"] != here["service_tree_sha256"]
+
+
+def test_each_cells_postgresql_is_measured_on_its_own_and_one_database_as_postgres():
+    from benchmarks.harness.targets import Target
+    cells = Target(None, {"postgres_pid": 11, "cell_postgres_pids": {"cell1": 11, "cell2": 12}})
+    assert cells.cpu_groups() == {"postgres-cell1": (11, True), "postgres-cell2": (12, True)}
+    assert longevity.scheduler_cores({"postgres-cell1": 0.25, "postgres-cell2": 0.5, "broker": 1.0}) == 0.75
+    one = Target(None, {"postgres_pid": 11, "cell_postgres_pids": None})
+    assert one.cpu_groups() == {"postgres": (11, True)}

@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import os
 import queue
+import re
 import statistics
 import sys
 import textwrap
@@ -163,6 +164,35 @@ def bucket_schema(count: int) -> tuple[str, ...]:
 # a peer's claim skips the row) beside its delete, the lease's read none.
 LEAN = ("DROP INDEX chronos_messages_due", "DROP INDEX chronos_messages_readied", "DROP INDEX chronos_messages_key")
 
+# (e) The due index alone dropped, as a migration of Chronos's schema could drop it (the key's hash index kept for
+# the operators' searches, the in-flight index for the claim that stamps): a firer's claim of its own slices reads
+# the share index as before, and the claim of every slice (a firer's whose own slices are drained while a peer's
+# are overdue, the output topic's, a lone firer's) becomes a merge of the share index's ranges, one per slice, in
+# deadline order: it reads the first `limit` due rows and one more per slice, unlocked, then locks those it chose
+# by TID (FOR UPDATE SKIP LOCKED: a row a peer locked or took meanwhile is left out, and holds the later rows of its
+# ordering key back, as any row between two candidates does). A lock in each range would lock every due row: the
+# ranges' merge cannot stop a LockRows under it early.
+CLAIM_HEAD = re.compile(r"WITH candidates AS MATERIALIZED \(\n.*?FOR UPDATE SKIP LOCKED\n\)", re.DOTALL)
+
+
+def merged(name: str) -> str:
+    """Today's claim of every slice `name` (claim, claim_recent) read off the share index's ranges, merged."""
+    recent = "AND deadline >= now() - %(window_ms)s * interval '1 millisecond'" if name.endswith("_recent") else ""
+    ranges = "\n        UNION ALL\n".join(
+        f"        (SELECT ctid, deadline, seq FROM chronos_messages\n"
+        f"         WHERE (hashtext(coalesce(ordering_key, id)) & 15) = {s} AND num_nulls(readied_at, cron) = 2 {recent}\n"
+        f"           AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'\n"
+        f"         ORDER BY deadline, seq)" for s in range(SLICES))
+    head = ("WITH candidates AS MATERIALIZED (\n"
+            "    SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq FROM chronos_messages\n"
+            "    WHERE ctid = ANY (ARRAY(SELECT ctid FROM (\n" + ranges + "\n"
+            "    ) AS due ORDER BY deadline, seq LIMIT %(limit)s)) AND num_nulls(readied_at, cron) = 2\n"
+            "    FOR UPDATE SKIP LOCKED\n)")
+    statement, count = CLAIM_HEAD.subn(lambda _m: head, QUERIES[name])
+    if count != 1:
+        raise ValueError(f"today's {name} no longer opens with its candidates")
+    return statement
+
 
 def transformed(statement: str, old: str, new: str) -> str:
     """`statement` with its one `old` part replaced by `new`: a candidate made from today's statement, which
@@ -211,6 +241,9 @@ TAKE_ALL, TAKE_RECENT = folded(taking("claim")), folded(taking("claim_recent"))
 TAKE_SHARE, TAKE_SHARE_RECENT = (folded(taking("claim_share"), SHARE_CLAIMED),
                                  folded(taking("claim_share_recent"), SHARE_CLAIMED))
 LEASE, LEASE_RECENT = folded(leasing("claim_share"), SHARE_CLAIMED), folded(leasing("claim_share_recent"), SHARE_CLAIMED)
+MERGED, MERGED_RECENT = folded(merged("claim")), folded(merged("claim_recent"))
+TAKE_MERGED, TAKE_MERGED_RECENT = (folded(transformed(merged("claim"), STAMP, TAKE)),
+                                   folded(transformed(merged("claim_recent"), STAMP, TAKE)))
 
 
 @dataclass(frozen=True)
@@ -226,9 +259,12 @@ class Variant:
     schema: tuple[str, ...] = ()
     find_stale: str | None = QUERIES["find_stale"]
     precheck: str | None = None
+    merge: bool = False  # the claim of every slice as a merge of the share index's ranges
 
     def claims(self) -> tuple[str, str]:
         """(the full claim, the claim of recent deadlines), folded."""
+        if self.merge:
+            return (TAKE_MERGED, TAKE_MERGED_RECENT) if self.firer == "delete" else (MERGED, MERGED_RECENT)
         if self.firer == "lease":
             return LEASE, LEASE_RECENT
         if self.firer in ("delete", "buckets"):
@@ -281,6 +317,16 @@ VARIANTS = {v.name: v for v in (
     Variant("lean-lease", "(e) the lease's plain read of a firer's own slices and its delete by TID, on the lean "
                           "schema: no row lock, no second row version, two index entries per row",
             firer="lease", shares=True, baseline="today-shares", schema=LEAN, find_stale=None),
+    Variant("due-dropped", "(e) the claim that deletes by slices without the due index alone: the key's hash index "
+                           "and the in-flight index kept, as a migration of Chronos's schema could leave it",
+            firer="delete", shares=True, baseline="delete-claim-shares", schema=ONE_INDEX_SCHEMA,
+            find_stale=STALE_SESSIONS),
+    Variant("merged-claim", "(e) without the due index, today's claim of every slice (firers racing for all the due "
+                            "rows) as a merge of the share index's ranges, its rows locked by TID once chosen",
+            baseline="today", schema=ONE_INDEX_SCHEMA, merge=True),
+    Variant("merged-delete", "(e) without the due index, the claim that deletes from every slice (firers racing) as a "
+                             "merge of the share index's ranges, its rows locked by TID once chosen",
+            firer="delete", baseline="delete-claim", schema=ONE_INDEX_SCHEMA, find_stale=STALE_SESSIONS, merge=True),
 )}
 
 

@@ -473,6 +473,25 @@ def _aged_cpu(path: str) -> str:
             f"the table {min(size):,.0f}-{max(size):,.0f} MB")
 
 
+def _cell_cost(path: str) -> str:
+    """Chronos's and PostgreSQL's cores (every cell's PostgreSQL), and the firers' publish lateness."""
+    r = _result(path)
+    pg = sum(v["cores"] for name, v in r["cpu"].items() if name.startswith("postgres"))
+    return (f"{_scheduler_cores(r['cpu']):.3f} cores (PostgreSQL {pg:.3f}), publish lateness p99.9 "
+            f"{_ms(r['publish_lateness_ms']['p999'])}")
+
+
+def _move(path: str) -> str:
+    """A partition moved between cells under load (`benchmarks.cells`)."""
+    r = _result(path)
+    move, messages = r["move"], r["messages"]
+    return (f"{r['far']:,} far-future rows moved in {move['took_s']:.0f} s (cut-over {move['cut_over_s']:.2f} s); "
+            f"its messages at most {r['moved_partition_during_move']['max_s']:.1f} s late; the other partitions' "
+            f"p99.9 {_ms(r['others_during_move']['jitter']['p99_9_s'] * 1000)} during the move, "
+            f"{_ms(r['others_before_move']['jitter']['p99_9_s'] * 1000)} before it; {messages['lost']} lost, "
+            f"{messages['early']} early of {messages['sent']:,}")
+
+
 def _fresh_cpu(path: str) -> str:
     return f"{_scheduler_cores(_result(path)['cpu']):.2f} cores"
 
@@ -569,6 +588,9 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
      "restarted between steps)", "≤ 0.30 cores", [
         ("one process per role", _aged_cpu, "2026-11-27/slices/aged/longevity-1x1x1-10000.json"),
         ("two of every role", _aged_cpu, "2026-11-28/aged/longevity-2x2x2-10000.json")]),
+    ("a partition moved between cells under 1,000 msg/s (`chronos up --cells 2`, one process of each role per "
+     "cell)", "nothing lost or early; the moved partition ≤ 5 s late; the others' p99.9 unchanged", [
+        ("a million far-future rows in the partition", _move, "2026-11-28/cells/move-1m-1x1x1.json")]),
     ("200,000 messages due at the same instant", "", [
         ("one process per role", _spike, "2026-11-23/day-1x1x1.json"),
         ("two of every role", _spike, "2026-11-23/day-2x2x2.json")]),
@@ -605,6 +627,8 @@ def _code(path: str) -> str:
     """The commit of the service a result file measured (another checkout's, when the run names one), and
     whether it had changes not yet committed; `-` for a run from before results named their code."""
     code = _result(path).get("code") or {}
+    if isinstance(code, str):  # a benchmark that records its commit alone
+        return f"`{code[:7]}`"
     own = "service_commit" not in code
     commit = code.get("git_commit" if own else "service_commit")
     if not commit:

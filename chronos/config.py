@@ -281,6 +281,10 @@ OPTIONS: tuple[Option, ...] = (
            "firer silent for the hold time, and its rows are back: half the row versions, no detector needed "
            "for them). Firers of both kinds may run beside each other on one store (a rollout); recurring "
            "schedules' occurrences are stamped either way", _choice("stamp", "delete"), "stamp"),
+    Option("move_rate", "rows a second `chronos cells move` and `add` copy ahead, wake in the new cell and delete "
+           "from the old one, in statements of a tenth of that, so that moving a large partition leaves the "
+           "cells' cores to their firers and consumers (a million rows: about five minutes in all); 0: as fast as "
+           "the databases go. The cut-over itself is never slowed", _non_negative_int, "10000"),
     Option("consumer_group", "Kafka consumer group of the consumers", _str, "chronos"),
     Option("kafka_properties", "extra librdkafka properties as key=value,key=value (TLS, SASL, ...)",
            parse_kafka_properties, ""),
@@ -350,6 +354,7 @@ class Settings:
     firer_max_held_bytes: int = 64 << 20
     firer_claimers: int = 1
     firer_claim: str = "stamp"
+    move_rate: int = 10_000
     consumer_group: str = "chronos"
     kafka_properties: dict[str, str] = field(default_factory=dict)
     kafka_properties_file: dict[str, str] = field(default_factory=dict)

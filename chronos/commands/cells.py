@@ -12,7 +12,7 @@ from typing import Any
 from chronos import config
 
 SETTINGS = ("cells", "database_url", "database_pool_mode", "hold_time_ms", "failure_detection_interval_ms",
-            "log_level", "log_format")
+            "move_rate", "log_level", "log_format")
 MORE = ("Every cell is asked (CHRONOS_CELLS): the move is recorded in the database of the cell the partition "
         "leaves, so that the command run again after it stopped half way finishes it (it waits for the lease of "
         "one that died to expire). The partition's rows due after the next few seconds are copied ahead while it "
@@ -63,7 +63,8 @@ def _mover(settings: config.Settings, urls: dict[str, str]):
 
     def say(line: str) -> None:
         print(line, flush=True)
-    moves = MoveSettings(hold_ms=settings.hold_time_ms, detection_ms=settings.failure_detection_interval_ms)
+    moves = MoveSettings(hold_ms=settings.hold_time_ms, detection_ms=settings.failure_detection_interval_ms,
+                         rate=settings.move_rate)
     return Mover(stores, moves, say=say, node=node)
 
 

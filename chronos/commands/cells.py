@@ -5,11 +5,16 @@ the work). Run as the cells' databases' owner, like `chronos migrate`: a move ma
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import uuid
 from typing import Any
 
 from chronos import config
+
+#: How much lower the command's own priority is than the processes it shares a host with: its work (rows read,
+#: decoded and written again) waits for theirs where the cores are busy.
+NICE = 10
 
 SETTINGS = ("cells", "database_url", "database_pool_mode", "hold_time_ms", "failure_detection_interval_ms",
             "move_rate", "log_level", "log_format")
@@ -59,6 +64,7 @@ def _mover(settings: config.Settings, urls: dict[str, str]):
     from chronos.ops.moves import MoveSettings, Mover
     node = uuid.uuid4()
     logs.setup("operator", str(node), settings.log_level, settings.log_format, settings.secrets())
+    os.nice(NICE)
     stores = {cell: Store(url, pool_mode=settings.database_pool_mode) for cell, url in urls.items()}
 
     def say(line: str) -> None:

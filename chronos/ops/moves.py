@@ -209,7 +209,7 @@ class Mover:
             rows, cursor = source.scan(moved.partition, cursor, record.horizon_us, stretch)
             moved.copied += target.put(rows, dormant=True)
             self.carry(moved)
-            self._paced(pace, stretch)
+            self._paced(pace, max(stretch, len(rows)))
             if cursor is not None:
                 self._save(moved, COPYING, cursor)
             if self.clock() - last_said >= 5.0:

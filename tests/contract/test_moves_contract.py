@@ -15,11 +15,13 @@ from test_store_contract import insert, row
 HOUR = 3_600_000_000
 
 
-def scan_all(st, partition: int, after_us: int) -> list[MovingRow]:
+def scan_all(st, partition: int, after_us: int, stretch: int = 1000, calls: list[int] | None = None) -> list[MovingRow]:
     rows, cursor = [], 0
     while cursor is not None:
-        found, cursor = st.scan(partition, cursor, after_us, 1000)
+        found, cursor = st.scan(partition, cursor, after_us, stretch)
         rows += found
+        if calls is not None:
+            calls.append(len(found))
     return rows
 
 
@@ -87,6 +89,10 @@ def test_the_copy_walks_the_partitions_rows_due_after_the_horizon(s, backend):
     m1 = next(r for r in rows if r.id == "m1")
     assert (m1.deadline_us, m1.value, m1.ordering_key, m1.input_partition, m1.cron, m1.attempts) == \
         (t + 1, b"v1", "k1", 1, None, 0)
+    # a shorter stretch asked: more, smaller steps, the same rows
+    short: list[int] = []
+    assert sorted(r.id for r in scan_all(s, 1, t - HOUR // 2, 100, short)) == sorted(r.id for r in rows)
+    assert len(short) >= 10 and max(short) < 1000
     assert scan_all(s, 5, 0) == []
 
 

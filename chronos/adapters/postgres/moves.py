@@ -26,6 +26,8 @@ from chronos.errors import CellsUnsupported
 
 #: Blocks of the table a copy or a deletion reads per call (8 kB each) at most, whatever rows they hold.
 SCAN_BLOCKS = 2048
+#: Rows a block of the table is taken to hold before PostgreSQL counted them (a row of a few hundred bytes).
+ROWS_PER_BLOCK = 32
 #: How long a change of the table's triggers, or of the map, waits for its lock before it gives up
 #: (milliseconds); and a hand-over for the rows it takes, which a statement under way holds a moment.
 LOCK_TIMEOUT_MS = 50
@@ -123,11 +125,11 @@ class MoveStatements(Session):
 
     def _stretch(self, conn: psycopg.Connection, cursor: int, rows: int) -> int | None:
         """The block after a stretch of about `rows` of the table's rows from `cursor` (by the table's rows per
-        block as last analysed), or None at the table's end."""
+        block as last counted), or None at the table's end."""
         blocks, per_block = one(self._execute(conn, QUERIES["move_blocks"]))
         if cursor >= blocks:
             return None
-        return cursor + max(1, min(SCAN_BLOCKS, rows // max(1, int(per_block or 1))))
+        return cursor + max(1, min(SCAN_BLOCKS, int(rows / (per_block or ROWS_PER_BLOCK))))
 
     def scan(self, partition: int, cursor: int, after_us: int, rows: int) -> tuple[list[MovingRow], int | None]:
         def run(conn: psycopg.Connection) -> tuple[list[MovingRow], int | None]:

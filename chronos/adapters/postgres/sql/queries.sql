@@ -1012,9 +1012,10 @@ SELECT epoch FROM chronos_cell_partitions WHERE partition = %(partition)s AND NO
 
 -- name: move_blocks
 -- How many blocks the table has now (the copy walks them up to there), and how many rows a block holds as the
--- table was last analysed (NULL before: the copy then walks a block per row asked).
+-- table was last vacuumed or analysed (NULL before).
 SELECT pg_relation_size('chronos_messages') / current_setting('block_size')::bigint,
-       (SELECT reltuples / nullif(relpages, 0) FROM pg_class WHERE oid = 'chronos_messages'::regclass);
+       (SELECT CASE WHEN reltuples > 0 AND relpages > 0 THEN reltuples / relpages END
+        FROM pg_class WHERE oid = 'chronos_messages'::regclass);
 
 -- name: move_scan
 -- The rows of the partition in a range of the table's blocks due after the horizon (recurring schedules go at

@@ -233,3 +233,20 @@ def test_a_watch_that_cannot_have_the_tables_lock_at_once_gives_up_without_holdi
         assert st.freeze(1) == 2
     assert st.unwatch(1)
     st.close()
+
+
+def test_a_hand_over_waits_a_moment_for_a_row_a_statement_under_way_changes_and_never_hands_it_as_it_was(cells):
+    urls, _ = cells
+    st = Store(urls["cell1"])
+    assert st.watch(1)
+    with psycopg.connect(urls["cell1"]) as claim:  # a claim begun before the freeze, its transaction not ended yet
+        claim.execute("UPDATE chronos_messages SET readied_at = now(), readied_by = %s WHERE id = 'soon0'",
+                      (uuid.uuid4(),))
+        assert st.freeze(1) == 2  # the map alone: the claim's transaction does not hold it off
+        given: list = []
+        until = now_us() + HOUR
+        assert st.hand_over(1, until, 100, given.extend) is None and given == []  # tried again, nothing handed
+        claim.commit()
+    assert st.hand_over(1, until, 100, given.extend) == 49
+    assert "soon0" not in {r.id for r in given} and st.held(1, until) == 1  # stamped: its firer settles it here
+    st.close()

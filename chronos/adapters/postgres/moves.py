@@ -111,14 +111,15 @@ class MoveStatements(Session):
                         # the consumers' writes take them)
                         conn.execute(QUERIES["move_freeze"].format(partition=p))
                     conn.execute(QUERIES["cell_map_lock"])  # the consumers' writes that checked their fence end
-                    found = conn.execute(QUERIES["move_close"], {"partition": p}).fetchone()
-                    return LookupError if found is None else int(found[0])
+                    return conn.execute(QUERIES["move_close"], {"partition": p}).fetchone() or ()
             except psycopg.errors.LockNotAvailable:
-                return None
-        epoch = self._run(run)
-        if epoch is LookupError:
+                return False
+        found = self._run(run)
+        if found is False:
+            return None
+        if not found:
             raise LookupError(f"this cell does not list partition {partition}")
-        return epoch
+        return int(found[0])
 
     def unwatch(self, partition: int) -> bool:
         return bool(self._ddl(partition, [("move_unwatch", trigger) for trigger in _TRIGGERS]))

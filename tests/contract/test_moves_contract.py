@@ -152,6 +152,13 @@ def test_the_freeze_closes_the_partition_and_holds_its_rows_while_a_firer_settle
     assert [r.id for r in given] == ["held", "p1"] and backend.ids() == {"p0", "gone"}
 
 
+def test_a_partition_its_cell_does_not_list_is_not_frozen(s):
+    s.open_partitions([0], 1)
+    with pytest.raises(LookupError, match="does not list partition 5"):
+        s.freeze(5)
+    assert s.cell_partitions() == [P(0, 1)]
+
+
 def test_a_firer_deletes_a_row_it_held_once_the_partition_froze(backend):
     firer = backend.store(uuid.uuid4())
     firer.open_partitions([1], 1)

@@ -381,9 +381,11 @@ class MoveStore(StoreHandle, Protocol):
         """Forget the move: its record, its noted changes, its outbox."""
         ...
 
-    def watch(self, partition: int) -> bool:
+    def watch(self, partition: int, *, queue: bool = False) -> bool:
         """Note every row of the partition written from now on (`changes`); False when the table was too busy
-        to change its triggers just now (nothing done: try again)."""
+        to change its triggers just now (nothing done: try again). Without `queue` a try takes the table's lock
+        only if it is free at once, holding no write behind it; with it, it waits a moment for the lock (every
+        write of the table waiting behind it meanwhile), for a table never free at once."""
         ...
 
     def freeze(self, partition: int) -> int | None:
@@ -392,8 +394,9 @@ class MoveStore(StoreHandle, Protocol):
         Returns the partition's epoch here; None when the table was too busy (nothing done: try again)."""
         ...
 
-    def unwatch(self, partition: int) -> bool:
-        """Drop the partition's watch and freeze; False when the table was too busy (try again)."""
+    def unwatch(self, partition: int, *, queue: bool = False) -> bool:
+        """Drop the partition's watch and freeze; False when the table was too busy (try again; `queue` as for
+        `watch`)."""
         ...
 
     def scan(self, partition: int, cursor: int, after_us: int, rows: int) -> tuple[list[MovingRow], int | None]:

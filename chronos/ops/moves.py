@@ -50,6 +50,7 @@ class MoveSettings:
     batch: int = 5000
     rate: int = 10_000
     busy_retry_s: float = 0.2     # a table too busy for a trigger's change: tried again after this
+    queue_after: int = 25         # tries that take the table's lock only if free at once, before one that waits
     settle_poll_s: float = 0.05   # how often the cut-over looks whether rows are still held
 
 
@@ -185,12 +186,15 @@ class Mover:
         if wait > 0:
             self.sleep(wait)
 
-    def _until_done(self, what: str, attempt: Callable[[], object]) -> object:
-        """A change of the source's triggers, tried until the table's lock is had."""
+    def _until_done(self, what: str, attempt: Callable[[bool], object]) -> object:
+        """A change of the source's triggers or map, tried until its lock is had: `attempt(queue)`, queue once
+        `queue_after` tries found the lock taken (a table whose writers never leave it free at once)."""
+        tries = 0
         while True:
-            result = attempt()
+            result = attempt(tries >= self.settings.queue_after)
             if result is not None and result is not False:
                 return result
+            tries += 1
             log.info("%s: the table is busy, trying again", what)
             self.sleep(self.settings.busy_retry_s)
 
@@ -200,7 +204,7 @@ class Mover:
         """COPYING: the watch begun, then the rows due after the horizon copied ahead, dormant, from the cursor
         on, the changes carried over as they come."""
         source, target = self.stores[moved.source], self.stores[moved.target]
-        self._until_done("the watch", lambda: source.watch(moved.partition))
+        self._until_done("the watch", lambda queue: source.watch(moved.partition, queue=queue))
         cursor: int | None = record.cursor
         last_said = self.clock()
         pace = Pace(self.settings.rate)
@@ -238,7 +242,7 @@ class Mover:
         rows due soon woken, and the partition opened in the target at the next epoch."""
         source, target, p = self.stores[moved.source], self.stores[moved.target], moved.partition
         started = self.clock()
-        epoch = self._until_done("the freeze", lambda: source.freeze(p))
+        epoch = self._until_done("the freeze", lambda queue: source.freeze(p))
         assert isinstance(epoch, int)
         settled_by = started + (self.settings.hold_ms + self.settings.detection_ms) / 1000.0
         while True:
@@ -305,7 +309,7 @@ class Mover:
                 self._save(moved, FINISHING, cursor)
             clean()
             self._paced(pace, chunk)
-        self._until_done("dropping the watch", lambda: source.unwatch(p))
+        self._until_done("dropping the watch", lambda queue: source.unwatch(p, queue=queue))
         source.end_move(p)
         self.say(f"partition {p} moved from cell {moved.source} to cell {moved.target}: {moved.woken:,} rows woken "
                  f"there")

@@ -212,26 +212,29 @@ def test_a_row_a_firers_claim_that_deletes_holds_while_its_partition_moves_fires
     assert ("held" in held["cell2"]) == (ends == "rolls back")
 
 
-def test_a_watch_that_cannot_have_the_tables_lock_at_once_gives_up_without_holding_its_writers(cells):
+def test_a_watch_that_cannot_have_the_tables_lock_at_once_gives_up_without_holding_its_writers(cells, monkeypatch):
     urls, firers = cells
+    monkeypatch.setattr(pg_moves, "LOCK_TIMEOUT_MS", 1500)
     st = Store(urls["cell1"])
     with psycopg.connect(urls["cell1"]) as blocker:
         blocker.execute("LOCK TABLE chronos_messages IN ROW EXCLUSIVE MODE")  # a long write in progress
         started = time.monotonic()
-        assert st.watch(1) is False
-        assert time.monotonic() - started < 2.0
+        assert st.watch(1) is False  # at once, whatever the lock timeout: no request for the lock left waiting
+        assert time.monotonic() - started < 1.0
+        assert st.watch(1, queue=True) is False  # after many tries: a request that waits, up to the lock timeout
+        assert time.monotonic() - started >= 1.5
         assert q(urls["cell1"], "SELECT tgname FROM pg_trigger WHERE tgname LIKE 'chronos_move%'") == []
     assert st.watch(1) is True
     with psycopg.connect(urls["cell1"]) as writer:
         writer.execute("LOCK TABLE chronos_messages IN ROW EXCLUSIVE MODE")  # the freeze does not wait for it
         with psycopg.connect(urls["cell1"]) as consumer:  # a consumer's write that checked its fence, not ended
             consumer.execute("SELECT * FROM chronos_cell_partitions WHERE partition = 1 FOR SHARE")
-            started = time.monotonic()
-            assert st.freeze(1) is None  # the map's lock not had at once: tried again
-            assert time.monotonic() - started < 2.0
+            assert st.freeze(1) is None  # the map's lock not had within the lock timeout: tried again
         assert firers["cell1"].cell_partitions() == [P(0, 1), P(1, 1)]  # nothing done
         assert st.freeze(1) == 2
+        assert st.unwatch(1) is False  # the triggers dropped only once the table is free
     assert st.unwatch(1)
+    assert q(urls["cell1"], "SELECT tgname FROM pg_trigger WHERE tgname LIKE 'chronos_move%'") == []
     st.close()
 
 

@@ -295,6 +295,19 @@ def test_the_target_needs_a_firer_and_every_running_consumer():
     assert cells.mover().move(1, "cell2").epoch == 3
 
 
+def test_a_busy_table_is_asked_for_its_lock_only_if_free_at_once_until_many_tries_found_it_taken():
+    cells = loaded()
+    stores = cells.stores()
+    watch, asked = stores["cell1"].watch, []
+
+    def busy(partition, *, queue=False):  # the source's table never free at once, its lock had by waiting
+        asked.append(queue)
+        return queue and watch(partition, queue=queue)
+    stores["cell1"].watch = busy
+    cells.mover(stores).move(1, "cell2")
+    assert asked == [False] * SETTINGS.queue_after + [True]
+
+
 def test_unknown_cells_and_partitions_already_there_are_said_plainly():
     cells = loaded()
     with pytest.raises(MoveError, match="no cell 'cell9' in CHRONOS_CELLS"):

@@ -4,11 +4,12 @@ database's owner (the watch and the freeze are triggers on the table).
 
 The copy and the deletion walk the table a stretch of blocks at a time, by TID range: finding a partition's rows
 takes no index, which every write of the consumers would pay for. The triggers (the watch, and the freeze armed
-by the map from the cut-over on) are made when the move begins and dropped when it ends, under a short lock
-timeout: while one waits for the table's lock every write waits behind it, so a busy table makes it give up at
-once, and the caller tries again a little later. The cut-over takes no lock of the table: it closes the
-partition in the map, which arms the freeze, and hands the rows over with row locks, which wait only for the
-transactions that hold those rows."""
+by the map from the cut-over on) are made when the move begins and dropped when it ends, with the table's lock
+taken only if it is free at once: while a request for it waits, every write waits behind it, so a busy table
+makes it give up at once, and the caller tries again a little later (after many tries, waiting a moment for
+the lock, under a short lock timeout: a table never free at once, its writers back to back). The cut-over
+takes no lock of the table: it closes the partition in the map, which arms the freeze, and hands the rows over
+with row locks, which wait only for the transactions that hold those rows."""
 
 from __future__ import annotations
 
@@ -79,15 +80,16 @@ class MoveStatements(Session):
     def end_move(self, partition: int) -> None:
         self._run(lambda c: self._execute(c, QUERIES["move_end"], {"partition": partition}))
 
-    def _ddl(self, partition: int, names: Sequence[tuple[str, str]]) -> bool:
-        """The triggers' statements (name, trigger) for the partition in one transaction under the short lock
-        timeout; False when the lock was not had."""
+    def _ddl(self, partition: int, names: Sequence[tuple[str, str]], lock: str, queue: bool) -> bool:
+        """The triggers' statements (name, trigger) for the partition in one transaction, the table's lock `lock`
+        taken first, if free at once (or with `queue`, within the short lock timeout); False when it was not."""
         p = int(partition)  # put into the statement, not bound: an integer only
 
         def run(conn: psycopg.Connection) -> bool:
             try:
                 with conn.transaction():
                     conn.execute(QUERIES["move_lock_timeout"], {"ms": LOCK_TIMEOUT_MS})
+                    conn.execute(QUERIES[lock if queue else f"{lock}_now"])
                     for name, trigger in names:
                         conn.execute(QUERIES[name].format(partition=p, trigger=trigger))
                     return True
@@ -95,9 +97,10 @@ class MoveStatements(Session):
                 return False
         return self._run(run)
 
-    def watch(self, partition: int) -> bool:
+    def watch(self, partition: int, *, queue: bool = False) -> bool:
         # the freeze too, inert while the partition is open here (migration 14): the cut-over changes no trigger
-        return self._ddl(partition, [(f"move_watch_{kind}", "") for kind in _WATCH] + [("move_freeze", "")])
+        return self._ddl(partition, [(f"move_watch_{kind}", "") for kind in _WATCH] + [("move_freeze", "")],
+                         "move_lock_to_make", queue)
 
     def freeze(self, partition: int) -> int | None:
         p = int(partition)
@@ -121,8 +124,8 @@ class MoveStatements(Session):
             raise LookupError(f"this cell does not list partition {partition}")
         return int(found[0])
 
-    def unwatch(self, partition: int) -> bool:
-        return bool(self._ddl(partition, [("move_unwatch", trigger) for trigger in _TRIGGERS]))
+    def unwatch(self, partition: int, *, queue: bool = False) -> bool:
+        return self._ddl(partition, [("move_unwatch", trigger) for trigger in _TRIGGERS], "move_lock_to_drop", queue)
 
     def _stretch(self, conn: psycopg.Connection, cursor: int, rows: int) -> int | None:
         """The block after a stretch of about `rows` of the table's rows from `cursor` (by the table's rows per

@@ -967,6 +967,21 @@ DELETE FROM chronos_cell_moves WHERE partition = %(partition)s;
 -- again): every write waits behind a lock being waited for.
 SELECT set_config('lock_timeout', %(ms)s::text || 'ms', true);
 
+-- The table's lock a change of its triggers takes (CREATE TRIGGER's, DROP TRIGGER's), first: `_now` if it is
+-- free at once, else not at all (a request that waits holds every later one behind it, writes and reads).
+
+-- name: move_lock_to_make
+LOCK TABLE chronos_messages IN SHARE ROW EXCLUSIVE MODE;
+
+-- name: move_lock_to_make_now
+LOCK TABLE chronos_messages IN SHARE ROW EXCLUSIVE MODE NOWAIT;
+
+-- name: move_lock_to_drop
+LOCK TABLE chronos_messages IN ACCESS EXCLUSIVE MODE;
+
+-- name: move_lock_to_drop_now
+LOCK TABLE chronos_messages IN ACCESS EXCLUSIVE MODE NOWAIT;
+
 -- name: move_by_itself
 -- The statements of this transaction are the move's own: not noted, not held back by a freeze.
 SELECT set_config('chronos.moving', 'on', true);

@@ -3,6 +3,7 @@ a million far-future rows in it (`chronos cells move`, docs/operations/scaling.m
 
     python -m benchmarks.cells                                  # 1,000 msg/s, 1,000,000 far-future rows
     python -m benchmarks.cells --rate 500 --far 100000 --out benchmarks/out/cells.json
+    python -m benchmarks.cells --move-rate 0                    # the move unpaced (CHRONOS_MOVE_RATE)
 
 Starts `chronos up --cells 2` (the input partitions 0-3 in cell1, 4-7 in cell2), writes `--far` rows due in a
 year into `--partition` of cell1 through the consumer's own COPY path, then runs the load (`kits.traffic.Load`:
@@ -12,12 +13,16 @@ move ended. Reported: messages sent, lost, duplicated and published early (befor
 advance); the moved partition's lateness (read time - when it was due) of the messages due from the move's start
 to its end plus 10 s, at most and p99.9; the other partitions' p99.9 over the same window beside the window of
 the same length before the move (jitter, read time - deadline; and the publish's own, CreateTime - deadline);
-the move's own figures (its rows copied, its cut-over, its length).
+the move's own figures (its rows copied, its cut-over, its length, its pace, each line it said with when), and the
+machine's load average (over one minute) when the move began and when it ended; and, for each 10 s from the
+window before the move to its end, the other partitions' jitter and publish lateness at p99.9 and most, so that a
+stall shows when it came.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import re
 import subprocess
@@ -61,12 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--consumers", type=int, default=1)
     p.add_argument("--firers", type=int, default=1, help="per cell")
     p.add_argument("--detectors", type=int, default=1, help="per cell")
+    p.add_argument("--move-rate", type=int, default=None,
+                   help="rows a second the move goes at (CHRONOS_MOVE_RATE; default: chronos's own)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out/cells.json"))
     args = p.parse_args(argv)
 
     stack = ChronosUp("--cells", "2", *layout_args(args.consumers, args.firers, args.detectors))
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {_cores()} cores",
                               "rate": args.rate, "far": args.far, "partition": args.partition,
+                              "move_rate": args.move_rate,
                               "layout": {"consumers": args.consumers, "firers_per_cell": args.firers,
                                          "detectors_per_cell": args.detectors},
                               "code": _commit()}
@@ -84,12 +92,23 @@ def main(argv: list[str] | None = None) -> int:
         load.start()
         print(f"load at {args.rate:,.0f} msg/s for {args.before:.0f}s before the move ...", flush=True)
         time.sleep(args.before)
+        paced = [] if args.move_rate is None else ["--move-rate", str(args.move_rate)]
+        load_at = [os.getloadavg()[0]]
         moved_from = time.time()
-        done = subprocess.run(CHRONOS + ["cells", "move", "--partition", str(args.partition), "--to", "cell2",
-                                         "--ready-file", str(stack.ready_file)],
-                              env=clean_env(), capture_output=True, text=True, timeout=3600)
+        moving = subprocess.Popen(CHRONOS + ["cells", "move", "--partition", str(args.partition), "--to", "cell2",
+                                             "--ready-file", str(stack.ready_file), *paced],
+                                  env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        said = []
+        assert moving.stdout is not None
+        for line in moving.stdout:
+            said.append((round(time.time() - moved_from, 1), line.rstrip()))
+            print(line, end="", flush=True)
+        moving.wait(60)
+        done = subprocess.CompletedProcess(moving.args, moving.returncode, "\n".join(line for _, line in said), "")
         moved_until = time.time()
-        print(done.stdout, end="", flush=True)
+        load_at.append(os.getloadavg()[0])
+        result["move_said"] = said
+        result["load_average_1m"] = {"move_began": round(load_at[0], 2), "move_ended": round(load_at[1], 2)}
         if done.returncode != 0:
             raise SystemExit(f"the move failed (exit {done.returncode}): {done.stdout}{done.stderr}")
         result["move"] = move_figures(done.stdout, moved_until - moved_from)
@@ -123,11 +142,30 @@ def main(argv: list[str] | None = None) -> int:
     result["others_before_move"] = {
         "jitter": figures([reader.arrivals[m][0] - sent[m].deadline for m in within(others, before)]),
         "publish_lateness": figures([reader.created[m] - sent[m].deadline for m in within(others, before)])}
+    result["others_by_10s"] = timeline(others, sent, reader, before[0], window[1], moved_from)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     print(orjson.dumps({k: v for k, v in result.items() if k != "layout"}, option=orjson.OPT_INDENT_2).decode())
     print(f"written to {args.out}")
     return 0 if not missing and result["messages"]["early"] == 0 else 1
+
+
+def timeline(ids: list[str], sent: dict[str, Any], reader: Reader, start: float, end: float,
+             zero: float) -> list[dict[str, Any]]:
+    """The messages of `ids` due from `start` to `end`, by 10 s of their due time (seconds from `zero`): how many,
+    their jitter and publish lateness at p99.9 and most."""
+    buckets: dict[int, list[str]] = {}
+    for m in ids:
+        if start <= sent[m].due < end and m in reader.arrivals:
+            buckets.setdefault(int((sent[m].due - zero) // 10), []).append(m)
+    rows = []
+    for b in sorted(buckets):
+        jitter = [reader.arrivals[m][0] - sent[m].deadline for m in buckets[b]]
+        lateness = [reader.created[m] - sent[m].deadline for m in buckets[b] if m in reader.created]
+        rows.append({"from_s": b * 10, "messages": len(jitter), "jitter_p99_9_s": _r(percentile(jitter, 99.9)),
+                     "jitter_max_s": _r(max(jitter)), "publish_p99_9_s": _r(percentile(lateness, 99.9)),
+                     "publish_max_s": _r(max(lateness) if lateness else None)})
+    return rows
 
 
 def move_figures(output: str, took_s: float) -> dict[str, Any]:
@@ -143,7 +181,6 @@ def move_figures(output: str, took_s: float) -> dict[str, Any]:
 
 
 def _cores() -> int:
-    import os
     return os.cpu_count() or 0
 
 

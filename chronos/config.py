@@ -243,8 +243,7 @@ OPTIONS: tuple[Option, ...] = (
            "CHRONOS_DATABASE_URL. The consumers write each message to its partition's cell, the operators' "
            "commands ask every cell, and a firer or detector serves one (CHRONOS_CELL)", parse_cells, ""),
     Option("cell", "the cell of CHRONOS_CELLS this firer or detector serves; unset, under supervisord, each "
-           "serves the cells in turn by its process number (process n: the cell at n modulo their count)",
-           _optional_str, ""),
+           "serves the cells in turn by its process number (process n: the cell at n modulo their count)", _optional_str, ""),
     Option("database_timeout_ms", "a statement PostgreSQL has not answered within this long is given up: the "
            "connection is dropped (a hung server answers no cancel) and opened again, to whichever server of "
            "the URL is the primary then", _positive_int, "5000"),
@@ -252,15 +251,13 @@ OPTIONS: tuple[Option, ...] = (
            "PgBouncer's pool_mode=session), transaction (pool_mode=transaction: no prepared statements, settings "
            "and the staging table per transaction), or auto: probe at start which one the URL leads to",
            _choice("auto", "session", "transaction"), "auto"),
-    Option("kafka_bootstrap_servers", "Kafka bootstrap servers; default: the embedded broker of `chronos up`",
-           _optional_str, ""),
+    Option("kafka_bootstrap_servers", "Kafka bootstrap servers; default: the embedded broker of `chronos up`", _optional_str, ""),
     Option("input_topic", "topic Chronos consumes delayed messages from", _topic, "chronos.input"),
     Option("output_topic", "topic Chronos publishes messages to at their deadline", _topic, "chronos.output"),
     Option("dlq_topic", "dead-letter topic for invalid messages", _topic, "chronos.dlq"),
     Option("timing_advance_ms", "publish up to this early to make up for publish latency", _non_negative_int, "50"),
     Option("hold_time_ms", "how long a firer may hold a claimed message before a peer takes it over, and a "
-           "consumer its partitions while PostgreSQL (or Kafka, for its late messages) does not answer",
-           _positive_int, "5000"),
+           "consumer its partitions while PostgreSQL (or Kafka, for its late messages) does not answer", _positive_int, "5000"),
     Option("poll_interval_ms", "firer poll interval when nothing is due", _positive_int, "100"),
     Option("failure_detection_interval_ms", "detector scan interval", _positive_int, "500"),
     Option("lookahead_ms", "firer claims rows this far ahead and publishes each from memory at its deadline",
@@ -281,6 +278,8 @@ OPTIONS: tuple[Option, ...] = (
            "firer silent for the hold time, and its rows are back: half the row versions, no detector needed "
            "for them). Firers of both kinds may run beside each other on one store (a rollout); recurring "
            "schedules' occurrences are stamped either way", _choice("stamp", "delete"), "stamp"),
+    Option("move_rate", "rows a second `chronos cells move` and `add` copy ahead, wake and delete, in statements of a "
+           "tenth of that, leaving the cores to firers and consumers (0: unpaced)", _non_negative_int, "10000"),
     Option("consumer_group", "Kafka consumer group of the consumers", _str, "chronos"),
     Option("kafka_properties", "extra librdkafka properties as key=value,key=value (TLS, SASL, ...)",
            parse_kafka_properties, ""),
@@ -350,6 +349,7 @@ class Settings:
     firer_max_held_bytes: int = 64 << 20
     firer_claimers: int = 1
     firer_claim: str = "stamp"
+    move_rate: int = 10_000
     consumer_group: str = "chronos"
     kafka_properties: dict[str, str] = field(default_factory=dict)
     kafka_properties_file: dict[str, str] = field(default_factory=dict)

@@ -381,9 +381,11 @@ class MoveStore(StoreHandle, Protocol):
         """Forget the move: its record, its noted changes, its outbox."""
         ...
 
-    def watch(self, partition: int) -> bool:
+    def watch(self, partition: int, *, queue: bool = False) -> bool:
         """Note every row of the partition written from now on (`changes`); False when the table was too busy
-        to change its triggers just now (nothing done: try again)."""
+        to change its triggers just now (nothing done: try again). Without `queue` a try takes the table's lock
+        only if it is free at once, holding no write behind it; with it, it waits a moment for the lock (every
+        write of the table waiting behind it meanwhile), for a table never free at once."""
         ...
 
     def freeze(self, partition: int) -> int | None:
@@ -392,13 +394,15 @@ class MoveStore(StoreHandle, Protocol):
         Returns the partition's epoch here; None when the table was too busy (nothing done: try again)."""
         ...
 
-    def unwatch(self, partition: int) -> bool:
-        """Drop the partition's watch and freeze; False when the table was too busy (try again)."""
+    def unwatch(self, partition: int, *, queue: bool = False) -> bool:
+        """Drop the partition's watch and freeze; False when the table was too busy (try again; `queue` as for
+        `watch`)."""
         ...
 
-    def scan(self, partition: int, cursor: int, after_us: int) -> tuple[list[MovingRow], int | None]:
+    def scan(self, partition: int, cursor: int, after_us: int, rows: int) -> tuple[list[MovingRow], int | None]:
         """The partition's rows due after `after_us` (no recurring schedule) in the next stretch of the table
-        from `cursor`, and the cursor after it (None: the end of the table)."""
+        from `cursor`, of about `rows` rows of any partition, and the cursor after it (None: the end of the
+        table)."""
         ...
 
     def changes(self, partition: int, limit: int) -> list[Change]:
@@ -414,13 +418,12 @@ class MoveStore(StoreHandle, Protocol):
         held by a firer's claim that deletes (its transaction open: the row still here, gone if it commits)."""
         ...
 
-    def near(self, partition: int, until_us: int, limit: int) -> list[MovingRow]:
-        """Up to `limit` rows of the partition waiting here, due up to `until_us` (no schedule), by deadline; not
-        those a firer's claim that deletes holds."""
-        ...
-
-    def take(self, partition: int, ids: Sequence[str]) -> int:
-        """Delete these rows of the partition waiting here (handed over), not those a firer holds: how many."""
+    def hand_over(self, partition: int, until_us: int, limit: int,
+                  put: Callable[[Sequence[MovingRow]], object]) -> int | None:
+        """Hand over up to `limit` rows of the partition waiting here, due up to `until_us` (no schedule), by
+        deadline, not those a firer's claim that deletes holds: each locked (waiting a moment at most for a
+        statement under way that changes it), given to `put` (the cell it goes to), then deleted here. How many;
+        None when a row stayed locked (nothing handed: try again)."""
         ...
 
     def ship_schedules(self, partition: int) -> list[MovingRow]:
@@ -436,9 +439,9 @@ class MoveStore(StoreHandle, Protocol):
         """Delete up to `limit` rows of the partition waiting here due up to `until_us`: how many."""
         ...
 
-    def drop_scan(self, partition: int, cursor: int) -> int | None:
-        """Delete the partition's rows in the next stretch of the table from `cursor`; the cursor after it
-        (None: the end of the table)."""
+    def drop_scan(self, partition: int, cursor: int, rows: int) -> int | None:
+        """Delete the partition's rows in the next stretch of the table from `cursor`, of about `rows` rows of any
+        partition; the cursor after it (None: the end of the table)."""
         ...
 
     def seq_position(self) -> int:

@@ -5,14 +5,19 @@ the work). Run as the cells' databases' owner, like `chronos migrate`: a move ma
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import uuid
 from typing import Any
 
 from chronos import config
 
+#: How much lower the command's own priority is than the processes it shares a host with: its work (rows read,
+#: decoded and written again) waits for theirs where the cores are busy.
+NICE = 10
+
 SETTINGS = ("cells", "database_url", "database_pool_mode", "hold_time_ms", "failure_detection_interval_ms",
-            "log_level", "log_format")
+            "move_rate", "log_level", "log_format")
 MORE = ("Every cell is asked (CHRONOS_CELLS): the move is recorded in the database of the cell the partition "
         "leaves, so that the command run again after it stopped half way finishes it (it waits for the lease of "
         "one that died to expire). The partition's rows due after the next few seconds are copied ahead while it "
@@ -59,11 +64,13 @@ def _mover(settings: config.Settings, urls: dict[str, str]):
     from chronos.ops.moves import MoveSettings, Mover
     node = uuid.uuid4()
     logs.setup("operator", str(node), settings.log_level, settings.log_format, settings.secrets())
+    os.nice(NICE)
     stores = {cell: Store(url, pool_mode=settings.database_pool_mode) for cell, url in urls.items()}
 
     def say(line: str) -> None:
         print(line, flush=True)
-    moves = MoveSettings(hold_ms=settings.hold_time_ms, detection_ms=settings.failure_detection_interval_ms)
+    moves = MoveSettings(hold_ms=settings.hold_time_ms, detection_ms=settings.failure_detection_interval_ms,
+                         rate=settings.move_rate)
     return Mover(stores, moves, say=say, node=node)
 
 

@@ -102,6 +102,33 @@ class MoveRecord:
     lease_age_ms: int
 
 
+@dataclass
+class Pace:
+    """How fast a move's rows go: `rate` rows a second on average (0: as fast as the databases go), so that the
+    copy, the waking and the deletion of a large partition leave the cells' cores to their firers and consumers.
+    A step that fell behind (its statements slower than the rate) makes up at most `catch_up_s` of it at once.
+    Time is given (`now`, seconds of any steady clock)."""
+
+    rate: float
+    catch_up_s: float = 1.0
+    _paid: float | None = None  # when the rows done so far are due at the rate
+
+    def after(self, rows: int, now: float) -> float:
+        """`rows` more done at `now`: how long to wait before the next ones (seconds)."""
+        if self.rate <= 0:
+            return 0.0
+        start = now if self._paid is None else max(self._paid, now - self.catch_up_s)
+        self._paid = start + rows / self.rate
+        return max(0.0, self._paid - now)
+
+    def chunk(self, limit: int, per_s: int = 10) -> int:
+        """Rows per statement: about `per_s` statements a second at the rate, at most `limit`, so that no single
+        statement keeps a core long; at least a hundred, for the round trips' sake."""
+        if self.rate <= 0:
+            return limit
+        return max(min(100, limit), min(limit, int(self.rate / per_s)))
+
+
 def share_for(owners: dict[str, list[int]], cell: str) -> list[tuple[int, str]]:
     """The partitions to move to `cell` (listed in `owners`, the partitions of each cell, maybe none) so that it
     owns its even share: (partition, the cell it leaves), taken one at a time from the cell that owns the most

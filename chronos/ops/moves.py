@@ -20,7 +20,8 @@ from typing import Callable, Mapping, Protocol
 
 from chronos import ports
 from chronos.domain.cells import CellMap, ranges
-from chronos.domain.moves import (COPYING, CUTTING_OVER, FINISHING, MoveBusy, MoveError, MoveRecord, share_for)
+from chronos.domain.moves import (COPYING, CUTTING_OVER, FINISHING, MoveBusy, MoveError, MoveRecord, Pace,
+                                  share_for)
 
 log = logging.getLogger("chronos.moves")
 
@@ -38,7 +39,8 @@ class MoveSettings:
     the cut-over); `near_ms`, at the cut-over the rows due within this are handed over live and woken;
     `hold_ms` and `detection_ms`, the deployment's hold time and failure detection interval (how long a row a
     firer holds is waited for); `lease_ms`, how long the move's lease lasts unrenewed; `batch`, rows per
-    statement."""
+    statement at most; `rate`, rows a second the copy ahead, the waking and the deletion go at (0: as fast as
+    the databases go; the cut-over is never held back)."""
 
     hold_ms: int = 5000
     detection_ms: int = 500
@@ -46,7 +48,9 @@ class MoveSettings:
     near_ms: int = 10_000
     lease_ms: int = 10_000
     batch: int = 5000
+    rate: int = 10_000
     busy_retry_s: float = 0.2     # a table too busy for a trigger's change: tried again after this
+    queue_after: int = 25         # tries that take the table's lock only if free at once, before one that waits
     settle_poll_s: float = 0.05   # how often the cut-over looks whether rows are still held
 
 
@@ -176,12 +180,21 @@ class Mover:
             self._save(moved, step, cursor)
             self._renewed = self.clock()
 
-    def _until_done(self, what: str, attempt: Callable[[], object]) -> object:
-        """A change of the source's triggers, tried until the table's lock is had."""
+    def _paced(self, pace: Pace, rows: int) -> None:
+        """Wait as long as the move's rate asks after `rows` more."""
+        wait = pace.after(rows, self.clock())
+        if wait > 0:
+            self.sleep(wait)
+
+    def _until_done(self, what: str, attempt: Callable[[bool], object]) -> object:
+        """A change of the source's triggers or map, tried until its lock is had: `attempt(queue)`, queue once
+        `queue_after` tries found the lock taken (a table whose writers never leave it free at once)."""
+        tries = 0
         while True:
-            result = attempt()
+            result = attempt(tries >= self.settings.queue_after)
             if result is not None and result is not False:
                 return result
+            tries += 1
             log.info("%s: the table is busy, trying again", what)
             self.sleep(self.settings.busy_retry_s)
 
@@ -191,13 +204,16 @@ class Mover:
         """COPYING: the watch begun, then the rows due after the horizon copied ahead, dormant, from the cursor
         on, the changes carried over as they come."""
         source, target = self.stores[moved.source], self.stores[moved.target]
-        self._until_done("the watch", lambda: source.watch(moved.partition))
+        self._until_done("the watch", lambda queue: source.watch(moved.partition, queue=queue))
         cursor: int | None = record.cursor
         last_said = self.clock()
+        pace = Pace(self.settings.rate)
+        stretch = pace.chunk(self.settings.batch)
         while cursor is not None:
-            rows, cursor = source.scan(moved.partition, cursor, record.horizon_us)
+            rows, cursor = source.scan(moved.partition, cursor, record.horizon_us, stretch)
             moved.copied += target.put(rows, dormant=True)
             self.carry(moved)
+            self._paced(pace, max(stretch, len(rows)))
             if cursor is not None:
                 self._save(moved, COPYING, cursor)
             if self.clock() - last_said >= 5.0:
@@ -226,22 +242,21 @@ class Mover:
         rows due soon woken, and the partition opened in the target at the next epoch."""
         source, target, p = self.stores[moved.source], self.stores[moved.target], moved.partition
         started = self.clock()
-        epoch = self._until_done("the freeze", lambda: source.freeze(p))
+        epoch = self._until_done("the freeze", lambda queue: source.freeze(p))
         assert isinstance(epoch, int)
         settled_by = started + (self.settings.hold_ms + self.settings.detection_ms) / 1000.0
         while True:
             self.carry(moved)
-            near = source.near(p, max(record.horizon_us, source.db_clock_us() + self.settings.near_ms * 1000),
-                               self.settings.batch)
-            if near:
-                target.put(near, dormant=False)
-                moved.handed += source.take(p, [r.id for r in near])
+            handed = source.hand_over(p, max(record.horizon_us, source.db_clock_us() + self.settings.near_ms * 1000),
+                                      self.settings.batch, lambda rows: target.put(rows, dormant=False))
+            if handed:
+                moved.handed += handed
                 continue
             # a row a firer's claim that deletes holds is due within that firer's lookahead (less than half the
             # hold time) of when it was taken: gone once its transaction commits, back (and handed over) if it
             # rolls back; PostgreSQL ends a silent firer's transaction after the hold time
             held_until = source.db_clock_us() + max(self.settings.near_ms, self.settings.hold_ms) * 1000
-            if source.held(p, held_until) == 0:
+            if handed == 0 and source.held(p, held_until) == 0:
                 if not source.changes(p, 1):
                     break
                 continue
@@ -273,6 +288,8 @@ class Mover:
         source, p = self.stores[moved.source], moved.partition
         keep_clean = self.clock()
         cursor: int | None = record.cursor
+        pace = Pace(self.settings.rate)
+        chunk = pace.chunk(self.settings.batch)
 
         def clean() -> None:
             nonlocal keep_clean
@@ -282,15 +299,17 @@ class Mover:
                 until = source.db_clock_us() + self.settings.near_ms * 1000
                 while source.drop_due(p, until, self.settings.batch) == self.settings.batch:
                     pass
-        while (woken := target.wake(p, None, self.settings.batch)):
+        while (woken := target.wake(p, None, chunk)):
             moved.woken += woken
             clean()
+            self._paced(pace, woken)
         while cursor is not None:
-            cursor = source.drop_scan(p, cursor)
+            cursor = source.drop_scan(p, cursor, chunk)
             if cursor is not None:
                 self._save(moved, FINISHING, cursor)
             clean()
-        self._until_done("dropping the watch", lambda: source.unwatch(p))
+            self._paced(pace, chunk)
+        self._until_done("dropping the watch", lambda queue: source.unwatch(p, queue=queue))
         source.end_move(p)
         self.say(f"partition {p} moved from cell {moved.source} to cell {moved.target}: {moved.woken:,} rows woken "
                  f"there")

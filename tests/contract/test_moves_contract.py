@@ -15,11 +15,13 @@ from test_store_contract import insert, row
 HOUR = 3_600_000_000
 
 
-def scan_all(st, partition: int, after_us: int) -> list[MovingRow]:
+def scan_all(st, partition: int, after_us: int, stretch: int = 1000, calls: list[int] | None = None) -> list[MovingRow]:
     rows, cursor = [], 0
     while cursor is not None:
-        found, cursor = st.scan(partition, cursor, after_us)
+        found, cursor = st.scan(partition, cursor, after_us, stretch)
         rows += found
+        if calls is not None:
+            calls.append(len(found))
     return rows
 
 
@@ -87,6 +89,10 @@ def test_the_copy_walks_the_partitions_rows_due_after_the_horizon(s, backend):
     m1 = next(r for r in rows if r.id == "m1")
     assert (m1.deadline_us, m1.value, m1.ordering_key, m1.input_partition, m1.cron, m1.attempts) == \
         (t + 1, b"v1", "k1", 1, None, 0)
+    # a shorter stretch asked: more, smaller steps, the same rows
+    short: list[int] = []
+    assert sorted(r.id for r in scan_all(s, 1, t - HOUR // 2, 100, short)) == sorted(r.id for r in rows)
+    assert len(short) >= 10 and max(short) < 1000
     assert scan_all(s, 5, 0) == []
 
 
@@ -141,10 +147,16 @@ def test_the_freeze_closes_the_partition_and_holds_its_rows_while_a_firer_settle
     # but the firer that held a row settles it: a hand-back leaves it here, frozen too
     assert firer.release(held) == 1 and firer.held(1, now + HOUR) == 0
     assert firer.claim(10, 0) == []
-    assert [r.id for r in firer.near(1, now, 10)] == ["held", "p1", "gone"]
-    assert [r.id for r in firer.near(1, now - 2500, 10)] == ["held"]
-    assert firer.take(1, ["held", "p1", "p0"]) == 2
-    assert backend.ids() == {"p0", "gone"}
+    given: list[MovingRow] = []
+    assert firer.hand_over(1, now - 1500, 10, given.extend) == 2
+    assert [r.id for r in given] == ["held", "p1"] and backend.ids() == {"p0", "gone"}
+
+
+def test_a_partition_its_cell_does_not_list_is_not_frozen(s):
+    s.open_partitions([0], 1)
+    with pytest.raises(LookupError, match="does not list partition 5"):
+        s.freeze(5)
+    assert s.cell_partitions() == [P(0, 1)]
 
 
 def test_a_firer_deletes_a_row_it_held_once_the_partition_froze(backend):
@@ -164,24 +176,44 @@ def test_a_row_a_claim_that_deletes_holds_is_held_until_its_transaction_ends_and
     now = backend.now_us()
     insert(firer, [row("held", now - 3000, partition=1), row("free", now - 2000, partition=1),
                    row("other", now - 1000, partition=0)])
+    assert firer.watch(1)  # as a move begins: with its freeze, which holds nothing while the partition is open
     takes = backend.takes(uuid.uuid4())
     assert [(c.id, c.input_partition) for c in takes.claim(1, 0)] == [("held", 1)]
-    # PostgreSQL's freeze waits for the table's lock, which a firer's open transaction holds: it gives up at once
-    # and is tried again (the cut-over's freeze goes through once the firer's transaction ended); the twin has
-    # no such lock, and the cut-over waits for the rows held
-    assert firer.freeze(1) == (None if backend.name == "postgres" else 2)
+    # the freeze changes the map alone, and goes through while the firer's transaction is open (no lock of the
+    # table, which that transaction holds, and which every write would wait behind): the cut-over then waits for
+    # the rows held
+    assert firer.freeze(1) == 2
     # still there to every other session, but the firer's: in flight, never handed over to another cell
     assert firer.held(1, now + HOUR) == 1 and firer.held(0, now + HOUR) == 0
-    assert [r.id for r in firer.near(1, now + HOUR, 10)] == ["free"]
+    given: list[MovingRow] = []
+    assert firer.hand_over(1, now + HOUR, 10, given.extend) == 1 and [r.id for r in given] == ["free"]
     assert firer.held(1, now - 5000) == 0  # looked for among the rows due up to then
     if ends == "commits":  # published: gone from the cell
         takes.finish([], [], [], "out")
-        assert backend.ids() == {"free", "other"}
+        assert backend.ids() == {"other"}
     else:  # handed back, or its firer gone silent: back, with its partition, and handed over as any other
         takes.give_back()
-        assert [r.id for r in firer.near(1, now + HOUR, 10)] == ["held", "free"]
         assert backend.stored("held").input_partition == 1
+        assert firer.hand_over(1, now + HOUR, 10, given.extend) == 1 and [r.id for r in given] == ["free", "held"]
     assert firer.held(1, now + HOUR) == 0
+
+
+def test_rows_are_handed_over_only_once_the_cell_they_go_to_has_them(backend):
+    st = backend.store(uuid.uuid4())
+    st.open_partitions([1], 1)
+    now = backend.now_us()
+    insert(st, [row("a", now - 2000, partition=1), row("b", now - 1000, partition=1), row("later", now + HOUR, partition=1)])
+    st.freeze(1)
+
+    def refused(rows):
+        raise RuntimeError("the other cell did not answer")
+    with pytest.raises(RuntimeError):
+        st.hand_over(1, now, 10, refused)
+    assert backend.ids() == {"a", "b", "later"}  # kept here
+    given: list[MovingRow] = []
+    assert st.hand_over(1, now, 1, given.extend) == 1 and st.hand_over(1, now, 10, given.extend) == 1
+    assert [r.id for r in given] == ["a", "b"] and st.hand_over(1, now, 10, given.extend) == 0
+    assert backend.ids() == {"later"}
 
 
 def test_a_row_a_claim_that_deletes_puts_back_keeps_its_input_partition(backend):
@@ -208,7 +240,7 @@ def test_schedules_are_shipped_through_the_outbox_and_the_rest_dropped_here(s, b
     assert s.drop_due(1, now, 100) == 1 and backend.ids() == {"later", "p0"}
     cursor = 0
     while cursor is not None:
-        cursor = s.drop_scan(1, cursor)
+        cursor = s.drop_scan(1, cursor, 1000)
     assert backend.ids() == {"p0"}
 
 

@@ -70,6 +70,7 @@ def test_partitions_move_under_load_and_a_move_killed_half_way_is_finished(tmp_p
         while not (line := killed.stdout.readline()).startswith("moving partition 2 from cell cell1 to cell cell2"):
             assert line, f"the move ended before it began: {said}"
             said.append(line)
+        assert os.getpriority(os.PRIO_PROCESS, killed.pid) >= 10  # the move's own work yields to the stack's
         os.kill(killed.pid, signal.SIGKILL)
         killed.wait(30)
         again = cells_move(up.ready_file, "--partition", "2", "--to", "cell2")

@@ -1,8 +1,9 @@
 """A move of an input partition between two cells on PostgreSQL (`chronos.ops.moves` over the real store): its
 rows all go over as they stand at the cut-over while the source's writers and firer go on, a move killed at the
 cut-over is finished by the next, and nothing of it is left in either database: no trigger, no noted change, no
-record. A watch or freeze that cannot have the table's lock at once gives up and is tried again, without holding
-the table's writers behind it."""
+record. A watch that cannot have the table's lock at once gives up and is tried again, without holding
+the table's writers behind it; the cut-over takes no lock of the table, and waits for the rows a firer's claim
+that deletes holds without holding any write behind it."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from chronos.domain.model import Row
 from chronos.domain.moves import MOVE_NODE
 from chronos.errors import CellMapChanged
 from chronos.ops.moves import MoveSettings, Mover
-from helpers import wait_for
 
 HOUR = 3_600_000_000
 
@@ -164,6 +164,11 @@ def test_a_move_killed_at_the_cut_over_is_finished_by_the_next_one(cells):
     assert q(urls["cell1"], "SELECT tgname FROM pg_trigger WHERE tgname LIKE 'chronos_move%'") == []
 
 
+def waiting_for_tables(url: str) -> list[tuple]:
+    """The sessions that wait for a lock of a table (every write to it then waits behind them)."""
+    return q(url, "SELECT pid, mode FROM pg_locks WHERE locktype = 'relation' AND NOT granted")
+
+
 @pytest.mark.parametrize("ends", ["commits", "rolls back"])
 def test_a_row_a_firers_claim_that_deletes_holds_while_its_partition_moves_fires_in_one_cell_only(cells, ends):
     urls, firers = cells
@@ -171,14 +176,27 @@ def test_a_row_a_firers_claim_that_deletes_holds_while_its_partition_moves_fires
     firers["cell1"].apply([row("held", t - 2000, 1), row("due", t - 1000, 1)], [], [])
     node = uuid.uuid4()
     takes = TakeStatements(urls["cell1"], node_id=node, held_ms=60_000, application_name=f"chronos firer {node}")
-    assert [c.id for c in takes.claim(1, 0)] == ["held"]  # deleted in the firer's transaction, open until Kafka acks
+    moving = stores(urls)
+    freeze, frozen = moving["cell1"].freeze, threading.Event()
+
+    def taken_then_frozen(partition: int):  # the firer takes a batch just before the cut-over, and holds it
+        assert [c.id for c in takes.claim(1, 0)] == ["held"]  # deleted in its transaction, open until Kafka acks
+        epoch = freeze(partition)
+        frozen.set()
+        return epoch
+    moving["cell1"].freeze = taken_then_frozen
     moved: list = []
-    mover = threading.Thread(target=lambda: moved.append(Mover(stores(urls), MoveSettings(lease_ms=1000)).move(1, "cell2")))
+    mover = threading.Thread(target=lambda: moved.append(Mover(moving, MoveSettings(lease_ms=1000)).move(1, "cell2")))
     mover.start()
+    writer = Store(urls["cell1"])
     try:
-        # the move waits for the table's lock, which the firer's transaction holds: the row is in cell1 alone
-        wait_for(lambda: q(urls["cell1"], "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                          "AND datname = current_database()")[0][0] > 0, what="the move waiting")
+        # the freeze goes through at once, with no lock of the table (which the firer's transaction holds); the
+        # cut-over waits for the held row alone, which stays in cell1 alone, while the other partitions' writes
+        # go on, none of them behind a lock the move waits for
+        assert frozen.wait(60)
+        for i in range(20):
+            writer.apply([row(f"w{i}", now_us() + HOUR, 0)], [], [], fence=Fence({0: 1}))
+            assert waiting_for_tables(urls["cell1"]) == []
         assert "held" not in held_by_cell(urls)["cell2"] and mover.is_alive()
     finally:
         if ends == "commits":
@@ -187,21 +205,51 @@ def test_a_row_a_firers_claim_that_deletes_holds_while_its_partition_moves_fires
             takes.give_back()                # handed back: goes over with the others
         mover.join(60)
         takes.close()
+        writer.close()
     assert moved and moved[0].epoch == 3
     held = held_by_cell(urls)
     assert "held" not in held["cell1"] and "due" in held["cell2"]
     assert ("held" in held["cell2"]) == (ends == "rolls back")
 
 
-def test_a_watch_that_cannot_have_the_tables_lock_at_once_gives_up_without_holding_its_writers(cells):
+def test_a_watch_that_cannot_have_the_tables_lock_at_once_gives_up_without_holding_its_writers(cells, monkeypatch):
     urls, firers = cells
+    monkeypatch.setattr(pg_moves, "LOCK_TIMEOUT_MS", 1500)
     st = Store(urls["cell1"])
     with psycopg.connect(urls["cell1"]) as blocker:
         blocker.execute("LOCK TABLE chronos_messages IN ROW EXCLUSIVE MODE")  # a long write in progress
         started = time.monotonic()
-        assert st.watch(1) is False and st.freeze(1) is None
-        assert time.monotonic() - started < 2.0
+        assert st.watch(1) is False  # at once, whatever the lock timeout: no request for the lock left waiting
+        assert time.monotonic() - started < 1.0
+        assert st.watch(1, queue=True) is False  # after many tries: a request that waits, up to the lock timeout
+        assert time.monotonic() - started >= 1.5
+        assert q(urls["cell1"], "SELECT tgname FROM pg_trigger WHERE tgname LIKE 'chronos_move%'") == []
+    assert st.watch(1) is True
+    with psycopg.connect(urls["cell1"]) as writer:
+        writer.execute("LOCK TABLE chronos_messages IN ROW EXCLUSIVE MODE")  # the freeze does not wait for it
+        with psycopg.connect(urls["cell1"]) as consumer:  # a consumer's write that checked its fence, not ended
+            consumer.execute("SELECT * FROM chronos_cell_partitions WHERE partition = 1 FOR SHARE")
+            assert st.freeze(1) is None  # the map's lock not had within the lock timeout: tried again
         assert firers["cell1"].cell_partitions() == [P(0, 1), P(1, 1)]  # nothing done
-    assert st.watch(1) is True and st.freeze(1) == 2
+        assert st.freeze(1) == 2
+        assert st.unwatch(1) is False  # the triggers dropped only once the table is free
     assert st.unwatch(1)
+    assert q(urls["cell1"], "SELECT tgname FROM pg_trigger WHERE tgname LIKE 'chronos_move%'") == []
+    st.close()
+
+
+def test_a_hand_over_waits_a_moment_for_a_row_a_statement_under_way_changes_and_never_hands_it_as_it_was(cells):
+    urls, _ = cells
+    st = Store(urls["cell1"])
+    assert st.watch(1)
+    with psycopg.connect(urls["cell1"]) as claim:  # a claim begun before the freeze, its transaction not ended yet
+        claim.execute("UPDATE chronos_messages SET readied_at = now(), readied_by = %s WHERE id = 'soon0'",
+                      (uuid.uuid4(),))
+        assert st.freeze(1) == 2  # the map alone: the claim's transaction does not hold it off
+        given: list = []
+        until = now_us() + HOUR
+        assert st.hand_over(1, until, 100, given.extend) is None and given == []  # tried again, nothing handed
+        claim.commit()
+    assert st.hand_over(1, until, 100, given.extend) == 49
+    assert "soon0" not in {r.id for r in given} and st.held(1, until) == 1  # stamped: its firer settles it here
     st.close()

@@ -17,7 +17,7 @@ from chronos.domain.moves import COPYING, CUTTING_OVER, FINISHING, MOVE_NODE, Mo
 from chronos.ops.moves import MoveSettings, Mover
 
 HOUR = 3_600_000_000
-SETTINGS = MoveSettings(batch=50, ahead_ms=10_000, near_ms=10_000)
+SETTINGS = MoveSettings(batch=50, ahead_ms=10_000, near_ms=10_000, rate=0)
 
 
 class Died(Exception):
@@ -188,7 +188,7 @@ def test_no_row_is_claimable_in_both_cells_or_early_at_any_step():
     stores = cells.stores()
     seen: list[dict[str, list[str]]] = []
     for store in stores.values():
-        for name in ("put", "take", "wake", "open_partitions", "drop_scan", "freeze"):
+        for name in ("put", "hand_over", "wake", "open_partitions", "drop_scan", "freeze"):
             method = getattr(store, name)
 
             def watched(*a, _m=method, **k):
@@ -222,7 +222,7 @@ def die_at(store: Any, method: str, nth: int = 1) -> Callable[[], None]:
     ("cell2", "put", 2, COPYING),
     ("cell1", "scan", 2, COPYING),
     ("cell1", "freeze", 1, CUTTING_OVER),
-    ("cell1", "take", 1, CUTTING_OVER),
+    ("cell1", "hand_over", 1, CUTTING_OVER),
     ("cell1", "ship_schedules", 1, CUTTING_OVER),
     ("cell2", "open_partitions", 1, CUTTING_OVER),
     ("cell2", "wake", 3, FINISHING),
@@ -293,6 +293,19 @@ def test_the_target_needs_a_firer_and_every_running_consumer():
     assert cells.dbs["cell1"].moves == {}  # nothing begun
     MemoryStore(cells.dbs["cell2"], node_id=consumer).announce("consumer", "http", 9400, None)
     assert cells.mover().move(1, "cell2").epoch == 3
+
+
+def test_a_busy_table_is_asked_for_its_lock_only_if_free_at_once_until_many_tries_found_it_taken():
+    cells = loaded()
+    stores = cells.stores()
+    watch, asked = stores["cell1"].watch, []
+
+    def busy(partition, *, queue=False):  # the source's table never free at once, its lock had by waiting
+        asked.append(queue)
+        return queue and watch(partition, queue=queue)
+    stores["cell1"].watch = busy
+    cells.mover(stores).move(1, "cell2")
+    assert asked == [False] * SETTINGS.queue_after + [True]
 
 
 def test_unknown_cells_and_partitions_already_there_are_said_plainly():

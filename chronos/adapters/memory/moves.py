@@ -6,15 +6,13 @@ partition's rows, which the claim then passes over. A copy or a deletion walks t
 from __future__ import annotations
 
 import uuid
-from typing import Sequence
+from typing import Callable, Sequence
 
 from chronos.adapters.memory.base import MemoryHandle
 from chronos.adapters.memory.database import MoveState, StoredRow
 from chronos.domain.cells import MOVING, OPEN, CellPartition
 from chronos.domain.moves import COPYING, DORMANT_FROM_US, MOVE_NODE, Change, MoveRecord, MovingRow, dormant_mark_us
 
-#: Rows a copy or a deletion reads per call.
-SCAN_ROWS = 1000
 _GONE = -1  # the number of the change of a row no longer in the partition
 
 
@@ -69,7 +67,7 @@ class MemoryMoves(MemoryHandle):
     def _rows_of(self, partition: int) -> list[StoredRow]:
         return [r for r in self.db.rows.values() if r.input_partition == partition]
 
-    def watch(self, partition: int) -> bool:
+    def watch(self, partition: int, *, queue: bool = False) -> bool:
         def run(now: int) -> bool:
             self.db.watched.setdefault(partition, {r.id: r.ctid for r in self._rows_of(partition)})
             return True
@@ -88,7 +86,7 @@ class MemoryMoves(MemoryHandle):
             return listed[partition].epoch
         return self._run(run)
 
-    def unwatch(self, partition: int) -> bool:
+    def unwatch(self, partition: int, *, queue: bool = False) -> bool:
         def run(now: int) -> bool:
             self.db.watched.pop(partition, None)
             self.db.frozen.discard(partition)
@@ -97,14 +95,14 @@ class MemoryMoves(MemoryHandle):
             return True
         return self._run(run)
 
-    def _stretch(self, cursor: int) -> tuple[list[StoredRow], int | None]:
-        """The next SCAN_ROWS rows of any partition after `cursor` in enqueue order, and the cursor after them."""
-        after = sorted((r for r in self.db.rows.values() if r.seq > cursor), key=lambda r: r.seq)[:SCAN_ROWS]
+    def _stretch(self, cursor: int, rows: int) -> tuple[list[StoredRow], int | None]:
+        """The next `rows` rows of any partition after `cursor` in enqueue order, and the cursor after them."""
+        after = sorted((r for r in self.db.rows.values() if r.seq > cursor), key=lambda r: r.seq)[:rows]
         return after, (after[-1].seq if after else None)
 
-    def scan(self, partition: int, cursor: int, after_us: int) -> tuple[list[MovingRow], int | None]:
+    def scan(self, partition: int, cursor: int, after_us: int, rows: int) -> tuple[list[MovingRow], int | None]:
         def run(now: int) -> tuple[list[MovingRow], int | None]:
-            stretch, last = self._stretch(cursor)
+            stretch, last = self._stretch(cursor, rows)
             return ([_moving(r) for r in stretch
                      if r.input_partition == partition and r.cron is None and r.deadline_us > after_us], last)
         return self._run(run)
@@ -148,8 +146,15 @@ class MemoryMoves(MemoryHandle):
                        if r.readied_us is None and r.held_by is None and r.cron is None and r.deadline_us <= until_us),
                       key=lambda r: (r.deadline_us, r.seq))
 
-    def near(self, partition: int, until_us: int, limit: int) -> list[MovingRow]:
-        return self._run(lambda now: [_moving(r) for r in self._waiting(partition, until_us)[:limit]])
+    def hand_over(self, partition: int, until_us: int, limit: int,
+                  put: Callable[[Sequence[MovingRow]], object]) -> int | None:
+        def run(now: int) -> int:
+            # under the database's lock from the choice to the deletion, as PostgreSQL holds the rows' locks
+            rows = self._waiting(partition, until_us)[:limit]
+            if rows:
+                put([_moving(r) for r in rows])
+            return self._delete(rows)
+        return self._run(run)
 
     def _delete(self, rows: Sequence[StoredRow]) -> int:
         """The move's own deletions: not noted by a watch."""
@@ -158,13 +163,6 @@ class MemoryMoves(MemoryHandle):
             if r.input_partition is not None:
                 self.db.watched.get(r.input_partition, {}).pop(r.id, None)
         return len(rows)
-
-    def take(self, partition: int, ids: Sequence[str]) -> int:
-        def run(now: int) -> int:
-            rows = [self.db.rows[mid] for mid in dict.fromkeys(ids) if mid in self.db.rows]
-            return self._delete([r for r in rows if r.input_partition == partition and r.readied_us is None
-                                 and r.held_by is None])
-        return self._run(run)
 
     def ship_schedules(self, partition: int) -> list[MovingRow]:
         def run(now: int) -> list[MovingRow]:
@@ -181,9 +179,9 @@ class MemoryMoves(MemoryHandle):
     def drop_due(self, partition: int, until_us: int, limit: int) -> int:
         return self._run(lambda now: self._delete(self._waiting(partition, until_us)[:limit]))
 
-    def drop_scan(self, partition: int, cursor: int) -> int | None:
+    def drop_scan(self, partition: int, cursor: int, rows: int) -> int | None:
         def run(now: int) -> int | None:
-            stretch, last = self._stretch(cursor)
+            stretch, last = self._stretch(cursor, rows)
             self._delete([r for r in stretch if r.input_partition == partition])
             return last
         return self._run(run)

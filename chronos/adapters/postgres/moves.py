@@ -3,15 +3,19 @@ freeze and rows, the target's rows put and woken. Run on the store's session (`s
 database's owner (the watch and the freeze are triggers on the table).
 
 The copy and the deletion walk the table a stretch of blocks at a time, by TID range: finding a partition's rows
-takes no index, which every write of the consumers would pay for. The triggers are made and dropped under a
-short lock timeout: while one waits for the table's lock every write waits behind it, so a busy table makes it
-give up at once, and the caller tries again a little later."""
+takes no index, which every write of the consumers would pay for. The triggers (the watch, and the freeze armed
+by the map from the cut-over on) are made when the move begins and dropped when it ends, with the table's lock
+taken only if it is free at once: while a request for it waits, every write waits behind it, so a busy table
+makes it give up at once, and the caller tries again a little later (after many tries, waiting a moment for
+the lock, under a short lock timeout: a table never free at once, its writers back to back). The cut-over
+takes no lock of the table: it closes the partition in the map, which arms the freeze, and hands the rows over
+with row locks, which wait only for the transactions that hold those rows."""
 
 from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta, timezone
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import psycopg
 
@@ -21,10 +25,15 @@ from chronos.adapters.postgres.session import Session
 from chronos.domain.moves import DORMANT_FROM_US, MOVE_NODE, Change, MoveRecord, MovingRow, dormant_mark_us
 from chronos.errors import CellsUnsupported
 
-#: Blocks of the table a copy or a deletion reads per call (8 kB each): a few tens of thousands of rows.
+#: Blocks of the table a copy or a deletion reads per call (8 kB each) at most, whatever rows they hold.
 SCAN_BLOCKS = 2048
-#: How long a change of the table's triggers waits for its lock before it gives up (milliseconds).
+#: Rows a block of the table is taken to hold before PostgreSQL counted them (a row of a few hundred bytes).
+ROWS_PER_BLOCK = 32
+#: How long a change of the table's triggers, or of the map, waits for its lock before it gives up
+#: (milliseconds); and a hand-over for the rows it takes, which a statement under way holds a moment.
 LOCK_TIMEOUT_MS = 50
+#: The schema a move needs: its freeze armed by the map (migration 14).
+MOVES_VERSION = 14
 _WATCH = ("inserts", "updates", "deletes")
 _TRIGGERS = (*_WATCH, "freeze")
 
@@ -49,9 +58,10 @@ class MoveStatements(Session):
 
     def moves(self) -> list[MoveRecord]:
         def run(conn: psycopg.Connection) -> list[MoveRecord]:
-            if one(self._execute(conn, QUERIES["has_cell_moves"]))[0] is None:
-                raise CellsUnsupported("this cell's database schema is before moves (version 13): run `chronos "
-                                       "migrate` on it")
+            if one(self._execute(conn, QUERIES["has_cell_moves"]))[0] is None or \
+                    one(self._execute(conn, QUERIES["schema_version"]))[0] < MOVES_VERSION:
+                raise CellsUnsupported(f"this cell's database schema is before moves (version {MOVES_VERSION}): "
+                                       f"run `chronos migrate` on it")
             return [MoveRecord(*r) for r in self._execute(conn, QUERIES["move_records"])]
         return self._run(run)
 
@@ -70,52 +80,68 @@ class MoveStatements(Session):
     def end_move(self, partition: int) -> None:
         self._run(lambda c: self._execute(c, QUERIES["move_end"], {"partition": partition}))
 
-    def _ddl(self, partition: int, names: Sequence[tuple[str, str]], then: str | None = None) -> Any:
-        """The triggers' statements (name, trigger) for the partition in one transaction under the short lock
-        timeout, and `then` (a statement of the partition's) after them; False when the lock was not had."""
+    def _ddl(self, partition: int, names: Sequence[tuple[str, str]], lock: str, queue: bool) -> bool:
+        """The triggers' statements (name, trigger) for the partition in one transaction, the table's lock `lock`
+        taken first, if free at once (or with `queue`, within the short lock timeout); False when it was not."""
         p = int(partition)  # put into the statement, not bound: an integer only
+
+        def run(conn: psycopg.Connection) -> bool:
+            try:
+                with conn.transaction():
+                    conn.execute(QUERIES["move_lock_timeout"], {"ms": LOCK_TIMEOUT_MS})
+                    conn.execute(QUERIES[lock if queue else f"{lock}_now"])
+                    for name, trigger in names:
+                        conn.execute(QUERIES[name].format(partition=p, trigger=trigger))
+                    return True
+            except psycopg.errors.LockNotAvailable:
+                return False
+        return self._run(run)
+
+    def watch(self, partition: int, *, queue: bool = False) -> bool:
+        # the freeze too, inert while the partition is open here (migration 14): the cut-over changes no trigger
+        return self._ddl(partition, [(f"move_watch_{kind}", "") for kind in _WATCH] + [("move_freeze", "")],
+                         "move_lock_to_make", queue)
+
+    def freeze(self, partition: int) -> int | None:
+        p = int(partition)
 
         def run(conn: psycopg.Connection) -> Any:
             try:
                 with conn.transaction():
                     conn.execute(QUERIES["move_lock_timeout"], {"ms": LOCK_TIMEOUT_MS})
-                    result: Any = True
-                    if then == "move_close":
-                        # the table first, then the map: the consumers' writes take them in that order
-                        conn.execute(QUERIES["move_lock_messages"])
-                        conn.execute(QUERIES["cell_map_lock"])
-                        found = conn.execute(QUERIES["move_close"], {"partition": p}).fetchone()
-                        result = None if found is None else found[0]
-                    for name, trigger in names:
-                        conn.execute(QUERIES[name].format(partition=p, trigger=trigger))
-                    return result
+                    if not one(conn.execute(QUERIES["move_has_freeze"], {"name": f"chronos_move_{p}_freeze"}))[0]:
+                        # not made with a watch: made now, under the table's lock (the table before the map, as
+                        # the consumers' writes take them)
+                        conn.execute(QUERIES["move_freeze"].format(partition=p))
+                    conn.execute(QUERIES["cell_map_lock"])  # the consumers' writes that checked their fence end
+                    return conn.execute(QUERIES["move_close"], {"partition": p}).fetchone() or ()
             except psycopg.errors.LockNotAvailable:
                 return False
-        return self._run(run)
-
-    def watch(self, partition: int) -> bool:
-        return bool(self._ddl(partition, [(f"move_watch_{kind}", "") for kind in _WATCH]))
-
-    def freeze(self, partition: int) -> int | None:
-        epoch = self._ddl(partition, [("move_freeze", "")], then="move_close")
-        if epoch is False:
+        found = self._run(run)
+        if found is False:
             return None
-        if epoch is None:
+        if not found:
             raise LookupError(f"this cell does not list partition {partition}")
-        return int(epoch)
+        return int(found[0])
 
-    def unwatch(self, partition: int) -> bool:
-        return bool(self._ddl(partition, [("move_unwatch", trigger) for trigger in _TRIGGERS]))
+    def unwatch(self, partition: int, *, queue: bool = False) -> bool:
+        return self._ddl(partition, [("move_unwatch", trigger) for trigger in _TRIGGERS], "move_lock_to_drop", queue)
 
-    def scan(self, partition: int, cursor: int, after_us: int) -> tuple[list[MovingRow], int | None]:
+    def _stretch(self, conn: psycopg.Connection, cursor: int, rows: int) -> int | None:
+        """The block after a stretch of about `rows` of the table's rows from `cursor` (by the table's rows per
+        block as last counted), or None at the table's end."""
+        blocks, per_block = one(self._execute(conn, QUERIES["move_blocks"]))
+        if cursor >= blocks:
+            return None
+        return cursor + max(1, min(SCAN_BLOCKS, int(rows / (per_block or ROWS_PER_BLOCK))))
+
+    def scan(self, partition: int, cursor: int, after_us: int, rows: int) -> tuple[list[MovingRow], int | None]:
         def run(conn: psycopg.Connection) -> tuple[list[MovingRow], int | None]:
-            blocks = one(self._execute(conn, QUERIES["move_blocks"]))[0]
-            if cursor >= blocks:
+            last = self._stretch(conn, cursor, rows)
+            if last is None:
                 return [], None
-            last = cursor + SCAN_BLOCKS
-            rows = [_row(r) for r in self._execute(conn, QUERIES["move_scan"], {
-                "partition": partition, "first": _tid(cursor), "last": _tid(last), "after": _ts(after_us)})]
-            return rows, last
+            return [_row(r) for r in self._execute(conn, QUERIES["move_scan"], {
+                "partition": partition, "first": _tid(cursor), "last": _tid(last), "after": _ts(after_us)})], last
         return self._run(run)
 
     def changes(self, partition: int, limit: int) -> list[Change]:
@@ -133,9 +159,23 @@ class MoveStatements(Session):
         return self._run(lambda c: one(self._execute(c, QUERIES["move_in_flight"], {
             "partition": partition, "dormant_from": _ts(DORMANT_FROM_US), "until": _ts(until_us)}))[0])
 
-    def near(self, partition: int, until_us: int, limit: int) -> list[MovingRow]:
-        return self._run(lambda c: [_row(r) for r in self._execute(c, QUERIES["move_near"], {
-            "partition": partition, "until": _ts(until_us), "limit": limit})])
+    def hand_over(self, partition: int, until_us: int, limit: int,
+                  put: Callable[[Sequence[MovingRow]], object]) -> int | None:
+        def run(conn: psycopg.Connection) -> int:
+            with conn.transaction():
+                conn.execute(QUERIES["move_by_itself"])
+                conn.execute(QUERIES["move_lock_timeout"], {"ms": LOCK_TIMEOUT_MS})
+                rows = [_row(r) for r in conn.execute(QUERIES["move_near"], {
+                    "partition": partition, "until": _ts(until_us), "limit": limit})]
+                if not rows:
+                    return 0
+                put(rows)
+                return conn.execute(QUERIES["move_take"], {"partition": partition,
+                                                           "ids": [r.id for r in rows]}).rowcount
+        try:
+            return self._run(run)
+        except psycopg.errors.LockNotAvailable:
+            return None
 
     def _by_itself(self, statement: str, params: dict[str, Any]) -> psycopg.Cursor:
         """One of the move's own statements, in a transaction of its own, neither noted nor held back."""
@@ -144,11 +184,6 @@ class MoveStatements(Session):
                 conn.execute(QUERIES["move_by_itself"])
                 return conn.execute(QUERIES[statement], params)
         return self._run(run)
-
-    def take(self, partition: int, ids: Sequence[str]) -> int:
-        if not ids:
-            return 0
-        return self._by_itself("move_take", {"partition": partition, "ids": list(ids)}).rowcount
 
     def ship_schedules(self, partition: int) -> list[MovingRow]:
         self._by_itself("move_ship_schedules", {"partition": partition})
@@ -162,13 +197,11 @@ class MoveStatements(Session):
         return self._by_itself("move_drop_due", {"partition": partition, "until": _ts(until_us),
                                                  "limit": limit}).rowcount
 
-    def drop_scan(self, partition: int, cursor: int) -> int | None:
-        blocks = self._run(lambda c: one(self._execute(c, QUERIES["move_blocks"]))[0])
-        if cursor >= blocks:
-            return None
-        self._by_itself("move_drop_scan", {"partition": partition, "first": _tid(cursor),
-                                           "last": _tid(cursor + SCAN_BLOCKS)})
-        return cursor + SCAN_BLOCKS
+    def drop_scan(self, partition: int, cursor: int, rows: int) -> int | None:
+        last = self._run(lambda c: self._stretch(c, cursor, rows))
+        if last is not None:
+            self._by_itself("move_drop_scan", {"partition": partition, "first": _tid(cursor), "last": _tid(last)})
+        return last
 
     def seq_position(self) -> int:
         return self._run(lambda c: one(self._execute(c, QUERIES["move_seq"]))[0])

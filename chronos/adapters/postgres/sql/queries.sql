@@ -967,6 +967,21 @@ DELETE FROM chronos_cell_moves WHERE partition = %(partition)s;
 -- again): every write waits behind a lock being waited for.
 SELECT set_config('lock_timeout', %(ms)s::text || 'ms', true);
 
+-- The table's lock a change of its triggers takes (CREATE TRIGGER's, DROP TRIGGER's), first: `_now` if it is
+-- free at once, else not at all (a request that waits holds every later one behind it, writes and reads).
+
+-- name: move_lock_to_make
+LOCK TABLE chronos_messages IN SHARE ROW EXCLUSIVE MODE;
+
+-- name: move_lock_to_make_now
+LOCK TABLE chronos_messages IN SHARE ROW EXCLUSIVE MODE NOWAIT;
+
+-- name: move_lock_to_drop
+LOCK TABLE chronos_messages IN ACCESS EXCLUSIVE MODE;
+
+-- name: move_lock_to_drop_now
+LOCK TABLE chronos_messages IN ACCESS EXCLUSIVE MODE NOWAIT;
+
 -- name: move_by_itself
 -- The statements of this transaction are the move's own: not noted, not held back by a freeze.
 SELECT set_config('chronos.moving', 'on', true);
@@ -991,14 +1006,13 @@ WHEN (OLD.input_partition = {partition}) EXECUTE FUNCTION chronos_cell_move_note
 CREATE OR REPLACE TRIGGER chronos_move_{partition}_freeze BEFORE UPDATE OR DELETE ON chronos_messages FOR EACH ROW
 WHEN (OLD.input_partition = {partition}) EXECUTE FUNCTION chronos_cell_move_freeze();
 
+-- name: move_has_freeze
+-- Whether the partition's freeze is on the table (made with its watch, armed once the map closes the partition).
+SELECT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = 'chronos_messages'::regclass AND tgname = %(name)s);
+
 -- name: move_unwatch
 -- One trigger of the partition's watch or freeze dropped: `{trigger}` is inserts, updates, deletes or freeze.
 DROP TRIGGER IF EXISTS chronos_move_{partition}_{trigger} ON chronos_messages;
-
--- name: move_lock_messages
--- Taken before the map's lock by the cut-over, as the consumer's writes take them (the table, then the map),
--- so that the two never wait for each other.
-LOCK TABLE chronos_messages IN SHARE ROW EXCLUSIVE MODE;
 
 -- name: move_close
 -- The partition closed in its cell at its epoch + 1, unless it is closed already; its epoch either way.
@@ -1012,8 +1026,11 @@ UNION ALL
 SELECT epoch FROM chronos_cell_partitions WHERE partition = %(partition)s AND NOT EXISTS (SELECT FROM closed);
 
 -- name: move_blocks
--- How many blocks the table has now: the copy walks them up to there.
-SELECT pg_relation_size('chronos_messages') / current_setting('block_size')::bigint;
+-- How many blocks the table has now (the copy walks them up to there), and how many rows a block holds as the
+-- table was last vacuumed or analysed (NULL before).
+SELECT pg_relation_size('chronos_messages') / current_setting('block_size')::bigint,
+       (SELECT CASE WHEN reltuples > 0 AND relpages > 0 THEN reltuples / relpages END
+        FROM pg_class WHERE oid = 'chronos_messages'::regclass);
 
 -- name: move_scan
 -- The rows of the partition in a range of the table's blocks due after the horizon (recurring schedules go at
@@ -1053,19 +1070,22 @@ SELECT (SELECT count(*) FROM chronos_messages
           AND xmax = ANY (ARRAY(SELECT held_xid FROM (/* include: held_sessions */) AS holders)));
 
 -- name: move_near
--- The partition's rows waiting here due up to `until`, off the due index; not those a firer's claim that deletes
--- holds (move_in_flight): handed over, such a row could be fired by both cells, once its firer commits.
+-- The partition's rows waiting here due up to `until`, off the due index, locked for their hand-over (after
+-- move_by_itself): not those a firer's claim that deletes holds (move_in_flight), which the cut-over waits for
+-- apart, and which handed over could be fired by both cells once their firer commits. The lock waits only for
+-- a statement under way that changes one of them (a claim begun before the freeze, a firer's take): a row it
+-- took or stamped meanwhile is left out, as it stands once that statement's transaction ends.
 SELECT /* include: moving_columns */
 FROM chronos_messages
 WHERE readied_at IS NULL AND cron IS NULL AND deadline <= %(until)s::timestamptz AND input_partition = %(partition)s
   AND xmax <> ALL (ARRAY(SELECT held_xid FROM (/* include: held_sessions */) AS holders))
 ORDER BY deadline, seq
-LIMIT %(limit)s;
+LIMIT %(limit)s
+FOR UPDATE;
 
 -- name: move_take
--- Rows handed over live to the cell the partition goes to, gone from here (after move_by_itself). move_near left
--- out the rows firers' claims that delete held; none takes one since (the freeze), so none is left here that
--- another cell now has.
+-- Rows handed over live to the cell the partition goes to, gone from here, in move_near's transaction, once the
+-- cell they go to has them: locked since, no firer took one meanwhile.
 DELETE FROM chronos_messages
 WHERE id = ANY(%(ids)s::text[]) AND input_partition = %(partition)s AND readied_at IS NULL;
 

@@ -279,7 +279,7 @@ OPTIONS: tuple[Option, ...] = (
            "for them). Firers of both kinds may run beside each other on one store (a rollout); recurring "
            "schedules' occurrences are stamped either way", _choice("stamp", "delete"), "stamp"),
     Option("move_rate", "rows a second `chronos cells move` and `add` copy ahead, wake and delete, in statements of a "
-           "tenth of that, leaving the cores to firers and consumers (0: unpaced)", _non_negative_int, "10000"),
+           "tenth of that (0, the default: as fast as the databases go)", _non_negative_int, "0"),
     Option("consumer_group", "Kafka consumer group of the consumers", _str, "chronos"),
     Option("kafka_properties", "extra librdkafka properties as key=value,key=value (TLS, SASL, ...)",
            parse_kafka_properties, ""),
@@ -349,7 +349,7 @@ class Settings:
     firer_max_held_bytes: int = 64 << 20
     firer_claimers: int = 1
     firer_claim: str = "stamp"
-    move_rate: int = 10_000
+    move_rate: int = 0
     consumer_group: str = "chronos"
     kafka_properties: dict[str, str] = field(default_factory=dict)
     kafka_properties_file: dict[str, str] = field(default_factory=dict)

@@ -590,7 +590,11 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("two of every role", _aged_cpu, "2026-11-28/aged/longevity-2x2x2-10000.json")]),
     ("a partition moved between cells under 1,000 msg/s (`chronos up --cells 2`, one process of each role per "
      "cell)", "nothing lost or early; the moved partition ≤ 5 s late; the others' p99.9 unchanged", [
-        ("a million far-future rows in the partition", _move, "2026-11-28/cells/move-1m-1x1x1.json")]),
+        ("a million far-future rows in the partition, unpaced (the default)", _move,
+         "2026-11-28/cells/move-1m-1x1x1.json"),
+        ("the same, paced at 10,000 rows a second (CHRONOS_MOVE_RATE), other tests beside it", _move,
+         "2026-11-28/cells/move-1m-1x1x1-paced.json"),
+        ("the same, again", _move, "2026-11-28/cells/move-1m-1x1x1-paced-2.json")]),
     ("200,000 messages due at the same instant", "", [
         ("one process per role", _spike, "2026-11-23/day-1x1x1.json"),
         ("two of every role", _spike, "2026-11-23/day-2x2x2.json")]),

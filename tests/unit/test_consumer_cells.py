@@ -260,6 +260,8 @@ def test_a_consumer_alone_cut_off_from_a_cell_that_another_reaches_leaves_the_gr
             wait_for(lambda: logged(caplog, "cannot reach PostgreSQL of cell b for"), "the leaving said")  # just after
             assert logged(caplog, "another consumer of group chronos reached cell b 5.1s after this one lost it")
         else:
+            wait_for(lambda: logged(caplog, "cell b has not answered for the hold time, and no other consumer of "
+                                            "group chronos has reached it since: staying in the group"), "the stay said")
             c.input.feed([msg("a0", 0, 10)])
             wait_for(lambda: c.input.commits, "cell a's partitions flowing")
             assert c.input.group == ["subscribe"]

@@ -355,6 +355,9 @@ class Cells:
                 log.warning("another consumer of group %s committed on the partitions of cell %s since this one "
                             "lost it: this one alone cannot reach it", self.settings.consumer_group, cell)
                 raise OutOfReach(f"{POSTGRES} of cell {cell}", now - down.since, 1.0)
+            log.warning("cell %s has not answered for the hold time, and no other consumer of group %s has reached "
+                        "it since: staying in the group, its partitions paused (no other consumer could write them); "
+                        "leaving it once another does", cell, self.settings.consumer_group)
 
     def forget_down(self) -> None:
         """Out of the group: nothing is paused any more (the partitions are the others' until it rejoins, then

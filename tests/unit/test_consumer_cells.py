@@ -14,6 +14,7 @@ from confluent_kafka import KafkaError
 from chronos.adapters.kafka.clients import OutageLog
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.domain.cells import CellMapError
+from chronos.errors import StoreRejected
 from chronos.runtime.process import Lifecycle
 from chronos.telemetry.metrics import ConsumerTelemetry
 from chronos.roles.consumer import ConsumerProcess
@@ -231,6 +232,24 @@ def test_each_consumer_says_in_every_cell_it_reaches_which_cells_it_reaches():
         said = {cell: at for (_, _, cell), at in c.dbs["a"].reach.items()}
         # cell a says that it reached a just now, and b no later than before b went down, a second ago at least
         assert said["a"] - said["b"] > 900_000, said
+
+
+def test_a_cell_that_refuses_the_word_of_the_cells_reached_is_said_once_and_its_writes_go_on(caplog):
+    caplog.set_level("WARNING", logger="chronos.consumer")
+    c = CellsConsumer()
+    refused = []
+
+    def refuse(group, reached):
+        refused.append(reached)
+        raise StoreRejected("permission denied for table chronos_consumer_reach")
+    c.cell_stores["b"].note_reach = refuse
+    with c:
+        assert c.input is not None
+        wait_for(lambda: len(refused) >= 2, "the word said twice, a second apart")
+        c.input.feed([msg("b2", 2, 30)])
+        wait_for(lambda: c.input.commits, "cell b's partition written and committed")
+        assert c.rows()["b"] == ["b2"]
+    assert sum("cell b refuses this consumer's word" in r.message for r in caplog.records) == 1
 
 
 @pytest.mark.parametrize("other_says,leaves", [({"a": 0, "b": 0}, True), ({"a": 0}, False),

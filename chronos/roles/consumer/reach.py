@@ -16,7 +16,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Container
 
-from chronos.errors import StoreUnavailable
+from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.roles.consumer.writer import Writer
 
 log = logging.getLogger("chronos.consumer")
@@ -39,6 +39,7 @@ class Reach:
         self.under_way: dict[str, Future] = {}
         self.next_at: dict[str, float] = {}
         self.others: dict[str, float] = {}
+        self.refused: set[str] = set()  # the cells that refused the statement (said once in the log)
 
     def note(self, down: Container[str]) -> None:
         """On the loop's thread: the answers of the statements that ended taken in, and each cell that
@@ -65,6 +66,13 @@ class Reach:
             return asked, writer.note_reach(ages), REACH_EVERY_S
         except StoreUnavailable as exc:
             return asked, None, max(REACH_EVERY_S, writer.db_outage.failed(exc))
+        except StoreRejected as exc:  # the cell's writes go on; only this word is lost, said once
+            if cell not in self.refused:
+                self.refused.add(cell)
+                log.warning("cell %s refuses this consumer's word of the cells it reaches (%s): a consumer cut off "
+                            "from a cell leaves its group only once another has committed on its partitions", cell,
+                            exc)
+            return asked, None, REACH_EVERY_S
 
     def took(self, cell: str, future: Future) -> None:
         """A statement's answer: each cell's latest reach by another consumer, by this one's clock (the clock

@@ -335,6 +335,16 @@ class FleetScenario:
                 late[cell] = max(late.get(cell, 0.0), min(self.reader.arrivals[m]) - s.due)
         return {cell: round(value, 2) for cell, value in sorted(late.items())}
 
+    def delivered_within(self, sent_from: float, delivered_by: float) -> dict[str, int]:
+        """With cells: how many of each cell's messages sent from `sent_from` on were delivered by `delivered_by`
+        (what a cell's partitions let through while a host was cut off from it, say)."""
+        assert self.load is not None and self.reader is not None
+        counts: dict[str, int] = {cell: 0 for cell in self.fleet.cells}
+        for m, s in self.load.sent.items():
+            if s.produced >= sent_from and m in self.reader.arrivals and min(self.reader.arrivals[m]) < delivered_by:
+                counts[self.fleet.cell_of(s.partition)] += 1
+        return counts
+
     def lateness_p99(self) -> float | None:
         """The 99th percentile of every delivered message's first delivery after its due time (seconds)."""
         if self.load is None or self.reader is None:
@@ -418,10 +428,11 @@ def primary_cut(fleet: Fleet, *, cut_s: float = 60.0, rate: float = 300, warmup:
 
 
 def host_cut(fleet: Fleet, *, cut_s: float = 60.0, rate: float = 300, warmup: float = 5.0, peers: str = "all",
-             host: str = "chronos-1") -> ScenarioResult:
+             host: str = "chronos-1", rejoin_s: float = 8.0) -> ScenarioResult:
     """b), c), d): a Chronos host cut off from everything (`peers` "all"), from PostgreSQL only ("db": every
     member of every cell) or from Kafka only ("kafka"); with cells, from one cell only (`peers` the cell's name:
-    every member of its cluster)."""
+    every member of its cluster), the row then counting each cell's messages sent during the cut and delivered
+    before the heal. The load runs on `rejoin_s` after the heal, while the host takes its work up again."""
     if peers in fleet.cells:
         names: list[str] | None = list(fleet.cells[peers].members)
         label = f"a Chronos host cut off from cell {peers}"
@@ -438,9 +449,12 @@ def host_cut(fleet: Fleet, *, cut_s: float = 60.0, rate: float = 300, warmup: fl
         time.sleep(max(0.0, fault_at + cut_s - time.time()))
         heal_at = fleet.heal(host)
         sc.fault(f"{host} cut off from {peers} {cut_s:.0f} s", fault_at, heal_at)
-        time.sleep(8)  # the host rejoins: its consumer takes partitions again, its firer claims again
+        time.sleep(rejoin_s)  # the host rejoins: its consumer takes partitions again, its firer claims again
         report = sc.finish()
-        row = sc.row(report, fault_at=fault_at, heal_at=heal_at, extra={"status_during": status_during})
+        extra: dict[str, Any] = {"status_during": status_during}
+        if peers in fleet.cells:
+            extra["sent_during_cut_delivered_before_heal_by_cell"] = sc.delivered_within(fault_at, heal_at)
+        row = sc.row(report, fault_at=fault_at, heal_at=heal_at, extra=extra)
     return report, row
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import orjson
 
+from benchmarks.harness.report import code_version
 from chronos.domain.cells import assign
 from kits.faults import Scenario
 from kits.figures import percentiles
@@ -157,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_bytes(orjson.dumps({
-            "date": time.strftime("%Y-%m-%d"), "rate": args.rate, "cells": len(CELLS), "layout": "2 consumers, "
-            "2 firers and 2 detectors per cell", "partitions": PARTITIONS, "goal_ratio": GOAL,
+            "date": time.strftime("%Y-%m-%d"), "code": code_version(), "rate": args.rate, "cells": len(CELLS),
+            "layout": "2 consumers, 2 firers and 2 detectors per cell", "partitions": PARTITIONS, "goal_ratio": GOAL,
             "command": "python -m benchmarks.cells_freeze " + " ".join(argv if argv is not None else sys.argv[1:]),
             "row": row}, option=orjson.OPT_INDENT_2))
     return 0 if row["goal_met"] else 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import functools
 import re
+import statistics
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -481,6 +482,31 @@ def _cell_cost(path: str) -> str:
             f"{_ms(r['publish_lateness_ms']['p999'])}")
 
 
+def _cell_costs(path: str) -> str:
+    """The median of the runs of one arm of an interleaved A/B (`path` and its siblings of the same name but
+    the run's number: plain-1.json, plain-2.json, ...): Chronos's and PostgreSQL's cores, and the firers'
+    publish lateness p99.9."""
+    folder, name = (RESULTS / path).parent, (RESULTS / path).name.rsplit("-", 1)[0]
+    runs = [str(p.relative_to(RESULTS)) for p in sorted(folder.glob(f"{name}-*.json"))]
+    cores = [_scheduler_cores(_result(r)["cpu"]) for r in runs]
+    pg = [sum(v["cores"] for k, v in _result(r)["cpu"].items() if k.startswith("postgres")) for r in runs]
+    late = [_result(r)["publish_lateness_ms"]["p999"] for r in runs]
+    figures = (f"{statistics.median(cores):.3f} cores (PostgreSQL {statistics.median(pg):.3f}), publish lateness "
+               f"p99.9 {_ms(statistics.median(late))}")
+    if len(runs) == 1:
+        return f"{figures}: one run"
+    return f"{figures}: medians of {len(runs)} runs (cores {min(cores):.3f}-{max(cores):.3f})"
+
+
+def _freeze(path: str) -> str:
+    """One cell's PostgreSQL frozen under load (`benchmarks.cells_freeze`): the other cell's jitter."""
+    r = _result(path)["row"]
+    calm, during = r["cell1_fault_free_ms"]["p999"], r["cell1_during_freeze_ms"]["p999"]
+    return (f"the other cell's p99.9 {_ms(during)} while frozen, {_ms(calm)} before ({during / calm:.2f} times); "
+            f"the frozen cell's messages at most {r['cell2_during_freeze_ms']['max'] / 1000:.1f} s late; "
+            f"{r['lost']} lost, {r['early']} early of {r['sent']:,}")
+
+
 def _move(path: str) -> str:
     """A partition moved between cells under load (`benchmarks.cells`)."""
     r = _result(path)
@@ -588,6 +614,14 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
      "restarted between steps)", "≤ 0.30 cores", [
         ("one process per role", _aged_cpu, "2026-11-27/slices/aged/longevity-1x1x1-10000.json"),
         ("two of every role", _aged_cpu, "2026-11-28/aged/longevity-2x2x2-10000.json")]),
+    ("cells' cost at 10,000 msg/s, one process of each role: `--cells 1` against the same commit without cells "
+     "and ca7e5a1 (before cells), fresh stacks, the three in turn, 3 runs of each, 2026-11-28 16:34-16:47 UTC",
+     "within 5 %", [
+        ("`chronos up --cells 1`", _cell_costs, "2026-11-28/cells-cost/cells-1-1.json"),
+        ("`chronos up`, no cells", _cell_costs, "2026-11-28/cells-cost/without-cells-1.json"),
+        ("ca7e5a1", _cell_costs, "2026-11-28/cells-cost/ca7e5a1-1.json"),
+        ("`chronos up --cells 2` (one firer and detector per cell, one consumer for both), the same code, just "
+         "before", _cell_costs, "2026-11-28/cells-cost/two-cells-1.json")]),
     ("a partition moved between cells under 1,000 msg/s (`chronos up --cells 2`, one process of each role per "
      "cell)", "nothing lost or early; the moved partition ≤ 5 s late; the others' p99.9 unchanged", [
         ("a million far-future rows in the partition, unpaced (the default)", _move,

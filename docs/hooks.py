@@ -622,6 +622,9 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("ca7e5a1", _cell_costs, "2026-11-28/cells-cost/ca7e5a1-1.json"),
         ("`chronos up --cells 2` (one firer and detector per cell, one consumer for both), the same code, just "
          "before", _cell_costs, "2026-11-28/cells-cost/two-cells-1.json")]),
+    ("one cell's PostgreSQL frozen 25 s under 1,000 msg/s (`chronos up --cells 2`, two processes of every role "
+     "per cell)", "the other cell's p99.9 within 10 % of the same run's fault-free p99.9; nothing lost or early", [
+        ("SIGSTOP of the postmaster and every backend", _freeze, "2026-11-28/cells/freeze-25s-2x2x2.json")]),
     ("a partition moved between cells under 1,000 msg/s (`chronos up --cells 2`, one process of each role per "
      "cell)", "nothing lost or early; the moved partition ≤ 5 s late; the others' p99.9 unchanged", [
         ("a million far-future rows in the partition, unpaced (the default)", _move,

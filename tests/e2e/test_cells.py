@@ -69,6 +69,17 @@ def test_a_consumer_writes_each_message_to_its_partitions_cell_and_each_cells_fi
     assert sorted(m.value for m in got) == sorted(f"soon-{i}".encode() for i in range(6))
 
 
+def send_far(broker, topics) -> list[str]:
+    """16 messages due in an hour, sent by the client (routed by their ids): their ids."""
+    with Scheduler(broker.bootstrap_servers, input_topic=topics["input"]) as s:
+        return [s.send_later(f"k{i}", f"v{i}", delay=timedelta(hours=1)) for i in range(16)]
+
+
+def split_ab(ids: list[str]) -> dict[str, list[str]]:
+    """`ids` by cell, where cell a owns input partitions 0 and 1 of 4 and cell b the others."""
+    return {cell: sorted(mid for mid in ids if (input_partition(mid, None, 4) < 2) == (cell == "a")) for cell in "ab"}
+
+
 def ids_in(url: str) -> list[str]:
     with psycopg.connect(url) as conn:
         return [r[0] for r in conn.execute("SELECT id FROM chronos_messages ORDER BY id")]
@@ -90,18 +101,13 @@ def test_a_frozen_cell_holds_only_its_own_partitions(processes, broker, topics, 
                                    CHRONOS_DATABASE_URL="", CHRONOS_DATABASE_TIMEOUT_MS="1000")
         processes.wait_for_log(consumer, "cells: ")
         proxy.freeze()
-        with Scheduler(broker.bootstrap_servers, input_topic=topics["input"]) as s:
-            ids = [s.send_later(f"k{i}", f"v{i}", delay=timedelta(hours=1)) for i in range(16)]
-        wanted = {cell: sorted(mid for mid in ids if (input_partition(mid, None, 4) < 2) == (cell == "a"))
-                  for cell in two_cells}
+        ids = send_far(broker, topics)
+        wanted = split_ab(ids)
         assert wanted["a"] and wanted["b"]
         processes.wait_for_log(consumer, "cell b does not answer: its partitions are paused")
         # while b hangs, a's partitions flow on: a second wave is written to a
-        with Scheduler(broker.bootstrap_servers, input_topic=topics["input"]) as s:
-            more = [s.send_later(f"k{i}", f"v{i}", delay=timedelta(hours=1)) for i in range(16)]
-        ids += more
-        wanted = {cell: sorted(mid for mid in ids if (input_partition(mid, None, 4) < 2) == (cell == "a"))
-                  for cell in two_cells}
+        ids += send_far(broker, topics)
+        wanted = split_ab(ids)
         wait_for(lambda: ids_in(two_cells["a"]) == wanted["a"], 15, "cell a's messages written while b hangs")
         assert ids_in(two_cells["b"]) == []
         proxy.thaw()
@@ -148,10 +154,8 @@ def test_a_consumer_alone_cut_off_from_a_cell_leaves_its_group_for_another_that_
         wait_for(lambda: assigned(ports[other]) == {0, 1}, 30, "the other holding cell a's")
         for proxy in proxies.values():
             proxy.freeze()
-        with Scheduler(broker.bootstrap_servers, input_topic=topics["input"]) as s:
-            ids = [s.send_later(f"k{i}", f"v{i}", delay=timedelta(hours=1)) for i in range(16)]
-        wanted = {cell: sorted(mid for mid in ids if (input_partition(mid, None, 4) < 2) == (cell == "a"))
-                  for cell in two_cells}
+        ids = send_far(broker, topics)
+        wanted = split_ab(ids)
         assert wanted["a"] and wanted["b"]
         wait_for(lambda: ids_in(two_cells["a"]) == wanted["a"], 30, "cell a's messages written while b hangs")
         processes.wait_for_log(consumers[holder], "cell b has not answered for the hold time, and no other consumer "

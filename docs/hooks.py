@@ -629,6 +629,8 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
      "cell)", "nothing lost or early; the moved partition ≤ 5 s late; the others' p99.9 unchanged", [
         ("a million far-future rows in the partition, unpaced (the default)", _move,
          "2026-11-28/cells/move-1m-1x1x1.json"),
+        ("the same, unpaced, with the cut-over that takes no lock of the table", _move,
+         "2026-11-28/cells/move-1m-1x1x1-unpaced-2.json"),
         ("the same, paced at 10,000 rows a second (CHRONOS_MOVE_RATE), other tests beside it", _move,
          "2026-11-28/cells/move-1m-1x1x1-paced.json"),
         ("the same, again", _move, "2026-11-28/cells/move-1m-1x1x1-paced-2.json")]),

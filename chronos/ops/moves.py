@@ -48,7 +48,7 @@ class MoveSettings:
     near_ms: int = 10_000
     lease_ms: int = 10_000
     batch: int = 5000
-    rate: int = 10_000
+    rate: int = 0
     busy_retry_s: float = 0.2     # a table too busy for a trigger's change: tried again after this
     queue_after: int = 25         # tries that take the table's lock only if free at once, before one that waits
     settle_poll_s: float = 0.05   # how often the cut-over looks whether rows are still held

@@ -474,14 +474,6 @@ def _aged_cpu(path: str) -> str:
             f"the table {min(size):,.0f}-{max(size):,.0f} MB")
 
 
-def _cell_cost(path: str) -> str:
-    """Chronos's and PostgreSQL's cores (every cell's PostgreSQL), and the firers' publish lateness."""
-    r = _result(path)
-    pg = sum(v["cores"] for name, v in r["cpu"].items() if name.startswith("postgres"))
-    return (f"{_scheduler_cores(r['cpu']):.3f} cores (PostgreSQL {pg:.3f}), publish lateness p99.9 "
-            f"{_ms(r['publish_lateness_ms']['p999'])}")
-
-
 def _cell_costs(path: str) -> str:
     """The median of the runs of one arm of an interleaved A/B (`path` and its siblings of the same name but
     the run's number: plain-1.json, plain-2.json, ...): Chronos's and PostgreSQL's cores, and the firers'

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 from chronos.domain.cells import CellPartition, Fence, Forward
 from chronos.domain.delivery import DeliveryError
 from chronos.domain.model import Announced, Claimed, Overview, Parked, Row, Stale, Throttled
-from chronos.domain.moves import Change, MoveRecord, MovingRow
+from chronos.domain.moves import Change, MoveRecord, MovingRow, Woken
 from chronos.domain.operators import (HELD_WITHIN_MS, Filters, Listed, Message, ParkedFilters, ParkedMessage,
                                       ParkedRecord, ParkedRef, Position, Schedule)
 from chronos.domain.ratelimit import FireRateLimits
@@ -461,9 +461,10 @@ class MoveStore(StoreHandle, Protocol):
         """Delete the dormant copies of these ids: how many."""
         ...
 
-    def wake(self, partition: int, until_us: int | None, limit: int) -> int:
+    def wake(self, partition: int, until_us: int | None, limit: int, after: int | None = None) -> Woken:
         """Make up to `limit` of the partition's dormant rows due up to `until_us` (None: any) waiting, the
-        earliest first: how many."""
+        earliest first, from `after` on (the `resume` of the last call; None: from the first). A row put dormant
+        behind `after` meanwhile is found only by a call from the first."""
         ...
 
     def live_firers(self, hold_ms: int) -> int:

@@ -102,6 +102,14 @@ class MoveRecord:
     lease_age_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class Woken:
+    """What one batch of a move's wake did: how many rows it woke, and where the next batch starts (the last
+    one's dormant mark; None when there was none)."""
+    count: int
+    resume: int | None
+
+
 @dataclass
 class Pace:
     """How fast a move's rows go: `rate` rows a second on average (0: as fast as the databases go), so that the

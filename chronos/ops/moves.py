@@ -272,14 +272,31 @@ class Mover:
         source.shipped(p)
         moved.schedules = len(shipped)
         soon = target.db_clock_us() + self.settings.near_ms * 1000
-        while (woken := target.wake(p, soon, self.settings.batch)):
-            moved.woken += woken
+        moved.woken += self._wake(target, p, soon, self.settings.batch)
         target.seq_at_least(source.seq_position())
         moved.epoch = epoch + 1
         target.open_partitions([p], moved.epoch)
         moved.cut_over_s = self.clock() - started
         self.say(f"partition {p}: cut over to cell {moved.target} at epoch {moved.epoch} in {moved.cut_over_s:.2f}s "
                  f"({moved.handed:,} rows handed over, {moved.schedules:,} schedules)")
+
+    @staticmethod
+    def _wake(target: CellStore, p: int, until_us: int | None, limit: int,
+              each: Callable[[int], None] | None = None) -> int:
+        """Wake the partition's dormant rows due up to `until_us`, `limit` at a time, each batch from where the
+        last ended (a batch from the first would walk over every row woken before it); then from the first
+        again until nothing is left, for a row a batch passed over. How many; `each` after every batch."""
+        woken, after = 0, None
+        while True:
+            batch = target.wake(p, until_us, limit, after)
+            if batch.count == 0:
+                if after is None:
+                    return woken
+                after = None
+                continue
+            woken, after = woken + batch.count, batch.resume
+            if each is not None:
+                each(batch.count)
 
     def finish(self, moved: Moved, record: MoveRecord, target: CellStore) -> None:
         """FINISHING: the rest of the dormant rows woken, earliest first; the source's frozen rows of the
@@ -299,10 +316,10 @@ class Mover:
                 until = source.db_clock_us() + self.settings.near_ms * 1000
                 while source.drop_due(p, until, self.settings.batch) == self.settings.batch:
                     pass
-        while (woken := target.wake(p, None, chunk)):
-            moved.woken += woken
+        def woke(count: int) -> None:
             clean()
-            self._paced(pace, woken)
+            self._paced(pace, count)
+        moved.woken += self._wake(target, p, None, chunk, woke)
         while cursor is not None:
             cursor = source.drop_scan(p, cursor, chunk)
             if cursor is not None:

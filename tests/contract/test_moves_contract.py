@@ -113,13 +113,30 @@ def test_rows_put_dormant_wait_for_the_move_to_wake_them_and_a_message_of_the_ta
     assert s.drop_copies(["later", "mine", "nothing"]) == 1
     assert backend.ids() == {"mine", "due", "other"}
     # woken: up to a deadline, that partition's only
-    assert s.wake(1, now, 100) == 1
+    assert s.wake(1, now, 100).count == 1
     (claimed,) = s.claim(10, 0)
     assert (claimed.id, claimed.seq) == ("due", 70)
-    assert s.wake(2, None, 100) == 1 and [c.id for c in s.claim(10, 0)] == ["other"]
+    assert s.wake(2, None, 100).count == 1 and [c.id for c in s.claim(10, 0)] == ["other"]
     # put live: waiting at once
     assert s.put([moving("live", now - 500, seq=3)], dormant=False) == 1
     assert [c.id for c in s.claim(10, 0)] == ["live"]
+
+
+def test_a_wake_goes_on_from_where_the_last_batch_ended_and_from_the_first_finds_a_row_put_behind_it(s, backend):
+    t = backend.now_us() + HOUR
+    assert s.put([moving(f"d{i}", t + i * 1000) for i in range(5)], dormant=True) == 5
+    first = s.wake(1, None, 2)
+    assert first.count == 2 and first.resume is not None
+    # a row put dormant behind where the batches stand: passed over from there, found from the first
+    assert s.put([moving("behind", t - 1000)], dormant=True) == 1
+    second = s.wake(1, None, 2, first.resume)
+    assert second.count == 2 and second.resume is not None and second.resume > first.resume
+    assert s.wake(1, None, 2, second.resume).count == 1
+    assert s.wake(1, None, 2, second.resume) == s.wake(2, None, 2) == type(first)(0, None)
+    assert s.present(["behind", "d4"]) == {"behind": True, "d4": False}  # still dormant (held by the move)
+    assert s.wake(1, None, 2).count == 1
+    assert s.present(["behind"]) == {"behind": False}
+    assert s.wake(1, None, 2) == type(first)(0, None)
 
 
 def test_a_consumers_cancel_or_replace_reaches_a_dormant_row(s, backend):

@@ -13,7 +13,7 @@ import pytest
 from chronos.adapters.memory import ManualClock, MemoryDatabase, MemoryStore, MemoryTakes
 from chronos.domain.cells import MOVING, CellMapError, CellPartition as P
 from chronos.domain.model import Row
-from chronos.domain.moves import COPYING, CUTTING_OVER, FINISHING, MOVE_NODE, MoveBusy, MoveError, share_for
+from chronos.domain.moves import COPYING, CUTTING_OVER, FINISHING, MOVE_NODE, MoveBusy, MoveError, Woken, share_for
 from chronos.ops.moves import MoveSettings, Mover
 
 HOUR = 3_600_000_000
@@ -347,3 +347,21 @@ def test_a_new_cells_share_is_taken_from_those_that_own_the_most():
     assert share_for({"a": list(range(8))}, "b") == [(7, "a"), (6, "a"), (5, "a"), (4, "a")]
     assert share_for({"a": [0, 1, 2], "b": [3]}, "b") == [(2, "a")]
     assert share_for({"a": [0], "b": [1]}, "c") == []
+
+
+def test_the_wake_goes_on_from_each_batchs_end_then_from_the_first_until_nothing_is_left():
+    """Each batch starts where the last ended (from the first, it would walk over every row woken before it in
+    PostgreSQL's in-flight index), and the wake ends only on a batch from the first that finds nothing: a row a
+    batch passed over is still woken."""
+    answers = [Woken(2, 10), Woken(2, 20), Woken(0, None), Woken(1, 5), Woken(0, None), Woken(0, None)]
+    asked: list[int | None] = []
+
+    class Target:
+        def wake(self, partition: int, until_us: int | None, limit: int, after: int | None = None) -> Woken:
+            asked.append(after)
+            return answers[len(asked) - 1]
+
+    batches: list[int] = []
+    assert Mover._wake(Target(), 1, None, 2, batches.append) == 5  # type: ignore[arg-type]
+    assert asked == [None, 10, 20, None, 5, None]
+    assert batches == [2, 2, 1]

@@ -67,7 +67,8 @@ class Recorded:
                                for i in range(far)], [], [])
         self.calls: list[tuple[str, float, int]] = []
         self.stores: dict[str, Any] = {c: MemoryStore(db) for c, db in self.dbs.items()}
-        for name, size in (("put", lambda rows, **k: len(rows)), ("wake", lambda p, until, limit: limit if until is None else 0),
+        for name, size in (("put", lambda rows, **k: len(rows)),
+                           ("wake", lambda p, until, limit, after=None: limit if until is None else 0),
                            ("drop_scan", lambda p, cursor, rows: rows)):
             for cell, store in self.stores.items():
                 self._record(cell, store, name, size)

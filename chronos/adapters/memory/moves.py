@@ -11,7 +11,8 @@ from typing import Callable, Sequence
 from chronos.adapters.memory.base import MemoryHandle
 from chronos.adapters.memory.database import MoveState, StoredRow
 from chronos.domain.cells import MOVING, OPEN, CellPartition
-from chronos.domain.moves import COPYING, DORMANT_FROM_US, MOVE_NODE, Change, MoveRecord, MovingRow, dormant_mark_us
+from chronos.domain.moves import (COPYING, DORMANT_FROM_US, MOVE_NODE, Change, MoveRecord, MovingRow, Woken,
+                                  dormant_mark_us)
 
 _GONE = -1  # the number of the change of a row no longer in the partition
 
@@ -216,15 +217,17 @@ class MemoryMoves(MemoryHandle):
                                  if mid in self.db.rows and self.db.rows[mid].readied_by == MOVE_NODE])
         return self._run(run)
 
-    def wake(self, partition: int, until_us: int | None, limit: int) -> int:
-        def run(now: int) -> int:
+    def wake(self, partition: int, until_us: int | None, limit: int, after: int | None = None) -> Woken:
+        def run(now: int) -> Woken:
             bound = dormant_mark_us(until_us) if until_us is not None else None
             dormant = sorted((r for r in self._rows_of(partition) if r.readied_by == MOVE_NODE
-                              and r.readied_us is not None and (bound is None or r.readied_us <= bound)),
+                              and r.readied_us is not None and (bound is None or r.readied_us <= bound)
+                              and (after is None or r.readied_us >= after)),
                              key=lambda r: (r.readied_us, r.seq))[:limit]
+            resume = dormant[-1].readied_us if dormant else None
             for r in dormant:
                 r.readied_us, r.readied_by, r.ctid = None, None, self.db.new_ctid()
-            return len(dormant)
+            return Woken(len(dormant), resume)
         return self._run(run)
 
     def live_firers(self, hold_ms: int) -> int:

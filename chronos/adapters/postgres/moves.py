@@ -22,7 +22,7 @@ import psycopg
 from chronos.adapters.postgres.connection import one
 from chronos.adapters.postgres.queries import QUERIES
 from chronos.adapters.postgres.session import Session
-from chronos.domain.moves import DORMANT_FROM_US, MOVE_NODE, Change, MoveRecord, MovingRow, dormant_mark_us
+from chronos.domain.moves import DORMANT_FROM_US, MOVE_NODE, Change, MoveRecord, MovingRow, Woken, dormant_mark_us
 from chronos.errors import CellsUnsupported
 
 #: Blocks of the table a copy or a deletion reads per call (8 kB each) at most, whatever rows they hold.
@@ -234,11 +234,12 @@ class MoveStatements(Session):
         return self._run(lambda c: self._execute(c, QUERIES["move_drop_copies"], {
             "ids": list(ids), "node": MOVE_NODE}).rowcount)
 
-    def wake(self, partition: int, until_us: int | None, limit: int) -> int:
+    def wake(self, partition: int, until_us: int | None, limit: int, after: int | None = None) -> Woken:
         until = dormant_mark_us(until_us) if until_us is not None else dormant_mark_us(253_402_300_799_999_999)
-        return self._run(lambda c: self._execute(c, QUERIES["move_wake"], {
-            "partition": partition, "from": _ts(DORMANT_FROM_US), "until": _ts(until), "node": MOVE_NODE,
-            "limit": limit}).rowcount)
+        count, last = self._run(lambda c: one(self._execute(c, QUERIES["move_wake"], {
+            "partition": partition, "from": _ts(max(DORMANT_FROM_US, after or 0)), "until": _ts(until),
+            "node": MOVE_NODE, "limit": limit})))
+        return Woken(count, None if last is None else (last - _EPOCH) // timedelta(microseconds=1))
 
     def live_firers(self, hold_ms: int) -> int:
         return self._run(lambda c: one(self._execute(c, QUERIES["live_firers"], {"hold_ms": hold_ms}))[0])

@@ -1180,13 +1180,22 @@ WHERE m.readied_by = %(node)s::uuid;
 DELETE FROM chronos_messages WHERE id = ANY(%(ids)s::text[]) AND readied_by = %(node)s::uuid;
 
 -- name: move_wake
--- The partition's dormant rows due up to `until` (its mark), made waiting, deadline first, a batch at a time.
-UPDATE chronos_messages SET readied_at = NULL, readied_by = NULL
-WHERE ctid = ANY(ARRAY(SELECT ctid FROM chronos_messages
-                       WHERE readied_at >= %(from)s::timestamptz AND readied_at <= %(until)s::timestamptz
-                         AND readied_by = %(node)s::uuid AND input_partition = %(partition)s
-                       ORDER BY readied_at
-                       LIMIT %(limit)s));
+-- The partition's dormant rows due up to `until` (its mark), made waiting, deadline first, a batch at a time,
+-- from `from` on: how many, and the last one's mark, where the next batch starts. The rows woken before stay in
+-- the in-flight index until vacuum, so a batch that started from the first mark again would walk over them all.
+WITH picked AS MATERIALIZED (
+    SELECT ctid, readied_at FROM chronos_messages
+    WHERE readied_at >= %(from)s::timestamptz AND readied_at <= %(until)s::timestamptz
+      AND readied_by = %(node)s::uuid AND input_partition = %(partition)s
+    ORDER BY readied_at
+    LIMIT %(limit)s
+), woken AS (
+    UPDATE chronos_messages SET readied_at = NULL, readied_by = NULL
+    WHERE ctid = ANY(ARRAY(SELECT ctid FROM picked)) AND readied_by = %(node)s::uuid
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM woken),
+       (SELECT max(readied_at) FROM picked);
 
 -- name: live_firers
 -- The firers of this cell whose lease is younger than the hold time.

@@ -83,8 +83,8 @@ HOT_SCHEMA = (
     "CREATE INDEX chronos_messages_due ON chronos_messages (deadline, seq) WHERE cron IS NULL",
     "DROP INDEX chronos_messages_topic",
     "CREATE INDEX chronos_messages_topic ON chronos_messages (topic, deadline, seq) WHERE topic IS NOT NULL",
-    "DROP INDEX chronos_messages_key",
-    "CREATE INDEX chronos_messages_key ON chronos_messages USING hash (key) WHERE key IS NOT NULL",
+    "DROP INDEX chronos_messages_key_hash",
+    "CREATE INDEX chronos_messages_key_hash ON chronos_messages (hashtext(encode(key, 'hex'))) WHERE key IS NOT NULL",
 )
 # A schema with one index for the due rows: the share index alone, every claim a claim of slices
 # (`--claims shares`), so a written row updates one index for its deadline instead of two.
@@ -127,8 +127,8 @@ LEASE_DELETE = ("DELETE FROM chronos_messages AS m USING unnest(%(ctids)s::tid[]
                 "WHERE m.ctid = f.ctid AND m.id IS NOT DISTINCT FROM f.id")
 
 # (c) Fewer index entries per row, each measured apart, with today's claim:
-# the key's hash index dropped (an operator's `chronos list --key` would need it only where it is asked for);
-NO_KEY_INDEX = ("DROP INDEX chronos_messages_key",)
+# the index of the key's hash dropped (an operator's `chronos list --key` would need it only where it is asked for);
+NO_KEY_INDEX = ("DROP INDEX chronos_messages_key_hash",)
 # the primary key on the enqueue order (a sequence: every insert lands on the right-most leaf) instead of
 # the random text id; the id gets a hash index (4 bytes an entry) for cancel, replace and show, and the
 # consumer asks it for the batch's ids before the COPY (PRECHECK): idempotency by lookup, not by a unique
@@ -162,7 +162,7 @@ def bucket_schema(count: int) -> tuple[str, ...]:
 # index (no due index, no in-flight index: no row is ever in flight in the table; no key hash index). And the
 # lease's read on that schema: the claim that deletes still writes a lock record per row (FOR UPDATE, so that
 # a peer's claim skips the row) beside its delete, the lease's read none.
-LEAN = ("DROP INDEX chronos_messages_due", "DROP INDEX chronos_messages_readied", "DROP INDEX chronos_messages_key")
+LEAN = ("DROP INDEX chronos_messages_due", "DROP INDEX chronos_messages_readied", "DROP INDEX chronos_messages_key_hash")
 
 # (e) The due index alone dropped, as a migration of Chronos's schema could drop it (the key's hash index kept for
 # the operators' searches, the in-flight index for the claim that stamps): a firer's claim of its own slices reads

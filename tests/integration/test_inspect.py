@@ -81,7 +81,7 @@ def forge_statistics(conn) -> None:
                  "VALUES ('seed', now() + interval '1 year', 'seed', 't.seed', 'seed')")
     for rel, rows in (("chronos_messages", FAKE_ROWS), ("chronos_messages_pkey", FAKE_ROWS),
                       ("chronos_messages_due", FAKE_ROWS), ("chronos_messages_topic", FAKE_ROWS // 100),
-                      ("chronos_messages_key", FAKE_ROWS), ("chronos_messages_ordering", FAKE_ROWS // 100),
+                      ("chronos_messages_key_hash", FAKE_ROWS), ("chronos_messages_ordering", FAKE_ROWS // 100),
                       ("chronos_messages_readied", 1000), ("chronos_messages_schedules", 1000)):
         pages = conn.execute("SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::int",
                              (rel,)).fetchone()[0]
@@ -93,6 +93,10 @@ def forge_statistics(conn) -> None:
         conn.execute("SELECT pg_restore_attribute_stats('schemaname', 'public', 'relname', 'chronos_messages', "
                      "'attname', %s::text, 'inherited', false, 'null_frac', %s::real, 'avg_width', 16, "
                      "'n_distinct', %s::real)", (column, null_frac, n_distinct))
+    # the key's hash, as ANALYZE gathers it for the expression the key's index holds: nearly unique too
+    conn.execute("SELECT pg_restore_attribute_stats('schemaname', 'public', 'relname', 'chronos_messages_key_hash', "
+                 "'attname', 'hashtext', 'inherited', false, 'null_frac', 0::real, 'avg_width', 4, "
+                 "'n_distinct', -0.9::real)")
 
 
 def plan(conn, f: Filters, after: str | tuple[int, int] | None = None) -> str:
@@ -115,7 +119,7 @@ LATER = datetime(2030, 1, 1, tzinfo=timezone.utc)
     (Filters(due_before=LATER, state="waiting"), "chronos_messages_due"),
     (Filters(topic="t.other"), "chronos_messages_topic"),
     (Filters(output_topic=True, state="waiting"), "chronos_messages_due"),
-    (Filters(key=b"customer-17"), "chronos_messages_key"),
+    (Filters(key=b"customer-17"), "chronos_messages_key_hash"),
     (Filters(ordering_key="invoice-9"), "chronos_messages_ordering"),
     (Filters(id_prefix="order-17"), "chronos_messages_pkey"),
     (Filters(id_prefix="order-", state="waiting", key=b"k"), "chronos_messages_"),
@@ -131,8 +135,9 @@ def test_every_list_filter_is_served_by_an_index_on_ten_million_rows(database_ur
         assert "Seq Scan" not in p, p
         assert index in p, p
         # the first page costs next to nothing: no sort of every match (a sort or a scan of 10M rows
-        # costs 100,000 and more in the planner's units)
+        # costs 100,000 and more in the planner's units; the key's B-tree, of two pages for ten million
+        # forged rows, about 1,600 for its one match)
         total = float(re.match(r"^\S.*?cost=[0-9.]+\.\.([0-9.]+) ", p).group(1))
-        assert total < 1000, p
+        assert total < 5000, p
     if f.id_prefix == "order-17":
         assert "Index Cond: ((id >= 'order-17'::text) AND (id < 'order-18'::text))" in text, text

@@ -670,7 +670,7 @@ AND (%(due_after)s::timestamptz IS NULL OR deadline > %(due_after)s)
 AND (%(due_before)s::timestamptz IS NULL OR deadline < %(due_before)s)
 AND (%(not_at)s::timestamptz IS NULL OR deadline <> %(not_at)s)
 AND (%(topic)s::text IS NULL OR topic = %(topic)s) AND (NOT %(output_topic)s::bool OR topic IS NULL)
-AND (%(key)s::bytea IS NULL OR key = %(key)s)
+AND (%(key)s::bytea IS NULL OR (hashtext(encode(key, 'hex')) = hashtext(encode(%(key)s::bytea, 'hex')) AND key = %(key)s))
 AND (%(ordering_key)s::text IS NULL OR ordering_key = %(ordering_key)s)
 
 -- fragment: deadline_page

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import statistics
 import time
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import psycopg
 
+from benchmarks.harness.report import code_version, machine_info
 from chronos.adapters.postgres.migrations import migrate
 from chronos.adapters.postgres.store import Store
 from chronos.domain.model import Row
@@ -101,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.stop()
     result = {"date": date.today().isoformat(), "rows": args.rows, "batch": args.batch,
-              "command": "python -m benchmarks.hot_key " + " ".join(argv),
+              "command": "python -m benchmarks.hot_key " + " ".join(argv), "machine": machine_info(),
+              "code": code_version(), "load_average_1m": round(os.getloadavg()[0], 2),
               "arms": {arm: summary(runs) for arm, runs in took.items()}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -15,3 +15,4 @@ def test_each_index_and_kind_of_key_is_run_and_reported(tmp_path):
     for arm in result["arms"].values():
         assert arm["rounds"] == 2 and arm["total_s"] > 0 and arm["first_tenth_batch_ms"] > 0
     assert result["command"].startswith("python -m benchmarks.hot_key --rows 400")
+    assert result["code"]["git_commit"] and result["machine"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import psycopg
 
@@ -40,6 +40,8 @@ _TRIGGERS = (*_WATCH, "freeze")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
+
+T = TypeVar("T")
 
 def _ts(us: int) -> datetime:
     return _EPOCH + timedelta(microseconds=us)
@@ -80,22 +82,31 @@ class MoveStatements(Session):
     def end_move(self, partition: int) -> None:
         self._run(lambda c: self._execute(c, QUERIES["move_end"], {"partition": partition}))
 
+    def _locking(self, body: Callable[[psycopg.Connection], T], *, by_itself: bool = False) -> T | None:
+        """`body` in one transaction whose locks are waited for the short lock timeout at most (`by_itself`: one
+        of the move's own statements, neither noted nor held back); None when one was not had within it."""
+        def run(conn: psycopg.Connection) -> T:
+            with conn.transaction():
+                if by_itself:
+                    conn.execute(QUERIES["move_by_itself"])
+                conn.execute(QUERIES["move_lock_timeout"], {"ms": LOCK_TIMEOUT_MS})
+                return body(conn)
+        try:
+            return self._run(run)
+        except psycopg.errors.LockNotAvailable:
+            return None
+
     def _ddl(self, partition: int, names: Sequence[tuple[str, str]], lock: str, queue: bool) -> bool:
         """The triggers' statements (name, trigger) for the partition in one transaction, the table's lock `lock`
         taken first, if free at once (or with `queue`, within the short lock timeout); False when it was not."""
         p = int(partition)  # put into the statement, not bound: an integer only
 
         def run(conn: psycopg.Connection) -> bool:
-            try:
-                with conn.transaction():
-                    conn.execute(QUERIES["move_lock_timeout"], {"ms": LOCK_TIMEOUT_MS})
-                    conn.execute(QUERIES[lock if queue else f"{lock}_now"])
-                    for name, trigger in names:
-                        conn.execute(QUERIES[name].format(partition=p, trigger=trigger))
-                    return True
-            except psycopg.errors.LockNotAvailable:
-                return False
-        return self._run(run)
+            conn.execute(QUERIES[lock if queue else f"{lock}_now"])
+            for name, trigger in names:
+                conn.execute(QUERIES[name].format(partition=p, trigger=trigger))
+            return True
+        return self._locking(run) is not None
 
     def watch(self, partition: int, *, queue: bool = False) -> bool:
         # the freeze too, inert while the partition is open here (migration 14): the cut-over changes no trigger
@@ -106,19 +117,14 @@ class MoveStatements(Session):
         p = int(partition)
 
         def run(conn: psycopg.Connection) -> Any:
-            try:
-                with conn.transaction():
-                    conn.execute(QUERIES["move_lock_timeout"], {"ms": LOCK_TIMEOUT_MS})
-                    if not one(conn.execute(QUERIES["move_has_freeze"], {"name": f"chronos_move_{p}_freeze"}))[0]:
-                        # not made with a watch: made now, under the table's lock (the table before the map, as
-                        # the consumers' writes take them)
-                        conn.execute(QUERIES["move_freeze"].format(partition=p))
-                    conn.execute(QUERIES["cell_map_lock"])  # the consumers' writes that checked their fence end
-                    return conn.execute(QUERIES["move_close"], {"partition": p}).fetchone() or ()
-            except psycopg.errors.LockNotAvailable:
-                return False
-        found = self._run(run)
-        if found is False:
+            if not one(conn.execute(QUERIES["move_has_freeze"], {"name": f"chronos_move_{p}_freeze"}))[0]:
+                # not made with a watch: made now, under the table's lock (the table before the map, as the
+                # consumers' writes take them)
+                conn.execute(QUERIES["move_freeze"].format(partition=p))
+            conn.execute(QUERIES["cell_map_lock"])  # the consumers' writes that checked their fence end
+            return conn.execute(QUERIES["move_close"], {"partition": p}).fetchone() or ()
+        found = self._locking(run)
+        if found is None:
             return None
         if not found:
             raise LookupError(f"this cell does not list partition {partition}")
@@ -162,20 +168,13 @@ class MoveStatements(Session):
     def hand_over(self, partition: int, until_us: int, limit: int,
                   put: Callable[[Sequence[MovingRow]], object]) -> int | None:
         def run(conn: psycopg.Connection) -> int:
-            with conn.transaction():
-                conn.execute(QUERIES["move_by_itself"])
-                conn.execute(QUERIES["move_lock_timeout"], {"ms": LOCK_TIMEOUT_MS})
-                rows = [_row(r) for r in conn.execute(QUERIES["move_near"], {
-                    "partition": partition, "until": _ts(until_us), "limit": limit})]
-                if not rows:
-                    return 0
-                put(rows)
-                return conn.execute(QUERIES["move_take"], {"partition": partition,
-                                                           "ids": [r.id for r in rows]}).rowcount
-        try:
-            return self._run(run)
-        except psycopg.errors.LockNotAvailable:
-            return None
+            rows = [_row(r) for r in conn.execute(QUERIES["move_near"], {
+                "partition": partition, "until": _ts(until_us), "limit": limit})]
+            if not rows:
+                return 0
+            put(rows)
+            return conn.execute(QUERIES["move_take"], {"partition": partition, "ids": [r.id for r in rows]}).rowcount
+        return self._locking(run, by_itself=True)
 
     def _by_itself(self, statement: str, params: dict[str, Any]) -> psycopg.Cursor:
         """One of the move's own statements, in a transaction of its own, neither noted nor held back."""

@@ -16,8 +16,10 @@ other cells' partitions flow on. A hung cell does not hold up the poll for the s
 CELL_PATIENCE_S more is given up as well, its write left to end on its cell's thread (a write that ends well
 after all is written again, idempotently, when its messages are read again). Its database is asked the time
 until it answers, then its partitions are resumed and read again from there. The consumer leaves its group
-for such a cell only once the hold time has passed and another consumer of the group has committed on one
-of the cell's partitions since: it alone cannot reach a cell that the others reach."""
+for such a cell only once the hold time has passed and another consumer of the group has reached the cell
+since, as it says in the cells this one reaches (chronos.roles.consumer.reach), or has committed on one of the
+cell's partitions: it alone cannot reach a cell that the others reach. A cell down for every consumer has its
+partitions paused in each, and no one leaves."""
 
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from chronos.ports import InputMessage as Message
 from chronos.roles.consumer.forwards import Forwarder
 from chronos.roles.consumer.group import POSTGRES, Group, OutOfReach
 from chronos.roles.consumer.moving import MovingPartitions, TopicPartition, rewind
+from chronos.roles.consumer.reach import Reach
 from chronos.roles.consumer.sorting import CANCEL, REPLACE, Batch, sort_batch
 from chronos.roles.consumer.writer import Stored, Unreached, Writer
 from chronos.runtime.backoff import Backoff
@@ -119,6 +122,7 @@ class Cells:
         self.forwards = Forwarder(writers, self.threads, self.down, clock)
         self.patience = min(CELL_PATIENCE_S, settings.database_timeout_ms / 1000.0)
         self.pinging: dict[str, Future] = {}  # the loop thread's: each cell's idle probe under way
+        self.reach = Reach(writers, self.threads, clock)  # the loop thread's: which cells the group reaches
 
     def load(self) -> bool:
         """Read the map at start and hold the input topic to it (CellMapError, or CellsUnsupported, to stop
@@ -314,7 +318,7 @@ class Cells:
     def look_after(self) -> None:
         """Ask each cell that does not answer the time, now and then, on its thread; resume its partitions once
         it answers. Raises `OutOfReach` once one has not answered for the hold time while another consumer of
-        the group committed on its partitions since it went down: that one reaches it."""
+        the group reached it since it went down (`leave_if_others_reach`)."""
         now = self.clock()
         for cell, down in list(self.down.items()):
             writer = self.writers[cell]
@@ -333,11 +337,27 @@ class Cells:
                 down.probe = None
             if down.probe is None and now >= down.next_probe:
                 down.probe = self.threads[cell].submit(writer.store.db_clock_us)
-            if not down.checked and now - down.since >= self.settings.hold_time_ms / 1000.0:
-                down.checked = True
-                mine = self.map.partitions_of(cell) if self.map is not None and self.map.owners else None
-                if self.group.others_serve(down.others_before, mine):
-                    raise OutOfReach(f"{POSTGRES} of cell {cell}", now - down.since, 1.0)
+            if now - down.since >= self.settings.hold_time_ms / 1000.0:
+                self.leave_if_others_reach(cell, down, now)
+
+    def leave_if_others_reach(self, cell: str, down: Down, now: float) -> None:
+        """`OutOfReach` if another consumer of the group reached `cell` since this one lost it: it said so in a
+        cell this one reaches (`Reach`), or, looked at once, it committed on one of the cell's partitions."""
+        after = self.reach.others_reached(cell, down.since)
+        if after is not None:
+            log.warning("another consumer of group %s reached cell %s %.1fs after this one lost it: this one "
+                        "alone cannot reach it", self.settings.consumer_group, cell, after)
+            raise OutOfReach(f"{POSTGRES} of cell {cell}", now - down.since, 1.0)
+        if not down.checked:
+            down.checked = True
+            mine = self.map.partitions_of(cell) if self.map is not None and self.map.owners else None
+            if self.group.others_serve(down.others_before, mine):
+                log.warning("another consumer of group %s committed on the partitions of cell %s since this one "
+                            "lost it: this one alone cannot reach it", self.settings.consumer_group, cell)
+                raise OutOfReach(f"{POSTGRES} of cell {cell}", now - down.since, 1.0)
+            log.warning("cell %s has not answered for the hold time, and no other consumer of group %s has reached "
+                        "it since: staying in the group, its partitions paused (no other consumer could write them); "
+                        "leaving it once another does", cell, self.settings.consumer_group)
 
     def forget_down(self) -> None:
         """Out of the group: nothing is paused any more (the partitions are the others' until it rejoins, then

@@ -286,6 +286,31 @@ def test_a_consumer_alone_cut_off_from_a_cell_that_another_reaches_leaves_the_gr
             assert c.input.group == ["subscribe"]
 
 
+def test_a_consumer_that_left_for_a_cell_reads_its_paused_partitions_again_once_back_in_the_group(caplog):
+    """The client keeps a partition's pause through leaving the group and joining it again (as librdkafka does):
+    what the consumer paused, for the cell it left for and for a move, is resumed as it leaves, or the partitions
+    assigned back to it on rejoining would never be read again."""
+    caplog.set_level("WARNING", logger="chronos.consumer")
+    clock = Clock()
+    with CellsConsumer(clock=clock) as c:
+        assert c.input is not None
+        c.input.group_offsets = {}
+        c.stores["a"].close_partitions([1])  # moving: paused until a cell opens it
+        c.input.feed([msg("held", 1, 0)])
+        wait_for(lambda: c.input.paused, "partition 1 paused")
+        c.dbs["b"].unavailable = "connection refused"
+        c.input.feed([msg("b3", 3, 40)])
+        wait_for(lambda: ("in", 3) in c.input.paused, "cell b's partition paused")
+        assert c.input.paused == {("in", 1), ("in", 3)}
+        MemoryStore(c.dbs["a"], node_id=uuid.uuid4()).note_reach("chronos", {"a": 0, "b": 0})  # another reaches b
+        clock.advance(c.settings.hold_time_ms / 1000.0 + 0.1)
+        wait_for(lambda: c.input.group[-1] == "unsubscribe", "the consumer to leave the group")
+        c.dbs["b"].unavailable = None
+        wait_for(lambda: c.input.group[-1] == "subscribe", "the consumer to rejoin once cell b answers")
+        assert c.input.group == ["subscribe", "unsubscribe", "subscribe"]
+        assert c.input.paused == set()
+
+
 def test_a_partition_moving_for_long_is_said_in_the_log(caplog):
     caplog.set_level("WARNING", logger="chronos.consumer")
     clock = Clock()

@@ -19,7 +19,8 @@ until it answers, then its partitions are resumed and read again from there. The
 for such a cell only once the hold time has passed and another consumer of the group has reached the cell
 since, as it says in the cells this one reaches (chronos.roles.consumer.reach), or has committed on one of the
 cell's partitions: it alone cannot reach a cell that the others reach. A cell down for every consumer has its
-partitions paused in each, and no one leaves."""
+partitions paused in each, and no one leaves. Leaving, it resumes every partition it paused: the client keeps a
+pause through leaving the group and joining it again."""
 
 from __future__ import annotations
 
@@ -360,8 +361,13 @@ class Cells:
                         "leaving it once another does", cell, self.settings.consumer_group)
 
     def forget_down(self) -> None:
-        """Out of the group: nothing is paused any more (the partitions are the others' until it rejoins, then
-        read from their last commit)."""
+        """Leaving the group: every partition paused for a cell that does not answer, or for a move, resumed, and
+        nothing followed any more (the partitions are the others' until it rejoins, then read from their last
+        commit). The client keeps a partition's pause through leaving the group and joining it again: one paused
+        here and assigned back on rejoining would never be read again, by this consumer or any other."""
+        paused = [tp for down in self.down.values() for tp in down.rewound] + list(self.moving.rewound)
+        if paused:
+            self.group.consumer.resume_partitions(paused)
         self.down.clear()
         self.moving.forget()
 

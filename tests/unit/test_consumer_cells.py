@@ -14,7 +14,7 @@ from confluent_kafka import KafkaError
 from chronos.adapters.kafka.clients import OutageLog
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.domain.cells import CellMapError
-from chronos.errors import StoreRejected
+from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.runtime.process import Lifecycle
 from chronos.telemetry.metrics import ConsumerTelemetry
 from chronos.roles.consumer import ConsumerProcess
@@ -58,6 +58,20 @@ class Hangs(MapReadsCounted):
             return super().note_reach(*args, **kwargs)
         finally:
             self.notes += 1
+
+    probes_held: threading.Event | None = None  # set to an event: the time is asked only once it is set
+    asked = failed = 0  # the times asked, and of those the ones that failed
+
+    def db_clock_us(self):
+        self.asked += 1
+        held = self.probes_held
+        if held is not None:
+            assert held.wait(30), "never let through"
+        try:
+            return super().db_clock_us()
+        except StoreUnavailable:
+            self.failed += 1
+            raise
 
 
 class CellsConsumer:
@@ -284,6 +298,99 @@ def test_a_consumer_alone_cut_off_from_a_cell_that_another_reaches_leaves_the_gr
             c.input.feed([msg("a0", 0, 10)])
             wait_for(lambda: c.input.commits, "cell a's partitions flowing")
             assert c.input.group == ["subscribe"]
+
+
+@pytest.mark.parametrize("answers", [True, False], ids=["the-cell-is-back-for-all", "it-alone-cannot-reach-it"])
+def test_a_consumer_leaves_for_a_cell_another_reaches_only_once_its_own_try_since_failed(caplog, answers):
+    """A failover that ends brings the cell back for every consumer, one of them first: the others do not leave
+    the group for it on that one's word, but ask the cell themselves (here the try under way, held until the
+    word is read, then again at once) and leave only if a try begun after the word fails."""
+    caplog.set_level("WARNING", logger="chronos.consumer")
+    clock = Clock()
+    with CellsConsumer(clock=clock) as c:
+        assert c.input is not None
+        c.input.group_offsets = {}  # no other consumer commits anywhere
+        wait_for(lambda: c.cell_stores["a"].notes, "the consumer's first word in cell a")
+        c.dbs["b"].unavailable = "connection refused"
+        c.input.feed([msg("b3", 3, 40)])
+        wait_for(lambda: c.input.paused, "cell b's partition paused")
+        held = c.cell_stores["b"].probes_held = threading.Event()
+        clock.advance(c.settings.hold_time_ms / 1000.0 + 0.1)  # past the hold time; the next probe asked, held
+        wait_for(lambda: logged(caplog, "cell b has not answered for the hold time"), "the stay said")
+        MemoryStore(c.dbs["a"], node_id=uuid.uuid4()).note_reach("chronos", {"a": 0, "b": 0})  # the other's word
+        for more in (1, 2):  # the second word said once the first's answer was taken in, and looked at
+            notes = c.cell_stores["a"].notes
+            clock.advance(1.0)
+            wait_for(lambda: c.cell_stores["a"].notes > notes, f"word {more} in cell a since the other's")
+        assert c.input.group == ["subscribe"]  # the probe under way has not failed since
+        if answers:
+            c.dbs["b"].unavailable = None
+        held.set()
+        if answers:
+            wait_for(lambda: logged(caplog, "cell b answers again after"), "cell b's partitions resumed")
+            assert c.input.paused == set() and c.input.group == ["subscribe"]
+        else:
+            wait_for(lambda: c.input.group[-1] == "unsubscribe", "the consumer to leave the group")
+            assert logged(caplog, "after this one lost it, and this one has not reached it since: this one alone "
+                                  "cannot reach it")
+
+
+def test_a_consumer_whose_tries_hang_leaves_once_the_hold_time_has_passed_since_another_reached_the_cell(caplog):
+    """On a network that drops this host's packets to the cell, a try hangs for seconds (here for good): the
+    consumer leaves once another has reached the cell the hold time ago, this one still waiting for an answer."""
+    caplog.set_level("WARNING", logger="chronos.consumer")
+    clock = Clock()
+    with CellsConsumer(clock=clock) as c:
+        assert c.input is not None
+        c.input.group_offsets = {}
+        b = c.cell_stores["b"]
+        wait_for(lambda: c.cell_stores["a"].notes, "the consumer's first word in cell a")
+        c.dbs["b"].unavailable = "connection refused"
+        c.input.feed([msg("b3", 3, 40)])
+        wait_for(lambda: c.input.paused and b.failed, "cell b's partition paused, and its first try failed")
+        held = b.probes_held = threading.Event()  # every try from now on hangs
+        MemoryStore(c.dbs["a"], node_id=uuid.uuid4()).note_reach("chronos", {"a": 0, "b": 0})  # the other's word
+        notes = c.cell_stores["a"].notes
+        clock.advance(1.1)
+        wait_for(lambda: c.cell_stores["a"].notes > notes, "the other's word read in cell a")
+        clock.advance(c.settings.hold_time_ms / 1000.0)
+        wait_for(lambda: c.input.group[-1] == "unsubscribe", "the consumer to leave the group")
+        assert logged(caplog, "cannot reach PostgreSQL of cell b for 6.1s")
+        held.set()
+
+
+def test_a_try_begun_after_the_first_word_of_another_reaching_the_cell_counts_not_only_after_the_latest(caplog):
+    """The others say every second that they reach the cell: the try that counts is one begun after the first
+    word since this consumer lost the cell (here held, then failed), or one that hangs for seconds would never
+    count."""
+    caplog.set_level("WARNING", logger="chronos.consumer")
+    clock = Clock()
+    with CellsConsumer(clock=clock) as c:
+        assert c.input is not None
+        c.input.group_offsets = {}
+        b = c.cell_stores["b"]
+        wait_for(lambda: c.cell_stores["a"].notes, "the consumer's first word in cell a")
+        c.dbs["b"].unavailable = "connection refused"
+        c.input.feed([msg("b3", 3, 40)])
+        wait_for(lambda: c.input.paused and b.failed, "cell b's partition paused, and its first try failed")
+        held = b.probes_held = threading.Event()
+        MemoryStore(c.dbs["a"], node_id=uuid.uuid4()).note_reach("chronos", {"a": 0, "b": 0})  # the other's word
+        notes, asked = c.cell_stores["a"].notes, b.asked
+        clock.advance(1.1)
+        wait_for(lambda: c.cell_stores["a"].notes > notes, "the other's word read in cell a")
+        clock.advance(0.5)  # past the backoff of the first try, whenever its failure was taken in
+        wait_for(lambda: b.asked > asked, "a try asked, held")
+        failed, b.probes_held = b.failed, threading.Event()  # the next try hangs for good
+        held.set()
+        wait_for(lambda: b.failed > failed, "the held try failed")
+        notes = c.cell_stores["a"].notes
+        clock.advance(c.settings.hold_time_ms / 1000.0 - 2.0)  # the other's word read again, later
+        wait_for(lambda: c.cell_stores["a"].notes > notes, "the other's word read again")
+        clock.advance(1.0)  # past the hold time
+        wait_for(lambda: c.input.group[-1] == "unsubscribe", "the consumer to leave the group at the hold time")
+        assert logged(caplog, "after this one lost it, and this one has not reached it since: this one alone "
+                              "cannot reach it")
+        b.probes_held.set()
 
 
 def test_a_consumer_that_left_for_a_cell_reads_its_paused_partitions_again_once_back_in_the_group(caplog):

@@ -4,9 +4,10 @@ there how long ago the other consumers of its group last said they reached each 
 own thread, so that it also reaches that cell, whichever partitions the consumer holds.
 
 A consumer cut off from a cell reads, in the cells it still reaches, whether another consumer has reached that
-cell since it lost it: then it alone cannot reach the cell, and it leaves its group so that the others take the
-cell's partitions. When none has (the cell is down, or cut off from every consumer), it stays: leaving would
-hand the partitions to consumers that cannot write them either, and the group would rebalance for nothing."""
+cell since it lost it: then it asks the cell again, and if that fails too, it alone cannot reach the cell, and it
+leaves its group so that the others take the cell's partitions. When none has (the cell is down, or cut off from
+every consumer), it stays: leaving would hand the partitions to consumers that cannot write them either, and the
+group would rebalance for nothing."""
 
 from __future__ import annotations
 

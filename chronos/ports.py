@@ -220,6 +220,13 @@ class IntakeStore(StoreHandle, Presence, Protocol):
         cells); CellsUnsupported on a schema before cells (version 11)."""
         ...
 
+    def note_reach(self, group: str, reached_ms: Mapping[str, int]) -> dict[str, int] | None:
+        """With cells: this consumer (the store's node) of consumer group `group` says here that it reached each
+        cell of `reached_ms` that many milliseconds ago; returns, for each cell another consumer of the group
+        said here that it reached, how many milliseconds ago the latest one did. None on a schema without
+        chronos_consumer_reach (before version 16)."""
+        ...
+
     def park(self, messages: Sequence[Parked]) -> None: ...
 
     def waiting_ids(self, ids: Iterable[str]) -> set[str]: ...

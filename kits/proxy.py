@@ -60,7 +60,9 @@ class FreezableProxy:
         self.pairs[client], self.pairs[upstream] = upstream, client
 
     def _pump(self, sock: socket.socket) -> None:
-        other = self.pairs[sock]
+        other = self.pairs.get(sock)
+        if other is None:  # closed with its pair, earlier in the same round of select
+            return
         try:
             data = sock.recv(65536)
             if data:

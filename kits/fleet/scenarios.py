@@ -21,9 +21,10 @@ and, not a partition, `rolling_upgrade`: g) a rolling upgrade from the previous 
 the upgrade page's blocks (docs/operations/upgrading.md).
 
 On a fleet of two cells (`Fleet(..., cells=2)`), the scenarios of one cell: `primary_cut(cell=...)` cuts off that
-cell's primary, `primary_kill` kills it outright; each row also gives the latest delivery of each cell's messages
-due during the fault (`max_lateness_during_fault_by_cell_s`), the other cells' being the ones that must stay on
-time.
+cell's primary, `primary_kill` kills it outright, `host_cut(peers=<cell>)` cuts a Chronos host off from that cell
+only, `partition_move` moves an input partition to another cell with `chronos cells move` run on a host; each row
+also gives the latest delivery of each cell's messages due during the fault
+(`max_lateness_during_fault_by_cell_s`), the other cells' being the ones that must stay on time.
 """
 
 from __future__ import annotations
@@ -35,10 +36,16 @@ import time
 from typing import Any, Callable
 
 import orjson
+import psycopg
 
+from chronos.adapters.postgres.store import Store
+from chronos.domain.cells import OPEN
+from chronos.domain.model import Row
+from chronos.domain.moves import MOVE_NODE
 from chronos.roles.firer.held import PUBLISHABLE_SHARE
 from kits.figures import percentiles
 from kits.fleet import ROOT, ChronosHost, Fleet, FleetError, page_blocks, wait
+from kits.stack import http_get
 from kits.traffic import Load, Reader, reread
 from kits.verdicts import LATE_S, Fault, Report, analyse, longest_pause
 
@@ -328,6 +335,16 @@ class FleetScenario:
                 late[cell] = max(late.get(cell, 0.0), min(self.reader.arrivals[m]) - s.due)
         return {cell: round(value, 2) for cell, value in sorted(late.items())}
 
+    def delivered_within(self, sent_from: float, delivered_by: float) -> dict[str, int]:
+        """With cells: how many of each cell's messages sent from `sent_from` on were delivered by `delivered_by`
+        (what a cell's partitions let through while a host was cut off from it, say)."""
+        assert self.load is not None and self.reader is not None
+        counts: dict[str, int] = {cell: 0 for cell in self.fleet.cells}
+        for m, s in self.load.sent.items():
+            if s.produced >= sent_from and m in self.reader.arrivals and min(self.reader.arrivals[m]) < delivered_by:
+                counts[self.fleet.cell_of(s.partition)] += 1
+        return counts
+
     def lateness_p99(self) -> float | None:
         """The 99th percentile of every delivered message's first delivery after its due time (seconds)."""
         if self.load is None or self.reader is None:
@@ -411,12 +428,18 @@ def primary_cut(fleet: Fleet, *, cut_s: float = 60.0, rate: float = 300, warmup:
 
 
 def host_cut(fleet: Fleet, *, cut_s: float = 60.0, rate: float = 300, warmup: float = 5.0, peers: str = "all",
-             host: str = "chronos-1") -> ScenarioResult:
+             host: str = "chronos-1", rejoin_s: float = 8.0) -> ScenarioResult:
     """b), c), d): a Chronos host cut off from everything (`peers` "all"), from PostgreSQL only ("db": every
-    member of every cell) or from Kafka only ("kafka")."""
-    names = {"all": None, "db": [m for db in fleet.cells.values() for m in db.members], "kafka": ["kafka-1"]}[peers]
-    label = {"all": "b) a Chronos host cut off", "db": "c) a Chronos host cut off from PostgreSQL",
-             "kafka": "d) a Chronos host cut off from Kafka"}[peers]
+    member of every cell) or from Kafka only ("kafka"); with cells, from one cell only (`peers` the cell's name:
+    every member of its cluster), the row then counting each cell's messages sent during the cut and delivered
+    before the heal. The load runs on `rejoin_s` after the heal, while the host takes its work up again."""
+    if peers in fleet.cells:
+        names: list[str] | None = list(fleet.cells[peers].members)
+        label = f"a Chronos host cut off from cell {peers}"
+    else:
+        names = {"all": None, "db": [m for db in fleet.cells.values() for m in db.members], "kafka": ["kafka-1"]}[peers]
+        label = {"all": "b) a Chronos host cut off", "db": "c) a Chronos host cut off from PostgreSQL",
+                 "kafka": "d) a Chronos host cut off from Kafka"}[peers]
     other = next(h for h in fleet.chronos if h.name != host)
     with FleetScenario(fleet, label, rate=rate, watch_inside=host) as sc:
         _steady(warmup)
@@ -426,10 +449,85 @@ def host_cut(fleet: Fleet, *, cut_s: float = 60.0, rate: float = 300, warmup: fl
         time.sleep(max(0.0, fault_at + cut_s - time.time()))
         heal_at = fleet.heal(host)
         sc.fault(f"{host} cut off from {peers} {cut_s:.0f} s", fault_at, heal_at)
-        time.sleep(8)  # the host rejoins: its consumer takes partitions again, its firer claims again
+        time.sleep(rejoin_s)  # the host rejoins: its consumer takes partitions again, its firer claims again
         report = sc.finish()
-        row = sc.row(report, fault_at=fault_at, heal_at=heal_at, extra={"status_during": status_during})
+        extra: dict[str, Any] = {"status_during": status_during}
+        if peers in fleet.cells:
+            extra["sent_during_cut_delivered_before_heal_by_cell"] = sc.delivered_within(fault_at, heal_at)
+        row = sc.row(report, fault_at=fault_at, heal_at=heal_at, extra=extra)
     return report, row
+
+
+def assigned(fleet: Fleet, host: ChronosHost, program: str = "consumer_00") -> set[int]:
+    """The input partitions a consumer says are its own (its lag gauge, sampled every 5 s), asked from the client
+    host; none when it does not answer."""
+    with fleet.net.inside("client"):
+        status, body = http_get(f"http://{host.address}:{host.metrics_port(program)}/metrics", 2.0)
+    found = re.findall(r'^chronos_consumer_lag_messages\{[^}]*partition="(\d+)"', body.decode(errors="replace"), re.M)
+    return {int(p) for p in found} if status == 200 else set()
+
+
+def holder_of(fleet: Fleet, partitions: set[int], timeout: float = 30.0) -> ChronosHost:
+    """The Chronos host whose one consumer holds every one of `partitions` (with two consumers and the range
+    assignor, one holds the first half of the partitions and the other the second), once it says so."""
+    return wait(lambda: next((h for h in fleet.chronos if partitions <= assigned(fleet, h)), None), timeout,
+                f"a consumer holding partitions {sorted(partitions)}")
+
+
+# `chronos cells move` on a host, as the databases' owner: the owner's settings over the host's, as `chronos migrate`
+# runs in docs/operations/host-install.md (a move makes triggers on the table)
+MOVE = ("(set -a; . /etc/chronos/env; . /etc/chronos/owner.env; set +a; "
+        "exec runuser -u chronos -- /opt/chronos/venv/bin/chronos cells move --partition {partition} --to {to})")
+
+
+def rows_of(fleet: Fleet, partition: int) -> dict[str, int]:
+    """Each cell's rows of an input partition not held by a move (none dormant), asked from the client host."""
+    counts = {}
+    with fleet.net.inside("client"):
+        for cell, db in fleet.cells.items():
+            with psycopg.connect(db.url(), connect_timeout=5) as conn:
+                counts[cell] = conn.execute("SELECT count(*) FROM chronos_messages WHERE input_partition = %s AND "
+                                            "readied_by IS DISTINCT FROM %s", (partition, MOVE_NODE)).fetchone()[0]
+    return counts
+
+
+def partition_move(fleet: Fleet, *, partition: int, to: str, rate: float = 300, warmup: float = 5.0,
+                   far: int = 2000, settle: float = 5.0, host: str = "chronos-1") -> ScenarioResult:
+    """A cell's input partition moved to another cell under load by `chronos cells move`, run on a Chronos host,
+    with `far` far-future rows in it: they are all in the new cell afterwards, none left behind."""
+    source = next(cell for cell in fleet.cells if partition in cell_partitions(fleet, cell))
+    with fleet.net.inside("client"):
+        store = Store(fleet.cells[source].url())
+        try:
+            later = time.time_ns() // 1000 + 30 * 86_400_000_000
+            store.apply([Row(f"far-{partition}-{i}", later + i, None, b"k", b"far", b"", None, partition)
+                         for i in range(far)], [], [])
+        finally:
+            store.close()
+    with FleetScenario(fleet, f"input partition {partition} moved from cell {source} to cell {to}", rate=rate) as sc:
+        _steady(warmup)
+        began = time.time()
+        done = fleet.hosts.on(host, MOVE.format(partition=partition, to=to), timeout=120.0, check=False)
+        ended = time.time()
+        sc.fault(f"partition {partition} moved from cell {source} to cell {to} by {host}", began, ended)
+        if done.returncode != 0:
+            raise FleetError(f"chronos cells move failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+        _steady(settle)
+        report = sc.finish()
+        row = sc.row(report, fault_at=began, heal_at=ended, extra={
+            "move_s": round(ended - began, 1), "move_said": done.stdout.splitlines(),
+            "rows_after_by_cell": rows_of(fleet, partition)})
+    return report, row
+
+
+def cell_partitions(fleet: Fleet, cell: str) -> list[int]:
+    """The input partitions a cell lists now (its map), asked from the client host."""
+    with fleet.net.inside("client"):
+        store = Store(fleet.cells[cell].url())
+        try:
+            return [p.partition for p in store.cell_partitions() if p.state == OPEN]
+        finally:
+            store.close()
 
 
 def primary_kill(fleet: Fleet, *, cell: str = "cell1", rate: float = 300, warmup: float = 5.0,

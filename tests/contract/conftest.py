@@ -99,6 +99,10 @@ class Backend:
         """Every move's lease renewed `seconds` earlier than it was (a move whose runner died)."""
         raise NotImplementedError
 
+    def age_reach(self, seconds: float) -> None:
+        """Every consumer's word of the cells it reached said `seconds` earlier than it was."""
+        raise NotImplementedError
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -179,6 +183,9 @@ class PostgresBackend(Backend):
     def age_moves(self, seconds: float) -> None:
         self._q("UPDATE chronos_cell_moves SET seen_at = seen_at - %s * interval '1 second'", seconds)
 
+    def age_reach(self, seconds: float) -> None:
+        self._q("UPDATE chronos_consumer_reach SET reached_at = reached_at - %s * interval '1 second'", seconds)
+
     def close(self) -> None:
         for st in self.opened:
             st.close()
@@ -248,6 +255,9 @@ class MemoryBackend(Backend):
     def age_moves(self, seconds: float) -> None:
         for move in self.db.moves.values():
             move.seen_us -= round(seconds * 1_000_000)
+
+    def age_reach(self, seconds: float) -> None:
+        self.db.reach = {key: at - round(seconds * 1_000_000) for key, at in self.db.reach.items()}
 
     def close(self) -> None:
         pass

@@ -185,3 +185,24 @@ def test_a_paused_partition_is_not_read_until_resumed_and_a_seek_reads_it_again(
     consumer.resume_partitions([(topic, 0)])
     assert [m.value() for m in read(consumer, 4)] == [b"v1", b"v2", b"v3", b"v4"]
     consumer.close()
+
+
+def test_a_paused_partition_stays_paused_through_leaving_the_group_and_joining_it_again_until_resumed(cluster):
+    topic = cluster.topic(partitions=1)
+    publish(cluster.producer(), topic, [(b"k", b"v0", [])])
+    consumer = cluster.consumer()
+    consumer.subscribe([topic], on_lost=lambda *_: None)
+    assert [m.value() for m in read(consumer, 1)] == [b"v0"]
+    consumer.pause_partitions([(topic, 0)])
+    consumer.unsubscribe()
+    consumer.subscribe([topic], on_lost=lambda *_: None)
+    publish(cluster.producer(), topic, [(b"k", b"v1", [])])
+    deadline = time.monotonic() + TIMEOUT
+    while 0 not in consumer.ends():  # the partition assigned back
+        assert time.monotonic() < deadline, "never assigned back"
+        assert [m for m in consumer.consume(num_messages=10, timeout=0.2) if m.error() is None] == []
+    for _ in range(5):  # a second of polls more: still paused
+        assert [m for m in consumer.consume(num_messages=10, timeout=0.2) if m.error() is None] == []
+    consumer.resume_partitions([(topic, 0)])
+    assert [m.value() for m in read(consumer, 2)] == [b"v0", b"v1"]  # nothing committed: from the start
+    consumer.close()

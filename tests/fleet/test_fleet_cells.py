@@ -1,18 +1,21 @@
 """Two cells on the fleet, each a Patroni cluster of its own (db-1 and db-2 for cell1, db-3 and db-4 for cell2),
 the Chronos hosts installed against both as the install page's Cells section says, under load: a cell's primary
-killed outright, a cell's primary cut off. Each time nothing acknowledged is lost or published early, no program
-needs supervisord to restart it, and the other cell's messages are delivered on time meanwhile."""
+killed outright, a cell's primary cut off, a Chronos host cut off from one cell only, an input partition moved to
+the other cell. Each time nothing acknowledged is lost or published early, no program needs supervisord to
+restart it, and the other cell's messages are delivered on time meanwhile. The move comes last: the others count
+on the first assignment of the partitions."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from kits.fleet import ROOT, Fleet, page_blocks
-from kits.fleet.scenarios import primary_cut, primary_kill
-from test_partitions import RATE, verdict
+from kits.fleet.scenarios import holder_of, host_cut, partition_move, primary_cut, primary_kill
+from test_partitions import DB_TIMEOUT_S, RATE, TAKEOVER_S, verdict
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(600)]
 
@@ -22,6 +25,8 @@ INSTALL = ROOT / "docs" / "operations" / "host-install.md"
 # load's own jitter on this shared machine reaches a second; held up by the other cell, it would wait for the
 # statement's deadline (5 s) or for the failover (over 20 s)
 ON_TIME_S = 2.5
+# a moving partition's messages are delivered this late at most: it pauses for the cut-over only
+MOVED_LATE_S = 5.0
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +70,46 @@ def test_a_cells_primary_cut_off_its_standby_takes_over_and_the_other_cell_stays
     assert row["old_primary_rejoined_after_heal_s"] is not None, row
     on_time(row, "cell1")
 
+
+
+def test_a_chronos_host_cut_off_from_one_cell_leaves_that_cells_partitions_to_the_other_host(fleet, fault_report):
+    """The host whose consumer holds both of cell2's partitions (so that no other consumer commits there) is cut
+    off from cell2's cluster only: its consumer leaves the group once the other host's consumer has said, in
+    cell1, that it reaches cell2, and that one then writes cell2's messages, as the other host's cell2 firer
+    fires the rows the cut-off host's held; cell1's messages stay on time."""
+    holder = holder_of(fleet, {2, 3})
+    other = next(h for h in fleet.chronos if h is not holder)
+    said_before = {h.name: len(h.log("consumer_00")) for h in fleet.chronos}
+    report, row = host_cut(fleet, cut_s=15.0, rate=RATE, peers="cell2", host=holder.name, warmup=3.0, rejoin_s=2.0)
+    fault_report(report)
+    verdict(report, row)
+    late = row["max_lateness_during_fault_by_cell_s"]
+    # a write under way when the cut began gives up at its deadline, then the hold time, then the rebalance
+    assert late["cell2"] < TAKEOVER_S + DB_TIMEOUT_S, late
+    on_time(row, "cell1")
+    # cell2's messages sent during the cut reach cell2 through the other host's consumer only: some were
+    # delivered before the heal
+    assert row["sent_during_cut_delivered_before_heal_by_cell"]["cell2"] > 0, row
+    said = holder.log("consumer_00")[said_before[holder.name]:]
+    assert re.search(r"another consumer of group \S+ reached cell cell2 [\d.]+s after this one lost it", said), said
+    assert "left consumer group" in said and "rejoining consumer group" in said, said
+    assert "left consumer group" not in other.log("consumer_00")[said_before[other.name]:]
+    words = [word for _, word in row["health"][f"{holder.name}/consumer_00"]]
+    assert any(re.search(r"postgres of cell cell2", word, re.I) for word in words), words  # says which cell
+
+
+def test_a_partition_moved_to_the_other_cell_under_load_loses_nothing_and_fires_nothing_early(fleet, fault_report):
+    """`chronos cells move` on a Chronos host, as the databases' owner, moves input partition 3 with its far-future
+    rows from cell2 to cell1 while the load runs: nothing lost or early, no message published more often than the
+    consumer group's rebalances explain (none by both cells), the far-future rows all in cell1."""
+    report, row = partition_move(fleet, partition=3, to="cell1", rate=RATE, warmup=3.0, settle=2.0)
+    fault_report(report)
+    assert report.lost == [] and report.early == [], report.line()
+    assert report.duplicates == 0, (report.line(), sorted(report.duplicated_ids)[:5])
+    assert row["restarted_programs"] == {}, row
+    assert any("partition 3 is in cell cell1" in line for line in row["move_said"]), row["move_said"]
+    rows = row["rows_after_by_cell"]
+    assert rows["cell2"] == 0 and rows["cell1"] >= 2000, rows
+    late = row["max_lateness_during_fault_by_cell_s"]  # by the first assignment: partitions 2 and 3 as cell2's
+    assert late["cell2"] < MOVED_LATE_S, late
+    on_time(row, "cell1")

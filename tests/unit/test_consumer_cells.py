@@ -14,6 +14,7 @@ from confluent_kafka import KafkaError
 from chronos.adapters.kafka.clients import OutageLog
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.domain.cells import CellMapError
+from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.runtime.process import Lifecycle
 from chronos.telemetry.metrics import ConsumerTelemetry
 from chronos.roles.consumer import ConsumerProcess
@@ -37,9 +38,10 @@ class Hangs(MapReadsCounted):
     """A cell's store whose writes hang while `hung` is set (a frozen server: no answer, no error), until
     released."""
 
-    def __init__(self, db):
-        super().__init__(db)
+    def __init__(self, db, node_id=None):
+        super().__init__(db, node_id=node_id)
         self.hung = threading.Event()
+        self.notes = 0  # the consumer's words of the cells it reaches, said here
         self.released = threading.Event()
         self.writes_ended = 0
 
@@ -50,6 +52,26 @@ class Hangs(MapReadsCounted):
             return super().apply(*args, **kwargs)
         finally:
             self.writes_ended += 1
+
+    def note_reach(self, *args, **kwargs):
+        try:
+            return super().note_reach(*args, **kwargs)
+        finally:
+            self.notes += 1
+
+    probes_held: threading.Event | None = None  # set to an event: the time is asked only once it is set
+    asked = failed = 0  # the times asked, and of those the ones that failed
+
+    def db_clock_us(self):
+        self.asked += 1
+        held = self.probes_held
+        if held is not None:
+            assert held.wait(30), "never let through"
+        try:
+            return super().db_clock_us()
+        except StoreUnavailable:
+            self.failed += 1
+            raise
 
 
 class CellsConsumer:
@@ -71,10 +93,11 @@ class CellsConsumer:
             self.input = FakeConsumer(on_commit, snapshot=self.rows)
             return self.input, OutageLog("test consumer")
         # each cell's store is its writer's; the test reads and moves the map through handles of its own
-        self.cell_stores = {cell: Hangs(db) for cell, db in self.dbs.items()}
+        self.node = uuid.uuid4()
+        self.cell_stores = {cell: Hangs(db, self.node) for cell, db in self.dbs.items()}
         self.proc = ConsumerProcess(self.settings, self.life, store=self.cell_stores["a"],
                                     producers=self.publisher.factory(), consumers=consumers,
-                                    telemetry=ConsumerTelemetry(uuid.uuid4(), self.settings),
+                                    telemetry=ConsumerTelemetry(self.node, self.settings),
                                     watchers=lambda: self.input, cells=self.cell_stores, clock=clock)
         self.thread = threading.Thread(target=self.proc.run)
 
@@ -211,6 +234,188 @@ def test_the_consumer_leaves_the_group_only_when_another_reaches_the_cell_it_can
             c.input.feed([msg("a0", 0, 10)])
             wait_for(lambda: c.input.commits, "cell a's partitions flowing")
             assert c.input.group == ["subscribe"]
+
+
+def test_each_consumer_says_in_every_cell_it_reaches_which_cells_it_reaches():
+    with CellsConsumer() as c:
+        wait_for(lambda: all(len(db.reach) == 2 for db in c.dbs.values()), "each cell told that it reaches both")
+        assert {key[:2] for db in c.dbs.values() for key in db.reach} == {("chronos", c.node)}
+        c.dbs["b"].unavailable = "connection refused"
+        notes = c.cell_stores["a"].notes
+        wait_for(lambda: c.cell_stores["a"].notes >= notes + 2, "two more words in cell a, a second apart")
+        said = {cell: at for (_, _, cell), at in c.dbs["a"].reach.items()}
+        # cell a says that it reached a just now, and b no later than before b went down, a second ago at least
+        assert said["a"] - said["b"] > 900_000, said
+
+
+def test_a_cell_that_refuses_the_word_of_the_cells_reached_is_said_once_and_its_writes_go_on(caplog):
+    caplog.set_level("WARNING", logger="chronos.consumer")
+    c = CellsConsumer()
+    refused = []
+
+    def refuse(group, reached):
+        refused.append(reached)
+        raise StoreRejected("permission denied for table chronos_consumer_reach")
+    c.cell_stores["b"].note_reach = refuse
+    with c:
+        assert c.input is not None
+        wait_for(lambda: len(refused) >= 2, "the word said twice, a second apart")
+        c.input.feed([msg("b2", 2, 30)])
+        wait_for(lambda: c.input.commits, "cell b's partition written and committed")
+        assert c.rows()["b"] == ["b2"]
+    assert sum("cell b refuses this consumer's word" in r.message for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("other_says,leaves", [({"a": 0, "b": 0}, True), ({"a": 0}, False),
+                                               ({"a": 0, "b": 60_000}, False)],
+                         ids=["another-consumer-reaches-the-cell", "the-cell-is-down-for-all",
+                              "the-other-reached-it-before-it-went-down"])
+def test_a_consumer_alone_cut_off_from_a_cell_that_another_reaches_leaves_the_group(caplog, other_says, leaves):
+    """This consumer holds every partition of cell b, so no other consumer commits there: what the others say in
+    cell a, which it reaches, decides."""
+    caplog.set_level("WARNING", logger="chronos.consumer")
+    clock = Clock()
+    with CellsConsumer(clock=clock) as c:
+        assert c.input is not None
+        c.input.group_offsets = {}  # no other consumer commits anywhere
+        wait_for(lambda: c.cell_stores["a"].notes, "the consumer's first word in cell a")
+        c.dbs["b"].unavailable = "connection refused"
+        c.input.feed([msg("b3", 3, 40)])
+        wait_for(lambda: c.input.paused, "cell b's partition paused")
+        MemoryStore(c.dbs["a"], node_id=uuid.uuid4()).note_reach("chronos", other_says)  # the other consumer's word
+        MemoryStore(c.dbs["a"], node_id=uuid.uuid4()).note_reach("another group", {"b": 0})  # not of its group
+        notes, reads = c.cell_stores["a"].notes, c.input.progress_reads
+        clock.advance(c.settings.hold_time_ms / 1000.0 + 0.1)
+        wait_for(lambda: c.cell_stores["a"].notes > notes and c.input.progress_reads > reads,
+                 "cell a read and the others' progress looked at past the hold time")
+        if leaves:
+            wait_for(lambda: c.input.group[-1] == "unsubscribe", "the consumer to leave the group")
+            wait_for(lambda: logged(caplog, "cannot reach PostgreSQL of cell b for"), "the leaving said")  # just after
+            assert logged(caplog, "another consumer of group chronos reached cell b 5.1s after this one lost it")
+        else:
+            wait_for(lambda: logged(caplog, "cell b has not answered for the hold time, and no other consumer of "
+                                            "group chronos has reached it since: staying in the group"), "the stay said")
+            c.input.feed([msg("a0", 0, 10)])
+            wait_for(lambda: c.input.commits, "cell a's partitions flowing")
+            assert c.input.group == ["subscribe"]
+
+
+@pytest.mark.parametrize("answers", [True, False], ids=["the-cell-is-back-for-all", "it-alone-cannot-reach-it"])
+def test_a_consumer_leaves_for_a_cell_another_reaches_only_once_its_own_try_since_failed(caplog, answers):
+    """A failover that ends brings the cell back for every consumer, one of them first: the others do not leave
+    the group for it on that one's word, but ask the cell themselves (here the try under way, held until the
+    word is read, then again at once) and leave only if a try begun after the word fails."""
+    caplog.set_level("WARNING", logger="chronos.consumer")
+    clock = Clock()
+    with CellsConsumer(clock=clock) as c:
+        assert c.input is not None
+        c.input.group_offsets = {}  # no other consumer commits anywhere
+        wait_for(lambda: c.cell_stores["a"].notes, "the consumer's first word in cell a")
+        c.dbs["b"].unavailable = "connection refused"
+        c.input.feed([msg("b3", 3, 40)])
+        wait_for(lambda: c.input.paused, "cell b's partition paused")
+        held = c.cell_stores["b"].probes_held = threading.Event()
+        clock.advance(c.settings.hold_time_ms / 1000.0 + 0.1)  # past the hold time; the next probe asked, held
+        wait_for(lambda: logged(caplog, "cell b has not answered for the hold time"), "the stay said")
+        MemoryStore(c.dbs["a"], node_id=uuid.uuid4()).note_reach("chronos", {"a": 0, "b": 0})  # the other's word
+        for more in (1, 2):  # the second word said once the first's answer was taken in, and looked at
+            notes = c.cell_stores["a"].notes
+            clock.advance(1.0)
+            wait_for(lambda: c.cell_stores["a"].notes > notes, f"word {more} in cell a since the other's")
+        assert c.input.group == ["subscribe"]  # the probe under way has not failed since
+        if answers:
+            c.dbs["b"].unavailable = None
+        held.set()
+        if answers:
+            wait_for(lambda: logged(caplog, "cell b answers again after"), "cell b's partitions resumed")
+            assert c.input.paused == set() and c.input.group == ["subscribe"]
+        else:
+            wait_for(lambda: c.input.group[-1] == "unsubscribe", "the consumer to leave the group")
+            assert logged(caplog, "after this one lost it, and this one has not reached it since: this one alone "
+                                  "cannot reach it")
+
+
+def test_a_consumer_whose_tries_hang_leaves_once_the_hold_time_has_passed_since_another_reached_the_cell(caplog):
+    """On a network that drops this host's packets to the cell, a try hangs for seconds (here for good): the
+    consumer leaves once another has reached the cell the hold time ago, this one still waiting for an answer."""
+    caplog.set_level("WARNING", logger="chronos.consumer")
+    clock = Clock()
+    with CellsConsumer(clock=clock) as c:
+        assert c.input is not None
+        c.input.group_offsets = {}
+        b = c.cell_stores["b"]
+        wait_for(lambda: c.cell_stores["a"].notes, "the consumer's first word in cell a")
+        c.dbs["b"].unavailable = "connection refused"
+        c.input.feed([msg("b3", 3, 40)])
+        wait_for(lambda: c.input.paused and b.failed, "cell b's partition paused, and its first try failed")
+        held = b.probes_held = threading.Event()  # every try from now on hangs
+        MemoryStore(c.dbs["a"], node_id=uuid.uuid4()).note_reach("chronos", {"a": 0, "b": 0})  # the other's word
+        notes = c.cell_stores["a"].notes
+        clock.advance(1.1)
+        wait_for(lambda: c.cell_stores["a"].notes > notes, "the other's word read in cell a")
+        clock.advance(c.settings.hold_time_ms / 1000.0)
+        wait_for(lambda: c.input.group[-1] == "unsubscribe", "the consumer to leave the group")
+        assert logged(caplog, "cannot reach PostgreSQL of cell b for 6.1s")
+        held.set()
+
+
+def test_a_try_begun_after_the_first_word_of_another_reaching_the_cell_counts_not_only_after_the_latest(caplog):
+    """The others say every second that they reach the cell: the try that counts is one begun after the first
+    word since this consumer lost the cell (here held, then failed), or one that hangs for seconds would never
+    count."""
+    caplog.set_level("WARNING", logger="chronos.consumer")
+    clock = Clock()
+    with CellsConsumer(clock=clock) as c:
+        assert c.input is not None
+        c.input.group_offsets = {}
+        b = c.cell_stores["b"]
+        wait_for(lambda: c.cell_stores["a"].notes, "the consumer's first word in cell a")
+        c.dbs["b"].unavailable = "connection refused"
+        c.input.feed([msg("b3", 3, 40)])
+        wait_for(lambda: c.input.paused and b.failed, "cell b's partition paused, and its first try failed")
+        held = b.probes_held = threading.Event()
+        MemoryStore(c.dbs["a"], node_id=uuid.uuid4()).note_reach("chronos", {"a": 0, "b": 0})  # the other's word
+        notes, asked = c.cell_stores["a"].notes, b.asked
+        clock.advance(1.1)
+        wait_for(lambda: c.cell_stores["a"].notes > notes, "the other's word read in cell a")
+        clock.advance(0.5)  # past the backoff of the first try, whenever its failure was taken in
+        wait_for(lambda: b.asked > asked, "a try asked, held")
+        failed, b.probes_held = b.failed, threading.Event()  # the next try hangs for good
+        held.set()
+        wait_for(lambda: b.failed > failed, "the held try failed")
+        notes = c.cell_stores["a"].notes
+        clock.advance(c.settings.hold_time_ms / 1000.0 - 2.0)  # the other's word read again, later
+        wait_for(lambda: c.cell_stores["a"].notes > notes, "the other's word read again")
+        clock.advance(1.0)  # past the hold time
+        wait_for(lambda: c.input.group[-1] == "unsubscribe", "the consumer to leave the group at the hold time")
+        assert logged(caplog, "after this one lost it, and this one has not reached it since: this one alone "
+                              "cannot reach it")
+        b.probes_held.set()
+
+
+def test_a_consumer_that_left_for_a_cell_reads_its_paused_partitions_again_once_back_in_the_group(caplog):
+    """The client keeps a partition's pause through leaving the group and joining it again (as librdkafka does):
+    what the consumer paused, for the cell it left for and for a move, is resumed as it leaves, or the partitions
+    assigned back to it on rejoining would never be read again."""
+    caplog.set_level("WARNING", logger="chronos.consumer")
+    clock = Clock()
+    with CellsConsumer(clock=clock) as c:
+        assert c.input is not None
+        c.input.group_offsets = {}
+        c.stores["a"].close_partitions([1])  # moving: paused until a cell opens it
+        c.input.feed([msg("held", 1, 0)])
+        wait_for(lambda: c.input.paused, "partition 1 paused")
+        c.dbs["b"].unavailable = "connection refused"
+        c.input.feed([msg("b3", 3, 40)])
+        wait_for(lambda: ("in", 3) in c.input.paused, "cell b's partition paused")
+        assert c.input.paused == {("in", 1), ("in", 3)}
+        MemoryStore(c.dbs["a"], node_id=uuid.uuid4()).note_reach("chronos", {"a": 0, "b": 0})  # another reaches b
+        clock.advance(c.settings.hold_time_ms / 1000.0 + 0.1)
+        wait_for(lambda: c.input.group[-1] == "unsubscribe", "the consumer to leave the group")
+        c.dbs["b"].unavailable = None
+        wait_for(lambda: c.input.group[-1] == "subscribe", "the consumer to rejoin once cell b answers")
+        assert c.input.group == ["subscribe", "unsubscribe", "subscribe"]
+        assert c.input.paused == set()
 
 
 def test_a_partition_moving_for_long_is_said_in_the_log(caplog):

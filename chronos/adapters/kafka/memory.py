@@ -153,7 +153,8 @@ class MemoryProducer:
 
 class MemoryConsumer:
     """An `InputConsumer` on a `MemoryKafka`: a member of its group once subscribed, reading its
-    partitions from the group's committed offsets."""
+    partitions from the group's committed offsets. A partition paused stays paused until resumed, through
+    leaving the group and joining it again, as librdkafka's does."""
 
     def __init__(self, kafka: MemoryKafka, on_commit: Callable | None = None):
         self.kafka, self.on_commit = kafka, on_commit
@@ -168,13 +169,13 @@ class MemoryConsumer:
             self.topics, self.on_lost = list(topics), on_lost
             if self not in self.kafka.members:
                 self.kafka.members.append(self)
-            self.positions, self.paused = {}, set()
+            self.positions = {}
 
     def unsubscribe(self) -> None:
         with self.kafka.lock:
             if self in self.kafka.members:
                 self.kafka.members.remove(self)
-            self.topics, self.positions, self.paused = [], {}, set()
+            self.topics, self.positions = [], {}
 
     def lose(self) -> None:
         """The group's session times out: the member leaves the group, and its next `consume` says so to
@@ -182,7 +183,7 @@ class MemoryConsumer:
         with self.kafka.lock:
             self.lost = [Lost(t, p) for t, p in self.kafka.assignment(self)]
             self.kafka.members.remove(self)
-            self.positions, self.paused = {}, set()
+            self.positions = {}
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[MemoryMessage]:
         with self.kafka.lock:

@@ -148,6 +148,8 @@ class MemoryDatabase:
         self.outbox: dict[int, list[StoredRow]] = {}  # a moving partition's schedules: chronos_cell_move_outbox
         self.seq_last = 0                         # the last enqueue order given
         self.forwards: dict[str, tuple[str, int]] = {}  # id -> (action, noted): chronos_cell_forwards
+        # (consumer group, node, cell) -> when the node last reached the cell, as it said here: chronos_consumer_reach
+        self.reach: dict[tuple[str, uuid.UUID, str], int] = {}
         self._noted = itertools.count(1)
         self.unavailable: str | None = None       # set: every statement fails with StoreUnavailable(this)
         self._seq = itertools.count(1)

@@ -4,7 +4,7 @@ cells), messages parked, which late ids are waiting, the input partitions this c
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from chronos.adapters.memory.base import MemoryHandle
 from chronos.adapters.memory.database import StoredRow
@@ -117,6 +117,26 @@ class MemoryIntake(MemoryHandle):
                 if self.db.forwards.get(f.id, (None, None))[1] == f.noted:
                     del self.db.forwards[f.id]
         self._run(run)
+
+    def note_reach(self, group: str, reached_ms: Mapping[str, int]) -> dict[str, int] | None:
+        """`ports.IntakeStore.note_reach`: said at the database's time less each age, never moved back; the
+        rows not renewed for a day dropped."""
+        assert self.node_id is not None, "a consumer's store has its node"
+        node = self.node_id
+
+        def run(now: int) -> dict[str, int]:
+            reach = self.db.reach
+            for key in [k for k, at in reach.items() if now - at > 86_400_000_000]:
+                del reach[key]
+            for cell, ms in reached_ms.items():
+                key = (group, node, cell)
+                reach[key] = max(reach.get(key, now - ms * 1000), now - ms * 1000)
+            latest: dict[str, int] = {}
+            for (g, n, cell), at in reach.items():
+                if g == group and n != node:
+                    latest[cell] = max(latest.get(cell, at), at)
+            return {cell: (now - at) // 1000 for cell, at in sorted(latest.items())}
+        return self._run(run)
 
     def cell_partitions(self) -> list[CellPartition]:
         """The input partitions this cell lists, in order."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import psycopg
 
@@ -25,6 +25,8 @@ LOCK_RETRY_S = 0.01  # between two tries of a batch that waited for a row's lock
 
 class IntakeStatements(Session):
     """The consumer's side of the store."""
+
+    _reach_table = False  # whether the schema was found to have chronos_consumer_reach (`note_reach`)
 
     def insert(self, rows: Sequence[Row]) -> int:
         """Insert rows whose id is not waiting yet; returns how many were new."""
@@ -152,6 +154,18 @@ class IntakeStatements(Session):
             if one(self._execute(conn, QUERIES["has_cell_partitions"]))[0] is None:
                 raise CellsUnsupported("this database's schema is before cells (version 11): run `chronos migrate`")
             return [CellPartition(*r) for r in self._execute(conn, QUERIES["cell_partitions"])]
+        return self._run(run)
+
+    def note_reach(self, group: str, reached_ms: Mapping[str, int]) -> dict[str, int] | None:
+        """`ports.IntakeStore.note_reach`. Whether the schema has the table is asked until it has: a consumer may
+        start before `chronos migrate` adds it."""
+        def run(conn: psycopg.Connection) -> dict[str, int] | None:
+            if not self._reach_table:
+                if one(self._execute(conn, QUERIES["has_consumer_reach"]))[0] is None:
+                    return None
+                self._reach_table = True
+            return dict(self._execute(conn, QUERIES["note_reach"], {
+                "group": group, "node": self.node_id, "cells": list(reached_ms), "ms": list(reached_ms.values())}))
         return self._run(run)
 
     def waiting_ids(self, ids: Iterable[str]) -> set[str]:

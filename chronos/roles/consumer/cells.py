@@ -9,19 +9,24 @@ partition by partition. The cancels and replaces a write notes to forward to the
 thread of their own (chronos.roles.consumer.forwards). A message parked (no topic took it) is kept in its
 partition's cell.
 
-A cell that does not answer (down, hung, cut off from this host) is given up at once: its part of the poll
-is not committed, its partitions are paused and sought back to the first message not written, while the
-other cells' partitions flow on. A hung cell does not hold up the poll for the statement's deadline
+A cell that does not answer (down, hung, cut off from this host) is given up at once: its part of the poll is not
+committed, its partitions are paused and sought back to the first message not written, while the other cells'
+partitions flow on. A hung cell does not hold up the poll for the statement's deadline
 (CHRONOS_DATABASE_TIMEOUT_MS): once the other cells' parts are durable, a part that has not answered within
 CELL_PATIENCE_S more is given up as well, its write left to end on its cell's thread (a write that ends well
-after all is written again, idempotently, when its messages are read again). Its database is asked the time
-until it answers, then its partitions are resumed and read again from there. The consumer leaves its group
-for such a cell only once the hold time has passed and another consumer of the group has committed on one
-of the cell's partitions since: it alone cannot reach a cell that the others reach."""
+after all is written again, idempotently, when its messages are read again). Its database is asked the time until
+it answers, then its partitions are resumed and read again from there. The consumer leaves its group for such a
+cell only once the hold time has passed and another consumer of the group has reached the cell since, as it says
+in the cells this one reaches (chronos.roles.consumer.reach), and it has not reached the cell since (a try begun
+after that failed, or none answered for the hold time: it asks at once, for a failover that ended brings the cell
+back for all), or has committed on one of the cell's partitions: it alone cannot reach a cell that the others
+reach. A cell down for every consumer has its partitions paused in each, and no one leaves. Leaving, it resumes
+every partition it paused: the client keeps a pause through leaving the group and joining it again."""
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -36,6 +41,7 @@ from chronos.ports import InputMessage as Message
 from chronos.roles.consumer.forwards import Forwarder
 from chronos.roles.consumer.group import POSTGRES, Group, OutOfReach
 from chronos.roles.consumer.moving import MovingPartitions, TopicPartition, rewind
+from chronos.roles.consumer.reach import Reach
 from chronos.roles.consumer.sorting import CANCEL, REPLACE, Batch, sort_batch
 from chronos.roles.consumer.writer import Stored, Unreached, Writer
 from chronos.runtime.backoff import Backoff
@@ -66,6 +72,17 @@ def _abandoned(cell: str) -> Callable[[Future], None]:
     return ended
 
 
+def _probe(writer: Writer, clock: Callable[[], float]) -> tuple[float, StoreUnavailable] | None:
+    """On the cell's thread: its database asked the time; None if it answered, else when (by `clock`) the try
+    began, and how it failed."""
+    began = clock()
+    try:
+        writer.store.db_clock_us()
+    except StoreUnavailable as exc:
+        return began, exc
+    return None
+
+
 @dataclass
 class CellBatches:
     """A poll split by cell: each cell's messages and their batch, and the messages of moving partitions
@@ -90,7 +107,8 @@ class Written:
 class Down:
     """A cell that does not answer, as the loop's thread follows it: since when (by the process's clock), the
     partitions paused for it and the offset each was sought back to, the group's progress when it went down,
-    and the probe of its database."""
+    the probe of its database, when this consumer's last try of it that failed began, and when another consumer
+    first reached it since."""
 
     since: float
     others_before: dict[int, int] | None
@@ -98,6 +116,8 @@ class Down:
     probe: Future | None = None
     next_probe: float = 0.0
     checked: bool = False  # whether the others' progress was looked at once the hold time passed
+    tried_at: float = -math.inf  # by the clock: when the last probe that failed began (none yet: -inf)
+    others_at: float | None = None  # by the clock: when another consumer first reached it after this one lost it
 
 
 class Cells:
@@ -119,6 +139,7 @@ class Cells:
         self.forwards = Forwarder(writers, self.threads, self.down, clock)
         self.patience = min(CELL_PATIENCE_S, settings.database_timeout_ms / 1000.0)
         self.pinging: dict[str, Future] = {}  # the loop thread's: each cell's idle probe under way
+        self.reach = Reach(writers, self.threads, clock)  # the loop thread's: which cells the group reaches
 
     def load(self) -> bool:
         """Read the map at start and hold the input topic to it (CellMapError, or CellsUnsupported, to stop
@@ -314,34 +335,65 @@ class Cells:
     def look_after(self) -> None:
         """Ask each cell that does not answer the time, now and then, on its thread; resume its partitions once
         it answers. Raises `OutOfReach` once one has not answered for the hold time while another consumer of
-        the group committed on its partitions since it went down: that one reaches it."""
+        the group reached it since it went down (`leave_if_others_reach`)."""
         now = self.clock()
         for cell, down in list(self.down.items()):
             writer = self.writers[cell]
             if down.probe is not None and down.probe.done():
-                try:
-                    down.probe.result()
-                except StoreUnavailable as exc:
-                    down.next_probe = now + writer.db_outage.failed(exc)
-                else:
+                failed = down.probe.result()
+                down.probe = None
+                if failed is None:
                     writer.db_outage.ok()
                     log.warning("cell %s answers again after %.1fs: its partitions are read again", cell,
                                 now - down.since)
                     self.group.consumer.resume_partitions(list(down.rewound))
                     del self.down[cell]
                     continue
-                down.probe = None
+                down.tried_at, exc = failed
+                down.next_probe = now + writer.db_outage.failed(exc)
             if down.probe is None and now >= down.next_probe:
-                down.probe = self.threads[cell].submit(writer.store.db_clock_us)
-            if not down.checked and now - down.since >= self.settings.hold_time_ms / 1000.0:
-                down.checked = True
-                mine = self.map.partitions_of(cell) if self.map is not None and self.map.owners else None
-                if self.group.others_serve(down.others_before, mine):
-                    raise OutOfReach(f"{POSTGRES} of cell {cell}", now - down.since, 1.0)
+                down.probe = self.threads[cell].submit(_probe, writer, self.clock)
+            if down.others_at is None:  # looked at every time: the first reach by another after this one lost it
+                after = self.reach.others_reached(cell, down.since)
+                down.others_at = None if after is None else down.since + after
+            if now - down.since >= self.settings.hold_time_ms / 1000.0:
+                self.leave_if_others_reach(cell, down, now)
+
+    def leave_if_others_reach(self, cell: str, down: Down, now: float) -> None:
+        """`OutOfReach` if another consumer of the group reached `cell` since this one lost it, as it said in a cell
+        this one reaches (`Reach`), and this one has not since: a try of its own begun after that failed, or none
+        answered for the hold time after it (a try that hangs, on a network that drops this host's packets); or
+        if, looked at once, another committed on one of the cell's partitions."""
+        if down.others_at is not None:
+            if down.tried_at >= down.others_at or now - down.others_at >= self.settings.hold_time_ms / 1000.0:
+                log.warning("another consumer of group %s reached cell %s %.1fs after this one lost it, and this one "
+                            "has not reached it since: this one alone cannot reach it", self.settings.consumer_group,
+                            cell, down.others_at - down.since)
+                raise OutOfReach(f"{POSTGRES} of cell {cell}", now - down.since, 1.0)
+            # the cell may be back for every consumer (a failover that ended): asked again at once, rather than
+            # leave the group for a cell this one reaches too
+            if down.probe is None:
+                down.next_probe = now
+            return
+        if not down.checked:
+            down.checked = True
+            mine = self.map.partitions_of(cell) if self.map is not None and self.map.owners else None
+            if self.group.others_serve(down.others_before, mine):
+                log.warning("another consumer of group %s committed on the partitions of cell %s since this one "
+                            "lost it: this one alone cannot reach it", self.settings.consumer_group, cell)
+                raise OutOfReach(f"{POSTGRES} of cell {cell}", now - down.since, 1.0)
+            log.warning("cell %s has not answered for the hold time, and no other consumer of group %s has reached "
+                        "it since: staying in the group, its partitions paused (no other consumer could write them); "
+                        "leaving it once another does", cell, self.settings.consumer_group)
 
     def forget_down(self) -> None:
-        """Out of the group: nothing is paused any more (the partitions are the others' until it rejoins, then
-        read from their last commit)."""
+        """Leaving the group: every partition paused for a cell that does not answer, or for a move, resumed, and
+        nothing followed any more (the partitions are the others' until it rejoins, then read from their last
+        commit). The client keeps a partition's pause through leaving the group and joining it again: one paused
+        here and assigned back on rejoining would never be read again, by this consumer or any other."""
+        paused = [tp for down in self.down.values() for tp in down.rewound] + list(self.moving.rewound)
+        if paused:
+            self.group.consumer.resume_partitions(paused)
         self.down.clear()
         self.moving.forget()
 

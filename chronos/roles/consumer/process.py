@@ -94,6 +94,8 @@ class ConsumerProcess:
                 messages = self.group.consumer.consume(num_messages=self.settings.batch_size, timeout=0.05)
                 self.metrics.beat()
                 self.group.sample_lag(time.monotonic())
+                if self.cells is not None:
+                    self.cells.reach.note(self.cells.down)
                 real = self.group.readable(messages)
                 epoch = self.group.losses  # after the poll: a loss it reported came before these messages
                 batch: Batch | CellBatches | None = None

@@ -156,6 +156,15 @@ class Writer:
         self.next_ping = now + 1.0
         self.now_and_then(now)
 
+    def note_reach(self, ages_ms: dict[str, int]) -> dict[str, int] | None:
+        """With cells, on the cell's thread: this consumer says in its cell how long ago it reached each cell,
+        and reads how long ago the other consumers of its group did (`IntakeStore.note_reach`); an answer counts
+        as the idle probe's does (`keep_alive`). StoreUnavailable as the store raises it."""
+        others = self.store.note_reach(self.settings.consumer_group, ages_ms)
+        self.db_outage.ok()
+        self.now_and_then(time.monotonic())
+        return others
+
     def now_and_then(self, now: float) -> None:
         """Once PostgreSQL answered (after a write, or an idle probe), on the thread that holds the store: the
         host's clock measured, and where the process serves /metrics said again, each when due."""

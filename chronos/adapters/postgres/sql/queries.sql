@@ -917,6 +917,25 @@ RETURNING partition;
 UPDATE chronos_cell_partitions SET state = 'moving', epoch = epoch + 1 WHERE partition = ANY(%(partitions)s)
 RETURNING partition, epoch;
 
+-- name: has_consumer_reach
+SELECT to_regclass('chronos_consumer_reach');
+
+-- name: note_reach
+-- A consumer says which cells it reached, each so many milliseconds ago (its rows made or renewed, never moved
+-- back), the rows not renewed for a day dropped; and reads, for each cell, how many milliseconds ago another
+-- consumer of its group last said it reached it.
+WITH noted AS (
+    INSERT INTO chronos_consumer_reach AS r (consumer_group, node, cell, reached_at)
+    SELECT %(group)s, %(node)s, c.cell, now() - c.ms * interval '1 millisecond'
+    FROM unnest(%(cells)s::text[], %(ms)s::bigint[]) AS c(cell, ms)
+    ON CONFLICT (consumer_group, node, cell) DO UPDATE SET reached_at = greatest(r.reached_at, EXCLUDED.reached_at)
+), gone AS (
+    DELETE FROM chronos_consumer_reach WHERE reached_at < now() - interval '1 day'
+)
+SELECT cell, (extract(epoch FROM now() - max(reached_at)) * 1000)::bigint FROM chronos_consumer_reach
+WHERE consumer_group = %(group)s AND node <> %(node)s AND reached_at >= now() - interval '1 day'
+GROUP BY cell ORDER BY cell;
+
 -- Moves of input partitions between cells (chronos/domain/moves.py, chronos/ops/moves.py): run by `chronos cells
 -- move` as the databases' owner. The source cell's statements first, then the target's. Rows of a partition
 -- are found by walking the table's blocks (a TID range scan: no index of the partition costs the consumer's

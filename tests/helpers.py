@@ -15,6 +15,10 @@ from chronos.adapters.kafka.clients import EMBEDDED_GROUP_TIMEOUTS
 from chronos.embedded.procs import proc_stat
 
 EMBEDDED_KAFKA = {**EMBEDDED_GROUP_TIMEOUTS, "fetch.wait.max.ms": "10"}  # the tests' embedded profile
+# The Spark driver's JVM for the tests' small, short jobs: the C1 compiler only and the serial collector, whose
+# C2 compiles and parallel collector's threads would compete for two cores rather than pay back (a report's
+# session and first jobs in about half the time)
+SPARK_TEST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def iso(epoch_s: float) -> str:

@@ -43,13 +43,13 @@ def test_postgres_restarted_mid_load(tmp_path, postgres, fault_report, request):
     postgres, url = postgres
     name = "4 PostgreSQL restart 5 s" + (" TLS" if "TLS" in request.node.callspec.id else "")
     with Scenario(name, tmp_path / "stack", "--firers", "2", "--database-url", url) as sc:
-        time.sleep(8)
+        time.sleep(5)  # past the longest delay of the load: rows waiting and in flight when it stops
         down = time.time()
         postgres.stop()
         time.sleep(5)
         postgres.start()
         sc.fault("PostgreSQL stopped 5 s", down, end=time.time())
-        time.sleep(10)
+        time.sleep(5)  # load on after the restart: every process back at work on it
         report = sc.finish(window_explains=True)
         fault_report(report)
         check_common(sc, report)

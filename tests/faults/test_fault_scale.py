@@ -17,7 +17,7 @@ REMOVED = ("consumer_01", "firer_01", "detector_01")
 def test_two_of_each_then_remove_one_of_each(tmp_path, fault_report):
     with Scenario("6 2 of each, remove 1 each", tmp_path, "--consumers", "2", "--firers", "2",
                   "--detectors", "2") as sc:
-        time.sleep(8)
+        time.sleep(5)  # past the longest delay of the load: each holds work when it is stopped
         # each has started (logged its node) before it is stopped: on a loaded machine a process can
         # take longer than the sleep to get there, and would then log nothing to check
         for name in REMOVED:
@@ -28,7 +28,7 @@ def test_two_of_each_then_remove_one_of_each(tmp_path, fault_report):
             committed = sc.offsets.committed() if name.startswith("consumer") else None
             supervisor.stop(name)
             sc.fault(f"stop {name}", at, end=time.time(), committed=committed)
-        time.sleep(15)
+        time.sleep(8)  # load on the remaining one of each
         report = sc.finish()
         fault_report(report)
         check_common(sc, report, stopped=REMOVED)

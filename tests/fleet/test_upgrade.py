@@ -36,7 +36,7 @@ def fleet_on_previous(opt_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 def test_a_rolling_upgrade_and_a_rollback_under_load_lose_nothing_and_pause_nothing(fleet_on_previous, fault_report):
     fleet = fleet_on_previous
-    report, row = rolling_upgrade(fleet, rate=RATE, warmup=3.0, settle=5.0)
+    report, row = rolling_upgrade(fleet, rate=RATE, warmup=3.0, settle=3.0)
     fault_report(report)
     print(row["steps"])
     assert report.lost == [], report.line()

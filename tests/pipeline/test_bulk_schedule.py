@@ -21,6 +21,7 @@ from chronos.errors import InputError, SchemaError, StoreUnavailable
 from chronos.domain.intake import Rules
 from chronos.pipeline import schedule
 from chronos.pipeline.rows import iso_micros
+from helpers import SPARK_TEST_JVM
 
 pytestmark = pytest.mark.spark
 
@@ -207,6 +208,7 @@ def _closed_port() -> int:
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    args += ("--conf", f"spark.driver.extraJavaOptions={SPARK_TEST_JVM}")
     return subprocess.run([sys.executable, "-m", "chronos", "pipeline", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
 

@@ -15,6 +15,7 @@ import pytest
 
 from chronos.errors import InputError
 from chronos.pipeline import report
+from helpers import SPARK_TEST_JVM
 
 pytestmark = pytest.mark.spark
 
@@ -147,6 +148,7 @@ def test_report_input_errors(spark, tmp_path):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
+    args += ("--conf", f"spark.driver.extraJavaOptions={SPARK_TEST_JVM}")
     return subprocess.run([sys.executable, "-m", "chronos", "pipeline", "report", *args], capture_output=True,
                           text=True, timeout=240, env=os.environ.copy())
 

@@ -625,7 +625,13 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          "2026-11-28/cells/move-1m-1x1x1-unpaced-2.json"),
         ("the same, paced at 10,000 rows a second (CHRONOS_MOVE_RATE), other tests beside it", _move,
          "2026-11-28/cells/move-1m-1x1x1-paced.json"),
-        ("the same, again", _move, "2026-11-28/cells/move-1m-1x1x1-paced-2.json")]),
+        ("the same, again", _move, "2026-11-28/cells/move-1m-1x1x1-paced-2.json"),
+        ("unpaced, each batch of the wake from where the last ended (`7962ce2`), other tests beside it (load 3-12); "
+         "first of two pairs interleaved with the code before it", _move, "2026-11-28/cells/wake-ab/keyset-1.json"),
+        ("the code before it (`b9e507d`), each batch of the wake from the first, the same hour", _move,
+         "2026-11-28/cells/wake-ab/first-1.json"),
+        ("`b9e507d` again", _move, "2026-11-28/cells/wake-ab/first-2.json"),
+        ("`7962ce2` again", _move, "2026-11-28/cells/wake-ab/keyset-2.json")]),
     ("200,000 messages due at the same instant", "", [
         ("one process per role", _spike, "2026-11-23/day-1x1x1.json"),
         ("two of every role", _spike, "2026-11-23/day-2x2x2.json")]),
@@ -774,10 +780,31 @@ def compare_table(folder: str) -> str:
 COMPARE_MARKER = re.compile(r"<!-- generated: compare (?P<folder>[\w./-]+) -->")
 
 
+# -- a key many messages share (benchmarks/hot_key.py) ------------------------------------------------
+
+HOT_KEY_MARKER = re.compile(r"<!-- generated: hot-key (?P<result>[\w./-]+) -->")
+_HOT_KEY_INDEXES = {"hash": "hash index on `key` (migrations 6-14)", "btree": "B-tree of the key's hash (migration 15)"}
+
+
+def hot_key_table(path: str) -> str:
+    """`benchmarks.hot_key`'s run: a batch's time early and late, and the whole time, per index and kind of key."""
+    r = _result(path)
+    rows = [f"| index | keys | a batch, first tenth | a batch, last tenth | {r['rows']:,} rows in all |",
+            "| --- | --- | ---: | ---: | ---: |"]
+    for index, name in _HOT_KEY_INDEXES.items():
+        for keys, said in (("hot", "one key for every row"), ("unique", "a key of its own per row")):
+            a = r["arms"][f"{index}-{keys}"]
+            rows.append(f"| {name} | {said} | {a['first_tenth_batch_ms']:.0f} ms | {a['last_tenth_batch_ms']:.0f} ms "
+                        f"| {a['total_s']:.1f} s |")
+    rounds = min(a["rounds"] for a in r["arms"].values())
+    return "\n".join(rows) + (f"\n\n{rounds} rounds of each arm, code `{r['code']['git_commit'][:7]}`, "
+                              f"load average {r['load_average_1m']} at the end.")
+
+
 # -- capacity planning (benchmarks/capacity.py) ---------------------------------------------------
 
 #: The run of `python -m benchmarks.capacity` that docs/operations/capacity.md shows.
-CAPACITY_RESULT = "2026-11-28/capacity-1x1x1.json"
+CAPACITY_RESULT = "2026-11-28/capacity-1x1x1-key-btree.json"
 
 
 def _mb(n: float) -> str:
@@ -901,6 +928,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     """Fill in a page's generated parts: its own table, and the tables of day-in-the-life runs it names."""
     markdown = DAY_MARKER.sub(lambda m: day_table(m["result"]), markdown)
     markdown = COMPARE_MARKER.sub(lambda m: compare_table(m["folder"]), markdown)
+    markdown = HOT_KEY_MARKER.sub(lambda m: hot_key_table(m["result"]), markdown)
     make = GENERATED.get(page.file.src_uri)
     if make is None:
         return markdown

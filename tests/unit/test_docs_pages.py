@@ -137,3 +137,19 @@ def test_the_peers_comparison_is_read_from_its_result_files():
     rows = table.splitlines()[2:]
     assert len(rows) == 8 and rows[0].startswith("| Chronos 1/1/1 | 1,000 |"), table
     assert "| 0.66 (PostgreSQL 0.31) | 0.36 | pass | `56e4b1a` |" in rows[4], rows[4]
+
+
+def test_the_hot_key_table_is_read_from_its_result_file(tmp_path, monkeypatch):
+    h = hooks()
+    arms = {f"{i}-{k}": {"first_tenth_batch_ms": 50.0, "total_s": 4.0, "rounds": 4,
+                         "last_tenth_batch_ms": 500.0 if (i, k) == ("hash", "hot") else 60.0}
+            for i in ("hash", "btree") for k in ("hot", "unique")}
+    (tmp_path / "hk.json").write_bytes(orjson.dumps({"rows": 300000, "arms": arms, "code": {"git_commit": "abcdef123"},
+                                                  "load_average_1m": 1.5}))
+    monkeypatch.setattr(h, "RESULTS", tmp_path)
+    table = h.hot_key_table("hk.json")
+    assert "| hash index on `key` (migrations 6-14) | one key for every row | 50 ms | 500 ms | 4.0 s |" in table
+    assert "300,000 rows in all" in table and "4 rounds of each arm, code `abcdef1`" in table
+    page = h.on_page_markdown("x <!-- generated: hot-key hk.json --> y", type("P", (), {"file": type("F", (), {
+        "src_uri": "elsewhere.md"})()})(), None, None)
+    assert "500 ms" in page and "generated" not in page

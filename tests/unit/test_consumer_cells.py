@@ -278,12 +278,7 @@ def test_a_consumer_alone_cut_off_from_a_cell_that_another_reaches_leaves_the_gr
     caplog.set_level("WARNING", logger="chronos.consumer")
     clock = Clock()
     with CellsConsumer(clock=clock) as c:
-        assert c.input is not None
-        c.input.group_offsets = {}  # no other consumer commits anywhere
-        wait_for(lambda: c.cell_stores["a"].notes, "the consumer's first word in cell a")
-        c.dbs["b"].unavailable = "connection refused"
-        c.input.feed([msg("b3", 3, 40)])
-        wait_for(lambda: c.input.paused, "cell b's partition paused")
+        cell_b_lost(c)  # no other consumer commits anywhere
         MemoryStore(c.dbs["a"], node_id=uuid.uuid4()).note_reach("chronos", other_says)  # the other consumer's word
         MemoryStore(c.dbs["a"], node_id=uuid.uuid4()).note_reach("another group", {"b": 0})  # not of its group
         notes, reads = c.cell_stores["a"].notes, c.input.progress_reads
@@ -310,13 +305,7 @@ def test_a_consumer_leaves_for_a_cell_another_reaches_only_once_its_own_try_sinc
     caplog.set_level("WARNING", logger="chronos.consumer")
     clock = Clock()
     with CellsConsumer(clock=clock) as c:
-        assert c.input is not None
-        c.input.group_offsets = {}  # no other consumer commits anywhere
-        wait_for(lambda: c.cell_stores["a"].notes, "the consumer's first word in cell a")
-        c.dbs["b"].unavailable = "connection refused"
-        c.input.feed([msg("b3", 3, 40)])
-        wait_for(lambda: c.input.paused, "cell b's partition paused")
-        held = c.cell_stores["b"].probes_held = threading.Event()
+        held = cell_b_lost(c).probes_held = threading.Event()  # no other consumer commits anywhere
         clock.advance(c.settings.hold_time_ms / 1000.0 + 0.1)  # past the hold time; the next probe asked, held
         wait_for(lambda: logged(caplog, "cell b has not answered for the hold time"), "the stay said")
         MemoryStore(c.dbs["a"], node_id=uuid.uuid4()).note_reach("chronos", {"a": 0, "b": 0})  # the other's word
@@ -338,7 +327,8 @@ def test_a_consumer_leaves_for_a_cell_another_reaches_only_once_its_own_try_sinc
 
 
 def cell_b_lost(c: CellsConsumer) -> Any:
-    """Cell b refuses every connection, and the consumer has paused its partition: b's store."""
+    """Cell b refuses every connection, and the consumer has paused its partition (no other consumer commits
+    anywhere): b's store."""
     assert c.input is not None
     c.input.group_offsets = {}
     b = c.cell_stores["b"]

@@ -181,9 +181,10 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
 # its worker, the two groups side by side, about as long as each other --
 
 SERVER_GROUPS = ("fleet", "ha", "faults", "containers")
-# Stacks of several cells under load, in the servers' group too: the two groups then take about as long
-# (without them the other group ended five minutes after the servers' on two cores)
-SERVER_FILES = ("e2e/test_up_cells.py", "e2e/test_cell_moves.py", "e2e/test_add_cell.py")
+# Stacks of several cells under load, and the tests on Debian's PostgreSQL 15 server of their own, in the servers'
+# group too: the two groups then take about as long (without the cells the other group ended five minutes after
+# the servers' on two cores; without PostgreSQL 15, two and a half)
+SERVER_FILES = ("e2e/test_up_cells.py", "e2e/test_cell_moves.py", "e2e/test_add_cell.py", "production/test_postgres_15.py")
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: nothing without it (-p no:xdist)

@@ -43,6 +43,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 T = TypeVar("T")
 
+
 def _ts(us: int) -> datetime:
     return _EPOCH + timedelta(microseconds=us)
 

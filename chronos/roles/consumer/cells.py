@@ -387,11 +387,12 @@ class Cells:
                         "leaving it once another does", cell, self.settings.consumer_group)
 
     def forget_down(self) -> None:
-        """Leaving the group: every partition paused for a cell that does not answer, or for a move, resumed, and
-        nothing followed any more (the partitions are the others' until it rejoins, then read from their last
-        commit). The client keeps a partition's pause through leaving the group and joining it again: one paused
-        here and assigned back on rejoining would never be read again, by this consumer or any other."""
-        paused = [tp for down in self.down.values() for tp in down.rewound] + list(self.moving.rewound)
+        """Leaving the group: every partition paused for a cell that does not answer, or for a move
+        (`MovingPartitions.forget`), resumed, and nothing followed any more (the partitions are the others' until
+        it rejoins, then read from their last commit). The client keeps a partition's pause through leaving the
+        group and joining it again: one paused here and assigned back on rejoining would never be read again, by
+        this consumer or any other."""
+        paused = [tp for down in self.down.values() for tp in down.rewound]
         if paused:
             self.group.consumer.resume_partitions(paused)
         self.down.clear()

@@ -54,11 +54,15 @@ class MovingPartitions:
                  consumer: Callable[[], Any], clock: Callable[[], float]):
         """`consumer()`: the group's input consumer, which pauses, seeks and resumes."""
         self.writers, self.threads, self.consumer, self.clock = writers, threads, consumer, clock
+        self.rewound: dict[TopicPartition, int] = {}
         self.forget()
 
     def forget(self) -> None:
-        """Nothing held back any more (out of the group: the partitions are the others' until it rejoins)."""
-        self.rewound: dict[TopicPartition, int] = {}
+        """Leaving the group: every partition held back resumed (the client keeps a pause through leaving the group
+        and joining it again), and nothing held back any more (the partitions are the others' until it rejoins)."""
+        if self.rewound:
+            self.consumer().resume_partitions(list(self.rewound))
+        self.rewound = {}
         self.since: dict[TopicPartition, float] = {}
         self.reads: dict[str, Future] | None = None
         self.next_read = 0.0

@@ -359,8 +359,10 @@ def test_a_consumer_whose_tries_hang_leaves_once_the_hold_time_has_passed_since_
         try:
             notes = another_reached_b(c, clock)
             clock.advance(c.settings.hold_time_ms / 1000.0)
-            wait_for(lambda: c.input.group[-1] == "unsubscribe", "the consumer to leave the group")
-            assert re.search(r"cannot reach PostgreSQL of cell b for \d+\.\ds", caplog.text), notes
+            # the consumer leaves the group, then says so: the words awaited, not only the leaving
+            wait_for(lambda: re.search(r"cannot reach PostgreSQL of cell b for \d+\.\ds", caplog.text),
+                     f"the consumer to say it leaves the group ({notes} notes in cell a)")
+            assert c.input.group[-1] == "unsubscribe"
         finally:
             held.set()
 

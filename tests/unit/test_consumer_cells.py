@@ -47,7 +47,10 @@ class Hangs(MapReadsCounted):
         self.released = threading.Event()
         self.writes_ended = 0
 
+    tries = 0  # the writes begun
+
     def apply(self, *args, **kwargs):
+        self.tries += 1
         if self.hung.is_set():
             assert self.released.wait(30), "never released"
         try:
@@ -55,7 +58,14 @@ class Hangs(MapReadsCounted):
         finally:
             self.writes_ended += 1
 
+    notes_held: threading.Event | None = None  # set to an event: the word is said only once it is set
+    note_waits = 0  # the words held so far
+
     def note_reach(self, *args, **kwargs):
+        held = self.notes_held
+        if held is not None:
+            self.note_waits += 1
+            assert held.wait(30), "never let through"
         try:
             return super().note_reach(*args, **kwargs)
         finally:
@@ -346,6 +356,30 @@ def another_reached_b(c: CellsConsumer, clock: Clock) -> int:
     clock.advance(1.1)
     wait_for(lambda: c.cell_stores["a"].notes > notes, "the other's word read in cell a")
     return c.cell_stores["a"].notes
+
+
+def test_a_cells_part_of_a_poll_queued_behind_a_statement_that_found_it_out_of_reach_gives_up_without_a_try(caplog):
+    """A cell's statements run on its one thread: when one of them (here the word of reach) hangs until the cell
+    is out of reach and fails, the poll's part queued behind it gives up at once and the cell's partitions are
+    paused, rather than after a try of its own, which, on a network that drops the packets, waits out a
+    connection's deadline of its own first."""
+    caplog.set_level("WARNING", logger="chronos.consumer")
+    with CellsConsumer() as c:
+        assert c.input is not None
+        b = c.cell_stores["b"]
+        wait_for(lambda: b.notes, "the consumer's first word in cell b")
+        held = b.notes_held = threading.Event()
+        wait_for(lambda: b.note_waits, "a word in cell b under way, held")
+        thread, handed = c.proc.cells.threads["b"], []
+        submit = thread.submit
+        thread.submit = lambda fn, *args, **kwargs: (handed.append(fn.__name__), submit(fn, *args, **kwargs))[1]
+        c.dbs["b"].unavailable = "connection dropped"
+        tries = b.tries
+        c.input.feed([msg("b3", 3, 40)])
+        wait_for(lambda: "store_batch" in handed, "the poll's part handed to cell b's thread, behind the word")
+        held.set()
+        wait_for(lambda: logged(caplog, "cell b does not answer"), "cell b's partitions paused")
+        assert b.tries == tries and c.input.paused
 
 
 def test_a_consumer_whose_tries_hang_leaves_once_the_hold_time_has_passed_since_another_reached_the_cell(caplog):

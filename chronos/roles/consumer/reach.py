@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Container
+from typing import Callable, Container, Mapping
 
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.roles.consumer.writer import Writer
@@ -34,7 +34,7 @@ class Reach:
     statement under way, when the next is due, and when (by `clock`) another consumer of the group last
     reached each cell, as far as the cells this one reaches say."""
 
-    def __init__(self, writers: dict[str, Writer], threads: dict[str, ThreadPoolExecutor],
+    def __init__(self, writers: dict[str, Writer], threads: Mapping[str, ThreadPoolExecutor],
                  clock: Callable[[], float]):
         self.writers, self.threads, self.clock = writers, threads, clock
         self.under_way: dict[str, Future] = {}
@@ -66,7 +66,7 @@ class Reach:
         try:
             return asked, writer.note_reach(ages), REACH_EVERY_S
         except StoreUnavailable as exc:
-            return asked, None, max(REACH_EVERY_S, writer.db_outage.failed(exc))
+            return asked, None, max(REACH_EVERY_S, writer.failed(exc))
         except StoreRejected as exc:  # the cell's writes go on; only this word is lost, said once
             if cell not in self.refused:
                 self.refused.add(cell)

@@ -30,7 +30,7 @@ import math
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import Callable
 
 from chronos.config import Settings
 from chronos.domain.cells import CellMap, CellMapError, ranges
@@ -48,8 +48,6 @@ from chronos.runtime.backoff import Backoff
 from chronos.runtime.process import Lifecycle
 
 log = logging.getLogger("chronos.consumer")
-
-T = TypeVar("T")
 
 # how much longer than the other cells' parts of a poll a cell's part may take before it is given up (never more
 # than CHRONOS_DATABASE_TIMEOUT_MS): short enough that the messages of the cells that answer, read in the
@@ -83,27 +81,6 @@ def _probe(writer: Writer, clock: Callable[[], float]) -> tuple[float, StoreUnav
     except StoreUnavailable as exc:
         return began, exc
     return None
-
-
-class CellThread(ThreadPoolExecutor):
-    """A cell's one thread, which holds its writer's store: the cell's statements run there one at a time (the
-    poll's parts, the words of reach, the idle probes, the forwarded cancels, the map's readings). One that
-    raises StoreUnavailable is counted on the thread, before the next begins (`Writer.unanswered`): a part of a
-    poll queued behind it then gives up at once, rather than after a try of its own."""
-
-    def __init__(self, cell: str, writer: Writer):
-        super().__init__(max_workers=1, thread_name_prefix=f"consumer-{cell}")
-        self.writer = writer
-
-    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        return super().submit(self._counted, fn, *args, **kwargs)
-
-    def _counted(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        try:
-            return fn(*args, **kwargs)
-        except StoreUnavailable:
-            self.writer.unanswered += 1
-            raise
 
 
 @dataclass
@@ -154,7 +131,8 @@ class Cells:
         self.settings, self.life, self.writers, self.rules = settings, life, writers, rules
         self.group, self.partitions, self.clock = group, partitions, clock
         self.map: CellMap | None = None
-        self.threads = {cell: CellThread(cell, writer) for cell, writer in writers.items()}
+        self.threads = {cell: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"consumer-{cell}")
+                        for cell in writers}
         self.down: dict[str, Down] = {}  # the loop thread's: the cells that do not answer
         # the loop thread's: the partitions held back while they move
         self.moving = MovingPartitions(writers, self.threads, lambda: group.consumer, clock)
@@ -258,7 +236,7 @@ class Cells:
             fence = self.map.fence(cell, {_partition(m) for m in part})
             writer = self.writers[cell]
             futures[cell] = self.threads[cell].submit(writer.store_batch, batch, epoch, fence, give_up=True,
-                                                      unanswered=writer.unanswered)
+                                                      unanswered=writer.store.unanswered)
         refused: list[str] = []
         error: BaseException | None = None
         stopped = False

@@ -66,7 +66,7 @@ class Reach:
         try:
             return asked, writer.note_reach(ages), REACH_EVERY_S
         except StoreUnavailable as exc:
-            return asked, None, max(REACH_EVERY_S, writer.failed(exc))
+            return asked, None, max(REACH_EVERY_S, writer.db_outage.failed(exc))
         except StoreRejected as exc:  # the cell's writes go on; only this word is lost, said once
             if cell not in self.refused:
                 self.refused.add(cell)

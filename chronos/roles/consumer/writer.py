@@ -56,9 +56,6 @@ class Writer:
         self.throttle = Throttle(log)
         self.next_ping = 0.0
         self.next_clock = 0.0  # monotonic: when `measure_clock` reads the database's clock next
-        # with cells: the statements of this cell's thread that found PostgreSQL out of reach, counted on the
-        # thread (`failed`, `CellThread`): a part of a poll queued behind one gives up without a try of its own
-        self.unanswered = 0
         # with cells: the cancels that found nothing and the replaces are noted to forward to the other cells,
         # which count the cancels that found nothing anywhere (`Forwarder.round`)
         self.forward = False
@@ -79,8 +76,10 @@ class Writer:
         PostgreSQL's outage out: the other cells' parts go on meanwhile; and, with `unanswered` (the cell's
         count of failed statements when the part was handed to its thread), before any try when a statement
         queued ahead of it failed since: a try would wait out a deadline of its own (a connection to open, on a
-        network that drops the packets) before the cell's partitions are paused."""
-        if give_up and unanswered is not None and self.unanswered > unanswered:
+        network that drops the packets) before the cell's partitions are paused. Every statement of the cell runs
+        on its thread, one at a time: the parts of the polls, the words of reach, the idle probes, the forwarded
+        cancels, the clock's readings."""
+        if give_up and unanswered is not None and self.store.unanswered > unanswered:
             raise Unreached("a statement queued ahead of this write found it out of reach")
         unreached_since: float | None = None
         others_before: dict[int, int] | None = None
@@ -100,7 +99,7 @@ class Writer:
                 break
             except StoreUnavailable as exc:
                 if give_up:
-                    self.failed(exc)
+                    self.db_outage.failed(exc)
                     raise Unreached(str(exc)) from None
                 if unreached_since is None:
                     # out of reach since this first failed try at the latest (a statement PostgreSQL does not
@@ -158,17 +157,11 @@ class Writer:
         try:
             self.store.db_clock_us()
         except StoreUnavailable as exc:
-            self.next_ping = now + self.failed(exc)
+            self.next_ping = now + self.db_outage.failed(exc)
             return
         self.db_outage.ok()
         self.next_ping = now + 1.0
         self.now_and_then(now)
-
-    def failed(self, exc: StoreUnavailable) -> float:
-        """A statement of this writer's store failed as PostgreSQL out of reach, on its thread: counted
-        (`unanswered`) and recorded in the outage; how long to wait before the next try."""
-        self.unanswered += 1
-        return self.db_outage.failed(exc)
 
     def note_reach(self, ages_ms: dict[str, int]) -> dict[str, int] | None:
         """With cells, on the cell's thread: this consumer says in its cell how long ago it reached each cell,

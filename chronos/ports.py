@@ -168,7 +168,7 @@ class StoreHandle(Protocol):
 
     node_id: uuid.UUID | None
     last_ok: float  # time.monotonic() of the last statement the store answered (for /healthz)
-    unanswered: int  # the store's statements that found PostgreSQL out of reach (StoreUnavailable), so far
+    last_unanswered: float  # time.monotonic() of the last statement that found PostgreSQL out of reach, 0.0: none
     link: Link      # the server behind the store's connection, and its history (for metrics)
 
     def close(self) -> None: ...

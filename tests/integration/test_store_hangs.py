@@ -52,10 +52,10 @@ def test_a_statement_the_server_never_answers_is_given_up_at_the_deadline(databa
     assert time.monotonic() - started < 3.0
     assert st.link.unanswered == 1 and st.link.server is None and st.conn is None
     assert postgres_reached(st) == 0.0  # what /healthz reads: not reached since the statement was given up
-    assert st.unanswered == 1  # what a consumer's part of a poll queued behind the statement reads
+    assert st.last_unanswered > st.last_ok  # what a consumer's part of a poll queued behind the statement reads
     proxy.thaw()
     assert st.waiting_ids(["a"]) == {"a"}  # a new connection, same server
-    assert st.link.connects == 2 and st.link.server_changes == 0 and st.unanswered == 1
+    assert st.link.connects == 2 and st.link.server_changes == 0 and st.last_ok > st.last_unanswered
     st.close()
 
 
@@ -66,7 +66,7 @@ def test_a_server_that_hangs_while_connecting_is_given_up_too(database_url, prox
     with pytest.raises(StoreUnavailable, match="cannot connect to PostgreSQL"):
         st.db_clock_us()
     assert time.monotonic() - started < 5.0
-    assert st.unanswered == 1  # a connection that timed out counts as a statement that did
+    assert st.last_unanswered > st.last_ok  # a connection that timed out counts as a statement that did
 
 
 def test_after_a_hang_the_next_connection_tries_the_other_server_first(database_url, proxy):

@@ -22,7 +22,7 @@ class MemoryHandle:
         self.db = db if db is not None else MemoryDatabase()
         self.node_id = node_id
         self.last_ok = 0.0
-        self.unanswered = 0
+        self.last_unanswered = 0.0
         self.link = ports.Link()
 
     def close(self) -> None:
@@ -52,7 +52,7 @@ class MemoryHandle:
         """Run fn(now_us) as one statement: under the database's lock, at one time of its clock."""
         with self.db.lock:
             if self.db.unavailable is not None:
-                self.unanswered += 1
+                self.last_unanswered = time.monotonic()
                 raise StoreUnavailable(self.db.unavailable)
             result = fn(self.db.now_us())
         self.last_ok = time.monotonic()

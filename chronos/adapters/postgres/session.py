@@ -111,7 +111,7 @@ class Session:
         # the schema's version as the connection found it at open (None: not checked): what it holds to write
         self.schema_version: int | None = None
         self.last_ok = 0.0  # time.monotonic() of the last statement PostgreSQL answered (for /healthz)
-        self.unanswered = 0  # the statements that found it out of reach (a connection refused or timed out, too)
+        self.last_unanswered = 0.0  # time.monotonic() of the last that found it out of reach (connecting, too)
 
     @property
     def pooled(self) -> bool:
@@ -244,12 +244,12 @@ class Session:
                 break
             except psycopg.errors.TransactionRollback as exc:
                 if attempt == 4:
-                    self.unanswered += 1
+                    self.last_unanswered = time.monotonic()
                     raise StoreUnavailable(short(exc, self.url)) from None
                 log.info("transaction rolled back (%s); running it again", short(exc, self.url))
                 time.sleep(0.01 * (attempt + 1))
             except StoreUnavailable:
-                self.unanswered += 1
+                self.last_unanswered = time.monotonic()
                 raise
         self.last_ok = time.monotonic()
         return result

@@ -234,9 +234,8 @@ class Cells:
         futures: dict[str, Future] = {}
         for cell, (part, batch) in batches.parts.items():
             fence = self.map.fence(cell, {_partition(m) for m in part})
-            writer = self.writers[cell]
-            futures[cell] = self.threads[cell].submit(writer.store_batch, batch, epoch, fence, give_up=True,
-                                                      unanswered=writer.store.unanswered)
+            futures[cell] = self.threads[cell].submit(self.writers[cell].store_batch, batch, epoch, fence,
+                                                      give_up=True)
         refused: list[str] = []
         error: BaseException | None = None
         stopped = False

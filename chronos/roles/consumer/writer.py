@@ -69,18 +69,17 @@ class Writer:
         return stored is not None and self.finish(messages, [(batch, stored)])
 
     def store_batch(self, batch: Batch, epoch: int | None = None, fence: Fence | None = None, *,
-                    give_up: bool = False, unanswered: int | None = None) -> Stored | None:
+                    give_up: bool = False) -> Stored | None:
         """A batch's store operations written, and which of its late messages' ids are waiting; None if stopped
         first. With a `fence` (cells), `CellMapChanged` when it does not hold, nothing written. Raises as
         `write` does; with `give_up` (a cell's part), `Unreached` at the first failure, instead of waiting
-        PostgreSQL's outage out: the other cells' parts go on meanwhile; and, with `unanswered` (the cell's
-        count of failed statements when the part was handed to its thread), before any try when a statement
-        queued ahead of it failed since: a try would wait out a deadline of its own (a connection to open, on a
-        network that drops the packets) before the cell's partitions are paused. Every statement of the cell runs
-        on its thread, one at a time: the parts of the polls, the words of reach, the idle probes, the forwarded
-        cancels, the clock's readings."""
-        if give_up and unanswered is not None and self.store.unanswered > unanswered:
-            raise Unreached("a statement queued ahead of this write found it out of reach")
+        PostgreSQL's outage out: the other cells' parts go on meanwhile; and before any try when the cell's
+        last statement found it out of reach. Every statement of a cell runs on its thread, one at a time (the
+        parts of the polls, the words of reach, the forwarded cancels, the clock's readings): a try of its own
+        would wait out a deadline of its own first (a connection to open, on a network that drops the
+        packets), and the cell's partitions would be paused that much later."""
+        if give_up and self.store.last_unanswered > self.store.last_ok:
+            raise Unreached("the cell's last statement found it out of reach")
         unreached_since: float | None = None
         others_before: dict[int, int] | None = None
         while True:

@@ -224,6 +224,21 @@ def test_the_consumer_measures_its_hosts_clock_against_postgresqls_every_ten_sec
     assert offset() == pytest.approx(1.0, abs=0.05)
 
 
+def test_a_clock_reading_that_finds_postgresql_out_of_reach_is_followed_by_no_other_statement():
+    """After a write, the clock's reading and the word of where the process serves /metrics run on the thread
+    that writes: once the reading found PostgreSQL out of reach, the word is not tried (on a network that drops
+    the packets each try holds the thread, and the next write, for its deadline)."""
+    c = Consumer()
+    announced: list[float] = []
+    c.proc.writer.metrics.announce = lambda store, now: announced.append(now)
+    c.db.unavailable = "down"
+    c.proc.writer.now_and_then(time.monotonic() + 3 * CLOCK_EVERY_S)
+    assert announced == []
+    c.db.unavailable = None
+    c.proc.writer.now_and_then(time.monotonic() + 6 * CLOCK_EVERY_S)
+    assert len(announced) == 1
+
+
 def test_rows_postgres_refuses_are_dead_lettered_one_by_one():
     class RefusingStore(MemoryStore):
         def apply(self, inserts, replaces, cancels, fence=None, **kw):

@@ -173,9 +173,12 @@ class Writer:
 
     def now_and_then(self, now: float) -> None:
         """Once PostgreSQL answered (after a write, or an idle probe), on the thread that holds the store: the
-        host's clock measured, and where the process serves /metrics said again, each when due."""
+        host's clock measured, and where the process serves /metrics said again, each when due; not the
+        second once the first found PostgreSQL out of reach (its try would hold the thread, and the next
+        write behind it, as long again)."""
         self.measure_clock(now)
-        self.metrics.announce(self.store, now)
+        if self.store.last_unanswered <= self.store.last_ok:
+            self.metrics.announce(self.store, now)
 
     def measure_clock(self, now: float) -> None:
         """Every CLOCK_EVERY_S, PostgreSQL's clock minus this host's, for

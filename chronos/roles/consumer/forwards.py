@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Container, Mapping
+from typing import Callable, Container
 
 from chronos.domain.cells import CANCEL
 from chronos.errors import StoreUnavailable
@@ -25,7 +25,7 @@ FORWARD_BATCH = 1000  # noted forwards a cell's round takes
 class Forwarder:
     """The rounds of forwarding, one at a time, on a thread of their own."""
 
-    def __init__(self, writers: dict[str, Writer], threads: Mapping[str, ThreadPoolExecutor], down: Container[str],
+    def __init__(self, writers: dict[str, Writer], threads: dict[str, ThreadPoolExecutor], down: Container[str],
                  clock: Callable[[], float]):
         """`threads`: each cell's, which holds its writer's store; `down`: the cells that do not answer (skipped,
         their forwards kept); `clock` times the rounds."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from chronos.domain.cells import CellMap, ranges
 from chronos.errors import StoreUnavailable
@@ -50,7 +50,7 @@ class MovingPartitions:
     """The partitions held back while they move: each one's offset it was sought back to, since when, the
     reading of the map under way and when the next is due."""
 
-    def __init__(self, writers: dict[str, Writer], threads: Mapping[str, ThreadPoolExecutor],
+    def __init__(self, writers: dict[str, Writer], threads: dict[str, ThreadPoolExecutor],
                  consumer: Callable[[], Any], clock: Callable[[], float]):
         """`consumer()`: the group's input consumer, which pauses, seeks and resumes."""
         self.writers, self.threads, self.consumer, self.clock = writers, threads, consumer, clock

@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Container, Mapping
+from typing import Callable, Container
 
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.roles.consumer.writer import Writer
@@ -34,7 +34,7 @@ class Reach:
     statement under way, when the next is due, and when (by `clock`) another consumer of the group last
     reached each cell, as far as the cells this one reaches say."""
 
-    def __init__(self, writers: dict[str, Writer], threads: Mapping[str, ThreadPoolExecutor],
+    def __init__(self, writers: dict[str, Writer], threads: dict[str, ThreadPoolExecutor],
                  clock: Callable[[], float]):
         self.writers, self.threads, self.clock = writers, threads, clock
         self.under_way: dict[str, Future] = {}

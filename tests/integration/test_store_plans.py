@@ -157,10 +157,27 @@ def ten_million(conn, phase: str) -> None:
         fill(conn, 3000, "due-")
 
 
+def fill_then_index(conn, n: int, prefix: str, **kw: bool) -> None:
+    """`fill`, with the table's indexes built once the rows are in (from their definitions, the primary key's
+    constraint too) rather than kept row by row: the same rows and index entries, in a third of the time."""
+    with conn.transaction():
+        indexes = conn.execute("SELECT i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid), c.conname "
+                               "FROM pg_index AS i LEFT JOIN pg_constraint AS c ON c.conindid = i.indexrelid AND c.contype = 'p' "
+                               "WHERE i.indrelid = %s::regclass", (TABLE,)).fetchall()
+        for name, _, constraint in indexes:
+            conn.execute(f"ALTER TABLE {TABLE} DROP CONSTRAINT {constraint}" if constraint else f"DROP INDEX {name}")
+        fill(conn, n, prefix, **kw)
+        for name, definition, constraint in indexes:
+            conn.execute(definition)
+            if constraint:
+                conn.execute(f"ALTER TABLE {TABLE} ADD CONSTRAINT {constraint} PRIMARY KEY USING INDEX {name}")
+
+
 def bloated(conn, phase: str) -> None:
-    """A million rows fired and deleted, not vacuumed away; ANALYZE saw the live few."""
+    """A million rows fired and deleted, not vacuumed away (in the table and in every index); ANALYZE saw the
+    live few."""
     if phase == "before":
-        fill(conn, 1_000_000, "gone-", keyed=False)
+        fill_then_index(conn, 1_000_000, "gone-", keyed=False)
         conn.execute(f"DELETE FROM {TABLE}")
         conn.execute(f"ANALYZE {TABLE}")
     else:

@@ -363,6 +363,10 @@ class Stack:
             self.console.stop()
         if self.supervisord is not None and self.supervisord.poll() is None:
             print("stopping programs ...", flush=True)
+            if self.programs is not None:
+                # all at once (each within its stopwaitsecs), where supervisord's own shutdown would stop one
+                # role after another, waiting for each: seconds more for every stop of the stack
+                self.programs.stop_all()
             orphans.stop_child(self.supervisord, 60)
         if self.broker_watch is not None:
             self.broker_watch.close()

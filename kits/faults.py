@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Callable
 
 import orjson
 
@@ -83,18 +84,22 @@ class Scenario:
         _, f.back_running = self.stack.wait_running(name, not_pid=pid)
         return f
 
-    def freeze_firer(self, name: str, seconds: float, wait_held: float = 5.0) -> Fault:
-        """SIGSTOP a running firer while it holds claimed rows, for `seconds`, then SIGCONT it; record the rows it
-        held when it froze."""
+    def freeze_firer(self, name: str, until: Callable[[dict[str, float]], bool], timeout: float,
+                     wait_held: float = 5.0) -> Fault:
+        """SIGSTOP a running firer while it holds claimed rows, until `until(rows it held when it froze)` holds (it
+        fails if that takes more than `timeout` seconds), then SIGCONT it; record the rows it held."""
         pid, node = self._firer_holding(name, wait_held)
         os.kill(pid, signal.SIGSTOP)
         at = time.time()
         try:
             held = held_rows(self.info["database_url"], node)
-            time.sleep(seconds)
+            end = time.monotonic() + timeout
+            while not until(held):
+                assert time.monotonic() < end, f"{name} frozen for {timeout:g} s, and still not so"
+                time.sleep(0.05)
         finally:
             os.kill(pid, signal.SIGCONT)
-        return self.fault(f"SIGSTOP {name} {seconds:g} s", at, end=time.time(), held=held, node=node)
+        return self.fault(f"SIGSTOP {name} {time.time() - at:.0f} s", at, end=time.time(), held=held, node=node)
 
     def _firer_holding(self, name: str, wait_held: float) -> tuple[int, str]:
         """(pid, node) of a running firer, once it holds rows (or `wait_held` seconds went by)."""

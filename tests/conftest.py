@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -40,9 +41,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel built from a clean copy of the checkout, once for the tests of the distribution and the
-    fleet's hosts."""
+    fleet's hosts: once for the whole run, when pytest-xdist's workers run them (the first to ask builds it
+    in the run's directory, under a lock the other waits on)."""
+    import fcntl
     from kits.fleet import build_wheel
-    return build_wheel(tmp_path_factory.mktemp("wheel"))
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
+    with open(shared / "wheel.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes (a worker killed meanwhile included)
+        built = sorted(shared.glob("wheel-*/dist/*.whl"))  # a failed build's directory holds none
+        return built[0] if built else build_wheel(Path(tempfile.mkdtemp(prefix="wheel-", dir=shared)))
 
 
 @pytest.fixture(scope="session")

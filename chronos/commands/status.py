@@ -8,18 +8,15 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from chronos import config
 from chronos.errors import StoreUnavailable
-from chronos.ops import servers
-from chronos.ops.cells import read_map
-from chronos.ops.status import broker_stats, cells_dict, postgres_dict, render, render_cells, to_dict
-from chronos.telemetry import scrape
-from chronos.telemetry.endpoints import ANNOUNCED_WITHIN_MS
-from chronos.telemetry.scrape import Scraper
+
+if TYPE_CHECKING:
+    from chronos.telemetry.scrape import Scraper
 
 
 def add_parser(sub: Any) -> None:
@@ -43,6 +40,10 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from chronos.adapters.postgres.store import Store
+    from chronos.ops.cells import read_map
+    from chronos.ops.status import broker_stats, cells_dict, render, render_cells
+    from chronos.telemetry import scrape
+    from chronos.telemetry.scrape import Scraper
     settings = config.load(args)
     scraper = Scraper(scrape.load("CHRONOS_METRICS_SCRAPE_CONFIG_FILE", settings.metrics_scrape_config_file))
     stores = {cell: Store(url, pool_mode=settings.database_pool_mode, application_name="chronos status")
@@ -93,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
 def snapshot(store: Any, settings: config.Settings, args: argparse.Namespace, scraper: Scraper,
              broker: dict[str, Any] | None) -> dict[str, Any]:
     """What one database holds, its server and the processes on it (`to_dict`)."""
+    from chronos.ops import servers
+    from chronos.ops.status import postgres_dict, to_dict
+    from chronos.telemetry.endpoints import ANNOUNCED_WITHIN_MS
     view = store.overview(settings.hold_time_ms, exact=True if args.exact else None)
     urls = list(dict.fromkeys([*settings.console_metrics_urls, *(a.url for a in store.announced(ANNOUNCED_WITHIN_MS))]))
     postgres = postgres_dict(store.server_view(), view.by_node,

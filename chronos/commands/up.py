@@ -7,9 +7,7 @@ import os
 from typing import Any
 
 from chronos import config
-from chronos.up.programs import ROLES
-from chronos.up.cells import PARTITIONS_PER_CELL
-from chronos.up.stack import EMBEDDED_PARTITIONS, EXTERNAL_PARTITIONS
+from chronos.up import EMBEDDED_PARTITIONS, EXTERNAL_PARTITIONS, PARTITIONS_PER_CELL, ROLES
 
 
 def add_parser(sub: Any) -> None:

@@ -17,3 +17,16 @@ command.py (its arguments, signals and exit code), stack.py (the start order, th
 ready file), datadir.py (the data directory's lock and layout), supervisor.py (supervisord and its
 XML-RPC client), programs.py (the programs' states), recovery.py (starting a dead embedded service again).
 """
+
+# The layout's numbers, here so that `chronos --help` and the commands that start no stack load none of the
+# modules that use them (chronos/commands/up.py's flags name them).
+ROLES = ("consumer", "firer", "detector")
+# Input partitions per cell, unless --partitions says: the map gives each cell its share of them, and the
+# embedded broker cannot add partitions to a topic, so there is room up front for the cells a stack may grow to
+# (a partition at least per cell).
+PARTITIONS_PER_CELL = 4
+# Partitions of the topics `chronos up` creates: one on the embedded broker, whose every fetch lists all the
+# batches a partition holds, so fewer partitions mean fewer batches to list per fetch (measured:
+# docs/operations/embedded-stack.md#why-it-slows-as-it-fills-and-what-chronos-does-about-it); four on a real
+# Kafka, so several consumers share the input.
+EMBEDDED_PARTITIONS, EXTERNAL_PARTITIONS = 1, 4

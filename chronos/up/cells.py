@@ -11,11 +11,6 @@ from chronos.embedded.postgres import EmbeddedPostgres
 from chronos.errors import StackError
 from chronos.ops.cells import assign_map
 
-# Input partitions per cell, unless --partitions says: the map gives each cell its share of them, and the
-# embedded broker cannot add partitions to a topic, so there is room up front for the cells a stack may grow to
-# (a partition at least per cell).
-PARTITIONS_PER_CELL = 4
-
 
 def cell_names(count: int) -> list[str]:
     """The names of the cells of `chronos up --cells N`."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from chronos import config
 from chronos.console.launch import ConsoleProcess
 from chronos.errors import ChronosError
-from chronos.up.programs import ROLES
+from chronos.up import ROLES
 from chronos.up.stack import Options, Stack
 
 MAX_CELLS = 16  # embedded PostgreSQL servers on one machine

@@ -19,7 +19,6 @@ from chronos.up.supervisor import Supervisor, SupervisorError
 
 log = logging.getLogger("chronos.up")
 
-ROLES = ("consumer", "firer", "detector")
 # a program is taken as started once it has run this long (it checked its settings and the schema)
 PROGRAM_SETTLE_S = 2.0
 # exit codes of a program that restarting cannot help: it is not restarted (supervisord.conf)

@@ -38,7 +38,7 @@ from chronos.embedded.watch import BrokerWatch, default_warning_bytes, machine_m
 from chronos.errors import ConfigError, StackError
 from chronos.telemetry.endpoints import metrics_urls, pick_metrics_base
 from chronos.runtime import orphans
-from chronos.up import cells, recovery
+from chronos.up import EMBEDDED_PARTITIONS, EXTERNAL_PARTITIONS, PARTITIONS_PER_CELL, cells, recovery
 from chronos.up.datadir import DataDir
 from chronos.up.programs import Programs, live_counts
 from chronos.up.supervisor import Supervisor, SupervisorError, spawn_supervisord
@@ -48,11 +48,6 @@ log = logging.getLogger("chronos.up")
 # What each child gets when `chronos up` dies: PostgreSQL a fast shutdown, the broker (memory
 # only, nothing to save) its immediate exit, supervisord a graceful stop of the programs.
 PARENT_DEATH_SIGNAL = {"postgres": signal.SIGINT, "broker": signal.SIGINT, "supervisord": signal.SIGTERM}
-# Partitions of the topics `chronos up` creates: one on the embedded broker, whose every fetch lists all the
-# batches a partition holds, so fewer partitions mean fewer batches to list per fetch (measured:
-# docs/operations/embedded-stack.md#why-it-slows-as-it-fills-and-what-chronos-does-about-it); four on a real
-# Kafka, so several consumers share the input.
-EMBEDDED_PARTITIONS, EXTERNAL_PARTITIONS = 1, 4
 
 def broker_offset_reader(bootstrap: str, s: Settings) -> OffsetReaderProcess:
     """What the broker watch reads offsets with: a reader in a process of its own, since librdkafka can
@@ -158,7 +153,7 @@ class Stack:
         if self.partitions is None:
             self.partitions = EXTERNAL_PARTITIONS if self.broker is None else EMBEDDED_PARTITIONS
         if self.input_partitions is None:
-            self.input_partitions = cells.PARTITIONS_PER_CELL * len(s.cells) if s.cells else self.partitions
+            self.input_partitions = PARTITIONS_PER_CELL * len(s.cells) if s.cells else self.partitions
         for cell, url in s.databases().items():
             applied = migrations.migrate(url)
             print(("" if not cell else f"cell {cell}: ") + f"schema at version {migrations.LATEST_VERSION}"
@@ -363,6 +358,10 @@ class Stack:
             self.console.stop()
         if self.supervisord is not None and self.supervisord.poll() is None:
             print("stopping programs ...", flush=True)
+            if self.programs is not None:
+                # all at once (each within its stopwaitsecs), where supervisord's own shutdown would stop one
+                # role after another, waiting for each: seconds more for every stop of the stack
+                self.programs.stop_all()
             orphans.stop_child(self.supervisord, 60)
         if self.broker_watch is not None:
             self.broker_watch.close()

@@ -3,6 +3,8 @@ of its XML-RPC interface (also what the benchmarks and the tests ask it through)
 
 from __future__ import annotations
 
+import http.client
+import socket
 import subprocess
 import sys
 import xmlrpc.client
@@ -11,6 +13,12 @@ from pathlib import Path
 from typing import cast
 
 from chronos.runtime import orphans
+
+
+# how long supervisord may take to answer a call; and one that waits for programs to stop or start (each program
+# stops within its stopwaitsecs, at most 30 s in supervisord.conf, or is killed)
+ANSWER_S = 10.0
+STOPPED_S = 60.0
 
 
 class SupervisorError(Exception):
@@ -45,10 +53,8 @@ class Supervisor:
     def __init__(self, socket: Path | str):
         self.socket = Path(socket)
 
-    def _rpc(self) -> xmlrpc.client.ServerProxy:
-        from supervisor.xmlrpc import SupervisorTransport
-        transport = SupervisorTransport(None, None, f"unix://{self.socket}")
-        return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
+    def _rpc(self, timeout: float = ANSWER_S) -> xmlrpc.client.ServerProxy:
+        return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=_UnixTransport(self.socket, timeout))
 
     def programs(self) -> list[dict]:
         """Every program's process info (name, group, statename, pid, exitstatus, start, now, stdout_logfile)."""
@@ -59,12 +65,12 @@ class Supervisor:
             raise SupervisorError(str(exc)) from exc
 
     def stop_all(self) -> None:
-        """Stop every program (gracefully, as supervisord.conf says) and wait until they stopped."""
-        self._call("stopAllProcesses", True)
+        """Stop every program at once (gracefully, as supervisord.conf says) and wait until they stopped."""
+        self._call("stopAllProcesses", True, timeout=STOPPED_S)
 
     def start_group(self, group: str) -> None:
         """Start every program of `group` and wait until they run."""
-        self._call("startProcessGroup", group, True)
+        self._call("startProcessGroup", group, True, timeout=STOPPED_S)
 
     def stop_group(self, group: str) -> None:
         """Stop every program of `group`, without waiting."""
@@ -72,10 +78,32 @@ class Supervisor:
 
     def stop(self, name: str) -> None:
         """Stop program `name` (e.g. `consumer_00`) and wait until it stopped."""
-        self._call("stopProcess", f"{name.rpartition('_')[0]}:{name}", True)
+        self._call("stopProcess", f"{name.rpartition('_')[0]}:{name}", True, timeout=STOPPED_S)
 
-    def _call(self, method: str, *args: object) -> None:
+    def _call(self, method: str, *args: object, timeout: float = ANSWER_S) -> None:
         try:
-            getattr(self._rpc().supervisor, method)(*args)
+            getattr(self._rpc(timeout).supervisor, method)(*args)
         except (OSError, xmlrpc.client.Error) as exc:
             raise SupervisorError(str(exc)) from exc
+
+
+class _UnixTransport(xmlrpc.client.Transport):
+    """XML-RPC over supervisord's Unix socket, each call answered within `timeout` seconds or failed."""
+
+    def __init__(self, socket_path: Path, timeout: float):
+        super().__init__()
+        self.socket_path, self.timeout = socket_path, timeout
+
+    def make_connection(self, host: object) -> http.client.HTTPConnection:
+        return _UnixConnection(self.socket_path, self.timeout)  # a proxy of this module's makes one call
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, socket_path: Path, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = socket_path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(str(self.socket_path))

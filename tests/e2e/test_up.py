@@ -56,8 +56,14 @@ def test_up_send_receive_and_clean_stop(tmp_path):
         assert (m.key, m.value) == (b"K", b"V")
         assert m.header_dict["h"] == b"1"
         assert m.at >= sent_at + 2 - 0.05
+        names = sorted(up.programs())
         assert up.stop() == 0
         assert "stopped" in up.output()
+        # every program was asked to stop before the first had stopped: together, not one role after another
+        # (supervisord's own shutdown)
+        supervisord = (up.log_dir / "supervisord.log").read_text()
+        first_stopped = supervisord.index("stopped: ")
+        assert all(0 <= supervisord.find(f"waiting for {name} to stop") < first_stopped for name in names), supervisord
         assert all(exited(pid) for pid in pids), up.output()
         assert not up.ready_file.exists()
     finally:

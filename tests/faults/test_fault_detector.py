@@ -7,9 +7,11 @@ import time
 import pytest
 
 from kits.faults import Scenario
-from test_fault_firer import HOLD_S, finish_after_firer_kills
+from test_fault_firer import HOLD_S, finish_after_firer_kills, wait_handed_back
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+DETECTORS = ("detector_00", "detector_01")
 
 
 def test_detector_sigkilled_and_two_detectors(tmp_path, fault_report):
@@ -23,9 +25,8 @@ def test_detector_sigkilled_and_two_detectors(tmp_path, fault_report):
             f = sc.fault(f"SIGKILL {detector}", at)
             kills.append(sc.kill_firer(firer))
             _, f.back_running = sc.stack.wait_running(detector, not_pid=pid)
-            time.sleep(HOLD_S + 4)
+            wait_handed_back(sc, kills[-1], DETECTORS)
         pid, at = sc.stack.kill_program("detector_00")  # and alone, while nothing is stale
         sc.fault("SIGKILL detector_00", at).back_running = sc.stack.wait_running("detector_00", not_pid=pid)[1]
-        time.sleep(3)
         # two detectors at once: every held row was handed back exactly once, by one of them
-        finish_after_firer_kills(sc, kills, fault_report, ("detector_00", "detector_01"))
+        finish_after_firer_kills(sc, kills, fault_report, DETECTORS)

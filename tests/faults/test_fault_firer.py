@@ -10,6 +10,7 @@ import time
 import pytest
 
 from faultchecks import check_common
+from helpers import wait_for
 from kits.faults import Scenario
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
@@ -36,6 +37,12 @@ def check_held_rows_refired(sc: Scenario, kills) -> None:
             assert max(arrivals[mid]) >= readied_at + HOLD_S - 0.1, (mid, readied_at, arrivals[mid])
 
 
+def wait_handed_back(sc: Scenario, kill, detectors: tuple[str, ...]) -> None:
+    """Wait until the detectors have handed back every row the killed firer held (after the hold time)."""
+    wait_for(lambda: reset_counts("".join(sc.stack.log(d) for d in detectors)).get(kill.node, 0) >= len(kill.held),
+             HOLD_S + 30, f"the {len(kill.held)} rows of {kill.what} handed back")
+
+
 def finish_after_firer_kills(sc: Scenario, kills, fault_report, detectors: tuple[str, ...]) -> None:
     """The verdict of a scenario that killed firers holding rows: the common checks, every held row
     re-fired by a peer, duplicates only among the held rows (published, not yet deleted), and each
@@ -57,7 +64,7 @@ def test_firer_sigkilled_while_holding_rows(tmp_path, fault_report):
         kills = []
         for name in ("firer_00", "firer_01", "firer_00"):
             kills.append(sc.kill_firer(name))
-            time.sleep(HOLD_S + 4)
+            wait_handed_back(sc, kills[-1], ("detector_00",))
         finish_after_firer_kills(sc, kills, fault_report, ("detector_00",))
         supervisord = (sc.stack.log_dir / "supervisord.log").read_text()
         assert supervisord.count("exited: firer_00 (terminated by SIGKILL; not expected)") == 2
@@ -73,7 +80,7 @@ def test_firer_whose_claims_delete_sigkilled_while_holding_rows(tmp_path, fault_
         kills = []
         for name in ("firer_00", "firer_01"):
             kills.append(sc.kill_firer(name, deletes=True))
-            time.sleep(3)
+            assert not sc.reader.wait_for(kills[-1].held, timeout=30), f"{name}'s rows not fired by its peer"
         report = sc.finish()
         fault_report(report)
         check_common(sc, report)
@@ -94,8 +101,11 @@ def test_firer_frozen_past_the_hold_time_publishes_nothing_once_thawed(tmp_path,
     with Scenario(f"2f firer SIGSTOP ({claim})", tmp_path, "--firers", "2", "--firer-claim", claim,
                   "--lookahead-ms", "1000", hold_s=HOLD_S) as sc:
         time.sleep(4)
-        frozen = sc.freeze_firer("firer_00", HOLD_S + 5)   # the peer takes its rows over well before the thaw
-        time.sleep(2)
+        # thawed once the peer has fired every row it held (past the hold time, or once PostgreSQL ended its
+        # transactions)
+        frozen = sc.freeze_firer("firer_00", lambda held: all(m in sc.reader.arrivals for m in held),
+                                 timeout=HOLD_S + 20)
+        wait_for(lambda: "claimed more than" in sc.stack.log("firer_00"), 30, "the thawed firer's batch given up")
         report = sc.finish()
         fault_report(report)
         check_common(sc, report)

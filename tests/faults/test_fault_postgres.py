@@ -13,6 +13,7 @@ import pytest
 from chronos.embedded.postgres import EmbeddedPostgres
 from chronos.embedded.procs import free_port
 from faultchecks import check_common
+from helpers import wait_for
 from kits.tls import Authority, require_pg15
 from kits.faults import Scenario
 
@@ -49,7 +50,9 @@ def test_postgres_restarted_mid_load(tmp_path, postgres, fault_report, request):
         time.sleep(5)
         postgres.start()
         sc.fault("PostgreSQL stopped 5 s", down, end=time.time())
-        time.sleep(5)  # load on after the restart: every process back at work on it
+        # load on after the restart, until every process is back at work on it
+        wait_for(lambda: all("postgres reachable again after" in sc.stack.log(name) for name in PROGRAMS), 60,
+                 "every process reaching PostgreSQL again")
         report = sc.finish(window_explains=True)
         fault_report(report)
         check_common(sc, report)

@@ -28,7 +28,9 @@ def test_two_of_each_then_remove_one_of_each(tmp_path, fault_report):
             committed = sc.offsets.committed() if name.startswith("consumer") else None
             supervisor.stop(name)
             sc.fault(f"stop {name}", at, end=time.time(), committed=committed)
-        time.sleep(8)  # load on the remaining one of each
+        # load on the remaining one of each, until they have delivered everything sent before the stops
+        before = list(sc.load.sent)
+        assert not sc.reader.wait_for(before, timeout=60), "what was sent before the stops not delivered"
         report = sc.finish()
         fault_report(report)
         check_common(sc, report, stopped=REMOVED)

@@ -21,7 +21,7 @@ from kits.pgbouncer import PgBouncer
 # What a server connection holds when nothing of a client stayed on it: the settings as the server has
 # them, no staging table, no prepared statement.
 CLEAN_STATE = ("SELECT pg_backend_pid(), current_setting('enable_seqscan'), current_setting('enable_bitmapscan'), "
-               "current_setting('synchronous_commit'), to_regclass('pg_temp.chronos_staging') IS NULL, "
+               "current_setting('jit'), current_setting('synchronous_commit'), to_regclass('pg_temp.chronos_staging') IS NULL, "
                "(SELECT count(*) FROM pg_prepared_statements)")
 
 
@@ -117,13 +117,14 @@ def exercise(bouncer: PgBouncer, database_url: str) -> None:
 
         if bouncer.pool_mode == pooling.TRANSACTION:  # the settings hold in each transaction, and in it only
             seen = firer._run(lambda c: firer._execute(c, "SELECT current_setting('enable_seqscan'), "
+                                                         "current_setting('jit'), "
                                                          "current_setting('synchronous_commit')").fetchone())
-            assert seen == ("off", "off")
+            assert seen == ("off", "off", "off")
     finally:
         for s in (consumer, firer, detector):
             s.close()
     states = server_states(bouncer, url)
-    assert states and all(state[1:] == ("on", "on", "on", True, 0) for state in states), states
+    assert states and all(state[1:] == ("on", "on", "on", "on", True, 0) for state in states), states
 
 
 def test_the_processes_statements_work_through_the_pooler_and_leave_nothing_behind(pooler, database_url):

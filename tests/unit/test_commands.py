@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import pkgutil
+import subprocess
+import sys
 
 from chronos import cli, commands
 
@@ -107,3 +109,17 @@ def test_the_alerts_name_only_commands_that_exist_and_parked_messages_say_which_
                 assert path and not sub_commands(p), f"{alert} names `chronos {words}`: no such command"
                 named.add((alert, " ".join(path)))
     assert {("ChronosMessagesParked", c) for c in ("parked list", "parked replay", "parked drop")} <= named
+
+
+def test_the_parser_loads_neither_the_postgresql_client_nor_the_stack():
+    """`chronos --help`, and the parser every command runs through, load neither PostgreSQL's client nor the
+    modules of `chronos up`, `chronos status` and the metrics: the handlers that need them import them (a
+    command that needs none starts in half the time)."""
+    code = ("import sys\n"
+            "import chronos.cli\n"
+            "chronos.cli.build_parser()\n"
+            "heavy = ('psycopg', 'prometheus_client', 'supervisor', 'chronos.up.stack', 'chronos.up.cells',\n"
+            "         'chronos.ops.status', 'chronos.ops.servers')\n"
+            "loaded = sorted(m for m in sys.modules if m.split('.')[0] in heavy or m in heavy)\n"
+            "assert not loaded, loaded\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

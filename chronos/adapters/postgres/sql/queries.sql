@@ -190,6 +190,7 @@ SELECT pg_backend_pid();
 -- server connection the pooler lends to other clients next). NULL leaves a setting as it is.
 SELECT set_config('enable_seqscan', coalesce(%(planner)s::text, current_setting('enable_seqscan')), true),
        set_config('enable_bitmapscan', coalesce(%(planner)s::text, current_setting('enable_bitmapscan')), true),
+       set_config('jit', coalesce(%(planner)s::text, current_setting('jit')), true),
        set_config('synchronous_commit', coalesce(%(synchronous_commit)s::text, current_setting('synchronous_commit')),
                   true),
        set_config('lock_timeout', coalesce(%(lock_timeout)s::text, current_setting('lock_timeout')), true);
@@ -206,7 +207,11 @@ SELECT set_config('lock_timeout', %(ms)s, false);
 -- analyzed while empty, a generic plan cached then, a bloated or huge table) can make the planner
 -- prefer a plan that reads the whole table, since PostgreSQL picks the plan with the fewest
 -- disabled nodes before comparing costs. (Where a statement has no other way, the scan still runs.)
-SELECT set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false);
+-- JIT off: before PostgreSQL 18 a disabled scan adds 10^10 to the plan's cost, past every JIT threshold,
+-- and compiling a statement took 100 to 300 ms of an execution that takes one (the firer's lease, the
+-- consumer's writes from its staging table).
+SELECT set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false),
+       set_config('jit', 'off', false);
 
 -- fragment: claim_held_back
 -- The claim's ordering check (see `claim`), on its `candidates` (ctid, ordering_key, place, seq): `due`,

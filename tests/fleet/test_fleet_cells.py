@@ -15,7 +15,7 @@ import pytest
 
 from kits.fleet import ROOT, Fleet, page_blocks
 from kits.fleet.scenarios import holder_of, host_cut, partition_move, primary_cut, primary_kill
-from test_partitions import DB_TIMEOUT_S, HOLD_S, RATE, TAKEOVER_S, verdict
+from test_partitions import DB_TIMEOUT_S, HOLD_S, RATE, SESSION_S, TAKEOVER_S, verdict
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(600)]
 
@@ -52,9 +52,9 @@ def test_the_install_pages_cells_run_as_written_each_firer_and_detector_serving_
     assert "key='hello' value='world'" in done, done
 
 
-def on_time(row, other: str) -> None:
+def on_time(row, other: str, more_s: float = 0.0) -> None:
     late = row["max_lateness_during_fault_by_cell_s"]
-    assert late is not None and late[other] < ON_TIME_S, late
+    assert late is not None and late[other] < ON_TIME_S + more_s, late
 
 
 def test_a_cells_primary_killed_its_standby_takes_over_and_the_other_cell_stays_on_time(fleet, fault_report):
@@ -80,7 +80,7 @@ def test_a_chronos_host_cut_off_from_one_cell_leaves_that_cells_partitions_to_th
     """The host whose consumer holds both of cell2's partitions (so that no other consumer commits there) is cut
     off from cell2's cluster only: its consumer leaves the group once the other host's consumer has said, in
     cell1, that it reaches cell2, and that one then writes cell2's messages, as the other host's cell2 firer
-    fires the rows the cut-off host's held; cell1's messages stay on time."""
+    fires the rows the cut-off host's held; cell1's messages wait no longer than the group's rebalance."""
     holder = holder_of(fleet, {2, 3})
     other = next(h for h in fleet.chronos if h is not holder)
     said_before = {h.name: len(h.log("consumer_00")) for h in fleet.chronos}
@@ -98,7 +98,9 @@ def test_a_chronos_host_cut_off_from_one_cell_leaves_that_cells_partitions_to_th
     assert left_at < DB_TIMEOUT_S + word_s + HOLD_S + 1.5, (left_at, word_s)
     late = row["max_lateness_during_fault_by_cell_s"]
     assert late["cell2"] < TAKEOVER_S + DB_TIMEOUT_S + word_s, (late, word_s)
-    on_time(row, "cell1")
+    # the cut-off consumer's leaving rebalances the group: the other consumer gives cell1's partitions up and
+    # takes them back with cell2's, within the session timeout and a poll (a full run of the suite saw 3.9 s)
+    on_time(row, "cell1", more_s=SESSION_S + 2.0)
     # cell2's messages sent during the cut reach cell2 through the other host's consumer only: some were
     # delivered before the heal
     assert row["sent_during_cut_delivered_before_heal_by_cell"]["cell2"] > 0, row

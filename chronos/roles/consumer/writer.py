@@ -78,7 +78,7 @@ class Writer:
         parts of the polls, the words of reach, the forwarded cancels, the clock's readings): a try of its own
         would wait out a deadline of its own first (a connection to open, on a network that drops the
         packets), and the cell's partitions would be paused that much later."""
-        if give_up and self.store.last_unanswered > self.store.last_ok:
+        if give_up and self.last_failed:
             raise Unreached("the cell's last statement found it out of reach")
         unreached_since: float | None = None
         others_before: dict[int, int] | None = None
@@ -177,8 +177,13 @@ class Writer:
         second once the first found PostgreSQL out of reach (its try would hold the thread, and the next
         write behind it, as long again)."""
         self.measure_clock(now)
-        if self.store.last_unanswered <= self.store.last_ok:
+        if not self.last_failed:
             self.metrics.announce(self.store, now)
+
+    @property
+    def last_failed(self) -> bool:
+        """Whether the store's last statement found PostgreSQL out of reach (none answered since)."""
+        return self.store.last_unanswered > self.store.last_ok
 
     def measure_clock(self, now: float) -> None:
         """Every CLOCK_EVERY_S, PostgreSQL's clock minus this host's, for

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence, TypeVar
 
-from chronos.errors import ConfigError
+from chronos.errors import CellMapChanged, ConfigError
 
 OPEN, MOVING = "open", "moving"
 STATES = (OPEN, MOVING)
@@ -159,14 +159,15 @@ class CellMap:
         return sorted(p for p, owner in self.owners.items() if owner.cell == cell)
 
     def fence(self, cell: str, partitions: Iterable[int]) -> Fence:
-        """The fence of a write of these partitions to `cell`, which owns them all, open."""
+        """The fence of a write of these partitions to `cell`, which owns them all, open; `CellMapChanged` if it
+        does not (they were split by cell on an older map)."""
         if not self.owners:
             return WHOLE
         epochs = {}
         for partition in partitions:
             owner = self.owner(partition)
             if owner.cell != cell or not owner.writable:
-                raise ValueError(f"partition {partition} is not open in cell {cell}")
+                raise CellMapChanged(f"partition {partition} is not open in cell {cell}")
             epochs[partition] = owner.epoch
         return Fence(epochs)
 

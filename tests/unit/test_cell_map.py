@@ -7,6 +7,7 @@ import pytest
 
 from chronos.domain.cells import (MOVING, OPEN, WHOLE, CellMap, CellMapError, CellPartition as P, Fence, Owner, assign,
                                   ranges)
+from chronos.errors import CellMapChanged
 
 
 def test_one_cell_that_lists_nothing_owns_every_partition_of_any_topic():
@@ -29,9 +30,9 @@ def test_each_partition_belongs_to_the_cell_that_lists_it_and_the_higher_epoch_w
     # moving, with no cell that opened it since: written nowhere
     moving = CellMap.build({"a": [P(0, 1), P(1, 2, MOVING)], "b": []})
     assert not moving.owner(1).writable
-    with pytest.raises(ValueError):
+    with pytest.raises(CellMapChanged):
         moving.fence("a", [1])
-    with pytest.raises(ValueError):
+    with pytest.raises(CellMapChanged):
         m.fence("a", [3])
 
 

@@ -232,11 +232,15 @@ class Cells:
         (`OutOfReach`, `PartitionsLost`) is raised once every cell's has ended."""
         assert self.map is not None
         futures: dict[str, Future] = {}
+        refused: list[str] = []
         for cell, (part, batch) in batches.parts.items():
-            fence = self.map.fence(cell, {_partition(m) for m in part})
+            try:
+                fence = self.map.fence(cell, {_partition(m) for m in part})
+            except CellMapChanged:  # sorted on the map before the one the last poll's write read again
+                refused.append(cell)
+                continue
             futures[cell] = self.threads[cell].submit(self.writers[cell].store_batch, batch, epoch, fence,
                                                       give_up=True)
-        refused: list[str] = []
         error: BaseException | None = None
         stopped = False
         for cell in self.stragglers(futures):

@@ -35,7 +35,7 @@ def test_day_benchmark_whole_sequence_at_small_scale(tmp_path):
             assert p["jitter_ms"][key] is not None
         assert p["broker_floor_ms"]["count"] > 10, p["name"]  # the probe ran through every phase
         for statement in ("claim", "scan", "insert"):  # firers claim and detectors scan on every poll
-            assert p["statements"][statement]["count"] > 0, (p["name"], statement)
+            assert p["statements"][statement]["count"] > 0, (p["name"], statement, p.get("spike"), run.stdout)
             assert p["statements"][statement]["slowest_s"] > 0
         # a phase may end before the deletes of its last acknowledgements (they come in the next one)
         assert p["statements"]["delete"]["count"] >= 0 and "slowest_s" in p["statements"]["delete"]

@@ -36,8 +36,12 @@ def test_broker_paused_10s(tmp_path, fault_report):
             os.kill(pid, signal.SIGCONT)
         sc.fault("broker SIGSTOP 10 s", paused, end=time.time())
         # load on after the thaw, until the firers claim and publish again
-        wait_for(lambda: all(claiming_again(sc.stack.log(name)) for name in ("firer_00", "firer_01")), 60,
-                 "both firers claiming again")
+        firers = ("firer_00", "firer_01")
+        try:
+            wait_for(lambda: all(claiming_again(sc.stack.log(name)) for name in firers), 60, "both firers claiming again")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n" + "\n".join(f"--- {name}\n{sc.stack.log(name)[-6000:]}"
+                                                         for name in firers)) from None
         report = sc.finish(window_explains=True)
         fault_report(report)
         check_common(sc, report)

@@ -47,7 +47,7 @@ def test_the_full_sequence_is_the_issues_and_scale_shortens_durations_and_counts
     tenth = day.phases(0.1)
     assert [p.name for p in tenth] == [p.name for p in full]
     assert tenth[0].duration == 6.0 and tenth[1].quiet == 4.0 and tenth[1].rate == 10000.0
-    assert (tenth[4].capacity, tenth[4].spike_ahead, tenth[5].far_rows) == (20_000, 3.0, 100_000)
+    assert (tenth[4].capacity, tenth[4].spike_ahead, tenth[5].far_rows) == (20_000, 6.0, 100_000)
 
 
 def test_phase_figures_jitter_losses_duplicates_and_messages_over_60s_late():

@@ -14,6 +14,8 @@ up: $(VENV)/.installed
 
 # Two workers: tests/fleet, tests/ha (servers of their own) and tests/faults (a stack under load and faults) in
 # one, the rest in the other (tests/conftest.py groups them); PYTEST_WORKERS= runs everything in this process.
+# The wheels the tests install (this checkout's, and the release before it for the upgrade) are built first,
+# both at once (kits/fleet/install.py).
 PYTEST_WORKERS ?= -n 2
 # The tests' temporary directories, in /tmp (short paths: Unix sockets live in them) but this checkout's own: the
 # embedded PostgreSQL runs as a user of its own, which must traverse them, and every pytest session resets the
@@ -26,7 +28,9 @@ test: $(VENV)/.installed $(BIN)/promtool $(BIN)/prometheus chromium stunnel post
 	$(BIN)/lint-imports
 	$(BIN)/mypy chronos
 	mkdir -p $(PYTEST_TEMPROOT)
-	PYTEST_DEBUG_TEMPROOT=$(PYTEST_TEMPROOT) $(BIN)/python -m pytest $(PYTEST_WORKERS) $(ARGS)
+	$(BIN)/python -m kits.fleet $(PYTEST_TEMPROOT)/wheels
+	TEST_WHEELS_DIR=$(PYTEST_TEMPROOT)/wheels PYTEST_DEBUG_TEMPROOT=$(PYTEST_TEMPROOT) \
+	  $(BIN)/python -m pytest $(PYTEST_WORKERS) $(ARGS)
 
 # The console's browser tests drive Debian's chromium (Playwright's own browser download is not
 # used). Installed here when missing; without it the browser tests fail rather than skip.

@@ -41,10 +41,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel built from a clean copy of the checkout, once for the tests of the distribution and the
-    fleet's hosts: once for the whole run, when pytest-xdist's workers run them (the first to ask builds it
-    in the run's directory, under a lock the other waits on)."""
+    fleet's hosts: the one `make test` built before the tests started, or else once for the whole run, when
+    pytest-xdist's workers run them (the first to ask builds it in the run's directory, under a lock the
+    other waits on)."""
     import fcntl
     from kits.fleet import build_wheel
+    from kits.fleet.install import built_ahead
+    ahead = built_ahead("checkout")
+    if ahead is not None:
+        return ahead
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
     with open(shared / "wheel.lock", "w") as lock:

@@ -64,6 +64,19 @@ def mount_points(targets: list[str]) -> None:
 # -- the wheels, and the install -----------------------------------------------------------------
 
 
+#: The folder where `make test` builds the wheels before the tests start (`python -m kits.fleet FOLDER`):
+#: this checkout's in FOLDER/checkout, the release before it in FOLDER/release, both at once. Without it, the
+#: tests build the wheels they need themselves.
+WHEELS_ENV = "TEST_WHEELS_DIR"
+
+
+def built_ahead(kind: str, version: str = "*") -> Path | None:
+    """The wheel `make test` built before the tests (`kind`: checkout, release), if it did."""
+    folder = os.environ.get(WHEELS_ENV)
+    found = sorted(Path(folder, kind, "dist").glob(f"chronos_scheduler-{version}-*.whl")) if folder else []
+    return found[0] if found else None
+
+
 def build_wheel(workdir: Path, timeout: float = 600.0) -> Path:
     """The wheel `pip wheel` builds from a clean copy of the checkout: the files git tracks (and new files
     it does not ignore, symbolic links as links), so no build output of the working tree leaks in; the
@@ -123,6 +136,9 @@ def previous_release() -> str:
 def release_wheel(version: str, workdir: Path, timeout: float = 600.0) -> Path:
     """The wheel of an earlier release, built by `pip wheel` from its commit's files (`git archive`), as a
     site that keeps its releases' wheels would have it."""
+    ahead = built_ahead("release", version)
+    if ahead is not None:
+        return ahead
     commit = release_commit(version)
     known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
     if known.returncode != 0:
@@ -200,3 +216,13 @@ def _with_wheelhouse(built: Path) -> dict[str, str]:
                                 capture_output=True, text=True, timeout=60).stdout.split()
     links = dict.fromkeys([str(built), *os.environ.get("PIP_FIND_LINKS", "").split(), *configured])
     return {"PIP_FIND_LINKS": " ".join(links)}
+
+
+def build_ahead(folder: Path) -> None:
+    """This checkout's wheel and the previous release's, built at once into `folder` (`WHEELS_ENV`)."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(2) as pool:
+        checkout = pool.submit(build_wheel, folder / "checkout")
+        release = pool.submit(release_wheel, previous_release(), folder / "release")
+        print(f"built {checkout.result().name} and {release.result().name} in {folder}", flush=True)
+

@@ -16,7 +16,8 @@ the same length before the move (jitter, read time - deadline; and the publish's
 the move's own figures (its rows copied, its cut-over, its length, its pace, each line it said with when), and the
 machine's load average (over one minute) when the move began and when it ended; and, for each 10 s from the
 window before the move to its end, the other partitions' jitter and publish lateness at p99.9 and most, so that a
-stall shows when it came.
+stall shows when it came; and for the same 10 s, what each cell's sessions wait on (each role's, the move's among
+the others), with the checkpoints and the WAL of those seconds, so that a stall shows what it was.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import os
 import platform
 import re
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -91,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         load = Load(info["bootstrap_servers"], info["input_topic"], rate=args.rate, late=0.0, seed=11)
         load.start()
         print(f"load at {args.rate:,.0f} msg/s for {args.before:.0f}s before the move ...", flush=True)
-        time.sleep(args.before)
+        time.sleep(max(0.0, args.before - 20.0))
+        waits = Waits(cells)
+        waits.start()
+        time.sleep(min(20.0, args.before))
         paced = [] if args.move_rate is None else ["--move-rate", str(args.move_rate)]
         load_at = [os.getloadavg()[0]]
         moved_from = time.time()
@@ -113,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"the move failed (exit {done.returncode}): {done.stdout}{done.stderr}")
         result["move"] = move_figures(done.stdout, moved_until - moved_from)
         time.sleep(args.after)
+        waits.stopping.set()
+        waits.join(10)
+        result["waits_by_10s"] = waits.by_10s(moved_from)
         load.stop()
         sent = dict(load.sent)
         missing = reader.wait_for(sent, 120)
@@ -148,6 +156,67 @@ def main(argv: list[str] | None = None) -> int:
     print(orjson.dumps({k: v for k, v in result.items() if k != "layout"}, option=orjson.OPT_INDENT_2).decode())
     print(f"written to {args.out}")
     return 0 if not missing and result["messages"]["early"] == 0 else 1
+
+
+# the checkpoints begun (PostgreSQL 17 on; pg_stat_bgwriter's before) and the WAL written so far
+CHECKPOINTS = """SELECT (SELECT num_timed + num_requested FROM pg_stat_checkpointer),
+                        (SELECT wal_bytes::bigint FROM pg_stat_wal)"""
+
+
+class Waits(threading.Thread):
+    """What each cell's PostgreSQL sessions wait on, sampled every `every` s: per sample, each role's sessions
+    in a statement (`pg_stat_activity`, by application name: chronos ROLE NODE; anything else is `other`,
+    the move's own sessions among them) by wait event (`CPU` when waiting on none), and the cell's
+    checkpoints and WAL written so far."""
+
+    def __init__(self, urls: dict[str, str], every: float = 0.5):
+        super().__init__(name="waits", daemon=True)
+        self.urls, self.every = urls, every
+        self.samples: list[tuple[float, str, dict[str, int], tuple[int, int]]] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        import psycopg
+        conns = {cell: psycopg.connect(url, autocommit=True) for cell, url in self.urls.items()}
+        try:
+            while not self.stopping.wait(self.every):
+                for cell, conn in conns.items():
+                    try:
+                        rows = conn.execute(
+                            "SELECT CASE WHEN application_name LIKE 'chronos %%' "
+                            "THEN split_part(application_name, ' ', 2) ELSE 'other' END, "
+                            "coalesce(wait_event_type || ':' || wait_event, 'CPU') FROM pg_stat_activity "
+                            "WHERE state = 'active' AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+                        ).fetchall()
+                        ckpt = conn.execute(CHECKPOINTS).fetchone()
+                    except psycopg.Error:
+                        continue
+                    counts: dict[str, int] = {}
+                    for role, wait in rows:
+                        counts[f"{role} {wait}"] = counts.get(f"{role} {wait}", 0) + 1
+                    self.samples.append((time.time(), cell, counts, (int(ckpt[0]), int(ckpt[1]))))
+        finally:
+            for conn in conns.values():
+                conn.close()
+
+    def by_10s(self, zero: float) -> list[dict[str, Any]]:
+        """Per 10 s from `zero` and cell: the samples, each role's mean sessions in a statement by wait event
+        (the five most), the checkpoints begun and the WAL written (MB) in those 10 s."""
+        groups: dict[tuple[int, str], list] = {}
+        for at, cell, counts, ckpt in self.samples:
+            groups.setdefault((int((at - zero) // 10), cell), []).append((counts, ckpt))
+        rows = []
+        for (b, cell), items in sorted(groups.items()):
+            total: dict[str, int] = {}
+            for counts, _ in items:
+                for k, n in counts.items():
+                    total[k] = total.get(k, 0) + n
+            top = sorted(total.items(), key=lambda kv: -kv[1])[:5]
+            rows.append({"from_s": b * 10, "cell": cell, "samples": len(items),
+                         "waits": {k: round(n / len(items), 2) for k, n in top},
+                         "checkpoints": items[-1][1][0] - items[0][1][0],
+                         "wal_mb": round((items[-1][1][1] - items[0][1][1]) / 1e6, 1)})
+        return rows
 
 
 def timeline(ids: list[str], sent: dict[str, Any], reader: Reader, start: float, end: float,

@@ -153,6 +153,13 @@ class CellMap:
             raise CellMapError(f"input partition {partition} belongs to no cell (the map assigns "
                                f"{self.partitions})") from None
 
+    def cell_of(self, partition: int | None, default: str) -> str:
+        """The cell of an input partition; `default` for none, or one the map does not know."""
+        try:
+            return default if partition is None else self.owner(partition).cell
+        except CellMapError:
+            return default
+
     def partitions_of(self, cell: str) -> list[int]:
         """The partitions a cell owns (open or moving), in order; every one for the only cell of an empty map
         (then an empty list: their count is the topic's)."""

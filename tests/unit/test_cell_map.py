@@ -34,6 +34,8 @@ def test_each_partition_belongs_to_the_cell_that_lists_it_and_the_higher_epoch_w
         moving.fence("a", [1])
     with pytest.raises(CellMapChanged):
         m.fence("a", [3])
+    # where a parked message is kept: its partition's cell, or the one given for none or one the map does not know
+    assert (m.cell_of(3, "a"), m.cell_of(None, "a"), m.cell_of(9, "c")) == ("b", "a", "c")
 
 
 def test_a_batch_is_split_by_cell_in_order_and_a_moving_partitions_messages_are_held():

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from chronos.config import Settings
-from chronos.domain.cells import CellMap, CellMapError, ranges
+from chronos.domain.cells import CellMap, ranges
 from chronos.domain.model import Parked
 from chronos.domain.intake import Rules
 from chronos.errors import CellMapChanged, KafkaUnanswered, StoreUnavailable
@@ -277,13 +277,7 @@ class Cells:
         by_cell: dict[str, list[tuple[int | None, Parked]]] = {}
         first = next(iter(self.writers))
         for partition, p in parked:
-            cell = first
-            if partition is not None and self.map is not None:
-                try:
-                    cell = self.map.owner(partition).cell
-                except CellMapError:
-                    pass  # a partition the map does not know: the first cell keeps it
-            by_cell.setdefault(cell, []).append((partition, p))
+            by_cell.setdefault(first if self.map is None else self.map.cell_of(partition, first), []).append((partition, p))
         futures = {cell: self.threads[cell].submit(self.writers[cell].store.park, [p for _, p in items])
                    for cell, items in by_cell.items()}
         left: list[tuple[int | None, Parked]] = []

@@ -194,12 +194,13 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
 # its worker, the two groups side by side, about as long as each other --
 
 SERVER_GROUPS = ("fleet", "ha", "faults", "containers")
-# Stacks of several cells under load, the tests on Debian's PostgreSQL 15 server of their own, and the broker killed
-# and started again, in the servers' group too: the two groups then take about as long (without the cells the other
-# group ended five minutes after the servers' on two cores; without PostgreSQL 15, two and a half; without the
-# broker's restarts, 80 s once the fault scenarios waited for events instead of fixed times)
+# Stacks of several cells under load, the tests on Debian's PostgreSQL 15 server of their own, the broker killed
+# and started again, and the day's benchmark on a stack of its own, in the servers' group too: the two groups then
+# take about as long (without the cells the other group ended five minutes after the servers' on two cores; without
+# PostgreSQL 15, two and a half; without the broker's restarts, 80 s once the fault scenarios waited for events
+# instead of fixed times; without the day's benchmark, two minutes once the wheels were built before the tests)
 SERVER_FILES = ("e2e/test_up_cells.py", "e2e/test_cell_moves.py", "e2e/test_add_cell.py", "production/test_postgres_15.py",
-                "e2e/test_broker_restart.py")
+                "e2e/test_broker_restart.py", "e2e/test_day.py")
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: nothing without it (-p no:xdist)

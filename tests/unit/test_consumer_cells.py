@@ -585,3 +585,58 @@ def test_a_cancel_to_forward_to_a_hung_cell_holds_up_the_forwarding_not_the_poll
         b.released.set()
         wait_for(lambda: c.proc.stats["forwarded"] == 1, "the cancel forwarded once b answers")
         assert "x" not in c.dbs["b"].rows
+
+
+def test_a_word_of_reach_queued_behind_a_write_that_found_the_cell_out_of_reach_gives_up_without_a_try():
+    """The word of reach waits on the cell's thread behind a write that hangs, then fails: it is not tried (a try
+    would open a connection first, and on a network that drops the packets wait out its connect timeout, while
+    the next poll's part and the cell's probe wait behind it)."""
+    clock = Clock()
+    with CellsConsumer(clock=clock) as c:
+        assert c.input is not None
+        b = c.cell_stores["b"]
+        wait_for(lambda: b.notes, "the consumer's first word in cell b")
+        thread, handed = c.proc.cells.threads["b"], {}
+        submit = thread.submit
+
+        def noted(fn, *args, **kwargs):
+            future = submit(fn, *args, **kwargs)
+            handed.setdefault(getattr(fn, "__name__", ""), []).append(future)
+            return future
+        thread.submit = noted
+        b.hung.set()
+        tries = b.tries
+        c.input.feed([msg("b3", 3, 40)])
+        wait_for(lambda: b.tries > tries, "cell b's part of the poll under way, hung")
+        clock.advance(1.1)
+        wait_for(lambda: "say" in handed, "the next word in cell b queued behind the write")
+        notes = b.notes
+        c.dbs["b"].unavailable = "connection dropped"
+        b.released.set()
+        wait_for(lambda: all(f.done() for f in handed["say"]), "the queued word to end")
+        assert b.notes == notes
+        wait_for(lambda: c.input.paused == {("in", 3)}, "cell b's partition paused")
+
+
+def test_a_cell_whose_word_of_reach_found_it_out_of_reach_is_paused_without_a_write_and_probed(caplog):
+    """Idle, the consumer's word of reach finds cell b out of reach: b is followed as a cell that does not answer
+    at once, so a message read for it next is held back without a try (its probe is what tries b), and b's
+    partition is read again once b answers the probe."""
+    caplog.set_level("WARNING", logger="chronos.consumer")
+    clock = Clock()
+    with CellsConsumer(clock=clock) as c:
+        assert c.input is not None
+        b = c.cell_stores["b"]
+        wait_for(lambda: b.notes, "the consumer's first word in cell b")
+        c.dbs["b"].unavailable = "connection refused"
+        notes = b.notes
+        clock.advance(1.1)
+        wait_for(lambda: b.notes > notes, "the next word in cell b, failed")
+        wait_for(lambda: logged(caplog, "cell b does not answer"), "cell b followed as down")
+        tries = b.tries
+        c.input.feed([msg("b3", 3, 40)])
+        wait_for(lambda: c.input.paused == {("in", 3)}, "cell b's partition paused")
+        assert b.tries == tries
+        c.dbs["b"].unavailable = None
+        clock.advance(5.0)  # past the probe's backoff
+        wait_for(lambda: c.input.resumed, "cell b's partition read again once b answers its probe")

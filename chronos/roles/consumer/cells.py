@@ -83,6 +83,22 @@ def _probe(writer: Writer, clock: Callable[[], float]) -> tuple[float, StoreUnav
     return None
 
 
+def _stragglers(futures: dict[str, Future], patience: float) -> list[str]:
+    """Wait for the cells' writes of a poll: all of them, or, once one has ended, the others for `patience`
+    more after the last that ended; the cells whose write is still under way then (a hung cell's). When
+    none ends (every cell slow, or this host cut off from all), each is waited for until its statements'
+    deadline, as one database is without cells."""
+    pending = set(futures.values())
+    if len(pending) < 2:
+        return []
+    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+    while pending:
+        done, pending = wait(pending, timeout=patience, return_when=FIRST_COMPLETED)
+        if not done:
+            return [cell for cell, future in futures.items() if future in pending]
+    return []
+
+
 @dataclass
 class CellBatches:
     """A poll split by cell: each cell's messages and their batch, and the messages of moving partitions
@@ -243,7 +259,7 @@ class Cells:
                                                       give_up=True)
         error: BaseException | None = None
         stopped = False
-        for cell in self.stragglers(futures):
+        for cell in _stragglers(futures, self.patience):
             log.info("cell %s has not answered within %.1fs of the other cells: its part of the poll is given up, "
                      "its write left to end on its own", cell, self.patience)
             futures.pop(cell).add_done_callback(_abandoned(cell))
@@ -278,7 +294,8 @@ class Cells:
         first = next(iter(self.writers))
         for partition, p in parked:
             by_cell.setdefault(first if self.map is None else self.map.cell_of(partition, first), []).append((partition, p))
-        futures = {cell: self.threads[cell].submit(self.writers[cell].store.park, [p for _, p in items])
+        futures = {cell: self.threads[cell].submit(self.writers[cell].unless_failed, self.writers[cell].store.park,
+                                                 [p for _, p in items])
                    for cell, items in by_cell.items()}
         left: list[tuple[int | None, Parked]] = []
         failure: StoreUnavailable | None = None
@@ -292,34 +309,24 @@ class Cells:
             raise failure
         return left
 
-    def stragglers(self, futures: dict[str, Future]) -> list[str]:
-        """Wait for the cells' writes of a poll: all of them, or, once one has ended, the others for `patience`
-        more after the last that ended; the cells whose write is still under way then (a hung cell's). When
-        none ends (every cell slow, or this host cut off from all), each is waited for until its statements'
-        deadline, as one database is without cells."""
-        pending = set(futures.values())
-        if len(pending) < 2:
-            return []
-        done, pending = wait(pending, return_when=FIRST_COMPLETED)
-        while pending:
-            done, pending = wait(pending, timeout=self.patience, return_when=FIRST_COMPLETED)
-            if not done:
-                return [cell for cell, future in futures.items() if future in pending]
-        return []
-
     # -- the cells that do not answer, followed on the loop's thread ---------------------------------
 
     def went_down(self, written: Written, pending: CellBatches | None) -> None:
         """After a poll was written: each cell that did not answer is followed from now on, its messages of
         the poll and of the next one, read meanwhile (`pending`), held back."""
         for cell, part in written.down.items():
-            if cell not in self.down:
-                log.warning("cell %s does not answer: its partitions are paused, and read again once it answers; "
-                            "the other cells' go on", cell)
-                self.down[cell] = Down(self.clock(), self.group.progress())
+            self.follow(cell)
             self.hold_back(cell, part)
             if pending is not None and cell in pending.parts:
                 self.hold_back(cell, pending.parts.pop(cell)[0])
+
+    def follow(self, cell: str) -> None:
+        """A cell that does not answer followed from now on (its messages read from now on held back), unless it
+        is already."""
+        if cell not in self.down:
+            log.warning("cell %s does not answer: its partitions are paused, and read again once it answers; the "
+                        "other cells' go on", cell)
+            self.down[cell] = Down(self.clock(), self.group.progress())
 
     def hold_back(self, cell: str, messages: list[Message]) -> None:
         """Pause the partitions of these messages of a cell that does not answer, and seek each back to its first
@@ -333,8 +340,13 @@ class Cells:
     def look_after(self) -> None:
         """Ask each cell that does not answer the time, now and then, on its thread; resume its partitions once
         it answers. Raises `OutOfReach` once one has not answered for the hold time while another consumer of
-        the group reached it since it went down (`leave_if_others_reach`)."""
+        the group reached it since it went down (`leave_if_others_reach`). A cell whose last statement (a word of
+        reach, an idle probe) found it out of reach is followed so too: its probe is then the only statement that
+        tries it (`Writer.unless_failed`)."""
         now = self.clock()
+        for cell, writer in self.writers.items():
+            if writer.last_failed:
+                self.follow(cell)
         for cell, down in list(self.down.items()):
             writer = self.writers[cell]
             if down.probe is not None and down.probe.done():
@@ -403,11 +415,12 @@ class Cells:
         for cell, writer in self.writers.items():
             under_way = self.pinging.get(cell)
             if cell not in self.down and (under_way is None or under_way.done()):
-                self.pinging[cell] = self.threads[cell].submit(writer.keep_alive)
+                self.pinging[cell] = self.threads[cell].submit(writer.unless_failed, writer.keep_alive)
         for cell, future in list(self.pinging.items()):
             if future.done():
                 del self.pinging[cell]
-                future.result()  # raises what the probe raised: a failure is its own to wait out, not the loop's
+                if not isinstance(future.exception(), StoreUnavailable):  # not tried: the next look follows the cell
+                    future.result()  # raises what the probe raised: a failure is its own to wait out, not the loop's
         if self.forwards.due():
             self.forwards.soon()
 

@@ -59,7 +59,8 @@ class Forwarder:
             if home in self.down:
                 continue
             try:
-                pending = self.threads[home].submit(writer.store.pending_forwards, FORWARD_BATCH).result()
+                pending = self.threads[home].submit(writer.unless_failed, writer.store.pending_forwards,
+                                                   FORWARD_BATCH).result()
             except StoreUnavailable as exc:
                 log.debug("cell %s: could not read its cancels to forward: %s", home, exc)
                 continue
@@ -75,7 +76,8 @@ class Forwarder:
                     everywhere = False
                     continue
                 try:
-                    hits = self.threads[other].submit(other_writer.store.cancel_forwarded, ids).result()
+                    hits = self.threads[other].submit(other_writer.unless_failed,
+                                                      other_writer.store.cancel_forwarded, ids).result()
                 except StoreUnavailable as exc:
                     log.info("cell %s does not answer: the cancels forwarded from cell %s wait for it (%s)", other,
                              home, exc)
@@ -93,7 +95,7 @@ class Forwarder:
             if everywhere:
                 stats["cancel_unknown"] += len(cancels - found.keys())
                 try:
-                    self.threads[home].submit(writer.store.forget_forwards, pending).result()
+                    self.threads[home].submit(writer.unless_failed, writer.store.forget_forwards, pending).result()
                 except StoreUnavailable as exc:  # noted still: forwarded again, which changes nothing
                     log.debug("cell %s: could not forget its forwarded cancels: %s", home, exc)
 

@@ -87,7 +87,7 @@ class MovingPartitions:
             return None
         if self.reads is None:
             if now >= self.next_read and not any_down:
-                self.reads = {cell: self.threads[cell].submit(writer.store.cell_partitions)
+                self.reads = {cell: self.threads[cell].submit(writer.unless_failed, writer.store.cell_partitions)
                               for cell, writer in self.writers.items()}
             return None
         if not all(f.done() for f in self.reads.values()):

@@ -63,6 +63,8 @@ class Reach:
         ages = {c: 0 if c == cell else max(0, int((at - w.store.last_ok) * 1000))
                 for c, w in self.writers.items() if c == cell or w.store.last_ok > 0}
         writer = self.writers[cell]
+        if writer.last_failed:  # queued behind a statement that found the cell out of reach: its probe tries it
+            return asked, None, REACH_EVERY_S
         try:
             return asked, writer.note_reach(ages), REACH_EVERY_S
         except StoreUnavailable as exc:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, cast
+from typing import Callable, ParamSpec, TypeVar, cast
 
 from chronos.config import Settings
 from chronos.domain.cells import Fence
@@ -24,6 +24,9 @@ from chronos.runtime.process import Lifecycle
 log = logging.getLogger("chronos.consumer")
 
 CLOCK_EVERY_S = 10.0  # how often the consumer measures its host's clock against PostgreSQL's
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class Unreached(Exception):
@@ -179,6 +182,16 @@ class Writer:
         self.measure_clock(now)
         if not self.last_failed:
             self.metrics.announce(self.store, now)
+
+    def unless_failed(self, statement: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """With cells, on the cell's thread: `statement`, unless the cell's last statement found it out of reach:
+        then StoreUnavailable without a try. A try would open a connection first, which on a network that drops
+        the packets waits out the connect timeout of each of the cell's servers, and the parts of the polls
+        queued behind it on the thread would wait as long before finding the cell down; the cell's probe
+        (`Cells.look_after`) is the statement that tries it again."""
+        if self.last_failed:
+            raise StoreUnavailable("the cell's last statement found it out of reach")
+        return statement(*args, **kwargs)
 
     @property
     def last_failed(self) -> bool:

@@ -24,7 +24,8 @@ On a fleet of two cells (`Fleet(..., cells=2)`), the scenarios of one cell: `pri
 cell's primary, `primary_kill` kills it outright, `host_cut(peers=<cell>)` cuts a Chronos host off from that cell
 only, `partition_move` moves an input partition to another cell with `chronos cells move` run on a host; each row
 also gives the latest delivery of each cell's messages due during the fault
-(`max_lateness_during_fault_by_cell_s`), the other cells' being the ones that must stay on time.
+(`max_lateness_during_fault_by_cell_s`), and the latest publish by their CreateTime
+(`max_publish_lateness_during_fault_by_cell_s`), the other cells' being the ones that must stay on time.
 """
 
 from __future__ import annotations
@@ -325,14 +326,17 @@ class FleetScenario:
                 if m in self.reader.arrivals and due_from <= s.due <= due_to]
         return max(late, default=0.0)
 
-    def lateness_by_cell(self, due_from: float, due_to: float) -> dict[str, float]:
-        """With cells: `lateness_of` each cell's messages (by the cell of their input partition) (seconds)."""
+    def lateness_by_cell(self, due_from: float, due_to: float, *, published: bool = False) -> dict[str, float]:
+        """With cells: `lateness_of` each cell's messages (by the cell of their input partition) (seconds); with
+        `published`, by their first publish's CreateTime instead of their arrival: what Chronos did, without the
+        broker's and the reader's delays (the reader is a thread of the test's own process)."""
         assert self.load is not None and self.reader is not None
         late: dict[str, float] = {}
+        times = self.reader.create_times if published else self.reader.arrivals
         for m, s in self.load.sent.items():
-            if m in self.reader.arrivals and due_from <= s.due <= due_to:
+            if m in times and due_from <= s.due <= due_to:
                 cell = self.fleet.cell_of(s.partition)
-                late[cell] = max(late.get(cell, 0.0), min(self.reader.arrivals[m]) - s.due)
+                late[cell] = max(late.get(cell, 0.0), min(times[m]) - s.due)
         return {cell: round(value, 2) for cell, value in sorted(late.items())}
 
     def delivered_within(self, sent_from: float, delivered_by: float) -> dict[str, int]:
@@ -377,6 +381,9 @@ class FleetScenario:
             else round(pause[1] - promoted_at, 2),
             "max_lateness_during_fault_s": round(self.lateness_of(fault_at - self.hold_s, heal_at), 2),
             "max_lateness_during_fault_by_cell_s": self.lateness_by_cell(fault_at - self.hold_s, heal_at)
+            if len(self.fleet.cells) > 1 else None,
+            "max_publish_lateness_during_fault_by_cell_s":
+                self.lateness_by_cell(fault_at - self.hold_s, heal_at, published=True)
             if len(self.fleet.cells) > 1 else None,
             "health": self.watch.timeline(fault_at),
             "alerts": self.fleet.prometheus.alerts(fault_at - 5.0, time.time(), fault_at),

@@ -20,14 +20,14 @@ from test_partitions import DB_TIMEOUT_S, HOLD_S, RATE, SESSION_S, TAKEOVER_S, v
 pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(600)]
 
 INSTALL = ROOT / "docs" / "operations" / "host-install.md"
-# a message of the cell that stays well is delivered this late at most while the other cell's fault lasts: a
+# a message of the cell that stays well is published this late at most while the other cell's fault lasts: a
 # consumer gives a hung cell's part of a poll up half a second after the other cells' parts are durable, and the
 # load's own jitter on this shared machine reaches a second; held up by the other cell, it would wait for the
 # statement's deadline (5 s) or for the failover (over 20 s)
 ON_TIME_S = 2.5
-# every partition's messages are delivered this late at most while a partition moves on the fleet, whose hosts
-# share two cores with the rest of the suite: a full run of the suite saw 6.5 s for the moving partition's cell and
-# 6.4 s for the other (16 s of load); a partition held back for the whole move, or for a statement's deadline and
+# every partition's messages are published this late at most while a partition moves on the fleet, whose hosts
+# share two cores with the rest of the suite: full runs of the suite saw their arrivals 6.5 s and 10.3 s late, in
+# both cells alike (16 s of load); a partition held back for the whole move, or for a statement's deadline and
 # the hold time, goes past it. The goals (the moving partition 5 s late at most, the others unchanged) are measured
 # by `python -m benchmarks.cells`, not here
 MOVE_LATE_S = 10.0
@@ -52,9 +52,18 @@ def test_the_install_pages_cells_run_as_written_each_firer_and_detector_serving_
     assert "key='hello' value='world'" in done, done
 
 
+def published(row) -> dict[str, float]:
+    """Each cell's latest publish of a message due during the fault, after its due time, by the message's
+    CreateTime: what Chronos did, without the broker's delays and the test's own reader's (a thread of this
+    process, whose arrival times the suite's load on the machine delays by seconds at times)."""
+    late = row["max_publish_lateness_during_fault_by_cell_s"]
+    assert late is not None, row
+    return late
+
+
 def on_time(row, other: str, more_s: float = 0.0) -> None:
-    late = row["max_lateness_during_fault_by_cell_s"]
-    assert late is not None and late[other] < ON_TIME_S + more_s, late
+    late = published(row)
+    assert late[other] < ON_TIME_S + more_s, (late, "arrivals:", row["max_lateness_during_fault_by_cell_s"])
 
 
 def test_a_cells_primary_killed_its_standby_takes_over_and_the_other_cell_stays_on_time(fleet, fault_report):
@@ -96,7 +105,7 @@ def test_a_chronos_host_cut_off_from_one_cell_leaves_that_cells_partitions_to_th
     word_s = float(word.group(1))
     left_at = row["first_log_lines"]["left consumer group"][0]
     assert left_at < DB_TIMEOUT_S + word_s + HOLD_S + 1.5, (left_at, word_s)
-    late = row["max_lateness_during_fault_by_cell_s"]
+    late = published(row)
     assert late["cell2"] < TAKEOVER_S + DB_TIMEOUT_S + word_s, (late, word_s)
     # the cut-off consumer's leaving rebalances the group: the other consumer gives cell1's partitions up and
     # takes them back with cell2's, within the session timeout and a poll (a full run of the suite saw 3.9 s)
@@ -122,5 +131,6 @@ def test_a_partition_moved_to_the_other_cell_under_load_loses_nothing_and_fires_
     assert any("partition 3 is in cell cell1" in line for line in row["move_said"]), row["move_said"]
     rows = row["rows_after_by_cell"]
     assert rows["cell2"] == 0 and rows["cell1"] >= 2000, rows
-    late = row["max_lateness_during_fault_by_cell_s"]  # by the first assignment: partitions 2 and 3 as cell2's
-    assert late["cell2"] < MOVE_LATE_S and late["cell1"] < MOVE_LATE_S, late
+    late = published(row)  # by the first assignment: partitions 2 and 3 as cell2's
+    assert late["cell2"] < MOVE_LATE_S and late["cell1"] < MOVE_LATE_S, (
+        late, "arrivals:", row["max_lateness_during_fault_by_cell_s"], "move:", row["move_s"], row["move_said"])

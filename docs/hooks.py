@@ -506,7 +506,9 @@ def _move(path: str) -> str:
     return (f"{r['far']:,} far-future rows moved in {move['took_s']:.0f} s (cut-over {move['cut_over_s']:.2f} s); "
             f"its messages at most {r['moved_partition_during_move']['max_s']:.1f} s late; the other partitions' "
             f"p99.9 {_ms(r['others_during_move']['jitter']['p99_9_s'] * 1000)} during the move, "
-            f"{_ms(r['others_before_move']['jitter']['p99_9_s'] * 1000)} before it; {messages['lost']} lost, "
+            f"{_ms(r['others_before_move']['jitter']['p99_9_s'] * 1000)} before it (their publishes' "
+            f"{_ms(r['others_during_move']['publish_lateness']['p99_9_s'] * 1000)} and "
+            f"{_ms(r['others_before_move']['publish_lateness']['p99_9_s'] * 1000)}); {messages['lost']} lost, "
             f"{messages['early']} early of {messages['sent']:,}")
 
 

@@ -619,9 +619,9 @@ def test_a_word_of_reach_queued_behind_a_write_that_found_the_cell_out_of_reach_
 
 
 def test_a_cell_whose_word_of_reach_found_it_out_of_reach_is_paused_without_a_write_and_probed(caplog):
-    """Idle, the consumer's word of reach finds cell b out of reach: b is followed as a cell that does not answer
-    at once, so a message read for it next is held back without a try (its probe is what tries b), and b's
-    partition is read again once b answers the probe."""
+    """Idle, the consumer's word of reach (or its idle probe) finds cell b out of reach: b is followed as a cell
+    that does not answer at once, so a message read for it next is held back without a try (its probe is what
+    tries b), and b's partition is read again once b answers the probe."""
     caplog.set_level("WARNING", logger="chronos.consumer")
     clock = Clock()
     with CellsConsumer(clock=clock) as c:
@@ -629,9 +629,7 @@ def test_a_cell_whose_word_of_reach_found_it_out_of_reach_is_paused_without_a_wr
         b = c.cell_stores["b"]
         wait_for(lambda: b.notes, "the consumer's first word in cell b")
         c.dbs["b"].unavailable = "connection refused"
-        notes = b.notes
-        clock.advance(1.1)
-        wait_for(lambda: b.notes > notes, "the next word in cell b, failed")
+        clock.advance(1.1)  # the next word is due (the idle probe may find b out of reach first: the same)
         wait_for(lambda: logged(caplog, "cell b does not answer"), "cell b followed as down")
         tries = b.tries
         c.input.feed([msg("b3", 3, 40)])

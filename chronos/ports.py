@@ -213,7 +213,8 @@ class IntakeStore(StoreHandle, Presence, Protocol):
         ...
 
     def forget_forwards(self, forwards: Sequence[Forward]) -> None:
-        """These were forwarded to every other cell: forgotten, unless noted again since."""
+        """These were forwarded to every other cell: forgotten, unless noted again since, or being noted again now
+        (by a write not ended yet: left, to forward again, rather than waited for)."""
         ...
 
     def cell_partitions(self) -> list[CellPartition]:
@@ -418,7 +419,8 @@ class MoveStore(StoreHandle, Protocol):
         ...
 
     def forget(self, partition: int, changes: Sequence[Change]) -> None:
-        """Forget these changes, but for the rows noted again since."""
+        """Forget these changes, but for the rows noted again since, or being noted again now (by a write not
+        ended yet: left, to carry again, rather than waited for)."""
         ...
 
     def held(self, partition: int, until_us: int) -> int:

@@ -15,9 +15,10 @@ import psycopg
 import pytest
 
 from chronos.adapters.postgres import moves as pg_moves
+from chronos.adapters.postgres.queries import QUERIES
 from chronos.adapters.postgres.store import Store
 from chronos.adapters.postgres.takes import TakeStatements
-from chronos.domain.cells import MOVING, CellPartition as P, Fence
+from chronos.domain.cells import CANCEL, MOVING, CellPartition as P, Fence
 from chronos.domain.model import Row
 from chronos.domain.moves import MOVE_NODE
 from chronos.errors import CellMapChanged
@@ -257,4 +258,40 @@ def test_a_hand_over_waits_a_moment_for_a_row_a_statement_under_way_changes_and_
         claim.commit()
     assert st.hand_over(1, until, 100, given.extend) == 49
     assert "soon0" not in {r.id for r in given} and st.held(1, until) == 1  # stamped: its firer settles it here
+    st.close()
+
+
+def test_a_change_a_write_is_noting_right_now_is_left_to_carry_again_and_the_move_does_not_wait_for_it(cells):
+    """The move forgets the changes it carried over while writes note more: one that a write's transaction is
+    noting again right now is left (carried again later), and the move waits for no write. Waiting, a write that
+    notes several rows in its own order (a firer's batch, a consumer's poll) and the move in another would each
+    wait for the other: PostgreSQL ends one of them as a deadlock."""
+    urls, _ = cells
+    st = Store(urls["cell1"], deadline_s=3.0)
+    assert st.watch(1)
+    q(urls["cell1"], "UPDATE chronos_messages SET deadline = deadline + interval '1 second' "
+                     "WHERE id IN ('far1', 'far2')")
+    carried = st.changes(1, 10)
+    assert sorted(c.id for c in carried) == ["far1", "far2"]
+    with psycopg.connect(urls["cell1"]) as writer:  # a write of far1 under way, its transaction not ended
+        writer.execute("UPDATE chronos_messages SET deadline = deadline + interval '1 second' WHERE id = 'far1'")
+        started = time.monotonic()
+        st.forget(1, carried)
+        assert time.monotonic() - started < 1.0
+    assert [c.id for c in st.changes(1, 10)] == ["far1"]  # noted again by the write: carried again
+    st.close()
+
+
+def test_a_forward_a_write_is_noting_right_now_is_left_to_forward_again_and_the_round_does_not_wait(database_url):
+    """The same for the cancels and replaces a consumer forwards: one that another consumer's write is noting again
+    right now is left, to forward again, and the round that forgets them waits for no write."""
+    st = Store(database_url, deadline_s=3.0)
+    st.apply([], [], ["a", "b"], forward=True)
+    pending = st.pending_forwards(10)
+    with psycopg.connect(database_url) as writer:
+        writer.execute(QUERIES["note_forwards"], {"action": CANCEL, "ids": ["a"]})
+        started = time.monotonic()
+        st.forget_forwards(pending)
+        assert time.monotonic() - started < 1.0
+    assert [f.id for f in st.pending_forwards(10)] == ["a"]
     st.close()

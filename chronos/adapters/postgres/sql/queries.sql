@@ -172,10 +172,16 @@ ON CONFLICT (id) DO UPDATE SET action = EXCLUDED.action, noted_at = now();
 SELECT id, action, noted_at FROM chronos_cell_forwards ORDER BY noted_at, id LIMIT %(limit)s;
 
 -- name: forget_forwards
--- Forwarded to every other cell: gone, unless noted again since.
+-- Forwarded to every other cell: gone, unless noted again since. One a consumer's write is noting again right now
+-- is left, to forward again: a write noting several in its own order and this in another would each wait for
+-- the other (a deadlock).
 DELETE FROM chronos_cell_forwards AS f
-USING unnest(%(ids)s::text[], %(noted)s::timestamptz[]) AS d(id, noted_at)
-WHERE f.id = d.id AND f.noted_at = d.noted_at;
+WHERE f.id IN (
+    SELECT l.id
+    FROM chronos_cell_forwards AS l
+    JOIN unnest(%(ids)s::text[], %(noted)s::timestamptz[]) AS d(id, noted_at)
+      ON l.id = d.id AND l.noted_at = d.noted_at
+    FOR UPDATE OF l SKIP LOCKED);
 
 -- name: waiting_ids
 SELECT id FROM chronos_messages WHERE id = ANY(%(ids)s);
@@ -1076,10 +1082,16 @@ ORDER BY c.n
 LIMIT %(limit)s;
 
 -- name: move_forget
--- Changes carried over, forgotten unless noted again meanwhile.
+-- Changes carried over, forgotten unless noted again meanwhile. A change a write is noting again right now (its
+-- transaction holds the change's row) is left, to carry again: the move never waits for a write here, and a write
+-- noting several rows in its own order and this in another would each wait for the other (a deadlock).
 DELETE FROM chronos_cell_move_changes AS c
-USING unnest(%(ids)s::text[], %(ns)s::bigint[]) AS f(id, n)
-WHERE c.partition = %(partition)s AND c.id = f.id AND c.n = f.n;
+WHERE (c.partition, c.id) IN (
+    SELECT l.partition, l.id
+    FROM chronos_cell_move_changes AS l
+    JOIN unnest(%(ids)s::text[], %(ns)s::bigint[]) AS f(id, n) ON l.id = f.id AND l.n = f.n
+    WHERE l.partition = %(partition)s
+    FOR UPDATE OF l SKIP LOCKED);
 
 -- name: move_in_flight
 -- Rows of the partition a firer of this cell holds: stamped as claimed (the rows a move copied into it are held

@@ -13,8 +13,7 @@ from typing import Any
 from chronos import config
 
 #: How much lower the command's own priority is than the processes it shares a host with: its work (rows read,
-#: decoded and written again) waits for theirs where the cores are busy; so does its sessions' work in a cell's
-#: PostgreSQL that runs on the same host, where the command may lower that server process (as root, say).
+#: decoded and written again) waits for theirs where the cores are busy.
 NICE = 10
 
 SETTINGS = ("cells", "database_url", "database_pool_mode", "hold_time_ms", "failure_detection_interval_ms",
@@ -66,7 +65,7 @@ def _mover(settings: config.Settings, urls: dict[str, str]):
     node = uuid.uuid4()
     logs.setup("operator", str(node), settings.log_level, settings.log_format, settings.secrets())
     os.nice(NICE)
-    stores = {cell: Store(url, pool_mode=settings.database_pool_mode, nice=NICE) for cell, url in urls.items()}
+    stores = {cell: Store(url, pool_mode=settings.database_pool_mode) for cell, url in urls.items()}
 
     def say(line: str) -> None:
         print(line, flush=True)

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import psycopg
 
 from chronos import ports
-from chronos.adapters.postgres import niceness, pooling
+from chronos.adapters.postgres import pooling
 from chronos.adapters.postgres.connection import (DEADLINES, connect, connection_lost, local_address, one, server_of,
                                                   short, translate)
 from chronos.adapters.postgres.migrations import check_schema_raw
@@ -82,17 +82,13 @@ class Session:
     def __init__(self, url: str, *, node_id: uuid.UUID | None = None, hot_path: bool = False,
                  synchronous_commit: bool = True, deadline_s: float = DEFAULT_DEADLINE_S,
                  application_name: str = "chronos", pool_mode: str = pooling.SESSION,
-                 held_ms: int | None = None, lock_timeout_ms: int | None = None, lock_wait_s: float = 0.0,
-                 nice: int | None = None):
+                 held_ms: int | None = None, lock_timeout_ms: int | None = None, lock_wait_s: float = 0.0):
         """`held_ms`: a session whose transactions a firer holds open (the claim that deletes): PostgreSQL ends
         it once idle in a transaction that long (`held_session_settings`). `lock_timeout_ms`: a statement
         waiting that long for a row's lock fails (LockNotAvailable, which `_guarded` lets through, the
         connection kept), rather than wait for as long as a firer holds the row; a write that does is tried
-        again for up to `lock_wait_s` (`IntakeStatements.apply`). `nice`: the session's server process runs at
-        this niceness where it runs on this host and may be lowered (`niceness.lower`; not through a pooler in
-        transaction mode, whose server connections serve other clients too)."""
+        again for up to `lock_wait_s` (`IntakeStatements.apply`)."""
         self.url = url
-        self.nice = nice
         self.node_id = node_id
         self.hot_path = hot_path
         self.synchronous_commit = synchronous_commit
@@ -146,8 +142,6 @@ class Session:
                 conn.execute(QUERIES["lock_timeout"], {"ms": str(self.lock_timeout_ms)})
             if self.held_ms is not None:
                 conn.execute(QUERIES["held_session_settings"], self.held_params(local=False))
-            if self.nice is not None:
-                niceness.lower(conn, self.nice)
         self._guarded(conn, settle)
 
     def held_params(self, *, local: bool) -> dict[str, Any]:

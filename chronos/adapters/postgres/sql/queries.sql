@@ -1236,8 +1236,3 @@ SELECT (SELECT count(*) FROM woken),
 -- name: live_firers
 -- The firers of this cell whose lease is younger than the hold time.
 SELECT count(*) FROM chronos_firers WHERE seen_at > now() - %(hold_ms)s * interval '1 millisecond';
-
--- name: backend_started
--- The server process of this session and when it started (seconds since the epoch): what a command that runs at
--- a lower priority needs to find that process on its own host, and to make sure it is that process.
-SELECT pid, extract(epoch FROM backend_start)::float8 FROM pg_stat_activity WHERE pid = pg_backend_pid();

@@ -633,7 +633,16 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("the code before it (`b9e507d`), each batch of the wake from the first, the same hour", _move,
          "2026-11-28/cells/wake-ab/first-1.json"),
         ("`b9e507d` again", _move, "2026-11-28/cells/wake-ab/first-2.json"),
-        ("`7962ce2` again", _move, "2026-11-28/cells/wake-ab/keyset-2.json")]),
+        ("`7962ce2` again", _move, "2026-11-28/cells/wake-ab/keyset-2.json"),
+        ("unpaced, the move's forgets skipping the rows a write holds (`fea758e`), 2026-11-29; first of three runs "
+         "interleaved with the same code lowering the move's server processes to nice 10", _move,
+         "2026-11-29/cells/renice-ab/before-1.json"),
+        ("the same, its server processes at nice 10 (tried and reverted: no effect measured)", _move,
+         "2026-11-29/cells/renice-ab/after-1.json"),
+        ("without them lowered, second run", _move, "2026-11-29/cells/renice-ab/before-2.json"),
+        ("lowered, second run", _move, "2026-11-29/cells/renice-ab/after-2.json"),
+        ("without them lowered, third run", _move, "2026-11-29/cells/renice-ab/before-3.json"),
+        ("lowered, third run", _move, "2026-11-29/cells/renice-ab/after-3.json")]),
     ("200,000 messages due at the same instant", "", [
         ("one process per role", _spike, "2026-11-23/day-1x1x1.json"),
         ("two of every role", _spike, "2026-11-23/day-2x2x2.json")]),

@@ -642,7 +642,9 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("without them lowered, second run", _move, "2026-11-29/cells/renice-ab/before-2.json"),
         ("lowered, second run", _move, "2026-11-29/cells/renice-ab/after-2.json"),
         ("without them lowered, third run", _move, "2026-11-29/cells/renice-ab/before-3.json"),
-        ("lowered, third run", _move, "2026-11-29/cells/renice-ab/after-3.json")]),
+        ("lowered, third run", _move, "2026-11-29/cells/renice-ab/after-3.json"),
+        ("paced at 10,000 rows a second (CHRONOS_MOVE_RATE), nothing else running, 2026-11-29", _move,
+         "2026-11-29/cells/move-1m-paced-10k.json")]),
     ("200,000 messages due at the same instant", "", [
         ("one process per role", _spike, "2026-11-23/day-1x1x1.json"),
         ("two of every role", _spike, "2026-11-23/day-2x2x2.json")]),

@@ -247,16 +247,19 @@ class Mover:
         settled_by = started + (self.settings.hold_ms + self.settings.detection_ms) / 1000.0
         while True:
             self.carry(moved)
-            handed = source.hand_over(p, max(record.horizon_us, source.db_clock_us() + self.settings.near_ms * 1000),
+            now_us = source.db_clock_us()
+            # a row a firer's claim that deletes holds is due within that firer's lookahead (less than half the
+            # hold time) of when it was taken: gone once its transaction commits, back (and handed over) if it
+            # rolls back; PostgreSQL ends a silent firer's transaction after the hold time. Counted before the
+            # hand-over, which passes held rows by: a row let go of between the two (handed back, or its take
+            # rolled back) is still counted, and handed over next time (the freeze lets no firer take one anew)
+            holding = source.held(p, now_us + max(self.settings.near_ms, self.settings.hold_ms) * 1000)
+            handed = source.hand_over(p, max(record.horizon_us, now_us + self.settings.near_ms * 1000),
                                       self.settings.batch, lambda rows: target.put(rows, dormant=False))
             if handed:
                 moved.handed += handed
                 continue
-            # a row a firer's claim that deletes holds is due within that firer's lookahead (less than half the
-            # hold time) of when it was taken: gone once its transaction commits, back (and handed over) if it
-            # rolls back; PostgreSQL ends a silent firer's transaction after the hold time
-            held_until = source.db_clock_us() + max(self.settings.near_ms, self.settings.hold_ms) * 1000
-            if handed == 0 and source.held(p, held_until) == 0:
+            if handed == 0 and holding == 0:  # None: the rows' locks not had this time
                 if not source.changes(p, 1):
                     break
                 continue

@@ -365,3 +365,29 @@ def test_the_wake_goes_on_from_each_batchs_end_then_from_the_first_until_nothing
     assert Mover._wake(Target(), 1, None, 2, batches.append) == 5  # type: ignore[arg-type]
     assert asked == [None, 10, 20, None, 5, None]
     assert batches == [2, 2, 1]
+
+
+def test_rows_a_claim_that_deletes_gives_back_just_after_a_hand_over_passed_them_by_go_over_too():
+    """The firer's transaction rolls back (its publish failed) between the hand-over that passed its rows by, as
+    held, and the move's next look at what is held: the rows are back, no longer held, and go over with the
+    others; the cut-over never ends on a look at what is held taken after a hand-over that left rows out."""
+    cells = loaded()
+    cells.clock.advance(6)
+    cells.beat()
+    takes = MemoryTakes(cells.dbs["cell1"], node_id=uuid.uuid4())
+    held = takes.claim(5, 0)
+    stores = cells.stores()
+    hand_over = stores["cell1"].hand_over
+
+    def then_given_back(*args: Any, **kwargs: Any) -> Any:
+        handed = hand_over(*args, **kwargs)
+        if not handed and held and not takes_ended:
+            takes.give_back()  # right after this hand-over, before the move looks at what is held again
+            takes_ended.append(True)
+        return handed
+    takes_ended: list[bool] = []
+    stores["cell1"].hand_over = then_given_back
+    moved = cells.mover(stores).move(1, "cell2")
+    assert takes_ended and moved.epoch == 3
+    assert {c.id for c in held} <= set(cells.values("cell2"))
+    assert not {c.id for c in held} & set(cells.values("cell1"))

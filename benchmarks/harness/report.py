@@ -61,6 +61,16 @@ def enqueue_rate(samples: Sequence[tuple], t_first: float, t_last: float) -> flo
     return round((inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0]), 1)
 
 
+def wal_per_message(samples: Sequence, start: float, end: float, rate: float) -> float | None:
+    """WAL bytes the server wrote per message within [start, end], from samples with `at` and `wal_bytes`
+    (harness.samplers.TableStats): in the steady window every message is written and fired at `rate`, so the
+    WAL rate over the offered rate is what one message costs, the vacuums of the window included."""
+    inside = [s for s in samples if start <= s.at <= end and getattr(s, "wal_bytes", 0)]
+    if len(inside) < 2 or rate <= 0 or inside[-1].at - inside[0].at <= 0:
+        return None
+    return round((inside[-1].wal_bytes - inside[0].wal_bytes) / (inside[-1].at - inside[0].at) / rate, 1)
+
+
 def summarize(rec: Records, *, target: str, rate: float, duration: float, delay: tuple[float, float],
               timing_advance_ms: float, probe: tuple[np.ndarray, np.ndarray] | None,
               store_samples: Sequence[tuple], drain_timeout: float, t0: float) -> dict:
@@ -134,6 +144,7 @@ def summarize(rec: Records, *, target: str, rate: float, duration: float, delay:
         "early": early,
         "early_published": early_published,
         "enqueue_rate": enqueue_rate(store_samples, t_first, t_last),
+        "wal_bytes_per_message": wal_per_message(store_samples, steady[0], steady[1], rate),
         "fire_rate": round(fire_rate, 1),
         "due_rate": round(due_rate, 1),
         "steady_window_s": [round(steady[0] - t0, 2), round(steady[1] - t0, 2)],

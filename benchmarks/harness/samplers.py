@@ -41,6 +41,7 @@ class TableStats(NamedTuple):
     autovacuums: int    # autovacuum_count
     autoanalyzes: int   # autoanalyze_count
     vacuuming: bool     # a vacuum of it runs (pg_stat_progress_vacuum)
+    wal_bytes: int = 0  # the server's WAL position (pg_current_wal_lsn, in bytes), read now
 
 
 class TableSampler(Sampler):
@@ -48,7 +49,8 @@ class TableSampler(Sampler):
     connection; a database error ends the sampling with a line (and `error`)."""
 
     SQL = ("SELECT n_tup_ins, n_live_tup, n_dead_tup, vacuum_count, autovacuum_count, autoanalyze_count, "
-           "(SELECT count(*) FROM pg_stat_progress_vacuum v WHERE v.relid = s.relid) "
+           "(SELECT count(*) FROM pg_stat_progress_vacuum v WHERE v.relid = s.relid), "
+           "pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint "
            "FROM pg_stat_user_tables s WHERE relname = %s")
 
     def __init__(self, url: str, table: str, interval: float = 1.0):
@@ -71,7 +73,8 @@ class TableSampler(Sampler):
         assert self.conn is not None  # opened by run
         row = self.conn.execute(self.SQL, (self.relname,)).fetchone()
         if row is not None:
-            self.samples.append(TableStats(time.time(), *(int(v) for v in row[:6]), vacuuming=bool(row[6])))
+            self.samples.append(TableStats(time.time(), *(int(v) for v in row[:6]), vacuuming=bool(row[6]),
+                                           wal_bytes=int(row[7])))
 
     def live_rows(self) -> int | None:
         """The table's live rows at the last sample."""

@@ -259,6 +259,7 @@ def summary_lines(s: dict) -> list[str]:
     return [f"{s['target']} layout {s.get('layout', '?')} {s['offered_rate']:g} msg/s: sent {s['sent']} "
             f"delivered {s['delivered']} lost {s['lost']} "
             f"dup {s['duplicates']} early {s['early']} (published early {s['early_published']})  enqueue {s['enqueue_rate']}/s "
+            f"(WAL {s.get('wal_bytes_per_message')} B/msg) "
             f"fire {s['fire_rate']}/s (due {s['due_rate']}/s)  jitter p50/p99/p99.9/max "
             f"{j.get('p50', math.nan):.1f}/{j.get('p99', math.nan):.1f}/{j.get('p999', math.nan):.1f}/"
             f"{j.get('max', math.nan):.1f} ms{floor}  backlog max {s['backlog']['max']}  "

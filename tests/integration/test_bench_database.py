@@ -39,6 +39,8 @@ def test_varied_rows_go_to_another_topic_or_carry_an_ordering_key_one_in_a_hundr
 
 
 def test_the_table_sampler_follows_inserts_and_live_rows(database_url):
+    with psycopg.connect(database_url) as conn:
+        wal_before = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint").fetchone()[0]
     sampler = TableSampler(database_url, "public.chronos_messages", interval=0.1)
     sampler.start()
     fill_far(database_url, 200, vacuum=True)
@@ -51,6 +53,7 @@ def test_the_table_sampler_follows_inserts_and_live_rows(database_url):
     last = sampler.samples[-1]
     assert (last.inserted, last.vacuums, last.autovacuums) == (200, 1, 0) and last.live > 0 and not last.vacuuming
     assert sampler.live_rows() == last.live
+    assert last.wal_bytes > wal_before > 0  # the inserts and the vacuum wrote WAL
     figures = sampler.figures(0.0, time.time() + 1)
     assert figures["live_rows_max"] == max(s.live for s in sampler.samples) and figures["vacuum_running_s"] == 0
     assert table_mb(database_url) > 0

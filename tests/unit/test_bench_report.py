@@ -12,6 +12,7 @@ import pytest
 from benchmarks import longevity, sla
 from benchmarks.harness import graphile_target, report, step
 from benchmarks.harness.records import ACKED, Records
+from benchmarks.harness.samplers import TableStats
 from benchmarks.harness.targets import format_layout
 
 
@@ -74,6 +75,15 @@ def test_enqueue_rate_from_insert_counter_samples():
 
 
 # -- the harness's layout and CPU split (benchmarks/harness/step.py), and the studies' arguments
+
+
+def test_wal_per_message_is_the_steady_window_s_wal_rate_over_the_offered_rate():
+    samples = [TableStats(at=float(t), inserted=0, live=0, dead=0, vacuums=0, autovacuums=0, autoanalyzes=0,
+                          vacuuming=False, wal_bytes=1_000_000 + t * 2_000_000) for t in range(20)]
+    assert report.wal_per_message(samples, 5.0, 15.0, 1000.0) == pytest.approx(2000.0)
+    assert report.wal_per_message(samples[:1], 0.0, 15.0, 1000.0) is None  # one sample: no rate
+    no_wal = [s._replace(wal_bytes=0) for s in samples]  # a sampler of another table's counters only
+    assert report.wal_per_message(no_wal, 5.0, 15.0, 1000.0) is None
 
 
 def test_layout_options_are_the_harness_own_also_after_the_separator():

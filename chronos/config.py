@@ -271,13 +271,14 @@ OPTIONS: tuple[Option, ...] = (
            "are published; 1 to 16 (one under fire-rate limits, whatever this says). More than one pays where "
            "PostgreSQL has cores to spare: on two cores shared with everything else, a second claimer slowed the "
            "consumers' writes more than it sped the claims", _claimers, "1"),
-    Option("firer_claim", "how a firer claims its due rows: stamp (each claimed row is stamped as the firer's, "
+    Option("firer_claim", "how a firer claims its due rows: delete (the claim deletes the rows in a transaction "
+           "the firer holds open, one session per batch in flight, until Kafka acknowledged them, then commits; "
+           "PostgreSQL ends the transaction of a firer silent for the hold time, and its rows are back: half the "
+           "row versions, no detector needed for them) or stamp (each claimed row is stamped as the firer's, "
            "deleted once Kafka acknowledged it, handed back by a detector after the hold time when its firer "
-           "dies) or delete (the claim deletes the rows in a transaction the firer holds open, one session per "
-           "batch in flight, until Kafka acknowledged them, then commits; PostgreSQL ends the transaction of a "
-           "firer silent for the hold time, and its rows are back: half the row versions, no detector needed "
-           "for them). Firers of both kinds may run beside each other on one store (a rollout); recurring "
-           "schedules' occurrences are stamped either way", _choice("stamp", "delete"), "stamp"),
+           "dies; one session less per batch in flight). Firers of both kinds may run beside each other on one "
+           "store (a rollout); recurring schedules' occurrences are stamped either way",
+           _choice("delete", "stamp"), "delete"),
     Option("move_rate", "rows a second `chronos cells move` and `add` copy ahead, wake and delete, in statements of a "
            "tenth of that (0, the default: as fast as the databases go)", _non_negative_int, "0"),
     Option("consumer_group", "Kafka consumer group of the consumers", _str, "chronos"),
@@ -348,7 +349,7 @@ class Settings:
     batch_size: int = 2000
     firer_max_held_bytes: int = 64 << 20
     firer_claimers: int = 1
-    firer_claim: str = "stamp"
+    firer_claim: str = "delete"
     move_rate: int = 0
     consumer_group: str = "chronos"
     kafka_properties: dict[str, str] = field(default_factory=dict)

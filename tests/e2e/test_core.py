@@ -118,8 +118,9 @@ def test_invalid_messages_reach_the_dead_letter_topic(processes, broker, topics,
 def test_killed_firer_rows_are_fired_by_a_peer_after_the_hold_time(processes, broker, topics, collect,
                                                                   chronos_env):
     url = chronos_env["CHRONOS_DATABASE_URL"]
-    # a firer that claims far ahead, so it holds rows it has not published when it dies
-    consumer, doomed = start_consumer_and_doomed_firer(processes)
+    # a firer that claims far ahead, so it holds rows it has not published when it dies; it stamps them, so
+    # a detector hands them back (the claim that deletes: tests/e2e/test_delete_claim.py)
+    consumer, doomed = start_consumer_and_doomed_firer(processes, CHRONOS_FIRER_CLAIM="stamp")
     p = producer(broker.bootstrap_servers)
     deadline = time.time() + 2.5
     for i in range(20):

@@ -59,7 +59,8 @@ def finish_after_firer_kills(sc: Scenario, kills, fault_report, detectors: tuple
 
 
 def test_firer_sigkilled_while_holding_rows(tmp_path, fault_report):
-    with Scenario("2 firer SIGKILL x3", tmp_path, "--firers", "2", hold_s=HOLD_S) as sc:
+    with Scenario("2 firer SIGKILL x3 (stamp)", tmp_path, "--firers", "2", "--firer-claim", "stamp",
+                  hold_s=HOLD_S) as sc:
         time.sleep(4)
         kills = []
         for name in ("firer_00", "firer_01", "firer_00"):

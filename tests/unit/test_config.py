@@ -42,13 +42,13 @@ def test_a_firer_has_two_claimers_unless_told_otherwise():
     assert settings({"CHRONOS_FIRER_CLAIMERS": "16"}).firer_claimers == 16
 
 
-def test_a_firer_stamps_its_claims_unless_told_to_delete_them():
-    assert settings({}).firer_claim == "stamp"
-    assert settings({"CHRONOS_FIRER_CLAIM": "Delete"}).firer_claim == "delete"
+def test_a_firer_deletes_what_it_claims_unless_told_to_stamp_it():
+    assert settings({}).firer_claim == "delete"
+    assert settings({"CHRONOS_FIRER_CLAIM": "Stamp"}).firer_claim == "stamp"
 
 
 @pytest.mark.parametrize("env,message", [
-    ({"CHRONOS_FIRER_CLAIM": "lease"}, "CHRONOS_FIRER_CLAIM must be one of stamp, delete, got 'lease'"),
+    ({"CHRONOS_FIRER_CLAIM": "lease"}, "CHRONOS_FIRER_CLAIM must be one of delete, stamp, got 'lease'"),
     ({"CHRONOS_HOLD_TIME_MS": "abc"}, "CHRONOS_HOLD_TIME_MS must be a whole number"),
     ({"CHRONOS_HOLD_TIME_MS": "0"}, "greater than 0"),
     ({"CHRONOS_TIMING_ADVANCE_MS": "-1"}, "0 or more"),

@@ -105,7 +105,7 @@ def test_only_the_first_claimer_takes_what_the_others_left_overdue():
 
 
 def test_a_claim_held_up_on_one_claimer_stops_neither_the_other_s_claims_nor_the_firer_s_stop():
-    f = Firer(store_class=HeldUpStore, CHRONOS_FIRER_CLAIMERS="2", CHRONOS_POLL_INTERVAL_MS="20")
+    f = Firer(store_class=HeldUpStore, CHRONOS_FIRER_CLAIMERS="2", CHRONOS_POLL_INTERVAL_MS="20", CHRONOS_FIRER_CLAIM="stamp")
     stuck = f.proc.claimers[1].store
     assert isinstance(stuck, HeldUpStore)
     stuck.let_go = threading.Event()
@@ -127,7 +127,8 @@ def test_a_claim_held_up_on_one_claimer_stops_neither_the_other_s_claims_nor_the
 
 def test_the_claimers_share_one_cap_on_held_rows():
     batch = 8  # a row for each of a claimer's eight slices
-    f = Firer(store_class=HeldUpStore, CHRONOS_FIRER_CLAIMERS="2", CHRONOS_BATCH_SIZE=str(batch))
+    f = Firer(store_class=HeldUpStore, CHRONOS_FIRER_CLAIMERS="2", CHRONOS_BATCH_SIZE=str(batch),
+              CHRONOS_FIRER_CLAIM="stamp")
     first, second = f.proc.claimers
     shared, cap = f.proc.shared, first.max_held
     add(f.db, [f"m{i}" for i in range(8 * cap)], due_in=-0.05)

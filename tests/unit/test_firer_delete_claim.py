@@ -235,7 +235,7 @@ def test_a_contended_claim_gives_its_room_and_session_back_and_claims_again():
 def test_a_stamping_firer_and_a_deleting_one_never_take_the_same_row():
     """Beside each other on one store (a rollout): each leaves alone what the other holds, whichever way."""
     deleting = Firer(CHRONOS_BATCH_SIZE="3", **DELETE)
-    stamping = Firer(CHRONOS_BATCH_SIZE="3")
+    stamping = Firer(CHRONOS_BATCH_SIZE="3", CHRONOS_FIRER_CLAIM="stamp")
     stamping.proc.claimer.store = MemoryStore(deleting.db, node_id=stamping.node)
     deleting.add(*(f"m{i:02}" for i in range(10)))
     MemoryStore(deleting.db).apply([Row(f"k{i}", int((time.time() - 1) * 1e6) + i, None, b"k", b"v", b"", "K")

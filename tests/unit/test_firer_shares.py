@@ -146,7 +146,7 @@ def test_the_rows_of_a_peer_only_late_are_left_to_it_until_overdue_by_the_hold_t
 
 
 def test_rows_overdue_by_the_hold_time_are_looked_for_once_a_quarter_hold_time_unless_the_look_came_back_full():
-    f, peer = with_peer(CHRONOS_POLL_INTERVAL_MS="100", CHRONOS_BATCH_SIZE="8")
+    f, peer = with_peer(CHRONOS_POLL_INTERVAL_MS="100", CHRONOS_BATCH_SIZE="8", CHRONOS_FIRER_CLAIM="stamp")
     claimer = f.proc.claimer
     looks: list[int] = []
     claim = claimer.store.claim

@@ -114,7 +114,7 @@ class WindowsSeen(MemoryStore):
 
 def test_claims_between_full_ones_take_only_recent_deadlines_and_a_late_row_waits_for_the_next_full_one():
     WindowsSeen.windows = []
-    f = Firer(store_class=WindowsSeen)
+    f = Firer(store_class=WindowsSeen, CHRONOS_FIRER_CLAIM="stamp")  # the windows of the stamp's claims
     claimer = f.proc.claimer
     f.add("first", due_in=-0.5)
     claimer.claim(time.time())  # the first claim is a full one: it found nothing late
@@ -137,7 +137,7 @@ def test_claims_between_full_ones_take_only_recent_deadlines_and_a_late_row_wait
 def test_a_full_claim_that_comes_back_full_is_followed_by_a_full_one():
     """A backlog older than the window is drained by full claims, not left to one every half second."""
     WindowsSeen.windows = []
-    f = Firer(store_class=WindowsSeen, CHRONOS_BATCH_SIZE="2")
+    f = Firer(store_class=WindowsSeen, CHRONOS_BATCH_SIZE="2", CHRONOS_FIRER_CLAIM="stamp")
     f.add("a", "b", "c", due_in=-0.5)
     claimer = f.proc.claimer
     claimer.claim(time.time())
@@ -146,7 +146,7 @@ def test_a_full_claim_that_comes_back_full_is_followed_by_a_full_one():
 
 
 def test_no_more_than_sixteen_batches_are_held_and_claiming_resumes_as_rows_are_settled():
-    f = Firer(CHRONOS_BATCH_SIZE="2")
+    f = Firer(CHRONOS_BATCH_SIZE="2", CHRONOS_FIRER_CLAIM="stamp")
     f.add(*(f"m{i}" for i in range(40)))
     claimer = f.proc.claimer
     for _ in range(MAX_HELD_BATCHES + 2):
@@ -229,7 +229,7 @@ def test_rows_are_published_in_deadline_order_and_deleted_once_acknowledged():
 
 
 def test_a_published_row_a_peer_took_over_meanwhile_is_left_to_it_and_counted(caplog):
-    f = Firer()
+    f = Firer(CHRONOS_FIRER_CLAIM="stamp")
     f.add("slow")
     f.proc.claimer.claim(time.time())
     f.proc.sender.take_claimed()
@@ -267,7 +267,7 @@ def test_a_publish_refused_for_now_is_retried_later_and_one_refused_for_good_is_
 
 
 def test_shutdown_hands_back_unpublished_rows_and_deletes_acknowledged_ones():
-    f = Firer(CHRONOS_LOOKAHEAD_MS="60000", CHRONOS_HOLD_TIME_MS="130000")
+    f = Firer(CHRONOS_LOOKAHEAD_MS="60000", CHRONOS_HOLD_TIME_MS="130000", CHRONOS_FIRER_CLAIM="stamp")
     f.add("now")
     f.add("in-30s", due_in=30.0)  # claimed within the lookahead, published only at its deadline
     thread = threading.Thread(target=f.proc.run)

@@ -390,11 +390,12 @@ class MoveStore(StoreHandle, Protocol):
         """Forget the move: its record, its noted changes, its outbox."""
         ...
 
-    def watch(self, partition: int, *, queue: bool = False) -> bool:
+    def watch(self, partition: int, *, wait_ms: int = 0) -> bool:
         """Note every row of the partition written from now on (`changes`); False when the table was too busy
-        to change its triggers just now (nothing done: try again). Without `queue` a try takes the table's lock
-        only if it is free at once, holding no write behind it; with it, it waits a moment for the lock (every
-        write of the table waiting behind it meanwhile), for a table never free at once."""
+        to change its triggers just now (nothing done: try again). With no `wait_ms` a try takes the table's lock
+        only if it is free at once, holding no write behind it; with it, it waits that long for the lock (every
+        write of the table waiting behind it meanwhile), for a table never free at once: one whose firers' claims
+        that delete hold a batch each, back to back, until Kafka acknowledged it."""
         ...
 
     def freeze(self, partition: int) -> int | None:
@@ -403,8 +404,8 @@ class MoveStore(StoreHandle, Protocol):
         Returns the partition's epoch here; None when the table was too busy (nothing done: try again)."""
         ...
 
-    def unwatch(self, partition: int, *, queue: bool = False) -> bool:
-        """Drop the partition's watch and freeze; False when the table was too busy (try again; `queue` as for
+    def unwatch(self, partition: int, *, wait_ms: int = 0) -> bool:
+        """Drop the partition's watch and freeze; False when the table was too busy (try again; `wait_ms` as for
         `watch`)."""
         ...
 

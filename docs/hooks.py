@@ -490,6 +490,23 @@ def _cell_costs(path: str) -> str:
     return f"{figures}: medians of {len(runs)} runs (cores {min(cores):.3f}-{max(cores):.3f})"
 
 
+def _claim_costs(path: str) -> str:
+    """The medians of one arm of an interleaved A/B (`path` and its siblings: delete-1.json, delete-2.json, ...):
+    PostgreSQL's cores and CPU and WAL per message, Chronos's and PostgreSQL's cores, the firer's publish
+    lateness p99.9, and the runs that held the SLA."""
+    folder, name = (RESULTS / path).parent, (RESULTS / path).name.rsplit("-", 1)[0]
+    runs = [_result(str(p.relative_to(RESULTS))) for p in sorted(folder.glob(f"{name}-*.json"))]
+    pg = statistics.median(sum(v["cores"] for k, v in r["cpu"].items() if k.startswith("postgres")) for r in runs)
+    rate = runs[0]["offered_rate"]
+    wal = statistics.median(r["wal_bytes_per_message"] for r in runs)
+    cores = statistics.median(_scheduler_cores(r["cpu"]) for r in runs)
+    late = statistics.median(r["publish_lateness_ms"]["p999"] for r in runs)
+    held = sum(1 for r in runs if r["sla_pass"])
+    return (f"PostgreSQL {pg:.3f} cores ({pg / rate * 1e6:.0f} µs a message), WAL {wal:,.0f} bytes a message; "
+            f"with Chronos {cores:.3f} cores; publish lateness p99.9 {_ms(late)}; the SLA held in {held} of "
+            f"{len(runs)} runs (medians)")
+
+
 def _freeze(path: str) -> str:
     """One cell's PostgreSQL frozen under load (`benchmarks.cells_freeze`): the other cell's jitter."""
     r = _result(path)["row"]
@@ -608,6 +625,12 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
      "restarted between steps)", "≤ 0.30 cores", [
         ("one process per role", _aged_cpu, "2026-11-27/slices/aged/longevity-1x1x1-10000.json"),
         ("two of every role", _aged_cpu, "2026-11-28/aged/longevity-2x2x2-10000.json")]),
+    ("a firer's claim at 10,000 msg/s, one process of each role, fresh stacks: the claim that deletes (the "
+     "default) against the stamp and ca7e5a1 (before both), the three in turn, 3 runs of each, 2026-11-29 "
+     "07:05-07:19 UTC", "PostgreSQL's CPU and WAL per message ≤ 0.5 of ca7e5a1's; with Chronos ≤ 0.6", [
+        ("`CHRONOS_FIRER_CLAIM=delete`", _claim_costs, "2026-11-29/claim-default/delete-1.json"),
+        ("`CHRONOS_FIRER_CLAIM=stamp`", _claim_costs, "2026-11-29/claim-default/stamp-1.json"),
+        ("ca7e5a1", _claim_costs, "2026-11-29/claim-default/ca7e5a1-1.json")]),
     ("cells' cost at 10,000 msg/s, one process of each role: `--cells 1` against the same commit without cells "
      "and ca7e5a1 (before cells), fresh stacks, the three in turn, 3 runs of each, 2026-11-28 16:34-16:47 UTC",
      "within 5 %", [

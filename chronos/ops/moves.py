@@ -50,7 +50,8 @@ class MoveSettings:
     batch: int = 5000
     rate: int = 0
     busy_retry_s: float = 0.2     # a table too busy for a trigger's change: tried again after this
-    queue_after: int = 25         # tries that take the table's lock only if free at once, before one that waits
+    queue_after: int = 25         # tries that take the table's lock only if free at once, before those that wait
+    queue_first_ms: int = 50      # the first of those waits for the lock; each next one twice as long
     settle_poll_s: float = 0.05   # how often the cut-over looks whether rows are still held
 
 
@@ -186,12 +187,18 @@ class Mover:
         if wait > 0:
             self.sleep(wait)
 
-    def _until_done(self, what: str, attempt: Callable[[bool], object]) -> object:
-        """A change of the source's triggers or map, tried until its lock is had: `attempt(queue)`, queue once
-        `queue_after` tries found the lock taken (a table whose writers never leave it free at once)."""
+    def _until_done(self, what: str, attempt: Callable[[int], object]) -> object:
+        """A change of the source's triggers or map, tried until its lock is had: `attempt(wait_ms)`, 0 (only if
+        free at once) until `queue_after` tries found the lock taken, then waiting for it, twice as long each time
+        from `queue_first_ms` up to the hold time. A table whose writers never leave it free at once has every
+        write wait behind the request meanwhile, so the wait grows only as far as the longest transaction under
+        way needs: a firer's claim that deletes holds its batch's transaction open until Kafka acknowledged it,
+        its lookahead and more, at most the hold time."""
         tries = 0
         while True:
-            result = attempt(tries >= self.settings.queue_after)
+            queued = tries - self.settings.queue_after
+            wait_ms = 0 if queued < 0 else min(self.settings.queue_first_ms * 2 ** min(queued, 16), self.settings.hold_ms)
+            result = attempt(wait_ms)
             if result is not None and result is not False:
                 return result
             tries += 1
@@ -204,7 +211,7 @@ class Mover:
         """COPYING: the watch begun, then the rows due after the horizon copied ahead, dormant, from the cursor
         on, the changes carried over as they come."""
         source, target = self.stores[moved.source], self.stores[moved.target]
-        self._until_done("the watch", lambda queue: source.watch(moved.partition, queue=queue))
+        self._until_done("the watch", lambda wait_ms: source.watch(moved.partition, wait_ms=wait_ms))
         cursor: int | None = record.cursor
         last_said = self.clock()
         pace = Pace(self.settings.rate)
@@ -242,7 +249,7 @@ class Mover:
         rows due soon woken, and the partition opened in the target at the next epoch."""
         source, target, p = self.stores[moved.source], self.stores[moved.target], moved.partition
         started = self.clock()
-        epoch = self._until_done("the freeze", lambda queue: source.freeze(p))
+        epoch = self._until_done("the freeze", lambda wait_ms: source.freeze(p))
         assert isinstance(epoch, int)
         settled_by = started + (self.settings.hold_ms + self.settings.detection_ms) / 1000.0
         while True:
@@ -329,7 +336,7 @@ class Mover:
                 self._save(moved, FINISHING, cursor)
             clean()
             self._paced(pace, chunk)
-        self._until_done("dropping the watch", lambda queue: source.unwatch(p, queue=queue))
+        self._until_done("dropping the watch", lambda wait_ms: source.unwatch(p, wait_ms=wait_ms))
         source.end_move(p)
         self.say(f"partition {p} moved from cell {moved.source} to cell {moved.target}: {moved.woken:,} rows woken "
                  f"there")

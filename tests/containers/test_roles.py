@@ -86,7 +86,10 @@ def test_containers_killed_under_load_lose_nothing(containers, load):
     held = wait_for(lambda: held_rows(url, node), timeout=30, what="rows held by the firer")
     started["firer"].kill()
     started["consumer"].kill()
-    assert started["firer"].exit_code == 137 and held_rows(url, node), "killed while holding its rows"
+    assert started["firer"].exit_code == 137
+    # its claims delete (the default): PostgreSQL ends the transactions that held its batches as their connections
+    # close, and the rows are back for the firer started again, long before the hold time
+    wait_for(lambda: not held_rows(url, node), timeout=4, what="the killed firer's rows back")
     for role in ("consumer", "firer"):
         containers.role(role)
     all_delivered(sending, reader)

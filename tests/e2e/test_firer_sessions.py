@@ -13,9 +13,10 @@ from helpers import wait_for
 
 
 @pytest.mark.parametrize(("settings", "sessions"), [
-    ({"CHRONOS_FIRER_CLAIMERS": "3"}, 4),
-    ({"CHRONOS_FIRER_CLAIMERS": "3", "CHRONOS_FIRE_RATE_LIMITS": "elsewhere=100"}, 2),  # one claimer under limits
-    ({"CHRONOS_FIRER_CLAIM": "delete"}, 3),  # and the session its claims hold their batches on, none in flight
+    ({"CHRONOS_FIRER_CLAIMERS": "3", "CHRONOS_FIRER_CLAIM": "stamp"}, 4),
+    ({"CHRONOS_FIRER_CLAIMERS": "3", "CHRONOS_FIRE_RATE_LIMITS": "elsewhere=100", "CHRONOS_FIRER_CLAIM": "stamp"},
+     2),  # one claimer under limits
+    ({}, 3),  # the default: claims that delete, and the session they hold their batches on, none in flight
 ], ids=["three claimers", "fire-rate limits", "claims that delete"])
 def test_a_firer_holds_a_session_for_its_settler_and_one_per_claimer(processes, database_url, settings, sessions):
     proc = processes.start("firer", **settings)

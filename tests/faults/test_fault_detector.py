@@ -15,7 +15,7 @@ DETECTORS = ("detector_00", "detector_01")
 
 
 def test_detector_sigkilled_and_two_detectors(tmp_path, fault_report):
-    with Scenario("3 detector SIGKILL, 2 detectors", tmp_path, "--firers", "2", "--detectors", "2",
+    with Scenario("3 detector SIGKILL, 2 detectors", tmp_path, "--firers", "2", "--detectors", "2", "--firer-claim", "stamp",
                   hold_s=HOLD_S) as sc:
         time.sleep(4)
         kills = []

@@ -213,16 +213,39 @@ def test_a_row_a_firers_claim_that_deletes_holds_while_its_partition_moves_fires
     assert ("held" in held["cell2"]) == (ends == "rolls back")
 
 
-def test_a_watch_that_cannot_have_the_tables_lock_at_once_gives_up_without_holding_its_writers(cells, monkeypatch):
+def test_a_firers_claim_that_deletes_leaves_a_frozen_partitions_rows_alone_and_holds_none_of_them(cells):
+    """Once a partition is closed for its cut-over, a deleting firer's claims neither take its rows nor lock
+    them: its freeze would skip the delete, but only once the row was locked, for as long as the firer holds its
+    batch, and a firer claiming again and again would keep the cut-over waiting for as long as it fires."""
     urls, firers = cells
-    monkeypatch.setattr(pg_moves, "LOCK_TIMEOUT_MS", 1500)
+    t = now_us()
+    firers["cell1"].apply([row("frozen", t - 3000, 1), row("other", t - 2000, 0)], [], [])
+    node = uuid.uuid4()
+    takes = TakeStatements(urls["cell1"], node_id=node, held_ms=60_000, application_name=f"chronos firer {node}")
+    source = stores(urls)["cell1"]
+    try:
+        source.freeze(1)
+        assert [c.id for c in takes.claim(10, 0)] == ["other"]  # its batch held open, as until Kafka acks
+        assert source.held(1, now_us() + HOUR) == 0
+        with psycopg.connect(urls["cell1"]) as conn:  # no lock on the frozen row
+            conn.execute("SET lock_timeout = '1s'")
+            assert conn.execute("SELECT id FROM chronos_messages WHERE id = 'frozen' FOR UPDATE NOWAIT").fetchall() \
+                == [("frozen",)]
+    finally:
+        takes.give_back()
+        takes.close()
+        source.close()
+
+
+def test_a_watch_that_cannot_have_the_tables_lock_at_once_gives_up_without_holding_its_writers(cells):
+    urls, firers = cells
     st = Store(urls["cell1"])
     with psycopg.connect(urls["cell1"]) as blocker:
         blocker.execute("LOCK TABLE chronos_messages IN ROW EXCLUSIVE MODE")  # a long write in progress
         started = time.monotonic()
-        assert st.watch(1) is False  # at once, whatever the lock timeout: no request for the lock left waiting
+        assert st.watch(1) is False  # at once: no request for the lock left waiting
         assert time.monotonic() - started < 1.0
-        assert st.watch(1, queue=True) is False  # after many tries: a request that waits, up to the lock timeout
+        assert st.watch(1, wait_ms=1500) is False  # after many tries: a request that waits, as long as it is told
         assert time.monotonic() - started >= 1.5
         assert q(urls["cell1"], "SELECT tgname FROM pg_trigger WHERE tgname LIKE 'chronos_move%'") == []
     assert st.watch(1) is True

@@ -300,12 +300,27 @@ def test_a_busy_table_is_asked_for_its_lock_only_if_free_at_once_until_many_trie
     stores = cells.stores()
     watch, asked = stores["cell1"].watch, []
 
-    def busy(partition, *, queue=False):  # the source's table never free at once, its lock had by waiting
-        asked.append(queue)
-        return queue and watch(partition, queue=queue)
+    def busy(partition, *, wait_ms=0):  # the source's table never free at once, its lock had by waiting long enough
+        asked.append(wait_ms)
+        return wait_ms >= 400 and watch(partition, wait_ms=wait_ms)
     stores["cell1"].watch = busy
     cells.mover(stores).move(1, "cell2")
-    assert asked == [False] * SETTINGS.queue_after + [True]
+    # then each wait twice the last: as long as the longest transaction under way needs, a held batch of a firer
+    # whose claims delete, and no longer, since every write of the table waits behind the request meanwhile
+    assert asked == [0] * SETTINGS.queue_after + [50, 100, 200, 400]
+
+
+def test_the_wait_for_a_busy_tables_lock_grows_no_further_than_the_hold_time():
+    cells = loaded()
+    stores = cells.stores()
+    watch, asked = stores["cell1"].watch, []
+
+    def busy(partition, *, wait_ms=0):
+        asked.append(wait_ms)
+        return len(asked) > SETTINGS.queue_after + 10 and watch(partition, wait_ms=wait_ms)
+    stores["cell1"].watch = busy
+    cells.mover(stores).move(1, "cell2")
+    assert max(asked) == SETTINGS.hold_ms and asked[-1] == SETTINGS.hold_ms
 
 
 def test_unknown_cells_and_partitions_already_there_are_said_plainly():

@@ -68,7 +68,7 @@ class MemoryMoves(MemoryHandle):
     def _rows_of(self, partition: int) -> list[StoredRow]:
         return [r for r in self.db.rows.values() if r.input_partition == partition]
 
-    def watch(self, partition: int, *, queue: bool = False) -> bool:
+    def watch(self, partition: int, *, wait_ms: int = 0) -> bool:
         def run(now: int) -> bool:
             self.db.watched.setdefault(partition, {r.id: r.ctid for r in self._rows_of(partition)})
             return True
@@ -87,7 +87,7 @@ class MemoryMoves(MemoryHandle):
             return listed[partition].epoch
         return self._run(run)
 
-    def unwatch(self, partition: int, *, queue: bool = False) -> bool:
+    def unwatch(self, partition: int, *, wait_ms: int = 0) -> bool:
         def run(now: int) -> bool:
             self.db.watched.pop(partition, None)
             self.db.frozen.discard(partition)

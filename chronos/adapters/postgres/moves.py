@@ -6,8 +6,9 @@ The copy and the deletion walk the table a stretch of blocks at a time, by TID r
 takes no index, which every write of the consumers would pay for. The triggers (the watch, and the freeze armed
 by the map from the cut-over on) are made when the move begins and dropped when it ends, with the table's lock
 taken only if it is free at once: while a request for it waits, every write waits behind it, so a busy table
-makes it give up at once, and the caller tries again a little later (after many tries, waiting a moment for
-the lock, under a short lock timeout: a table never free at once, its writers back to back). The cut-over
+makes it give up at once, and the caller tries again a little later (after many tries, waiting for the lock,
+longer each time: a table never free at once, its writers back to back, such as firers whose claims delete, each
+batch a transaction held open until Kafka acknowledged it). The cut-over
 takes no lock of the table: it closes the partition in the map, which arms the freeze, and hands the rows over
 with row locks, which wait only for the transactions that hold those rows."""
 
@@ -83,36 +84,38 @@ class MoveStatements(Session):
     def end_move(self, partition: int) -> None:
         self._run(lambda c: self._execute(c, QUERIES["move_end"], {"partition": partition}))
 
-    def _locking(self, body: Callable[[psycopg.Connection], T], *, by_itself: bool = False) -> T | None:
-        """`body` in one transaction whose locks are waited for the short lock timeout at most (`by_itself`: one
-        of the move's own statements, neither noted nor held back); None when one was not had within it."""
+    def _locking(self, body: Callable[[psycopg.Connection], T], *, by_itself: bool = False,
+                 wait_ms: int = LOCK_TIMEOUT_MS) -> T | None:
+        """`body` in one transaction whose locks are waited for `wait_ms` at most, the short lock timeout unless
+        told (`by_itself`: one of the move's own statements, neither noted nor held back); None when one was not
+        had within it."""
         def run(conn: psycopg.Connection) -> T:
             with conn.transaction():
                 if by_itself:
                     conn.execute(QUERIES["move_by_itself"])
-                conn.execute(QUERIES["move_lock_timeout"], {"ms": LOCK_TIMEOUT_MS})
+                conn.execute(QUERIES["move_lock_timeout"], {"ms": max(1, int(wait_ms))})
                 return body(conn)
         try:
             return self._run(run)
         except psycopg.errors.LockNotAvailable:
             return None
 
-    def _ddl(self, partition: int, names: Sequence[tuple[str, str]], lock: str, queue: bool) -> bool:
+    def _ddl(self, partition: int, names: Sequence[tuple[str, str]], lock: str, wait_ms: int) -> bool:
         """The triggers' statements (name, trigger) for the partition in one transaction, the table's lock `lock`
-        taken first, if free at once (or with `queue`, within the short lock timeout); False when it was not."""
+        taken first, if free at once (or with `wait_ms`, within that); False when it was not."""
         p = int(partition)  # put into the statement, not bound: an integer only
 
         def run(conn: psycopg.Connection) -> bool:
-            conn.execute(QUERIES[lock if queue else f"{lock}_now"])
+            conn.execute(QUERIES[lock if wait_ms > 0 else f"{lock}_now"])
             for name, trigger in names:
                 conn.execute(QUERIES[name].format(partition=p, trigger=trigger))
             return True
-        return self._locking(run) is not None
+        return self._locking(run, wait_ms=wait_ms or LOCK_TIMEOUT_MS) is not None
 
-    def watch(self, partition: int, *, queue: bool = False) -> bool:
+    def watch(self, partition: int, *, wait_ms: int = 0) -> bool:
         # the freeze too, inert while the partition is open here (migration 14): the cut-over changes no trigger
         return self._ddl(partition, [(f"move_watch_{kind}", "") for kind in _WATCH] + [("move_freeze", "")],
-                         "move_lock_to_make", queue)
+                         "move_lock_to_make", wait_ms)
 
     def freeze(self, partition: int) -> int | None:
         p = int(partition)
@@ -131,8 +134,8 @@ class MoveStatements(Session):
             raise LookupError(f"this cell does not list partition {partition}")
         return int(found[0])
 
-    def unwatch(self, partition: int, *, queue: bool = False) -> bool:
-        return self._ddl(partition, [("move_unwatch", trigger) for trigger in _TRIGGERS], "move_lock_to_drop", queue)
+    def unwatch(self, partition: int, *, wait_ms: int = 0) -> bool:
+        return self._ddl(partition, [("move_unwatch", trigger) for trigger in _TRIGGERS], "move_lock_to_drop", wait_ms)
 
     def _stretch(self, conn: psycopg.Connection, cursor: int, rows: int) -> int | None:
         """The block after a stretch of about `rows` of the table's rows from `cursor` (by the table's rows per

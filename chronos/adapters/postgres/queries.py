@@ -32,8 +32,8 @@ TOPIC_VARIANTS = {  # statement: (body, the filter put at its mark)
     "take_output_tokens": ("take_tokens", "AND topic IS NULL"),
 }
 # The claim that deletes (CHRONOS_FIRER_CLAIM=delete) picks each claim's rows with the claim's twin: its row lock
-# dropped, the rows firers hold left out at its topic filter's mark, and `pick_rows` in place of `claim_rows` (and
-# of what follows it).
+# dropped, the rows firers hold and those of a partition moving to another cell (`not_moving`, from schema version
+# 12 on) left out at its topic filter's mark, and `pick_rows` in place of `claim_rows` (and of what follows it).
 PICKS = {"pick": "claim", "pick_recent": "claim_recent", "pick_topic": "claim_topic",
          "pick_output_topic": "claim_output_topic", "pick_share": "claim_share", "pick_share_recent": "claim_share_recent"}
 LOCK = "FOR UPDATE SKIP LOCKED"
@@ -65,8 +65,9 @@ def load(text: str) -> dict[str, str]:
     for name, (body, topic_filter) in TOPIC_VARIANTS.items():
         assert TOPIC_MARK in bodies[body], f"queries.sql: {body} has no {TOPIC_MARK} mark"
         queries[name] = bodies[body].replace(TOPIC_MARK, topic_filter)
+    not_moving = fragments["not_moving"]
     for name in BEFORE_PARTITION:
-        older = _PARTITION_COLUMN.sub("", queries[name])
+        older = _PARTITION_COLUMN.sub("", queries[name].replace(not_moving, ""))
         code = "\n".join(line for line in older.splitlines() if not line.lstrip().startswith("--"))
         assert "input_partition" not in code and older != queries[name], f"queries.sql: {name} before 12"
         queries[before_partition(name)] = older
@@ -74,9 +75,10 @@ def load(text: str) -> dict[str, str]:
     not_held = f"AND xmax <> ALL (ARRAY(SELECT held_xid FROM ({fragments['held_sessions']}) AS holders))"
     for name, claim in PICKS.items():
         body, topic_filter = TOPIC_VARIANTS[claim]
-        statement = bodies[body].replace(TOPIC_MARK, f"{topic_filter} {not_held}")
-        assert statement.count(LOCK) == 1 and statement.count(stamp) == 1, f"queries.sql: {body} is not a claim"
-        queries[name] = statement.replace(LOCK, "").split(stamp)[0] + pick
+        for variant, moving in ((name, f" {not_moving}"), (before_partition(name), "")):
+            statement = bodies[body].replace(TOPIC_MARK, f"{topic_filter} {not_held}{moving}")
+            assert statement.count(LOCK) == 1 and statement.count(stamp) == 1, f"queries.sql: {body} is not a claim"
+            queries[variant] = statement.replace(LOCK, "").split(stamp)[0] + pick
     return queries
 
 

@@ -167,7 +167,7 @@ class TakeStatements(Session):
         """The rows `pick` chooses, deleted by `take` in this session's held transaction (begun first when none
         is open: a pick that finds nothing costs no transaction), as `take` returns them."""
         def run(c: psycopg.Connection) -> list[tuple[Any, ...]]:
-            picked, ctids = one(self._execute(c, QUERIES[pick], params, prepare=True))
+            picked, ctids = one(self._execute(c, self._q(pick), params, prepare=True))
             if not picked:
                 return []
             if c.info.transaction_status == _IDLE:

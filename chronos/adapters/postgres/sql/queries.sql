@@ -357,23 +357,32 @@ m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.valu
 m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint, m.ctid, m.ordering_key, m.enqueued_at,
 m.last_error, m.input_partition
 
+-- fragment: not_moving
+-- A row of a partition closed here on its way to another cell (`moving` in chronos_cell_partitions) is no
+-- pick's and no take's: its freeze (chronos_cell_move_freeze) would skip the take's delete of it, but only once
+-- the row is locked, and that lock lasts as long as the firer's held transaction, so a firer taking again and
+-- again would hold the partition's rows from the move's cut-over for as long as it fires. The moving partitions
+-- are read once per statement; each row is compared with none while no partition moves.
+AND coalesce(input_partition, -1) <> ALL (ARRAY(SELECT partition FROM chronos_cell_partitions WHERE state = 'moving'))
+
 -- name: take
 -- The rows a pick chose, deleted by TID in the firer's held transaction. A row taken or stamped by another
 -- firer since the pick is waited for, up to the session's lock_timeout (the batch then rolls back, and the
 -- claim goes on with the next one); one changed or deleted meanwhile is left out (its newest version, checked
--- again, lies at another TID), and with it the rows of its ordering key (TakeStatements). Joined by TID, with
--- no other condition (as delete_fired): `ctid = ANY(...)`, or a condition in the words of a partial index's
+-- again, lies at another TID), and with it the rows of its ordering key (TakeStatements), and so is one whose
+-- partition began moving since (not_moving). Joined by TID, with no other condition on the row an index
+-- could serve (as delete_fired): `ctid = ANY(...)`, or a condition in the words of a partial index's
 -- predicate, and the planner read that index whole instead.
 DELETE FROM chronos_messages AS m
 USING unnest(%(ctids)s::tid[]) AS t(ctid)
-WHERE m.ctid = t.ctid
+WHERE m.ctid = t.ctid /* include: not_moving */
 RETURNING /* include: taken_columns */;
 
 -- name: take_sliced
 -- `take`, each row with its slice (the claim of a firer's own slices: whether one filled its share).
 DELETE FROM chronos_messages AS m
 USING unnest(%(ctids)s::tid[]) AS t(ctid)
-WHERE m.ctid = t.ctid
+WHERE m.ctid = t.ctid /* include: not_moving */
 RETURNING /* include: taken_columns */, hashtext(coalesce(m.ordering_key, m.id)) & 15;
 
 -- name: held_session_settings

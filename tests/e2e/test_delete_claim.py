@@ -107,7 +107,7 @@ def test_a_frozen_firer_s_batch_is_ended_by_postgresql_and_it_publishes_nothing_
 def test_a_firer_that_deletes_beside_one_that_stamps_loses_nothing_and_fires_nothing_early(processes, broker, topics,
                                                                                              collect):
     """The two kinds of firer on one store, as during a rollout from one to the other, with a detector."""
-    for role, env in (("consumer", {}), ("firer", DELETE), ("firer", {}), ("detector", {})):
+    for role, env in (("consumer", {}), ("firer", DELETE), ("firer", {"CHRONOS_FIRER_CLAIM": "stamp"}), ("detector", {})):
         start(processes, role, **env)
     p = producer(broker.bootstrap_servers)
     sent = {}

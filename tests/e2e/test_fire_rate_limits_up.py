@@ -40,7 +40,7 @@ def test_a_limited_topic_is_spread_at_its_rate_by_two_firers_while_another_fires
         create_topics(info["bootstrap_servers"], {"fragile": 1})
         collect = Collector(info["bootstrap_servers"], ["fragile", info["output_topic"]])
         p = producer(info["bootstrap_servers"])
-        deadline = time.time() + 8.0   # far enough for every message to be stored first, even on a loaded machine
+        deadline = time.time() + 15.0  # far enough for every message to be stored first, even on a loaded machine
         for i in range(COUNT):
             p.produce(info["input_topic"], b"f", headers=chronos_headers(f"f-{i}", deadline)
                       + [("chronosTopic", b"fragile")])

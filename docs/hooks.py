@@ -400,6 +400,10 @@ def alerts_page(path: Path = RULES) -> str:
 # -- performance figures (benchmarks/sla.py, day.py, longevity.py, fire_rate.py, bulk_schedule.py) -----
 
 RESULTS = ROOT / "benchmarks" / "results"
+#: The highest rates within the SLA of the code and of ca7e5a1, in turn.
+FIND_MAX_AB = "2026-11-29/find-max"
+#: The design's limit with the statements Chronos runs.
+DESIGN_LIMIT_NOW = "2026-11-29/design-limit/delete-claim-shares.json"
 
 
 def _result(path: str) -> Any:
@@ -462,6 +466,14 @@ def _of_design_limit(path: str, layout: str) -> str:
     return f"{best / design['rate_per_s']:.2f} ({best:,.0f} of {design['rate_per_s']:,} msg/s)"
 
 
+def _of_design_limit_runs(path: str, layout: str, limit: str) -> str:
+    """The median of one arm's highest rates within the SLA (`_arm`) over the rate of the design's statements in
+    `limit` (`benchmarks.design_limit --variants ...`), in the same layout."""
+    best = statistics.median(r["find_max"]["max_sustained_rate"] or 0.0 for r in _arm(path))
+    (design,) = [r for r in _result(limit)["rows"] if r["layout"] == layout]
+    return f"{best / design['rate_per_s']:.2f} ({best:,.0f} of {design['rate_per_s']:,} msg/s)"
+
+
 def _aged_cpu(path: str) -> str:
     """Chronos's and PostgreSQL's cores in the steps of a longevity run after the first (`benchmarks.longevity`:
     one stack, the same load step after step), the messages the stack had carried by then, and the table's size."""
@@ -474,15 +486,24 @@ def _aged_cpu(path: str) -> str:
             f"the table {min(size):,.0f}-{max(size):,.0f} MB")
 
 
-def _cell_costs(path: str) -> str:
-    """The median of the runs of one arm of an interleaved A/B (`path` and its siblings of the same name but
-    the run's number: plain-1.json, plain-2.json, ...): Chronos's and PostgreSQL's cores, and the firers'
-    publish lateness p99.9."""
+def _arm(path: str) -> list[Any]:
+    """The results of one arm of an interleaved A/B: `path` and its siblings of the same name but the run's number
+    (delete-1.json, delete-2.json, ...)."""
     folder, name = (RESULTS / path).parent, (RESULTS / path).name.rsplit("-", 1)[0]
-    runs = [str(p.relative_to(RESULTS)) for p in sorted(folder.glob(f"{name}-*.json"))]
-    cores = [_scheduler_cores(_result(r)["cpu"]) for r in runs]
-    pg = [sum(v["cores"] for k, v in _result(r)["cpu"].items() if k.startswith("postgres")) for r in runs]
-    late = [_result(r)["publish_lateness_ms"]["p999"] for r in runs]
+    return [_result(str(p.relative_to(RESULTS))) for p in sorted(folder.glob(f"{name}-*.json"))]
+
+
+def _pg_cores(run: dict[str, Any]) -> float:
+    return sum(v["cores"] for k, v in run["cpu"].items() if k.startswith("postgres"))
+
+
+def _cell_costs(path: str) -> str:
+    """The median of the runs of one arm of an interleaved A/B: Chronos's and PostgreSQL's cores, and the firers'
+    publish lateness p99.9."""
+    runs = _arm(path)
+    cores = [_scheduler_cores(r["cpu"]) for r in runs]
+    pg = [_pg_cores(r) for r in runs]
+    late = [r["publish_lateness_ms"]["p999"] for r in runs]
     figures = (f"{statistics.median(cores):.3f} cores (PostgreSQL {statistics.median(pg):.3f}), publish lateness "
                f"p99.9 {_ms(statistics.median(late))}")
     if len(runs) == 1:
@@ -491,12 +512,10 @@ def _cell_costs(path: str) -> str:
 
 
 def _claim_costs(path: str) -> str:
-    """The medians of one arm of an interleaved A/B (`path` and its siblings: delete-1.json, delete-2.json, ...):
-    PostgreSQL's cores and CPU and WAL per message, Chronos's and PostgreSQL's cores, the firer's publish
-    lateness p99.9, and the runs that held the SLA."""
-    folder, name = (RESULTS / path).parent, (RESULTS / path).name.rsplit("-", 1)[0]
-    runs = [_result(str(p.relative_to(RESULTS))) for p in sorted(folder.glob(f"{name}-*.json"))]
-    pg = statistics.median(sum(v["cores"] for k, v in r["cpu"].items() if k.startswith("postgres")) for r in runs)
+    """The medians of one arm of an interleaved A/B: PostgreSQL's cores and CPU and WAL per message, Chronos's and
+    PostgreSQL's cores, the firer's publish lateness p99.9, and the runs that held the SLA."""
+    runs = _arm(path)
+    pg = statistics.median(_pg_cores(r) for r in runs)
     rate = runs[0]["offered_rate"]
     wal = statistics.median(r["wal_bytes_per_message"] for r in runs)
     cores = statistics.median(_scheduler_cores(r["cpu"]) for r in runs)
@@ -505,6 +524,45 @@ def _claim_costs(path: str) -> str:
     return (f"PostgreSQL {pg:.3f} cores ({pg / rate * 1e6:.0f} µs a message), WAL {wal:,.0f} bytes a message; "
             f"with Chronos {cores:.3f} cores; publish lateness p99.9 {_ms(late)}; the SLA held in {held} of "
             f"{len(runs)} runs (medians)")
+
+
+def _find_maxes(path: str, against: str | None = None) -> str:
+    """The highest rate within the SLA of each run of one arm of an interleaved A/B (`benchmarks.sla --find-max`),
+    their median, and its ratio to the median of the arm `against` (its first file) where given."""
+    rates = [r["find_max"]["max_sustained_rate"] or 0.0 for r in _arm(path)]
+    median = statistics.median(rates)
+    text = f"{median:,.0f} msg/s, the median of {len(rates)} runs ({', '.join(f'{r:,.0f}' for r in rates)})"
+    if against is None:
+        return text
+    theirs = statistics.median(r["find_max"]["max_sustained_rate"] or 0.0 for r in _arm(against))
+    return f"{text}: {median / theirs:.2f} times the {theirs:,.0f} of {_code(against)}, run in turn"
+
+
+#: A run that keeps up: the firers' publish lateness p99.9 within this (a run that falls behind is late by seconds).
+KEPT_UP_MS = 1500.0
+
+
+def _kept_up(path: str) -> str:
+    """How often one arm's runs of an interleaved A/B kept up with the offered rate, and its medians."""
+    runs = _arm(path)
+    late = [r["publish_lateness_ms"]["p999"] for r in runs]
+    kept = sum(1 for v in late if v <= KEPT_UP_MS)
+    written = statistics.median(r["enqueue_rate"] for r in runs)
+    return (f"kept up in {kept} of {len(runs)} runs (publish lateness p99.9 ≤ {_ms(KEPT_UP_MS)}); medians: publish "
+            f"lateness p99.9 {_ms(statistics.median(late))}, written {written:,.0f} msg/s, PostgreSQL "
+            f"{statistics.median(_pg_cores(r) for r in runs):.2f} cores; the SLA held in "
+            f"{sum(1 for r in runs if r['sla_pass'])}")
+
+
+def _aged_against_fresh(path: str) -> str:
+    """The first step of a longevity run (a fresh database) against its last (the most messages carried): Chronos's
+    and PostgreSQL's cores, and PostgreSQL's alone."""
+    rows = _result(path)["rows"]
+    first, last = rows[0]["cpu_cores"], rows[-1]["cpu_cores"]
+    fresh, aged = _scheduler_cores(first), _scheduler_cores(last)
+    pg_fresh, pg_aged = first.get("postgres", 0.0), last.get("postgres", 0.0)
+    return (f"{aged:.2f} cores after {rows[-1]['messages_carried'] / 1e6:.1f} M messages, {fresh:.2f} fresh "
+            f"({aged / fresh:.2f} times; PostgreSQL {pg_aged:.2f} and {pg_fresh:.2f}, {pg_aged / pg_fresh:.2f} times)")
 
 
 def _freeze(path: str) -> str:
@@ -574,16 +632,31 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("one process per role", _jitter, "2026-11-28/cpu-ab/now-111-1.json"),
         ("two of every role", _jitter, "2026-11-28/cpu-ab/now-222-1.json")]),
     ("highest rate holding p99.9 ≤ 500 ms", "35,000 msg/s (one per role), 30,000 (two)", [
-        ("one process per role", _find_max, "2026-11-28/find-max/chronos-1x1x1.json"),
-        ("two of every role", _find_max, "2026-11-28/find-max/chronos-2x2x2.json")]),
-    ("the highest rate within the SLA, of the design's limit", "", [
-        ("one process per role", functools.partial(_of_design_limit, layout="1/1/1"),
-         "2026-11-28/find-max/chronos-1x1x1.json"),
-        ("two of every role", functools.partial(_of_design_limit, layout="2/2/2"),
-         "2026-11-28/find-max/chronos-2x2x2.json")]),
+        ("one process per role", functools.partial(_find_maxes, against=f"{FIND_MAX_AB}/ca7e5a1-111-1.json"),
+         f"{FIND_MAX_AB}/head-111-1.json"),
+        ("two of every role", functools.partial(_find_maxes, against=f"{FIND_MAX_AB}/ca7e5a1-222-1.json"),
+         f"{FIND_MAX_AB}/head-222-1.json"),
+        ("ca7e5a1 (before the claim that deletes), one process per role, in turn with the above", _find_maxes,
+         f"{FIND_MAX_AB}/ca7e5a1-111-1.json"),
+        ("ca7e5a1, two of every role", _find_maxes, f"{FIND_MAX_AB}/ca7e5a1-222-1.json")]),
+    ("the highest rate within the SLA, of the design's limit", "≥ 0.70", [
+        ("one process per role, the claim that stamps (firers racing in the design's run), 2026-11-28",
+         functools.partial(_of_design_limit, layout="1/1/1"), "2026-11-28/find-max/chronos-1x1x1.json"),
+        ("two of every role, the same", functools.partial(_of_design_limit, layout="2/2/2"),
+         "2026-11-28/find-max/chronos-2x2x2.json"),
+        ("one process per role, the design's statements as Chronos runs them (the claim that deletes, by slices), "
+         "the highest rates above", functools.partial(_of_design_limit_runs, layout="1/1/1", limit=DESIGN_LIMIT_NOW),
+         f"{FIND_MAX_AB}/head-111-1.json"),
+        ("two of every role, the same", functools.partial(_of_design_limit_runs, layout="2/2/2",
+                                                          limit=DESIGN_LIMIT_NOW), f"{FIND_MAX_AB}/head-222-1.json")]),
     ("publish lateness p99.9, the firer's own share", "≤ 10 ms", [
+        ("one process per role, 20,000 msg/s", _lateness, "2026-11-29/lateness/head-111-20000.json"),
         ("one process per role, 25,000 msg/s", _lateness, "2026-11-28/lateness/chronos-1x1x1-25000.json"),
         ("two of every role, 20,000 msg/s", _lateness, "2026-11-28/lateness/chronos-2x2x2-20000.json")]),
+    ("two of every role at 20,000 msg/s, 30 s on a fresh stack, the runs of two codes in turn", "kept up at least "
+     "as often as 693dfc3", [
+        ("the claim that deletes (the default)", _kept_up, "2026-11-29/keep-up-20k/head-1.json"),
+        ("693dfc3 (before the firers' shares)", _kept_up, "2026-11-29/keep-up-20k/693dfc3-1.json")]),
     ("claiming connections per firer, 20,000 msg/s, one of each role: written / fired, p99.9 jitter "
      "(before the claim of slices had an index predicate of its own)", "", [
         ("one claimer (the default)", _written_fired, "2026-11-27/shares/claimers-ab/one-claimer.json"),
@@ -623,14 +696,22 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("graphile-worker and its PostgreSQL, same load", _fresh_cpu, "2026-11-26/cpu-10000/gw.json")]),
     ("CPU at 10,000 msg/s, Chronos and PostgreSQL, on one PostgreSQL step after step (Chronos and the broker "
      "restarted between steps)", "≤ 0.30 cores", [
-        ("one process per role", _aged_cpu, "2026-11-27/slices/aged/longevity-1x1x1-10000.json"),
-        ("two of every role", _aged_cpu, "2026-11-28/aged/longevity-2x2x2-10000.json")]),
+        ("one process per role", _aged_cpu, "2026-11-29/aged/longevity-1x1x1-10000.json"),
+        ("two of every role", _aged_cpu, "2026-11-29/aged/longevity-2x2x2-10000.json")]),
+    ("CPU at 10,000 msg/s, Chronos and PostgreSQL: the last step of the run above against its first (a fresh "
+     "database)", "within 10 %", [
+        ("one process per role", _aged_against_fresh, "2026-11-29/aged/longevity-1x1x1-10000.json"),
+        ("two of every role", _aged_against_fresh, "2026-11-29/aged/longevity-2x2x2-10000.json")]),
     ("a firer's claim at 10,000 msg/s, one process of each role, fresh stacks: the claim that deletes (the "
      "default) against the stamp and ca7e5a1 (before both), the three in turn, 3 runs of each, 2026-11-29 "
      "07:05-07:19 UTC", "PostgreSQL's CPU and WAL per message ≤ 0.5 of ca7e5a1's; with Chronos ≤ 0.6", [
         ("`CHRONOS_FIRER_CLAIM=delete`", _claim_costs, "2026-11-29/claim-default/delete-1.json"),
         ("`CHRONOS_FIRER_CLAIM=stamp`", _claim_costs, "2026-11-29/claim-default/stamp-1.json"),
         ("ca7e5a1", _claim_costs, "2026-11-29/claim-default/ca7e5a1-1.json")]),
+    ("a firer's claim at 10,000 msg/s, two processes of every role, fresh stacks: the claim that deletes against "
+     "ca7e5a1, in turn, 3 runs of each", "PostgreSQL's CPU and WAL per message ≤ 0.5 of ca7e5a1's; with Chronos ≤ 0.6", [
+        ("the claim that deletes (the default)", _claim_costs, "2026-11-29/claim-222/head-1.json"),
+        ("ca7e5a1", _claim_costs, "2026-11-29/claim-222/ca7e5a1-1.json")]),
     ("cells' cost at 10,000 msg/s, one process of each role: `--cells 1` against the same commit without cells "
      "and ca7e5a1 (before cells), fresh stacks, the three in turn, 3 runs of each, 2026-11-28 16:34-16:47 UTC",
      "within 5 %", [
@@ -667,7 +748,9 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("without them lowered, third run", _move, "2026-11-29/cells/renice-ab/before-3.json"),
         ("lowered, third run", _move, "2026-11-29/cells/renice-ab/after-3.json"),
         ("paced at 10,000 rows a second (CHRONOS_MOVE_RATE), nothing else running, 2026-11-29", _move,
-         "2026-11-29/cells/move-1m-paced-10k.json")]),
+         "2026-11-29/cells/move-1m-paced-10k.json"),
+        ("unpaced (the default), the firers taking rows with the claim that deletes (the default), nothing else "
+         "running", _move, "2026-11-29/cells/move-1m-delete-claim.json")]),
     ("200,000 messages due at the same instant", "", [
         ("one process per role", _spike, "2026-11-23/day-1x1x1.json"),
         ("two of every role", _spike, "2026-11-23/day-2x2x2.json")]),
@@ -818,6 +901,24 @@ COMPARE_MARKER = re.compile(r"<!-- generated: compare (?P<folder>[\w./-]+) -->")
 
 # -- a key many messages share (benchmarks/hot_key.py) ------------------------------------------------
 
+PROFILE_MARKER = re.compile(r"<!-- generated: profile (?P<result>[\w./-]+) -->")
+
+
+def profile_table(path: str) -> str:
+    """A sampled profile of PostgreSQL's processes under load (perf, all CPUs): each process's share of
+    PostgreSQL's samples and its leading functions."""
+    r = _result(path)
+    machine = {name: share for share, name in r["samples_by_command_percent"]}
+    rows = [(f"`{p['process']}` ({p['sessions']} session{'s' if p['sessions'] > 1 else ''})", f"{p['share']:.0f} %",
+             ", ".join(f"`{name.split('] ', 1)[-1]}` {share:.0f} %" for share, name in p["symbols_percent"][:6]))
+            for p in r["postgres_by_process_percent"]]
+    return (f"`{r['command']}` {r['when']} of `{r['during']}`, {_day(r['date'])} UTC, code `{r['code'][:7]}`; "
+            f"PostgreSQL had {machine.get('postgres', 0):.0f} % of the machine's samples (result file "
+            f"`benchmarks/results/{path}`).\n\n"
+            + _table(("process", "share of PostgreSQL's samples", "its leading functions (share of its own samples)"),
+                     rows))
+
+
 HOT_KEY_MARKER = re.compile(r"<!-- generated: hot-key (?P<result>[\w./-]+) -->")
 _HOT_KEY_INDEXES = {"hash": "hash index on `key` (migrations 6-14)", "btree": "B-tree of the key's hash (migration 15)"}
 
@@ -965,6 +1066,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     markdown = DAY_MARKER.sub(lambda m: day_table(m["result"]), markdown)
     markdown = COMPARE_MARKER.sub(lambda m: compare_table(m["folder"]), markdown)
     markdown = HOT_KEY_MARKER.sub(lambda m: hot_key_table(m["result"]), markdown)
+    markdown = PROFILE_MARKER.sub(lambda m: profile_table(m["result"]), markdown)
     make = GENERATED.get(page.file.src_uri)
     if make is None:
         return markdown

@@ -153,3 +153,35 @@ def test_the_hot_key_table_is_read_from_its_result_file(tmp_path, monkeypatch):
     page = h.on_page_markdown("x <!-- generated: hot-key hk.json --> y", type("P", (), {"file": type("F", (), {
         "src_uri": "elsewhere.md"})()})(), None, None)
     assert "500 ms" in page and "generated" not in page
+
+
+def test_the_ab_readers_take_every_run_of_an_arm_and_count_a_run_behind_by_its_lateness(tmp_path, monkeypatch):
+    h = hooks()
+    for arm, rates in (("new", (25000.0, 27500.0, None)), ("old", (17500.0, 20000.0))):
+        for i, rate in enumerate(rates, 1):
+            (tmp_path / f"{arm}-{i}.json").write_bytes(orjson.dumps({"find_max": {"max_sustained_rate": rate},
+                                                                    "code": {"git_commit": f"{arm}1234567"}}))
+    for i, late in enumerate((12.0, 1400.0, 2100.0), 1):
+        (tmp_path / f"late-{i}.json").write_bytes(orjson.dumps({
+            "publish_lateness_ms": {"p999": late}, "enqueue_rate": 20000.0, "sla_pass": late < 100,
+            "cpu": {"postgres": {"cores": 0.9}, "firer_00": {"cores": 0.2}}}))
+    monkeypatch.setattr(h, "RESULTS", tmp_path)
+    # a run that found no rate within the SLA counts as 0, not left out
+    assert h._find_maxes("new-1.json").startswith("25,000 msg/s, the median of 3 runs (25,000, 27,500, 0)")
+    assert h._find_maxes("new-1.json", against="old-1.json").endswith(": 1.33 times the 18,750 of `old1234`, run in turn")
+    kept = h._kept_up("late-1.json")
+    assert kept.startswith("kept up in 2 of 3 runs") and "the SLA held in 1" in kept, kept
+
+
+def test_the_profile_table_names_each_process_and_its_leading_functions(tmp_path, monkeypatch):
+    h = hooks()
+    (tmp_path / "p.json").write_bytes(orjson.dumps({
+        "command": "perf record -a", "when": "from 15 s into the load", "during": "python -m benchmarks.sla",
+        "date": "2026-11-29T12:00Z", "code": "abcdef123", "samples_by_command_percent": [[20.4, "postgres"]],
+        "postgres_by_process_percent": [{"share": 50.3, "process": "chronos consumer", "sessions": 1,
+                                         "symbols_percent": [[19.8, "[.] _bt_compare"], [8.6, "[.] PinBuffer"]]}]}))
+    monkeypatch.setattr(h, "RESULTS", tmp_path)
+    page = h.on_page_markdown("x <!-- generated: profile p.json --> y", type("P", (), {"file": type("F", (), {
+        "src_uri": "elsewhere.md"})()})(), None, None)
+    assert "| `chronos consumer` (1 session) | 50 % | `_bt_compare` 20 %, `PinBuffer` 9 % |" in page, page
+    assert "PostgreSQL had 20 % of the machine's samples" in page and "code `abcdef1`" in page

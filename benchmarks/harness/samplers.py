@@ -41,7 +41,7 @@ class TableStats(NamedTuple):
     autovacuums: int    # autovacuum_count
     autoanalyzes: int   # autoanalyze_count
     vacuuming: bool     # a vacuum of it runs (pg_stat_progress_vacuum)
-    wal_bytes: int = 0  # the server's WAL position (pg_current_wal_lsn, in bytes), read now
+    wal_bytes: int = 0  # the WAL the server has made (pg_current_wal_insert_lsn, in bytes): written or not yet
 
 
 class TableSampler(Sampler):
@@ -50,7 +50,7 @@ class TableSampler(Sampler):
 
     SQL = ("SELECT n_tup_ins, n_live_tup, n_dead_tup, vacuum_count, autovacuum_count, autoanalyze_count, "
            "(SELECT count(*) FROM pg_stat_progress_vacuum v WHERE v.relid = s.relid), "
-           "pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint "
+           "pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint "
            "FROM pg_stat_user_tables s WHERE relname = %s")
 
     def __init__(self, url: str, table: str, interval: float = 1.0):

@@ -40,7 +40,7 @@ def test_varied_rows_go_to_another_topic_or_carry_an_ordering_key_one_in_a_hundr
 
 def test_the_table_sampler_follows_inserts_and_live_rows(database_url):
     with psycopg.connect(database_url) as conn:
-        wal_before = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint").fetchone()[0]
+        wal_before = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint").fetchone()[0]
     sampler = TableSampler(database_url, "public.chronos_messages", interval=0.1)
     sampler.start()
     fill_far(database_url, 200, vacuum=True)

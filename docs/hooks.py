@@ -459,18 +459,11 @@ def _fetched(path: str, firers: int) -> str:
     return f"{row['fetched_per_claimed']:.3f} ({row['claimed']:,} rows claimed in {row['duration_s']:.0f} s)"
 
 
-def _of_design_limit(path: str, layout: str) -> str:
-    """Chronos's highest rate within the SLA over the design's own statements' rate, in the same layout."""
-    best = _result(path)["find_max"]["max_sustained_rate"]
-    (design,) = [r for r in _result(f"{DESIGN_LIMIT}/max.json")["rows"] if r["layout"] == layout]
-    return f"{best / design['rate_per_s']:.2f} ({best:,.0f} of {design['rate_per_s']:,} msg/s)"
-
-
-def _of_design_limit_runs(path: str, layout: str, limit: str) -> str:
-    """The median of one arm's highest rates within the SLA (`_arm`) over the rate of the design's statements in
-    `limit` (`benchmarks.design_limit --variants ...`), in the same layout."""
-    best = statistics.median(r["find_max"]["max_sustained_rate"] or 0.0 for r in _arm(path))
-    (design,) = [r for r in _result(limit)["rows"] if r["layout"] == layout]
+def _of_design_limit(path: str, layout: str, limit: str | None = None, arm: bool = False) -> str:
+    """Chronos's highest rate within the SLA (with `arm`, the median of the arm's runs: `_arm`) over the rate of
+    the design's statements in `limit` (`benchmarks.design_limit`; by default DESIGN_LIMIT's), in the same layout."""
+    best = statistics.median(_best_rates(path)) if arm else _result(path)["find_max"]["max_sustained_rate"]
+    (design,) = [r for r in _result(limit or f"{DESIGN_LIMIT}/max.json")["rows"] if r["layout"] == layout]
     return f"{best / design['rate_per_s']:.2f} ({best:,.0f} of {design['rate_per_s']:,} msg/s)"
 
 
@@ -526,15 +519,21 @@ def _claim_costs(path: str) -> str:
             f"{len(runs)} runs (medians)")
 
 
+def _best_rates(path: str) -> list[float]:
+    """The highest rate within the SLA of each run of one arm (`benchmarks.sla --find-max`); 0 for a run that
+    found none."""
+    return [r["find_max"]["max_sustained_rate"] or 0.0 for r in _arm(path)]
+
+
 def _find_maxes(path: str, against: str | None = None) -> str:
-    """The highest rate within the SLA of each run of one arm of an interleaved A/B (`benchmarks.sla --find-max`),
-    their median, and its ratio to the median of the arm `against` (its first file) where given."""
-    rates = [r["find_max"]["max_sustained_rate"] or 0.0 for r in _arm(path)]
+    """The highest rate within the SLA of each run of one arm of an interleaved A/B, their median, and its ratio
+    to the median of the arm `against` (its first file) where given."""
+    rates = _best_rates(path)
     median = statistics.median(rates)
     text = f"{median:,.0f} msg/s, the median of {len(rates)} runs ({', '.join(f'{r:,.0f}' for r in rates)})"
     if against is None:
         return text
-    theirs = statistics.median(r["find_max"]["max_sustained_rate"] or 0.0 for r in _arm(against))
+    theirs = statistics.median(_best_rates(against))
     return f"{text}: {median / theirs:.2f} times the {theirs:,.0f} of {_code(against)}, run in turn"
 
 
@@ -645,10 +644,10 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("two of every role, the same", functools.partial(_of_design_limit, layout="2/2/2"),
          "2026-11-28/find-max/chronos-2x2x2.json"),
         ("one process per role, the design's statements as Chronos runs them (the claim that deletes, by slices), "
-         "the highest rates above", functools.partial(_of_design_limit_runs, layout="1/1/1", limit=DESIGN_LIMIT_NOW),
+         "the highest rates above", functools.partial(_of_design_limit, layout="1/1/1", limit=DESIGN_LIMIT_NOW, arm=True),
          f"{FIND_MAX_AB}/head-111-1.json"),
-        ("two of every role, the same", functools.partial(_of_design_limit_runs, layout="2/2/2",
-                                                          limit=DESIGN_LIMIT_NOW), f"{FIND_MAX_AB}/head-222-1.json")]),
+        ("two of every role, the same", functools.partial(_of_design_limit, layout="2/2/2", limit=DESIGN_LIMIT_NOW,
+                                                          arm=True), f"{FIND_MAX_AB}/head-222-1.json")]),
     ("publish lateness p99.9, the firer's own share", "≤ 10 ms", [
         ("one process per role, 20,000 msg/s", _lateness, "2026-11-29/lateness/head-111-20000.json"),
         ("one process per role, 25,000 msg/s", _lateness, "2026-11-28/lateness/chronos-1x1x1-25000.json"),
@@ -899,7 +898,7 @@ def compare_table(folder: str) -> str:
 COMPARE_MARKER = re.compile(r"<!-- generated: compare (?P<folder>[\w./-]+) -->")
 
 
-# -- a key many messages share (benchmarks/hot_key.py) ------------------------------------------------
+# -- a sampled profile of PostgreSQL under load (perf) ------------------------------------------------
 
 PROFILE_MARKER = re.compile(r"<!-- generated: profile (?P<result>[\w./-]+) -->")
 
@@ -918,6 +917,8 @@ def profile_table(path: str) -> str:
             + _table(("process", "share of PostgreSQL's samples", "its leading functions (share of its own samples)"),
                      rows))
 
+
+# -- a key many messages share (benchmarks/hot_key.py) ------------------------------------------------
 
 HOT_KEY_MARKER = re.compile(r"<!-- generated: hot-key (?P<result>[\w./-]+) -->")
 _HOT_KEY_INDEXES = {"hash": "hash index on `key` (migrations 6-14)", "btree": "B-tree of the key's hash (migration 15)"}

@@ -17,7 +17,9 @@ the move's own figures (its rows copied, its cut-over, its length, its pace, eac
 machine's load average (over one minute) when the move began and when it ended; and, for each 10 s from the
 window before the move to its end, the other partitions' jitter and publish lateness at p99.9 and most, so that a
 stall shows when it came; and for the same 10 s, what each cell's sessions wait on (each role's, the move's among
-the others), with the checkpoints and the WAL of those seconds, so that a stall shows what it was.
+the others, autovacuum's), with the checkpoints and the WAL of those seconds, and the cores each kind of process on
+the machine used (each cell's PostgreSQL by backends, autovacuum and the rest; the broker; each Chronos role; the
+move), so that a stall shows what it was.
 """
 
 from __future__ import annotations
@@ -35,10 +37,18 @@ from typing import Any
 import orjson
 
 from benchmarks.harness.database import DAY_S, fill_far
+from benchmarks.harness.procstat import MachineCpu
 from kits.stack import CHRONOS, ChronosUp, clean_env, layout_args
 from kits.traffic import Load, Reader
 
 TIMING_ADVANCE_S = 0.05
+# The embedded broker lists every batch a partition holds at each fetch (docs/explanations/embedded-broker.md,
+# "Why it slows"): with the load's batches of 5 ms and a reader fetching every 10 ms it used more than a core of
+# this 2-core machine after two minutes at 1,000 msg/s, against 0.4 with 50 ms each, and the stack's processes
+# and the reader slowed with it. With fewer, larger batches and fetches the machine's load stays the stack's own;
+# the reader's read times trail by up to its fetch wait.
+LOAD_LINGER_MS = 50
+READER_FETCH_WAIT_MS = 50
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -70,13 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--detectors", type=int, default=1, help="per cell")
     p.add_argument("--move-rate", type=int, default=None,
                    help="rows a second the move goes at (CHRONOS_MOVE_RATE; default: chronos's own)")
+    p.add_argument("--load-linger-ms", type=int, default=LOAD_LINGER_MS,
+                   help=f"the load's producer linger (default {LOAD_LINGER_MS})")
+    p.add_argument("--reader-fetch-wait-ms", type=int, default=READER_FETCH_WAIT_MS,
+                   help=f"the output topic's reader's fetch wait (default {READER_FETCH_WAIT_MS})")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out/cells.json"))
     args = p.parse_args(argv)
 
     stack = ChronosUp("--cells", "2", *layout_args(args.consumers, args.firers, args.detectors))
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {_cores()} cores",
                               "rate": args.rate, "far": args.far, "partition": args.partition,
-                              "move_rate": args.move_rate,
+                              "before_s": args.before, "after_s": args.after,
+                              "move_rate": args.move_rate, "load_linger_ms": args.load_linger_ms,
+                              "reader_fetch_wait_ms": args.reader_fetch_wait_ms,
                               "layout": {"consumers": args.consumers, "firers_per_cell": args.firers,
                                          "detectors_per_cell": args.detectors},
                               "code": _commit()}
@@ -87,15 +103,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"writing {args.far:,} far-future rows into partition {args.partition} of cell1 ...", flush=True)
         result["far_fill_s"] = round(fill_far(cells["cell1"], args.far, ahead_s=365 * DAY_S, partition=args.partition,
                                               progress=True), 1)
-        reader = Reader(info["bootstrap_servers"], info["output_topic"])
+        reader = Reader(info["bootstrap_servers"], info["output_topic"], fetch_wait_ms=args.reader_fetch_wait_ms)
         reader.start()
         reader.wait_assigned()
-        load = Load(info["bootstrap_servers"], info["input_topic"], rate=args.rate, late=0.0, seed=11)
+        load = Load(info["bootstrap_servers"], info["input_topic"], rate=args.rate, late=0.0, seed=11,
+                    linger_ms=args.load_linger_ms)
         load.start()
         print(f"load at {args.rate:,.0f} msg/s for {args.before:.0f}s before the move ...", flush=True)
         time.sleep(max(0.0, args.before - 20.0))
         waits = Waits(cells)
         waits.start()
+        machine = MachineCpu()
+        machine.start()
         time.sleep(min(20.0, args.before))
         paced = [] if args.move_rate is None else ["--move-rate", str(args.move_rate)]
         load_at = [os.getloadavg()[0]]
@@ -119,8 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         result["move"] = move_figures(done.stdout, moved_until - moved_from)
         time.sleep(args.after)
         waits.stopping.set()
+        machine.stopping.set()
         waits.join(10)
+        machine.join(10)
         result["waits_by_10s"] = waits.by_10s(moved_from)
+        result["cpu_by_10s"] = machine.by_10s(moved_from)
         load.stop()
         sent = dict(load.sent)
         missing = reader.wait_for(sent, 120)
@@ -165,9 +187,9 @@ CHECKPOINTS = """SELECT (SELECT num_timed + num_requested FROM pg_stat_checkpoin
 
 class Waits(threading.Thread):
     """What each cell's PostgreSQL sessions wait on, sampled every `every` s: per sample, each role's sessions
-    in a statement (`pg_stat_activity`, by application name: chronos ROLE NODE; anything else is `other`,
-    the move's own sessions among them) by wait event (`CPU` when waiting on none), and the cell's
-    checkpoints and WAL written so far."""
+    in a statement (`pg_stat_activity`, by application name: chronos ROLE NODE; autovacuum's workers as
+    `autovacuum`; anything else is `other`, the move's own sessions among them) by wait event (`CPU` when
+    waiting on none), and the cell's checkpoints and WAL written so far."""
 
     def __init__(self, urls: dict[str, str], every: float = 0.5):
         super().__init__(name="waits", daemon=True)
@@ -183,10 +205,12 @@ class Waits(threading.Thread):
                 for cell, conn in conns.items():
                     try:
                         rows = conn.execute(
-                            "SELECT CASE WHEN application_name LIKE 'chronos %%' "
+                            "SELECT CASE WHEN backend_type = 'autovacuum worker' THEN 'autovacuum' "
+                            "WHEN application_name LIKE 'chronos %%' "
                             "THEN split_part(application_name, ' ', 2) ELSE 'other' END, "
                             "coalesce(wait_event_type || ':' || wait_event, 'CPU') FROM pg_stat_activity "
-                            "WHERE state = 'active' AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+                            "WHERE state = 'active' AND pid <> pg_backend_pid() "
+                            "AND backend_type IN ('client backend', 'autovacuum worker')"
                         ).fetchall()
                         ckpt = conn.execute(CHECKPOINTS).fetchone()
                     except psycopg.Error:

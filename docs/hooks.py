@@ -586,6 +586,21 @@ def _move(path: str) -> str:
             f"{messages['early']} early of {messages['sent']:,}")
 
 
+def _machine(path: str) -> str:
+    """What the machine and the broker used over the last minute a `benchmarks.cells` run sampled, and the
+    messages its reader had not read 120 s after the load stopped."""
+    r = _result(path)
+    last = r["cpu_by_10s"][-6:]
+    cores = sum(row["cores"] for row in last) / len(last)
+    broker = sum(row["by_kind"].get("broker", 0.0) for row in last) / len(last)
+    firers = sum(row["by_kind"].get("chronos firer", 0.0) for row in last) / len(last)
+    unread = r["messages"]["lost"]
+    return (f"the load's batches of {r['load_linger_ms']} ms, the reader's fetches of {r['reader_fetch_wait_ms']} ms: "
+            f"{last[0]['from_s']}-{last[-1]['from_s'] + 10} s after the move began, the machine used {cores:.2f} "
+            f"cores, the broker {broker:.2f}, the firers {firers:.2f}; {unread:,} of {r['messages']['sent']:,} "
+            f"messages not read within 120 s")
+
+
 def _fresh_cpu(path: str) -> str:
     return f"{_scheduler_cores(_result(path)['cpu']):.2f} cores"
 
@@ -749,7 +764,18 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("paced at 10,000 rows a second (CHRONOS_MOVE_RATE), nothing else running, 2026-11-29", _move,
          "2026-11-29/cells/move-1m-paced-10k.json"),
         ("unpaced (the default), the firers taking rows with the claim that deletes (the default), nothing else "
-         "running", _move, "2026-11-29/cells/move-1m-delete-claim.json")]),
+         "running", _move, "2026-11-29/cells/move-1m-delete-claim.json"),
+        ("the runs above had the harness's load producer send in batches of 5 ms and its reader fetch every 10 ms: "
+         "the embedded broker lists every stored batch at each fetch, and without a move of note (10,000 rows) it "
+         "came to use most of the machine", _machine, "2026-11-29/cells/harness-batches/broker-5ms-10ms.json"),
+        ("the same with batches and fetches of 50 ms, as `benchmarks.cells` now runs", _machine,
+         "2026-11-29/cells/harness-batches/broker-50ms-50ms.json"),
+        ("a million far-future rows, unpaced, batches and fetches of 50 ms", _move,
+         "2026-11-29/cells/harness-batches/move-1m-unpaced-1.json"),
+        ("the same, paced at 10,000 rows a second", _move, "2026-11-29/cells/harness-batches/move-1m-paced-10k.json"),
+        ("unpaced again", _move, "2026-11-29/cells/harness-batches/move-1m-unpaced-2.json"),
+        ("unpaced, two processes of every role per cell (`--consumers 2 --firers 2 --detectors 2`)", _move,
+         "2026-11-29/cells/harness-batches/move-1m-unpaced-2x2x2.json")]),
     ("200,000 messages due at the same instant", "", [
         ("one process per role", _spike, "2026-11-23/day-1x1x1.json"),
         ("two of every role", _spike, "2026-11-23/day-2x2x2.json")]),

@@ -5,6 +5,11 @@ product and the benchmarks."""
 from __future__ import annotations
 
 import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
 
 from chronos.embedded.procs import descendants, proc_stat
 from chronos.adapters.kafka.brokerstats import rss_bytes
@@ -64,3 +69,98 @@ class CpuMeter:
             used = sum(c - self.before.get(name, {}).get(p, 0.0) for p, c in per_pid.items())
             result[name] = {"cpu_s": round(used, 2), "cores": round(used / wall, 3)}
         return result
+
+
+def kind_of(cmdline: str, parent_cmdline: str = "") -> str:
+    """What a process is, from its command line (NUL-separated arguments joined by spaces) and its parent's:
+    a Chronos role or command (`chronos firer`, `chronos cells`), a PostgreSQL process by what it does and
+    whose it is (`postgres pgdata-2 autovacuum`, `... backend`, `... server` for the others), the broker,
+    or the program's name."""
+    words = cmdline.split()
+    if not words:
+        return "?"
+    if words[0].startswith("postgres:"):
+        title = cmdline[len("postgres:"):].strip()
+        data = re.search(r"-D (\S+)", parent_cmdline)
+        whose = Path(data.group(1)).name if data else "?"
+        if title.startswith("autovacuum worker"):
+            return f"postgres {whose} autovacuum"
+        if title.startswith(("walwriter", "checkpointer", "background writer", "autovacuum launcher",
+                             "logical replication", "archiver", "walsender", "startup")):
+            return f"postgres {whose} server"
+        return f"postgres {whose} backend"
+    if Path(words[0]).name == "postgres":
+        data = re.search(r"-D (\S+)", cmdline)
+        return f"postgres {Path(data.group(1)).name if data else '?'} server"
+    if "-m" in words:
+        module = words[words.index("-m") + 1] if words.index("-m") + 1 < len(words) else ""
+        if module == "chronos":
+            rest = [w for w in words[words.index("-m") + 2:] if not w.startswith("-")]
+            return f"chronos {rest[0]}" if rest else "chronos"
+        return module
+    if " broker " in f" {cmdline} " or "tansu" in words[0]:
+        return "broker"
+    if "multiprocessing" in cmdline:
+        return "python worker"
+    return Path(words[0]).name
+
+
+class MachineCpu(threading.Thread):
+    """The machine's CPU by kind of process (`kind_of`), sampled every `every` s from /proc: every process,
+    whoever started it, so that the load a run puts on the machine shows where it went, second by second."""
+
+    def __init__(self, every: float = 1.0):
+        super().__init__(name="machine-cpu", daemon=True)
+        self.every = every
+        self.stopping = threading.Event()
+        self.samples: list[tuple[float, dict[str, float]]] = []  # (when, CPU seconds by kind since the last)
+        self._seen: dict[int, tuple[float, str]] = {}
+
+    def _read(self) -> dict[int, tuple[float, str]]:
+        stats: dict[int, tuple[float, int]] = {}
+        cmds: dict[int, str] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            st = proc_stat(entry)
+            if st is None or len(st) < 13:
+                continue
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            pid = int(entry)
+            stats[pid] = ((int(st[11]) + int(st[12])) / _TICK, int(st[1]))
+            cmds[pid] = cmd.strip()
+        return {pid: (cpu, kind_of(cmds[pid], cmds.get(ppid, ""))) for pid, (cpu, ppid) in stats.items()
+                if cmds[pid]}
+
+    def run(self) -> None:
+        self._seen = self._read()
+        while not self.stopping.wait(self.every):
+            now = self._read()
+            used: dict[str, float] = {}
+            for pid, (cpu, kind) in now.items():
+                before = self._seen.get(pid)
+                delta = cpu - before[0] if before is not None else 0.0  # a process born meanwhile: from now on
+                if delta > 0:
+                    used[kind] = used.get(kind, 0.0) + delta
+            self._seen = now
+            self.samples.append((time.time(), used))
+
+    def by_10s(self, zero: float, top: int = 8) -> list[dict[str, Any]]:
+        """Per 10 s from `zero`: the cores each kind of process used (the `top` most), and the whole machine's."""
+        groups: dict[int, list[tuple[float, dict[str, float]]]] = {}
+        for at, used in self.samples:
+            groups.setdefault(int((at - zero) // 10), []).append((at, used))
+        rows = []
+        for b, items in sorted(groups.items()):
+            total: dict[str, float] = {}
+            for _, used in items:
+                for k, v in used.items():
+                    total[k] = total.get(k, 0.0) + v
+            wall = max(len(items) * self.every, 1e-9)
+            ranked = sorted(total.items(), key=lambda kv: -kv[1])[:top]
+            rows.append({"from_s": b * 10, "cores": round(sum(total.values()) / wall, 2),
+                         "by_kind": {k: round(v / wall, 2) for k, v in ranked}})
+        return rows

@@ -1,8 +1,10 @@
-"""benchmarks.cells's arithmetic: the cells' wait events and checkpoints by 10 s of the move."""
+"""benchmarks.cells's arithmetic: the cells' wait events and checkpoints, and the machine's CPU by kind of
+process, by 10 s of the move."""
 
 from __future__ import annotations
 
 from benchmarks.cells import Waits
+from benchmarks.harness.procstat import MachineCpu, kind_of
 
 
 def test_waits_are_averaged_per_sample_by_10s_and_cell_with_the_checkpoints_and_wal_in_between():
@@ -19,4 +21,27 @@ def test_waits_are_averaged_per_sample_by_10s_and_cell_with_the_checkpoints_and_
          "checkpoints": 1, "wal_mb": 5.0},
         {"from_s": 0, "cell": "cell2", "samples": 1, "waits": {}, "checkpoints": 0, "wal_mb": 0.0},
         {"from_s": 10, "cell": "cell1", "samples": 1, "waits": {"consumer CPU": 1.0}, "checkpoints": 0, "wal_mb": 0.0},
+    ]
+
+
+def test_processes_are_told_apart_by_their_command_line():
+    pg = "/venv/pginstall/bin/postgres -D /tmp/s/.chronos/pgdata-cell2 -c port=5"
+    assert kind_of("postgres: autovacuum worker chronos", pg) == "postgres pgdata-cell2 autovacuum"
+    assert kind_of("postgres: walwriter", pg) == "postgres pgdata-cell2 server"
+    assert kind_of("postgres: postgres chronos 127.0.0.1(5) idle", pg) == "postgres pgdata-cell2 backend"
+    assert kind_of(pg) == "postgres pgdata-cell2 server"
+    assert kind_of("/venv/bin/python -m chronos firer") == "chronos firer"
+    assert kind_of("/venv/bin/python -m chronos cells move --partition 3 --to cell2") == "chronos cells"
+    assert kind_of("/root/.calfkit/bin/tansu-v0.6.0 broker --listener-url tcp://x") == "broker"
+    assert kind_of("/venv/bin/python -m benchmarks.cells --out x") == "benchmarks.cells"
+    assert kind_of("") == "?"
+
+
+def test_the_machines_cpu_is_given_in_cores_per_10s_by_kind_the_busiest_first():
+    m = MachineCpu(every=1.0)
+    m.samples = [(100.5, {"broker": 0.5, "chronos firer": 0.25}), (101.5, {"broker": 0.5}),
+                 (111.0, {"postgres pgdata-cell1 autovacuum": 0.9, "chronos firer": 0.1})]
+    assert m.by_10s(zero=100.0, top=1) == [
+        {"from_s": 0, "cores": 0.62, "by_kind": {"broker": 0.5}},
+        {"from_s": 10, "cores": 1.0, "by_kind": {"postgres pgdata-cell1 autovacuum": 0.9}},
     ]

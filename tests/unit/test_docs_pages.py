@@ -185,3 +185,15 @@ def test_the_profile_table_names_each_process_and_its_leading_functions(tmp_path
         "src_uri": "elsewhere.md"})()})(), None, None)
     assert "| `chronos consumer` (1 session) | 50 % | `_bt_compare` 20 %, `PinBuffer` 9 % |" in page, page
     assert "PostgreSQL had 20 % of the machine's samples" in page and "code `abcdef1`" in page
+
+
+def test_the_machines_load_is_read_over_the_last_minute_sampled(tmp_path, monkeypatch):
+    h = hooks()
+    rows = [{"from_s": s, "cores": 0.5, "by_kind": {"broker": 0.25}} for s in range(-20, 0, 10)]
+    rows += [{"from_s": s, "cores": 1.5, "by_kind": {"broker": 1.0, "chronos firer": 0.3}} for s in range(0, 60, 10)]
+    (tmp_path / "m.json").write_bytes(orjson.dumps({"cpu_by_10s": rows, "messages": {"lost": 7, "sent": 1000},
+                                                    "load_linger_ms": 5, "reader_fetch_wait_ms": 10}))
+    monkeypatch.setattr(h, "RESULTS", tmp_path)
+    assert h._machine("m.json") == ("the load's batches of 5 ms, the reader's fetches of 10 ms: 0-60 s after the move "
+                                    "began, the machine used 1.50 cores, the broker 1.00, the firers 0.30; 7 of 1,000 "
+                                    "messages not read within 120 s")

@@ -38,6 +38,7 @@ import orjson
 
 from benchmarks.harness.database import DAY_S, fill_far
 from benchmarks.harness.procstat import MachineCpu
+from benchmarks.harness.report import service_root
 from kits.stack import CHRONOS, ChronosUp, clean_env, layout_args
 from kits.traffic import Load, Reader
 
@@ -121,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         moved_from = time.time()
         moving = subprocess.Popen(CHRONOS + ["cells", "move", "--partition", str(args.partition), "--to", "cell2",
                                              "--ready-file", str(stack.ready_file), *paced],
-                                  env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                  env=clean_env(), cwd=stack.workdir,  # as the stack: PYTHONPATH's code, if any
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         said = []
         assert moving.stdout is not None
         for line in moving.stdout:
@@ -278,7 +280,8 @@ def _cores() -> int:
 
 
 def _commit() -> str | None:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    """The commit of the code that runs the stack and the move: this checkout's, or the one `PYTHONPATH` names."""
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=service_root(), capture_output=True, text=True)
     return done.stdout.strip() or None if done.returncode == 0 else None
 
 

@@ -197,3 +197,16 @@ def test_the_machines_load_is_read_over_the_last_minute_sampled(tmp_path, monkey
     assert h._machine("m.json") == ("the load's batches of 5 ms, the reader's fetches of 10 ms: 0-60 s after the move "
                                     "began, the machine used 1.50 cores, the broker 1.00, the firers 0.30; 7 of 1,000 "
                                     "messages not read within 120 s")
+
+
+def test_a_move_says_how_many_messages_were_delivered_twice(tmp_path, monkeypatch):
+    h = hooks()
+    figures = {"jitter": {"p99_9_s": 0.2}, "publish_lateness": {"p99_9_s": 0.01}}
+    run = {"far": 1000, "move": {"took_s": 12.0, "cut_over_s": 0.3}, "moved_partition_during_move": {"max_s": 0.4},
+           "others_during_move": figures, "others_before_move": figures,
+           "messages": {"sent": 5000, "lost": 0, "early": 0, "duplicated": 32}}
+    (tmp_path / "twice.json").write_bytes(orjson.dumps(run))
+    (tmp_path / "once.json").write_bytes(orjson.dumps({**run, "messages": {**run["messages"], "duplicated": 0}}))
+    monkeypatch.setattr(h, "RESULTS", tmp_path)
+    assert h._move("twice.json").endswith("0 lost, 0 early, 32 delivered twice of 5,000")
+    assert h._move("once.json").endswith("0 lost, 0 early of 5,000")

@@ -311,7 +311,7 @@ class Mover:
     def finish(self, moved: Moved, record: MoveRecord, target: CellStore) -> None:
         """FINISHING: the rest of the dormant rows woken, earliest first; the source's frozen rows of the
         partition deleted (those due soon first, again and again, so that none stands at the head of its due
-        rows); the watch and freeze dropped and the move forgotten."""
+        rows); the watch and freeze dropped (`drop_watch`) and the move forgotten."""
         source, p = self.stores[moved.source], moved.partition
         keep_clean = self.clock()
         cursor: int | None = record.cursor
@@ -336,7 +336,9 @@ class Mover:
                 self._save(moved, FINISHING, cursor)
             clean()
             self._paced(pace, chunk)
-        self._until_done("dropping the watch", lambda wait_ms: source.unwatch(p, wait_ms=wait_ms))
+        if not drop_watch(source, p, self.settings, self.sleep):
+            self.say(f"partition {p}: its triggers stay on cell {moved.source}'s table, noting nothing (its writers "
+                     f"never left the table's lock free at once)")
         source.end_move(p)
         self.say(f"partition {p} moved from cell {moved.source} to cell {moved.target}: {moved.woken:,} rows woken "
                  f"there")
@@ -364,3 +366,16 @@ class Mover:
         for partition, _ in plan:
             done.append(self.move(partition, cell, check=check))
         return done
+
+
+def drop_watch(source: CellStore, partition: int, settings: MoveSettings, sleep: Callable[[float], None]) -> bool:
+    """The source's triggers of the partition dropped if its table's lock is free at once, in `queue_after` tries
+    at most: a request that waited would hold every write to the table behind it as long as the transactions under
+    way last (a firer's claim that deletes holds its batch until Kafka acknowledged it), and triggers left in place
+    note nothing once the move is forgotten. Whether they were dropped."""
+    for _ in range(settings.queue_after):
+        if source.unwatch(partition, wait_ms=0):
+            return True
+        log.info("dropping the watch: the table is busy, trying again")
+        sleep(settings.busy_retry_s)
+    return False

@@ -53,6 +53,7 @@ def test_a_move_is_recorded_once_and_run_by_one_node_while_its_lease_lives(s, ba
 def test_the_watch_notes_the_partitions_rows_written_since_and_forgets_only_what_did_not_change_again(s, backend):
     t = backend.now_us() + HOUR
     insert(s, [row("before", t, partition=1)])
+    s.begin_move(1, "cell2", uuid.uuid4(), 0)  # as a move begins: recorded, then watched
     assert s.watch(1)
     assert s.changes(1, 100) == []
     insert(s, [row("a", t, partition=1), row("b", t, partition=1), row("other", t, partition=0)])
@@ -76,6 +77,11 @@ def test_the_watch_notes_the_partitions_rows_written_since_and_forgets_only_what
     assert [(c.id, c.row is not None) for c in s.changes(1, 100)] == [("due", True)]
     s.delete_fired([claimed])
     assert [(c.id, c.row) for c in s.changes(1, 100)] == [("due", None)]
+    # the move forgotten, its watch left in place (its table's lock never free at once): nothing noted any more
+    s.end_move(1)
+    insert(s, [row("after", t, partition=1)])
+    assert s.apply([], [row("b", t, partition=1, value=b"again")], []) == (0, 1, 0, 0)
+    assert s.changes(1, 100) == []
     assert s.unwatch(1)
 
 

@@ -291,6 +291,7 @@ def test_a_change_a_write_is_noting_right_now_is_left_to_carry_again_and_the_mov
     wait for the other: PostgreSQL ends one of them as a deadlock."""
     urls, _ = cells
     st = Store(urls["cell1"], deadline_s=3.0)
+    st.begin_move(1, "cell2", uuid.uuid4(), 0)
     assert st.watch(1)
     q(urls["cell1"], "UPDATE chronos_messages SET deadline = deadline + interval '1 second' "
                      "WHERE id IN ('far1', 'far2')")

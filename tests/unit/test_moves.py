@@ -310,6 +310,24 @@ def test_a_busy_table_is_asked_for_its_lock_only_if_free_at_once_until_many_trie
     assert asked == [0] * SETTINGS.queue_after + [50, 100, 200, 400]
 
 
+def test_the_triggers_are_dropped_only_if_the_table_is_free_at_once_and_else_left_noting_nothing():
+    cells = loaded()
+    stores = cells.stores()
+    asked: list[int] = []
+
+    def busy(partition, *, wait_ms=0):  # the source's writers never leave its lock free at once
+        asked.append(wait_ms)
+        return False
+    stores["cell1"].unwatch = busy
+    lines: list[str] = []
+    cells.mover(stores, say=lines.append).move(1, "cell2")
+    # never a request that waits, which every write of the table would wait behind
+    assert asked == [0] * SETTINGS.queue_after
+    assert any("its triggers stay on cell cell1's table, noting nothing" in line for line in lines)
+    assert cells.dbs["cell1"].moves == {} and cells.dbs["cell1"].watched == {}
+    assert set(cells.values("cell2")) == {f"far{i}" for i in range(300)} | {f"soon{i}" for i in range(20)} | {"daily"}
+
+
 def test_the_wait_for_a_busy_tables_lock_grows_no_further_than_the_hold_time():
     cells = loaded()
     stores = cells.stores()

@@ -63,6 +63,7 @@ class MemoryMoves(MemoryHandle):
         def run(now: int) -> None:
             self.db.moves.pop(partition, None)
             self.db.outbox.pop(partition, None)
+            self.db.watched.pop(partition, None)  # a watch left in place notes nothing once the move is forgotten
         self._run(run)
 
     def _rows_of(self, partition: int) -> list[StoredRow]:
@@ -110,7 +111,9 @@ class MemoryMoves(MemoryHandle):
 
     def changes(self, partition: int, limit: int) -> list[Change]:
         def run(now: int) -> list[Change]:
-            seen = self.db.watched.get(partition, {})
+            if partition not in self.db.watched:  # no watch: nothing noted, as on PostgreSQL
+                return []
+            seen = self.db.watched[partition]
             now_rows = {r.id: r for r in self._rows_of(partition)}
             found = [Change(mid, _number(now_rows[mid].ctid) if mid in now_rows else _GONE,
                             _moving(now_rows[mid]) if mid in now_rows else None)

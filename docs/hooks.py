@@ -785,7 +785,12 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("lowered, second run", _move, "2026-11-29/cells/harness-batches/move-1m-nice-2.json"),
         ("not lowered, second run", _move, "2026-11-29/cells/harness-batches/move-1m-head-2.json"),
         ("not lowered, third run", _move, "2026-11-29/cells/harness-batches/move-1m-head-3.json"),
-        ("lowered, third run", _move, "2026-11-29/cells/harness-batches/move-1m-nice-3.json")]),
+        ("lowered, third run", _move, "2026-11-29/cells/harness-batches/move-1m-nice-3.json"),
+        ("unpaced, the triggers dropped only while the table's lock is free at once, else left noting nothing "
+         "(`20741f5`): in each run the lock was never free and the move left them", _move,
+         "2026-11-29/cells/harness-batches/move-1m-triggers-left-1.json"),
+        ("the same, second run", _move, "2026-11-29/cells/harness-batches/move-1m-triggers-left-2.json"),
+        ("the same, third run", _move, "2026-11-29/cells/harness-batches/move-1m-triggers-left-3.json")]),
     ("200,000 messages due at the same instant", "", [
         ("one process per role", _spike, "2026-11-23/day-1x1x1.json"),
         ("two of every role", _spike, "2026-11-23/day-2x2x2.json")]),

@@ -187,13 +187,15 @@ class Mover:
         if wait > 0:
             self.sleep(wait)
 
-    def _until_done(self, what: str, attempt: Callable[[int], object]) -> object:
+    def _until_done(self, what: str, attempt: Callable[[int], object], *, queue: bool = True) -> object:
         """A change of the source's triggers or map, tried until its lock is had: `attempt(wait_ms)`, 0 (only if
         free at once) until `queue_after` tries found the lock taken, then waiting for it, twice as long each time
         from `queue_first_ms` up to the hold time. A table whose writers never leave it free at once has every
         write wait behind the request meanwhile, so the wait grows only as far as the longest transaction under
         way needs: a firer's claim that deletes holds its batch's transaction open until Kafka acknowledged it,
-        its lookahead and more, at most the hold time."""
+        its lookahead and more, at most the hold time. Without `queue`, a change that may be left undone (the
+        drop of a move's triggers, which note nothing once the move is forgotten): never waited for, None once
+        `queue_after` tries found the lock taken."""
         tries = 0
         while True:
             queued = tries - self.settings.queue_after
@@ -202,6 +204,8 @@ class Mover:
             if result is not None and result is not False:
                 return result
             tries += 1
+            if not queue and tries >= self.settings.queue_after:
+                return None
             log.info("%s: the table is busy, trying again", what)
             self.sleep(self.settings.busy_retry_s)
 
@@ -311,7 +315,7 @@ class Mover:
     def finish(self, moved: Moved, record: MoveRecord, target: CellStore) -> None:
         """FINISHING: the rest of the dormant rows woken, earliest first; the source's frozen rows of the
         partition deleted (those due soon first, again and again, so that none stands at the head of its due
-        rows); the watch and freeze dropped (`drop_watch`) and the move forgotten."""
+        rows); the watch and freeze dropped where the table's lock is free at once, and the move forgotten."""
         source, p = self.stores[moved.source], moved.partition
         keep_clean = self.clock()
         cursor: int | None = record.cursor
@@ -336,7 +340,7 @@ class Mover:
                 self._save(moved, FINISHING, cursor)
             clean()
             self._paced(pace, chunk)
-        if not drop_watch(source, p, self.settings, self.sleep):
+        if self._until_done("dropping the watch", lambda wait_ms: source.unwatch(p, wait_ms=wait_ms), queue=False) is None:
             self.say(f"partition {p}: its triggers stay on cell {moved.source}'s table, noting nothing (its writers "
                      f"never left the table's lock free at once)")
         source.end_move(p)
@@ -367,15 +371,3 @@ class Mover:
             done.append(self.move(partition, cell, check=check))
         return done
 
-
-def drop_watch(source: CellStore, partition: int, settings: MoveSettings, sleep: Callable[[float], None]) -> bool:
-    """The source's triggers of the partition dropped if its table's lock is free at once, in `queue_after` tries
-    at most: a request that waited would hold every write to the table behind it as long as the transactions under
-    way last (a firer's claim that deletes holds its batch until Kafka acknowledged it), and triggers left in place
-    note nothing once the move is forgotten. Whether they were dropped."""
-    for _ in range(settings.queue_after):
-        if source.unwatch(partition, wait_ms=0):
-            return True
-        log.info("dropping the watch: the table is busy, trying again")
-        sleep(settings.busy_retry_s)
-    return False

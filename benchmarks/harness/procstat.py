@@ -20,9 +20,12 @@ _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 def cpu_seconds(pid: int) -> float | None:
     """CPU time process `pid` used so far (user and system), or None when it is gone."""
     st = proc_stat(pid)
-    if st is None:
-        return None
-    return (int(st[11]) + int(st[12])) / _TICK  # utime, stime
+    return None if st is None else _cpu(st)
+
+
+def _cpu(st: list[str]) -> float:
+    """CPU seconds in the fields of a /proc/PID/stat (`proc_stat`): utime and stime."""
+    return (int(st[11]) + int(st[12])) / _TICK
 
 
 def rss_mb(pid: int | None) -> float | None:
@@ -93,10 +96,10 @@ def kind_of(cmdline: str, parent_cmdline: str = "") -> str:
         data = re.search(r"-D (\S+)", cmdline)
         return f"postgres {Path(data.group(1)).name if data else '?'} server"
     if "-m" in words:
-        module = words[words.index("-m") + 1] if words.index("-m") + 1 < len(words) else ""
+        module, *rest = words[words.index("-m") + 1:] or [""]
         if module == "chronos":
-            rest = [w for w in words[words.index("-m") + 2:] if not w.startswith("-")]
-            return f"chronos {rest[0]}" if rest else "chronos"
+            command = [w for w in rest if not w.startswith("-")]
+            return f"chronos {command[0]}" if command else "chronos"
         return module
     if " broker " in f" {cmdline} " or "tansu" in words[0]:
         return "broker"
@@ -130,7 +133,7 @@ class MachineCpu(threading.Thread):
             except OSError:
                 continue
             pid = int(entry)
-            stats[pid] = ((int(st[11]) + int(st[12])) / _TICK, int(st[1]))
+            stats[pid] = (_cpu(st), int(st[1]))
             cmds[pid] = cmd.strip()
         return {pid: (cpu, kind_of(cmds[pid], cmds.get(ppid, ""))) for pid, (cpu, ppid) in stats.items()
                 if cmds[pid]}

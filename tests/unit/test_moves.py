@@ -317,6 +317,7 @@ def test_the_triggers_are_dropped_only_if_the_table_is_free_at_once_and_else_lef
 
     def busy(partition, *, wait_ms=0):  # the source's writers never leave its lock free at once
         asked.append(wait_ms)
+        assert len(asked) <= 10 * SETTINGS.queue_after, f"asked again and again: {asked[-5:]}"
         return False
     stores["cell1"].unwatch = busy
     lines: list[str] = []

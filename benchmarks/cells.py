@@ -4,6 +4,8 @@ a million far-future rows in it (`chronos cells move`, docs/operations/scaling.m
     python -m benchmarks.cells                                  # 1,000 msg/s, 1,000,000 far-future rows
     python -m benchmarks.cells --rate 500 --far 100000 --out benchmarks/out/cells.json
     python -m benchmarks.cells --move-rate 0                    # the move unpaced (CHRONOS_MOVE_RATE)
+    python -m benchmarks.cells --control 56                     # no move: the same 56 s of the same run's age
+    python -m benchmarks.cells --aged 3000000                   # each cell's table through 3 M messages first
 
 Starts `chronos up --cells 2` (the input partitions 0-3 in cell1, 4-7 in cell2), writes `--far` rows due in a
 year into `--partition` of cell1 through the consumer's own COPY path, then runs the load (`kits.traffic.Load`:
@@ -20,6 +22,16 @@ stall shows when it came; and for the same 10 s, what each cell's sessions wait 
 the others, autovacuum's), with the checkpoints and the WAL of those seconds, and the cores each kind of process on
 the machine used (each cell's PostgreSQL by backends, autovacuum and the rest; the broker; each Chronos role; the
 move), so that a stall shows what it was.
+
+With `--aged N`, each cell's table has first carried N messages as a queue 100,000 deep would
+(`benchmarks.harness.database.age_table`: written through the consumer's COPY path and deleted as the firers'
+claims delete, into a partition that is not moved), so that the move walks a table of a long-lived stack: its
+size, its indexes' bloat and its free space scattered; the tables' sizes are reported.
+
+A control run (`--control SECONDS`) does everything the same but the move: the window it reports is the same
+SECONDS from the same point of the run, so the other partitions' figures over it are those of a stack of the same
+age without a move. The embedded broker slows as it holds more batches, so a run's later seconds are slower than
+its earlier ones with or without a move: "unchanged" is the move's window against a control's, run in turn.
 """
 
 from __future__ import annotations
@@ -36,7 +48,7 @@ from typing import Any
 
 import orjson
 
-from benchmarks.harness.database import DAY_S, fill_far
+from benchmarks.harness.database import DAY_S, age_table, fill_far, table_mb
 from benchmarks.harness.procstat import MachineCpu
 from benchmarks.harness.report import service_root
 from kits.stack import CHRONOS, ChronosUp, clean_env, layout_args
@@ -49,6 +61,8 @@ TIMING_ADVANCE_S = 0.05
 # and the reader slowed with it. With fewer, larger batches and fetches the machine's load stays the stack's own;
 # the reader's read times trail by up to its fetch wait.
 LOAD_LINGER_MS = 50
+#: The partition of each cell whose rows age its table (`--aged`): one that is not moved.
+AGED_PARTITION = {"cell1": 0, "cell2": 4}
 READER_FETCH_WAIT_MS = 50
 
 
@@ -85,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"the load's producer linger (default {LOAD_LINGER_MS})")
     p.add_argument("--reader-fetch-wait-ms", type=int, default=READER_FETCH_WAIT_MS,
                    help=f"the output topic's reader's fetch wait (default {READER_FETCH_WAIT_MS})")
+    p.add_argument("--aged", type=int, default=0, metavar="N",
+                   help="messages each cell's table carries before the far-future rows are written (default 0)")
+    p.add_argument("--control", type=float, default=None, metavar="SECONDS",
+                   help="run no move: report the window of SECONDS where the move would have begun (a control)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out/cells.json"))
     args = p.parse_args(argv)
 
@@ -96,14 +114,21 @@ def main(argv: list[str] | None = None) -> int:
                               "reader_fetch_wait_ms": args.reader_fetch_wait_ms,
                               "layout": {"consumers": args.consumers, "firers_per_cell": args.firers,
                                          "detectors_per_cell": args.detectors},
-                              "code": _commit()}
+                              "aged": args.aged, "control_s": args.control, "code": _commit()}
     load = reader = None
     try:
         info = stack.start(timeout=300)
         cells = info["cells"]
+        if args.aged:
+            result["aged_s"] = {}
+            for cell, url in cells.items():
+                print(f"putting {args.aged:,} messages through {cell}'s table ...", flush=True)
+                result["aged_s"][cell] = round(age_table(url, args.aged, partition=AGED_PARTITION[cell],
+                                                         progress=True), 1)
         print(f"writing {args.far:,} far-future rows into partition {args.partition} of cell1 ...", flush=True)
         result["far_fill_s"] = round(fill_far(cells["cell1"], args.far, ahead_s=365 * DAY_S, partition=args.partition,
                                               progress=True), 1)
+        result["table_mb"] = {cell: table_mb(url) for cell, url in cells.items()}
         reader = Reader(info["bootstrap_servers"], info["output_topic"], fetch_wait_ms=args.reader_fetch_wait_ms)
         reader.start()
         reader.wait_assigned()
@@ -117,27 +142,16 @@ def main(argv: list[str] | None = None) -> int:
         machine = MachineCpu()
         machine.start()
         time.sleep(min(20.0, args.before))
-        paced = [] if args.move_rate is None else ["--move-rate", str(args.move_rate)]
         load_at = [os.getloadavg()[0]]
         moved_from = time.time()
-        moving = subprocess.Popen(CHRONOS + ["cells", "move", "--partition", str(args.partition), "--to", "cell2",
-                                             "--ready-file", str(stack.ready_file), *paced],
-                                  env=clean_env(), cwd=stack.workdir,  # as the stack: PYTHONPATH's code, if any
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        said = []
-        assert moving.stdout is not None
-        for line in moving.stdout:
-            said.append((round(time.time() - moved_from, 1), line.rstrip()))
-            print(line, end="", flush=True)
-        moving.wait(60)
-        done = subprocess.CompletedProcess(moving.args, moving.returncode, "\n".join(line for _, line in said), "")
+        if args.control is None:
+            result["move_said"], result["move"] = _move(args, stack, moved_from)
+        else:
+            time.sleep(args.control)
+            result["move_said"], result["move"] = [], None
         moved_until = time.time()
         load_at.append(os.getloadavg()[0])
-        result["move_said"] = said
         result["load_average_1m"] = {"move_began": round(load_at[0], 2), "move_ended": round(load_at[1], 2)}
-        if done.returncode != 0:
-            raise SystemExit(f"the move failed (exit {done.returncode}): {done.stdout}{done.stderr}")
-        result["move"] = move_figures(done.stdout, moved_until - moved_from)
         time.sleep(args.after)
         waits.stopping.set()
         machine.stopping.set()
@@ -261,6 +275,26 @@ def timeline(ids: list[str], sent: dict[str, Any], reader: Reader, start: float,
                      "jitter_max_s": _r(max(jitter)), "publish_p99_9_s": _r(percentile(lateness, 99.9)),
                      "publish_max_s": _r(max(lateness) if lateness else None)})
     return rows
+
+
+def _move(args: argparse.Namespace, stack: ChronosUp, moved_from: float) -> tuple[list, dict[str, Any]]:
+    """`chronos cells move` run as the stack runs its processes, its lines printed as they come: what it said,
+    each line with its second from `moved_from`, and its figures."""
+    paced = [] if args.move_rate is None else ["--move-rate", str(args.move_rate)]
+    moving = subprocess.Popen(CHRONOS + ["cells", "move", "--partition", str(args.partition), "--to", "cell2",
+                                         "--ready-file", str(stack.ready_file), *paced],
+                              env=clean_env(), cwd=stack.workdir,  # as the stack: PYTHONPATH's code, if any
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said = []
+    assert moving.stdout is not None
+    for line in moving.stdout:
+        said.append((round(time.time() - moved_from, 1), line.rstrip()))
+        print(line, end="", flush=True)
+    returncode = moving.wait(60)
+    output = "\n".join(line for _, line in said)
+    if returncode != 0:
+        raise SystemExit(f"the move failed (exit {returncode}): {output}")
+    return said, move_figures(output, time.time() - moved_from)
 
 
 def move_figures(output: str, took_s: float) -> dict[str, Any]:

@@ -578,9 +578,14 @@ def _move(path: str) -> str:
     r = _result(path)
     move, messages = r["move"], r["messages"]
     twice = f", {messages['duplicated']:,} delivered twice" if messages.get("duplicated") else ""
-    return (f"{r['far']:,} far-future rows moved in {move['took_s']:.0f} s (cut-over {move['cut_over_s']:.2f} s); "
-            f"its messages at most {r['moved_partition_during_move']['max_s']:.1f} s late; the other partitions' "
-            f"p99.9 {_ms(r['others_during_move']['jitter']['p99_9_s'] * 1000)} during the move, "
+    if move is None:  # a control: no move, the same seconds of the same run's age
+        what, during = f"no move (a control), {r['far']:,} far-future rows left in place; the other partitions'", \
+            f"over the {r['control_s']:.0f} s where a move would begin"
+    else:
+        what = (f"{r['far']:,} far-future rows moved in {move['took_s']:.0f} s (cut-over {move['cut_over_s']:.2f} s);"
+                f" its messages at most {r['moved_partition_during_move']['max_s']:.1f} s late; the other partitions'")
+        during = "during the move"
+    return (f"{what} p99.9 {_ms(r['others_during_move']['jitter']['p99_9_s'] * 1000)} {during}, "
             f"{_ms(r['others_before_move']['jitter']['p99_9_s'] * 1000)} before it (their publishes' "
             f"{_ms(r['others_during_move']['publish_lateness']['p99_9_s'] * 1000)} and "
             f"{_ms(r['others_before_move']['publish_lateness']['p99_9_s'] * 1000)}); {messages['lost']} lost, "

@@ -61,7 +61,7 @@ def far_row(g: int, *, prefix: str, start_us: int, spacing_us: float, value: byt
 
 def fill_far(url: str, rows: int, *, prefix: str = "far-", ahead_s: float = 365 * DAY_S, spacing_ms: float = 1.0,
              payload_bytes: int = 100, varied: bool = False, vacuum: bool = True, progress: bool = False,
-             partition: int | None = None) -> float:
+             partition: int | None = None, first: int = 1) -> float:
     """Write `rows` waiting messages into the store, due from `ahead_s` seconds on and `spacing_ms` apart,
     through the consumer's own COPY path (`Store.insert`, FAR_CHUNK rows a transaction); then, if `vacuum`,
     VACUUM ANALYZE the table, as autovacuum would within a minute on a store in its steady state. The
@@ -70,7 +70,8 @@ def fill_far(url: str, rows: int, *, prefix: str = "far-", ahead_s: float = 365 
     Ids are `prefix` and a 9-digit number from 1, keys `customer-N`, values `payload_bytes` bytes; with
     `varied`, one row in a hundred goes to the topic `billing.reminders` and another has one of 100,000
     ordering keys (`invoice-N`), as operators' filters find them. `progress` prints a line at every
-    million rows. `partition`: the input partition the rows say they were read from (none by default)."""
+    million rows. `partition`: the input partition the rows say they were read from (none by default). `first`:
+    the number of the first row (its id and its place in the deadlines' order)."""
     from chronos.adapters.postgres.store import Store
     started = time.monotonic()
     shape = {"prefix": prefix, "start_us": time.time_ns() // 1000 + int(ahead_s * 1e6),
@@ -78,16 +79,41 @@ def fill_far(url: str, rows: int, *, prefix: str = "far-", ahead_s: float = 365 
              "partition": partition}
     store = Store(url)
     try:
-        for first in range(1, rows + 1, FAR_CHUNK):
-            last = min(rows, first + FAR_CHUNK - 1)
-            store.insert([far_row(g, **shape) for g in range(first, last + 1)])
-            if progress and (last % 1_000_000 < FAR_CHUNK or last == rows):
+        for low in range(first, first + rows, FAR_CHUNK):
+            last = min(first + rows - 1, low + FAR_CHUNK - 1)
+            store.insert([far_row(g, **shape) for g in range(low, last + 1)])
+            if progress and (last % 1_000_000 < FAR_CHUNK or last == first + rows - 1):
                 print(f"  far rows: {last:,}/{rows:,} ({time.monotonic() - started:.0f}s)", flush=True)
     finally:
         store.close()
     if vacuum:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(f"VACUUM ANALYZE {TABLE}")
+    return time.monotonic() - started
+
+
+def age_table(url: str, rows: int, *, partition: int, backlog: int = 100_000, progress: bool = False) -> float:
+    """Put `rows` messages through the store's table as a queue `backlog` rows deep would: written through the
+    consumer's own COPY path (fill_far's rows, ids `aged-N`, due in a month, of input partition `partition`)
+    FAR_CHUNK at a time, and each chunk deleted once `backlog` rows came after it, as the firers' claims delete
+    what they fired; autovacuum meanwhile as it runs, then VACUUM ANALYZE. The table keeps what such a history
+    leaves: its size, its indexes' bloat, its free space scattered. The seconds it took."""
+    started = time.monotonic()
+    written = 0
+    with psycopg.connect(url, autocommit=True) as conn:
+        def delete_through(last: int) -> None:
+            conn.execute(f"DELETE FROM {TABLE} WHERE id >= 'aged-' AND id <= %s", (f"aged-{last:09d}",))
+        while written < rows:
+            chunk = min(FAR_CHUNK, rows - written)
+            fill_far(url, chunk, prefix="aged-", ahead_s=30 * DAY_S, partition=partition, vacuum=False,
+                     first=written + 1)
+            written += chunk
+            if written > backlog:
+                delete_through(written - backlog)
+            if progress and (written % 1_000_000 < FAR_CHUNK or written == rows):
+                print(f"  aged rows: {written:,}/{rows:,} ({time.monotonic() - started:.0f}s)", flush=True)
+        delete_through(written)
+        conn.execute(f"VACUUM ANALYZE {TABLE}")
     return time.monotonic() - started
 
 

@@ -210,3 +210,16 @@ def test_a_move_says_how_many_messages_were_delivered_twice(tmp_path, monkeypatc
     monkeypatch.setattr(h, "RESULTS", tmp_path)
     assert h._move("twice.json").endswith("0 lost, 0 early, 32 delivered twice of 5,000")
     assert h._move("once.json").endswith("0 lost, 0 early of 5,000")
+
+
+def test_a_control_run_is_told_apart_from_a_move_over_the_same_seconds(tmp_path, monkeypatch):
+    h = hooks()
+    figures = {"jitter": {"p99_9_s": 0.15}, "publish_lateness": {"p99_9_s": -0.02}}
+    (tmp_path / "control.json").write_bytes(orjson.dumps({
+        "far": 1000, "move": None, "control_s": 56.0, "moved_partition_during_move": {"max_s": 0.4},
+        "others_during_move": figures, "others_before_move": figures,
+        "messages": {"sent": 5000, "lost": 0, "early": 0, "duplicated": 0}}))
+    monkeypatch.setattr(h, "RESULTS", tmp_path)
+    assert h._move("control.json") == (
+        "no move (a control), 1,000 far-future rows left in place; the other partitions' p99.9 150 ms over the 56 s "
+        "where a move would begin, 150 ms before it (their publishes' -20.0 ms and -20.0 ms); 0 lost, 0 early of 5,000")

@@ -21,7 +21,8 @@ window before the move to its end, the other partitions' jitter and publish late
 stall shows when it came; and for the same 10 s, what each cell's sessions wait on (each role's, the move's among
 the others, autovacuum's), with the checkpoints and the WAL of those seconds, and the cores each kind of process on
 the machine used (each cell's PostgreSQL by backends, autovacuum and the rest; the broker; each Chronos role; the
-move), so that a stall shows what it was.
+move), so that a stall shows what it was; and the harness's own garbage collections of 5 ms or more, when (its
+reader's read times would wait for them: it runs with the collector off).
 
 With `--aged N`, each cell's table has first carried N messages as a queue 100,000 deep would
 (`benchmarks.harness.database.age_table`: written through the consumer's COPY path and deleted as the firers'
@@ -37,6 +38,7 @@ its earlier ones with or without a move: "unchanged" is the move's window agains
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import platform
 import re
@@ -44,7 +46,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -103,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="messages each cell's table carries before the far-future rows are written (default 0)")
     p.add_argument("--control", type=float, default=None, metavar="SECONDS",
                    help="run no move: report the window of SECONDS where the move would have begun (a control)")
+    p.add_argument("--collect-garbage", action="store_true",
+                   help="let the harness collect its garbage while it measures, as Python does by default")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out/cells.json"))
     args = p.parse_args(argv)
 
@@ -114,8 +118,16 @@ def main(argv: list[str] | None = None) -> int:
                               "reader_fetch_wait_ms": args.reader_fetch_wait_ms,
                               "layout": {"consumers": args.consumers, "firers_per_cell": args.firers,
                                          "detectors_per_cell": args.detectors},
-                              "aged": args.aged, "control_s": args.control, "code": _commit()}
+                              "aged": args.aged, "control_s": args.control,
+                              "collect_garbage": args.collect_garbage, "code": _commit()}
     load = reader = None
+    pauses = GcPauses()
+    gc.callbacks.append(pauses)
+    # A full collection walks every object the reader and the load keep per message (hundreds of thousands):
+    # 100-360 ms by the second minute of a run, longer when the machine is busy, and every read time waits for
+    # it. Their objects make no cycles to speak of, so the harness collects none while it measures.
+    if not args.collect_garbage:
+        gc.disable()
     try:
         info = stack.start(timeout=300)
         cells = info["cells"]
@@ -159,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         machine.join(10)
         result["waits_by_10s"] = waits.by_10s(moved_from)
         result["cpu_by_10s"] = machine.by_10s(moved_from)
+        result["harness_gc_pauses"] = pauses.since(moved_from)
         load.stop()
         sent = dict(load.sent)
         missing = reader.wait_for(sent, 120)
@@ -257,6 +270,27 @@ class Waits(threading.Thread):
                          "checkpoints": items[-1][1][0] - items[0][1][0],
                          "wal_mb": round((items[-1][1][1] - items[0][1][1]) / 1e6, 1)})
         return rows
+
+
+class GcPauses:
+    """The harness's own garbage collections (its reader's read times wait for them), timed by gc.callbacks:
+    each one of `at_least_s` or more, when it began and how long it took."""
+
+    def __init__(self, at_least_s: float = 0.005, clock: Callable[[], float] = time.time):
+        self.at_least_s, self.clock = at_least_s, clock
+        self.pauses: list[tuple[float, int, float]] = []
+        self._began = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        now = self.clock()
+        if phase == "start":
+            self._began = now
+        elif now - self._began >= self.at_least_s:
+            self.pauses.append((self._began, info["generation"], now - self._began))
+
+    def since(self, zero: float) -> list[dict[str, Any]]:
+        return [{"at_s": round(at - zero, 1), "generation": g, "ms": round(took * 1000, 1)}
+                for at, g, took in self.pauses]
 
 
 def timeline(ids: list[str], sent: dict[str, Any], reader: Reader, start: float, end: float,

@@ -592,6 +592,18 @@ def _move(path: str) -> str:
             f"{messages['early']} early{twice} of {messages['sent']:,}")
 
 
+def _gc_pauses(path: str) -> str:
+    """The harness's own garbage collections in a `benchmarks.cells` run, from the move's start to its end."""
+    r = _result(path)
+    end = r["move"]["took_s"] if r["move"] else r["control_s"]
+    during = [g["ms"] for g in r.get("harness_gc_pauses", []) if 0 <= g["at_s"] <= end]
+    collector = "collecting its garbage" if r.get("collect_garbage") else "with its collector off"
+    if not during:
+        return f"the harness {collector}: no collection of 5 ms or more in the move's {end:.0f} s"
+    return (f"the harness {collector}: {len(during)} collections of 5 ms or more in the move's {end:.0f} s, the "
+            f"longest {max(during):.0f} ms; {_move(path)}")
+
+
 def _machine(path: str) -> str:
     """What the machine and the broker used over the last minute a `benchmarks.cells` run sampled, and the
     messages its reader had not read 120 s after the load stopped."""
@@ -795,7 +807,20 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          "(`20741f5`): in each run the lock was never free and the move left them", _move,
          "2026-11-29/cells/harness-batches/move-1m-triggers-left-1.json"),
         ("the same, second run", _move, "2026-11-29/cells/harness-batches/move-1m-triggers-left-2.json"),
-        ("the same, third run", _move, "2026-11-29/cells/harness-batches/move-1m-triggers-left-3.json")]),
+        ("the same, third run", _move, "2026-11-29/cells/harness-batches/move-1m-triggers-left-3.json"),
+        ("unpaced, the first of three moves run in turn with a control each: the same run without the move, "
+         "reporting the same seconds (the embedded broker slows as it fills, so the seconds before a move are no "
+         "baseline for those during it)", _move, "2026-11-29/cells/control-ab/move-1.json"),
+        ("control, first run", _move, "2026-11-29/cells/control-ab/control-1.json"),
+        ("control, second run", _move, "2026-11-29/cells/control-ab/control-2.json"),
+        ("move, second run", _move, "2026-11-29/cells/control-ab/move-2.json"),
+        ("move, third run", _move, "2026-11-29/cells/control-ab/move-3.json"),
+        ("control, third run", _move, "2026-11-29/cells/control-ab/control-3.json"),
+        ("unpaced, two processes of every role per cell, with controls in turn", _move,
+         "2026-11-29/cells/control-ab/move-2x2x2-1.json"),
+        ("control, two of every role, first run", _move, "2026-11-29/cells/control-ab/control-2x2x2-1.json"),
+        ("control, two of every role, second run", _move, "2026-11-29/cells/control-ab/control-2x2x2-2.json"),
+        ("move, two of every role, second run", _move, "2026-11-29/cells/control-ab/move-2x2x2-2.json")]),
     ("200,000 messages due at the same instant", "", [
         ("one process per role", _spike, "2026-11-23/day-1x1x1.json"),
         ("two of every role", _spike, "2026-11-23/day-2x2x2.json")]),

@@ -3,7 +3,7 @@ process, by 10 s of the move."""
 
 from __future__ import annotations
 
-from benchmarks.cells import Waits
+from benchmarks.cells import GcPauses, Waits
 from benchmarks.harness.procstat import MachineCpu, kind_of
 
 
@@ -45,3 +45,12 @@ def test_the_machines_cpu_is_given_in_cores_per_10s_by_kind_the_busiest_first():
         {"from_s": 0, "cores": 0.62, "by_kind": {"broker": 0.5}},
         {"from_s": 10, "cores": 1.0, "by_kind": {"postgres pgdata-cell1 autovacuum": 0.9}},
     ]
+
+
+def test_the_harness_s_collections_of_5_ms_or_more_are_kept_with_when_they_began():
+    times = iter([100.0, 100.002, 101.0, 101.25, 103.0, 103.004])
+    pauses = GcPauses(clock=lambda: next(times))
+    for generation in (0, 2, 1):
+        pauses("start", {"generation": generation})
+        pauses("stop", {"generation": generation, "collected": 0, "uncollectable": 0})
+    assert pauses.since(zero=100.5) == [{"at_s": 0.5, "generation": 2, "ms": 250.0}]

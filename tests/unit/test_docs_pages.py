@@ -223,3 +223,19 @@ def test_a_control_run_is_told_apart_from_a_move_over_the_same_seconds(tmp_path,
     assert h._move("control.json") == (
         "no move (a control), 1,000 far-future rows left in place; the other partitions' p99.9 150 ms over the 56 s "
         "where a move would begin, 150 ms before it (their publishes' -20.0 ms and -20.0 ms); 0 lost, 0 early of 5,000")
+
+
+def test_the_harness_s_own_collections_are_counted_over_the_move(tmp_path, monkeypatch):
+    h = hooks()
+    figures = {"jitter": {"p99_9_s": 0.15}, "publish_lateness": {"p99_9_s": -0.02}}
+    run = {"far": 1000, "move": {"took_s": 50.0, "cut_over_s": 0.3}, "moved_partition_during_move": {"max_s": 0.4},
+           "others_during_move": figures, "others_before_move": figures, "collect_garbage": True,
+           "messages": {"sent": 5000, "lost": 0, "early": 0, "duplicated": 0},
+           "harness_gc_pauses": [{"at_s": -3.0, "generation": 2, "ms": 400.0}, {"at_s": 10.0, "generation": 2, "ms": 98.8},
+                                 {"at_s": 45.2, "generation": 2, "ms": 241.6}, {"at_s": 60.0, "generation": 2, "ms": 500.0}]}
+    (tmp_path / "on.json").write_bytes(orjson.dumps(run))
+    (tmp_path / "off.json").write_bytes(orjson.dumps({**run, "collect_garbage": False, "harness_gc_pauses": []}))
+    monkeypatch.setattr(h, "RESULTS", tmp_path)
+    assert h._gc_pauses("on.json").startswith("the harness collecting its garbage: 2 collections of 5 ms or more in "
+                                              "the move's 50 s, the longest 242 ms; 1,000 far-future rows moved")
+    assert h._gc_pauses("off.json") == "the harness with its collector off: no collection of 5 ms or more in the move's 50 s"

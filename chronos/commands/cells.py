@@ -17,7 +17,7 @@ from chronos import config
 NICE = 10
 
 SETTINGS = ("cells", "database_url", "database_pool_mode", "hold_time_ms", "failure_detection_interval_ms",
-            "move_rate", "log_level", "log_format")
+            "move_rate", "lookahead_ms", "log_level", "log_format")
 MORE = ("Every cell is asked (CHRONOS_CELLS): the move is recorded in the database of the cell the partition "
         "leaves, so that the command run again after it stopped half way finishes it (it waits for the lease of "
         "one that died to expire). The partition's rows due after the next few seconds are copied ahead while it "
@@ -61,7 +61,7 @@ def _partition(raw: str) -> int:
 def _mover(settings: config.Settings, urls: dict[str, str]):
     from chronos import logs
     from chronos.adapters.postgres.store import Store
-    from chronos.ops.moves import MoveSettings, Mover
+    from chronos.ops.moves import MoveSettings, Mover, first_wait_ms
     node = uuid.uuid4()
     logs.setup("operator", str(node), settings.log_level, settings.log_format, settings.secrets())
     os.nice(NICE)
@@ -70,7 +70,7 @@ def _mover(settings: config.Settings, urls: dict[str, str]):
     def say(line: str) -> None:
         print(line, flush=True)
     moves = MoveSettings(hold_ms=settings.hold_time_ms, detection_ms=settings.failure_detection_interval_ms,
-                         rate=settings.move_rate)
+                         rate=settings.move_rate, queue_first_ms=first_wait_ms(settings.lookahead_ms))
     return Mover(stores, moves, say=say, node=node)
 
 

@@ -25,6 +25,9 @@ from chronos.domain.moves import (COPYING, CUTTING_OVER, FINISHING, MoveBusy, Mo
 
 log = logging.getLogger("chronos.moves")
 
+#: How much longer than the firers' lookahead the move's first wait for the table's lock lasts: a batch's
+#: acknowledgement by Kafka and its commit.
+ACK_MARGIN_MS = 100
 CONSUMERS_SEEN_MS = 120_000  # a consumer that said where it serves /metrics this recently is running
 
 
@@ -51,8 +54,17 @@ class MoveSettings:
     rate: int = 0
     busy_retry_s: float = 0.2     # a table too busy for a trigger's change: tried again after this
     queue_after: int = 25         # tries that take the table's lock only if free at once, before those that wait
-    queue_first_ms: int = 50      # the first of those waits for the lock; each next one twice as long
+    # the first of those waits for the lock; each next one twice as long. A firer's claim that deletes holds its
+    # batch's transaction from the claim, up to its lookahead before the rows are due, until Kafka acknowledged
+    # them, so a shorter wait fails having held every write behind it: the firers' lookahead and an
+    # acknowledgement's margin (CHRONOS_LOOKAHEAD_MS's default and ACK_MARGIN_MS; `first_wait_ms` for another)
+    queue_first_ms: int = 300 + ACK_MARGIN_MS
     settle_poll_s: float = 0.05   # how often the cut-over looks whether rows are still held
+
+
+def first_wait_ms(lookahead_ms: int) -> int:
+    """The move's first wait for a busy table's lock where the firers claim `lookahead_ms` ahead."""
+    return lookahead_ms + ACK_MARGIN_MS
 
 
 @dataclass
@@ -190,12 +202,12 @@ class Mover:
     def _until_done(self, what: str, attempt: Callable[[int], object], *, queue: bool = True) -> object:
         """A change of the source's triggers or map, tried until its lock is had: `attempt(wait_ms)`, 0 (only if
         free at once) until `queue_after` tries found the lock taken, then waiting for it, twice as long each time
-        from `queue_first_ms` up to the hold time. A table whose writers never leave it free at once has every
-        write wait behind the request meanwhile, so the wait grows only as far as the longest transaction under
-        way needs: a firer's claim that deletes holds its batch's transaction open until Kafka acknowledged it,
-        its lookahead and more, at most the hold time. Without `queue`, a change that may be left undone (the
-        drop of a move's triggers, which note nothing once the move is forgotten): never waited for, None once
-        `queue_after` tries found the lock taken."""
+        from `queue_first_ms` (as long as a firer holds a batch) up to the hold time. A table whose writers never
+        leave it free at once has every write wait behind the request meanwhile, so the wait grows only as far as
+        the longest transaction under way needs: a firer's claim that deletes holds its batch's transaction open
+        until Kafka acknowledged it, its lookahead and more, at most the hold time. Without `queue`, a change that
+        may be left undone (the drop of a move's triggers, which note nothing once the move is forgotten): never
+        waited for, None once `queue_after` tries found the lock taken."""
         tries = 0
         while True:
             queued = tries - self.settings.queue_after

@@ -14,7 +14,7 @@ from chronos.adapters.memory import ManualClock, MemoryDatabase, MemoryStore, Me
 from chronos.domain.cells import MOVING, CellMapError, CellPartition as P
 from chronos.domain.model import Row
 from chronos.domain.moves import COPYING, CUTTING_OVER, FINISHING, MOVE_NODE, MoveBusy, MoveError, Woken, share_for
-from chronos.ops.moves import MoveSettings, Mover
+from chronos.ops.moves import MoveSettings, Mover, first_wait_ms
 
 HOUR = 3_600_000_000
 SETTINGS = MoveSettings(batch=50, ahead_ms=10_000, near_ms=10_000, rate=0)
@@ -302,12 +302,18 @@ def test_a_busy_table_is_asked_for_its_lock_only_if_free_at_once_until_many_trie
 
     def busy(partition, *, wait_ms=0):  # the source's table never free at once, its lock had by waiting long enough
         asked.append(wait_ms)
-        return wait_ms >= 400 and watch(partition, wait_ms=wait_ms)
+        return wait_ms >= 1600 and watch(partition, wait_ms=wait_ms)
     stores["cell1"].watch = busy
     cells.mover(stores).move(1, "cell2")
-    # then each wait twice the last: as long as the longest transaction under way needs, a held batch of a firer
-    # whose claims delete, and no longer, since every write of the table waits behind the request meanwhile
-    assert asked == [0] * SETTINGS.queue_after + [50, 100, 200, 400]
+    # the first as long as a firer's held batch lasts (its lookahead and an acknowledgement), then each wait twice
+    # the last: as long as the longest transaction under way needs, and no longer, since every write of the table
+    # waits behind the request meanwhile
+    assert asked == [0] * SETTINGS.queue_after + [400, 800, 1600]
+
+
+def test_the_first_wait_for_the_lock_covers_the_firers_lookahead_and_an_acknowledgement():
+    assert first_wait_ms(300) == MoveSettings().queue_first_ms == 400
+    assert first_wait_ms(1000) == 1100
 
 
 def test_the_triggers_are_dropped_only_if_the_table_is_free_at_once_and_else_left_noting_nothing():

@@ -585,11 +585,26 @@ def _move(path: str) -> str:
         what = (f"{r['far']:,} far-future rows moved in {move['took_s']:.0f} s (cut-over {move['cut_over_s']:.2f} s);"
                 f" its messages at most {r['moved_partition_during_move']['max_s']:.1f} s late; the other partitions'")
         during = "during the move"
+    if r.get("aged"):
+        sizes = " and ".join(f"{mb:,.0f} MB" for mb in r["table_mb"].values())
+        what = f"each cell's table through {r['aged']:,} messages first ({sizes} then); {what}"
     return (f"{what} p99.9 {_ms(r['others_during_move']['jitter']['p99_9_s'] * 1000)} {during}, "
             f"{_ms(r['others_before_move']['jitter']['p99_9_s'] * 1000)} before it (their publishes' "
             f"{_ms(r['others_during_move']['publish_lateness']['p99_9_s'] * 1000)} and "
             f"{_ms(r['others_before_move']['publish_lateness']['p99_9_s'] * 1000)}); {messages['lost']} lost, "
             f"{messages['early']} early{twice} of {messages['sent']:,}")
+
+
+def _move_start(path: str) -> str:
+    """A move's first 10 s, where it makes its triggers: the other partitions' publish lateness, and how many of
+    its requests for the table's lock waited; then the whole move (`_move`)."""
+    r = _result(path)
+    first = next(row for row in r["others_by_10s"] if row["from_s"] == 0)
+    tries = [line for _, line in r["move_said"] if "] the watch: the table is busy" in line]
+    queued = max(0, len(tries) + 1 - 25)  # after 25 tries, each one waits (chronos.ops.moves.MoveSettings)
+    return (f"in its first 10 s the other partitions' publishes {_ms(first['publish_p99_9_s'] * 1000)} at p99.9, "
+            f"{_ms(first['publish_max_s'] * 1000)} at most, and {queued} request{'' if queued == 1 else 's'} of the move "
+            f"for the table's lock that waited; {_move(path)}")
 
 
 def _gc_pauses(path: str) -> str:
@@ -820,7 +835,30 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          "2026-11-29/cells/control-ab/move-2x2x2-1.json"),
         ("control, two of every role, first run", _move, "2026-11-29/cells/control-ab/control-2x2x2-1.json"),
         ("control, two of every role, second run", _move, "2026-11-29/cells/control-ab/control-2x2x2-2.json"),
-        ("move, two of every role, second run", _move, "2026-11-29/cells/control-ab/move-2x2x2-2.json")]),
+        ("move, two of every role, second run", _move, "2026-11-29/cells/control-ab/move-2x2x2-2.json"),
+        ("the runs above had the harness collect its garbage as Python does: its full collections walked every "
+         "object it keeps per message, and every read time waited for them. The same move, the collector left on, "
+         "its collections recorded", _gc_pauses, "2026-11-29/cells/control-ab/gc-on-move-1.json"),
+        ("unpaced, the harness's collector off (as `benchmarks.cells` now runs), the first of three moves run in "
+         "turn with a control each", _move, "2026-11-29/cells/control-ab/gc-move-1.json"),
+        ("control, first run", _move, "2026-11-29/cells/control-ab/gc-control-1.json"),
+        ("control, second run", _move, "2026-11-29/cells/control-ab/gc-control-2.json"),
+        ("move, second run", _move, "2026-11-29/cells/control-ab/gc-move-2.json"),
+        ("move, third run", _move, "2026-11-29/cells/control-ab/gc-move-3.json"),
+        ("control, third run", _move, "2026-11-29/cells/control-ab/gc-control-3.json"),
+        ("each cell's table aged first by 3,000,000 messages (`--aged 3000000`)", _move,
+         "2026-11-29/cells/control-ab/gc-move-aged-3m-1.json"),
+        ("control, the tables aged the same", _move, "2026-11-29/cells/control-ab/gc-control-aged-3m-1.json"),
+        ("the first wait for the table's lock at the start of a move as long as a firer holds a batch (`107a806`: "
+         "the lookahead and 100 ms, where the waits of 50, 100 and 200 ms before each failed), the first of three "
+         "runs in turn with the code before it", _move_start, "2026-11-29/cells/control-ab/lock-move-1.json"),
+        ("the code before it (`9a92905`)", _move_start, "2026-11-29/cells/control-ab/gc-move-4.json"),
+        ("`107a806`, second run", _move_start, "2026-11-29/cells/control-ab/lock-move-2.json"),
+        ("`9a92905`, second run", _move_start, "2026-11-29/cells/control-ab/gc-move-5.json"),
+        ("`107a806`, third run", _move_start, "2026-11-29/cells/control-ab/lock-move-3.json"),
+        ("`107a806`, two processes of every role per cell", _move,
+         "2026-11-29/cells/control-ab/lock-move-2x2x2-1.json"),
+        ("its control", _move, "2026-11-29/cells/control-ab/lock-control-2x2x2-1.json")]),
     ("200,000 messages due at the same instant", "", [
         ("one process per role", _spike, "2026-11-23/day-1x1x1.json"),
         ("two of every role", _spike, "2026-11-23/day-2x2x2.json")]),

@@ -239,3 +239,33 @@ def test_the_harness_s_own_collections_are_counted_over_the_move(tmp_path, monke
     assert h._gc_pauses("on.json").startswith("the harness collecting its garbage: 2 collections of 5 ms or more in "
                                               "the move's 50 s, the longest 242 ms; 1,000 far-future rows moved")
     assert h._gc_pauses("off.json") == "the harness with its collector off: no collection of 5 ms or more in the move's 50 s"
+
+
+def test_a_move_on_aged_tables_says_how_many_messages_went_through_them_and_their_size(tmp_path, monkeypatch):
+    h = hooks()
+    figures = {"jitter": {"p99_9_s": 0.15}, "publish_lateness": {"p99_9_s": -0.02}}
+    (tmp_path / "aged.json").write_bytes(orjson.dumps({
+        "far": 1000, "move": None, "control_s": 56.0, "aged": 3_000_000, "table_mb": {"cell1": 1234.5, "cell2": 980.0},
+        "moved_partition_during_move": {"max_s": 0.4}, "others_during_move": figures, "others_before_move": figures,
+        "messages": {"sent": 5000, "lost": 0, "early": 0, "duplicated": 0}}))
+    monkeypatch.setattr(h, "RESULTS", tmp_path)
+    assert h._move("aged.json").startswith("each cell's table through 3,000,000 messages first (1,234 MB and 980 MB "
+                                           "then); no move (a control)")
+
+
+def test_a_moves_start_counts_the_requests_for_the_lock_that_waited_not_those_of_its_end(tmp_path, monkeypatch):
+    h = hooks()
+    figures = {"jitter": {"p99_9_s": 0.15}, "publish_lateness": {"p99_9_s": -0.02}}
+    busy = "2026-11-29T18:12:55.284Z INFO    operator[a0688d98] the watch: the table is busy, trying again"
+    said = [[0.1, busy]] * 27 + [[50.0, busy.replace("] the watch", "] dropping the watch")]] * 25
+    (tmp_path / "m.json").write_bytes(orjson.dumps({
+        "far": 1000, "move": {"took_s": 50.0, "cut_over_s": 0.3}, "moved_partition_during_move": {"max_s": 0.4},
+        "others_during_move": figures, "others_before_move": figures, "move_said": said,
+        "others_by_10s": [{"from_s": -10, "publish_p99_9_s": -0.02, "publish_max_s": 0.0},
+                          {"from_s": 0, "publish_p99_9_s": 0.025, "publish_max_s": 0.076}],
+        "messages": {"sent": 5000, "lost": 0, "early": 0, "duplicated": 0}}))
+    monkeypatch.setattr(h, "RESULTS", tmp_path)
+    # 25 tries only if free at once, then two that waited and failed, and the one that had it
+    assert h._move_start("m.json").startswith("in its first 10 s the other partitions' publishes 25.0 ms at p99.9, "
+                                              "76.0 ms at most, and 3 requests of the move for the table's lock "
+                                              "that waited; 1,000 far-future rows moved in 50 s")

@@ -176,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         sent = dict(load.sent)
         missing = reader.wait_for(sent, 120)
     finally:
+        gc.callbacks.remove(pauses)
+        gc.enable()
         if load is not None and load.is_alive():
             load.stop()
         if reader is not None:

@@ -598,10 +598,11 @@ def _move(path: str) -> str:
 def _move_start(path: str) -> str:
     """A move's first 10 s, where it makes its triggers: the other partitions' publish lateness, and how many of
     its requests for the table's lock waited; then the whole move (`_move`)."""
+    from chronos.ops.moves import MoveSettings
     r = _result(path)
     first = next(row for row in r["others_by_10s"] if row["from_s"] == 0)
     tries = [line for _, line in r["move_said"] if "] the watch: the table is busy" in line]
-    queued = max(0, len(tries) + 1 - 25)  # after 25 tries, each one waits (chronos.ops.moves.MoveSettings)
+    queued = max(0, len(tries) + 1 - MoveSettings().queue_after)  # the tries after those only if free at once
     return (f"in its first 10 s the other partitions' publishes {_ms(first['publish_p99_9_s'] * 1000)} at p99.9, "
             f"{_ms(first['publish_max_s'] * 1000)} at most, and {queued} request{'' if queued == 1 else 's'} of the move "
             f"for the table's lock that waited; {_move(path)}")

@@ -43,6 +43,12 @@ def held_rows(database_url: str, node: str | None = None) -> dict[str, float]:
         return {mid: at for mid, at, by in conn.execute(HELD).fetchall() if node is None or by == str(node)}
 
 
+def still_stored(database_url: str, ids: set[str]) -> set[str]:
+    """Which of `ids` are still waiting in the store."""
+    with psycopg.connect(database_url, autocommit=True, connect_timeout=5) as conn:
+        return {mid for (mid,) in conn.execute("SELECT id FROM chronos_messages WHERE id = ANY(%s)", [list(ids)])}
+
+
 # -- load and reader --------------------------------------------------------------------------
 
 

@@ -10,7 +10,7 @@ import urllib.request
 import orjson
 import pytest
 
-from kits.traffic import Load, Reader, held_rows
+from kits.traffic import Load, Reader, held_rows, reread, still_stored
 from kits.verdicts import TIMING_ADVANCE_S
 from containerkit import ROLES, grace_s
 from helpers import wait_for
@@ -44,12 +44,20 @@ def load(broker, topics):
     reader.stop()
 
 
-def all_delivered(load: Load, reader: Reader, timeout: float = 90.0) -> None:
-    """Stop the load; everything the broker acknowledged arrives, and nothing before its deadline."""
+def all_delivered(load: Load, reader: Reader, env: dict[str, str], timeout: float = 90.0) -> None:
+    """Stop the load; everything the broker acknowledged is on the output topic, and nothing arrives before its
+    deadline."""
     load.stop()
     missing = reader.wait_for(set(load.sent), timeout=timeout)
-    assert not missing, f"{len(missing)} of {len(load.sent)} lost, e.g. {sorted(missing)[:5]}"
-    early = [m for m, s in load.sent.items() if min(reader.arrivals[m]) < s.deadline - TIMING_ADVANCE_S]
+    if missing:  # the live reader has been seen to skip a few messages that are on the topic: the topic decides
+        found = reread(env["CHRONOS_KAFKA_BOOTSTRAP_SERVERS"], env["CHRONOS_OUTPUT_TOPIC"], missing)
+        print(f"the reader skipped {len(found)} of {len(missing)} not read: {sorted(found)[:5]}")
+        missing -= found
+    stored = still_stored(env["CHRONOS_DATABASE_URL"], missing)
+    assert not missing, (f"{len(missing)} of {len(load.sent)} lost, {len(stored)} of them still stored; e.g. (id, input "
+                         f"partition, offset): {[(m, load.sent[m].partition, load.sent[m].offset) for m in sorted(missing)[:5]]}")
+    early = [m for m, s in load.sent.items()
+             if m in reader.arrivals and min(reader.arrivals[m]) < s.deadline - TIMING_ADVANCE_S]
     assert not early, early[:5]
 
 
@@ -75,7 +83,7 @@ def test_each_role_answers_probes_and_stops_on_sigterm_within_its_grace_period_l
         assert took < grace_s(role) and re.search(rf"{role} stopped after \d+s", logs), logs[-3000:]
     for role in ROLES:  # as Kubernetes starts the pods again
         containers.role(role)
-    all_delivered(sending, reader)
+    all_delivered(sending, reader, containers.env)
 
 
 def test_containers_killed_under_load_lose_nothing(containers, load):
@@ -92,5 +100,5 @@ def test_containers_killed_under_load_lose_nothing(containers, load):
     wait_for(lambda: not held_rows(url, node), timeout=4, what="the killed firer's rows back")
     for role in ("consumer", "firer"):
         containers.role(role)
-    all_delivered(sending, reader)
+    all_delivered(sending, reader, containers.env)
     assert held.keys() <= reader.arrivals.keys()

@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         result["harness_gc_pauses"] = pauses.since(moved_from)
         load.stop()
         sent = dict(load.sent)
-        missing = reader.wait_for(sent, 120)
+        missing = reader.missing(sent, 120)
     finally:
         gc.callbacks.remove(pauses)
         gc.enable()
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     def within(ids: list[str], span: tuple[float, float]) -> list[str]:
         return [m for m in ids if span[0] <= sent[m].due < span[1] and m in reader.arrivals]
     result["messages"] = {
-        "sent": len(sent), "lost": len(missing),
+        "sent": len(sent), "lost": len(missing), "found_on_reread": len(reader.found_on_reread),
         "duplicated": sum(1 for m in sent if len(reader.arrivals.get(m, [])) > 1),
         "early": sum(1 for m, s in sent.items()
                      if m in reader.created and reader.created[m] < s.deadline - TIMING_ADVANCE_S - 0.001),

@@ -80,7 +80,7 @@ def measure(rate: float, duration: float, warmup: float, window: float, workdir:
                     samples[role].append((now, *usage(container)))
                 time.sleep(1.0)
             load.stop()
-            missing = reader.wait_for(set(load.sent), timeout=60)
+            missing = reader.missing(set(load.sent), timeout=60)
             reader.stop()
     finally:
         for container in containers:

@@ -66,7 +66,7 @@ def test_a_cell_is_added_to_a_running_stack_as_the_scaling_page_says(tmp_path):
         wait_for(lambda: len(load.sent) >= sent_until, 30, "the load running on")
         load.stop()
         sent = dict(load.sent)
-        assert reader.wait_for(sent, 60) == set()
+        assert reader.missing(sent, 60) == set()
         assert [(p.partition, p.epoch) for p in new.cell_partitions()] == [(3, 3), (7, 3)]
         held = {cell: waiting(url) for cell, url in info["cells"].items()}
         partition_of = {m: p for rows in held.values() for m, p in rows.items()}

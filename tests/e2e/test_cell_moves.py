@@ -83,7 +83,7 @@ def test_partitions_move_under_load_and_a_move_killed_half_way_is_finished(tmp_p
         wait_for(lambda: len(load.sent) >= sent_until, 30, "the load running on after the moves")
         load.stop()
         sent = dict(load.sent)
-        assert reader.wait_for(sent, 60) == set(), "messages never delivered"
+        assert reader.missing(sent, 60) == set(), "messages never delivered"
         # the far-future rows are in cell2 now, none dormant, none left in cell1; the map says so
         on_cell1, on_cell2 = ids_by_partition(cells["cell1"]), ids_by_partition(cells["cell2"])
         assert 2 not in on_cell1 and 3 not in on_cell1
@@ -100,9 +100,9 @@ def test_partitions_move_under_load_and_a_move_killed_half_way_is_finished(tmp_p
         up.stop()
     # nothing early (publish time against the deadline, less the timing advance), every moved partition's due
     # messages at most 5 s late
-    early = [m for m, s in sent.items() if reader.created[m] < s.deadline - 0.051]
+    early = [m for m, s in sent.items() if m in reader.created and reader.created[m] < s.deadline - 0.051]
     assert early == []
-    late = {m: reader.arrivals[m][0] - s.due for m, s in sent.items() if s.partition in (2, 3)}
+    late = {m: reader.arrivals[m][0] - s.due for m, s in sent.items() if s.partition in (2, 3) and m in reader.arrivals}
     assert late and max(late.values()) <= 5.0, sorted(late.values())[-5:]
 
 

@@ -18,7 +18,7 @@ from typing import Callable
 import orjson
 
 from kits.stack import ChronosUp
-from kits.traffic import Load, OffsetWatcher, Reader, held_rows, reread
+from kits.traffic import Load, OffsetWatcher, Reader, held_rows
 from kits.verdicts import Fault, Report, analyse, session_losses
 
 
@@ -136,7 +136,7 @@ class Scenario:
         if report.lost:
             # The reader at the head of the output topic has been seen to skip a few messages that
             # are on the topic (the embedded broker's fetches; docs/operations/embedded-stack.md): what counts is the topic.
-            found = reread(self.info["bootstrap_servers"], self.info["output_topic"], set(report.lost))
+            found = self.reader.reread(set(report.lost))
             report.lost_found_on_reread = sorted(found)
             report.lost = [m for m in report.lost if m not in found]
             report.delivered += len(found)

@@ -201,9 +201,14 @@ class Reader(threading.Thread):
         messages that are on it: the topic decides, not this reader). Returns the ids not on the topic even then;
         `found_on_reread` keeps the others, which have no `arrivals`."""
         missed = self.wait_for(ids, timeout)
-        if missed:
-            self.found_on_reread |= reread(self.bootstrap, self.topic, missed)
-        return missed - self.found_on_reread
+        return missed - self.reread(missed) if missed else missed
+
+    def reread(self, ids: set[str]) -> set[str]:
+        """Which of `ids` (missed by this reader) are on its topic, read again from the start by a fresh consumer
+        (`reread`); kept in `found_on_reread`."""
+        found = reread(self.bootstrap, self.topic, ids)
+        self.found_on_reread |= found
+        return found
 
     def stop(self) -> None:
         self._halt.set()

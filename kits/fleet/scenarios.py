@@ -47,7 +47,7 @@ from chronos.roles.firer.held import PUBLISHABLE_SHARE
 from kits.figures import percentiles
 from kits.fleet import ROOT, ChronosHost, Fleet, FleetError, page_blocks, wait
 from kits.stack import http_get
-from kits.traffic import Load, Reader, reread
+from kits.traffic import Load, Reader
 from kits.verdicts import LATE_S, Fault, Report, analyse, longest_pause
 
 # a publish whose acknowledgement a cut can lose was produced this many seconds before it at most
@@ -232,7 +232,7 @@ class FleetScenario:
         report.session_losses = len(observed)
         if report.lost:
             with self.fleet.net.inside("client"):
-                found = reread(self.fleet.kafka.bootstrap, self.fleet.kafka.topics["output"], set(report.lost))
+                found = self.reader.reread(set(report.lost))
             report.lost_found_on_reread = sorted(found)
             report.lost = [m for m in report.lost if m not in found]
             report.delivered += len(found)

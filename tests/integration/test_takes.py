@@ -108,6 +108,29 @@ def test_the_firer_s_sessions_go_by_its_own_name_whatever_the_url_says(database_
     assert held_by_firers(database_url) == [] and ids(database_url) == ["a"]
 
 
+def test_a_batch_committed_after_a_pick_s_snapshot_is_not_picked_again(database_url):
+    """A statement's snapshot is taken as it starts: a firer's batch committed after that is still there to the
+    pick, and must still count as held, or the pick chooses it again and its take finds none of it (a claim come
+    back empty, the due rows behind it a poll interval late). So the held transactions are read first, in a
+    statement of their own. Here the snapshot is a repeatable-read transaction's, taken while the peer held its
+    batch, and the pick runs in it once the peer has committed."""
+    base = now_us()
+    Store(database_url).apply([row("a", base - 3000), row("b", base - 2000), row("c", base - 1000)], [], [])
+    peer = takes(database_url, held_ms=60_000)
+    assert [r.id for r in peer.claim(2, 0)] == ["a", "b"]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        held = conn.execute(QUERIES["held_xids"]).fetchone()[0]   # first, as TakeStatements reads it
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        assert conn.execute("SELECT count(*) FROM chronos_messages").fetchone()[0] == 3   # the snapshot: a, b held
+        peer.finish([], [], [], OUT)   # committed: a and b are gone
+        picked, ctids = conn.execute(QUERIES["pick"], {"limit": 10, "lookahead_ms": 0, "held": held}).fetchone()
+        assert conn.execute("SELECT array_agg(id)::text FROM chronos_messages WHERE ctid = ANY(%s::tid[])",
+                            (ctids,)).fetchone()[0] == "{c}"
+        assert picked == 1
+        conn.execute("ROLLBACK")
+    assert ids(database_url) == ["c"]
+
+
 class Meddled(TakeStatements):
     """A session that lets `meddle` run between its pick and its take: what another client does meanwhile."""
 

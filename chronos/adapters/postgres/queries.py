@@ -32,8 +32,9 @@ TOPIC_VARIANTS = {  # statement: (body, the filter put at its mark)
     "take_output_tokens": ("take_tokens", "AND topic IS NULL"),
 }
 # The claim that deletes (CHRONOS_FIRER_CLAIM=delete) picks each claim's rows with the claim's twin: its row lock
-# dropped, the rows firers hold and those of a partition moving to another cell (`not_moving`, from schema version
-# 12 on) left out at its topic filter's mark, and `pick_rows` in place of `claim_rows` (and of what follows it).
+# dropped, the rows firers hold (`held_xids`, read before the pick) and those of a partition moving to another cell
+# (`not_moving`, from schema version 12 on) left out at its topic filter's mark, and `pick_rows` in place of
+# `claim_rows` (and of what follows it).
 PICKS = {"pick": "claim", "pick_recent": "claim_recent", "pick_topic": "claim_topic",
          "pick_output_topic": "claim_output_topic", "pick_share": "claim_share", "pick_share_recent": "claim_share_recent"}
 LOCK = "FOR UPDATE SKIP LOCKED"
@@ -72,7 +73,7 @@ def load(text: str) -> dict[str, str]:
         assert "input_partition" not in code and older != queries[name], f"queries.sql: {name} before 12"
         queries[before_partition(name)] = older
     stamp, pick = fragments["claim_rows"], fragments["pick_rows"]
-    not_held = f"AND xmax <> ALL (ARRAY(SELECT held_xid FROM ({fragments['held_sessions']}) AS holders))"
+    not_held = "AND xmax <> ALL (%(held)s::xid[])"  # the transactions firers held as the pick began (held_xids)
     for name, claim in PICKS.items():
         body, topic_filter = TOPIC_VARIANTS[claim]
         for variant, moving in ((name, f" {not_moving}"), (before_partition(name), "")):

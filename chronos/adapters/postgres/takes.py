@@ -2,7 +2,8 @@
 that takes a batch of due rows in a transaction it leaves open, and ends it once the batch is settled:
 committed (`finish`, with the rows to put back or park put there first) or rolled back (`give_back`).
 
-Each claim takes its rows in two statements (`sql/queries.sql`): a `pick`, the claim's twin, chooses them
+Each claim takes its rows in two statements (`sql/queries.sql`), after a third that reads which transactions
+firers hold (`held_xids`, before the pick's snapshot is taken): a `pick`, the claim's twin, chooses them
 with the claim's rules but without locking them and without the rows firers hold already; `take` deletes
 those by TID in the held transaction (begun then, `begin_held`). A lock on a row lasts as long as the
 transaction that took it: the claim's own FOR UPDATE would also hold the candidates its ordering check left
@@ -167,7 +168,8 @@ class TakeStatements(Session):
         """The rows `pick` chooses, deleted by `take` in this session's held transaction (begun first when none
         is open: a pick that finds nothing costs no transaction), as `take` returns them."""
         def run(c: psycopg.Connection) -> list[tuple[Any, ...]]:
-            picked, ctids = one(self._execute(c, self._q(pick), params, prepare=True))
+            held = one(self._execute(c, QUERIES["held_xids"], prepare=True))[0]  # before the pick's snapshot
+            picked, ctids = one(self._execute(c, self._q(pick), {**params, "held": held}, prepare=True))
             if not picked:
                 return []
             if c.info.transaction_status == _IDLE:

@@ -261,7 +261,7 @@ RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.k
 -- The claim's last part in its `pick` twin: the claim that deletes (CHRONOS_FIRER_CLAIM=delete) takes a
 -- claim's rows in two statements, this one to choose them and `take` to delete them (chronos/adapters/
 -- postgres/takes.py). The pick is the claim without its FOR UPDATE SKIP LOCKED, and without the rows firers
--- hold (held_sessions): a lock it took would last until the firer's transaction ends, also on the
+-- hold (%(held)s: held_xids, read just before): a lock it took would last until the firer's transaction ends, also on the
 -- candidates the ordering check holds back, which no one else could then claim, cancel or change meanwhile.
 -- It returns how many rows it chose and their TIDs, as one array (chronos/adapters/postgres/queries.py
 -- makes the picks).
@@ -364,6 +364,15 @@ m.last_error, m.input_partition
 -- again would hold the partition's rows from the move's cut-over for as long as it fires. The moving partitions
 -- are read once per statement; each row is compared with none while no partition moves.
 AND coalesce(input_partition, -1) <> ALL (ARRAY(SELECT partition FROM chronos_cell_partitions WHERE state = 'moving'))
+
+-- name: held_xids
+-- The transactions firers hold open now (held_sessions), as one array a pick leaves their rows out by. It is read
+-- in a statement of its own, before the pick's: a statement's snapshot is taken as it starts, and its read of
+-- pg_stat_activity comes later, so a batch committed between the two was in progress to the pick's snapshot (its
+-- rows still there) yet no longer held: a pick that read both at once chose a whole committed batch again, and its
+-- take found none of it (under load, one claim in fifty came back empty so, its rows then a poll interval late).
+-- Read first, a transaction held then and committed before the pick's snapshot has its rows gone from it.
+SELECT coalesce(array_agg(held_xid)::text, '{}') FROM (/* include: held_sessions */) AS holders
 
 -- name: take
 -- The rows a pick chose, deleted by TID in the firer's held transaction. A row taken or stamped by another

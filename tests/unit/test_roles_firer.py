@@ -134,15 +134,28 @@ def test_claims_between_full_ones_take_only_recent_deadlines_and_a_late_row_wait
     assert claimer.next_full_claim > time.monotonic()  # found nothing late: back to recent claims
 
 
-def test_a_full_claim_that_comes_back_full_is_followed_by_a_full_one():
-    """A backlog older than the window is drained by full claims, not left to one every half second."""
+def test_a_full_claim_that_comes_back_full_a_second_behind_is_followed_by_a_full_one():
+    """A backlog a second or more behind is drained by full claims, not left to one every half second: its
+    rest could slip out of the window before the next claim."""
     WindowsSeen.windows = []
     f = Firer(store_class=WindowsSeen, CHRONOS_BATCH_SIZE="2", CHRONOS_FIRER_CLAIM="stamp")
-    f.add("a", "b", "c", due_in=-0.5)
+    f.add("a", "b", "c", due_in=-RECENT_WINDOW_MS / 1000 * 0.6)
     claimer = f.proc.claimer
     claimer.claim(time.time())
     claimer.claim(time.time())
     assert WindowsSeen.windows == [None, None] and set(f.state().values()) == {"held"}
+
+
+def test_a_full_claim_that_comes_back_full_with_recent_rows_only_is_followed_by_a_recent_one():
+    """A busy moment is no backlog: the recent claim finds the same rows without walking the due index's head."""
+    WindowsSeen.windows = []
+    f = Firer(store_class=WindowsSeen, CHRONOS_BATCH_SIZE="2", CHRONOS_FIRER_CLAIM="stamp")
+    f.add("a", "b", "c", due_in=-0.2)
+    claimer = f.proc.claimer
+    claimer.claim(time.time())
+    assert claimer.next_claim <= time.time()  # came back full: claim again at once
+    claimer.claim(time.time())
+    assert WindowsSeen.windows == [None, RECENT_WINDOW_MS] and set(f.state().values()) == {"held"}
 
 
 def test_no_more_than_sixteen_batches_are_held_and_claiming_resumes_as_rows_are_settled():

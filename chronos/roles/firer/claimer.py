@@ -239,8 +239,12 @@ class Claimer(StoreThread[ClaimStore]):
         past), and a claim that starts there walks them all, every time; under load that walk was a
         third of the claim's cost. Rows due longer ago (written late, handed back by the detector, a
         backlog) are taken by a full claim, at least every FULL_CLAIM_EVERY seconds, and at every claim
-        while the last full one found such rows or came back full: a row late by more than the window
-        waits at most that much longer.
+        while the last full one found such rows, or came back full with rows in the older half of the
+        window (a backlog a second or more behind, whose rest could slip out of the window before the next
+        claim): a row late by more than the window waits at most that much longer. A full claim that
+        comes back full with recent rows only (a busy moment, not a backlog) leaves the next to a recent
+        claim, which finds the same rows without the walk: at 20,000 msg/s a third of the claims were
+        full ones so, each about half as long again as a recent claim.
 
         With other firers live, the claim takes this firer's own slices, each up to its share of the
         limit; a full claim that finds them drained also takes what others left overdue (`take_others`):
@@ -267,7 +271,8 @@ class Claimer(StoreThread[ClaimStore]):
         if full:
             window_start = time.time() - RECENT_WINDOW_MS / 1000.0
             local_deadline = self.shared.timing.local_deadline
-            behind = backlog or any(local_deadline(r.deadline_us) < window_start for r in rows)
+            oldest = min((local_deadline(r.deadline_us) for r in rows), default=time.time())
+            behind = oldest < window_start or (backlog and oldest < window_start + RECENT_WINDOW_MS / 2000.0)
             self.next_full_claim = now if behind else now + FULL_CLAIM_EVERY
         return rows, backlog
 

@@ -261,8 +261,8 @@ RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.k
 -- The claim's last part in its `pick` twin: the claim that deletes (CHRONOS_FIRER_CLAIM=delete) takes a
 -- claim's rows in two statements, this one to choose them and `take` to delete them (chronos/adapters/
 -- postgres/takes.py). The pick is the claim without its FOR UPDATE SKIP LOCKED, and without the rows firers
--- hold (%(held)s: held_xids, read just before): a lock it took would last until the firer's transaction ends, also on the
--- candidates the ordering check holds back, which no one else could then claim, cancel or change meanwhile.
+-- hold (held_xids, read just before it): a lock it took would last until the firer's transaction ends, also on
+-- the candidates the ordering check holds back, which no one else could then claim, cancel or change meanwhile.
 -- It returns how many rows it chose and their TIDs, as one array (chronos/adapters/postgres/queries.py
 -- makes the picks).
 SELECT count(*), coalesce(array_agg(ctid)::text, '{}') FROM due

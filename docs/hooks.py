@@ -717,6 +717,11 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          f"{HELD_FIRST}/base-111-1.json"),
         ("two of every role, 20,000 msg/s, the same", _lateness_arm, f"{HELD_FIRST}/fix-222-1.json"),
         ("6fa1315, two of every role, the same", _lateness_arm, f"{HELD_FIRST}/base-222-1.json"),
+        ("one process per role, 20,000 msg/s, 40 s: a full claim that comes back full with recent rows only followed by "
+         "a recent claim (147b206), 2026-11-30 00:30-00:37 UTC, in turn with the code before it", _lateness_arm,
+         "2026-11-30/full-claims/nfb-1.json"),
+        ("7a038d8 (every full claim that comes back full followed by another), the same", _lateness_arm,
+         "2026-11-30/full-claims/fix-1.json"),
         ("one process per role, 25,000 msg/s, 2026-11-28", _lateness, "2026-11-28/lateness/chronos-1x1x1-25000.json")]),
     ("two of every role at 20,000 msg/s, 30 s on a fresh stack, the runs of two codes in turn", "kept up at least "
      "as often as 693dfc3", [
@@ -773,6 +778,11 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("`CHRONOS_FIRER_CLAIM=delete`", _claim_costs, "2026-11-29/claim-default/delete-1.json"),
         ("`CHRONOS_FIRER_CLAIM=stamp`", _claim_costs, "2026-11-29/claim-default/stamp-1.json"),
         ("ca7e5a1", _claim_costs, "2026-11-29/claim-default/ca7e5a1-1.json")]),
+    ("a firer's claim at 10,000 msg/s, one process of each role, fresh stacks, 60 s: 147b206 (the held transactions "
+     "read in a statement before the pick, one more statement a claim) against 6fa1315, in turn, 3 runs of each, "
+     "2026-11-30 00:41-00:49 UTC", "no more than 6fa1315's", [
+        ("147b206", _claim_costs, "2026-11-30/held-first-cost/nfb-1.json"),
+        ("6fa1315", _claim_costs, "2026-11-30/held-first-cost/base-1.json")]),
     ("a firer's claim at 10,000 msg/s, two processes of every role, fresh stacks: the claim that deletes against "
      "ca7e5a1, in turn, 3 runs of each", "PostgreSQL's CPU and WAL per message ≤ 0.5 of ca7e5a1's; with Chronos ≤ 0.6", [
         ("the claim that deletes (the default)", _claim_costs, "2026-11-29/claim-222/head-1.json"),

@@ -16,6 +16,7 @@ from chronos.errors import ClaimContended, StoreRejected, StoreUnavailable
 from chronos.telemetry.metrics import FirerTelemetry
 from chronos.ports import ClaimStore, DueClaims, TakeStore
 from chronos.roles.firer.batches import HeldBatches
+from chronos.roles.firer.decisions import full_claim_again
 from chronos.roles.firer.handoff import Claims, Shared
 from chronos.roles.firer.store_thread import StoreThread
 from chronos.runtime.process import Lifecycle
@@ -238,13 +239,9 @@ class Claimer(StoreThread[ClaimStore]):
         entry for every row claimed since its last vacuum, all at the head of its range (deadlines
         past), and a claim that starts there walks them all, every time; under load that walk was a
         third of the claim's cost. Rows due longer ago (written late, handed back by the detector, a
-        backlog) are taken by a full claim, at least every FULL_CLAIM_EVERY seconds, and at every claim
-        while the last full one found such rows, or came back full with rows in the older half of the
-        window (a backlog a second or more behind, whose rest could slip out of the window before the next
-        claim): a row late by more than the window waits at most that much longer. A full claim that
-        comes back full with recent rows only (a busy moment, not a backlog) leaves the next to a recent
-        claim, which finds the same rows without the walk: at 20,000 msg/s a third of the claims were
-        full ones so, each about half as long again as a recent claim.
+        backlog) are taken by a full claim, at least every FULL_CLAIM_EVERY seconds, and at once again
+        while the last one says so (`full_claim_again`): a row late by more than the window waits at most
+        that much longer.
 
         With other firers live, the claim takes this firer's own slices, each up to its share of the
         limit; a full claim that finds them drained also takes what others left overdue (`take_others`):
@@ -269,10 +266,9 @@ class Claimer(StoreThread[ClaimStore]):
                 backlog = len(rows) + len(taken) == limit
                 rows += taken
         if full:
-            window_start = time.time() - RECENT_WINDOW_MS / 1000.0
             local_deadline = self.shared.timing.local_deadline
-            oldest = min((local_deadline(r.deadline_us) for r in rows), default=time.time())
-            behind = oldest < window_start or (backlog and oldest < window_start + RECENT_WINDOW_MS / 2000.0)
+            oldest = min((local_deadline(r.deadline_us) for r in rows), default=None)
+            behind = full_claim_again(oldest, backlog, time.time(), RECENT_WINDOW_MS / 1000.0)
             self.next_full_claim = now if behind else now + FULL_CLAIM_EVERY
         return rows, backlog
 

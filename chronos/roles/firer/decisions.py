@@ -1,6 +1,7 @@
 """The firer's decisions, pure: how long a row whose publish failed waits before its next publish
-(`retry_delay_ms`; what becomes of it is the domain's `delivery.after_failure`), and when to publish a
-row so that it lands on the output topic at its deadline (`PublishTiming`). What they depend on comes
+(`retry_delay_ms`; what becomes of it is the domain's `delivery.after_failure`), whether a full claim is
+followed by another (`full_claim_again`), and when to publish a row so that it lands on the output topic at
+its deadline (`PublishTiming`). What they depend on comes
 in as arguments."""
 
 from __future__ import annotations
@@ -14,6 +15,18 @@ def retry_delay_ms(failures_before: int) -> int:
     """How long a row waits before its next publish, given how many of its publishes failed before
     this one: 1 s, 2 s, 4 s, ... up to a minute."""
     return min(RETRY_CAP_MS, RETRY_FIRST_MS << min(failures_before, 16))
+
+
+def full_claim_again(oldest: float | None, backlog: bool, now: float, window_s: float) -> bool:
+    """Whether a full claim (every due row, however late) must be followed by another at once: it took a row
+    due more than `window_s` before `now`, which only a full claim finds, or it came back full (`backlog`)
+    with its oldest row in the window's older half (a backlog, whose rest could slip out of the window before
+    the next claim). A full claim come back full with recent rows only is a busy moment: a claim of the window
+    finds the same rows without walking the due index from its head. `oldest`: when the oldest row it took
+    was due, in local time (None: it took none)."""
+    if oldest is None:
+        return False
+    return oldest < now - window_s or (backlog and oldest < now - window_s / 2)
 
 
 class PublishTiming:

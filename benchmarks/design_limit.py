@@ -63,6 +63,7 @@ from chronos.adapters.postgres.queries import QUERIES
 from chronos.domain.model import Row
 from chronos.domain.shares import SLICES, slice_limits, slices_of
 from chronos.roles.firer.claimer import FULL_CLAIM_EVERY, MAX_HELD_BATCHES, RECENT_WINDOW_MS
+from chronos.roles.firer.decisions import full_claim_again
 
 BATCH = 2000
 VALUE = b"x" * 100
@@ -216,10 +217,9 @@ def leasing(name: str) -> str:
 
 # The claim, its RETURNING folded into text arrays the delete takes back unchanged; a full one, and one of
 # recent deadlines only, taken in turn as the firer takes them (`Claimer.claim_rows`).
-# The fifth column says whether the claim took a row due before the window (a full claim must follow), the
-# sixth how many rows it took before their deadline (within the lookahead: none where every row is written due),
-# the seventh whether it took a row of the window's older half (a full claim come back full must then be followed
-# by another: `Claimer.claim_rows`).
+# The fifth column is the deadline of the oldest row the claim took (epoch µs, NULL for none: whether a full claim
+# follows at once is the firer's `full_claim_again`), the sixth how many rows it took before their deadline (within
+# the lookahead: none where every row is written due).
 CLAIMED = "id, deadline_us, topic, key, value, headers, readied_at, seq, attempts, original_us, ctid"
 SHARE_CLAIMED = CLAIMED + ", slice"
 
@@ -230,10 +230,15 @@ def folded(statement: str, columns: str = CLAIMED) -> str:
     statement = QUERIES.get(statement, statement)
     return (f"WITH claimed ({columns}) AS ({statement}) "
             "SELECT count(*), array_agg(ctid)::text, array_agg(id)::text, array_agg(readied_at)::text, "
-            "coalesce(bool_or(deadline_us < extract(epoch FROM now()) * 1000000 - %(window_ms)s * 1000), false), "
-            "count(*) FILTER (WHERE deadline_us > extract(epoch FROM now()) * 1000000), "
-            "coalesce(bool_or(deadline_us < extract(epoch FROM now()) * 1000000 - %(window_ms)s * 500), false) "
+            "min(deadline_us), count(*) FILTER (WHERE deadline_us > extract(epoch FROM now()) * 1000000) "
             "FROM claimed")
+
+
+def full_again(count: int, oldest_us: int | None) -> bool:
+    """Whether a full claim of `count` rows, the oldest due at `oldest_us`, is followed by another at once, as the
+    firer decides it (`full_claim_again`)."""
+    return full_claim_again(None if oldest_us is None else oldest_us / 1e6, count == BATCH, time.time(),
+                            RECENT_WINDOW_MS / 1000.0)
 
 
 CLAIM, CLAIM_RECENT = folded("claim"), folded("claim_recent")
@@ -543,12 +548,11 @@ class Drive:
                 if self.variant.firer == "lease":
                     with self.lock:
                         params["held"] = text_array(list(held.values()))
-                count, ctids, ids, readied, late, early, behind = conn.execute(claim if full else claim_recent, params,
-                                                                               prepare=True).fetchone()
+                count, ctids, ids, readied, oldest, early = conn.execute(claim if full else claim_recent, params,
+                                                                         prepare=True).fetchone()
                 claimed_at = time.monotonic()
-                if full:  # as the firer: another full claim at once after one that found late rows, or came back
-                    # full with rows of the window's older half
-                    next_full = claimed_at + (0 if (count == BATCH and behind) or late else FULL_CLAIM_EVERY)
+                if full:  # as the firer: another full claim at once when its rule says so
+                    next_full = claimed_at + (0 if full_again(count, oldest) else FULL_CLAIM_EVERY)
                 self.counted(count, early)
                 if count:
                     number += 1
@@ -616,13 +620,13 @@ class Drive:
                     self.sessions_max = max(self.sessions_max, busy[0])
                 full = time.monotonic() >= next_full
                 if self.variant.firer == "buckets":
-                    count, ids, late, early, behind = self.take_buckets(conn, claims, params, full, drained)
+                    count, ids, oldest, early = self.take_buckets(conn, claims, params, full, drained)
                 else:
-                    count, _ctids, ids, _readied, late, early, behind = conn.execute(
-                        claim if full else claim_recent, params, prepare=True).fetchone()
+                    count, _ctids, ids, _readied, oldest, early = conn.execute(claim if full else claim_recent, params,
+                                                                               prepare=True).fetchone()
                 claimed_at = time.monotonic()
                 if full:
-                    next_full = claimed_at + (0 if (count == BATCH and behind) or late else FULL_CLAIM_EVERY)
+                    next_full = claimed_at + (0 if full_again(count, oldest) else FULL_CLAIM_EVERY)
                 self.counted(count, early)
                 if count:
                     held.put((claimed_at, conn, count, ids))
@@ -640,29 +644,28 @@ class Drive:
                 conn.close()
 
     def take_buckets(self, conn: psycopg.Connection, claims: list[tuple[str, str]], params: dict, full: bool,
-                     drained: list[float]) -> tuple[int, str, bool, int, bool]:
-        """One claim pass over the buckets, oldest first, in one transaction: (rows, their ids, late, early, a row
-        of the window's older half). A
-        bucket this firer found empty, and whose time has passed, it leaves alone for FULL_CLAIM_EVERY, so its
+                     drained: list[float]) -> tuple[int, str, int | None, int]:
+        """One claim pass over the buckets, oldest first, in one transaction: (rows, their ids, the oldest row's
+        deadline, early). A bucket this firer found empty, and whose time has passed, it leaves alone for FULL_CLAIM_EVERY, so its
         transactions do not keep the bucket's TRUNCATE waiting."""
-        now, total, late_any, early_all, behind_any, ids = self.bucket_now(), 0, False, 0, False, []
+        now, total, oldest_all, early_all, ids = self.bucket_now(), 0, None, 0, []
         for step in range(1, self.buckets + 1):
             b = (now + step) % self.buckets
             if b != now and time.monotonic() < drained[b] + FULL_CLAIM_EVERY:
                 continue
             params["limit"] = BATCH - total
-            count, _ctids, taken, _readied, late, early, behind = conn.execute(claims[b][0 if full else 1], params,
-                                                                               prepare=True).fetchone()
+            count, _ctids, taken, _readied, oldest, early = conn.execute(claims[b][0 if full else 1], params,
+                                                                         prepare=True).fetchone()
             if not count and b != now:
                 drained[b] = time.monotonic()
-            total, late_any, early_all = total + count, late_any or late, early_all + early
-            behind_any = behind_any or behind
+            total, early_all = total + count, early_all + early
+            oldest_all = oldest if oldest_all is None or (oldest is not None and oldest < oldest_all) else oldest_all
             if count:
                 ids.append(taken)
             if total >= BATCH:
                 break
         params["limit"] = BATCH
-        return total, text_array(ids), late_any, early_all, behind_any
+        return total, text_array(ids), oldest_all, early_all
 
     def commit_held(self, held: queue.SimpleQueue, free: queue.SimpleQueue, busy: list[int]) -> None:
         while True:

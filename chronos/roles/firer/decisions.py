@@ -1,8 +1,7 @@
 """The firer's decisions, pure: how long a row whose publish failed waits before its next publish
 (`retry_delay_ms`; what becomes of it is the domain's `delivery.after_failure`), whether a full claim is
 followed by another (`full_claim_again`), and when to publish a row so that it lands on the output topic at
-its deadline (`PublishTiming`). What they depend on comes
-in as arguments."""
+its deadline (`PublishTiming`). What they depend on comes in as arguments."""
 
 from __future__ import annotations
 

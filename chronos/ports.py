@@ -254,9 +254,11 @@ class DueClaims(Protocol):
     """The two claims of a claimer's pass over the due rows (`Claimer.claim_rows`): a `ClaimStore`'s, which
     stamp the rows as the firer's, or a `TakeStore`'s, which delete them in the transaction it holds."""
 
-    def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None) -> list[Claimed]:
+    def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
+              after: tuple[int, int] | None = None) -> list[Claimed]:
         """Claim up to `limit` rows due within `lookahead_ms`, in (deadline, seq) order; with
-        `window_ms`, only rows due at most that long ago (a cheaper claim: see `Claimer.claim_rows`)."""
+        `window_ms`, only rows due at most that long ago (a cheaper claim: see `Claimer.claim_rows`);
+        with `after` (a deadline in microseconds, a seq), only rows past it in that order (`ClaimCursor`)."""
         ...
 
     def claim_share(self, slices: tuple[int, ...], limit: int, lookahead_ms: int,

@@ -37,7 +37,9 @@ HOT_PATH = ("claim", "due_schedules", "insert_occurrence", "advance_schedule", "
             # beside other firers: the lease, and the claim of the firer's own slices
             "firer_heartbeat", "claim_share", "claim_share_recent",
             # the claim that deletes: each claim's pick, and the take by TID
-            "pick", "pick_share", "pick_share_recent", "pick_topic", "pick_output_topic", "take", "take_sliced")
+            "pick", "pick_share", "pick_share_recent", "pick_topic", "pick_output_topic", "take", "take_sliced",
+            # a firer alone's claims after one that came back full: each starts where the last one ended
+            "pick_after", "claim_after")
 OUTPUT = "chronos.out"
 LIMITS = FireRateLimits(TopicRates(((OUTPUT, 1e6), ("limited.topic", 1e6))))
 # scans that read only what an index condition or a TID bounds
@@ -203,6 +205,9 @@ def exercise(admin, firer: Store, consumer: Store, detector: Store, takes: TakeS
         # gone), and for the other claims below
         takes.claim(500, 300)
         takes.give_back()
+        takes.claim(500, 300, None, (t - 5_000_000, 0))
+        takes.give_back()
+        firer.delete_fired(firer.claim(10, 300, None, (t - 5_000_000, 0)))
         for window in (None, 2000):
             takes.claim_share(tuple(range(1, 16, 2)), 500, 300, window)
             takes.give_back()

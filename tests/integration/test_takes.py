@@ -131,6 +131,24 @@ def test_a_batch_committed_after_a_pick_s_snapshot_is_not_picked_again(database_
     assert ids(database_url) == ["c"]
 
 
+def test_a_claim_after_a_row_takes_only_the_rows_past_it_and_one_of_the_window_those_below(database_url):
+    """A firer alone's claim after one that came back full starts past its last row (ClaimCursor): not at its
+    own rows in flight, nor at a row written below that mark since, which the next claim of the window takes."""
+    base = now_us()
+    Store(database_url).apply([row(name, base - 4000 + i) for i, name in enumerate("abcd")], [], [])
+    first, second = takes(database_url, held_ms=60_000), takes(database_url, held_ms=60_000)
+    taken = first.claim(2, 0)
+    assert [r.id for r in taken] == ["a", "b"]
+    Store(database_url).apply([row("late", base - 5000)], [], [])
+    assert [r.id for r in second.claim(10, 0, None, (taken[-1].deadline_us, taken[-1].seq))] == ["c", "d"]
+    second.give_back()
+    assert [r.id for r in second.claim(10, 0, 2000)] == ["late", "c", "d"]
+    first.give_back()
+    second.give_back()
+    stamped = Store(database_url, node_id=uuid.uuid4())
+    assert [r.id for r in stamped.claim(10, 0, None, (taken[0].deadline_us, taken[0].seq))] == ["b", "c", "d"]
+
+
 class Meddled(TakeStatements):
     """A session that lets `meddle` run between its pick and its take: what another client does meanwhile."""
 

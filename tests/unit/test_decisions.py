@@ -1,4 +1,4 @@
-"""Pure decisions with `now` passed in: intake verdicts, consumer batch sorting, publish timing."""
+"""Pure decisions with `now` passed in: intake verdicts, consumer batch sorting, publish timing, where a claim starts."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from chronos import codec
 from chronos.roles.consumer import commit_offsets, sort_batch
 from chronos.roles.detector import suspected_nodes
-from chronos.roles.firer.decisions import TICK, PublishTiming
+from chronos.roles.firer.decisions import TICK, ClaimCursor, PublishTiming
 from chronos.domain.intake import Rules, Verdict, decide
 from chronos.commands.send import parse_duration
 from chronos.config import ConfigError
@@ -165,3 +165,29 @@ def test_bad_cron_is_dead_lettered(extra):
 def test_unknown_action_is_dead_lettered():
     batch = sort_batch([act("x", NOW // 1000 + 1000, "postpone")], NOW, RULES)
     assert [r.split(":")[0] for _, r, _ in batch.dead] == ["bad_action"]
+
+
+def test_a_claim_starts_past_the_last_only_after_one_that_came_back_full():
+    cursor = ClaimCursor(every=0.2)
+    assert cursor.start(10.0) is None  # nothing before: the window
+    cursor.ended([(5, 2), (7, 1), (6, 9)], backlog=True)
+    assert cursor.start(10.05) == (7, 1)  # past the last row in (deadline, seq) order
+    cursor.ended([(8, 1)], backlog=False)  # short: what it did not take (held back, written late) is the window's
+    assert cursor.start(10.06) is None
+    cursor.ended([], backlog=True)
+    assert cursor.start(10.07) is None
+
+
+def test_a_claim_of_the_window_comes_at_most_every_so_often_and_a_full_claim_is_one():
+    cursor = ClaimCursor(every=0.2)
+    assert cursor.start(10.0) is None
+    cursor.ended([(1, 1)], backlog=True)
+    assert cursor.start(10.19) == (1, 1)
+    cursor.ended([(2, 1)], backlog=True)
+    assert cursor.start(10.2) is None  # the window's turn: rows written below the mark since are found
+    cursor.ended([(3, 1)], backlog=True)
+    assert cursor.start(10.3) == (3, 1)
+    assert cursor.start(10.31, full=True) is None  # a full claim finds all the window does, and more
+    cursor.ended([(4, 1)], backlog=True)
+    assert cursor.start(10.5) == (4, 1)  # the full claim began the next 0.2 s
+    assert cursor.start(10.52) is None

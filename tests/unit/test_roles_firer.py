@@ -19,7 +19,7 @@ from chronos.adapters.memory import MemoryDatabase, MemoryStore, MemoryTakes
 from chronos.domain.model import Claimed, Row
 from chronos.telemetry.metrics import FirerTelemetry
 from chronos.roles.firer import FirerProcess
-from chronos.roles.firer.claimer import FULL_CLAIM_EVERY, MAX_HELD_BATCHES, RECENT_WINDOW_MS
+from chronos.roles.firer.claimer import FULL_CLAIM_EVERY, MAX_HELD_BATCHES, RECENT_WINDOW_MS, WINDOW_CLAIM_EVERY
 from chronos.roles.firer.decisions import TICK
 from chronos.roles.firer.handoff import Outcomes, Stop
 from chronos.roles.firer.sender import IDLE_WAIT
@@ -103,13 +103,68 @@ def test_a_full_claim_claims_again_at_once_and_a_partial_one_after_the_poll_inte
 
 
 class WindowsSeen(MemoryStore):
-    """The in-memory store, keeping the window of every claim (None: a full claim)."""
+    """The in-memory store, keeping the window of every claim (None: a full claim) and where it started."""
 
     windows: list[int | None] = []
+    afters: list[tuple[int, int] | None] = []
 
-    def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None) -> list[Claimed]:
+    def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
+              after: tuple[int, int] | None = None) -> list[Claimed]:
         self.windows.append(window_ms)
-        return super().claim(limit, lookahead_ms, window_ms)
+        self.afters.append(after)
+        return super().claim(limit, lookahead_ms, window_ms, after)
+
+
+class TakesSeen(MemoryTakes):
+    """A session of the claim that deletes, keeping (window, after) of every claim, as WindowsSeen."""
+
+    claims: list[tuple[int | None, tuple[int, int] | None]] = []
+
+    def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
+              after: tuple[int, int] | None = None) -> list[Claimed]:
+        self.claims.append((window_ms, after))
+        return super().claim(limit, lookahead_ms, window_ms, after)
+
+
+class TakingFirer(Firer):
+    def takes(self) -> MemoryTakes:
+        return TakesSeen(self.db, node_id=self.node)
+
+
+def test_a_claim_after_one_that_came_back_full_starts_where_it_ended_and_a_row_below_waits_for_the_window():
+    """A firer alone's claim walks its own rows in flight (deleted by transactions still open) unless it starts
+    past the last row it took. A row written below that mark meanwhile is taken by the next claim of the window:
+    once the claims no longer come back full, or WINDOW_CLAIM_EVERY after the last one."""
+    TakesSeen.claims = []
+    f = TakingFirer(CHRONOS_BATCH_SIZE="2")  # the claim that deletes, the default
+    f.add("a", "b", "c", "d", "e", due_in=-0.2)
+    claimer = f.proc.claimer
+    claimer.claim(time.time())  # the first claim is a full one, and comes back full
+    b = f.db.rows["b"]
+    f.add("late", due_in=-0.5)  # below the mark: due before b
+    claimer.claim(time.time())
+    assert TakesSeen.claims == [(None, None), (RECENT_WINDOW_MS, (b.deadline_us, b.seq))]
+    assert f.state() == {"a": "held", "b": "held", "c": "held", "d": "held", "e": "waiting", "late": "waiting"}
+    claimer.cursor.window_at = time.monotonic()  # WINDOW_CLAIM_EVERY went by
+    claimer.claim(time.time())
+    assert TakesSeen.claims[-1] == (RECENT_WINDOW_MS, None) and f.state()["late"] == "held"
+    assert WINDOW_CLAIM_EVERY == 0.2
+
+
+def test_a_claim_that_held_a_row_back_by_its_ordering_key_is_followed_by_one_of_the_window():
+    TakesSeen.claims = []
+    f = TakingFirer(CHRONOS_BATCH_SIZE="2")
+    deadline = int((time.time() - 0.2) * 1e6)
+    MemoryStore(f.db).apply([Row("k1", deadline, None, b"k", b"1", b"", ordering_key="key"),
+                             Row("k2", deadline + 1, None, b"k", b"2", b"", ordering_key="key")], [], [])
+    first = f.takes()
+    assert [r.id for r in first.claim(1, 300)] == ["k1"]  # another session holds k1: k2 waits behind it
+    f.add("x", "y", due_in=-0.1)
+    claimer = f.proc.claimer
+    claimer.claim(time.time())  # k2 held back, x taken
+    assert f.state()["k2"] == "waiting" and not claimer.cursor.after
+    claimer.claim(time.time())
+    assert TakesSeen.claims[-1][1] is None
 
 
 def test_claims_between_full_ones_take_only_recent_deadlines_and_a_late_row_waits_for_the_next_full_one():

@@ -53,14 +53,17 @@ class DueRows(MemoryHandle):
         """Make the rows a claim chose this firer's (at `now`): the claimed rows, in (deadline, seq) order."""
         raise NotImplementedError
 
-    def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None) -> list[Claimed]:
+
+    def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
+              after: tuple[int, int] | None = None) -> list[Claimed]:
         """Claim due rows and rows due within the lookahead, in (deadline, seq) order, at most `limit`;
-        with `window_ms`, only rows due at most that long ago."""
-        return self._run(lambda now: self._claim(now, limit, lookahead_ms, _ANY_TOPIC, window_ms))
+        with `window_ms`, only rows due at most that long ago; with `after`, only rows past it."""
+        return self._run(lambda now: self._claim(now, limit, lookahead_ms, _ANY_TOPIC, window_ms, after=after))
 
     def _claim(self, now: int, limit: int, lookahead_ms: int, topic: object = _ANY_TOPIC,
                window_ms: int | None = None,
-               pick: Callable[[list[StoredRow]], list[StoredRow]] | None = None) -> list[Claimed]:
+               pick: Callable[[list[StoredRow]], list[StoredRow]] | None = None,
+               after: tuple[int, int] | None = None) -> list[Claimed]:
         """The claim's rule (see `claim` in queries.sql): a keyed candidate is claimed only when
         every earlier row of its key (by deadline as scheduled, then seq) is a candidate of this
         same claim; a row held by a peer or still waiting holds back the later rows of its key.
@@ -69,6 +72,7 @@ class DueRows(MemoryHandle):
         floor = None if window_ms is None else now - window_ms * 1000
         ordered = sorted((r for r in self.db.rows.values()
                           if r.waiting and r.deadline_us <= bound and (floor is None or r.deadline_us >= floor)
+                          and (after is None or (r.deadline_us, r.seq) > after)
                           and (topic is _ANY_TOPIC or r.topic == topic)),
                          key=lambda r: (r.deadline_us, r.seq))
         candidates = ordered[:limit] if pick is None else pick(ordered)

@@ -18,9 +18,11 @@ log = logging.getLogger("chronos.store")
 class ClaimStatements(ShareStatements):
     """The firer's claiming side of the store."""
 
-    def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None) -> list[Claimed]:
-        params = {"node": self.node_id, "limit": limit, "lookahead_ms": lookahead_ms, "window_ms": window_ms}
-        statement = QUERIES["claim" if window_ms is None else "claim_recent"]
+    def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
+              after: tuple[int, int] | None = None) -> list[Claimed]:
+        params = {"node": self.node_id, "limit": limit, "lookahead_ms": lookahead_ms, "window_ms": window_ms,
+                  "after_us": None if after is None else after[0], "after_seq": None if after is None else after[1]}
+        statement = QUERIES["claim_after" if after is not None else "claim" if window_ms is None else "claim_recent"]
 
         def run(conn: psycopg.Connection) -> list[Claimed]:
             cur = self._execute(conn, statement, params, prepare=True)

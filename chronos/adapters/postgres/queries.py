@@ -24,6 +24,9 @@ TOPIC_VARIANTS = {  # statement: (body, the filter put at its mark)
     # the claim of recent deadlines only: see `Claimer.claim_rows`
     "claim_recent": ("claim", "AND deadline >= now() - %(window_ms)s * interval '1 millisecond'"),
     "claim_topic": ("claim", "AND topic = %(topic)s"),
+    # the claim that starts where the last one ended: see `ClaimCursor`
+    "claim_after": ("claim", "AND (deadline, seq) > ('epoch'::timestamptz + %(after_us)s * interval '1 microsecond', "
+                             "%(after_seq)s::bigint)"),
     # a firer's claim of its own slices (chronos.domain.shares), and of their recent deadlines only
     "claim_share": ("claim_share", ""),
     "claim_share_recent": ("claim_share", "AND deadline >= now() - %(window_ms)s * interval '1 millisecond'"),
@@ -35,7 +38,7 @@ TOPIC_VARIANTS = {  # statement: (body, the filter put at its mark)
 # dropped, the rows firers hold (`held_xids`, read before the pick) and those of a partition moving to another cell
 # (`not_moving`, from schema version 12 on) left out at its topic filter's mark, and `pick_rows` in place of
 # `claim_rows` (and of what follows it).
-PICKS = {"pick": "claim", "pick_recent": "claim_recent", "pick_topic": "claim_topic",
+PICKS = {"pick": "claim", "pick_recent": "claim_recent", "pick_after": "claim_after", "pick_topic": "claim_topic",
          "pick_output_topic": "claim_output_topic", "pick_share": "claim_share", "pick_share_recent": "claim_share_recent"}
 LOCK = "FOR UPDATE SKIP LOCKED"
 

@@ -73,11 +73,14 @@ class TakeStatements(Session):
     def _q(self, name: str) -> str:
         return QUERIES[name if self._partitioned else before_partition(name)]
 
-    def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None) -> list[Claimed]:
+    def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
+              after: tuple[int, int] | None = None) -> list[Claimed]:
         """Take up to `limit` rows due within `lookahead_ms` (see `ClaimStatements.claim`), in this session's
         held transaction."""
-        params = {"limit": limit, "lookahead_ms": lookahead_ms, "window_ms": window_ms}
-        rows = [Claimed(*r) for r in self._take("pick" if window_ms is None else "pick_recent", params, "take")]
+        params = {"limit": limit, "lookahead_ms": lookahead_ms, "window_ms": window_ms,
+                  "after_us": None if after is None else after[0], "after_seq": None if after is None else after[1]}
+        pick = "pick_after" if after is not None else "pick" if window_ms is None else "pick_recent"
+        rows = [Claimed(*r) for r in self._take(pick, params, "take")]
         rows.sort(key=lambda r: (r.scheduled_us, r.seq))  # RETURNING has no order of its own
         return rows
 

@@ -16,7 +16,7 @@ from chronos.errors import ClaimContended, StoreRejected, StoreUnavailable
 from chronos.telemetry.metrics import FirerTelemetry
 from chronos.ports import ClaimStore, DueClaims, TakeStore
 from chronos.roles.firer.batches import HeldBatches
-from chronos.roles.firer.decisions import full_claim_again
+from chronos.roles.firer.decisions import ClaimCursor, full_claim_again
 from chronos.roles.firer.handoff import Claims, Shared
 from chronos.roles.firer.store_thread import StoreThread
 from chronos.runtime.process import Lifecycle
@@ -25,6 +25,7 @@ log = logging.getLogger("chronos.firer")
 
 RECENT_WINDOW_MS = 2000  # most claims take rows due at most this long ago (`Claimer.claim_rows`)
 FULL_CLAIM_EVERY = 0.5   # seconds: a claim of every due row, however long ago, at least this often
+WINDOW_CLAIM_EVERY = 0.2  # seconds: between claims that start where the last ended, one of the window (ClaimCursor)
 KAFKA_PROBE_EVERY = 1.0  # seconds: after a stall, how often the claimer asks Kafka whether it answers
 # The cap on rows held, in batches: at 25,000 msg/s the lookahead alone holds 7,500 rows, and rows stay held
 # until acknowledged and deleted; four batches (8,000) held claims back and made them late (publish lateness
@@ -83,6 +84,7 @@ class Claimer(StoreThread[ClaimStore]):
         self.next_schedules = 0.0
         self.next_full_claim = 0.0  # monotonic
         self.next_strays = 0.0      # monotonic: the next claim of any slice's rows overdue by the hold time
+        self.cursor = ClaimCursor(WINDOW_CLAIM_EVERY)  # where a firer alone's next claim of recent rows starts
         if lead is not None:  # one lease per firer: the first claimer's
             self.shares: Shares | None = lead.shares
         else:
@@ -106,8 +108,7 @@ class Claimer(StoreThread[ClaimStore]):
             self.leave()
 
     def leave(self) -> None:
-        """Give this firer's share up, so the others take it at once rather than after the hold time
-        (the first claimer: the one that renews the lease)."""
+        """Give this firer's share up (the first claimer, which renews the lease): the others take it at once."""
         if self.lead is not None or self.shares is None or self.shares.next_renewal == 0.0:  # never took one
             return
         if not self.shares.leases:  # a schema without leases: nothing to give up
@@ -236,12 +237,11 @@ class Claimer(StoreThread[ClaimStore]):
     def claim_rows(self, limit: int, claims: DueClaims) -> tuple[list[Claimed], bool]:
         """The claim without fire-rate limits: (the rows, whether they are a backlog's, to drain without
         sleeping). Most claims take only rows due at most RECENT_WINDOW_MS ago: the due index keeps an
-        entry for every row claimed since its last vacuum, all at the head of its range (deadlines
-        past), and a claim that starts there walks them all, every time; under load that walk was a
-        third of the claim's cost. Rows due longer ago (written late, handed back by the detector, a
-        backlog) are taken by a full claim, at least every FULL_CLAIM_EVERY seconds, and at once again
-        while the last one says so (`full_claim_again`): a row late by more than the window waits at most
-        that much longer.
+        entry for every row claimed since its last vacuum, all at the head of its range, and a claim that
+        starts there walks them all, every time; a firer alone's claim after a full one starts where that
+        ended (`ClaimCursor`). Rows due longer ago (written late, handed back, a backlog) are taken by a
+        full claim, at least every FULL_CLAIM_EVERY seconds, and at once again while the last one says so
+        (`full_claim_again`): a row late by more than the window waits at most that much longer.
 
         With other firers live, the claim takes this firer's own slices, each up to its share of the
         limit; a full claim that finds them drained also takes what others left overdue (`take_others`):
@@ -254,8 +254,9 @@ class Claimer(StoreThread[ClaimStore]):
         mine = self.own_slices(now)
         window = None if full else RECENT_WINDOW_MS
         if mine is None:
-            rows = claims.claim(limit, self.settings.lookahead_ms, window)
+            rows = claims.claim(limit, self.settings.lookahead_ms, window, self.cursor.start(now, full))
             backlog = len(rows) == limit
+            self.cursor.ended([(r.deadline_us, r.seq) for r in rows], backlog)
         elif not mine:  # fewer slices than claimers, or the first claimer has not renewed the lease yet
             rows, backlog = [], False
         else:

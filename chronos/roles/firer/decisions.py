@@ -1,7 +1,8 @@
 """The firer's decisions, pure: how long a row whose publish failed waits before its next publish
 (`retry_delay_ms`; what becomes of it is the domain's `delivery.after_failure`), whether a full claim is
-followed by another (`full_claim_again`), and when to publish a row so that it lands on the output topic at
-its deadline (`PublishTiming`). What they depend on comes in as arguments."""
+followed by another (`full_claim_again`), where a claim of recent rows starts (`ClaimCursor`), and when to
+publish a row so that it lands on the output topic at its deadline (`PublishTiming`). What they depend on
+comes in as arguments."""
 
 from __future__ import annotations
 
@@ -26,6 +27,33 @@ def full_claim_again(oldest: float | None, backlog: bool, now: float, window_s: 
     if oldest is None:
         return False
     return oldest < now - window_s or (backlog and oldest < now - window_s / 2)
+
+
+class ClaimCursor:
+    """Where a firer alone's next claim of recent rows starts. Its rows in flight are still in the due index,
+    deleted by transactions not yet committed, from the last seconds up to the lookahead ahead, and a claim of
+    the window walks every one of them (a heap visit each) before the rows it takes: at 20,000 msg/s some
+    six thousand a claim, most of its pick's time. A claim that came back full (and so took every row it
+    chose: none held back by its ordering key, none changed since it was chosen) is followed by one that
+    starts past its last row. Rows that land below that mark meanwhile (written late, put back, skipped while
+    another transaction had them) are found by the next claim of the window: once a claim comes back short,
+    and at most `every` seconds after the last one."""
+
+    def __init__(self, every: float):
+        self.every = every
+        self.after: tuple[int, int] | None = None  # (deadline in µs, seq) of the last row the last claim took
+        self.window_at = 0.0  # monotonic: when the next claim is one of the window, whatever the mark
+
+    def start(self, now: float, full: bool = False) -> tuple[int, int] | None:
+        """Where the claim at `now` (monotonic) starts: past the mark, or None (the window, or a `full` claim,
+        either of which begins the next `every` seconds)."""
+        if full or self.after is None or now >= self.window_at:
+            self.after, self.window_at = None, now + self.every
+        return self.after
+
+    def ended(self, rows: list[tuple[int, int]], backlog: bool) -> None:
+        """The claim took `rows` ((deadline in µs, seq) each), and came back full or not (`backlog`)."""
+        self.after = max(rows) if rows and backlog else None
 
 
 class PublishTiming:

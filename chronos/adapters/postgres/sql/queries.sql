@@ -284,6 +284,7 @@ SELECT count(*), coalesce(array_agg(ctid)::text, '{}') FROM due
 -- `claim_recent` is this statement with a lower bound on the deadline at the mark (the firer's claims
 -- between full ones, see Claimer.claim_rows): the due index keeps an entry for every row claimed
 -- since its last vacuum, all at the head of its range, and a scan from the start walks them all.
+-- `claim_after` starts past a (deadline, seq) instead, where the firer's last claim ended (ClaimCursor).
 WITH candidates AS MATERIALIZED (
     SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq FROM chronos_messages
     WHERE readied_at IS NULL AND cron IS NULL /* topic filter */

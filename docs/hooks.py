@@ -402,6 +402,7 @@ def alerts_page(path: Path = RULES) -> str:
 RESULTS = ROOT / "benchmarks" / "results"
 #: The firer's publish lateness at 20,000 msg/s, the held transactions read before the pick against 6fa1315, in turn.
 HELD_FIRST = "2026-11-29/held-first"
+CURSOR = "2026-11-30/claim-cursor"  # a firer alone's claims starting where the last one ended, against 2af0c87
 #: The highest rates within the SLA of the code and of ca7e5a1, in turn.
 FIND_MAX_AB = "2026-11-29/find-max"
 #: The design's limit with the statements Chronos runs.
@@ -722,6 +723,13 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          "2026-11-30/full-claims/nfb-1.json"),
         ("7a038d8 (every full claim that comes back full followed by another), the same", _lateness_arm,
          "2026-11-30/full-claims/fix-1.json"),
+        ("one process per role, 20,000 msg/s, 40 s: a firer alone's claim after one that came back full starting "
+         "past its last row (1073667), 2026-11-30 02:26-02:37 UTC, in turn with the code before it", _lateness_arm,
+         f"{CURSOR}/cur-111-1.json"),
+        ("2af0c87 (every claim between full ones from 2 s back), the same", _lateness_arm, f"{CURSOR}/base-111-1.json"),
+        ("one process per role, 30,000 msg/s, 40 s: 1073667, 2026-11-30 02:38-02:46 UTC, in turn with 2af0c87",
+         _lateness_arm, f"{CURSOR}-30k/cur-111-1.json"),
+        ("2af0c87, the same", _lateness_arm, f"{CURSOR}-30k/base-111-1.json"),
         ("one process per role, 25,000 msg/s, 2026-11-28", _lateness, "2026-11-28/lateness/chronos-1x1x1-25000.json")]),
     ("two of every role at 20,000 msg/s, 30 s on a fresh stack, the runs of two codes in turn", "kept up at least "
      "as often as 693dfc3", [

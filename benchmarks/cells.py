@@ -123,11 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     load = reader = None
     pauses = GcPauses()
     gc.callbacks.append(pauses)
-    # A full collection walks every object the reader and the load keep per message (hundreds of thousands):
-    # 100-360 ms by the second minute of a run, longer when the machine is busy, and every read time waits for
-    # it. Their objects make no cycles to speak of, so the harness collects none while it measures.
-    if not args.collect_garbage:
-        gc.disable()
+    # the reader turns the collector off while it measures, unless --collect-garbage (kits.traffic.CollectorOff)
     try:
         info = stack.start(timeout=300)
         cells = info["cells"]
@@ -141,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         result["far_fill_s"] = round(fill_far(cells["cell1"], args.far, ahead_s=365 * DAY_S, partition=args.partition,
                                               progress=True), 1)
         result["table_mb"] = {cell: table_mb(url) for cell, url in cells.items()}
-        reader = Reader(info["bootstrap_servers"], info["output_topic"], fetch_wait_ms=args.reader_fetch_wait_ms)
+        reader = Reader(info["bootstrap_servers"], info["output_topic"], fetch_wait_ms=args.reader_fetch_wait_ms,
+                        collect_garbage=args.collect_garbage)
         reader.start()
         reader.wait_assigned()
         load = Load(info["bootstrap_servers"], info["input_topic"], rate=args.rate, late=0.0, seed=11,
@@ -177,7 +174,6 @@ def main(argv: list[str] | None = None) -> int:
         missing = reader.missing(sent, 120)
     finally:
         gc.callbacks.remove(pauses)
-        gc.enable()
         if load is not None and load.is_alive():
             load.stop()
         if reader is not None:

@@ -3,15 +3,16 @@ topic, and what the store and the consumer group hold meanwhile.
 
 - `Load` produces a steady rate of messages from a thread (mixed delays, some already late); only
   messages the broker acknowledged count as sent.
-- `Reader` reads the output topic from a thread and stamps every arrival with the local clock;
-  `reread` reads a topic again from the start, to tell a message never published from one the reader
-  missed.
+- `Reader` reads the output topic from a thread and stamps every arrival with the local clock, the
+  process's cyclic garbage collector off meanwhile (`CollectorOff`); `reread` reads a topic again from
+  the start, to tell a message never published from one the reader missed.
 - `held_rows` (rows a firer holds) and `OffsetWatcher` (a group's committed offsets) say what was in
   flight when a fault began.
 """
 
 from __future__ import annotations
 
+import gc
 import random
 import threading
 import time
@@ -140,17 +141,44 @@ class Load(threading.Thread):
         return max((s.due for s in self.sent.values()), default=time.time())
 
 
+class CollectorOff:
+    """The process's cyclic garbage collector off while any reader measures: a full collection walks every
+    object the harness keeps per message (hundreds of thousands by a run's second minute), 100-360 ms each on
+    this machine, and every read time waits for it, reported as Chronos's lateness. What the harness keeps
+    makes no cycles to speak of. On again (if it was) once the last reader stops."""
+
+    _lock = threading.Lock()
+    _readers = 0
+    _was_on = False
+
+    @classmethod
+    def enter(cls) -> None:
+        with cls._lock:
+            if cls._readers == 0:
+                cls._was_on = gc.isenabled()
+                gc.disable()
+            cls._readers += 1
+
+    @classmethod
+    def leave(cls) -> None:
+        with cls._lock:
+            cls._readers -= 1
+            if cls._readers == 0 and cls._was_on:
+                gc.enable()
+
+
 class Reader(threading.Thread):
-    """Reads the output topic from the beginning; arrivals[id] = local read times.
+    """Reads the output topic from the beginning; arrivals[id] = local read times, the process's garbage
+    collector off meanwhile (`CollectorOff`) unless `collect_garbage`.
 
     A record read twice (the reader's own group rebalanced and read again from the last
     position it knew, e.g. after the broker was paused) counts once: deliveries are told apart
     by their (partition, offset).
     """
 
-    def __init__(self, bootstrap: str, topic: str, fetch_wait_ms: int = 10):
+    def __init__(self, bootstrap: str, topic: str, fetch_wait_ms: int = 10, collect_garbage: bool = False):
         super().__init__(daemon=True, name="reader")
-        self.bootstrap, self.topic = bootstrap, topic
+        self.bootstrap, self.topic, self.collect_garbage = bootstrap, topic, collect_garbage
         self.found_on_reread: set[str] = set()  # missed by this reader, found on the topic by `reread`
         self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex[:8]}",
                                   "auto.offset.reset": "earliest", "enable.auto.commit": "false",
@@ -164,6 +192,8 @@ class Reader(threading.Thread):
         self._halt = threading.Event()
 
     def run(self) -> None:
+        if not self.collect_garbage:
+            CollectorOff.enter()
         try:
             while not self._halt.is_set():
                 msgs = self.consumer.consume(num_messages=2000, timeout=0.05)
@@ -180,6 +210,8 @@ class Reader(threading.Thread):
                         self.arrivals.setdefault(msg.value().decode(errors="replace"), []).append(at)
         finally:
             self.consumer.close()
+            if not self.collect_garbage:
+                CollectorOff.leave()
 
     def wait_assigned(self, timeout: float = 30.0) -> None:
         assert self.assigned.wait(timeout), "the reader got no partitions"

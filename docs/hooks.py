@@ -791,6 +791,13 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
      "2026-11-30 00:41-00:49 UTC", "no more than 6fa1315's", [
         ("147b206", _claim_costs, "2026-11-30/held-first-cost/nfb-1.json"),
         ("6fa1315", _claim_costs, "2026-11-30/held-first-cost/base-1.json")]),
+    ("a firer's claim at 20,000 and 30,000 msg/s, one process of each role, fresh stacks, 40 s: 1073667 (a firer "
+     "alone's claim after one that came back full starts past its last row) against 2af0c87, in turn, 2026-11-30 "
+     "02:26-02:46 UTC", "", [
+        ("1073667, 20,000 msg/s, 5 runs", _claim_costs, f"{CURSOR}/cur-111-1.json"),
+        ("2af0c87, 20,000 msg/s, 5 runs", _claim_costs, f"{CURSOR}/base-111-1.json"),
+        ("1073667, 30,000 msg/s, 4 runs", _claim_costs, f"{CURSOR}-30k/cur-111-1.json"),
+        ("2af0c87, 30,000 msg/s, 4 runs", _claim_costs, f"{CURSOR}-30k/base-111-1.json")]),
     ("a firer's claim at 10,000 msg/s, two processes of every role, fresh stacks: the claim that deletes against "
      "ca7e5a1, in turn, 3 runs of each", "PostgreSQL's CPU and WAL per message ≤ 0.5 of ca7e5a1's; with Chronos ≤ 0.6", [
         ("the claim that deletes (the default)", _claim_costs, "2026-11-29/claim-222/head-1.json"),

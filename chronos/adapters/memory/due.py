@@ -53,7 +53,6 @@ class DueRows(MemoryHandle):
         """Make the rows a claim chose this firer's (at `now`): the claimed rows, in (deadline, seq) order."""
         raise NotImplementedError
 
-
     def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
               after: tuple[int, int] | None = None) -> list[Claimed]:
         """Claim due rows and rows due within the lookahead, in (deadline, seq) order, at most `limit`;

@@ -238,8 +238,8 @@ class Claimer(StoreThread[ClaimStore]):
         """The claim without fire-rate limits: (the rows, whether they are a backlog's, to drain without
         sleeping). Most claims take only rows due at most RECENT_WINDOW_MS ago: the due index keeps an
         entry for every row claimed since its last vacuum, all at the head of its range, and a claim that
-        starts there walks them all, every time; a firer alone's claim after a full one starts where that
-        ended (`ClaimCursor`). Rows due longer ago (written late, handed back, a backlog) are taken by a
+        starts there walks them all, every time; a firer alone's claim after one that came back full starts
+        where that ended (`ClaimCursor`). Rows due longer ago (written late, handed back, a backlog) are taken by a
         full claim, at least every FULL_CLAIM_EVERY seconds, and at once again while the last one says so
         (`full_claim_again`): a row late by more than the window waits at most that much longer.
 

@@ -30,10 +30,11 @@ def full_claim_again(oldest: float | None, backlog: bool, now: float, window_s: 
 
 
 class ClaimCursor:
-    """Where a firer alone's next claim of recent rows starts. Its rows in flight are still in the due index,
-    deleted by transactions not yet committed, from the last seconds up to the lookahead ahead, and a claim of
-    the window walks every one of them (a heap visit each) before the rows it takes: at 20,000 msg/s some
-    six thousand a claim, most of its pick's time. A claim that came back full (and so took every row it
+    """Where a firer alone's next claim of recent rows starts. The rows it took in the last moments are still
+    in the due index: those in flight (deleted by transactions not yet committed, up to the lookahead ahead)
+    and those whose batches committed since the index last learnt they were gone. A claim of the window visits
+    each of them in the table before the rows it takes: at 20,000 msg/s thousands a claim, most of its pick's
+    time. A claim that came back full (and so took every row it
     chose: none held back by its ordering key, none changed since it was chosen) is followed by one that
     starts past its last row. Rows that land below that mark meanwhile (written late, put back, skipped while
     another transaction had them) are found by the next claim of the window: once a claim comes back short,

@@ -727,7 +727,7 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          "past its last row (1073667), 2026-11-30 02:26-02:37 UTC, in turn with the code before it", _lateness_arm,
          f"{CURSOR}/cur-111-1.json"),
         ("2af0c87 (every claim between full ones from 2 s back), the same", _lateness_arm, f"{CURSOR}/base-111-1.json"),
-        ("one process per role, 30,000 msg/s, 40 s: 1073667, 2026-11-30 02:38-02:46 UTC, in turn with 2af0c87",
+        ("one process per role, 30,000 msg/s, 40 s: 1073667, 2026-11-30 02:38-03:35 UTC, in turn with 2af0c87",
          _lateness_arm, f"{CURSOR}-30k/cur-111-1.json"),
         ("2af0c87, the same", _lateness_arm, f"{CURSOR}-30k/base-111-1.json"),
         ("one process per role, 25,000 msg/s, 2026-11-28", _lateness, "2026-11-28/lateness/chronos-1x1x1-25000.json")]),
@@ -791,13 +791,15 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
      "2026-11-30 00:41-00:49 UTC", "no more than 6fa1315's", [
         ("147b206", _claim_costs, "2026-11-30/held-first-cost/nfb-1.json"),
         ("6fa1315", _claim_costs, "2026-11-30/held-first-cost/base-1.json")]),
-    ("a firer's claim at 20,000 and 30,000 msg/s, one process of each role, fresh stacks, 40 s: 1073667 (a firer "
+    ("a firer's claim at 10,000, 20,000 and 30,000 msg/s, one process of each role, fresh stacks: 1073667 (a firer "
      "alone's claim after one that came back full starts past its last row) against 2af0c87, in turn, 2026-11-30 "
-     "02:26-02:46 UTC", "", [
-        ("1073667, 20,000 msg/s, 5 runs", _claim_costs, f"{CURSOR}/cur-111-1.json"),
-        ("2af0c87, 20,000 msg/s, 5 runs", _claim_costs, f"{CURSOR}/base-111-1.json"),
-        ("1073667, 30,000 msg/s, 4 runs", _claim_costs, f"{CURSOR}-30k/cur-111-1.json"),
-        ("2af0c87, 30,000 msg/s, 4 runs", _claim_costs, f"{CURSOR}-30k/base-111-1.json")]),
+     "02:26-03:43 UTC", "", [
+        ("1073667, 10,000 msg/s, 60 s, 3 runs", _claim_costs, f"{CURSOR}-10k/cur-111-1.json"),
+        ("2af0c87, 10,000 msg/s, 60 s, 3 runs", _claim_costs, f"{CURSOR}-10k/base-111-1.json"),
+        ("1073667, 20,000 msg/s, 40 s, 5 runs", _claim_costs, f"{CURSOR}/cur-111-1.json"),
+        ("2af0c87, 20,000 msg/s, 40 s, 5 runs", _claim_costs, f"{CURSOR}/base-111-1.json"),
+        ("1073667, 30,000 msg/s, 40 s, 8 runs", _claim_costs, f"{CURSOR}-30k/cur-111-1.json"),
+        ("2af0c87, 30,000 msg/s, 40 s, 8 runs", _claim_costs, f"{CURSOR}-30k/base-111-1.json")]),
     ("a firer's claim at 10,000 msg/s, two processes of every role, fresh stacks: the claim that deletes against "
      "ca7e5a1, in turn, 3 runs of each", "PostgreSQL's CPU and WAL per message ≤ 0.5 of ca7e5a1's; with Chronos ≤ 0.6", [
         ("the claim that deletes (the default)", _claim_costs, "2026-11-29/claim-222/head-1.json"),

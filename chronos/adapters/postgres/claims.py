@@ -7,7 +7,7 @@ import logging
 
 import psycopg
 
-from chronos.adapters.postgres.queries import QUERIES
+from chronos.adapters.postgres.queries import QUERIES, due_claim
 from chronos.adapters.postgres.shares import ShareStatements
 from chronos.domain import cron, ratelimit, schedules
 from chronos.domain.model import Claimed
@@ -20,9 +20,9 @@ class ClaimStatements(ShareStatements):
 
     def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
               after: tuple[int, int] | None = None) -> list[Claimed]:
-        params = {"node": self.node_id, "limit": limit, "lookahead_ms": lookahead_ms, "window_ms": window_ms,
-                  "after_us": None if after is None else after[0], "after_seq": None if after is None else after[1]}
-        statement = QUERIES["claim_after" if after is not None else "claim" if window_ms is None else "claim_recent"]
+        name, params = due_claim(limit, lookahead_ms, window_ms, after)
+        params["node"] = self.node_id
+        statement = QUERIES[name]
 
         def run(conn: psycopg.Connection) -> list[Claimed]:
             cur = self._execute(conn, statement, params, prepare=True)

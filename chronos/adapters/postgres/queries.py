@@ -52,6 +52,15 @@ _PARTITION_COLUMN = re.compile(r",\s*(?:[mr]\.)?input_partition(?:\s*=\s*EXCLUDE
                                r"|,\s*%\(input_partitions\)s::int\[\]")
 
 
+def due_claim(limit: int, lookahead_ms: int, window_ms: int | None,
+              after: tuple[int, int] | None) -> tuple[str, dict[str, object]]:
+    """The claim of due rows a firer runs (`ports.DueClaims.claim`): "claim", "claim_recent" (`window_ms`) or
+    "claim_after" (`after`), and its parameters. Its pick is `PICKS`' twin of that name."""
+    name = "claim_after" if after is not None else "claim" if window_ms is None else "claim_recent"
+    return name, {"limit": limit, "lookahead_ms": lookahead_ms, "window_ms": window_ms,
+                  "after_us": None if after is None else after[0], "after_seq": None if after is None else after[1]}
+
+
 def before_partition(name: str) -> str:
     """The name of the statement `name` for a schema before version 12."""
     return f"{name}_before_12"

@@ -29,7 +29,7 @@ import psycopg
 
 from chronos.adapters.postgres.connection import one, short
 from chronos.adapters.postgres.migrations import LATEST_VERSION
-from chronos.adapters.postgres.queries import QUERIES, before_partition
+from chronos.adapters.postgres.queries import PICKS, QUERIES, before_partition, due_claim
 from chronos.adapters.postgres.session import Session
 from chronos.domain import ratelimit
 from chronos.domain.model import Claimed
@@ -39,6 +39,7 @@ from chronos.ports import TokenStore
 
 log = logging.getLogger("chronos.store")
 
+PICK_OF = {claim: pick for pick, claim in PICKS.items()}  # each claim's pick
 _IDLE = psycopg.pq.TransactionStatus.IDLE
 _INTRANS = psycopg.pq.TransactionStatus.INTRANS
 
@@ -77,10 +78,8 @@ class TakeStatements(Session):
               after: tuple[int, int] | None = None) -> list[Claimed]:
         """Take up to `limit` rows due within `lookahead_ms` (see `ClaimStatements.claim`), in this session's
         held transaction."""
-        params = {"limit": limit, "lookahead_ms": lookahead_ms, "window_ms": window_ms,
-                  "after_us": None if after is None else after[0], "after_seq": None if after is None else after[1]}
-        pick = "pick_after" if after is not None else "pick" if window_ms is None else "pick_recent"
-        rows = [Claimed(*r) for r in self._take(pick, params, "take")]
+        name, params = due_claim(limit, lookahead_ms, window_ms, after)
+        rows = [Claimed(*r) for r in self._take(PICK_OF[name], params, "take")]
         rows.sort(key=lambda r: (r.scheduled_us, r.seq))  # RETURNING has no order of its own
         return rows
 

@@ -256,7 +256,7 @@ class Claimer(StoreThread[ClaimStore]):
         if mine is None:
             rows = claims.claim(limit, self.settings.lookahead_ms, window, self.cursor.start(now, full))
             backlog = len(rows) == limit
-            self.cursor.ended([(r.deadline_us, r.seq) for r in rows], backlog)
+            self.cursor.ended(((r.deadline_us, r.seq) for r in rows), backlog)
         elif not mine:  # fewer slices than claimers, or the first claimer has not renewed the lease yet
             rows, backlog = [], False
         else:

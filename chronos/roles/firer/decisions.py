@@ -6,6 +6,8 @@ comes in as arguments."""
 
 from __future__ import annotations
 
+from typing import Iterable
+
 TICK = 0.001                 # the sender sleeps at least this long: rows due within it go together
 RETRY_FIRST_MS = 1000        # backoff after a row's first refused publish; doubled after each further one
 RETRY_CAP_MS = 60_000        # and never longer than this
@@ -52,9 +54,9 @@ class ClaimCursor:
             self.after, self.window_at = None, now + self.every
         return self.after
 
-    def ended(self, rows: list[tuple[int, int]], backlog: bool) -> None:
-        """The claim took `rows` ((deadline in µs, seq) each), and came back full or not (`backlog`)."""
-        self.after = max(rows) if rows and backlog else None
+    def ended(self, rows: Iterable[tuple[int, int]], backlog: bool) -> None:
+        """The claim took `rows` ((deadline in µs, seq) each, read only when it came back full: `backlog`)."""
+        self.after = max(rows, default=None) if backlog else None
 
 
 class PublishTiming:

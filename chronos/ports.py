@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from chronos.domain.cells import CellPartition, Fence, Forward
 from chronos.domain.delivery import DeliveryError
-from chronos.domain.model import Announced, Claimed, Overview, Parked, Row, Stale, Throttled
+from chronos.domain.model import Announced, Claimed, Mark, Overview, Parked, Row, Stale, Throttled
 from chronos.domain.moves import Change, MoveRecord, MovingRow, Woken
 from chronos.domain.operators import (HELD_WITHIN_MS, Filters, Listed, Message, ParkedFilters, ParkedMessage,
                                       ParkedRecord, ParkedRef, Position, Schedule)
@@ -255,10 +255,22 @@ class DueClaims(Protocol):
     stamp the rows as the firer's, or a `TakeStore`'s, which delete them in the transaction it holds."""
 
     def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
-              after: tuple[int, int] | None = None) -> list[Claimed]:
+              after: Mark | None = None) -> list[Claimed]:
         """Claim up to `limit` rows due within `lookahead_ms`, in (deadline, seq) order; with
         `window_ms`, only rows due at most that long ago (a cheaper claim: see `Claimer.claim_rows`);
-        with `after` (a deadline in microseconds, a seq), only rows past it in that order (`ClaimCursor`)."""
+        with `after`, only rows past its mark in that order and, within the window, rows below it whose seq
+        is past its `since_seq` (`ClaimCursor`)."""
+        ...
+
+    def claim_whole(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
+                    after: Mark | None = None) -> tuple[list[Claimed], bool]:
+        """`claim`, and whether it took every row it chose (none held back by its ordering key, none changed
+        since it was chosen): then no row it passed over waits below the last it took. A claim that cannot
+        tell says False unless it came back full."""
+        ...
+
+    def last_seq(self) -> int | None:
+        """The last seq the messages' rows have drawn (None: the schema cannot say, before version 18)."""
         ...
 
     def claim_share(self, slices: tuple[int, ...], limit: int, lookahead_ms: int,

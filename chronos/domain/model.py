@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 
 @dataclass(slots=True)
@@ -24,6 +25,14 @@ class Row:
     cron: str | None = None
     timezone: str | None = None
     dst_policy: str | None = None
+
+
+class Mark(NamedTuple):
+    """Where a firer's claim starts (`ClaimCursor`): past the row at (`deadline_us`, `seq`), and below it only at
+    rows whose seq is past `since_seq` (None: at none)."""
+    deadline_us: int
+    seq: int
+    since_seq: int | None = None
 
 
 @dataclass(slots=True)

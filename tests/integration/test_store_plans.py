@@ -26,7 +26,7 @@ import pytest
 from chronos.adapters.postgres.queries import QUERIES
 from chronos.adapters.postgres.store import Store
 from chronos.adapters.postgres.takes import TakeStatements
-from chronos.domain.model import Claimed, Row, Stale
+from chronos.domain.model import Claimed, Mark, Row, Stale
 from chronos.domain.ratelimit import FireRateLimits, TopicRates
 
 TABLE = "chronos_messages"
@@ -205,9 +205,10 @@ def exercise(admin, firer: Store, consumer: Store, detector: Store, takes: TakeS
         # gone), and for the other claims below
         takes.claim(500, 300)
         takes.give_back()
-        takes.claim(500, 300, None, (t - 5_000_000, 0))
+        mark = Mark(t - 500_000, 0, firer.last_seq() - 20)  # rows past the mark, and below it the newest
+        takes.claim(500, 300, 2000, mark)
         takes.give_back()
-        firer.delete_fired(firer.claim(10, 300, None, (t - 5_000_000, 0)))
+        firer.delete_fired(firer.claim(10, 300, 2000, mark))
         for window in (None, 2000):
             takes.claim_share(tuple(range(1, 16, 2)), 500, 300, window)
             takes.give_back()

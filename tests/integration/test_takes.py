@@ -8,18 +8,20 @@ once the server has ended that firer's transaction, no statement waiting on it l
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from chronos.adapters.postgres import pooling
 from chronos.adapters.postgres.queries import QUERIES
 from chronos.adapters.postgres.store import Store
 from chronos.adapters.postgres.takes import TakeStatements
-from chronos.domain.model import Row
+from chronos.domain.model import Mark, Row
 from chronos.errors import ClaimContended, StoreUnavailable
 from kits.pgbouncer import PgBouncer
 
@@ -123,7 +125,7 @@ def test_a_batch_committed_after_a_pick_s_snapshot_is_not_picked_again(database_
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         assert conn.execute("SELECT count(*) FROM chronos_messages").fetchone()[0] == 3   # the snapshot: a, b held
         peer.finish([], [], [], OUT)   # committed: a and b are gone
-        picked, ctids = conn.execute(QUERIES["pick"], {"limit": 10, "lookahead_ms": 0, "held": held}).fetchone()
+        picked, ctids, _ = conn.execute(QUERIES["pick"], {"limit": 10, "lookahead_ms": 0, "held": held}).fetchone()
         assert conn.execute("SELECT array_agg(id)::text FROM chronos_messages WHERE ctid = ANY(%s::tid[])",
                             (ctids,)).fetchone()[0] == "{c}"
         assert picked == 1
@@ -131,22 +133,68 @@ def test_a_batch_committed_after_a_pick_s_snapshot_is_not_picked_again(database_
     assert ids(database_url) == ["c"]
 
 
-def test_a_claim_after_a_row_takes_only_the_rows_past_it_and_one_of_the_window_those_below(database_url):
-    """A firer alone's claim after one that came back full starts past its last row (ClaimCursor): not at its
-    own rows in flight, nor at a row written below that mark since, which the next claim of the window takes."""
+def test_a_claim_after_a_row_takes_the_rows_past_it_and_below_it_only_those_written_since(database_url):
+    """A firer alone's claim starts past its last row (ClaimCursor): not at its own rows in flight. Below that mark
+    it takes, within the window, only rows whose seq is past the last seq it was given (written since)."""
     base = now_us()
     Store(database_url).apply([row(name, base - 4000 + i) for i, name in enumerate("abcd")], [], [])
     first, second = takes(database_url, held_ms=60_000), takes(database_url, held_ms=60_000)
-    taken = first.claim(2, 0)
-    assert [r.id for r in taken] == ["a", "b"]
+    since = first.last_seq()
+    taken, whole = first.claim_whole(2, 0)
+    assert [r.id for r in taken] == ["a", "b"] and whole
     Store(database_url).apply([row("late", base - 5000)], [], [])
-    assert [r.id for r in second.claim(10, 0, None, (taken[-1].deadline_us, taken[-1].seq))] == ["c", "d"]
+    mark = Mark(taken[-1].deadline_us, taken[-1].seq)
+    assert [r.id for r in second.claim(10, 0, 2000, mark)] == ["c", "d"]  # no seq given: nothing below the mark
     second.give_back()
-    assert [r.id for r in second.claim(10, 0, 2000)] == ["late", "c", "d"]
+    assert [r.id for r in second.claim(10, 0, 2000, mark._replace(since_seq=since))] == ["late", "c", "d"]
+    second.give_back()
+    later = second.last_seq()
+    assert later == since + 1 and [r.id for r in second.claim(10, 0, 2000, mark._replace(since_seq=later))] == ["c", "d"]
     first.give_back()
     second.give_back()
     stamped = Store(database_url, node_id=uuid.uuid4())
-    assert [r.id for r in stamped.claim(10, 0, None, (taken[0].deadline_us, taken[0].seq))] == ["b", "c", "d"]
+    assert stamped.last_seq() == later
+    rows, whole = stamped.claim_whole(10, 0, 2000, Mark(taken[0].deadline_us, taken[0].seq, since))
+    assert [r.id for r in rows] == ["late", "b", "c", "d"] and not whole  # a stamp says whole only when full
+
+
+def test_a_take_says_whether_it_took_every_row_it_chose(database_url):
+    base = now_us()
+    Store(database_url).apply([row("K-1", base - 3000, "K"), row("K-2", base - 2000, "K"), row("N", base - 1000)], [], [])
+    first, second = takes(database_url, held_ms=60_000), takes(database_url, held_ms=60_000)
+    assert [r.id for r in first.claim(1, 0)] == ["K-1"]
+    rows, whole = second.claim_whole(10, 0)
+    assert [r.id for r in rows] == ["N"] and not whole  # K-2 waits behind K-1, which the first session holds
+    first.give_back()
+    second.give_back()
+    rows, whole = second.claim_whole(10, 0)
+    assert [r.id for r in rows] == ["K-1", "K-2", "N"] and whole
+    second.give_back()
+
+
+def test_a_role_that_may_not_read_the_last_seq_claims_without_it_and_says_so(database_url, caplog):
+    """An install that revoked EXECUTE from PUBLIC: the firer's claims start past their last row only after one
+    that came back full, and it says once what to grant."""
+    role = f"app_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}")
+    try:
+        url = make_conninfo(database_url, user=role)
+        assert Store(url).last_seq() == 0 and takes(url, 60_000).last_seq() == 0  # PUBLIC's by default
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute("REVOKE EXECUTE ON FUNCTION chronos_last_seq() FROM PUBLIC")
+        store, session = Store(url), takes(url, 60_000)
+        with caplog.at_level(logging.WARNING, logger="chronos.store"):
+            assert store.last_seq() is None and store.last_seq() is None and session.last_seq() is None
+        assert sum("GRANT EXECUTE ON FUNCTION chronos_last_seq()" in r.getMessage() for r in caplog.records) == 2
+        store.close()
+        session.close()
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute("GRANT EXECUTE ON FUNCTION chronos_last_seq() TO PUBLIC")
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")
 
 
 class Meddled(TakeStatements):

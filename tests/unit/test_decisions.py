@@ -10,6 +10,7 @@ import pytest
 from chronos import codec
 from chronos.roles.consumer import commit_offsets, sort_batch
 from chronos.roles.detector import suspected_nodes
+from chronos.domain.model import Mark
 from chronos.roles.firer.decisions import TICK, ClaimCursor, PublishTiming
 from chronos.domain.intake import Rules, Verdict, decide
 from chronos.commands.send import parse_duration
@@ -167,27 +168,54 @@ def test_unknown_action_is_dead_lettered():
     assert [r.split(":")[0] for _, r, _ in batch.dead] == ["bad_action"]
 
 
-def test_a_claim_starts_past_the_last_only_after_one_that_came_back_full():
+def test_a_claim_starts_past_the_last_only_after_one_that_came_back_full_where_the_last_seq_is_not_known():
     cursor = ClaimCursor(every=0.2)
     assert cursor.start(10.0) is None  # nothing before: the window
-    cursor.ended([(5, 2), (7, 1), (6, 9)], backlog=True)
-    assert cursor.start(10.05) == (7, 1)  # past the last row in (deadline, seq) order
-    cursor.ended([(8, 1)], backlog=False)  # short: what it did not take (held back, written late) is the window's
+    cursor.ended([(5, 2), (7, 1), (6, 9)], whole=True, backlog=True)
+    assert cursor.start(10.05) == Mark(7, 1)  # past the last row in (deadline, seq) order
+    cursor.ended([(8, 1)], whole=True, backlog=False)  # short: a row written late below it is the window's
     assert cursor.start(10.06) is None
-    cursor.ended([], backlog=True)
+    cursor.ended([], whole=True, backlog=True)
     assert cursor.start(10.07) is None
 
 
 def test_a_claim_of_the_window_comes_at_most_every_so_often_and_a_full_claim_is_one():
     cursor = ClaimCursor(every=0.2)
     assert cursor.start(10.0) is None
-    cursor.ended([(1, 1)], backlog=True)
-    assert cursor.start(10.19) == (1, 1)
-    cursor.ended([(2, 1)], backlog=True)
+    cursor.ended([(1, 1)], whole=True, backlog=True)
+    assert cursor.start(10.19) == Mark(1, 1)
+    cursor.ended([(2, 1)], whole=True, backlog=True)
     assert cursor.start(10.2) is None  # the window's turn: rows written below the mark since are found
-    cursor.ended([(3, 1)], backlog=True)
-    assert cursor.start(10.3) == (3, 1)
+    cursor.ended([(3, 1)], whole=True, backlog=True)
+    assert cursor.start(10.3) == Mark(3, 1)
     assert cursor.start(10.31, full=True) is None  # a full claim finds all the window does, and more
-    cursor.ended([(4, 1)], backlog=True)
-    assert cursor.start(10.5) == (4, 1)  # the full claim began the next 0.2 s
+    cursor.ended([(4, 1)], whole=True, backlog=True)
+    assert cursor.start(10.5) == Mark(4, 1)  # the full claim began the next 0.2 s
     assert cursor.start(10.52) is None
+
+
+def test_with_the_last_seq_known_every_claim_that_took_all_it_chose_moves_the_mark_and_looks_below_it():
+    cursor = ClaimCursor(every=0.2)
+    cursor.seq_read(100)  # before a full claim: the seq read before the one before it is not known yet
+    assert cursor.start(10.0, full=True) is None
+    cursor.ended([(5, 2)], whole=True, backlog=False)
+    assert cursor.start(10.1) is None
+    cursor.seq_read(140)
+    assert cursor.start(10.5, full=True) is None
+    cursor.ended([(9, 150)], whole=True, backlog=False)
+    assert cursor.start(10.6) == Mark(9, 150, 100)  # short claims too; below the mark, rows past seq 100
+    cursor.ended([(8, 160)], whole=True, backlog=False)  # a row written late, found below the mark
+    assert cursor.start(10.7) == Mark(9, 150, 100)  # which stays where it was
+    cursor.ended([], whole=True, backlog=False)
+    assert cursor.start(10.95) == Mark(9, 150, 100)  # no claim of the window comes between full ones
+    cursor.ended([(12, 170)], whole=False, backlog=False)  # a row it chose was held back by its ordering key
+    assert cursor.start(10.96) is None
+    cursor.ended([(13, 171)], whole=True, backlog=False)
+    assert cursor.start(10.97) == Mark(13, 171, 100)
+    cursor.seq_read(200)
+    assert cursor.start(11.0, full=True) is None  # a full claim starts the mark again
+    cursor.ended([(14, 180)], whole=True, backlog=False)
+    assert cursor.start(11.1) == Mark(14, 180, 140)  # and the seq read before the last full claim is the floor
+    cursor.seq_read(None)  # the schema cannot say: the claims of the window again
+    cursor.ended([(15, 181)], whole=True, backlog=False)
+    assert cursor.start(11.6) is None

@@ -222,7 +222,7 @@ def test_a_contended_claim_gives_its_room_and_session_back_and_claims_again():
         def claim_share(self, *args, **kwargs):
             raise ClaimContended("a row picked was locked by another transaction")
 
-        def claim(self, *args, **kwargs):
+        def claim_whole(self, *args, **kwargs):
             raise ClaimContended("a row picked was locked by another transaction")
     f.proc.batches.make = lambda: Contended(f.db, node_id=f.node)
     now = time.time()
@@ -269,7 +269,7 @@ def test_a_claim_that_finds_postgresql_gone_closes_the_free_sessions_so_the_next
     def unavailable(*args, **kwargs):
         raise StoreUnavailable("server closed the connection unexpectedly")
     failing = batches.idle[-1]   # the next claim's
-    failing.claim_share = failing.claim = unavailable
+    failing.claim_share = failing.claim_whole = unavailable
     with pytest.raises(StoreUnavailable):
         f.proc.claimer.claim(time.time())
     assert sorted(map(id, closed)) == sorted(map(id, batches.all)) and f.proc.shared.reserved == 0

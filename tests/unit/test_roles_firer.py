@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError
 from chronos import codec
 from chronos.adapters.kafka.clients import OutageLog
 from chronos.adapters.memory import MemoryDatabase, MemoryStore, MemoryTakes
-from chronos.domain.model import Claimed, Row
+from chronos.domain.model import Claimed, Mark, Row
 from chronos.telemetry.metrics import FirerTelemetry
 from chronos.roles.firer import FirerProcess
 from chronos.roles.firer.claimer import FULL_CLAIM_EVERY, MAX_HELD_BATCHES, RECENT_WINDOW_MS, WINDOW_CLAIM_EVERY
@@ -106,24 +106,24 @@ class WindowsSeen(MemoryStore):
     """The in-memory store, keeping the window of every claim (None: a full claim) and where it started."""
 
     windows: list[int | None] = []
-    afters: list[tuple[int, int] | None] = []
+    afters: list[Mark | None] = []
 
-    def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
-              after: tuple[int, int] | None = None) -> list[Claimed]:
+    def claim_whole(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
+                    after: Mark | None = None) -> tuple[list[Claimed], bool]:
         self.windows.append(window_ms)
         self.afters.append(after)
-        return super().claim(limit, lookahead_ms, window_ms, after)
+        return super().claim_whole(limit, lookahead_ms, window_ms, after)
 
 
 class TakesSeen(MemoryTakes):
     """A session of the claim that deletes, keeping (window, after) of every claim, as WindowsSeen."""
 
-    claims: list[tuple[int | None, tuple[int, int] | None]] = []
+    claims: list[tuple[int | None, Mark | None]] = []
 
-    def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
-              after: tuple[int, int] | None = None) -> list[Claimed]:
+    def claim_whole(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
+                    after: Mark | None = None) -> tuple[list[Claimed], bool]:
         self.claims.append((window_ms, after))
-        return super().claim(limit, lookahead_ms, window_ms, after)
+        return super().claim_whole(limit, lookahead_ms, window_ms, after)
 
 
 class TakingFirer(Firer):
@@ -143,12 +143,36 @@ def test_a_claim_after_one_that_came_back_full_starts_where_it_ended_and_a_row_b
     b = f.db.rows["b"]
     f.add("late", due_in=-0.5)  # below the mark: due before b
     claimer.claim(time.time())
-    assert TakesSeen.claims == [(None, None), (RECENT_WINDOW_MS, (b.deadline_us, b.seq))]
+    assert TakesSeen.claims == [(None, None), (RECENT_WINDOW_MS, Mark(b.deadline_us, b.seq))]
     assert f.state() == {"a": "held", "b": "held", "c": "held", "d": "held", "e": "waiting", "late": "waiting"}
     claimer.cursor.window_at = time.monotonic()  # WINDOW_CLAIM_EVERY went by
     claimer.claim(time.time())
     assert TakesSeen.claims[-1] == (RECENT_WINDOW_MS, None) and f.state()["late"] == "held"
     assert WINDOW_CLAIM_EVERY == 0.2
+
+
+def test_with_the_last_seq_known_every_claim_starts_past_the_last_row_and_below_it_finds_only_rows_written_since():
+    """Past two full claims the firer knows an older seq than any row written since: a claim that came back short
+    moves the mark too, and below it the next claim finds a row written late, but not a row of an older seq
+    (one put back, or replaced with a deadline that close), which the next full claim takes."""
+    TakesSeen.claims = []
+    f = TakingFirer()
+    claimer = f.proc.claimer
+    f.add("old", due_in=60)
+    for _ in range(2):  # full claims, each reading the last seq before it
+        claimer.next_full_claim = time.monotonic()
+        claimer.claim(time.time())
+    f.add("a", due_in=-0.1)
+    claimer.claim(time.time())  # the first since the full claim: of the window, short
+    a = f.db.rows["a"]
+    f.add("late", due_in=-0.3)
+    f.db.rows["old"].deadline_us = a.deadline_us - 1000  # below the mark, with an older seq
+    claimer.claim(time.time())
+    assert TakesSeen.claims[-1] == (RECENT_WINDOW_MS, Mark(a.deadline_us, a.seq, f.db.rows["old"].seq))
+    assert f.state() == {"old": "waiting", "a": "held", "late": "held"}
+    claimer.next_full_claim = time.monotonic()
+    claimer.claim(time.time())
+    assert TakesSeen.claims[-1] == (None, None) and f.state()["old"] == "held"
 
 
 def test_a_claim_that_held_a_row_back_by_its_ordering_key_is_followed_by_one_of_the_window():

@@ -8,18 +8,19 @@ import logging
 import psycopg
 
 from chronos.adapters.postgres.queries import QUERIES, due_claim
+from chronos.adapters.postgres.session import LastSeq
 from chronos.adapters.postgres.shares import ShareStatements
 from chronos.domain import cron, ratelimit, schedules
-from chronos.domain.model import Claimed
+from chronos.domain.model import Claimed, Mark
 
 log = logging.getLogger("chronos.store")
 
 
-class ClaimStatements(ShareStatements):
+class ClaimStatements(ShareStatements, LastSeq):
     """The firer's claiming side of the store."""
 
     def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
-              after: tuple[int, int] | None = None) -> list[Claimed]:
+              after: Mark | None = None) -> list[Claimed]:
         name, params = due_claim(limit, lookahead_ms, window_ms, after)
         params["node"] = self.node_id
         statement = QUERIES[name]
@@ -30,6 +31,16 @@ class ClaimStatements(ShareStatements):
             rows.sort(key=lambda r: (r.scheduled_us, r.seq))  # RETURNING has no order of its own
             return rows
         return self._run(run)
+
+    def claim_whole(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
+                    after: Mark | None = None) -> tuple[list[Claimed], bool]:
+        """`claim`: its stamp returns the rows it took, not how many it chose, so it says it took them all only
+        when it came back full (every row it chose)."""
+        rows = self.claim(limit, lookahead_ms, window_ms, after)
+        return rows, len(rows) == limit
+
+    def last_seq(self) -> int | None:
+        return self._run(self._last_seq)
 
     def claim_limited(self, limits: ratelimit.FireRateLimits, output_topic: str, limit: int,
                       lookahead_ms: int) -> tuple[list[Claimed], bool]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from importlib import resources
 
+from chronos.domain.model import Mark
+
 SQL_DIR = resources.files("chronos.adapters.postgres.sql")
 _NAME_RE = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.MULTILINE)
 _INCLUDE_RE = re.compile(r"/\* include: (\w+) \*/")
@@ -19,14 +21,14 @@ _INCLUDE_RE = re.compile(r"/\* include: (\w+) \*/")
 # The claim and the token bucket's refill, for any topic, for one topic named by chronosTopic, and for the
 # output topic (rows without one); and the claim of recent deadlines.
 TOPIC_MARK = "/* topic filter */"
+LAST_SEQ_VERSION = 18  # the schema from which chronos_last_seq() reads the messages' sequence
 TOPIC_VARIANTS = {  # statement: (body, the filter put at its mark)
     "claim": ("claim", ""),
     # the claim of recent deadlines only: see `Claimer.claim_rows`
     "claim_recent": ("claim", "AND deadline >= now() - %(window_ms)s * interval '1 millisecond'"),
     "claim_topic": ("claim", "AND topic = %(topic)s"),
     # the claim that starts where the last one ended: see `ClaimCursor`
-    "claim_after": ("claim", "AND (deadline, seq) > ('epoch'::timestamptz + %(after_us)s * interval '1 microsecond', "
-                             "%(after_seq)s::bigint)"),
+    "claim_after": ("claim_after", ""),
     # a firer's claim of its own slices (chronos.domain.shares), and of their recent deadlines only
     "claim_share": ("claim_share", ""),
     "claim_share_recent": ("claim_share", "AND deadline >= now() - %(window_ms)s * interval '1 millisecond'"),
@@ -53,12 +55,14 @@ _PARTITION_COLUMN = re.compile(r",\s*(?:[mr]\.)?input_partition(?:\s*=\s*EXCLUDE
 
 
 def due_claim(limit: int, lookahead_ms: int, window_ms: int | None,
-              after: tuple[int, int] | None) -> tuple[str, dict[str, object]]:
+              after: Mark | None) -> tuple[str, dict[str, object]]:
     """The claim of due rows a firer runs (`ports.DueClaims.claim`): "claim", "claim_recent" (`window_ms`) or
-    "claim_after" (`after`), and its parameters. Its pick is `PICKS`' twin of that name."""
+    "claim_after" (`after`, below whose mark it looks within `window_ms`), and its parameters. Its pick is
+    `PICKS`' twin of that name."""
     name = "claim_after" if after is not None else "claim" if window_ms is None else "claim_recent"
+    mark = after if after is not None else Mark(0, 0)
     return name, {"limit": limit, "lookahead_ms": lookahead_ms, "window_ms": window_ms,
-                  "after_us": None if after is None else after[0], "after_seq": None if after is None else after[1]}
+                  "after_us": mark.deadline_us, "after_seq": mark.seq, "since_seq": mark.since_seq}
 
 
 def before_partition(name: str) -> str:
@@ -90,7 +94,7 @@ def load(text: str) -> dict[str, str]:
         body, topic_filter = TOPIC_VARIANTS[claim]
         for variant, moving in ((name, f" {not_moving}"), (before_partition(name), "")):
             statement = bodies[body].replace(TOPIC_MARK, f"{topic_filter} {not_held}{moving}")
-            assert statement.count(LOCK) == 1 and statement.count(stamp) == 1, f"queries.sql: {body} is not a claim"
+            assert statement.count(LOCK) >= 1 and statement.count(stamp) == 1, f"queries.sql: {body} is not a claim"
             queries[variant] = statement.replace(LOCK, "").split(stamp)[0] + pick
     return queries
 

@@ -20,7 +20,7 @@ from chronos.adapters.postgres import pooling
 from chronos.adapters.postgres.connection import (DEADLINES, connect, connection_lost, local_address, one, server_of,
                                                   short, translate)
 from chronos.adapters.postgres.migrations import check_schema_raw
-from chronos.adapters.postgres.queries import QUERIES
+from chronos.adapters.postgres.queries import LAST_SEQ_VERSION, QUERIES
 from chronos.errors import StoreUnavailable
 
 log = logging.getLogger("chronos.store")
@@ -283,3 +283,22 @@ class Session:
             first.append((QUERIES["create_staging_in_transaction"], None))
         return _begun(conn, first)
 
+
+class LastSeq(Session):
+    """The messages' last seq, for a firer alone's claims (`ports.DueClaims.last_seq`)."""
+
+    last_seq_allowed: bool | None = None  # whether this role may run chronos_last_seq() (None: not asked yet)
+
+    def _last_seq(self, conn: psycopg.Connection) -> int | None:
+        """None before schema version 18, or where the role may not run the function (EXECUTE revoked from
+        PUBLIC): said once, and the firer's claims then start past their last row only after one came back full."""
+        if (self.schema_version or 0) < LAST_SEQ_VERSION:  # known once connected
+            return None
+        if self.last_seq_allowed is None:
+            self.last_seq_allowed = bool(one(self._execute(conn, QUERIES["last_seq_allowed"]))[0])
+            if not self.last_seq_allowed:
+                log.warning("this role may not run chronos_last_seq() (GRANT EXECUTE ON FUNCTION chronos_last_seq() "
+                            "to it): the firer's claims walk the rows it took lately, more work for PostgreSQL")
+        if not self.last_seq_allowed:
+            return None
+        return one(self._execute(conn, QUERIES["last_seq"], prepare=True))[0]

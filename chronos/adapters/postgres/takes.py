@@ -30,9 +30,9 @@ import psycopg
 from chronos.adapters.postgres.connection import one, short
 from chronos.adapters.postgres.migrations import LATEST_VERSION
 from chronos.adapters.postgres.queries import PICKS, QUERIES, before_partition, due_claim
-from chronos.adapters.postgres.session import Session
+from chronos.adapters.postgres.session import LastSeq
 from chronos.domain import ratelimit
-from chronos.domain.model import Claimed
+from chronos.domain.model import Claimed, Mark
 from chronos.domain.shares import slice_limits
 from chronos.errors import ClaimContended, StoreRejected, StoreUnavailable
 from chronos.ports import TokenStore
@@ -54,7 +54,7 @@ def taken_params(rows: Sequence[Claimed], errors: Sequence[str | None], delays: 
             "input_partitions": [r.input_partition for r in rows]}
 
 
-class TakeStatements(Session):
+class TakeStatements(LastSeq):
     """One session of the claim that deletes: at most one batch held at a time. Not thread-safe, like any
     session: the claimer that takes a batch hands the session on to the settler that ends it."""
 
@@ -75,13 +75,23 @@ class TakeStatements(Session):
         return QUERIES[name if self._partitioned else before_partition(name)]
 
     def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
-              after: tuple[int, int] | None = None) -> list[Claimed]:
+              after: Mark | None = None) -> list[Claimed]:
         """Take up to `limit` rows due within `lookahead_ms` (see `ClaimStatements.claim`), in this session's
         held transaction."""
+        return self.claim_whole(limit, lookahead_ms, window_ms, after)[0]
+
+    def claim_whole(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
+                    after: Mark | None = None) -> tuple[list[Claimed], bool]:
+        """`claim`, and whether it took every row it chose: its pick says how many candidates it had, and the
+        take whether it found every row the pick chose."""
         name, params = due_claim(limit, lookahead_ms, window_ms, after)
-        rows = [Claimed(*r) for r in self._take(PICK_OF[name], params, "take")]
+        found, whole = self._take_whole(PICK_OF[name], params, "take")
+        rows = [Claimed(*r) for r in found]
         rows.sort(key=lambda r: (r.scheduled_us, r.seq))  # RETURNING has no order of its own
-        return rows
+        return rows, whole
+
+    def last_seq(self) -> int | None:
+        return self._guarded_run(self._last_seq)
 
     def claim_share(self, slices: tuple[int, ...], limit: int, lookahead_ms: int,
                     window_ms: int | None = None) -> tuple[list[Claimed], bool]:
@@ -169,11 +179,15 @@ class TakeStatements(Session):
     def _take(self, pick: str, params: dict[str, Any], take: str) -> list[tuple[Any, ...]]:
         """The rows `pick` chooses, deleted by `take` in this session's held transaction (begun first when none
         is open: a pick that finds nothing costs no transaction), as `take` returns them."""
-        def run(c: psycopg.Connection) -> list[tuple[Any, ...]]:
+        return self._take_whole(pick, params, take)[0]
+
+    def _take_whole(self, pick: str, params: dict[str, Any], take: str) -> tuple[list[tuple[Any, ...]], bool]:
+        """`_take`, and whether it took every candidate of its pick."""
+        def run(c: psycopg.Connection) -> tuple[list[tuple[Any, ...]], bool]:
             held = one(self._execute(c, QUERIES["held_xids"], prepare=True))[0]  # before the pick's snapshot
-            picked, ctids = one(self._execute(c, self._q(pick), {**params, "held": held}, prepare=True))
+            picked, ctids, candidates = one(self._execute(c, self._q(pick), {**params, "held": held}, prepare=True))
             if not picked:
-                return []
+                return [], not candidates
             if c.info.transaction_status == _IDLE:
                 self._begin(c)
             found = self._execute(c, self._q(take), {"ctids": ctids}, prepare=True).fetchall()
@@ -187,7 +201,7 @@ class TakeStatements(Session):
                     width = 15 if self._partitioned else 14
                     self._restore_rows(c, [Claimed(*r[:width]) for r in keyed], ())
                     found = [r for r in found if r[11] is None]
-            return found
+            return found, len(found) == picked == candidates
         return self._guarded_run(run)
 
     def _begin(self, c: psycopg.Connection) -> None:

@@ -236,12 +236,11 @@ class Claimer(StoreThread[ClaimStore]):
 
     def claim_rows(self, limit: int, claims: DueClaims) -> tuple[list[Claimed], bool]:
         """The claim without fire-rate limits: (the rows, whether they are a backlog's, to drain without
-        sleeping). Most claims take only rows due at most RECENT_WINDOW_MS ago: the due index keeps an
-        entry for every row claimed since its last vacuum, all at the head of its range, and a claim that
-        starts there walks them all, every time; a firer alone's claim after one that came back full starts
-        where that ended (`ClaimCursor`). Rows due longer ago (written late, handed back, a backlog) are taken by a
-        full claim, at least every FULL_CLAIM_EVERY seconds, and at once again while the last one says so
-        (`full_claim_again`): a row late by more than the window waits at most that much longer.
+        sleeping). Most claims take only rows due at most RECENT_WINDOW_MS ago: the due index keeps an entry
+        for every row claimed since its last vacuum, all at the head of its range, and a claim that starts there
+        walks them all, every time; a firer alone's claim starts where its last ended (`ClaimCursor`). Rows due
+        longer ago (written late, handed back, a backlog) are taken by a full claim, at least every
+        FULL_CLAIM_EVERY seconds, and at once again while the last one says so (`full_claim_again`).
 
         With other firers live, the claim takes this firer's own slices, each up to its share of the
         limit; a full claim that finds them drained also takes what others left overdue (`take_others`):
@@ -254,9 +253,10 @@ class Claimer(StoreThread[ClaimStore]):
         mine = self.own_slices(now)
         window = None if full else RECENT_WINDOW_MS
         if mine is None:
-            rows = claims.claim(limit, self.settings.lookahead_ms, window, self.cursor.start(now, full))
+            mark = self.cursor.start(now, full, claims.last_seq)
+            rows, whole = claims.claim_whole(limit, self.settings.lookahead_ms, window, mark)
             backlog = len(rows) == limit
-            self.cursor.ended(((r.deadline_us, r.seq) for r in rows), backlog)
+            self.cursor.ended(((r.deadline_us, r.seq) for r in rows), whole, backlog)
         elif not mine:  # fewer slices than claimers, or the first claimer has not renewed the lease yet
             rows, backlog = [], False
         else:

@@ -6,7 +6,9 @@ comes in as arguments."""
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
+
+from chronos.domain.model import Mark
 
 TICK = 0.001                 # the sender sleeps at least this long: rows due within it go together
 RETRY_FIRST_MS = 1000        # backoff after a row's first refused publish; doubled after each further one
@@ -35,28 +37,52 @@ class ClaimCursor:
     """Where a firer alone's next claim of recent rows starts. The rows it took in the last moments are still
     in the due index: those in flight (deleted by transactions not yet committed, up to the lookahead ahead)
     and those whose batches committed since the index last learnt they were gone. A claim of the window visits
-    each of them in the table before the rows it takes: at 20,000 msg/s thousands a claim, most of its pick's
-    time. A claim that came back full (and so took every row it
-    chose: none held back by its ordering key, none changed since it was chosen) is followed by one that
-    starts past its last row. Rows that land below that mark meanwhile (written late, put back, skipped while
-    another transaction had them) are found by the next claim of the window: once a claim comes back short,
-    and at most `every` seconds after the last one."""
+    each of them in the table before the rows it takes: at 10,000 msg/s thousands a claim, most of its pick's
+    time. So a claim that took every row it chose (none held back by its ordering key, none changed since it
+    was chosen: `whole`) is followed by one that starts past its last row, in (deadline, seq) order.
+
+    Below that mark the next claim looks, within the window, only at rows whose seq is past `since`: rows
+    written since then, with a deadline already that close, which the index tells from the rows taken without
+    a visit to the table. `since` is the messages' last seq as read before the full claim before the last one
+    (`seq_read`): a row written by a transaction under way at that read and committed after the last full
+    claim began (one that lasted half a second or more) waits for the next full claim, as do rows that come
+    back below the mark with an older seq (put back after a failed publish, replaced with a deadline that
+    close). The full claim (every FULL_CLAIM_EVERY) starts the mark again. Where the schema cannot say the
+    last seq, no claim looks below its mark: a claim starts past it only after one that came back full, and
+    a claim of the window runs at least every `every` seconds and after any claim that came back short."""
 
     def __init__(self, every: float):
         self.every = every
-        self.after: tuple[int, int] | None = None  # (deadline in µs, seq) of the last row the last claim took
+        self.after: tuple[int, int] | None = None  # (deadline in µs, seq) of the last row the claims took
         self.window_at = 0.0  # monotonic: when the next claim is one of the window, whatever the mark
+        self.since: int | None = None  # the last seq as read before the full claim before the last one
+        self._read: int | None = None  # and as read before the last full claim
 
-    def start(self, now: float, full: bool = False) -> tuple[int, int] | None:
+    def seq_read(self, seq: int | None) -> None:
+        """The messages' last seq, read just before a full claim (None: the schema cannot say)."""
+        self.since, self._read = (self._read, seq) if seq is not None else (None, None)
+
+    def start(self, now: float, full: bool = False, last_seq: Callable[[], int | None] | None = None) -> Mark | None:
         """Where the claim at `now` (monotonic) starts: past the mark, or None (the window, or a `full` claim,
-        either of which begins the next `every` seconds)."""
-        if full or self.after is None or now >= self.window_at:
+        before which `last_seq` is read)."""
+        if full and last_seq is not None:
+            self.seq_read(last_seq())
+        if full or self.after is None or (self.since is None and now >= self.window_at):
             self.after, self.window_at = None, now + self.every
-        return self.after
+            return None
+        return Mark(*self.after, self.since)
 
-    def ended(self, rows: Iterable[tuple[int, int]], backlog: bool) -> None:
-        """The claim took `rows` ((deadline in µs, seq) each, read only when it came back full: `backlog`)."""
-        self.after = max(rows, default=None) if backlog else None
+    def ended(self, rows: Iterable[tuple[int, int]], whole: bool, backlog: bool) -> None:
+        """The claim took `rows` ((deadline in µs, seq) each, read only when the mark may move): `whole`, every
+        row it chose; `backlog`, it came back full."""
+        if self.since is None:
+            self.after = max(rows, default=None) if backlog else None
+        elif not whole:
+            self.after = None
+        else:  # rows found below the mark (written late) leave it where it is
+            last = max(rows, default=None)
+            if last is not None and (self.after is None or last > self.after):
+                self.after = last
 
 
 class PublishTiming:

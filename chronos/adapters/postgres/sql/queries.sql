@@ -263,9 +263,9 @@ RETURNING m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.k
 -- postgres/takes.py). The pick is the claim without its FOR UPDATE SKIP LOCKED, and without the rows firers
 -- hold (held_xids, read just before it): a lock it took would last until the firer's transaction ends, also on
 -- the candidates the ordering check holds back, which no one else could then claim, cancel or change meanwhile.
--- It returns how many rows it chose and their TIDs, as one array (chronos/adapters/postgres/queries.py
--- makes the picks).
-SELECT count(*), coalesce(array_agg(ctid)::text, '{}') FROM due
+-- It returns how many rows it chose, their TIDs as one array, and how many candidates it had: fewer rows than
+-- candidates, and the ordering check held some back (chronos/adapters/postgres/queries.py makes the picks).
+SELECT count(*), coalesce(array_agg(ctid)::text, '{}'), (SELECT count(*) FROM candidates) FROM due
 
 -- name: claim
 -- A row with an ordering key is claimable only if every earlier row of its key (by deadline,
@@ -284,7 +284,6 @@ SELECT count(*), coalesce(array_agg(ctid)::text, '{}') FROM due
 -- `claim_recent` is this statement with a lower bound on the deadline at the mark (the firer's claims
 -- between full ones, see Claimer.claim_rows): the due index keeps an entry for every row claimed
 -- since its last vacuum, all at the head of its range, and a scan from the start walks them all.
--- `claim_after` starts past a (deadline, seq) instead, where the firer's last claim ended (ClaimCursor).
 WITH candidates AS MATERIALIZED (
     SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq FROM chronos_messages
     WHERE readied_at IS NULL AND cron IS NULL /* topic filter */
@@ -299,6 +298,45 @@ WITH candidates AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 ), /* include: claim_held_back */
 /* include: claim_rows */;
+
+-- name: claim_after
+-- `claim` from where the firer's last claim ended (ClaimCursor): the rows past that (deadline, seq), and below
+-- it only rows written since the firer last read the sequence (%(since_seq)s: chronos_last_seq), which the
+-- index tells from the others without a visit to the table. Below the mark the due index holds an entry for
+-- every row the firer took in the last moments, those in flight and those whose deletes it has not yet learnt
+-- of, and `claim_recent` visits each of them in the table every time. A row that lands below the mark with an
+-- older seq (put back, or written by a transaction that began before that read) waits for a claim of the
+-- window. Each part is at most the limit, and the claim the first `limit` of both in (deadline, seq) order.
+WITH past AS MATERIALIZED (
+    SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq, deadline FROM chronos_messages
+    WHERE readied_at IS NULL AND cron IS NULL /* topic filter */
+      AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'
+      AND (deadline, seq) > ('epoch'::timestamptz + %(after_us)s * interval '1 microsecond', %(after_seq)s::bigint)
+    ORDER BY deadline, seq
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), late AS MATERIALIZED (
+    SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq, deadline FROM chronos_messages
+    WHERE readied_at IS NULL AND cron IS NULL /* topic filter */
+      AND deadline >= now() - %(window_ms)s * interval '1 millisecond'
+      AND (deadline, seq) <= ('epoch'::timestamptz + %(after_us)s * interval '1 microsecond', %(after_seq)s::bigint)
+      AND seq > %(since_seq)s::bigint
+    ORDER BY deadline, seq
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), candidates AS MATERIALIZED (
+    SELECT ctid, ordering_key, place, seq FROM (SELECT * FROM late UNION ALL SELECT * FROM past) AS both_parts
+    ORDER BY deadline, seq
+    LIMIT %(limit)s
+), /* include: claim_held_back */
+/* include: claim_rows */;
+
+-- name: last_seq
+SELECT chronos_last_seq();
+
+-- name: last_seq_allowed
+-- Whether this role may run chronos_last_seq(): EXECUTE is PUBLIC's unless an install revoked it.
+SELECT has_function_privilege('chronos_last_seq()', 'EXECUTE');
 
 -- name: claim_share
 -- The claim of this firer's own slices (chronos.domain.shares): per slice, up to its share of the

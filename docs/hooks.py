@@ -403,6 +403,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 #: The firer's publish lateness at 20,000 msg/s, the held transactions read before the pick against 6fa1315, in turn.
 HELD_FIRST = "2026-11-29/held-first"
 CURSOR = "2026-11-30/claim-cursor"  # a firer alone's claims starting where the last one ended, against 2af0c87
+STEADY = "2026-11-30/steady-cursor"  # every claim of a firer alone past its last row, against 8d987f4
 #: The highest rates within the SLA of the code and of ca7e5a1, in turn.
 FIND_MAX_AB = "2026-11-29/find-max"
 #: The design's limit with the statements Chronos runs.
@@ -800,6 +801,13 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("2af0c87, 20,000 msg/s, 40 s, 5 runs", _claim_costs, f"{CURSOR}/base-111-1.json"),
         ("1073667, 30,000 msg/s, 40 s, 8 runs", _claim_costs, f"{CURSOR}-30k/cur-111-1.json"),
         ("2af0c87, 30,000 msg/s, 40 s, 8 runs", _claim_costs, f"{CURSOR}-30k/base-111-1.json")]),
+    ("a firer's claim at 10,000 and 20,000 msg/s, one process of each role, fresh stacks: f0a495f (every claim of a "
+     "firer alone starts past its last row, and below it looks only at rows written since) against 8d987f4, in "
+     "turn, 2026-11-30 06:00-06:29 UTC", "", [
+        ("f0a495f, 10,000 msg/s, 60 s, 4 runs", _claim_costs, f"{STEADY}-10k/steady-111-1.json"),
+        ("8d987f4, 10,000 msg/s, 60 s, 4 runs", _claim_costs, f"{STEADY}-10k/base-111-1.json"),
+        ("f0a495f, 20,000 msg/s, 40 s, 8 runs", _claim_costs, f"{STEADY}-20k/steady-111-1.json"),
+        ("8d987f4, 20,000 msg/s, 40 s, 8 runs", _claim_costs, f"{STEADY}-20k/base-111-1.json")]),
     ("a firer's claim at 10,000 msg/s, two processes of every role, fresh stacks: the claim that deletes against "
      "ca7e5a1, in turn, 3 runs of each", "PostgreSQL's CPU and WAL per message ≤ 0.5 of ca7e5a1's; with Chronos ≤ 0.6", [
         ("the claim that deletes (the default)", _claim_costs, "2026-11-29/claim-222/head-1.json"),

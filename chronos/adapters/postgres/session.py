@@ -288,15 +288,18 @@ class LastSeq(Session):
     """The messages' last seq, for a firer alone's claims (`ports.DueClaims.last_seq`)."""
 
     last_seq_allowed: bool | None = None  # whether this role may run chronos_last_seq() (None: not asked yet)
+    last_seq_told = False  # whether a session of this process said it may not (the class's: said once a process)
 
     def _last_seq(self, conn: psycopg.Connection) -> int | None:
         """None before schema version 18, or where the role may not run the function (EXECUTE revoked from
-        PUBLIC): said once, and the firer's claims then start past their last row only after one came back full."""
+        PUBLIC): said once a process, and the firer's claims then start past their last row only after one that
+        came back full."""
         if (self.schema_version or 0) < LAST_SEQ_VERSION:  # known once connected
             return None
         if self.last_seq_allowed is None:
             self.last_seq_allowed = bool(one(self._execute(conn, QUERIES["last_seq_allowed"]))[0])
-            if not self.last_seq_allowed:
+            if not self.last_seq_allowed and not LastSeq.last_seq_told:
+                LastSeq.last_seq_told = True
                 log.warning("this role may not run chronos_last_seq() (GRANT EXECUTE ON FUNCTION chronos_last_seq() "
                             "to it): the firer's claims walk the rows it took lately, more work for PostgreSQL")
         if not self.last_seq_allowed:

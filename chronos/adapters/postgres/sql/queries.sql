@@ -305,8 +305,8 @@ WITH candidates AS MATERIALIZED (
 -- index tells from the others without a visit to the table. Below the mark the due index holds an entry for
 -- every row the firer took in the last moments, those in flight and those whose deletes it has not yet learnt
 -- of, and `claim_recent` visits each of them in the table every time. A row that lands below the mark with an
--- older seq (put back, or written by a transaction that began before that read) waits for a claim of the
--- window. Each part is at most the limit, and the claim the first `limit` of both in (deadline, seq) order.
+-- older seq (put back, or written by a transaction under way at that read) waits for the firer's next full
+-- claim. Each part is at most the limit, and the claim the first `limit` of both in (deadline, seq) order.
 WITH past AS MATERIALIZED (
     SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq, deadline FROM chronos_messages
     WHERE readied_at IS NULL AND cron IS NULL /* topic filter */

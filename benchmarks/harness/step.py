@@ -176,6 +176,7 @@ def run_step(target: Target, args: argparse.Namespace, rate: float, duration: fl
     if summary["lost"] and isinstance(target, ChronosTarget):  # where each undelivered message is
         summary["undelivered"] = accounting.account_stack(accounting.undelivered_ids(rec, tag), target.info)
         print(accounting.render(summary["undelivered"]), flush=True)
+        report.count_reread(summary, summary["undelivered"])
     summary["layout"] = layout
     summary["cpu"] = cpu
     summary["config"] = {"delay": f"{dmin:g}:{dmax:g}", "payload_bytes": args.payload_bytes, "seed": seed,
@@ -253,11 +254,12 @@ def summary_lines(s: dict) -> list[str]:
     """The summary as printed: the verdict line, then the CPU split."""
     j, f = s.get("jitter_ms") or {}, s.get("broker_floor_ms") or {}
     floor = f"  broker floor p50/p99/p99.9 {f['p50']:.1f}/{f['p99']:.1f}/{f['p999']:.1f} ms" if f else ""
+    reread = f" (found on the topic read again: {s['found_on_reread']})" if s.get("found_on_reread") else ""
     pub = s.get("publish_lateness_ms")
     if pub:
         floor += f"  publish lateness p99/p99.9 {pub['p99']:.0f}/{pub['p999']:.0f} ms"
     return [f"{s['target']} layout {s.get('layout', '?')} {s['offered_rate']:g} msg/s: sent {s['sent']} "
-            f"delivered {s['delivered']} lost {s['lost']} "
+            f"delivered {s['delivered']} lost {s['lost']}{reread} "
             f"dup {s['duplicates']} early {s['early']} (published early {s['early_published']})  enqueue {s['enqueue_rate']}/s "
             f"(WAL {s.get('wal_bytes_per_message')} B/msg) "
             f"fire {s['fire_rate']}/s (due {s['due_rate']}/s)  jitter p50/p99/p99.9/max "

@@ -84,8 +84,6 @@ HOT_SCHEMA = (
     "CREATE INDEX chronos_messages_due ON chronos_messages (deadline, seq) WHERE cron IS NULL",
     "DROP INDEX chronos_messages_topic",
     "CREATE INDEX chronos_messages_topic ON chronos_messages (topic, deadline, seq) WHERE topic IS NOT NULL",
-    "DROP INDEX chronos_messages_key_hash",
-    "CREATE INDEX chronos_messages_key_hash ON chronos_messages (hashtext(encode(key, 'hex'))) WHERE key IS NOT NULL",
 )
 # A schema with one index for the due rows: the share index alone, every claim a claim of slices
 # (`--claims shares`), so a written row updates one index for its deadline instead of two.
@@ -128,8 +126,10 @@ LEASE_DELETE = ("DELETE FROM chronos_messages AS m USING unnest(%(ctids)s::tid[]
                 "WHERE m.ctid = f.ctid AND m.id IS NOT DISTINCT FROM f.id")
 
 # (c) Fewer index entries per row, each measured apart, with today's claim:
-# the index of the key's hash dropped (an operator's `chronos list --key` would need it only where it is asked for);
-NO_KEY_INDEX = ("DROP INDEX chronos_messages_key_hash",)
+# the index of the key's hash, which the schema has only where an operator builds it (`chronos key-search on`):
+# what it costs every write;
+KEY_INDEX = ("CREATE INDEX chronos_messages_key_hash ON chronos_messages (hashtext(encode(key, 'hex'))) "
+             "WHERE key IS NOT NULL AND readied_at IS NULL",)
 # the primary key on the enqueue order (a sequence: every insert lands on the right-most leaf) instead of
 # the random text id; the id gets a hash index (4 bytes an entry) for cancel, replace and show, and the
 # consumer asks it for the batch's ids before the COPY (PRECHECK): idempotency by lookup, not by a unique
@@ -160,10 +160,10 @@ def bucket_schema(count: int) -> tuple[str, ...]:
 
 
 # (e) Lean: the claim that deletes by slices, and only the indexes it needs: the primary key and the share
-# index (no due index, no in-flight index: no row is ever in flight in the table; no key hash index). And the
+# index (no due index, no in-flight index: no row is ever in flight in the table; the schema has no key hash index). And the
 # lease's read on that schema: the claim that deletes still writes a lock record per row (FOR UPDATE, so that
 # a peer's claim skips the row) beside its delete, the lease's read none.
-LEAN = ("DROP INDEX chronos_messages_due", "DROP INDEX chronos_messages_readied", "DROP INDEX chronos_messages_key_hash")
+LEAN = ("DROP INDEX chronos_messages_due", "DROP INDEX chronos_messages_readied")
 
 # (e) The due index alone dropped, as a migration of Chronos's schema could drop it (the key's hash index kept for
 # the operators' searches, the in-flight index for the claim that stamps): a firer's claim of its own slices reads
@@ -307,8 +307,8 @@ VARIANTS = {v.name: v for v in (
                      "due rows (leaving out those it holds), then a DELETE by TID once Kafka acknowledged them; "
                      "no detector statement (the leases hand a silent firer's slices over)",
             firer="lease", shares=True, baseline="today-shares", find_stale=None),
-    Variant("no-key-index", "(c) today's statements without the key's hash index", baseline="today",
-            schema=NO_KEY_INDEX),
+    Variant("key-index", "(c) today's statements with the key's hash index (chronos key-search on)", baseline="today",
+            schema=KEY_INDEX),
     Variant("one-index", "(c) one index for the due rows: the share index alone, each firer claiming its slices",
             shares=True, baseline="today-shares", schema=ONE_INDEX_SCHEMA),
     Variant("pk-seq", "(c) the primary key on the enqueue order (seq, right-most inserts) instead of the text id; "

@@ -18,11 +18,12 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from chronos.commands import (cancel, cells, console, consumer, detector, fire_now, firer, health, list, migrate, parked,
-                              pg_cluster, pipeline, reschedule, rewind, schedules, send, show, status, tail, targets, up)
+from chronos.commands import (cancel, cells, console, consumer, detector, fire_now, firer, health, key_search, list,
+                              migrate, parked, pg_cluster, pipeline, reschedule, rewind, schedules, send, show, status, tail,
+                              targets, up)
 
-COMMANDS: tuple[ModuleType, ...] = (consumer, firer, detector, migrate, cells, up, pg_cluster, send, schedules, tail,
-                                    pipeline, status, health, targets, rewind, show, list, cancel, fire_now, reschedule,
+COMMANDS: tuple[ModuleType, ...] = (consumer, firer, detector, migrate, key_search, cells, up, pg_cluster, send, schedules,
+                                    tail, pipeline, status, health, targets, rewind, show, list, cancel, fire_now, reschedule,
                                     parked, console)
 
 

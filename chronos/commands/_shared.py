@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import uuid
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
 from chronos import config
+from chronos.errors import ChronosError
 
 #: relayed untouched (not a Chronos header), so that `chronos tail` can print the lateness of what
 #: `chronos send` sent
@@ -91,14 +93,34 @@ def add_filter_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def filters(args: argparse.Namespace, settings: config.Settings, now: datetime):
-    """The filters given by the flags of `add_filter_arguments`."""
+    """The filters given by the flags of `add_filter_arguments`. A search by key where a database has no
+    key-search index is said on standard error, with how to build it."""
     from chronos.ops import inspect
+    key = inspect.parse_key(args.key)
+    if key is not None:
+        note_key_search(settings)
     return inspect.filters_for(
         output_topic=settings.output_topic,
         due_after=inspect.parse_time(args.due_after, now, "--due-after") if args.due_after else None,
         due_before=inspect.parse_time(args.due_before, now, "--due-before") if args.due_before else None,
-        topic=args.topic, key=inspect.parse_key(args.key), ordering_key=args.ordering_key,
+        topic=args.topic, key=key, ordering_key=args.ordering_key,
         id_prefix=args.id_prefix, state=args.state)
+
+
+def note_key_search(settings: config.Settings) -> None:
+    """On standard error, each database without the key-search index (`chronos key-search`): a search by key
+    there reads the rows in deadline order until its page is full. One that cannot be asked is left to the
+    search itself to report."""
+    from chronos.adapters.postgres import key_search
+    for cell, url in settings.databases().items():
+        try:
+            found = key_search.state(url)
+        except ChronosError:
+            continue
+        if found.state != key_search.ON:
+            where = f"cell {cell}" if cell else "the database"
+            print(f"note: {where} has no key-search index: this search reads the rows in deadline order until its "
+                  "page is full (chronos key-search on builds the index)", file=sys.stderr)
 
 
 def add_action_parser(sub: Any, name: str, text: str) -> argparse.ArgumentParser:

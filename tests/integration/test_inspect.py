@@ -76,7 +76,9 @@ def forge_statistics(conn) -> None:
     1% sent to other topics, keys nearly unique, 1% with one of 100,000 ordering keys.
 
     The planner scales reltuples/relpages by the relation's real size in pages, so each relation gets
-    one page holding all its forged rows, and one real row so that it has that page."""
+    one page holding all its forged rows, and one real row so that it has that page. With the key-search index
+    (`chronos key-search on`), which a search by key reads."""
+    conn.execute(QUERIES["create_key_search_index"])
     conn.execute("INSERT INTO chronos_messages (id, deadline, key, topic, ordering_key) "
                  "VALUES ('seed', now() + interval '1 year', 'seed', 't.seed', 'seed')")
     for rel, rows in (("chronos_messages", FAKE_ROWS), ("chronos_messages_pkey", FAKE_ROWS),

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import re
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import psycopg
 
@@ -167,9 +168,7 @@ def _apply_outside(conn: psycopg.Connection, m: Migration) -> bool:
     """Run a migration outside a transaction under the session lock, unless another `chronos migrate`
     applied it meanwhile; whether this one did. An index of it left invalid by an interrupted build
     (a migrate killed, a connection lost) is dropped first, so the build runs again."""
-    while not one(conn.execute(QUERIES["migrate_session_lock"], {"lock": _MIGRATE_LOCK}))[0]:
-        time.sleep(_LOCK_RETRY_S)  # another migrator runs it: between tries this one holds no snapshot
-    try:
+    with session_lock(conn):
         if _current(conn) >= m.version:
             return False
         for index in _CONCURRENT_INDEX.findall(m.sql):
@@ -180,6 +179,17 @@ def _apply_outside(conn: psycopg.Connection, m: Migration) -> bool:
         with conn.transaction():
             _record(conn, m)
         return True
+
+
+@contextmanager
+def session_lock(conn: psycopg.Connection) -> Iterator[None]:
+    """The migrators' session lock, held by whoever builds or drops an index concurrently (a migration outside a
+    transaction, `chronos key-search`) so that one runs at a time. Asked for again until it is free: between tries
+    the asker holds no snapshot, which another's concurrent build would wait for."""
+    while not one(conn.execute(QUERIES["migrate_session_lock"], {"lock": _MIGRATE_LOCK}))[0]:
+        time.sleep(_LOCK_RETRY_S)
+    try:
+        yield
     finally:
         conn.execute(QUERIES["migrate_session_unlock"], {"lock": _MIGRATE_LOCK})
 

@@ -47,6 +47,22 @@ SELECT coalesce((SELECT NOT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oi
 -- The index name is a plain identifier taken from a migration file (checked before it is put here).
 DROP INDEX CONCURRENTLY IF EXISTS {index};
 
+-- name: key_search_index
+-- The key-search index (chronos key-search): none, or whether it is valid (a build that did not finish
+-- leaves it invalid, written to yet never read) and its size in bytes.
+SELECT i.indisvalid, pg_relation_size(i.indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+WHERE c.relname = 'chronos_messages_key_hash' AND pg_table_is_visible(c.oid);
+
+-- name: create_key_search_index
+-- What `chronos list --key K` (and the actions' --filter --key, the console's search by key) read: a B-tree of
+-- the key's hash, 4 bytes a row whatever the key's size, where a key many waiting messages share costs each
+-- insert no more than a key of its own. Built without blocking a write.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS chronos_messages_key_hash
+    ON chronos_messages (hashtext(encode(key, 'hex'))) WHERE key IS NOT NULL AND readied_at IS NULL;
+
+-- name: drop_key_search_index
+DROP INDEX CONCURRENTLY IF EXISTS chronos_messages_key_hash;
+
 -- name: has_schema_version
 SELECT to_regclass('chronos_schema_version') IS NOT NULL;
 

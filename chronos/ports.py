@@ -516,6 +516,11 @@ class OperatorsStore(StoreHandle, Protocol):
         found in flight among those due within `held_within_ms`."""
         ...
 
+    def key_search(self) -> bool:
+        """Whether a search by key (`Filters.key`) reads an index here (`chronos key-search on`); without one it
+        reads the rows in deadline order until its page is full."""
+        ...
+
     def list_parked(self, *, limit: int, before: int | None = None,
                     filters: ParkedFilters | None = None) -> list[ParkedMessage]:
         """Up to `limit` parked messages numbered below `before` (and matching `filters`), newest first."""

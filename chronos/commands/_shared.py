@@ -13,7 +13,6 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
 from chronos import config
-from chronos.errors import ChronosError
 
 #: relayed untouched (not a Chronos header), so that `chronos tail` can print the lateness of what
 #: `chronos send` sent
@@ -93,34 +92,23 @@ def add_filter_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def filters(args: argparse.Namespace, settings: config.Settings, now: datetime):
-    """The filters given by the flags of `add_filter_arguments`. A search by key where a database has no
-    key-search index is said on standard error, with how to build it."""
+    """The filters given by the flags of `add_filter_arguments`."""
     from chronos.ops import inspect
-    key = inspect.parse_key(args.key)
-    if key is not None:
-        note_key_search(settings)
     return inspect.filters_for(
         output_topic=settings.output_topic,
         due_after=inspect.parse_time(args.due_after, now, "--due-after") if args.due_after else None,
         due_before=inspect.parse_time(args.due_before, now, "--due-before") if args.due_before else None,
-        topic=args.topic, key=key, ordering_key=args.ordering_key,
+        topic=args.topic, key=inspect.parse_key(args.key), ordering_key=args.ordering_key,
         id_prefix=args.id_prefix, state=args.state)
 
 
-def note_key_search(settings: config.Settings) -> None:
-    """On standard error, each database without the key-search index (`chronos key-search`): a search by key
-    there reads the rows in deadline order until its page is full. One that cannot be asked is left to the
-    search itself to report."""
-    from chronos.adapters.postgres import key_search
-    for cell, url in settings.databases().items():
-        try:
-            found = key_search.state(url)
-        except ChronosError:
-            continue
-        if found.state != key_search.ON:
-            where = f"cell {cell}" if cell else "the database"
-            print(f"note: {where} has no key-search index: this search reads the rows in deadline order until its "
-                  "page is full (chronos key-search on builds the index)", file=sys.stderr)
+def note_key_search(stores: Mapping[str, Any], f: Any) -> None:
+    """On standard error, where a search by key (`f`: the filters) reads the rows in deadline order, there being
+    no key-search index (`chronos key-search`)."""
+    from chronos.ops import inspect
+    note = inspect.key_search_note(inspect.without_key_search(stores, f))
+    if note:
+        print(f"note: {note}", file=sys.stderr)
 
 
 def add_action_parser(sub: Any, name: str, text: str) -> argparse.ArgumentParser:
@@ -167,6 +155,7 @@ def run_action(command: str, args: argparse.Namespace) -> int:
             raise config.ConfigError("reschedule needs one of --at or --delay")
         at = inspect.parse_time(args.at, now, "--at") if args.at else now + inspect.parse_delay(args.delay)
     try:
+        note_key_search(stores, f)
         result = inspect.act_in_cells(stores, action, ids=args.ids, filters=f, output_topic=settings.output_topic,
                                       at=at, dry_run=args.dry_run, confirm_above=settings.confirm_above, yes=args.yes)
     finally:

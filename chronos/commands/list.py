@@ -29,8 +29,9 @@ def run(args: argparse.Namespace) -> int:
     settings, stores = _shared.operator_stores(args)
     try:
         limit = config._positive_int("--limit", args.limit)
-        page = inspect.list_in_cells(stores, _shared.filters(args, settings, datetime.now(timezone.utc)),
-                                     output_topic=settings.output_topic, limit=limit, after=args.after,
+        f = _shared.filters(args, settings, datetime.now(timezone.utc))
+        _shared.note_key_search(stores, f)
+        page = inspect.list_in_cells(stores, f, output_topic=settings.output_topic, limit=limit, after=args.after,
                                      held_within_ms=settings.hold_time_ms // 2)
     finally:
         for store in stores.values():

@@ -150,10 +150,11 @@ async def search(request: Request) -> Response:
     params = {k: v for k, v in request.query_params.items() if k in (*FILTER_FIELDS, "limit", "after")}
     output_topic = console.settings.output_topic
     rows: list[dict[str, Any]] = []
-    next_url = error = None
+    next_url = error = note = None
     try:
         f = filters_from(params, output_topic, datetime.now(timezone.utc))
         limit = _limit(params.get("limit"))
+        note = inspect.key_search_note(await console.call_cells(lambda stores: inspect.without_key_search(stores, f)))
         page = await console.call_cells(lambda stores: inspect.list_in_cells(
             stores, f, output_topic=output_topic, limit=limit, after=params.get("after") or None,
             held_within_ms=console.settings.hold_time_ms // 2))
@@ -167,7 +168,7 @@ async def search(request: Request) -> Response:
             next_url = "/messages?" + urlencode({**{k: v for k, v in params.items() if v and k != "after"},
                                                  "after": page.cursor})
     filter_fields = [(k, params[k]) for k in FILTER_FIELDS if params.get(k)]
-    return console.page(request, "messages.html", 400 if error else 200, rows=rows, error=error,
+    return console.page(request, "messages.html", 400 if error else 200, rows=rows, error=error, note=note,
                         next_url=next_url, filters=params, filter_fields=filter_fields,
                         states=("", *STATES), cells=console.cells)
 

@@ -211,6 +211,24 @@ def list_in_cells(stores: Mapping[str, OperatorsStore], f: Filters, *, output_to
     return Page([m for _, _, m in page], cursor, [cell for _, cell, _ in page])
 
 
+def without_key_search(stores: Mapping[str, OperatorsStore], f: Filters | None) -> list[str]:
+    """The cells (named "" without cells) whose search by key `f` reads the rows in deadline order, there being no
+    key-search index there (`chronos key-search on` builds it); none when `f` has no key."""
+    if f is None or f.key is None:
+        return []
+    return [cell for cell, store in stores.items() if not store.key_search()]
+
+
+def key_search_note(cells: Sequence[str]) -> str | None:
+    """What the CLI and the console say of a search by key in `cells` (`without_key_search`'s), or None."""
+    if not cells:
+        return None
+    where = "the database has" if cells == [""] else f"cell{'s' if len(cells) > 1 else ''} {', '.join(cells)} " \
+        f"{'have' if len(cells) > 1 else 'has'}"
+    return (f"{where} no key-search index: this search reads the rows in deadline order until its page is full "
+            "(chronos key-search on builds the index)")
+
+
 def _decode_cells_cursor(text: str, by_id: bool, cells: list[str]) -> dict[str, Position]:
     """Each cell's position in a cursor `list_in_cells` printed; a cursor that is not one is a bad flag."""
     try:

@@ -183,7 +183,11 @@ def search(page, url: str, **filters: str) -> list[str]:
 
 def test_search_finds_messages_by_id_prefix_and_by_key(stack, known, page):
     assert search(page, stack["console_url"], id_prefix="known-01") == [f"known-{i:03d}" for i in range(10, 20)]
+    assert page.locator("#key-search-note").count() == 0
     assert search(page, stack["console_url"], key="key-1") == [f"known-{i:03d}" for i in range(1, KNOWN, 4)]
+    # the stack's database has no key-search index (chronos key-search on builds it): the page says what that costs
+    assert page.locator("#key-search-note").inner_text().startswith(
+        "The database has no key-search index: this search reads the rows in deadline order")
     assert search(page, stack["console_url"], due_after="not a time") == []
     assert "due after is neither ISO-8601 nor relative" in page.locator("#search-error").inner_text()
 

@@ -105,3 +105,15 @@ def test_the_schedules_of_every_cell_by_next_occurrence_each_with_its_cell(cells
     assert [(cell, s.id) for cell, s in inspect.schedules_in_cells(cells)] == [
         ("b", "tick-b"), ("a", "tick-a"), ("b", "tick-late")]
     assert [(cell, s.id) for cell, s in inspect.schedules_in_cells({"": cells["a"]})] == [("", "tick-a")]
+
+
+def test_a_search_by_key_names_the_cells_that_read_it_without_an_index(cells, monkeypatch):
+    stores = cells
+    assert inspect.without_key_search(stores, Filters(key=b"k")) == []  # the in-memory twin needs no index
+    monkeypatch.setattr(type(stores["a"]), "key_search", lambda self: self is not stores["a"])
+    assert inspect.without_key_search(stores, Filters(key=b"k")) == ["a"]
+    assert inspect.without_key_search(stores, Filters(topic="t")) == [] and inspect.without_key_search(stores, None) == []
+    assert inspect.key_search_note(["a"]).startswith("cell a has no key-search index: this search reads the rows")
+    assert inspect.key_search_note(["a", "b"]).startswith("cells a, b have no key-search index")
+    assert inspect.key_search_note([""]).startswith("the database has no key-search index")
+    assert inspect.key_search_note([]) is None

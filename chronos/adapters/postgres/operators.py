@@ -71,6 +71,10 @@ class OperatorsStatements(Session):
         return [Listed(state=s, id=i, deadline=d, seq=q, topic=t or output_topic, key=k, ordering_key=o, firer=r,
                        cron=cr) for s, i, d, q, t, k, o, r, cr in rows]
 
+    def key_search(self) -> bool:
+        row = self._run(lambda c: c.execute(QUERIES["key_search_index"]).fetchone())
+        return row is not None and bool(row[0])
+
     def list_parked(self, *, limit: int, before: int | None = None,
                     filters: ParkedFilters | None = None) -> list[ParkedMessage]:
         params = {"before": before, "limit": limit, "preview": PREVIEW_BYTES, **parked_params(filters)}

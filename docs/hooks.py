@@ -1152,6 +1152,12 @@ def capacity_page(result: str = CAPACITY_RESULT) -> str:
     stale = "" if not since else (
         "\n\nThe schema has gained indexes since this run, which neither its disk nor its WAL figures include: "
         + ", ".join(f"`{name}` ({where})" for name, where in since.items()) + ".")
+    made = schema_indexes()
+    gone = [name for name in per["indexes"] if name not in made and name != "chronos_messages_pkey"]
+    if gone:
+        stale += ("\n\nThis run's schema had indexes that a database has since only where an operator builds them, which "
+                  "its disk and WAL figures include: " + ", ".join(f"`{name}`" for name in gone)
+                  + " (the key-search index: [Search by key](inspect-and-steer.md#search-by-key)).")
     sessions = "; ".join(f"{role}: {', '.join(map(str, counts))}" for role, counts in load["sessions"].items())
     wal_s = load["wal_mb_per_s_at_10000"]
     load_rows = [

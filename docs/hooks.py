@@ -404,6 +404,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 HELD_FIRST = "2026-11-29/held-first"
 CURSOR = "2026-11-30/claim-cursor"  # a firer alone's claims starting where the last one ended, against 2af0c87
 STEADY = "2026-11-30/steady-cursor"  # every claim of a firer alone past its last row, against 8d987f4
+KEY_SEARCH = "2026-11-30/key-search-10k"  # no key-search index unless an operator builds it, against f37cd58 and ca7e5a1
 #: The highest rates within the SLA of the code and of ca7e5a1, in turn.
 FIND_MAX_AB = "2026-11-29/find-max"
 #: The design's limit with the statements Chronos runs.
@@ -808,6 +809,13 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("8d987f4, 10,000 msg/s, 60 s, 4 runs", _claim_costs, f"{STEADY}-10k/base-111-1.json"),
         ("f0a495f, 20,000 msg/s, 40 s, 8 runs", _claim_costs, f"{STEADY}-20k/steady-111-1.json"),
         ("8d987f4, 20,000 msg/s, 40 s, 8 runs", _claim_costs, f"{STEADY}-20k/base-111-1.json")]),
+    ("a message's cost at 10,000 msg/s, one process of each role, fresh stacks, 60 s: 7e31272 (no key-search index "
+     "unless an operator builds it, migration 19) against f37cd58 (the code before) and ca7e5a1, the three in turn, 3 "
+     "runs of each, 2026-11-30 08:34-08:47 UTC", "PostgreSQL's CPU and WAL per message ≤ 0.5 of ca7e5a1's; with "
+     "Chronos ≤ 0.6", [
+        ("7e31272", _claim_costs, f"{KEY_SEARCH}/ks-111-1.json"),
+        ("f37cd58", _claim_costs, f"{KEY_SEARCH}/base-111-1.json"),
+        ("ca7e5a1", _claim_costs, f"{KEY_SEARCH}/ca-111-1.json")]),
     ("a firer's claim at 10,000 msg/s, two processes of every role, fresh stacks: the claim that deletes against "
      "ca7e5a1, in turn, 3 runs of each", "PostgreSQL's CPU and WAL per message ≤ 0.5 of ca7e5a1's; with Chronos ≤ 0.6", [
         ("the claim that deletes (the default)", _claim_costs, "2026-11-29/claim-222/head-1.json"),

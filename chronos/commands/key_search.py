@@ -19,16 +19,22 @@ def add_parser(sub: Any) -> None:
                                    "without it still answers, reading the rows in deadline order. A build cut off "
                                    "leaves the index invalid, written to and never read: `on` builds it again, `off` "
                                    "drops it.")
-    config.add_arguments(p, only=("database_url", "cells", "log_level"))
+    config.add_arguments(p, only=("database_url", "cells", "database_pool_mode", "log_level"))
     p.add_argument("turn", nargs="?", choices=("on", "off"), help="build (on) or drop (off) the index")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from chronos.adapters.postgres import key_search
+    from chronos.adapters.postgres import key_search, pooling
     settings = config.load(args)
     for cell, url in settings.databases().items():
         prefix = f"cell {cell}: " if cell else ""
+        # the build holds chronos migrate's session lock across statements: through a pooler in transaction mode
+        # the lock would stay on a server connection the pooler lends to others, and every later migration wait
+        if pooling.resolve_pool_mode(url, settings.database_pool_mode, check=True) == pooling.TRANSACTION:
+            raise config.ConfigError(f"{prefix}PostgreSQL is reached through a pooler in transaction mode: chronos "
+                                     "key-search needs a session of its own; give it PostgreSQL's own address, as "
+                                     "chronos migrate's owner URL")
         if args.turn == "on":
             now, changed = key_search.turn_on(url)
             print(f"{prefix}{'built' if changed else 'already on:'} the key-search index {key_search.INDEX} "

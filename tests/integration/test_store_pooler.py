@@ -221,3 +221,20 @@ def test_a_store_in_auto_mode_probes_once_and_works(transaction_pooler, database
         assert auto.pool_mode == pooling.TRANSACTION
     finally:
         auto.close()
+
+
+def test_key_search_refuses_a_pooler_in_transaction_mode_and_leaves_no_lock_behind(transaction_pooler, database_url):
+    """`chronos key-search` holds chronos migrate's session lock across statements, which a pooler in transaction
+    mode would leave on a server connection it lends to others: it refuses, naming what to give it instead."""
+    import os
+    import subprocess
+    import sys
+    url = transaction_pooler.url(database_url)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHRONOS_")}
+    done = subprocess.run([sys.executable, "-m", "chronos", "key-search", "on"], capture_output=True, text=True,
+                          env={**env, "CHRONOS_DATABASE_URL": url}, timeout=60)
+    assert done.returncode == 2 and "pooler in transaction mode: chronos key-search needs a session of its own" \
+        in done.stderr, done.stderr
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()[0] == 0
+        assert conn.execute("SELECT to_regclass('chronos_messages_key_hash')").fetchone()[0] is None

@@ -816,6 +816,11 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("7e31272", _claim_costs, f"{KEY_SEARCH}/ks-111-1.json"),
         ("f37cd58", _claim_costs, f"{KEY_SEARCH}/base-111-1.json"),
         ("ca7e5a1", _claim_costs, f"{KEY_SEARCH}/ca-111-1.json")]),
+    ("a message's cost at 10,000 msg/s, two processes of every role, fresh stacks, 60 s: 7e31272 against ca7e5a1, in "
+     "turn, 3 runs of each, 2026-11-30 09:17-09:26 UTC", "PostgreSQL's CPU and WAL per message ≤ 0.5 of ca7e5a1's; "
+     "with Chronos ≤ 0.6", [
+        ("7e31272", _claim_costs, f"{KEY_SEARCH}/ks-222-1.json"),
+        ("ca7e5a1", _claim_costs, f"{KEY_SEARCH}/ca-222-1.json")]),
     ("a firer's claim at 10,000 msg/s, two processes of every role, fresh stacks: the claim that deletes against "
      "ca7e5a1, in turn, 3 runs of each", "PostgreSQL's CPU and WAL per message ≤ 0.5 of ca7e5a1's; with Chronos ≤ 0.6", [
         ("the claim that deletes (the default)", _claim_costs, "2026-11-29/claim-222/head-1.json"),

@@ -165,8 +165,8 @@ def bucket_schema(count: int) -> tuple[str, ...]:
 # a peer's claim skips the row) beside its delete, the lease's read none.
 LEAN = ("DROP INDEX chronos_messages_due", "DROP INDEX chronos_messages_readied")
 
-# (e) The due index alone dropped, as a migration of Chronos's schema could drop it (the key's hash index kept for
-# the operators' searches, the in-flight index for the claim that stamps): a firer's claim of its own slices reads
+# (e) The due index alone dropped, as a migration of Chronos's schema could drop it (the in-flight index kept for
+# the claim that stamps): a firer's claim of its own slices reads
 # the share index as before, and the claim of every slice (a firer's whose own slices are drained while a peer's
 # are overdue, the output topic's, a lone firer's) becomes a merge of the share index's ranges, one per slice, in
 # deadline order: it reads the first `limit` due rows and one more per slice, unlocked, then locks those it chose

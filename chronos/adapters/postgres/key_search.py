@@ -1,9 +1,9 @@
 """`chronos key-search`: the index that serves an operator's search by message key (`chronos list --key`, the
 actions' `--filter --key`, the console's search by key), built or dropped at an operator's word.
 
-Every message with a key writes an entry in it when it is stored, and leaves one for vacuum when it fires: at
-10,000 msg/s about a sixth of PostgreSQL's CPU and a tenth of its WAL. So since migration 19 a database has it
-only where an operator asks. Without it a search by key still answers, reading the rows in deadline order until
+Every message with a key writes an entry in it when it is stored, and leaves one for vacuum when it fires:
+PostgreSQL's CPU and WAL on every write (docs/benchmarks/latest.md has the figures). So since migration 19 a
+database has it only where an operator asks. Without it a search by key still answers, reading the rows in deadline order until
 its page is full (every waiting row of the range it covers, at worst).
 
 The build and the drop run CONCURRENTLY (no write waits for them), one at a time with `chronos migrate`'s own

@@ -154,10 +154,10 @@ async def search(request: Request) -> Response:
     try:
         f = filters_from(params, output_topic, datetime.now(timezone.utc))
         limit = _limit(params.get("limit"))
-        note = inspect.key_search_note(await console.call_cells(lambda stores: inspect.without_key_search(stores, f)))
-        page = await console.call_cells(lambda stores: inspect.list_in_cells(
+        without, page = await console.call_cells(lambda stores: (inspect.without_key_search(stores, f), inspect.list_in_cells(
             stores, f, output_topic=output_topic, limit=limit, after=params.get("after") or None,
-            held_within_ms=console.settings.hold_time_ms // 2))
+            held_within_ms=console.settings.hold_time_ms // 2)))
+        note = inspect.key_search_note(without)
     except ChronosError as exc:
         error = str(exc)
     else:

@@ -3,8 +3,8 @@ actions' `--filter --key`, the console's search by key), built or dropped at an 
 
 Every message with a key writes an entry in it when it is stored, and leaves one for vacuum when it fires:
 PostgreSQL's CPU and WAL on every write (docs/benchmarks/latest.md has the figures). So since migration 19 a
-database has it only where an operator asks. Without it a search by key still answers, reading the rows in deadline order until
-its page is full (every waiting row of the range it covers, at worst).
+database has it only where an operator asks. Without it a search by key still answers, reading the rows in
+deadline order until its page is full (every waiting row of the range it covers, at worst).
 
 The build and the drop run CONCURRENTLY (no write waits for them), one at a time with `chronos migrate`'s own
 migrations outside a transaction (its session lock). A build cut off (Ctrl-C, a lost connection) leaves the
@@ -13,7 +13,8 @@ index invalid: written to, never read. `state` says so, `turn_on` builds it agai
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from contextlib import contextmanager
+from typing import Iterator, NamedTuple
 
 import psycopg
 
@@ -71,23 +72,15 @@ def _state(conn: psycopg.Connection) -> KeySearch:
     return KeySearch(ON if valid else INVALID, int(size))
 
 
-class _session:
-    """An autocommit connection to a migrated database, the driver's errors said in one line."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def __enter__(self) -> psycopg.Connection:
-        try:
-            self.conn = connect(self.url, autocommit=True, prepared=False)
-            check_schema_raw(self.conn)
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            raise StoreUnavailable(f"PostgreSQL at {redact_url(self.url)}: {short(exc, self.url)}") from None
-        return self.conn
-
-    def __exit__(self, kind, exc, tb) -> None:
-        self.conn.close()
-        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
-            raise StoreUnavailable(f"PostgreSQL at {redact_url(self.url)}: {short(exc, self.url)}") from None
-        if isinstance(exc, psycopg.Error):  # e.g. a role that does not own the table: one line, not a traceback
-            raise StoreRejected(f"key search: {short(exc, self.url)}") from None
+@contextmanager
+def _session(url: str) -> Iterator[psycopg.Connection]:
+    """An autocommit connection to a migrated database, closed however the block ends, the driver's errors said
+    in one line."""
+    try:
+        with connect(url, autocommit=True, prepared=False) as conn:
+            check_schema_raw(conn)
+            yield conn
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        raise StoreUnavailable(f"PostgreSQL at {redact_url(url)}: {short(exc, url)}") from None
+    except psycopg.Error as exc:  # e.g. a role that does not own the table: one line, not a traceback
+        raise StoreRejected(f"key search: {short(exc, url)}") from None

@@ -40,7 +40,8 @@ from chronos.roles.firer.decisions import PublishTiming
 from chronos.roles.firer.handoff import Shared
 from chronos.runtime.process import Lifecycle
 
-DUE_INDEXES = ("chronos_messages_due", "chronos_messages_due_share")  # the second one where the schema has it
+# the due index, and before schema version 20 the two it replaced: whichever the schema has
+DUE_INDEXES = ("chronos_messages_due_sliced", "chronos_messages_due", "chronos_messages_due_share")
 
 
 def index_fetches(url: str) -> int:

@@ -4,7 +4,6 @@ detector's scan) driven as fast as this machine allows, with no Kafka and no Pyt
     python -m benchmarks.design_limit                       # both layouts, 30 s each
     python -m benchmarks.design_limit --layout 2/2/2 --duration 60 --out limit.json
     python -m benchmarks.design_limit --claims shares                   # each firer claims its own slices
-    python -m benchmarks.design_limit --claims shares --schema one-index   # ... off the share index alone
     python -m benchmarks.design_limit --variants today,delete-claim --rounds 3 --hold-ms 100 --vacuum owed
 
 Per layout (consumers/firers/detectors), as many connections as Chronos opens: one COPY connection per
@@ -42,7 +41,6 @@ from __future__ import annotations
 import argparse
 import os
 import queue
-import re
 import statistics
 import sys
 import textwrap
@@ -61,7 +59,7 @@ from benchmarks.harness.database import database_url_for, migrated_postgres
 from chronos import codec
 from chronos.adapters.postgres.queries import QUERIES
 from chronos.domain.model import Row
-from chronos.domain.shares import SLICES, slice_limits, slices_of
+from chronos.domain.shares import SLICES, slice_span, slices_of
 from chronos.roles.firer.claimer import FULL_CLAIM_EVERY, MAX_HELD_BATCHES, RECENT_WINDOW_MS
 from chronos.roles.firer.decisions import full_claim_again
 
@@ -80,15 +78,10 @@ TABLE = "chronos_messages"
 # index scan then steps over the rows in flight, and the detector finds them through the due range.
 HOT_SCHEMA = (
     "DROP INDEX chronos_messages_readied",
-    "DROP INDEX chronos_messages_due",
-    "CREATE INDEX chronos_messages_due ON chronos_messages (deadline, seq) WHERE cron IS NULL",
     "DROP INDEX chronos_messages_topic",
     "CREATE INDEX chronos_messages_topic ON chronos_messages (topic, deadline, seq) WHERE topic IS NOT NULL",
 )
-# A schema with one index for the due rows: the share index alone, every claim a claim of slices
-# (`--claims shares`), so a written row updates one index for its deadline instead of two.
-ONE_INDEX_SCHEMA = ("DROP INDEX chronos_messages_due",)
-SCHEMAS = {"current": (), "hot": HOT_SCHEMA, "one-index": ONE_INDEX_SCHEMA}
+SCHEMAS = {"current": (), "hot": HOT_SCHEMA}
 HOT_FIND_STALE = ("SELECT id, readied_at, readied_by, ctid FROM chronos_messages "
                   "WHERE cron IS NULL AND deadline <= now() + interval '1 hour' AND readied_at IS NOT NULL "
                   "AND readied_at < now() - %(hold_ms)s * interval '1 millisecond' LIMIT %(limit)s")
@@ -96,7 +89,7 @@ HOT_FIND_STALE = ("SELECT id, readied_at, readied_by, ctid FROM chronos_messages
 # -- the candidates' statements, beside today's (chronos/adapters/postgres/sql/queries.sql) ---------------
 
 # Today's claim ends by stamping the rows it took as this firer's: a second version of each row, never a
-# HOT update (it leaves the due and share indexes' predicates), with entries in the primary key and the
+# HOT update (it leaves the in-flight index's predicate), with entries in the primary key and the
 # in-flight index; the delete then marks that version dead too.
 STAMP = ("UPDATE chronos_messages AS m\nSET readied_at = now(), readied_by = %(node)s\nFROM due\n"
          "WHERE m.ctid = due.ctid\nRETURNING")
@@ -159,40 +152,11 @@ def bucket_schema(count: int) -> tuple[str, ...]:
                  for b in range(count))
 
 
-# (e) Lean: the claim that deletes by slices, and only the indexes it needs: the primary key and the share
-# index (no due index, no in-flight index: no row is ever in flight in the table; the schema has no key hash index). And the
-# lease's read on that schema: the claim that deletes still writes a lock record per row (FOR UPDATE, so that
-# a peer's claim skips the row) beside its delete, the lease's read none.
-LEAN = ("DROP INDEX chronos_messages_due", "DROP INDEX chronos_messages_readied")
-
-# (e) The due index alone dropped, as a migration of Chronos's schema could drop it (the in-flight index kept for
-# the claim that stamps): a firer's claim of its own slices reads
-# the share index as before, and the claim of every slice (a firer's whose own slices are drained while a peer's
-# are overdue, the output topic's, a lone firer's) becomes a merge of the share index's ranges, one per slice, in
-# deadline order: it reads the first `limit` due rows and one more per slice, unlocked, then locks those it chose
-# by TID (FOR UPDATE SKIP LOCKED: a row a peer locked or took meanwhile is left out, and holds the later rows of its
-# ordering key back, as any row between two candidates does). A lock in each range would lock every due row: the
-# ranges' merge cannot stop a LockRows under it early.
-CLAIM_HEAD = re.compile(r"WITH candidates AS MATERIALIZED \(\n.*?FOR UPDATE SKIP LOCKED\n\)", re.DOTALL)
-
-
-def merged(name: str) -> str:
-    """Today's claim of every slice `name` (claim, claim_recent) read off the share index's ranges, merged."""
-    recent = "AND deadline >= now() - %(window_ms)s * interval '1 millisecond'" if name.endswith("_recent") else ""
-    ranges = "\n        UNION ALL\n".join(
-        f"        (SELECT ctid, deadline, seq FROM chronos_messages\n"
-        f"         WHERE (hashtext(coalesce(ordering_key, id)) & 15) = {s} AND num_nulls(readied_at, cron) = 2 {recent}\n"
-        f"           AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'\n"
-        f"         ORDER BY deadline, seq)" for s in range(SLICES))
-    head = ("WITH candidates AS MATERIALIZED (\n"
-            "    SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq FROM chronos_messages\n"
-            "    WHERE ctid = ANY (ARRAY(SELECT ctid FROM (\n" + ranges + "\n"
-            "    ) AS due ORDER BY deadline, seq LIMIT %(limit)s)) AND num_nulls(readied_at, cron) = 2\n"
-            "    FOR UPDATE SKIP LOCKED\n)")
-    statement, count = CLAIM_HEAD.subn(lambda _m: head, QUERIES[name])
-    if count != 1:
-        raise ValueError(f"today's {name} no longer opens with its candidates")
-    return statement
+# (e) Lean: the claim that deletes by slices, and only the indexes it needs: the primary key and the due index
+# (no in-flight index: no row is ever in flight in the table; the schema has no key hash index). And the lease's
+# read on that schema: the claim that deletes still writes a lock record per row (FOR UPDATE, so that a peer's
+# claim skips the row) beside its delete, the lease's read none.
+LEAN = ("DROP INDEX chronos_messages_readied",)
 
 
 def transformed(statement: str, old: str, new: str) -> str:
@@ -221,7 +185,6 @@ def leasing(name: str) -> str:
 # follows at once is the firer's `full_claim_again`), the sixth how many rows it took before their deadline (within
 # the lookahead: none where every row is written due).
 CLAIMED = "id, deadline_us, topic, key, value, headers, readied_at, seq, attempts, original_us, ctid"
-SHARE_CLAIMED = CLAIMED + ", slice"
 
 
 def folded(statement: str, columns: str = CLAIMED) -> str:
@@ -242,16 +205,11 @@ def full_again(count: int, oldest_us: int | None) -> bool:
 
 
 CLAIM, CLAIM_RECENT = folded("claim"), folded("claim_recent")
-# The claim of a firer's own slices (`--claims shares`, as Chronos's firers claim beside each other): each row
-# also says its slice.
-CLAIM_SHARE, CLAIM_SHARE_RECENT = folded("claim_share", SHARE_CLAIMED), folded("claim_share_recent", SHARE_CLAIMED)
+# The claim of a firer's own slices (`--claims shares`, as Chronos's firers claim beside each other).
+CLAIM_SHARE, CLAIM_SHARE_RECENT = folded("claim_share"), folded("claim_share_recent")
 TAKE_ALL, TAKE_RECENT = folded(taking("claim")), folded(taking("claim_recent"))
-TAKE_SHARE, TAKE_SHARE_RECENT = (folded(taking("claim_share"), SHARE_CLAIMED),
-                                 folded(taking("claim_share_recent"), SHARE_CLAIMED))
-LEASE, LEASE_RECENT = folded(leasing("claim_share"), SHARE_CLAIMED), folded(leasing("claim_share_recent"), SHARE_CLAIMED)
-MERGED, MERGED_RECENT = folded(merged("claim")), folded(merged("claim_recent"))
-TAKE_MERGED, TAKE_MERGED_RECENT = (folded(transformed(merged("claim"), STAMP, TAKE)),
-                                   folded(transformed(merged("claim_recent"), STAMP, TAKE)))
+TAKE_SHARE, TAKE_SHARE_RECENT = folded(taking("claim_share")), folded(taking("claim_share_recent"))
+LEASE, LEASE_RECENT = folded(leasing("claim_share")), folded(leasing("claim_share_recent"))
 
 
 @dataclass(frozen=True)
@@ -267,12 +225,9 @@ class Variant:
     schema: tuple[str, ...] = ()
     find_stale: str | None = QUERIES["find_stale"]
     precheck: str | None = None
-    merge: bool = False  # the claim of every slice as a merge of the share index's ranges
 
     def claims(self) -> tuple[str, str]:
         """(the full claim, the claim of recent deadlines), folded."""
-        if self.merge:
-            return (TAKE_MERGED, TAKE_MERGED_RECENT) if self.firer == "delete" else (MERGED, MERGED_RECENT)
         if self.firer == "lease":
             return LEASE, LEASE_RECENT
         if self.firer in ("delete", "buckets"):
@@ -294,7 +249,7 @@ VARIANTS = {v.name: v for v in (
     Variant("today", "today's statements: the claim stamps the due rows as the firer's (UPDATE ... RETURNING, FOR "
                      "UPDATE SKIP LOCKED), every firer racing for all of them; the delete by TID once Kafka "
                      "acknowledged them; the detector's scan of the in-flight index"),
-    Variant("today-shares", "today's statements, each firer claiming its own slices off the share index, as "
+    Variant("today-shares", "today's statements, each firer claiming its own slices off the due index, as "
                             "Chronos's firers do beside each other", shares=True),
     Variant("delete-claim", "(a) the claim that deletes: the due rows taken with today's claim, DELETE ... RETURNING "
                             "instead of the stamp, in a transaction held until Kafka acknowledged them (--hold-ms), "
@@ -309,8 +264,6 @@ VARIANTS = {v.name: v for v in (
             firer="lease", shares=True, baseline="today-shares", find_stale=None),
     Variant("key-index", "(c) today's statements with the key's hash index (chronos key-search on)", baseline="today",
             schema=KEY_INDEX),
-    Variant("one-index", "(c) one index for the due rows: the share index alone, each firer claiming its slices",
-            shares=True, baseline="today-shares", schema=ONE_INDEX_SCHEMA),
     Variant("pk-seq", "(c) the primary key on the enqueue order (seq, right-most inserts) instead of the text id; "
                       "a hash index on the id, which the consumer looks the batch's ids up in before its COPY",
             baseline="today", schema=PK_SEQ, precheck=PRECHECK),
@@ -320,21 +273,11 @@ VARIANTS = {v.name: v for v in (
                        "deletes from the oldest first, a bucket emptied by TRUNCATE once drained",
             firer="buckets", baseline="today", find_stale=STALE_SESSIONS),
     Variant("lean", "(e) the claim that deletes by slices on a schema with only the indexes it needs: the primary "
-                    "key and the share index (no due, in-flight or key index)",
+                    "key and the due index (no in-flight or key index)",
             firer="delete", shares=True, baseline="today-shares", schema=LEAN, find_stale=STALE_SESSIONS),
     Variant("lean-lease", "(e) the lease's plain read of a firer's own slices and its delete by TID, on the lean "
                           "schema: no row lock, no second row version, two index entries per row",
             firer="lease", shares=True, baseline="today-shares", schema=LEAN, find_stale=None),
-    Variant("due-dropped", "(e) the claim that deletes by slices without the due index alone: the key's hash index "
-                           "and the in-flight index kept, as a migration of Chronos's schema could leave it",
-            firer="delete", shares=True, baseline="delete-claim-shares", schema=ONE_INDEX_SCHEMA,
-            find_stale=STALE_SESSIONS),
-    Variant("merged-claim", "(e) without the due index, today's claim of every slice (firers racing for all the due "
-                            "rows) as a merge of the share index's ranges, its rows locked by TID once chosen",
-            baseline="today", schema=ONE_INDEX_SCHEMA, merge=True),
-    Variant("merged-delete", "(e) without the due index, the claim that deletes from every slice (firers racing) as a "
-                             "merge of the share index's ranges, its rows locked by TID once chosen",
-            firer="delete", baseline="delete-claim", schema=ONE_INDEX_SCHEMA, find_stale=STALE_SESSIONS, merge=True),
 )}
 
 
@@ -510,7 +453,7 @@ class Drive:
                         "held": "{}"}
         if self.shares:
             mine = slices_of(node, [n for n in self.nodes if n != node]) or tuple(range(SLICES))
-            params["slices"], params["limits"] = slice_limits(mine, BATCH)
+            params["low"], params["high"], params["mask"] = slice_span(mine)
         return params
 
     def counted(self, count: int, early: int) -> None:
@@ -949,11 +892,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=None,
                         help="messages per second the writers offer (default: as fast as the machine allows)")
     parser.add_argument("--schema", choices=sorted(SCHEMAS), default="current",
-                        help="hot: no index on readied_at, so a claim may be a HOT update; one-index: no due index, "
-                             "the share index alone (with --claims shares)")
+                        help="hot: no index on readied_at, so a claim may be a HOT update")
     parser.add_argument("--claims", choices=("race", "shares"), default="race",
                         help="race: every firer claims from all the due rows; shares: each claims its own slices, "
-                             "off the share index, as Chronos's firers do")
+                             "as Chronos's firers do")
     parser.add_argument("--variants", type=lambda s: [v for v in s.split(",") if v], default=None,
                         help="comma-separated variants to run interleaved (listed below); instead of --schema and "
                              "--claims")
@@ -982,8 +924,6 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--variants names whole designs: leave --schema and --claims out")
         variants = [VARIANTS[v] for v in args.variants]
     else:
-        if args.schema == "one-index" and args.claims != "shares":
-            parser.error("--schema one-index has no due index: its firers claim their slices (--claims shares)")
         variants = [legacy_variant(args.schema, args.claims)]
     rows = []
     machine = report.machine_info()

@@ -275,8 +275,8 @@ class DueClaims(Protocol):
 
     def claim_share(self, slices: tuple[int, ...], limit: int, lookahead_ms: int,
                     window_ms: int | None = None) -> tuple[list[Claimed], bool]:
-        """`claim` within these slices, each up to its share of `limit`: (the rows in (deadline, seq)
-        order, whether a slice filled its share)."""
+        """`claim` within these slices: (the rows in (deadline, seq) order, whether the claim came back full:
+        a backlog)."""
         ...
 
 

@@ -1129,6 +1129,9 @@ def hot_key_table(path: str) -> str:
 
 #: The run of `python -m benchmarks.capacity` that docs/operations/capacity.md shows.
 CAPACITY_RESULT = "2026-11-28/capacity-1x1x1-key-btree.json"
+#: The key-search index, which a database has only where an operator builds it (`chronos key-search on`), under
+#: each name it has had.
+KEY_SEARCH_INDEXES = ("chronos_messages_key", "chronos_messages_key_hash")
 
 
 def _mb(n: float) -> str:
@@ -1142,15 +1145,24 @@ _INDEX_DDL = re.compile(r"\bDROP INDEX (?:CONCURRENTLY )?(?:IF EXISTS )?(?P<drop
 def schema_indexes(table: str = "chronos_messages") -> dict[str, str]:
     """The indexes the shipped migrations leave on `table` (its primary key apart): name -> the migration
     (its file) that makes it."""
+    return _index_history(table)[0]
+
+
+def _index_history(table: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(the indexes the shipped migrations leave on `table`, those they made and dropped since): name -> the
+    migration that makes it, and name -> the migration that drops it."""
     from chronos.adapters.postgres.migrations import migrations
     found: dict[str, str] = {}
+    dropped: dict[str, str] = {}
     for migration in migrations():
         for m in _INDEX_DDL.finditer(re.sub(r"--[^\n]*", "", migration.sql)):
             if m["dropped"]:
-                found.pop(m["dropped"], None)
+                if found.pop(m["dropped"], None) is not None:
+                    dropped[m["dropped"]] = f"migration {migration.version}"
             elif m["table"] == table:
                 found[m["made"]] = f"migration {migration.version}"
-    return found
+                dropped.pop(m["made"], None)
+    return found, dropped
 
 
 def capacity_page(result: str = CAPACITY_RESULT) -> str:
@@ -1165,12 +1177,17 @@ def capacity_page(result: str = CAPACITY_RESULT) -> str:
     stale = "" if not since else (
         "\n\nThe schema has gained indexes since this run, which neither its disk nor its WAL figures include: "
         + ", ".join(f"`{name}` ({where})" for name, where in since.items()) + ".")
-    made = schema_indexes()
+    made, dropped = _index_history("chronos_messages")
     gone = [name for name in per["indexes"] if name not in made and name != "chronos_messages_pkey"]
-    if gone:
+    optional = [name for name in gone if name in KEY_SEARCH_INDEXES]
+    replaced = [name for name in gone if name not in KEY_SEARCH_INDEXES]
+    if optional:
         stale += ("\n\nThis run's schema had indexes that a database has since only where an operator builds them, which "
-                  "its disk and WAL figures include: " + ", ".join(f"`{name}`" for name in gone)
+                  "its disk and WAL figures include: " + ", ".join(f"`{name}`" for name in optional)
                   + " (the key-search index: [Search by key](inspect-and-steer.md#search-by-key)).")
+    if replaced:
+        stale += ("\n\nThis run's schema had indexes that a later migration dropped, which its disk and WAL figures "
+                  "include: " + ", ".join(f"`{name}` ({dropped.get(name, 'dropped')})" for name in replaced) + ".")
     sessions = "; ".join(f"{role}: {', '.join(map(str, counts))}" for role, counts in load["sessions"].items())
     wal_s = load["wal_mb_per_s_at_10000"]
     load_rows = [

@@ -25,7 +25,7 @@ from __future__ import annotations
 import uuid
 from typing import Iterable, Mapping
 
-SLICES = 16  # as in the share index's expression (migration 0009): hashtext(coalesce(ordering_key, id)) & 15
+SLICES = 16  # as in the due index's last column (migration 0020): hashtext(coalesce(ordering_key, id)) & 15
 LEASES_AGAIN_S = 30.0  # seconds: how often a firer on a schema without leases looks for them again
 RENEW_EVERY = 0.5  # seconds between a firer's lease renewals, at most (a quarter of the hold time if shorter)
 QUIET_RENEWALS = 3  # a firer whose lease was not renewed for this many renewals has gone quiet
@@ -33,14 +33,20 @@ QUIET_RENEWALS = 3  # a firer whose lease was not renewed for this many renewals
 
 def slices_of(me: uuid.UUID, others: Iterable[uuid.UUID]) -> tuple[int, ...] | None:
     """The slices that are `me`'s among the live firers (`others`: the live ones besides me): the
-    i-th of n firers, in node id order, owns slices i, i + n, i + 2n ... None when it is alone: every
-    slice is its own, and it claims as a firer with no shares does. Every firer that sees the same
-    live firers works out the same division."""
+    i-th of n firers, in node id order, owns the i-th of n runs of consecutive slices, as even as whole
+    slices go (the claim of a firer's slices is one range of the due index, `slice_span`). None when it
+    is alone: every slice is its own, and it claims as a firer with no shares does. Every firer that sees
+    the same live firers works out the same division."""
     nodes = sorted({me, *others})
     if len(nodes) == 1:
         return None
-    at = nodes.index(me)
-    return tuple(range(at, SLICES, len(nodes)))
+    return consecutive(tuple(range(SLICES)), nodes.index(me), len(nodes))
+
+
+def consecutive(slices: tuple[int, ...], part: int, parts: int) -> tuple[int, ...]:
+    """The `part`-th of `parts` runs of `slices`, one after another, as even as whole slices go, the longer
+    runs first (none for the last parts when there are fewer slices than parts)."""
+    return slices[-(-part * len(slices) // parts):-(-(part + 1) * len(slices) // parts)]
 
 
 def quiet_slices(me: uuid.UUID, others: Mapping[uuid.UUID, int], quiet_ms: float) -> tuple[int, ...]:
@@ -53,19 +59,16 @@ def quiet_slices(me: uuid.UUID, others: Mapping[uuid.UUID, int], quiet_ms: float
 
 def claimer_slices(firer_slices: tuple[int, ...] | None, part: int, parts: int) -> tuple[int, ...]:
     """The slices the `part`-th of a firer's `parts` claimers claims, of the firer's (`firer_slices`,
-    None: every slice): every `parts`-th, from the `part`-th on, so no two claimers share a slice, nor
-    a key (a key's rows share one). None of them when the firer has fewer slices than claimers."""
-    slices = tuple(range(SLICES)) if firer_slices is None else firer_slices
-    return slices[part::parts]
+    None: every slice): the `part`-th run of them, so no two claimers share a slice, nor a key (a key's
+    rows share one). None of them when the firer has fewer slices than claimers."""
+    return consecutive(tuple(range(SLICES)) if firer_slices is None else firer_slices, part, parts)
 
 
-def slice_limits(slices: tuple[int, ...], limit: int) -> tuple[list[int], list[int]]:
-    """The claim's `limit` shared out between `slices`, as evenly as whole rows go: (the slices that
-    get a share, their shares). A slice whose share would be none is left out of this claim."""
-    base, extra = divmod(limit, len(slices))
-    shares = [base + (1 if i < extra else 0) for i in range(len(slices))]
-    kept = [i for i, n in enumerate(shares) if n > 0]
-    return [slices[i] for i in kept], [shares[i] for i in kept]
+def slice_span(slices: tuple[int, ...]) -> tuple[int, int, int]:
+    """The claim of `slices` in the due index's terms (`claim_share`): the lowest and the highest of them,
+    the range the index reads, and the bit mask of them, which leaves out the slices within that range
+    that are not among them."""
+    return min(slices), max(slices), sum(1 << s for s in set(slices))
 
 
 def overdue_ms(poll_interval_ms: int) -> int:

@@ -59,15 +59,13 @@ def test_the_table_sampler_follows_inserts_and_live_rows(database_url):
     assert table_mb(database_url) > 0
 
 
-def test_the_design_s_limit_drives_firers_that_claim_their_own_slices_off_the_share_index_alone(database_url):
-    """`benchmarks.design_limit --claims shares --schema one-index`: with no due index, two firers that
-    divide the slices claim and delete every row written."""
-    from benchmarks.design_limit import BATCH, ONE_INDEX_SCHEMA, Drive, copy_streams
+def test_the_design_s_limit_drives_firers_that_claim_their_own_slices(database_url):
+    """`benchmarks.design_limit --claims shares`: two firers that divide the slices claim and delete every row
+    written."""
+    from benchmarks.design_limit import BATCH, Drive, copy_streams
     from chronos.adapters.postgres.queries import QUERIES
     streams = copy_streams(3, "limit")
     with psycopg.connect(database_url, autocommit=True) as conn:
-        for statement in ONE_INDEX_SCHEMA:
-            conn.execute(statement)
         for stream in streams:
             with conn.transaction(), conn.cursor() as cur, cur.copy(QUERIES["copy_messages"]) as copy:
                 copy.write(stream)
@@ -84,34 +82,6 @@ def test_the_design_s_limit_drives_firers_that_claim_their_own_slices_off_the_sh
     assert drive.errors == [] and drive.deleted == len(streams) * BATCH
     with psycopg.connect(database_url) as conn:
         assert conn.execute("SELECT count(*) FROM chronos_messages").fetchone()[0] == 0
-
-
-def test_the_claim_of_every_slice_merges_the_share_index_s_ranges_without_the_due_index(database_url):
-    """`benchmarks.design_limit --variants merged-claim`: with no due index, the claim of every slice reads the
-    first due rows of each of the share index's ranges (no scan of the table), takes the earliest in deadline
-    order across the slices, and holds a key's later rows back behind one a peer locked (that each variant
-    claims every row once, and none early: test_design_limit_variants)."""
-    import uuid
-
-    from benchmarks.design_limit import MERGED, ONE_INDEX_SCHEMA, merged
-    from chronos.adapters.postgres.queries import QUERIES
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        for statement in ONE_INDEX_SCHEMA:
-            conn.execute(statement)
-        conn.execute("INSERT INTO chronos_messages (id, deadline, ordering_key) "
-                     "SELECT 'm' || g, now() - interval '1 minute' + g * interval '1 ms', "
-                     "CASE WHEN g % 10 = 0 THEN 'k' END FROM generate_series(1, 400) AS g")
-        conn.execute(QUERIES["hot_path_settings"])
-        params = {"node": uuid.uuid4(), "limit": 50, "lookahead_ms": 0, "window_ms": 600_000}
-        for name in ("claim", "claim_recent"):
-            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (COSTS OFF) " + merged(name), params))
-            assert "Merge Append" in plan and plan.count("chronos_messages_due_share") >= 16, plan
-            assert "Seq Scan" not in plan, plan
-        with psycopg.connect(database_url) as peer:  # a peer's claim locks key k's first row
-            peer.execute("SELECT FROM chronos_messages WHERE id = 'm10' FOR UPDATE")
-            count, ctids, ids, *_ = conn.execute(MERGED, params).fetchone()
-        taken = set(ids.strip("{}").split(","))
-        assert count == 45 and taken == {f"m{g}" for g in range(1, 51) if g % 10}, taken
 
 
 def test_the_capacity_benchmark_measures_the_disk_of_waiting_messages():

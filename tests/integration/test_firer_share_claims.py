@@ -1,5 +1,5 @@
-"""A firer's claim of its own slices reads only its own rows: the plan PostgreSQL ran, with the rows each
-of its nodes really read (EXPLAIN ANALYZE, rolled back)."""
+"""A firer's claim of its own slices visits only its own rows in the table: the plan PostgreSQL ran, with the
+rows each of its nodes really read (EXPLAIN ANALYZE, rolled back)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from chronos.adapters.postgres.queries import QUERIES
-from chronos.domain.shares import slice_limits, slices_of
+from chronos.domain.shares import slice_span, slices_of
 
 
 def nodes(plan: dict):
@@ -21,14 +21,14 @@ def nodes(plan: dict):
 
 @pytest.mark.parametrize("analyzed", ["with_its_rows", "before_the_due_rows"])
 def test_a_claim_of_its_own_slices_reads_only_its_own_due_rows(database_url, analyzed):
-    """Also when the table was last analyzed before the due rows came (a quiet hour, then a burst; or any
-    young table, whose deadlines move on past its statistics): the planner, told that hardly any row is
-    due, took the due index and filtered every firer's due rows by slice, while the share index was
-    there (four firers fetched six rows for every one they claimed)."""
+    """The slice is the due index's last column: the claim's range of it passes over the other firers' rows
+    in the index, and fetches from the table only its own. Also when the table was last analyzed before the
+    due rows came (a quiet hour, then a burst; or any young table, whose deadlines move on past its
+    statistics)."""
     me, peer = uuid.uuid4(), uuid.uuid4()
     mine = slices_of(me, [peer])
     assert mine is not None
-    kept, limits = slice_limits(mine, 4000)  # more than its due rows: every one is read
+    low, high, mask = slice_span(mine)
     with psycopg.connect(database_url, autocommit=True) as conn:
         # far-future rows, and 4,000 due ones (every tenth with an ordering key shared by four)
         conn.execute("INSERT INTO chronos_messages (id, deadline) "
@@ -48,13 +48,14 @@ def test_a_claim_of_its_own_slices_reads_only_its_own_due_rows(database_url, ana
             conn.execute("SET LOCAL enable_bitmapscan = off")
             [(explained,)] = conn.execute(
                 "EXPLAIN (ANALYZE, FORMAT JSON) " + QUERIES["claim_share"],
-                {"node": me, "slices": kept, "limits": limits, "lookahead_ms": 300}).fetchall()
+                {"node": me, "low": low, "high": high, "mask": mask, "limit": 4000,  # more than its due rows
+                 "lookahead_ms": 300}).fetchall()
     plan = explained[0]["Plan"]
     scans = [n for n in nodes(plan) if n.get("Relation Name") == "chronos_messages"
-             and n.get("Index Name") == "chronos_messages_due_share"]
+             and n.get("Index Name") == "chronos_messages_due_sliced"]
     assert scans, json.dumps(plan, indent=1)
-    # each slice's scan, once per slice, read exactly that slice's due rows: no other firer's row,
-    # no far-future row, nothing filtered out
+    # the scan fetched exactly this firer's due rows: no other firer's row, no far-future row, nothing
+    # fetched and then filtered out
     read = sum(n["Actual Rows"] * n["Actual Loops"] for n in scans)
     assert read == own and not any(n.get("Rows Removed by Filter") for n in scans)
     assert plan["Node Type"] == "ModifyTable" and plan["Actual Rows"] == own  # and claimed every one

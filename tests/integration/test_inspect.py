@@ -82,7 +82,7 @@ def forge_statistics(conn) -> None:
     conn.execute("INSERT INTO chronos_messages (id, deadline, key, topic, ordering_key) "
                  "VALUES ('seed', now() + interval '1 year', 'seed', 't.seed', 'seed')")
     for rel, rows in (("chronos_messages", FAKE_ROWS), ("chronos_messages_pkey", FAKE_ROWS),
-                      ("chronos_messages_due", FAKE_ROWS), ("chronos_messages_topic", FAKE_ROWS // 100),
+                      ("chronos_messages_due_sliced", FAKE_ROWS), ("chronos_messages_topic", FAKE_ROWS // 100),
                       ("chronos_messages_key_hash", FAKE_ROWS), ("chronos_messages_ordering", FAKE_ROWS // 100),
                       ("chronos_messages_readied", 1000), ("chronos_messages_schedules", 1000)):
         pages = conn.execute("SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::int",
@@ -113,14 +113,14 @@ LATER = datetime(2030, 1, 1, tzinfo=timezone.utc)
 
 
 @pytest.mark.parametrize("f, index", [
-    (Filters(), "chronos_messages_due"),
-    (Filters(state="waiting"), "chronos_messages_due"),
+    (Filters(), "chronos_messages_due_sliced"),
+    (Filters(state="waiting"), "chronos_messages_due_sliced"),
     (Filters(state="in_flight"), "chronos_messages_readied"),
     (Filters(state="recurring"), "chronos_messages_schedules"),
-    (Filters(due_after=LATER), "chronos_messages_due"),
-    (Filters(due_before=LATER, state="waiting"), "chronos_messages_due"),
+    (Filters(due_after=LATER), "chronos_messages_due_sliced"),
+    (Filters(due_before=LATER, state="waiting"), "chronos_messages_due_sliced"),
     (Filters(topic="t.other"), "chronos_messages_topic"),
-    (Filters(output_topic=True, state="waiting"), "chronos_messages_due"),
+    (Filters(output_topic=True, state="waiting"), "chronos_messages_due_sliced"),
     (Filters(key=b"customer-17"), "chronos_messages_key_hash"),
     (Filters(ordering_key="invoice-9"), "chronos_messages_ordering"),
     (Filters(id_prefix="order-17"), "chronos_messages_pkey"),

@@ -37,7 +37,7 @@ HOT_PATH = ("claim", "due_schedules", "insert_occurrence", "advance_schedule", "
             # beside other firers: the lease, and the claim of the firer's own slices
             "firer_heartbeat", "claim_share", "claim_share_recent",
             # the claim that deletes: each claim's pick, and the take by TID
-            "pick", "pick_share", "pick_share_recent", "pick_topic", "pick_output_topic", "take", "take_sliced",
+            "pick", "pick_share", "pick_share_recent", "pick_topic", "pick_output_topic", "take",
             # a firer alone's claims after one that came back full: each starts where the last one ended
             "pick_after", "claim_after")
 OUTPUT = "chronos.out"
@@ -95,7 +95,7 @@ def violations(node: dict, repeated: bool = False, path: str = "", parent: str =
     """What in this plan reads more than the rows the statement touches. An index scan without a
     condition under a Limit and without a filter reads only the rows the Limit takes (the first
     step of `waiting_topics`' skip scan: the first entry of a partial index). A nested loop over a
-    function scan (the hot path's functions are `unnest`s of array parameters: `claim_share`'s slices)
+    function scan (the hot path's functions are `unnest`s of array parameters: a take's TIDs)
     runs its inner side once per element the caller passed, not per row of the table: that side is
     checked as a plan of its own."""
     kind, found = node["Node Type"], []

@@ -10,6 +10,7 @@ from test_core import collect  # noqa: F401  (the fixture the core tests below u
 from test_core import test_killed_firer_rows_are_fired_by_a_peer_after_the_hold_time  # noqa: F401
 import test_core as core
 import test_store_plans as plans
+import test_firer_share_claims as share_claims
 
 from chronos.adapters.postgres import connection, migrations
 from chronos.errors import EXIT_SCHEMA, UnsupportedServer
@@ -48,6 +49,12 @@ def test_a_server_older_than_the_oldest_supported_is_refused(monkeypatch, databa
 @pytest.mark.parametrize("condition", [c for c in plans.CONDITIONS if c != "ten_million_rows"])
 def test_every_hot_path_statement_reads_only_what_it_touches(database_url, condition):
     plans.test_every_hot_path_statement_reads_only_what_it_touches(database_url, condition)
+
+
+@pytest.mark.parametrize("analyzed", ["with_its_rows", "before_the_due_rows"])
+def test_a_claim_of_its_own_slices_fetches_only_its_own_rows_on_postgresql_15(database_url, analyzed):
+    """The slice, the due index's last column, is read off the index entry on PostgreSQL 15 too."""
+    share_claims.test_a_claim_of_its_own_slices_reads_only_its_own_due_rows(database_url, analyzed)
 
 
 def test_mixed_delays_all_arrive_once_never_early(processes, broker, topics, collect):  # noqa: F811

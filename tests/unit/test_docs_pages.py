@@ -120,8 +120,11 @@ def test_the_latest_results_name_the_date_and_code_of_each_run():
 
 def test_the_capacity_page_names_the_indexes_its_run_did_not_measure(tmp_path, monkeypatch):
     h = hooks()
-    assert h.schema_indexes()["chronos_messages_due_share"] == "migration 9"
-    assert "`chronos_messages_due_share` (migration 9)" in h.capacity_page("2026-11-26/capacity-1x1x1.json")  # before it
+    assert h.schema_indexes()["chronos_messages_due_sliced"] == "migration 20"
+    assert "`chronos_messages_due_sliced` (migration 20)" in h.capacity_page("2026-11-26/capacity-1x1x1.json")  # before it
+    # the two due indexes it replaced, measured with the schema of their day
+    assert "a later migration dropped, which its disk and WAL figures include: `chronos_messages_due` (migration 20)" \
+        in h.capacity_page("2026-11-26/capacity-1x1x1.json")
     assert "gained indexes" not in h.capacity_page()  # the run the page shows measured today's schema
     measured = orjson.loads((h.RESULTS / "2026-11-26/capacity-1x1x1.json").read_bytes())
     for name in h.schema_indexes():

@@ -13,7 +13,7 @@ from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.adapters.memory.shares import slice_of
 from chronos.domain.model import Row
 from chronos.domain.shares import (LEASES_AGAIN_S, SLICES, Shares, claimer_slices, overdue_ms, quiet_slices,
-                                   slice_limits, slices_of, strays_every)
+                                   slice_span, slices_of, strays_every)
 from test_roles_firer import Firer
 
 NODES = sorted(uuid.uuid4() for _ in range(4))
@@ -31,13 +31,22 @@ def test_the_live_firers_divide_the_slices_between_them_the_same_way_whoever_wor
         owned = [s for mine in division for s in mine or ()]
         assert sorted(owned) == list(range(SLICES))  # every slice once
         assert max(map(len, division)) - min(map(len, division)) <= 1  # as evenly as they go
-        # the i-th firer by node id owns slices i, i + n, ...: the same whatever order they are seen in
+        # the i-th firer by node id owns the i-th run of consecutive slices: the same whatever order they are
+        # seen in
         assert division[1] == slices_of(live[1], reversed(live))
+        assert all(list(mine or ()) == list(range(min(mine or (0,)), max(mine or (0,)) + 1)) for mine in division)
+    assert slices_of(NODES[0], NODES[:3]) == (0, 1, 2, 3, 4, 5) and slices_of(NODES[1], NODES[:3]) == (6, 7, 8, 9, 10)
 
 
-def test_a_claim_s_limit_is_shared_out_between_the_slices_and_a_slice_with_no_share_is_left_out():
-    assert slice_limits((0, 2, 4), 7) == ([0, 2, 4], [3, 2, 2])
-    assert slice_limits((0, 2, 4), 2) == ([0, 2], [1, 1])
+def test_a_firer_s_claimers_split_its_slices_into_runs_and_a_claimer_left_without_one_claims_nothing():
+    assert claimer_slices((5, 6, 7, 8, 9), 0, 2) == (5, 6, 7) and claimer_slices((5, 6, 7, 8, 9), 1, 2) == (8, 9)
+    assert claimer_slices(None, 1, 4) == (4, 5, 6, 7)
+    assert claimer_slices((3,), 0, 2) == (3,) and claimer_slices((3,), 1, 2) == ()  # the first claimer's
+
+
+def test_a_claim_of_slices_is_a_range_of_the_due_index_and_a_mask_of_those_within_it_that_are_its_own():
+    assert slice_span((5, 6, 7)) == (5, 7, 0b11100000)
+    assert slice_span((9, 2, 3)) == (2, 9, 0b1000001100)  # the quiet firers' slices need not be one run
 
 
 def test_rows_of_another_firer_are_overdue_two_poll_intervals_after_their_deadline():

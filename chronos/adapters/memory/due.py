@@ -4,14 +4,12 @@ holds them instead."""
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Callable
 
 from chronos.adapters.memory.base import MemoryHandle
 from chronos.adapters.memory.database import StoredRow
 from chronos.adapters.memory.shares import slice_of
 from chronos.domain.model import Claimed, Mark
-from chronos.domain.shares import slice_limits
 from chronos.errors import StoreRejected
 
 _ANY_TOPIC = object()  # the claim's topic filter: none
@@ -23,25 +21,16 @@ class DueRows(MemoryHandle):
 
     def claim_share(self, slices: tuple[int, ...], limit: int, lookahead_ms: int,
                     window_ms: int | None = None) -> tuple[list[Claimed], bool]:
-        """Claim up to `limit` rows of these slices, each slice up to its share of the limit; (the rows,
-        whether a slice filled its share). See the PostgreSQL store's `claim_share`."""
-        kept, limits = slice_limits(slices, limit)
-        shares = dict(zip(kept, limits))
+        """Claim up to `limit` rows of these slices; (the rows, whether the claim came back full). See the
+        PostgreSQL store's `claim_share`."""
+        own = set(slices)
 
         def pick(ordered: list[StoredRow]) -> list[StoredRow]:
-            taken: Counter[int] = Counter()
-            chosen = []
-            for r in ordered:
-                at = slice_of(r)
-                if taken[at] < shares.get(at, 0):
-                    taken[at] += 1
-                    chosen.append(r)
-            return chosen
+            return [r for r in ordered if slice_of(r) in own][:limit]
 
         def run(now: int) -> tuple[list[Claimed], bool]:
             rows = self._claim(now, limit, lookahead_ms, window_ms=window_ms, pick=pick)
-            per_slice = Counter(slice_of(self.db.rows[r.id]) for r in rows)
-            return rows, any(per_slice[s] >= n for s, n in shares.items())
+            return rows, len(rows) == limit
         return self._run(run)
 
     def _check_node(self) -> None:

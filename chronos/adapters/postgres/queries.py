@@ -48,8 +48,7 @@ LOCK = "FOR UPDATE SKIP LOCKED"
 # The consumer's writes and the claim that deletes' takes and put-backs on a schema before the input partition was
 # recorded (version 12), which this release's processes run on until `chronos migrate`
 # (docs/operations/upgrading.md): the same statements without it.
-BEFORE_PARTITION = ("copy_messages", "insert_from_staging", "upsert_from_staging", "take", "take_sliced",
-                    "restore_taken")
+BEFORE_PARTITION = ("copy_messages", "insert_from_staging", "upsert_from_staging", "take", "restore_taken")
 _PARTITION_COLUMN = re.compile(r",\s*(?:[mr]\.)?input_partition(?:\s*=\s*EXCLUDED\.input_partition)?"
                                r"|,\s*%\(input_partitions\)s::int\[\]")
 

@@ -1,19 +1,17 @@
 """The firers' shares of the due rows on PostgreSQL (`chronos.domain.shares`): a firer's lease in
-chronos_firers, and the claim of its own slices off the share index. One of the `Store`'s classes, over its
+chronos_firers, and the claim of its own slices, a range of the due index. One of the `Store`'s classes, over its
 session; the SQL is in `sql/queries.sql`.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections import Counter
-
 import psycopg
 
 from chronos.adapters.postgres.queries import QUERIES
 from chronos.adapters.postgres.session import Session
 from chronos.domain.model import Claimed
-from chronos.domain.shares import slice_limits
+from chronos.domain.shares import slice_span
 
 
 class ShareStatements(Session):
@@ -34,17 +32,15 @@ class ShareStatements(Session):
     def claim_share(self, slices: tuple[int, ...], limit: int, lookahead_ms: int,
                     window_ms: int | None = None) -> tuple[list[Claimed], bool]:
         """Claim up to `limit` rows of these slices due within `lookahead_ms` (with `window_ms`: due at
-        most that long ago), each slice up to its share of the limit, in (deadline, seq) order. Returns
-        (the rows, whether a slice filled its share: a backlog)."""
-        kept, limits = slice_limits(slices, limit)
-        params = {"node": self.node_id, "slices": kept, "limits": limits, "lookahead_ms": lookahead_ms,
-                  "window_ms": window_ms}
+        most that long ago), in (deadline, seq) order. Returns (the rows, whether the claim came back full:
+        a backlog)."""
+        low, high, mask = slice_span(slices)
+        params = {"node": self.node_id, "low": low, "high": high, "mask": mask, "limit": limit,
+                  "lookahead_ms": lookahead_ms, "window_ms": window_ms}
         statement = QUERIES["claim_share" if window_ms is None else "claim_share_recent"]
 
         def run(conn: psycopg.Connection) -> tuple[list[Claimed], bool]:
-            found = self._execute(conn, statement, params, prepare=True).fetchall()
-            per_slice = Counter(r[-1] for r in found)
-            rows = [Claimed(*r[:-1]) for r in found]
+            rows = [Claimed(*r) for r in self._execute(conn, statement, params, prepare=True).fetchall()]
             rows.sort(key=lambda r: (r.scheduled_us, r.seq))  # RETURNING has no order of its own
-            return rows, any(per_slice[s] >= n for s, n in zip(kept, limits))
+            return rows, len(rows) == limit
         return self._run(run)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from typing import Any, Callable, Sequence
 
 import psycopg
@@ -33,7 +32,7 @@ from chronos.adapters.postgres.queries import PICKS, QUERIES, before_partition, 
 from chronos.adapters.postgres.session import LastSeq
 from chronos.domain import ratelimit
 from chronos.domain.model import Claimed, Mark
-from chronos.domain.shares import slice_limits
+from chronos.domain.shares import slice_span
 from chronos.errors import ClaimContended, StoreRejected, StoreUnavailable
 from chronos.ports import TokenStore
 
@@ -96,13 +95,13 @@ class TakeStatements(LastSeq):
     def claim_share(self, slices: tuple[int, ...], limit: int, lookahead_ms: int,
                     window_ms: int | None = None) -> tuple[list[Claimed], bool]:
         """Take rows of these slices (see `ShareStatements.claim_share`), in this session's held transaction."""
-        kept, limits = slice_limits(slices, limit)
-        params = {"slices": kept, "limits": limits, "lookahead_ms": lookahead_ms, "window_ms": window_ms}
-        found = self._take("pick_share" if window_ms is None else "pick_share_recent", params, "take_sliced")
-        per_slice = Counter(r[-1] for r in found)
-        rows = [Claimed(*r[:-1]) for r in found]
+        low, high, mask = slice_span(slices)
+        params = {"low": low, "high": high, "mask": mask, "limit": limit, "lookahead_ms": lookahead_ms,
+                  "window_ms": window_ms}
+        rows = [Claimed(*r) for r in self._take("pick_share" if window_ms is None else "pick_share_recent", params,
+                                                 "take")]
         rows.sort(key=lambda r: (r.scheduled_us, r.seq))
-        return rows, any(per_slice[s] >= n for s, n in zip(kept, limits))
+        return rows, len(rows) == limit
 
     def claim_limited(self, limits: ratelimit.FireRateLimits, output_topic: str, limit: int, lookahead_ms: int,
                       tokens: TokenStore) -> tuple[list[Claimed], bool]:
@@ -197,7 +196,7 @@ class TakeStatements(LastSeq):
                 keyed = [r for r in found if r[11] is not None]
                 log.debug("%d of %d rows picked were changed or taken meanwhile (%d with an ordering key put back)",
                           picked - len(found), picked, len(keyed))
-                if keyed:  # each row as `take` returns it (take_sliced adds its slice after)
+                if keyed:  # each row as `take` returns it
                     width = 15 if self._partitioned else 14
                     self._restore_rows(c, [Claimed(*r[:width]) for r in keyed], ())
                     found = [r for r in found if r[11] is None]

@@ -242,12 +242,11 @@ class Claimer(StoreThread[ClaimStore]):
         longer ago (written late, handed back, a backlog) are taken by a full claim, at least every
         FULL_CLAIM_EVERY seconds, and at once again while the last one says so (`full_claim_again`).
 
-        With other firers live, the claim takes this firer's own slices, each up to its share of the
-        limit; a full claim that finds them drained also takes what others left overdue (`take_others`):
-        the rows of a firer gone quiet, and of any slice once overdue by the hold time. With other
-        claimers in this firer, each claims its part of the firer's slices, and the first takes what the
-        others left overdue as well. `claims`: the store's (stamping), or a session of the claim that
-        deletes (all of one pass in one batch)."""
+        With other firers live, the claim takes this firer's own slices; a full claim that finds them
+        drained also takes what others left overdue (`take_others`): the rows of a firer gone quiet, and of
+        any slice once overdue by the hold time. With other claimers in this firer, each claims its part of
+        the firer's slices, and the first takes what the others left overdue as well. `claims`: the store's
+        (stamping), or a session of the claim that deletes (all of one pass in one batch)."""
         now = time.monotonic()
         full = now >= self.next_full_claim
         mine = self.own_slices(now)

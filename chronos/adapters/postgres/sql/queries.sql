@@ -355,27 +355,23 @@ SELECT chronos_last_seq();
 SELECT has_function_privilege('chronos_last_seq()', 'EXECUTE');
 
 -- name: claim_share
--- The claim of this firer's own slices (chronos.domain.shares): per slice, up to its share of the
--- limit (%(limits)s, one per slice of %(slices)s) of that slice's due rows in deadline order, off the
--- share index (migration 0009), so the claim reads only rows of its own slices and none a peer's
--- claim is locking. A key's rows are all in one slice, so the ordering check is the claim's. Each
--- row says its slice, so the firer tells a slice that filled its share (a backlog) from one drained.
--- `claim_share_recent`: with the claim's lower bound on the deadline at the mark.
+-- The claim of this firer's own slices (chronos.domain.shares): `claim` within the slices from %(low)s to
+-- %(high)s whose bits %(mask)s sets. The range is the due index's last column (migration 20): a row of a
+-- slice outside it is passed over in the index, without a visit to the table, and a firer's own slices are one
+-- range (slices_of); the mask leaves out the slices of a range that are not the claim's (the slices of others
+-- that a firer takes once overdue need not be one range). A key's rows are all in one slice, so the ordering
+-- check is the claim's. `claim_share_recent`: with the claim's lower bound on the deadline at the mark.
 WITH candidates AS MATERIALIZED (
-    SELECT c.ctid, c.ordering_key, c.place, c.seq
-    FROM unnest(%(slices)s::int[], %(limits)s::int[]) AS s(slice, share)
-    CROSS JOIN LATERAL (
-        SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq FROM chronos_messages
-        WHERE (hashtext(coalesce(ordering_key, id)) & 15) = s.slice
-          AND num_nulls(readied_at, cron) = 2 /* topic filter */  -- the share index's own words (0009)
-          AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'
-        ORDER BY deadline, seq
-        LIMIT s.share
-        FOR UPDATE SKIP LOCKED
-    ) AS c
+    SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq FROM chronos_messages
+    WHERE readied_at IS NULL AND cron IS NULL /* topic filter */
+      AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'
+      AND (hashtext(coalesce(ordering_key, id)) & 15) BETWEEN %(low)s::int AND %(high)s::int
+      AND ((1 << (hashtext(coalesce(ordering_key, id)) & 15)) & %(mask)s::int) <> 0
+    ORDER BY deadline, seq
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
 ), /* include: claim_held_back */
-/* include: claim_rows */,
-       hashtext(coalesce(m.ordering_key, m.id)) & 15;
+/* include: claim_rows */;
 
 -- name: firer_heartbeat
 -- A firer's lease renewed (made at its first call), the leases expired for good dropped, and the
@@ -441,13 +437,6 @@ DELETE FROM chronos_messages AS m
 USING unnest(%(ctids)s::tid[]) AS t(ctid)
 WHERE m.ctid = t.ctid /* include: not_moving */
 RETURNING /* include: taken_columns */;
-
--- name: take_sliced
--- `take`, each row with its slice (the claim of a firer's own slices: whether one filled its share).
-DELETE FROM chronos_messages AS m
-USING unnest(%(ctids)s::tid[]) AS t(ctid)
-WHERE m.ctid = t.ctid /* include: not_moving */
-RETURNING /* include: taken_columns */, hashtext(coalesce(m.ordering_key, m.id)) & 15;
 
 -- name: held_session_settings
 -- A firer's session for the claim that deletes: PostgreSQL ends the session, and rolls its transaction

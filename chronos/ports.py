@@ -273,10 +273,9 @@ class DueClaims(Protocol):
         """The last seq the messages' rows have drawn (None: the schema cannot say, before version 18)."""
         ...
 
-    def claim_share(self, slices: tuple[int, ...], limit: int, lookahead_ms: int,
-                    window_ms: int | None = None) -> tuple[list[Claimed], bool]:
-        """`claim` within these slices: (the rows in (deadline, seq) order, whether the claim came back full:
-        a backlog)."""
+    def claim_share(self, slices: tuple[int, ...], limit: int, lookahead_ms: int, window_ms: int | None = None,
+                    after: Mark | None = None) -> tuple[list[Claimed], bool]:
+        """`claim_whole` within these slices."""
         ...
 
 

@@ -1128,7 +1128,7 @@ def hot_key_table(path: str) -> str:
 # -- capacity planning (benchmarks/capacity.py) ---------------------------------------------------
 
 #: The run of `python -m benchmarks.capacity` that docs/operations/capacity.md shows.
-CAPACITY_RESULT = "2026-11-28/capacity-1x1x1-key-btree.json"
+CAPACITY_RESULT = "2026-11-30/capacity-1x1x1-one-due-index.json"
 #: The key-search index, which a database has only where an operator builds it (`chronos key-search on`), under
 #: each name it has had.
 KEY_SEARCH_INDEXES = ("chronos_messages_key", "chronos_messages_key_hash")

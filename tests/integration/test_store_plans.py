@@ -35,9 +35,9 @@ HOT_PATH = ("claim", "due_schedules", "insert_occurrence", "advance_schedule", "
             # the claim under fire-rate limits: topic by topic, each limited one within its bucket
             "waiting_topics", "claim_topic", "claim_output_topic", "take_tokens", "take_output_tokens",
             # beside other firers: the lease, and the claim of the firer's own slices
-            "firer_heartbeat", "claim_share", "claim_share_recent",
+            "firer_heartbeat", "claim_share", "claim_share_recent", "claim_share_after",
             # the claim that deletes: each claim's pick, and the take by TID
-            "pick", "pick_share", "pick_share_recent", "pick_topic", "pick_output_topic", "take",
+            "pick", "pick_share", "pick_share_recent", "pick_share_after", "pick_topic", "pick_output_topic", "take",
             # a firer alone's claims after one that came back full: each starts where the last one ended
             "pick_after", "claim_after")
 OUTPUT = "chronos.out"
@@ -212,6 +212,8 @@ def exercise(admin, firer: Store, consumer: Store, detector: Store, takes: TakeS
         for window in (None, 2000):
             takes.claim_share(tuple(range(1, 16, 2)), 500, 300, window)
             takes.give_back()
+        takes.claim_share(tuple(range(8, 16)), 500, 300, 2000, mark)
+        takes.give_back()
         takes.claim_limited(LIMITS, OUTPUT, 200, 300, firer)
         takes.give_back()
         claimed = firer.claim(2000, 300)
@@ -219,6 +221,7 @@ def exercise(admin, firer: Store, consumer: Store, detector: Store, takes: TakeS
         for window in (None, 2000):
             shared, _ = firer.claim_share(tuple(range(0, 16, 2)), 2000, 300, window)
             firer.delete_fired(shared)
+        firer.delete_fired(firer.claim_share(tuple(range(0, 8)), 10, 300, 2000, mark)[0])
         firer.delete_fired(claimed[: len(claimed) // 2])
         firer.release(claimed[len(claimed) // 2:]
                       or [Claimed("none", t, None, None, None, b"", t_dt(admin), ctid="(0,1)")])

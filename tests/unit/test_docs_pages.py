@@ -133,7 +133,7 @@ def test_the_capacity_page_names_the_indexes_its_run_did_not_measure(tmp_path, m
     (tmp_path / h.CAPACITY_RESULT).write_bytes(orjson.dumps(measured))
     # the key-search index, measured with the schema of its day, is one an operator builds now (migration 19)
     assert "only where an operator builds them, which its disk and WAL figures include: `chronos_messages_key_hash`" \
-        in h.capacity_page()
+        in h.capacity_page("2026-11-28/capacity-1x1x1-key-btree.json")
     monkeypatch.setattr(h, "RESULTS", tmp_path)
     assert "gained indexes" not in h.capacity_page()  # a run of today's schema
     for name in [n for n in measured["disk"]["bytes_per_million"]["indexes"] if n not in h.schema_indexes()]:

@@ -11,10 +11,11 @@ import pytest
 from chronos import codec
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.adapters.memory.shares import slice_of
-from chronos.domain.model import Row
+from chronos.domain.model import Mark, Row
+from chronos.roles.firer.claimer import RECENT_WINDOW_MS
 from chronos.domain.shares import (LEASES_AGAIN_S, SLICES, Shares, claimer_slices, overdue_ms, quiet_slices,
                                    slice_span, slices_of, strays_every)
-from test_roles_firer import Firer
+from test_roles_firer import Firer, TakesSeen, TakingFirer
 
 NODES = sorted(uuid.uuid4() for _ in range(4))
 
@@ -123,6 +124,31 @@ def test_beside_a_live_peer_the_claimer_claims_only_its_own_slices_and_leaves_th
     held = {mid for mid, state in f.state().items() if state == "held"}
     assert held == {mid for mid in ids if slice_of(f.db.rows[mid]) in mine}
     assert 0 < len(held) < len(ids)
+
+
+def test_beside_a_peer_a_claim_of_its_own_slices_starts_where_the_last_ended_until_the_division_changes():
+    """As a firer alone's claim does (ClaimCursor): past the last row it took, within its own slices. Once the
+    division changes, rows of slices newly its own may lie below that mark: the next claim is of the window."""
+    TakesSeen.claims = []
+    f = TakingFirer(CHRONOS_POLL_INTERVAL_MS="1000", CHRONOS_BATCH_SIZE="4")
+    peer = MemoryStore(f.db, node_id=uuid.uuid4())
+    peer.firer_heartbeat(f.settings.hold_time_ms)
+    mine = slices_of(f.node, [peer.node_id])
+    add(f.db, [f"m{i}" for i in range(200)], due_in=-0.05)  # one deadline: in seq order
+    own = sorted((mid for mid in f.db.rows if slice_of(f.db.rows[mid]) in (mine or ())), key=lambda m: f.db.rows[m].seq)
+    claimer = f.proc.claimer
+    claimer.claim(time.time())  # the first claim is a full one, and comes back full
+    last = f.db.rows[own[3]]
+    claimer.claim(time.time())
+    assert TakesSeen.claims == [(None, None), (RECENT_WINDOW_MS, Mark(last.deadline_us, last.seq))]
+    assert {mid for mid, state in f.state().items() if state == "held"} == set(own[:8])
+    for node in f.db.firers:  # the peer stopped renewing a hold time ago: every slice is this firer's now
+        if node != f.node:
+            f.db.firers[node] -= f.settings.hold_time_ms * 1000 + 1
+    assert claimer.shares is not None
+    claimer.shares.next_renewal = 0.0
+    claimer.claim(time.time())
+    assert TakesSeen.claims[-1] == (RECENT_WINDOW_MS, None) and claimer.cursor.slices is None
 
 
 def test_once_its_own_slices_are_drained_a_full_claim_takes_the_rows_a_quiet_peer_left_overdue():

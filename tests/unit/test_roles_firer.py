@@ -125,6 +125,12 @@ class TakesSeen(MemoryTakes):
         self.claims.append((window_ms, after))
         return super().claim_whole(limit, lookahead_ms, window_ms, after)
 
+    def claim_share(self, slices: tuple[int, ...], limit: int, lookahead_ms: int, window_ms: int | None = None,
+                    after: Mark | None = None) -> tuple[list[Claimed], bool]:
+        if lookahead_ms >= 0:  # not a take of the others' overdue rows
+            self.claims.append((window_ms, after))
+        return super().claim_share(slices, limit, lookahead_ms, window_ms, after)
+
 
 class TakingFirer(Firer):
     def takes(self) -> MemoryTakes:

@@ -19,19 +19,16 @@ class DueRows(MemoryHandle):
     """The claims' choice of rows (`ports.DueClaims`), whatever is done with them (`_seize`): stamped as this
     firer's (`MemoryClaims`), or held by its transaction (`takes.MemoryTakes`)."""
 
-    def claim_share(self, slices: tuple[int, ...], limit: int, lookahead_ms: int,
-                    window_ms: int | None = None) -> tuple[list[Claimed], bool]:
-        """Claim up to `limit` rows of these slices; (the rows, whether the claim came back full). See the
-        PostgreSQL store's `claim_share`."""
+    def claim_share(self, slices: tuple[int, ...], limit: int, lookahead_ms: int, window_ms: int | None = None,
+                    after: Mark | None = None) -> tuple[list[Claimed], bool]:
+        """`claim_whole` within these slices. See the PostgreSQL store's `claim_share`."""
         own = set(slices)
+        whole: list[bool] = []
 
         def pick(ordered: list[StoredRow]) -> list[StoredRow]:
             return [r for r in ordered if slice_of(r) in own][:limit]
-
-        def run(now: int) -> tuple[list[Claimed], bool]:
-            rows = self._claim(now, limit, lookahead_ms, window_ms=window_ms, pick=pick)
-            return rows, len(rows) == limit
-        return self._run(run)
+        rows = self._run(lambda now: self._claim(now, limit, lookahead_ms, _ANY_TOPIC, window_ms, pick, after, whole))
+        return rows, all(whole)
 
     def _check_node(self) -> None:
         """A claim names its node (PostgreSQL's check constraint refuses a claimed row without one)."""

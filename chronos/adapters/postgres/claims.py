@@ -20,8 +20,8 @@ class ClaimStatements(ShareStatements, LastSeq):
     """The firer's claiming side of the store."""
 
     def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
-              after: Mark | None = None) -> list[Claimed]:
-        name, params = due_claim(limit, lookahead_ms, window_ms, after)
+              after: Mark | None = None, slices: tuple[int, ...] | None = None) -> list[Claimed]:
+        name, params = due_claim(limit, lookahead_ms, window_ms, after, slices)
         params["node"] = self.node_id
         statement = QUERIES[name]
 
@@ -37,6 +37,12 @@ class ClaimStatements(ShareStatements, LastSeq):
         """`claim`: its stamp returns the rows it took, not how many it chose, so it says it took them all only
         when it came back full (every row it chose)."""
         rows = self.claim(limit, lookahead_ms, window_ms, after)
+        return rows, len(rows) == limit
+
+    def claim_share(self, slices: tuple[int, ...], limit: int, lookahead_ms: int, window_ms: int | None = None,
+                    after: Mark | None = None) -> tuple[list[Claimed], bool]:
+        """`claim_whole` within these slices (chronos.domain.shares)."""
+        rows = self.claim(limit, lookahead_ms, window_ms, after, slices)
         return rows, len(rows) == limit
 
     def last_seq(self) -> int | None:

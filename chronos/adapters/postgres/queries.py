@@ -13,6 +13,7 @@ import re
 from importlib import resources
 
 from chronos.domain.model import Mark
+from chronos.domain.shares import slice_span
 
 SQL_DIR = resources.files("chronos.adapters.postgres.sql")
 _NAME_RE = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.MULTILINE)
@@ -22,6 +23,13 @@ _INCLUDE_RE = re.compile(r"/\* include: (\w+) \*/")
 # output topic (rows without one); and the claim of recent deadlines.
 TOPIC_MARK = "/* topic filter */"
 LAST_SEQ_VERSION = 18  # the schema from which chronos_last_seq() reads the messages' sequence
+# The claim of a firer's own slices (chronos.domain.shares.slice_span): the slices from %(low)s to %(high)s whose
+# bits %(mask)s sets. The range is the due index's last column (migration 20): a row of a slice outside it is
+# passed over in the index, without a visit to the table, and a firer's own slices are one range (slices_of); the
+# mask leaves out the slices of a range that are not the claim's (the slices of others that a firer takes once
+# overdue need not be one range). A key's rows are all in one slice, so the ordering check is the claim's.
+OWN_SLICES = ("AND (hashtext(coalesce(ordering_key, id)) & 15) BETWEEN %(low)s::int AND %(high)s::int "
+              "AND ((1 << (hashtext(coalesce(ordering_key, id)) & 15)) & %(mask)s::int) <> 0")
 TOPIC_VARIANTS = {  # statement: (body, the filter put at its mark)
     "claim": ("claim", ""),
     # the claim of recent deadlines only: see `Claimer.claim_rows`
@@ -29,9 +37,10 @@ TOPIC_VARIANTS = {  # statement: (body, the filter put at its mark)
     "claim_topic": ("claim", "AND topic = %(topic)s"),
     # the claim that starts where the last one ended: see `ClaimCursor`
     "claim_after": ("claim_after", ""),
-    # a firer's claim of its own slices (chronos.domain.shares), and of their recent deadlines only
-    "claim_share": ("claim_share", ""),
-    "claim_share_recent": ("claim_share", "AND deadline >= now() - %(window_ms)s * interval '1 millisecond'"),
+    # a firer's claim of its own slices (chronos.domain.shares): each of the three within them
+    "claim_share": ("claim", OWN_SLICES),
+    "claim_share_recent": ("claim", f"{OWN_SLICES} AND deadline >= now() - %(window_ms)s * interval '1 millisecond'"),
+    "claim_share_after": ("claim_after", OWN_SLICES),
     "claim_output_topic": ("claim", "AND topic IS NULL"),
     "take_tokens": ("take_tokens", "AND topic = %(topic)s"),
     "take_output_tokens": ("take_tokens", "AND topic IS NULL"),
@@ -41,7 +50,8 @@ TOPIC_VARIANTS = {  # statement: (body, the filter put at its mark)
 # (`not_moving`, from schema version 12 on) left out at its topic filter's mark, and `pick_rows` in place of
 # `claim_rows` (and of what follows it).
 PICKS = {"pick": "claim", "pick_recent": "claim_recent", "pick_after": "claim_after", "pick_topic": "claim_topic",
-         "pick_output_topic": "claim_output_topic", "pick_share": "claim_share", "pick_share_recent": "claim_share_recent"}
+         "pick_output_topic": "claim_output_topic", "pick_share": "claim_share", "pick_share_recent": "claim_share_recent",
+         "pick_share_after": "claim_share_after"}
 LOCK = "FOR UPDATE SKIP LOCKED"
 
 
@@ -53,15 +63,20 @@ _PARTITION_COLUMN = re.compile(r",\s*(?:[mr]\.)?input_partition(?:\s*=\s*EXCLUDE
                                r"|,\s*%\(input_partitions\)s::int\[\]")
 
 
-def due_claim(limit: int, lookahead_ms: int, window_ms: int | None,
-              after: Mark | None) -> tuple[str, dict[str, object]]:
+def due_claim(limit: int, lookahead_ms: int, window_ms: int | None, after: Mark | None,
+              slices: tuple[int, ...] | None = None) -> tuple[str, dict[str, object]]:
     """The claim of due rows a firer runs (`ports.DueClaims.claim`): "claim", "claim_recent" (`window_ms`) or
-    "claim_after" (`after`, below whose mark it looks within `window_ms`), and its parameters. Its pick is
-    `PICKS`' twin of that name."""
+    "claim_after" (`after`, below whose mark it looks within `window_ms`), and its parameters; with `slices`, its
+    twin within them ("claim_share", "claim_share_recent", "claim_share_after"). Its pick is `PICKS`' twin of
+    that name."""
     name = "claim_after" if after is not None else "claim" if window_ms is None else "claim_recent"
     mark = after if after is not None else Mark(0, 0)
-    return name, {"limit": limit, "lookahead_ms": lookahead_ms, "window_ms": window_ms,
-                  "after_us": mark.deadline_us, "after_seq": mark.seq, "since_seq": mark.since_seq}
+    params: dict[str, object] = {"limit": limit, "lookahead_ms": lookahead_ms, "window_ms": window_ms,
+                                 "after_us": mark.deadline_us, "after_seq": mark.seq, "since_seq": mark.since_seq}
+    if slices is not None:
+        name = name.replace("claim", "claim_share", 1)
+        params["low"], params["high"], params["mask"] = slice_span(slices)
+    return name, params
 
 
 def before_partition(name: str) -> str:

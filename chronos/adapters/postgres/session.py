@@ -285,7 +285,7 @@ class Session:
 
 
 class LastSeq(Session):
-    """The messages' last seq, for a firer alone's claims (`ports.DueClaims.last_seq`)."""
+    """The messages' last seq, for a firer's claims (`ports.DueClaims.last_seq`)."""
 
     last_seq_allowed: bool | None = None  # whether this role may run chronos_last_seq() (None: not asked yet)
     last_seq_told = False  # whether a session of this process said it may not (the class's: said once a process)

@@ -32,7 +32,6 @@ from chronos.adapters.postgres.queries import PICKS, QUERIES, before_partition, 
 from chronos.adapters.postgres.session import LastSeq
 from chronos.domain import ratelimit
 from chronos.domain.model import Claimed, Mark
-from chronos.domain.shares import slice_span
 from chronos.errors import ClaimContended, StoreRejected, StoreUnavailable
 from chronos.ports import TokenStore
 
@@ -92,16 +91,14 @@ class TakeStatements(LastSeq):
     def last_seq(self) -> int | None:
         return self._guarded_run(self._last_seq)
 
-    def claim_share(self, slices: tuple[int, ...], limit: int, lookahead_ms: int,
-                    window_ms: int | None = None) -> tuple[list[Claimed], bool]:
-        """Take rows of these slices (see `ShareStatements.claim_share`), in this session's held transaction."""
-        low, high, mask = slice_span(slices)
-        params = {"low": low, "high": high, "mask": mask, "limit": limit, "lookahead_ms": lookahead_ms,
-                  "window_ms": window_ms}
-        rows = [Claimed(*r) for r in self._take("pick_share" if window_ms is None else "pick_share_recent", params,
-                                                 "take")]
+    def claim_share(self, slices: tuple[int, ...], limit: int, lookahead_ms: int, window_ms: int | None = None,
+                    after: Mark | None = None) -> tuple[list[Claimed], bool]:
+        """`claim_whole` within these slices (chronos.domain.shares)."""
+        name, params = due_claim(limit, lookahead_ms, window_ms, after, slices)
+        found, whole = self._take_whole(PICK_OF[name], params, "take")
+        rows = [Claimed(*r) for r in found]
         rows.sort(key=lambda r: (r.scheduled_us, r.seq))
-        return rows, len(rows) == limit
+        return rows, whole
 
     def claim_limited(self, limits: ratelimit.FireRateLimits, output_topic: str, limit: int, lookahead_ms: int,
                       tokens: TokenStore) -> tuple[list[Claimed], bool]:

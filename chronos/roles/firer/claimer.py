@@ -84,7 +84,7 @@ class Claimer(StoreThread[ClaimStore]):
         self.next_schedules = 0.0
         self.next_full_claim = 0.0  # monotonic
         self.next_strays = 0.0      # monotonic: the next claim of any slice's rows overdue by the hold time
-        self.cursor = ClaimCursor(WINDOW_CLAIM_EVERY)  # where a firer alone's next claim of recent rows starts
+        self.cursor = ClaimCursor(WINDOW_CLAIM_EVERY)  # where this claimer's next claim of recent rows starts
         if lead is not None:  # one lease per firer: the first claimer's
             self.shares: Shares | None = lead.shares
         else:
@@ -238,7 +238,7 @@ class Claimer(StoreThread[ClaimStore]):
         """The claim without fire-rate limits: (the rows, whether they are a backlog's, to drain without
         sleeping). Most claims take only rows due at most RECENT_WINDOW_MS ago: the due index keeps an entry
         for every row claimed since its last vacuum, all at the head of its range, and a claim that starts there
-        walks them all, every time; a firer alone's claim starts where its last ended (`ClaimCursor`). Rows due
+        walks them all, every time; a claim starts where the last one ended (`ClaimCursor`). Rows due
         longer ago (written late, handed back, a backlog) are taken by a full claim, at least every
         FULL_CLAIM_EVERY seconds, and at once again while the last one says so (`full_claim_again`).
 
@@ -251,15 +251,15 @@ class Claimer(StoreThread[ClaimStore]):
         full = now >= self.next_full_claim
         mine = self.own_slices(now)
         window = None if full else RECENT_WINDOW_MS
-        if mine is None:
+        rows: list[Claimed] = []
+        self.cursor.within(mine)
+        if mine is None or mine:  # none: every slice; empty: fewer slices than claimers, or no lease yet
             mark = self.cursor.start(now, full, claims.last_seq)
-            rows, whole = claims.claim_whole(limit, self.settings.lookahead_ms, window, mark)
-            backlog = len(rows) == limit
-            self.cursor.ended(((r.deadline_us, r.seq) for r in rows), whole, backlog)
-        elif not mine:  # fewer slices than claimers, or the first claimer has not renewed the lease yet
-            rows, backlog = [], False
-        else:
-            rows, backlog = claims.claim_share(mine, limit, self.settings.lookahead_ms, window)
+            rows, whole = (claims.claim_whole(limit, self.settings.lookahead_ms, window, mark) if mine is None
+                           else claims.claim_share(mine, limit, self.settings.lookahead_ms, window, mark))
+            self.cursor.ended(((r.deadline_us, r.seq) for r in rows), whole, len(rows) == limit)
+        backlog = len(rows) == limit
+        if mine:
             assert self.shares is not None
             if self.lead is None and self.shares.takes_others(full, backlog, self.parts) and len(rows) < limit:
                 taken = self.take_others(self.shares, limit - len(rows), claims)
@@ -282,7 +282,7 @@ class Claimer(StoreThread[ClaimStore]):
         taken: list[Claimed] = []
         slices = shares.taken_slices(self.parts)
         if slices:
-            taken, _ = claims.claim_share(slices, limit, -overdue_ms(self.settings.poll_interval_ms))
+            taken, _ = claims.claim_share(slices, limit, -overdue_ms(self.settings.poll_interval_ms))  # no mark: all
         now = time.monotonic()
         if len(taken) < limit and now >= self.next_strays:
             strays = claims.claim(limit - len(taken), -self.settings.hold_time_ms)

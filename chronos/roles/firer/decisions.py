@@ -34,12 +34,13 @@ def full_claim_again(oldest: float | None, backlog: bool, now: float, window_s: 
 
 
 class ClaimCursor:
-    """Where a firer alone's next claim of recent rows starts. The rows it took in the last moments are still
-    in the due index: those in flight (deleted by transactions not yet committed, up to the lookahead ahead)
-    and those whose batches committed since the index last learnt they were gone. A claim of the window visits
-    each of them in the table before the rows it takes: at 10,000 msg/s thousands a claim, most of its pick's
-    time. So a claim that took every row it chose (none held back by its ordering key, none changed since it
-    was chosen: `whole`) is followed by one that starts past its last row, in (deadline, seq) order.
+    """Where a claimer's next claim of recent rows starts, among all the due rows or its own slices'. The rows it
+    took in the last moments are still in the due index: those in flight (deleted by transactions not yet
+    committed, up to the lookahead ahead) and those whose batches committed since the index last learnt they
+    were gone. A claim of the window visits each of them in the table before the rows it takes: at 10,000
+    msg/s thousands a claim, most of its pick's time. So a claim that took every row it chose (none held back
+    by its ordering key, none changed since it was chosen: `whole`) is followed by one that starts past its
+    last row, in (deadline, seq) order.
 
     Below that mark the next claim looks, within the window, only at rows whose seq is past `since`: rows
     written since then, with a deadline already that close, which the index tells from the rows taken without
@@ -57,6 +58,13 @@ class ClaimCursor:
         self.window_at = 0.0  # monotonic: when the next claim is one of the window, whatever the mark
         self.since: int | None = None  # the last seq as read before the full claim before the last one
         self._read: int | None = None  # and as read before the last full claim
+        self.slices: tuple[int, ...] | None = None  # the slices the claims take (None: every one)
+
+    def within(self, slices: tuple[int, ...] | None) -> None:
+        """The claims take these `slices` (chronos.domain.shares; None: every slice): when they change, rows of
+        slices not taken before may lie below the mark, so the next claim is one of the window."""
+        if slices != self.slices:
+            self.slices, self.after = slices, None
 
     def seq_read(self, seq: int | None) -> None:
         """The messages' last seq, read just before a full claim (None: the schema cannot say)."""

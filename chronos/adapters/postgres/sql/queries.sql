@@ -300,6 +300,8 @@ SELECT count(*), coalesce(array_agg(ctid)::text, '{}'), (SELECT count(*) FROM ca
 -- `claim_recent` is this statement with a lower bound on the deadline at the mark (the firer's claims
 -- between full ones, see Claimer.claim_rows): the due index keeps an entry for every row claimed
 -- since its last vacuum, all at the head of its range, and a scan from the start walks them all.
+-- `claim_share` and `claim_share_recent` are this statement within a firer's own slices at the mark
+-- (chronos.domain.shares; queries.py: OWN_SLICES), and `claim_share_after` is `claim_after` so.
 WITH candidates AS MATERIALIZED (
     SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq FROM chronos_messages
     WHERE readied_at IS NULL AND cron IS NULL /* topic filter */
@@ -353,25 +355,6 @@ SELECT chronos_last_seq();
 -- name: last_seq_allowed
 -- Whether this role may run chronos_last_seq(): EXECUTE is PUBLIC's unless an install revoked it.
 SELECT has_function_privilege('chronos_last_seq()', 'EXECUTE');
-
--- name: claim_share
--- The claim of this firer's own slices (chronos.domain.shares): `claim` within the slices from %(low)s to
--- %(high)s whose bits %(mask)s sets. The range is the due index's last column (migration 20): a row of a
--- slice outside it is passed over in the index, without a visit to the table, and a firer's own slices are one
--- range (slices_of); the mask leaves out the slices of a range that are not the claim's (the slices of others
--- that a firer takes once overdue need not be one range). A key's rows are all in one slice, so the ordering
--- check is the claim's. `claim_share_recent`: with the claim's lower bound on the deadline at the mark.
-WITH candidates AS MATERIALIZED (
-    SELECT ctid, ordering_key, coalesce(original_deadline, deadline) AS place, seq FROM chronos_messages
-    WHERE readied_at IS NULL AND cron IS NULL /* topic filter */
-      AND deadline <= now() + %(lookahead_ms)s * interval '1 millisecond'
-      AND (hashtext(coalesce(ordering_key, id)) & 15) BETWEEN %(low)s::int AND %(high)s::int
-      AND ((1 << (hashtext(coalesce(ordering_key, id)) & 15)) & %(mask)s::int) <> 0
-    ORDER BY deadline, seq
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), /* include: claim_held_back */
-/* include: claim_rows */;
 
 -- name: firer_heartbeat
 -- A firer's lease renewed (made at its first call), the leases expired for good dropped, and the

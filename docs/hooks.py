@@ -405,6 +405,7 @@ HELD_FIRST = "2026-11-29/held-first"
 CURSOR = "2026-11-30/claim-cursor"  # a firer alone's claims starting where the last one ended, against 2af0c87
 STEADY = "2026-11-30/steady-cursor"  # every claim of a firer alone past its last row, against 8d987f4
 KEY_SEARCH = "2026-11-30/key-search-10k"  # no key-search index unless an operator builds it, against f37cd58 and ca7e5a1
+ONE_DUE = "2026-11-30/one-due-index-10k"  # one index for the due rows, and the cursor of slices, against ab19cc6 and ca7e5a1
 #: The highest rates within the SLA of the code and of ca7e5a1, in turn.
 FIND_MAX_AB = "2026-11-29/find-max"
 #: The design's limit with the statements Chronos runs.
@@ -821,6 +822,16 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
      "with Chronos ≤ 0.6", [
         ("7e31272", _claim_costs, f"{KEY_SEARCH}/ks-222-1.json"),
         ("ca7e5a1", _claim_costs, f"{KEY_SEARCH}/ca-222-1.json")]),
+    ("a message's cost at 10,000 msg/s, fresh stacks, 60 s: 358f7f1 (one index for the due rows, migration 20, "
+     "and the claims of a firer's own slices starting where the last ended) against ab19cc6 (the code before) and "
+     "ca7e5a1, the three in turn, both layouts interleaved, 3 runs of each, 2026-11-30 11:36-12:01 UTC",
+     "PostgreSQL's CPU and WAL per message ≤ 0.5 of ca7e5a1's; with Chronos ≤ 0.6", [
+        ("358f7f1, one process of each role", _claim_costs, f"{ONE_DUE}/cur-111-1.json"),
+        ("ab19cc6, one process of each role", _claim_costs, f"{ONE_DUE}/ks-111-1.json"),
+        ("ca7e5a1, one process of each role", _claim_costs, f"{ONE_DUE}/ca-111-1.json"),
+        ("358f7f1, two of every role", _claim_costs, f"{ONE_DUE}/cur-222-1.json"),
+        ("ab19cc6, two of every role", _claim_costs, f"{ONE_DUE}/ks-222-1.json"),
+        ("ca7e5a1, two of every role", _claim_costs, f"{ONE_DUE}/ca-222-1.json")]),
     ("a firer's claim at 10,000 msg/s, two processes of every role, fresh stacks: the claim that deletes against "
      "ca7e5a1, in turn, 3 runs of each", "PostgreSQL's CPU and WAL per message ≤ 0.5 of ca7e5a1's; with Chronos ≤ 0.6", [
         ("the claim that deletes (the default)", _claim_costs, "2026-11-29/claim-222/head-1.json"),

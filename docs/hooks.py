@@ -777,12 +777,20 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("graphile-worker and its PostgreSQL, same load", _fresh_cpu, "2026-11-26/cpu-10000/gw.json")]),
     ("CPU at 10,000 msg/s, Chronos and PostgreSQL, on one PostgreSQL step after step (Chronos and the broker "
      "restarted between steps)", "≤ 0.30 cores", [
-        ("one process per role", _aged_cpu, "2026-11-29/aged/longevity-1x1x1-10000.json"),
-        ("two of every role", _aged_cpu, "2026-11-29/aged/longevity-2x2x2-10000.json")]),
+        ("one process per role", _aged_cpu, "2026-11-30/aged/longevity-1x1x1-10000.json"),
+        ("two of every role", _aged_cpu, "2026-11-30/aged/longevity-2x2x2-10000.json"),
+        ("one process per role, the schema before migration 20 (2026-11-29)", _aged_cpu,
+         "2026-11-29/aged/longevity-1x1x1-10000.json"),
+        ("two of every role, the schema before migration 20 (2026-11-29)", _aged_cpu,
+         "2026-11-29/aged/longevity-2x2x2-10000.json")]),
     ("CPU at 10,000 msg/s, Chronos and PostgreSQL: the last step of the run above against its first (a fresh "
      "database)", "within 10 %", [
-        ("one process per role", _aged_against_fresh, "2026-11-29/aged/longevity-1x1x1-10000.json"),
-        ("two of every role", _aged_against_fresh, "2026-11-29/aged/longevity-2x2x2-10000.json")]),
+        ("one process per role", _aged_against_fresh, "2026-11-30/aged/longevity-1x1x1-10000.json"),
+        ("two of every role", _aged_against_fresh, "2026-11-30/aged/longevity-2x2x2-10000.json"),
+        ("one process per role, the schema before migration 20 (2026-11-29)", _aged_against_fresh,
+         "2026-11-29/aged/longevity-1x1x1-10000.json"),
+        ("two of every role, the schema before migration 20 (2026-11-29)", _aged_against_fresh,
+         "2026-11-29/aged/longevity-2x2x2-10000.json")]),
     ("a firer's claim at 10,000 msg/s, one process of each role, fresh stacks: the claim that deletes (the "
      "default) against the stamp and ca7e5a1 (before both), the three in turn, 3 runs of each, 2026-11-29 "
      "07:05-07:19 UTC", "PostgreSQL's CPU and WAL per message ≤ 0.5 of ca7e5a1's; with Chronos ≤ 0.6", [

@@ -406,6 +406,7 @@ CURSOR = "2026-11-30/claim-cursor"  # a firer alone's claims starting where the 
 STEADY = "2026-11-30/steady-cursor"  # every claim of a firer alone past its last row, against 8d987f4
 KEY_SEARCH = "2026-11-30/key-search-10k"  # no key-search index unless an operator builds it, against f37cd58 and ca7e5a1
 ONE_DUE = "2026-11-30/one-due-index-10k"  # one index for the due rows, and the cursor of slices, against ab19cc6 and ca7e5a1
+TWENTY_K = "2026-11-30/twenty-k-222"  # two of every role at 20,000 msg/s: 358f7f1 against 693dfc3
 #: The highest rates within the SLA of the code and of ca7e5a1, in turn.
 FIND_MAX_AB = "2026-11-29/find-max"
 #: The design's limit with the statements Chronos runs.
@@ -840,6 +841,11 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("358f7f1, two of every role", _claim_costs, f"{ONE_DUE}/cur-222-1.json"),
         ("ab19cc6, two of every role", _claim_costs, f"{ONE_DUE}/ks-222-1.json"),
         ("ca7e5a1, two of every role", _claim_costs, f"{ONE_DUE}/ca-222-1.json")]),
+    ("two of every role at 20,000 msg/s, fresh stacks, 30 s: 358f7f1 against 693dfc3 (before the firers' shares), "
+     "in turn, 10 runs of each, 2026-11-30 12:17-12:34 UTC", "kept up at least as often as 693dfc3; publish "
+     "lateness p99.9 ≤ 10 ms", [
+        ("358f7f1", _claim_costs, f"{TWENTY_K}/cur-222-1.json"),
+        ("693dfc3", _claim_costs, f"{TWENTY_K}/old-222-1.json")]),
     ("a firer's claim at 10,000 msg/s, two processes of every role, fresh stacks: the claim that deletes against "
      "ca7e5a1, in turn, 3 runs of each", "PostgreSQL's CPU and WAL per message ≤ 0.5 of ca7e5a1's; with Chronos ≤ 0.6", [
         ("the claim that deletes (the default)", _claim_costs, "2026-11-29/claim-222/head-1.json"),

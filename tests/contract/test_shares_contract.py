@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 
-from chronos.domain.model import Row
+from chronos.domain.model import Mark, Row
 from chronos.domain.shares import SLICES, slices_of
 
 HOLD_MS = 5000
@@ -50,27 +50,28 @@ def test_two_firers_claim_their_own_slices_disjoint_and_together_every_due_row(b
     ids = {f"m-{i}" for i in range(200)}
     (a, mine_a), (b, mine_b) = two_firers(backend)
     a.apply([row(mid, now - 1000) for mid in sorted(ids)] + [row("later", now + 60_000_000)], [], [])
-    got_a, full_a = a.claim_share(mine_a, 1000, 300)
-    got_b, full_b = b.claim_share(mine_b, 1000, 300)
+    got_a, _ = a.claim_share(mine_a, 1000, 300)
+    got_b, _ = b.claim_share(mine_b, 1000, 300)
     ids_a, ids_b = {r.id for r in got_a}, {r.id for r in got_b}
     assert ids_a | ids_b == ids and not ids_a & ids_b
     assert 40 < len(ids_a) < 160  # the ids spread over the slices
-    assert not full_a and not full_b  # each drained its slices
-    assert a.claim_share(mine_a, 1000, 300) == ([], False)
+    assert a.claim_share(mine_a, 1000, 300)[0] == []  # each drained its slices
     assert [(r.scheduled_us, r.seq) for r in got_a] == sorted((r.scheduled_us, r.seq) for r in got_a)
 
 
-def test_each_slice_is_claimed_up_to_its_share_of_the_limit_and_a_full_one_says_backlog(backend):
+def test_a_claim_of_slices_takes_their_earliest_rows_and_one_past_a_mark_only_the_rows_after_it(backend):
+    """As the claim of every slice (`claim_whole`): in (deadline, seq) order up to the limit, saying it took every
+    row it chose; past a mark, without the last seq known, only rows after it in that order."""
     now = backend.now_us()
     s = backend.store(uuid.uuid4())
     s.apply([row(f"m-{i}", now - 1000 + i) for i in range(400)], [], [])
-    rows, full = s.claim_share(EVERY_SLICE, 32, 300)
-    assert len(rows) <= 32 and full  # 2 rows a slice at most; with 25 rows a slice, some slice filled its 2
-    rest, full = s.claim_share(EVERY_SLICE, 1000, 300)
-    assert len(rows) + len(rest) == 400 and not full
-    s.apply([row(f"n-{i}", now - 1000 + i) for i in range(400)], [], [])
-    few, full = s.claim_share(EVERY_SLICE, 3, 300)  # a limit below the slices: the first three get one row
-    assert len(few) == 3 and full
+    rows, whole = s.claim_share(EVERY_SLICE, 32, 300)
+    assert [r.id for r in rows] == [f"m-{i}" for i in range(32)] and whole
+    last = rows[-1]
+    s.apply([row("below", now - 2000)], [], [])  # below the mark, written since
+    rest, _ = s.claim_share(EVERY_SLICE, 1000, 300, 2000, Mark(last.deadline_us, last.seq))
+    assert [r.id for r in rest] == [f"m-{i}" for i in range(32, 400)]
+    assert [r.id for r in s.claim_share(EVERY_SLICE, 1000, 300)[0]] == ["below"]  # the full claim finds it
 
 
 def test_a_key_s_rows_are_in_one_slice_and_claimed_in_their_order(backend):

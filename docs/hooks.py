@@ -407,6 +407,7 @@ STEADY = "2026-11-30/steady-cursor"  # every claim of a firer alone past its las
 KEY_SEARCH = "2026-11-30/key-search-10k"  # no key-search index unless an operator builds it, against f37cd58 and ca7e5a1
 ONE_DUE = "2026-11-30/one-due-index-10k"  # one index for the due rows, and the cursor of slices, against ab19cc6 and ca7e5a1
 TWENTY_K = "2026-11-30/twenty-k-222"  # two of every role at 20,000 msg/s: 358f7f1 against 693dfc3
+FIND_MAX_ONE_DUE = "2026-11-30/find-max"  # the highest rates within the SLA of 358f7f1 and ca7e5a1, in turn
 #: The highest rates within the SLA of the code and of ca7e5a1, in turn.
 FIND_MAX_AB = "2026-11-29/find-max"
 #: The design's limit with the statements Chronos runs.
@@ -704,7 +705,12 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          f"{FIND_MAX_AB}/head-222-1.json"),
         ("ca7e5a1 (before the claim that deletes), one process per role, in turn with the above", _find_maxes,
          f"{FIND_MAX_AB}/ca7e5a1-111-1.json"),
-        ("ca7e5a1, two of every role", _find_maxes, f"{FIND_MAX_AB}/ca7e5a1-222-1.json")]),
+        ("ca7e5a1, two of every role", _find_maxes, f"{FIND_MAX_AB}/ca7e5a1-222-1.json"),
+        ("358f7f1 (one index for the due rows), one process per role, one run in turn with ca7e5a1's, 2026-11-30 "
+         "13:29-13:39 UTC; the search stops at 40,000 msg/s, which held", functools.partial(
+             _find_maxes, against=f"{FIND_MAX_ONE_DUE}/ca-111-1.json"), f"{FIND_MAX_ONE_DUE}/cur-111-1.json"),
+        ("358f7f1, two of every role, the same", functools.partial(
+             _find_maxes, against=f"{FIND_MAX_ONE_DUE}/ca-222-1.json"), f"{FIND_MAX_ONE_DUE}/cur-222-1.json")]),
     ("the highest rate within the SLA, of the design's limit", "≥ 0.70", [
         ("one process per role, the claim that stamps (firers racing in the design's run), 2026-11-28",
          functools.partial(_of_design_limit, layout="1/1/1"), "2026-11-28/find-max/chronos-1x1x1.json"),

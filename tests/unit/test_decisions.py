@@ -196,14 +196,14 @@ def test_a_claim_of_the_window_comes_at_most_every_so_often_and_a_full_claim_is_
 
 def test_with_the_last_seq_known_every_claim_that_took_all_it_chose_moves_the_mark_and_looks_below_it():
     cursor = ClaimCursor(every=0.2)
-    cursor.seq_read(100)  # before a full claim: the seq read before the one before it is not known yet
+    cursor.seq_read(100)
+    cursor.seq_read(120)
+    assert cursor.since is None  # two reads: the one two before the last is not known yet
+    cursor.seq_read(140)
     assert cursor.start(10.0, full=True) is None
     cursor.ended([(5, 2)], whole=True, backlog=False)
-    assert cursor.start(10.1) is None
-    cursor.seq_read(140)
-    assert cursor.start(10.5, full=True) is None
+    assert cursor.start(10.1) == Mark(5, 2, 100)  # short claims too; below the mark, rows past seq 100
     cursor.ended([(9, 150)], whole=True, backlog=False)
-    assert cursor.start(10.6) == Mark(9, 150, 100)  # short claims too; below the mark, rows past seq 100
     cursor.ended([(8, 160)], whole=True, backlog=False)  # a row written late, found below the mark
     assert cursor.start(10.7) == Mark(9, 150, 100)  # which stays where it was
     cursor.ended([], whole=True, backlog=False)
@@ -212,10 +212,11 @@ def test_with_the_last_seq_known_every_claim_that_took_all_it_chose_moves_the_ma
     assert cursor.start(10.96) is None
     cursor.ended([(13, 171)], whole=True, backlog=False)
     assert cursor.start(10.97) == Mark(13, 171, 100)
-    cursor.seq_read(200)
-    assert cursor.start(11.0, full=True) is None  # a full claim starts the mark again
+    cursor.seq_read(200)  # a read moves the floor, not the mark: a row drawn before the read before the
+    assert cursor.start(11.0) == Mark(13, 171, 120)  # last is looked at until this one
+    assert cursor.start(11.1, full=True) is None  # a full claim starts the mark again
     cursor.ended([(14, 180)], whole=True, backlog=False)
-    assert cursor.start(11.1) == Mark(14, 180, 140)  # and the seq read before the last full claim is the floor
+    assert cursor.start(11.2) == Mark(14, 180, 120)
     cursor.seq_read(None)  # the schema cannot say: the claims of the window again
     cursor.ended([(15, 181)], whole=True, backlog=False)
     assert cursor.start(11.6) is None

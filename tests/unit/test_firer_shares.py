@@ -12,7 +12,7 @@ from chronos import codec
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.adapters.memory.shares import slice_of
 from chronos.domain.model import Mark, Row
-from chronos.roles.firer.claimer import RECENT_WINDOW_MS
+from chronos.roles.firer.claimer import RECENT_WINDOW_MS, SEQ_READ_EVERY
 from chronos.domain.shares import (LEASES_AGAIN_S, SLICES, Shares, claimer_slices, overdue_ms, quiet_slices,
                                    slice_span, slices_of, strays_every)
 from test_roles_firer import Firer, TakesSeen, TakingFirer
@@ -158,6 +158,24 @@ def test_once_its_own_slices_are_drained_a_full_claim_takes_the_rows_a_quiet_pee
     add(f.db, overdue, due_in=-(overdue_ms(100) / 1000 + 0.5))
     f.proc.claimer.claim(time.time())  # the first claim is a full one
     assert set(f.state().values()) == {"held"}  # its own slices', and the quiet peer's overdue ones
+
+
+def test_between_full_claims_the_rows_a_quiet_peer_left_overdue_are_taken_every_half_second():
+    """The others' overdue rows are looked for every SEQ_READ_EVERY, not only at the full claims (every
+    FULL_CLAIM_EVERY): a quiet peer's rows wait no longer for them."""
+    f, peer = with_peer(CHRONOS_POLL_INTERVAL_MS="100")
+    claimer = f.proc.claimer
+    claimer.claim(time.time())  # the first claim is a full one
+    f.db.firers[peer.node_id] -= 2_000_000  # the peer has not renewed its lease for two seconds
+    overdue = [f"late{i}" for i in range(32)]
+    add(f.db, overdue, due_in=-(overdue_ms(100) / 1000 + 0.5))
+    claimer.shares.next_renewal = 0.0  # the lease renewed: the quiet peer seen
+    claimer.claim(time.time())
+    assert "waiting" in f.state().values()  # before the beat: its own slices' rows only
+    assert claimer.next_full_claim - time.monotonic() > SEQ_READ_EVERY
+    claimer.next_seq_read = time.monotonic()  # SEQ_READ_EVERY went by, the full claim still ahead
+    claimer.claim(time.time())
+    assert set(f.state().values()) == {"held"}
 
 
 def test_the_rows_of_a_peer_only_late_are_left_to_it_until_overdue_by_the_hold_time():

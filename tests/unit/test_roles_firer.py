@@ -19,7 +19,8 @@ from chronos.adapters.memory import MemoryDatabase, MemoryStore, MemoryTakes
 from chronos.domain.model import Claimed, Mark, Row
 from chronos.telemetry.metrics import FirerTelemetry
 from chronos.roles.firer import FirerProcess
-from chronos.roles.firer.claimer import FULL_CLAIM_EVERY, MAX_HELD_BATCHES, RECENT_WINDOW_MS, WINDOW_CLAIM_EVERY
+from chronos.roles.firer.claimer import (FULL_CLAIM_EVERY, MAX_HELD_BATCHES, RECENT_WINDOW_MS, SEQ_READ_EVERY,
+                                         WINDOW_CLAIM_EVERY)
 from chronos.roles.firer.decisions import TICK
 from chronos.roles.firer.handoff import Outcomes, Stop
 from chronos.roles.firer.sender import IDLE_WAIT
@@ -119,6 +120,11 @@ class TakesSeen(MemoryTakes):
     """A session of the claim that deletes, keeping (window, after) of every claim, as WindowsSeen."""
 
     claims: list[tuple[int | None, Mark | None]] = []
+    seq_reads = 0
+
+    def last_seq(self) -> int | None:
+        TakesSeen.seq_reads += 1
+        return super().last_seq()
 
     def claim_whole(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
                     after: Mark | None = None) -> tuple[list[Claimed], bool]:
@@ -165,7 +171,7 @@ def test_with_the_last_seq_known_every_claim_starts_past_the_last_row_and_below_
     f = TakingFirer()
     claimer = f.proc.claimer
     f.add("old", due_in=60)
-    for _ in range(2):  # full claims, each reading the last seq before it
+    for _ in range(3):  # full claims, each reading the last seq before it
         claimer.next_full_claim = time.monotonic()
         claimer.claim(time.time())
     f.add("a", due_in=-0.1)
@@ -179,6 +185,34 @@ def test_with_the_last_seq_known_every_claim_starts_past_the_last_row_and_below_
     claimer.next_full_claim = time.monotonic()
     claimer.claim(time.time())
     assert TakesSeen.claims[-1] == (None, None) and f.state()["old"] == "held"
+
+
+def test_between_full_claims_the_last_seq_is_read_again_and_a_row_of_an_older_seq_below_the_mark_waits_for_one():
+    """Every SEQ_READ_EVERY the claimer reads the last seq again, without a claim of its own: the claims below
+    the mark look at rows past the read two before the last. A row that comes back below the mark with an
+    older seq waits for the full claim, every FULL_CLAIM_EVERY: only a full claim walks the due index from its
+    head, past the entries of every row taken since its last vacuum."""
+    TakesSeen.claims, TakesSeen.seq_reads = [], 0
+    f = TakingFirer()
+    claimer = f.proc.claimer
+    f.add("old", due_in=60)
+    for _ in range(3):  # full claims, each reading the last seq before it
+        claimer.next_full_claim = time.monotonic()
+        claimer.claim(time.time())
+    assert TakesSeen.seq_reads == 3 and claimer.next_full_claim - time.monotonic() > SEQ_READ_EVERY
+    f.add("a", due_in=-0.1)
+    claimer.claim(time.time())  # the first since the full claim: of the window
+    a = f.db.rows["a"]
+    claimer.next_seq_read = time.monotonic()  # SEQ_READ_EVERY went by: a read, no claim of the window
+    f.add("late", due_in=-0.3)  # written since the reads: found below the mark
+    f.db.rows["old"].deadline_us = a.deadline_us - 1000  # below the mark, with an older seq
+    claimer.claim(time.time())
+    assert TakesSeen.seq_reads == 4 and TakesSeen.claims[-1][1][:2] == (a.deadline_us, a.seq)
+    assert f.state() == {"old": "waiting", "a": "held", "late": "held"}
+    claimer.next_full_claim = time.monotonic()  # FULL_CLAIM_EVERY went by
+    claimer.claim(time.time())
+    assert TakesSeen.claims[-1] == (None, None) and f.state()["old"] == "held"
+    assert SEQ_READ_EVERY == 0.5 and FULL_CLAIM_EVERY == 2.0
 
 
 def test_a_claim_that_held_a_row_back_by_its_ordering_key_is_followed_by_one_of_the_window():

@@ -79,10 +79,10 @@ class TakeStatements(LastSeq):
         return self.claim_whole(limit, lookahead_ms, window_ms, after)[0]
 
     def claim_whole(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
-                    after: Mark | None = None) -> tuple[list[Claimed], bool]:
+                    after: Mark | None = None, slices: tuple[int, ...] | None = None) -> tuple[list[Claimed], bool]:
         """`claim`, and whether it took every row it chose: its pick says how many candidates it had, and the
-        take whether it found every row the pick chose."""
-        name, params = due_claim(limit, lookahead_ms, window_ms, after)
+        take whether it found every row the pick chose. With `slices`, only rows of those."""
+        name, params = due_claim(limit, lookahead_ms, window_ms, after, slices)
         found, whole = self._take_whole(PICK_OF[name], params, "take")
         rows = [Claimed(*r) for r in found]
         rows.sort(key=lambda r: (r.scheduled_us, r.seq))  # RETURNING has no order of its own
@@ -94,11 +94,7 @@ class TakeStatements(LastSeq):
     def claim_share(self, slices: tuple[int, ...], limit: int, lookahead_ms: int, window_ms: int | None = None,
                     after: Mark | None = None) -> tuple[list[Claimed], bool]:
         """`claim_whole` within these slices (chronos.domain.shares)."""
-        name, params = due_claim(limit, lookahead_ms, window_ms, after, slices)
-        found, whole = self._take_whole(PICK_OF[name], params, "take")
-        rows = [Claimed(*r) for r in found]
-        rows.sort(key=lambda r: (r.scheduled_us, r.seq))
-        return rows, whole
+        return self.claim_whole(limit, lookahead_ms, window_ms, after, slices)
 
     def claim_limited(self, limits: ratelimit.FireRateLimits, output_topic: str, limit: int, lookahead_ms: int,
                       tokens: TokenStore) -> tuple[list[Claimed], bool]:

@@ -24,7 +24,8 @@ from chronos.runtime.process import Lifecycle
 log = logging.getLogger("chronos.firer")
 
 RECENT_WINDOW_MS = 2000  # most claims take rows due at most this long ago (`Claimer.claim_rows`)
-FULL_CLAIM_EVERY = 0.5   # seconds: a claim of every due row, however long ago, at least this often
+FULL_CLAIM_EVERY = 2.0   # seconds: a claim of every due row, however long ago, at least this often
+SEQ_READ_EVERY = 0.5     # seconds: how often the claimer reads the messages' last seq (ClaimCursor.seq_read)
 WINDOW_CLAIM_EVERY = 0.2  # seconds: between claims that start where the last ended, one of the window (ClaimCursor)
 KAFKA_PROBE_EVERY = 1.0  # seconds: after a stall, how often the claimer asks Kafka whether it answers
 # The cap on rows held, in batches: at 25,000 msg/s the lookahead alone holds 7,500 rows, and rows stay held
@@ -42,10 +43,8 @@ class Claimer(StoreThread[ClaimStore]):
     it claims nothing while Kafka keeps publishes waiting (back-pressure) nor beyond `max_held`
     rows held. On a thread and connection of its own, apart from the settler: a claim that runs
     long (a lock, a plan gone bad) stops only further claims, and the rows already held keep being
-    deleted once published, so none of them ages past the hold time into a peer's hands.
-
-    With other firers live it claims first from its own share of the due rows (`shares`, renewed
-    through the store), and from the others' only what they left overdue once its own is drained.
+    deleted once published, so none of them ages past the hold time into a peer's hands. With other
+    firers live it claims from its own share of the due rows (`shares`), then what others left overdue.
 
     A firer runs `parts` claimers (CHRONOS_FIRER_CLAIMERS), so that its next claim is on its way while
     the last one's rows are handed on and published: the `part`-th claims its own part of the firer's
@@ -82,7 +81,7 @@ class Claimer(StoreThread[ClaimStore]):
         self.claims_paused = False
         self.next_claim = 0.0
         self.next_schedules = 0.0
-        self.next_full_claim = 0.0  # monotonic
+        self.next_full_claim = self.next_seq_read = 0.0  # monotonic
         self.next_strays = 0.0      # monotonic: the next claim of any slice's rows overdue by the hold time
         self.cursor = ClaimCursor(WINDOW_CLAIM_EVERY)  # where this claimer's next claim of recent rows starts
         if lead is not None:  # one lease per firer: the first claimer's
@@ -238,30 +237,33 @@ class Claimer(StoreThread[ClaimStore]):
         """The claim without fire-rate limits: (the rows, whether they are a backlog's, to drain without
         sleeping). Most claims take only rows due at most RECENT_WINDOW_MS ago: the due index keeps an entry
         for every row claimed since its last vacuum, all at the head of its range, and a claim that starts there
-        walks them all, every time; a claim starts where the last one ended (`ClaimCursor`). Rows due
-        longer ago (written late, handed back, a backlog) are taken by a full claim, at least every
-        FULL_CLAIM_EVERY seconds, and at once again while the last one says so (`full_claim_again`).
+        walks them all; a claim starts where the last one ended (`ClaimCursor`). Older rows (written late, handed
+        back, a backlog) wait for a full claim, every FULL_CLAIM_EVERY or at once again (`full_claim_again`).
 
-        With other firers live, the claim takes this firer's own slices; a full claim that finds them
-        drained also takes what others left overdue (`take_others`): the rows of a firer gone quiet, and of
-        any slice once overdue by the hold time. With other claimers in this firer, each claims its part of
-        the firer's slices, and the first takes what the others left overdue as well. `claims`: the store's
-        (stamping), or a session of the claim that deletes (all of one pass in one batch)."""
+        With other firers live, the claim takes this firer's own slices; one every SEQ_READ_EVERY that finds them
+        drained also takes what others left overdue (`take_others`): a quiet firer's rows, and any slice's once
+        overdue by the hold time. With other claimers in this firer, each claims its part of the firer's slices,
+        and the first takes the others' overdue rows too. `claims`: the store's, or a session of the claim that
+        deletes."""
         now = time.monotonic()
         full = now >= self.next_full_claim
+        beat = full or now >= self.next_seq_read  # the last seq read again, and the others' overdue rows taken
         mine = self.own_slices(now)
         window = None if full else RECENT_WINDOW_MS
         rows: list[Claimed] = []
         self.cursor.within(mine)
         if mine is None or mine:  # none: every slice; empty: fewer slices than claimers, or no lease yet
-            mark = self.cursor.start(now, full, claims.last_seq)
+            if beat:
+                self.cursor.seq_read(claims.last_seq())
+                self.next_seq_read = now + SEQ_READ_EVERY
+            mark = self.cursor.start(now, full)
             rows, whole = (claims.claim_whole(limit, self.settings.lookahead_ms, window, mark) if mine is None
                            else claims.claim_share(mine, limit, self.settings.lookahead_ms, window, mark))
             self.cursor.ended(((r.deadline_us, r.seq) for r in rows), whole, len(rows) == limit)
         backlog = len(rows) == limit
         if mine:
             assert self.shares is not None
-            if self.lead is None and self.shares.takes_others(full, backlog, self.parts) and len(rows) < limit:
+            if self.lead is None and self.shares.takes_others(beat, backlog, self.parts) and len(rows) < limit:
                 taken = self.take_others(self.shares, limit - len(rows), claims)
                 backlog = len(rows) + len(taken) == limit
                 rows += taken

@@ -6,7 +6,7 @@ comes in as arguments."""
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Iterable
 
 from chronos.domain.model import Mark
 
@@ -44,20 +44,21 @@ class ClaimCursor:
 
     Below that mark the next claim looks, within the window, only at rows whose seq is past `since`: rows
     written since then, with a deadline already that close, which the index tells from the rows taken without
-    a visit to the table. `since` is the messages' last seq as read before the full claim before the last one
-    (`seq_read`): a row written by a transaction under way at that read and committed after the last full
-    claim began (one that lasted half a second or more) waits for the next full claim, as do rows that come
-    back below the mark with an older seq (put back after a failed publish, replaced with a deadline that
-    close). The full claim (every FULL_CLAIM_EVERY) starts the mark again. Where the schema cannot say the
-    last seq, no claim looks below its mark: a claim starts past it only after one that came back full, and
-    a claim of the window runs at least every `every` seconds and after any claim that came back short."""
+    a visit to the table. `since` is the messages' last seq as read two reads before the last (`seq_read`, read
+    every SEQ_READ_EVERY): a row drawn before a read is looked at by the claims until the read after next, so
+    one written by a transaction that lasted less than the time between two reads is found when it commits.
+    A longer one's rows wait for the next full claim, as do rows that come back below the mark with an older
+    seq (put back after a failed publish, replaced with a deadline that close). The full claim (every
+    FULL_CLAIM_EVERY) starts the mark again. Where the schema cannot say the last seq, no claim looks below
+    its mark: a claim starts past it only after one that came back full, and a claim of the window runs at
+    least every `every` seconds and after any claim that came back short."""
 
     def __init__(self, every: float):
         self.every = every
         self.after: tuple[int, int] | None = None  # (deadline in µs, seq) of the last row the claims took
         self.window_at = 0.0  # monotonic: when the next claim is one of the window, whatever the mark
-        self.since: int | None = None  # the last seq as read before the full claim before the last one
-        self._read: int | None = None  # and as read before the last full claim
+        self.since: int | None = None  # the last seq as read two reads before the last
+        self._reads: tuple[int, ...] = ()  # the last three reads, oldest first
         self.slices: tuple[int, ...] | None = None  # the slices the claims take (None: every one)
 
     def within(self, slices: tuple[int, ...] | None) -> None:
@@ -67,14 +68,12 @@ class ClaimCursor:
             self.slices, self.after = slices, None
 
     def seq_read(self, seq: int | None) -> None:
-        """The messages' last seq, read just before a full claim (None: the schema cannot say)."""
-        self.since, self._read = (self._read, seq) if seq is not None else (None, None)
+        """The messages' last seq, just read (None: the schema cannot say)."""
+        self._reads = (*self._reads, seq)[-3:] if seq is not None else ()
+        self.since = self._reads[0] if len(self._reads) == 3 else None
 
-    def start(self, now: float, full: bool = False, last_seq: Callable[[], int | None] | None = None) -> Mark | None:
-        """Where the claim at `now` (monotonic) starts: past the mark, or None (the window, or a `full` claim,
-        before which `last_seq` is read)."""
-        if full and last_seq is not None:
-            self.seq_read(last_seq())
+    def start(self, now: float, full: bool = False) -> Mark | None:
+        """Where the claim at `now` (monotonic) starts: past the mark, or None (the window, or a `full` claim)."""
         if full or self.after is None or (self.since is None and now >= self.window_at):
             self.after, self.window_at = None, now + self.every
             return None

@@ -407,11 +407,14 @@ STEADY = "2026-11-30/steady-cursor"  # every claim of a firer alone past its las
 KEY_SEARCH = "2026-11-30/key-search-10k"  # no key-search index unless an operator builds it, against f37cd58 and ca7e5a1
 ONE_DUE = "2026-11-30/one-due-index-10k"  # one index for the due rows, and the cursor of slices, against ab19cc6 and ca7e5a1
 TWENTY_K = "2026-11-30/twenty-k-222"  # two of every role at 20,000 msg/s: 358f7f1 against 693dfc3
-FIND_MAX_ONE_DUE = "2026-11-30/find-max"  # the highest rates within the SLA of 358f7f1 and ca7e5a1, in turn
+FULL_2S = "2026-11-30/full-claim-2s-10k"  # the full claim every 2 s: 68e9007 against ca7e5a1
+FULL_2S_AB = "2026-11-30/full-claim-2s-ab"  # the same against 92ba7dc, the code before
+FIND_MAX_ONE_DUE = "2026-11-30/find-max-pairs"  # the highest rates within the SLA of 92ba7dc and ca7e5a1, three pairs
 #: The highest rates within the SLA of the code and of ca7e5a1, in turn.
 FIND_MAX_AB = "2026-11-29/find-max"
 #: The design's limit with the statements Chronos runs.
 DESIGN_LIMIT_NOW = "2026-11-29/design-limit/delete-claim-shares.json"
+DESIGN_LIMIT_ONE_DUE = "2026-11-30/design-limit/delete-claim-shares.json"  # the same on migration 20's schema
 
 
 def _result(path: str) -> Any:
@@ -706,10 +709,11 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("ca7e5a1 (before the claim that deletes), one process per role, in turn with the above", _find_maxes,
          f"{FIND_MAX_AB}/ca7e5a1-111-1.json"),
         ("ca7e5a1, two of every role", _find_maxes, f"{FIND_MAX_AB}/ca7e5a1-222-1.json"),
-        ("358f7f1 (one index for the due rows), one process per role, one run in turn with ca7e5a1's, 2026-11-30 "
-         "13:29-13:39 UTC; the search stops at 40,000 msg/s, which held", functools.partial(
+        ("92ba7dc (one index for the due rows), one process per role, three runs in turn with ca7e5a1's, 2026-11-30 "
+         "14:31-15:13 UTC (the search: 20,000 msg/s doubled up to 80,000, then bisected; five steps of 20 s)",
+         functools.partial(
              _find_maxes, against=f"{FIND_MAX_ONE_DUE}/ca-111-1.json"), f"{FIND_MAX_ONE_DUE}/cur-111-1.json"),
-        ("358f7f1, two of every role, the same", functools.partial(
+        ("92ba7dc, two of every role, the same", functools.partial(
              _find_maxes, against=f"{FIND_MAX_ONE_DUE}/ca-222-1.json"), f"{FIND_MAX_ONE_DUE}/cur-222-1.json")]),
     ("the highest rate within the SLA, of the design's limit", "≥ 0.70", [
         ("one process per role, the claim that stamps (firers racing in the design's run), 2026-11-28",
@@ -720,7 +724,13 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          "the highest rates above", functools.partial(_of_design_limit, layout="1/1/1", limit=DESIGN_LIMIT_NOW, arm=True),
          f"{FIND_MAX_AB}/head-111-1.json"),
         ("two of every role, the same", functools.partial(_of_design_limit, layout="2/2/2", limit=DESIGN_LIMIT_NOW,
-                                                          arm=True), f"{FIND_MAX_AB}/head-222-1.json")]),
+                                                          arm=True), f"{FIND_MAX_AB}/head-222-1.json"),
+        ("92ba7dc, one process of each role: the medians of its three highest rates above, of the rate of the "
+         "design's statements as it runs them on its schema (one due index), numbered ids as the SLA load's, a "
+         "batch held 100 ms, 2026-11-30 15:39 UTC", functools.partial(
+             _of_design_limit, layout="1/1/1", limit=DESIGN_LIMIT_ONE_DUE, arm=True), f"{FIND_MAX_ONE_DUE}/cur-111-1.json"),
+        ("92ba7dc, two of every role, the same", functools.partial(
+             _of_design_limit, layout="2/2/2", limit=DESIGN_LIMIT_ONE_DUE, arm=True), f"{FIND_MAX_ONE_DUE}/cur-222-1.json")]),
     ("publish lateness p99.9, the firer's own share", "≤ 10 ms", [
         ("one process per role, 20,000 msg/s (the highest rate of ca7e5a1), 40 s, fresh stacks, 2026-11-29 "
          "23:22-23:57 UTC, in turn with 6fa1315", _lateness_arm, f"{HELD_FIRST}/fix-111-1.json"),
@@ -847,6 +857,19 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("358f7f1, two of every role", _claim_costs, f"{ONE_DUE}/cur-222-1.json"),
         ("ab19cc6, two of every role", _claim_costs, f"{ONE_DUE}/ks-222-1.json"),
         ("ca7e5a1, two of every role", _claim_costs, f"{ONE_DUE}/ca-222-1.json")]),
+    ("a message's cost at 10,000 msg/s, fresh stacks, 60 s: 68e9007 (a firer's full claim every 2 s rather than "
+     "every 0.5 s) against ca7e5a1, in turn, both layouts interleaved, 3 runs of each, 2026-11-30 15:22-15:39 UTC",
+     "PostgreSQL's CPU and WAL per message ≤ 0.5 of ca7e5a1's; with Chronos ≤ 0.6", [
+        ("68e9007, one process of each role", _claim_costs, f"{FULL_2S}/new-111-1.json"),
+        ("ca7e5a1, one process of each role", _claim_costs, f"{FULL_2S}/ca-111-1.json"),
+        ("68e9007, two of every role", _claim_costs, f"{FULL_2S}/new-222-1.json"),
+        ("ca7e5a1, two of every role", _claim_costs, f"{FULL_2S}/ca-222-1.json")]),
+    ("a message's cost at 10,000 msg/s, fresh stacks, 60 s: 68e9007 against 92ba7dc (the code before: a full claim "
+     "every 0.5 s), in turn, both layouts interleaved, 3 runs of each, 2026-11-30 15:45-16:02 UTC", "", [
+        ("68e9007, one process of each role", _claim_costs, f"{FULL_2S_AB}/new-111-1.json"),
+        ("92ba7dc, one process of each role", _claim_costs, f"{FULL_2S_AB}/cur-111-1.json"),
+        ("68e9007, two of every role", _claim_costs, f"{FULL_2S_AB}/new-222-1.json"),
+        ("92ba7dc, two of every role", _claim_costs, f"{FULL_2S_AB}/cur-222-1.json")]),
     ("two of every role at 20,000 msg/s, fresh stacks, 30 s: 358f7f1 against 693dfc3 (before the firers' shares), "
      "in turn, 10 runs of each, 2026-11-30 12:17-12:34 UTC", "kept up at least as often as 693dfc3; publish "
      "lateness p99.9 ≤ 10 ms", [

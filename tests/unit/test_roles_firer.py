@@ -164,50 +164,28 @@ def test_a_claim_after_one_that_came_back_full_starts_where_it_ended_and_a_row_b
 
 
 def test_with_the_last_seq_known_every_claim_starts_past_the_last_row_and_below_it_finds_only_rows_written_since():
-    """Past two full claims the firer knows an older seq than any row written since: a claim that came back short
-    moves the mark too, and below it the next claim finds a row written late, but not a row of an older seq
-    (one put back, or replaced with a deadline that close), which the next full claim takes."""
-    TakesSeen.claims = []
+    """Every SEQ_READ_EVERY the claimer reads the last seq again, with no claim of its own; past three reads the
+    firer knows an older seq than any row written since: a claim that came back short moves the mark too, and
+    below it the next claim finds a row written late, but not a row of an older seq (one put back, or replaced
+    with a deadline that close), which waits for the full claim, every FULL_CLAIM_EVERY: only a full claim walks
+    the due index from its head, past the entries of every row taken since its last vacuum."""
+    TakesSeen.claims, TakesSeen.seq_reads = [], 0
     f = TakingFirer()
     claimer = f.proc.claimer
     f.add("old", due_in=60)
-    for _ in range(3):  # full claims, each reading the last seq before it
-        claimer.next_full_claim = time.monotonic()
+    claimer.claim(time.time())  # the first claim is a full one, the last seq read before it
+    for _ in range(2):  # two more reads between full claims, each with a claim of recent rows
+        claimer.next_seq_read = time.monotonic()
         claimer.claim(time.time())
+    assert TakesSeen.seq_reads == 3 and [w for w, _ in TakesSeen.claims] == [None, RECENT_WINDOW_MS, RECENT_WINDOW_MS]
+    assert claimer.next_full_claim - time.monotonic() > SEQ_READ_EVERY
     f.add("a", due_in=-0.1)
-    claimer.claim(time.time())  # the first since the full claim: of the window, short
+    claimer.claim(time.time())  # of the window, short
     a = f.db.rows["a"]
     f.add("late", due_in=-0.3)
     f.db.rows["old"].deadline_us = a.deadline_us - 1000  # below the mark, with an older seq
     claimer.claim(time.time())
     assert TakesSeen.claims[-1] == (RECENT_WINDOW_MS, Mark(a.deadline_us, a.seq, f.db.rows["old"].seq))
-    assert f.state() == {"old": "waiting", "a": "held", "late": "held"}
-    claimer.next_full_claim = time.monotonic()
-    claimer.claim(time.time())
-    assert TakesSeen.claims[-1] == (None, None) and f.state()["old"] == "held"
-
-
-def test_between_full_claims_the_last_seq_is_read_again_and_a_row_of_an_older_seq_below_the_mark_waits_for_one():
-    """Every SEQ_READ_EVERY the claimer reads the last seq again, without a claim of its own: the claims below
-    the mark look at rows past the read two before the last. A row that comes back below the mark with an
-    older seq waits for the full claim, every FULL_CLAIM_EVERY: only a full claim walks the due index from its
-    head, past the entries of every row taken since its last vacuum."""
-    TakesSeen.claims, TakesSeen.seq_reads = [], 0
-    f = TakingFirer()
-    claimer = f.proc.claimer
-    f.add("old", due_in=60)
-    for _ in range(3):  # full claims, each reading the last seq before it
-        claimer.next_full_claim = time.monotonic()
-        claimer.claim(time.time())
-    assert TakesSeen.seq_reads == 3 and claimer.next_full_claim - time.monotonic() > SEQ_READ_EVERY
-    f.add("a", due_in=-0.1)
-    claimer.claim(time.time())  # the first since the full claim: of the window
-    a = f.db.rows["a"]
-    claimer.next_seq_read = time.monotonic()  # SEQ_READ_EVERY went by: a read, no claim of the window
-    f.add("late", due_in=-0.3)  # written since the reads: found below the mark
-    f.db.rows["old"].deadline_us = a.deadline_us - 1000  # below the mark, with an older seq
-    claimer.claim(time.time())
-    assert TakesSeen.seq_reads == 4 and TakesSeen.claims[-1][1][:2] == (a.deadline_us, a.seq)
     assert f.state() == {"old": "waiting", "a": "held", "late": "held"}
     claimer.next_full_claim = time.monotonic()  # FULL_CLAIM_EVERY went by
     claimer.claim(time.time())

@@ -409,6 +409,7 @@ ONE_DUE = "2026-11-30/one-due-index-10k"  # one index for the due rows, and the 
 TWENTY_K = "2026-11-30/twenty-k-222"  # two of every role at 20,000 msg/s: 358f7f1 against 693dfc3
 FULL_2S = "2026-11-30/full-claim-2s-10k"  # the full claim every 2 s: 68e9007 against ca7e5a1
 FULL_2S_AB = "2026-11-30/full-claim-2s-ab"  # the same against 92ba7dc, the code before
+FIND_MAX_FULL_2S = "2026-11-30/find-max-full-claim-2s"  # two of every role: 68e9007 and ca7e5a1, three pairs
 FIND_MAX_ONE_DUE = "2026-11-30/find-max-pairs"  # the highest rates within the SLA of 92ba7dc and ca7e5a1, three pairs
 #: The highest rates within the SLA of the code and of ca7e5a1, in turn.
 FIND_MAX_AB = "2026-11-29/find-max"
@@ -714,7 +715,10 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          functools.partial(
              _find_maxes, against=f"{FIND_MAX_ONE_DUE}/ca-111-1.json"), f"{FIND_MAX_ONE_DUE}/cur-111-1.json"),
         ("92ba7dc, two of every role, the same", functools.partial(
-             _find_maxes, against=f"{FIND_MAX_ONE_DUE}/ca-222-1.json"), f"{FIND_MAX_ONE_DUE}/cur-222-1.json")]),
+             _find_maxes, against=f"{FIND_MAX_ONE_DUE}/ca-222-1.json"), f"{FIND_MAX_ONE_DUE}/cur-222-1.json"),
+        ("68e9007 (a firer's full claim every 2 s), two of every role, three runs in turn with ca7e5a1's, 2026-11-30 "
+         "16:28-16:49 UTC, the same search", functools.partial(
+             _find_maxes, against=f"{FIND_MAX_FULL_2S}/ca-222-1.json"), f"{FIND_MAX_FULL_2S}/new-222-1.json")]),
     ("the highest rate within the SLA, of the design's limit", "≥ 0.70", [
         ("one process per role, the claim that stamps (firers racing in the design's run), 2026-11-28",
          functools.partial(_of_design_limit, layout="1/1/1"), "2026-11-28/find-max/chronos-1x1x1.json"),
@@ -730,7 +734,9 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          "batch held 100 ms, 2026-11-30 15:39 UTC", functools.partial(
              _of_design_limit, layout="1/1/1", limit=DESIGN_LIMIT_ONE_DUE, arm=True), f"{FIND_MAX_ONE_DUE}/cur-111-1.json"),
         ("92ba7dc, two of every role, the same", functools.partial(
-             _of_design_limit, layout="2/2/2", limit=DESIGN_LIMIT_ONE_DUE, arm=True), f"{FIND_MAX_ONE_DUE}/cur-222-1.json")]),
+             _of_design_limit, layout="2/2/2", limit=DESIGN_LIMIT_ONE_DUE, arm=True), f"{FIND_MAX_ONE_DUE}/cur-222-1.json"),
+        ("68e9007 (a firer's full claim every 2 s), two of every role, the same", functools.partial(
+             _of_design_limit, layout="2/2/2", limit=DESIGN_LIMIT_ONE_DUE, arm=True), f"{FIND_MAX_FULL_2S}/new-222-1.json")]),
     ("publish lateness p99.9, the firer's own share", "≤ 10 ms", [
         ("one process per role, 20,000 msg/s (the highest rate of ca7e5a1), 40 s, fresh stacks, 2026-11-29 "
          "23:22-23:57 UTC, in turn with 6fa1315", _lateness_arm, f"{HELD_FIRST}/fix-111-1.json"),

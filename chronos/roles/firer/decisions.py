@@ -57,8 +57,7 @@ class ClaimCursor:
         self.every = every
         self.after: tuple[int, int] | None = None  # (deadline in µs, seq) of the last row the claims took
         self.window_at = 0.0  # monotonic: when the next claim is one of the window, whatever the mark
-        self.since: int | None = None  # the last seq as read two reads before the last
-        self._reads: tuple[int, ...] = ()  # the last three reads, oldest first
+        self._reads: tuple[int, ...] = ()  # the last three reads of the last seq, oldest first
         self.slices: tuple[int, ...] | None = None  # the slices the claims take (None: every one)
 
     def within(self, slices: tuple[int, ...] | None) -> None:
@@ -70,7 +69,11 @@ class ClaimCursor:
     def seq_read(self, seq: int | None) -> None:
         """The messages' last seq, just read (None: the schema cannot say)."""
         self._reads = (*self._reads, seq)[-3:] if seq is not None else ()
-        self.since = self._reads[0] if len(self._reads) == 3 else None
+
+    @property
+    def since(self) -> int | None:
+        """The last seq as read two reads before the last (None: not known yet, or the schema cannot say)."""
+        return self._reads[0] if len(self._reads) == 3 else None
 
     def start(self, now: float, full: bool = False) -> Mark | None:
         """Where the claim at `now` (monotonic) starts: past the mark, or None (the window, or a `full` claim)."""

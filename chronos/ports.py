@@ -359,6 +359,9 @@ class DetectStore(StoreHandle, Presence, Protocol):
 
     def throttled(self, output_topic: str) -> list[Throttled]: ...
 
+    def gauge_reader(self, within_ms: int) -> uuid.UUID | None:
+        """The detector that reads the store gauges for all: the first by node in chronos_processes (said within)."""
+
 
 class CellMapStore(StoreHandle, Protocol):
     """Changes of a cell's list of input partitions, each made once the writes that checked their fence

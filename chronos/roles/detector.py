@@ -16,6 +16,7 @@ from typing import Callable, Mapping
 from chronos.config import Settings
 from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.logs import Throttle
+from chronos.telemetry.endpoints import ANNOUNCE_EVERY_S
 from chronos.telemetry.metrics import DetectorTelemetry, postgres_reached
 from chronos.runtime.process import Lifecycle
 from chronos.runtime.backoff import POSTGRES_RETRY_CAP_S, Outage
@@ -28,6 +29,10 @@ log = logging.getLogger("chronos.detector")
 # under load that is tens of milliseconds of PostgreSQL: at 10,000 msg/s with 60,000 rows waiting,
 # 60-130 ms a read (the waiting count and the in-flight one), in every detector.
 GAUGES_EVERY = 15.0
+# The detectors that said where they serve /metrics (chronos_processes, every ANNOUNCE_EVERY_S) within this
+# long are live: the first of them by node reads the store gauges for all. A detector that stops takes its
+# row away, and the next one reads at its next turn; one that dies hands the turn on once its row is this old.
+GAUGE_READER_WITHIN_MS = int(2 * ANNOUNCE_EVERY_S * 1000)
 
 
 def suspected_nodes(reset_by: list[uuid.UUID]) -> list[tuple[uuid.UUID, int]]:
@@ -51,6 +56,7 @@ class DetectorProcess:
         self.metrics.follow(lambda: {"reset": self.total_reset})
         self.metrics.follow_postgres(lambda: [self.store.link])
         self.next_gauges = 0.0
+        self.gauges_by: uuid.UUID | None = None  # the detector that read the store gauges last time (None: this one)
 
     def run(self) -> None:
         interval = self.settings.failure_detection_interval_ms / 1000.0
@@ -88,15 +94,37 @@ class DetectorProcess:
         return len(reset_by)
 
     def refresh_gauges(self) -> None:
-        """Read waiting, due and held counts from the store for the gauges, now and then."""
+        """Read waiting, due and held counts from the store for the gauges, now and then. One detector of a
+        database reads them (`gauge_reader`): under load a read costs PostgreSQL tens of milliseconds, and
+        every other detector's would be the same counts. The others export none, and the alert rules and
+        dashboards take the one there is (`max by (cell)`)."""
         now = time.monotonic()
         if not self.metrics.serving or now < self.next_gauges:
             return
         self.next_gauges = now + GAUGES_EVERY
         try:
+            self.metrics.actions = self.action_totals()
+            if self.another_reads_gauges():
+                self.metrics.withhold_store_gauges()
+                return
             self.metrics.store_gauges(self.store.overview(self.settings.hold_time_ms))
             self.metrics.throttled_gauges(self.store.throttled(self.settings.output_topic))
-            self.metrics.actions = self.action_totals()
         except StoreRejected as exc:  # a gauge is not worth stopping the detector for
             self.throttle.warning("gauges", "cannot read the store gauges: %s", exc)
 
+    def another_reads_gauges(self) -> bool:
+        """Whether another live detector comes first (`DetectStore.gauge_reader`); said in the log when that
+        changes. Where the store cannot say, this one reads."""
+        try:
+            first = self.store.gauge_reader(GAUGE_READER_WITHIN_MS)
+        except StoreRejected:
+            first = None
+        me = uuid.UUID(self.metrics.node)
+        by = first if first is not None and first < me else None
+        if by != self.gauges_by:
+            if by is None:
+                log.info("reading the store gauges for the detectors of this database")
+            else:
+                log.info("detector %s reads the store gauges: this one exports none of them", by)
+        self.gauges_by = by
+        return by is not None

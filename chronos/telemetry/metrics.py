@@ -424,28 +424,28 @@ class DetectorTelemetry(Telemetry):
 
     def __init__(self, node_id: uuid.UUID | str, settings: Settings, environ: Mapping[str, str] | None = None):
         super().__init__(node_id, settings, environ)
-        self.waiting = self.gauge("chronos_rows_waiting", "rows waiting for their deadline, not claimed "
-                                  "(an estimate on a very large table, see chronos_rows_waiting_estimated)")
-        self.waiting_estimated = self.gauge("chronos_rows_waiting_estimated",
-                                            "1 when chronos_rows_waiting is the planner's estimate")
-        self.due = self.gauge("chronos_rows_due", "rows whose deadline has passed and no firer claimed yet")
-        # named "in flight" (dashboards and alert rules use it): the rows held by the firers
-        self.held = self.gauge("chronos_rows_in_flight", "rows held by a firer: claimed, not fired or handed back yet")
-        self.past_hold = self.gauge("chronos_rows_past_hold_time",
-                                    "rows held longer than the hold time (suspected failures)")
-        self.oldest_overdue = self.gauge("chronos_oldest_overdue_seconds",
-                                         "how late the most overdue unfired row is (0 when none)")
-        self.schedules = self.gauge("chronos_recurring_schedules", "recurring (cron) schedules in the store")
-        self.parked = self.gauge("chronos_rows_parked", "messages kept in chronos_parked: neither their destination "
-                                 "nor the dead-letter topic accepted them (an operator should look)")
+        # the store gauges: exported by the one detector that reads them for every detector of its database
+        # (`DetectorProcess.refresh_gauges`), so families whose series come and go with that turn
+        self.store_families = {field: Gauge(name, doc, ("role", "node"), registry=self.registry) for field, name, doc in (
+            ("waiting", "chronos_rows_waiting", "rows waiting for their deadline, not claimed "
+             "(an estimate on a very large table, see chronos_rows_waiting_estimated)"),
+            ("waiting_estimated", "chronos_rows_waiting_estimated", "1 when chronos_rows_waiting is the planner's estimate"),
+            ("due", "chronos_rows_due", "rows whose deadline has passed and no firer claimed yet"),
+            # named "in flight" (dashboards and alert rules use it): the rows held by the firers
+            ("in_flight", "chronos_rows_in_flight", "rows held by a firer: claimed, not fired or handed back yet"),
+            ("past_hold_time", "chronos_rows_past_hold_time", "rows held longer than the hold time (suspected failures)"),
+            ("oldest_overdue_s", "chronos_oldest_overdue_seconds", "how late the most overdue unfired row is (0 when none)"),
+            ("schedules", "chronos_recurring_schedules", "recurring (cron) schedules in the store"),
+            ("parked", "chronos_rows_parked", "messages kept in chronos_parked: neither their destination "
+             "nor the dead-letter topic accepted them (an operator should look)"),
+            ("read_at", "chronos_store_gauges_timestamp_seconds",
+             "when the chronos_rows_* gauges were last read from the store (unix time)"))}
         self.throttled = Gauge("chronos_throttled_rows", "due rows of a rate-limited destination topic held back "
                                "by its fire-rate limit (not claimed yet)", ("role", "node", "topic"),
                                registry=self.registry)
         self.throttled_lateness = Gauge("chronos_throttled_lateness_seconds", "how late the oldest held-back row "
                                         "of a rate-limited destination topic is (0 when none)",
                                         ("role", "node", "topic"), registry=self.registry)
-        self.store_read = self.gauge("chronos_store_gauges_timestamp_seconds",
-                                     "when the chronos_rows_* gauges were last read from the store (unix time)")
         self.actions: Mapping[str, tuple[int, int]] = {}   # read with the store gauges
         self.registry.register(ActionTotals(self.role, self.node, lambda: self.actions))
         stats_file = (os.environ if environ is None else environ).get(STATS_ENV)
@@ -457,15 +457,19 @@ class DetectorTelemetry(Telemetry):
 
     def store_gauges(self, overview: Any) -> None:
         """Set the store gauges from a `store.Overview`."""
-        self.waiting.set(overview.waiting)
-        self.waiting_estimated.set(1 if overview.waiting_estimated else 0)
-        self.due.set(overview.due)
-        self.held.set(overview.in_flight)
-        self.past_hold.set(overview.past_hold_time)
-        self.oldest_overdue.set(overview.oldest_overdue_s or 0.0)
-        self.schedules.set(overview.schedules or 0)
-        self.parked.set(overview.parked or 0)
-        self.store_read.set(time.time())
+        values = {"waiting": overview.waiting, "waiting_estimated": 1 if overview.waiting_estimated else 0,
+                  "due": overview.due, "in_flight": overview.in_flight, "past_hold_time": overview.past_hold_time,
+                  "oldest_overdue_s": overview.oldest_overdue_s or 0.0, "schedules": overview.schedules or 0,
+                  "parked": overview.parked or 0, "read_at": time.time()}
+        for field, family in self.store_families.items():
+            family.labels(self.role, self.node).set(values[field])
+
+    def withhold_store_gauges(self) -> None:
+        """Export no store gauges (nor the throttled ones): another detector reads them for this one."""
+        for family in self.store_families.values():
+            family.remove(self.role, self.node)
+        self.throttled.clear()
+        self.throttled_lateness.clear()
 
     def throttled_gauges(self, throttled: Iterable[Any]) -> None:
         """Set the per-topic throttled gauges from `store.Throttled` values; a topic no longer

@@ -41,3 +41,21 @@ def test_a_word_not_renewed_for_a_day_is_dropped_when_another_process_speaks(bac
     backend.age_announcements(86_400 + 60)
     here.announce("consumer", "http", 9400, "10.0.0.12")
     assert [a.url for a in backend.store().announced(10 * 86_400_000)] == ["http://10.0.0.12:9400/metrics"]
+
+
+def test_the_gauge_reader_is_the_first_by_node_of_the_detectors_said_lately(backend):
+    """`DetectStore.gauge_reader`: the one detector of a database that reads the store gauges."""
+    high, low = backend.store(uuid.UUID(int=2 ** 127 + 5)), backend.store(uuid.UUID(int=2 ** 127 + 3))
+    ops = backend.store()
+    assert ops.gauge_reader(WITHIN_MS) is None  # no detector said where it serves
+    backend.store(uuid.UUID(int=1)).announce("firer", "http", 9500, None)  # not a detector
+    high.announce("detector", "http", 9600, None)
+    assert ops.gauge_reader(WITHIN_MS) == high.node_id
+    low.announce("detector", "http", 9600, None)
+    assert ops.gauge_reader(WITHIN_MS) == low.node_id  # first by node, as PostgreSQL orders a uuid
+    backend.age_announcements(60)
+    high.announce("detector", "http", 9600, None)
+    backend.age_announcements(60)  # the low one has said nothing for two minutes
+    assert ops.gauge_reader(WITHIN_MS) == high.node_id
+    high.withdraw()
+    assert ops.gauge_reader(WITHIN_MS) is None

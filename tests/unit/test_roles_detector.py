@@ -7,11 +7,14 @@ import threading
 import time
 import uuid
 
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
 from chronos import codec
 from chronos.adapters.memory import ManualClock, MemoryDatabase, MemoryStore
 from chronos.domain.model import Row
 from chronos.telemetry.metrics import DetectorTelemetry
-from chronos.roles.detector import GAUGES_EVERY, DetectorProcess
+from chronos.roles.detector import GAUGE_READER_WITHIN_MS, GAUGES_EVERY, DetectorProcess
 from chronos.runtime.process import Lifecycle
 from kafka_double import settings
 
@@ -99,3 +102,53 @@ def test_the_store_gauges_are_read_once_per_scrape_interval_not_at_every_scan():
     for _ in range(3):  # three scans, a failure-detection interval apart
         proc.refresh_gauges()
     assert len(reads) == 1 and GAUGES_EVERY >= 15.0 and proc.next_gauges > reads[0] + GAUGES_EVERY - 0.1
+
+
+def test_one_detector_of_a_database_reads_the_store_gauges_and_the_next_takes_over_when_it_stops_or_falls_silent(
+        caplog):
+    """Every detector's read would count the same rows again: the live one first by node reads them for all."""
+    clock = ManualClock()
+    db = MemoryDatabase(clock)
+    reads: list[uuid.UUID] = []
+
+    class Counting(MemoryStore):
+        def overview(self, hold_ms, *, exact=None):
+            reads.append(self.node_id)
+            return super().overview(hold_ms, exact=exact)
+
+    def serving(node: uuid.UUID) -> DetectorProcess:
+        s = settings(CHRONOS_HOLD_TIME_MS="5000")
+        proc = DetectorProcess(s, Lifecycle(), store=Counting(db, node_id=node), telemetry=DetectorTelemetry(node, s))
+        proc.metrics.server = object()  # serving /metrics
+        proc.store.announce("detector", "http", 9000, None)
+        return proc
+
+    def exported(proc: DetectorProcess) -> set[str]:
+        text = generate_latest(proc.metrics.registry).decode()
+        return {s.name for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name in ("chronos_rows_waiting", "chronos_store_gauges_timestamp_seconds")}
+
+    def turn(*procs: DetectorProcess) -> list[uuid.UUID]:
+        reads.clear()
+        for proc in procs:
+            proc.next_gauges = 0.0  # its next read is due
+            proc.refresh_gauges()
+        return list(reads)
+
+    first, second = serving(uuid.UUID(int=1)), serving(uuid.UUID(int=2))
+    caplog.set_level("INFO", logger="chronos.detector")
+    assert turn(second, first) == [first.store.node_id]
+    assert exported(first) == {"chronos_rows_waiting", "chronos_store_gauges_timestamp_seconds"}
+    assert exported(second) == set()
+    assert f"detector {first.store.node_id} reads the store gauges: this one exports none of them" in caplog.messages
+    first.store.withdraw()  # it stops
+    assert turn(second, first) == [second.store.node_id, first.store.node_id]  # (it reads until it stops)
+    assert exported(second) == {"chronos_rows_waiting", "chronos_store_gauges_timestamp_seconds"}
+    assert "reading the store gauges for the detectors of this database" in caplog.messages
+    first.store.announce("detector", "http", 9000, None)  # back: its turn again
+    assert turn(second, first) == [first.store.node_id] and exported(second) == set()
+    clock.advance(GAUGE_READER_WITHIN_MS / 1000 - 1)
+    second.store.announce("detector", "http", 9000, None)
+    assert turn(second) == []
+    clock.advance(2)  # the first has said nothing for longer than that: dead or cut off
+    assert turn(second) == [second.store.node_id]

@@ -61,6 +61,11 @@ class MemoryDetect(MemoryHandle):
                                   sum(1 for r in rows if r.cron is not None), len(self.db.parked))
         return self._run(run)
 
+    def gauge_reader(self, within_ms: int) -> uuid.UUID | None:
+        """The first by node of the detectors that said where they serve within the last `within_ms`."""
+        return self._run(lambda now: min((node for node, (role, _, at) in self.db.processes.items()
+                                          if role == "detector" and at > now - within_ms * 1000), default=None))
+
     def throttled(self, output_topic: str) -> list[Throttled]:
         """Per topic with a bucket refilled within the last minute: due rows not claimed, and lateness."""
         def run(now: int) -> list[Throttled]:

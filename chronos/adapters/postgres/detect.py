@@ -72,6 +72,15 @@ class DetectStatements(Session):
             return Overview.build(at, first, next_deadline, waiting, estimate, due, nodes, schedules, parked)
         return self._run(run)
 
+    def gauge_reader(self, within_ms: int) -> uuid.UUID | None:
+        """`ports.DetectStore.gauge_reader`."""
+        def run(conn: psycopg.Connection) -> uuid.UUID | None:
+            if one(self._execute(conn, QUERIES["has_processes"]))[0] is None:
+                return None  # a schema before version 10: no detector says where it serves
+            first = self._execute(conn, QUERIES["gauge_reader"], {"within_ms": within_ms}).fetchone()
+            return None if first is None else first[0]
+        return self._run(run)
+
     def throttled(self, output_topic: str) -> list["Throttled"]:
         """Per topic the firers limit (their buckets in chronos_rate_limits): how many rows are due
         and not claimed, held back by the limit (at most DUE_CAP counted), and how late the oldest

@@ -867,6 +867,13 @@ DELETE FROM chronos_processes WHERE node = %(node)s;
 -- name: has_processes
 SELECT to_regclass('chronos_processes');
 
+-- name: gauge_reader
+-- The detector that reads the store gauges (overview_*) for every detector of this database: the first by node
+-- of those that said where they serve /metrics lately. The others read none: the same counts again.
+SELECT node FROM chronos_processes
+WHERE role = 'detector' AND seen_at > now() - %(within_ms)s * interval '1 millisecond'
+ORDER BY node LIMIT 1;
+
 -- name: announced_processes
 -- The processes that said where they serve /metrics within the last `within_ms`, and how long ago.
 SELECT role, node, metrics_url, extract(epoch FROM now() - seen_at)::float8 FROM chronos_processes

@@ -410,6 +410,7 @@ TWENTY_K = "2026-11-30/twenty-k-222"  # two of every role at 20,000 msg/s: 358f7
 FULL_2S = "2026-11-30/full-claim-2s-10k"  # the full claim every 2 s: 68e9007 against ca7e5a1
 FULL_2S_AB = "2026-11-30/full-claim-2s-ab"  # the same against 92ba7dc, the code before
 FIND_MAX_FULL_2S = "2026-11-30/find-max-full-claim-2s"  # two of every role: 68e9007 and ca7e5a1, three pairs
+ONE_READER = "2026-11-30/one-gauge-reader"  # one detector reads the store gauges: bc1cddf, 7a72a93 and ca7e5a1
 FIND_MAX_ONE_DUE = "2026-11-30/find-max-pairs"  # the highest rates within the SLA of 92ba7dc and ca7e5a1, three pairs
 #: The highest rates within the SLA of the code and of ca7e5a1, in turn.
 FIND_MAX_AB = "2026-11-29/find-max"
@@ -876,6 +877,13 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("92ba7dc, one process of each role", _claim_costs, f"{FULL_2S_AB}/cur-111-1.json"),
         ("68e9007, two of every role", _claim_costs, f"{FULL_2S_AB}/new-222-1.json"),
         ("92ba7dc, two of every role", _claim_costs, f"{FULL_2S_AB}/cur-222-1.json")]),
+    ("a message's cost at 10,000 msg/s, two processes of every role, fresh stacks, 60 s: bc1cddf (one detector of "
+     "a database reads the store gauges for all) against 7a72a93 (the code before: each detector read them) and "
+     "ca7e5a1, the three in turn, 3 runs of each, 2026-11-30 18:07-18:20 UTC",
+     "PostgreSQL's CPU and WAL per message ≤ 0.5 of ca7e5a1's; with Chronos ≤ 0.6", [
+        ("bc1cddf", _claim_costs, f"{ONE_READER}/new-222-1.json"),
+        ("7a72a93", _claim_costs, f"{ONE_READER}/old-222-1.json"),
+        ("ca7e5a1", _claim_costs, f"{ONE_READER}/ca-222-1.json")]),
     ("two of every role at 20,000 msg/s, fresh stacks, 30 s: 358f7f1 against 693dfc3 (before the firers' shares), "
      "in turn, 10 runs of each, 2026-11-30 12:17-12:34 UTC", "kept up at least as often as 693dfc3; publish "
      "lateness p99.9 ≤ 10 ms", [

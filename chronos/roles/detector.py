@@ -27,7 +27,7 @@ log = logging.getLogger("chronos.detector")
 # seconds between reads of the store gauges (waiting, due, held) when serving metrics: about one
 # scrape interval. A read counts the waiting rows off the due index (exactly, below a million), and
 # under load that is tens of milliseconds of PostgreSQL: at 10,000 msg/s with 60,000 rows waiting,
-# 60-130 ms a read (the waiting count and the in-flight one), in every detector.
+# 60-130 ms a read (the waiting count and the in-flight one), in the one detector that reads them.
 GAUGES_EVERY = 15.0
 # The detectors that said where they serve /metrics (chronos_processes, every ANNOUNCE_EVERY_S) within this
 # long are live: the first of them by node reads the store gauges for all. A detector that stops takes its
@@ -103,12 +103,12 @@ class DetectorProcess:
             return
         self.next_gauges = now + GAUGES_EVERY
         try:
-            self.metrics.actions = self.action_totals()
             if self.another_reads_gauges():
                 self.metrics.withhold_store_gauges()
-                return
-            self.metrics.store_gauges(self.store.overview(self.settings.hold_time_ms))
-            self.metrics.throttled_gauges(self.store.throttled(self.settings.output_topic))
+            else:
+                self.metrics.store_gauges(self.store.overview(self.settings.hold_time_ms))
+                self.metrics.throttled_gauges(self.store.throttled(self.settings.output_topic))
+            self.metrics.actions = self.action_totals()  # cheap, and counters: every detector exports them
         except StoreRejected as exc:  # a gauge is not worth stopping the detector for
             self.throttle.warning("gauges", "cannot read the store gauges: %s", exc)
 

@@ -410,6 +410,7 @@ TWENTY_K = "2026-11-30/twenty-k-222"  # two of every role at 20,000 msg/s: 358f7
 FULL_2S = "2026-11-30/full-claim-2s-10k"  # the full claim every 2 s: 68e9007 against ca7e5a1
 FULL_2S_AB = "2026-11-30/full-claim-2s-ab"  # the same against 92ba7dc, the code before
 FIND_MAX_FULL_2S = "2026-11-30/find-max-full-claim-2s"  # two of every role: 68e9007 and ca7e5a1, three pairs
+AGED_HEAD = "2026-11-30/aged-one-reader"  # longevity, both layouts, on c8e600a
 ONE_READER = "2026-11-30/one-gauge-reader"  # one detector reads the store gauges: bc1cddf, 7a72a93 and ca7e5a1
 FIND_MAX_ONE_DUE = "2026-11-30/find-max-pairs"  # the highest rates within the SLA of 92ba7dc and ca7e5a1, three pairs
 #: The highest rates within the SLA of the code and of ca7e5a1, in turn.
@@ -801,6 +802,9 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("graphile-worker and its PostgreSQL, same load", _fresh_cpu, "2026-11-26/cpu-10000/gw.json")]),
     ("CPU at 10,000 msg/s, Chronos and PostgreSQL, on one PostgreSQL step after step (Chronos and the broker "
      "restarted between steps)", "≤ 0.30 cores", [
+        ("one process per role, c8e600a (a full claim every 2 s, one detector reading the store gauges)", _aged_cpu,
+         f"{AGED_HEAD}/longevity-1x1x1-10000.json"),
+        ("two of every role, c8e600a", _aged_cpu, f"{AGED_HEAD}/longevity-2x2x2-10000.json"),
         ("one process per role", _aged_cpu, "2026-11-30/aged/longevity-1x1x1-10000.json"),
         ("two of every role", _aged_cpu, "2026-11-30/aged/longevity-2x2x2-10000.json"),
         ("one process per role, the schema before migration 20 (2026-11-29)", _aged_cpu,
@@ -809,6 +813,8 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          "2026-11-29/aged/longevity-2x2x2-10000.json")]),
     ("CPU at 10,000 msg/s, Chronos and PostgreSQL: the last step of the run above against its first (a fresh "
      "database)", "within 10 %", [
+        ("one process per role, c8e600a", _aged_against_fresh, f"{AGED_HEAD}/longevity-1x1x1-10000.json"),
+        ("two of every role, c8e600a", _aged_against_fresh, f"{AGED_HEAD}/longevity-2x2x2-10000.json"),
         ("one process per role", _aged_against_fresh, "2026-11-30/aged/longevity-1x1x1-10000.json"),
         ("two of every role", _aged_against_fresh, "2026-11-30/aged/longevity-2x2x2-10000.json"),
         ("one process per role, the schema before migration 20 (2026-11-29)", _aged_against_fresh,

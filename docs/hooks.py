@@ -410,6 +410,7 @@ TWENTY_K = "2026-11-30/twenty-k-222"  # two of every role at 20,000 msg/s: 358f7
 FULL_2S = "2026-11-30/full-claim-2s-10k"  # the full claim every 2 s: 68e9007 against ca7e5a1
 FULL_2S_AB = "2026-11-30/full-claim-2s-ab"  # the same against 92ba7dc, the code before
 FIND_MAX_FULL_2S = "2026-11-30/find-max-full-claim-2s"  # two of every role: 68e9007 and ca7e5a1, three pairs
+TWENTY_K_HEAD = "2026-11-30/twenty-k-222-head"  # two of every role at 20,000 msg/s: c8e600a against 693dfc3
 AGED_HEAD = "2026-11-30/aged-one-reader"  # longevity, both layouts, on c8e600a
 ONE_READER = "2026-11-30/one-gauge-reader"  # one detector reads the store gauges: bc1cddf, 7a72a93 and ca7e5a1
 FIND_MAX_ONE_DUE = "2026-11-30/find-max-pairs"  # the highest rates within the SLA of 92ba7dc and ca7e5a1, three pairs
@@ -740,6 +741,9 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("68e9007 (a firer's full claim every 2 s), two of every role, the same", functools.partial(
              _of_design_limit, layout="2/2/2", limit=DESIGN_LIMIT_ONE_DUE, arm=True), f"{FIND_MAX_FULL_2S}/new-222-1.json")]),
     ("publish lateness p99.9, the firer's own share", "≤ 10 ms", [
+        ("two of every role, 20,000 msg/s, 30 s, fresh stacks: c8e600a, 2026-11-30 18:48-19:06 UTC, in turn with "
+         "693dfc3", _lateness_arm, f"{TWENTY_K_HEAD}/head-222-1.json"),
+        ("693dfc3, the same", _lateness_arm, f"{TWENTY_K_HEAD}/693-222-1.json"),
         ("one process per role, 20,000 msg/s (the highest rate of ca7e5a1), 40 s, fresh stacks, 2026-11-29 "
          "23:22-23:57 UTC, in turn with 6fa1315", _lateness_arm, f"{HELD_FIRST}/fix-111-1.json"),
         ("6fa1315 (before the held transactions were read ahead of the pick), the same", _lateness_arm,
@@ -761,6 +765,9 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("one process per role, 25,000 msg/s, 2026-11-28", _lateness, "2026-11-28/lateness/chronos-1x1x1-25000.json")]),
     ("two of every role at 20,000 msg/s, 30 s on a fresh stack, the runs of two codes in turn", "kept up at least "
      "as often as 693dfc3", [
+        ("c8e600a (a full claim every 2 s, one detector reading the store gauges), 2026-11-30 18:48-19:06 UTC, "
+         "10 runs of each", _kept_up, f"{TWENTY_K_HEAD}/head-222-1.json"),
+        ("693dfc3, the same", _kept_up, f"{TWENTY_K_HEAD}/693-222-1.json"),
         ("the claim that deletes (the default)", _kept_up, "2026-11-29/keep-up-20k/head-1.json"),
         ("693dfc3 (before the firers' shares)", _kept_up, "2026-11-29/keep-up-20k/693dfc3-1.json")]),
     ("claiming connections per firer, 20,000 msg/s, one of each role: written / fired, p99.9 jitter "

@@ -741,6 +741,8 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("68e9007 (a firer's full claim every 2 s), two of every role, the same", functools.partial(
              _of_design_limit, layout="2/2/2", limit=DESIGN_LIMIT_ONE_DUE, arm=True), f"{FIND_MAX_FULL_2S}/new-222-1.json")]),
     ("publish lateness p99.9, the firer's own share", "≤ 10 ms", [
+        ("one process per role, 20,000 msg/s, 40 s, fresh stacks: c8e600a, 2026-11-30 19:07-19:16 UTC, in turn with a "
+         "trial of the same code not adopted", _lateness_arm, "2026-11-30/lateness-20k-111/head-111-1.json"),
         ("two of every role, 20,000 msg/s, 30 s, fresh stacks: c8e600a, 2026-11-30 18:48-19:06 UTC, in turn with "
          "693dfc3", _lateness_arm, f"{TWENTY_K_HEAD}/head-222-1.json"),
         ("693dfc3, the same", _lateness_arm, f"{TWENTY_K_HEAD}/693-222-1.json"),

@@ -409,6 +409,7 @@ ONE_DUE = "2026-11-30/one-due-index-10k"  # one index for the due rows, and the 
 TWENTY_K = "2026-11-30/twenty-k-222"  # two of every role at 20,000 msg/s: 358f7f1 against 693dfc3
 FULL_2S = "2026-11-30/full-claim-2s-10k"  # the full claim every 2 s: 68e9007 against ca7e5a1
 FULL_2S_AB = "2026-11-30/full-claim-2s-ab"  # the same against 92ba7dc, the code before
+FIND_MAX_HEAD = "2026-11-30/find-max-one-reader"  # one process per role: db7c86b and ca7e5a1, three pairs
 FIND_MAX_FULL_2S = "2026-11-30/find-max-full-claim-2s"  # two of every role: 68e9007 and ca7e5a1, three pairs
 TWENTY_K_HEAD = "2026-11-30/twenty-k-222-head"  # two of every role at 20,000 msg/s: c8e600a against 693dfc3
 AGED_HEAD = "2026-11-30/aged-one-reader"  # longevity, both layouts, on c8e600a
@@ -721,7 +722,10 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
              _find_maxes, against=f"{FIND_MAX_ONE_DUE}/ca-222-1.json"), f"{FIND_MAX_ONE_DUE}/cur-222-1.json"),
         ("68e9007 (a firer's full claim every 2 s), two of every role, three runs in turn with ca7e5a1's, 2026-11-30 "
          "16:28-16:49 UTC, the same search", functools.partial(
-             _find_maxes, against=f"{FIND_MAX_FULL_2S}/ca-222-1.json"), f"{FIND_MAX_FULL_2S}/new-222-1.json")]),
+             _find_maxes, against=f"{FIND_MAX_FULL_2S}/ca-222-1.json"), f"{FIND_MAX_FULL_2S}/new-222-1.json"),
+        ("db7c86b (the full claim every 2 s, one detector reading the store gauges), one process per role, three runs "
+         "in turn with ca7e5a1's, 2026-11-30 19:41-20:03 UTC, the same search", functools.partial(
+             _find_maxes, against=f"{FIND_MAX_HEAD}/ca-111-1.json"), f"{FIND_MAX_HEAD}/head-111-1.json")]),
     ("the highest rate within the SLA, of the design's limit", "≥ 0.70", [
         ("one process per role, the claim that stamps (firers racing in the design's run), 2026-11-28",
          functools.partial(_of_design_limit, layout="1/1/1"), "2026-11-28/find-max/chronos-1x1x1.json"),
@@ -739,7 +743,9 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("92ba7dc, two of every role, the same", functools.partial(
              _of_design_limit, layout="2/2/2", limit=DESIGN_LIMIT_ONE_DUE, arm=True), f"{FIND_MAX_ONE_DUE}/cur-222-1.json"),
         ("68e9007 (a firer's full claim every 2 s), two of every role, the same", functools.partial(
-             _of_design_limit, layout="2/2/2", limit=DESIGN_LIMIT_ONE_DUE, arm=True), f"{FIND_MAX_FULL_2S}/new-222-1.json")]),
+             _of_design_limit, layout="2/2/2", limit=DESIGN_LIMIT_ONE_DUE, arm=True), f"{FIND_MAX_FULL_2S}/new-222-1.json"),
+        ("db7c86b, one process of each role, the same", functools.partial(
+             _of_design_limit, layout="1/1/1", limit=DESIGN_LIMIT_ONE_DUE, arm=True), f"{FIND_MAX_HEAD}/head-111-1.json")]),
     ("publish lateness p99.9, the firer's own share", "≤ 10 ms", [
         ("one process per role, 20,000 msg/s, 40 s, fresh stacks: c8e600a, 2026-11-30 19:07-19:16 UTC, in turn with a "
          "trial of the same code not adopted", _lateness_arm, "2026-11-30/lateness-20k-111/head-111-1.json"),

@@ -468,8 +468,7 @@ class DetectorTelemetry(Telemetry):
         """Export no store gauges (nor the throttled ones): another detector reads them for this one."""
         for family in self.store_families.values():
             family.remove(self.role, self.node)
-        self.throttled.clear()
-        self.throttled_lateness.clear()
+        self.throttled_gauges(())
 
     def throttled_gauges(self, throttled: Iterable[Any]) -> None:
         """Set the per-topic throttled gauges from `store.Throttled` values; a topic no longer

@@ -412,6 +412,7 @@ FULL_2S_AB = "2026-11-30/full-claim-2s-ab"  # the same against 92ba7dc, the code
 FIND_MAX_HEAD = "2026-11-30/find-max-one-reader"  # one process per role: db7c86b and ca7e5a1, three pairs
 FIND_MAX_FULL_2S = "2026-11-30/find-max-full-claim-2s"  # two of every role: 68e9007 and ca7e5a1, three pairs
 TWENTY_K_HEAD = "2026-11-30/twenty-k-222-head"  # two of every role at 20,000 msg/s: c8e600a against 693dfc3
+LATENESS_25K = "2026-11-30/lateness-25k"  # the firer's own share at ca7e5a1's highest rate, both layouts (37f26c0)
 AGED_HEAD = "2026-11-30/aged-one-reader"  # longevity, both layouts, on c8e600a
 ONE_READER = "2026-11-30/one-gauge-reader"  # one detector reads the store gauges: bc1cddf, 7a72a93 and ca7e5a1
 FIND_MAX_ONE_DUE = "2026-11-30/find-max-pairs"  # the highest rates within the SLA of 92ba7dc and ca7e5a1, three pairs
@@ -747,6 +748,10 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("db7c86b, one process of each role, the same", functools.partial(
              _of_design_limit, layout="1/1/1", limit=DESIGN_LIMIT_ONE_DUE, arm=True), f"{FIND_MAX_HEAD}/head-111-1.json")]),
     ("publish lateness p99.9, the firer's own share", "≤ 10 ms", [
+        ("one process per role, 25,000 msg/s (ca7e5a1's highest rate: the median of its find-max runs of 2026-11-30 in "
+         "both layouts), 40 s, fresh stacks, the two layouts in turn: 37f26c0, 2026-11-30 21:06-21:14 UTC",
+         _lateness_arm, f"{LATENESS_25K}/new-111-1.json"),
+        ("two of every role, 25,000 msg/s, 30 s, the same", _lateness_arm, f"{LATENESS_25K}/new-222-1.json"),
         ("one process per role, 20,000 msg/s, 40 s, fresh stacks: c8e600a, 2026-11-30 19:07-19:16 UTC, in turn with a "
          "trial of the same code not adopted", _lateness_arm, "2026-11-30/lateness-20k-111/head-111-1.json"),
         ("two of every role, 20,000 msg/s, 30 s, fresh stacks: c8e600a, 2026-11-30 18:48-19:06 UTC, in turn with "

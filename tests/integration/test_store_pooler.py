@@ -21,7 +21,8 @@ from kits.pgbouncer import PgBouncer
 # What a server connection holds when nothing of a client stayed on it: the settings as the server has
 # them, no staging table, no prepared statement.
 CLEAN_STATE = ("SELECT pg_backend_pid(), current_setting('enable_seqscan'), current_setting('enable_bitmapscan'), "
-               "current_setting('jit'), current_setting('synchronous_commit'), to_regclass('pg_temp.chronos_staging') IS NULL, "
+               "current_setting('jit'), current_setting('synchronous_commit'), "
+               "current_setting('max_parallel_workers_per_gather'), to_regclass('pg_temp.chronos_staging') IS NULL, "
                "(SELECT count(*) FROM pg_prepared_statements)")
 
 
@@ -115,16 +116,17 @@ def exercise(bouncer: PgBouncer, database_url: str) -> None:
         assert (overview.waiting, overview.due, overview.in_flight) == (2, 2, 0)
         assert firer.db_clock_us() > 0
 
-        if bouncer.pool_mode == pooling.TRANSACTION:  # the settings hold in each transaction, and in it only
-            seen = firer._run(lambda c: firer._execute(c, "SELECT current_setting('enable_seqscan'), "
-                                                         "current_setting('jit'), "
-                                                         "current_setting('synchronous_commit')").fetchone())
-            assert seen == ("off", "off", "off")
+        # the hot path's settings, in either mode (through a pooler in transaction mode in each transaction, and
+        # in it only): no parallel workers either
+        seen = firer._run(lambda c: firer._execute(c, "SELECT current_setting('enable_seqscan'), "
+                                                     "current_setting('jit'), current_setting('synchronous_commit'), "
+                                                     "current_setting('max_parallel_workers_per_gather')").fetchone())
+        assert seen == ("off", "off", "off", "0")
     finally:
         for s in (consumer, firer, detector):
             s.close()
     states = server_states(bouncer, url)
-    assert states and all(state[1:] == ("on", "on", "on", "on", True, 0) for state in states), states
+    assert states and all(state[1:] == ("on", "on", "on", "on", "2", True, 0) for state in states), states
 
 
 def test_the_processes_statements_work_through_the_pooler_and_leave_nothing_behind(pooler, database_url):

@@ -213,6 +213,9 @@ SELECT pg_backend_pid();
 SELECT set_config('enable_seqscan', coalesce(%(planner)s::text, current_setting('enable_seqscan')), true),
        set_config('enable_bitmapscan', coalesce(%(planner)s::text, current_setting('enable_bitmapscan')), true),
        set_config('jit', coalesce(%(planner)s::text, current_setting('jit')), true),
+       set_config('max_parallel_workers_per_gather',
+                  CASE WHEN %(planner)s::text IS NULL THEN current_setting('max_parallel_workers_per_gather') ELSE '0' END,
+                  true),
        set_config('synchronous_commit', coalesce(%(synchronous_commit)s::text, current_setting('synchronous_commit')),
                   true),
        set_config('lock_timeout', coalesce(%(lock_timeout)s::text, current_setting('lock_timeout')), true);
@@ -232,8 +235,12 @@ SELECT set_config('lock_timeout', %(ms)s, false);
 -- JIT off: before PostgreSQL 18 a disabled scan adds 10^10 to the plan's cost, past every JIT threshold,
 -- and compiling a statement took 100 to 300 ms of an execution that takes one (the firer's lease, the
 -- consumer's writes from its staging table).
+-- No parallel workers: a statement that walks a long stretch of the due index (a firer's full claim, the
+-- detector's counts, under load and before autovacuum has come by) otherwise starts two more processes on
+-- the cores the claims of rows due now need, and those rows went out later (docs/benchmarks/latest.md,
+-- the firer's publish lateness at 40,000 msg/s).
 SELECT set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false),
-       set_config('jit', 'off', false);
+       set_config('jit', 'off', false), set_config('max_parallel_workers_per_gather', '0', false);
 
 -- fragment: claim_held_back
 -- The claim's ordering check (see `claim`), on its `candidates` (ctid, ordering_key, place, seq): `due`,

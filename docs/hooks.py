@@ -413,6 +413,8 @@ FIND_MAX_HEAD = "2026-11-30/find-max-one-reader"  # one process per role: db7c86
 FIND_MAX_FULL_2S = "2026-11-30/find-max-full-claim-2s"  # two of every role: 68e9007 and ca7e5a1, three pairs
 TWENTY_K_HEAD = "2026-11-30/twenty-k-222-head"  # two of every role at 20,000 msg/s: c8e600a against 693dfc3
 LATENESS_25K = "2026-11-30/lateness-25k"  # the firer's own share at ca7e5a1's highest rate, both layouts (37f26c0)
+# the processes' sessions without parallel workers (49970d0's change, measured on 8d69fde) against 37f26c0
+NO_PARALLEL = "2026-11-30/no-parallel"
 AGED_HEAD = "2026-11-30/aged-one-reader"  # longevity, both layouts, on c8e600a
 ONE_READER = "2026-11-30/one-gauge-reader"  # one detector reads the store gauges: bc1cddf, 7a72a93 and ca7e5a1
 FIND_MAX_ONE_DUE = "2026-11-30/find-max-pairs"  # the highest rates within the SLA of 92ba7dc and ca7e5a1, three pairs
@@ -752,6 +754,11 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          "both layouts), 40 s, fresh stacks, the two layouts in turn: 37f26c0, 2026-11-30 21:06-21:14 UTC",
          _lateness_arm, f"{LATENESS_25K}/new-111-1.json"),
         ("two of every role, 25,000 msg/s, 30 s, the same", _lateness_arm, f"{LATENESS_25K}/new-222-1.json"),
+        ("one process per role, 40,000 msg/s, 45 s, fresh stacks: no parallel workers in the processes' sessions "
+         "(49970d0's change, run on 8d69fde before it was committed), six runs in turn with 37f26c0's, 2026-11-30 "
+         "22:13-22:28 UTC", _lateness_arm, f"{NO_PARALLEL}-40k/nopar-111-1.json"),
+        ("37f26c0 (parallel workers where PostgreSQL plans them), the same", _lateness_arm,
+         f"{NO_PARALLEL}-40k/new-111-1.json"),
         ("one process per role, 20,000 msg/s, 40 s, fresh stacks: c8e600a, 2026-11-30 19:07-19:16 UTC, in turn with a "
          "trial of the same code not adopted", _lateness_arm, "2026-11-30/lateness-20k-111/head-111-1.json"),
         ("two of every role, 20,000 msg/s, 30 s, fresh stacks: c8e600a, 2026-11-30 18:48-19:06 UTC, in turn with "
@@ -910,6 +917,11 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("bc1cddf", _claim_costs, f"{ONE_READER}/new-222-1.json"),
         ("7a72a93", _claim_costs, f"{ONE_READER}/old-222-1.json"),
         ("ca7e5a1", _claim_costs, f"{ONE_READER}/ca-222-1.json")]),
+    ("a message's cost at 10,000 msg/s, one process of each role, fresh stacks, 60 s: no parallel workers in the "
+     "processes' sessions (49970d0's change, run on 8d69fde before it was committed) against 37f26c0, in turn, 3 runs "
+     "of each, 2026-11-30 22:29-22:37 UTC", "", [
+        ("no parallel workers", _claim_costs, f"{NO_PARALLEL}-10k/nopar-111-1.json"),
+        ("37f26c0", _claim_costs, f"{NO_PARALLEL}-10k/new-111-1.json")]),
     ("two of every role at 20,000 msg/s, fresh stacks, 30 s: 358f7f1 against 693dfc3 (before the firers' shares), "
      "in turn, 10 runs of each, 2026-11-30 12:17-12:34 UTC", "kept up at least as often as 693dfc3; publish "
      "lateness p99.9 ≤ 10 ms", [

@@ -415,6 +415,7 @@ TWENTY_K_HEAD = "2026-11-30/twenty-k-222-head"  # two of every role at 20,000 ms
 LATENESS_25K = "2026-11-30/lateness-25k"  # the firer's own share at ca7e5a1's highest rate, both layouts (37f26c0)
 # the processes' sessions without parallel workers (49970d0's change, measured on 8d69fde) against 37f26c0
 NO_PARALLEL = "2026-11-30/no-parallel"
+FIND_MAX_NO_PARALLEL = "2026-11-30/find-max-no-parallel"  # one process per role: 61c151b and ca7e5a1, two pairs
 AGED_HEAD = "2026-11-30/aged-one-reader"  # longevity, both layouts, on c8e600a
 ONE_READER = "2026-11-30/one-gauge-reader"  # one detector reads the store gauges: bc1cddf, 7a72a93 and ca7e5a1
 FIND_MAX_ONE_DUE = "2026-11-30/find-max-pairs"  # the highest rates within the SLA of 92ba7dc and ca7e5a1, three pairs
@@ -728,7 +729,10 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
              _find_maxes, against=f"{FIND_MAX_FULL_2S}/ca-222-1.json"), f"{FIND_MAX_FULL_2S}/new-222-1.json"),
         ("db7c86b (the full claim every 2 s, one detector reading the store gauges), one process per role, three runs "
          "in turn with ca7e5a1's, 2026-11-30 19:41-20:03 UTC, the same search", functools.partial(
-             _find_maxes, against=f"{FIND_MAX_HEAD}/ca-111-1.json"), f"{FIND_MAX_HEAD}/head-111-1.json")]),
+             _find_maxes, against=f"{FIND_MAX_HEAD}/ca-111-1.json"), f"{FIND_MAX_HEAD}/head-111-1.json"),
+        ("61c151b (no parallel workers in the processes' sessions), one process per role, two runs in turn with "
+         "ca7e5a1's, 2026-11-30 23:03-23:18 UTC, the same search", functools.partial(
+             _find_maxes, against=f"{FIND_MAX_NO_PARALLEL}/ca-111-1.json"), f"{FIND_MAX_NO_PARALLEL}/head-111-1.json")]),
     ("the highest rate within the SLA, of the design's limit", "≥ 0.70", [
         ("one process per role, the claim that stamps (firers racing in the design's run), 2026-11-28",
          functools.partial(_of_design_limit, layout="1/1/1"), "2026-11-28/find-max/chronos-1x1x1.json"),
@@ -748,7 +752,10 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("68e9007 (a firer's full claim every 2 s), two of every role, the same", functools.partial(
              _of_design_limit, layout="2/2/2", limit=DESIGN_LIMIT_ONE_DUE, arm=True), f"{FIND_MAX_FULL_2S}/new-222-1.json"),
         ("db7c86b, one process of each role, the same", functools.partial(
-             _of_design_limit, layout="1/1/1", limit=DESIGN_LIMIT_ONE_DUE, arm=True), f"{FIND_MAX_HEAD}/head-111-1.json")]),
+             _of_design_limit, layout="1/1/1", limit=DESIGN_LIMIT_ONE_DUE, arm=True), f"{FIND_MAX_HEAD}/head-111-1.json"),
+        ("61c151b, one process of each role, the same", functools.partial(
+             _of_design_limit, layout="1/1/1", limit=DESIGN_LIMIT_ONE_DUE, arm=True),
+         f"{FIND_MAX_NO_PARALLEL}/head-111-1.json")]),
     ("publish lateness p99.9, the firer's own share", "≤ 10 ms", [
         ("one process per role, 25,000 msg/s (ca7e5a1's highest rate: the median of its find-max runs of 2026-11-30 in "
          "both layouts), 40 s, fresh stacks, the two layouts in turn: 37f26c0, 2026-11-30 21:06-21:14 UTC",

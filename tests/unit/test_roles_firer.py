@@ -34,10 +34,12 @@ TIMEOUT = 10.0
 class Firer:
     """A firer on an in-memory database, with its parts at hand. One claimer unless CHRONOS_FIRER_CLAIMERS
     says otherwise: the tests that drive `proc.claimer` directly mean it to claim every due row (the
-    claimers' division is tested in test_firer_claimers.py)."""
+    claimers' division is tested in test_firer_claimers.py), full claims too, as a firer whose claims stamp
+    runs them, unless `sweep`: then each claimer's sweeper runs them (test_firer_sweeper.py)."""
 
     def __init__(self, publisher: FakePublisher | None = None, store_class: type[MemoryStore] = MemoryStore,
-                 producers: Callable[[], tuple[FakePublisher, OutageLog]] | None = None, **env: str):
+                 producers: Callable[[], tuple[FakePublisher, OutageLog]] | None = None, sweep: bool = False,
+                 **env: str):
         self.store_class = store_class
         self.db = MemoryDatabase()
         self.node = uuid.uuid4()
@@ -47,6 +49,10 @@ class Firer:
         self.proc = FirerProcess(self.settings, self.life, stores=self.store,
                                  producers=producers or self.publisher.factory(),
                                  telemetry=FirerTelemetry(self.node, self.settings), takes=self.takes)
+        if not sweep:
+            for sweeper in self.proc.sweepers:
+                sweeper.claimer.swept = False
+            self.proc.sweepers = []
 
     def store(self) -> MemoryStore:
         return self.store_class(self.db, node_id=self.node)

@@ -20,7 +20,9 @@ read of each other is in `Shared`:
   them, one under fire-rate limits) claim rows: pacing, back-pressure, the cap on held rows (one for
   the firer), recurring schedules (the first). Each claims its own part of the firer's slices, so
   the next claim is on its way while the last one's rows are published; a claim that runs long stops
-  only its claimer's further claims;
+  only its claimer's further claims. With the claim that deletes (and no fire-rate limits) each claimer's
+  full claims, which walk the due index from its head, run on a thread of their own (`sweeper.Sweeper`,
+  threads `sweeper`, `sweeper2` ...), below the mark the claimer's last claim left;
 - the sender (`sender.Sender`, on the thread that calls `FirerProcess.run`, named `sender`
   meanwhile) holds the rows in publishing order (`held.Held`, which also sets apart the rows
   claimed too long ago), publishes each at its deadline (`decisions.PublishTiming`), serves the
@@ -59,6 +61,7 @@ from chronos.roles.firer.handoff import Shared, Stop
 from chronos.roles.firer.sender import Sender
 from chronos.roles.firer.settler import Settler
 from chronos.roles.firer.store_thread import StoreThread
+from chronos.roles.firer.sweeper import Sweeper
 from chronos.runtime.process import Lifecycle
 from chronos.runtime.producer import ProducerSlot, ProducerWatch
 
@@ -100,6 +103,10 @@ class FirerProcess:
         self.claimers = [self.claimer] + [
             Claimer(stores(), settings, self.shared, telemetry, life, outbox=self.sender.inbox, part=part,
                     parts=parts, lead=self.claimer, batches=self.batches) for part in range(1, parts)]
+        # the claim that deletes without fire-rate limits: each claimer's full claims on a thread of their own
+        batches = self.batches
+        self.sweepers = [] if batches is None or settings.fire_rates else [
+            Sweeper(claimer, stores(), batches) for claimer in self.claimers]
         self.metrics.follow(self.shared.totals.as_dict)
         self.metrics.follow_timing(lambda: len(self.sender.held) + self.shared.in_flight, self.shared.timing)
         self.metrics.follow_producer(self.slot.watch)
@@ -135,7 +142,7 @@ class FirerProcess:
         self.metrics.serve(postgres=lambda: postgres_reached(self.settler.store, *(c.store for c in self.claimers)),
                            kafka=lambda: self.slot.producer, kafka_topic=self.settings.output_topic)
         self.settler.start()
-        for claimer in self.claimers:
+        for claimer in [*self.claimers, *self.sweepers]:
             claimer.start()
         thread = threading.current_thread()
         name, thread.name = thread.name, "sender"
@@ -144,7 +151,7 @@ class FirerProcess:
         finally:
             self.shutdown()
             thread.name = name
-        store_threads: list[StoreThread] = [self.settler, *self.claimers]
+        store_threads: list[StoreThread] = [self.settler, *self.claimers, *self.sweepers]
         for store_thread in store_threads:
             if isinstance(store_thread.crashed, ConfigError):
                 raise store_thread.crashed
@@ -154,12 +161,13 @@ class FirerProcess:
     def shutdown(self) -> None:
         """Stop claiming (the claims running are cancelled), hand back what was not published, wait for
         acknowledgements, delete what was fired."""
-        for claimer in self.claimers:
-            claimer.stop()
+        claiming: list[Claimer | Sweeper] = [*self.claimers, *self.sweepers]
+        for thread in claiming:
+            thread.stop()
         give_up_at = time.monotonic() + 10.0
-        for claimer in self.claimers:
-            if claimer.is_alive():
-                claimer.join(max(0.0, give_up_at - time.monotonic()))
+        for thread in claiming:
+            if thread.is_alive():
+                thread.join(max(0.0, give_up_at - time.monotonic()))
         self.sender.hand_back_unpublished()
         self.sender.finish_in_flight(10.0)
         self.settler.inbox.put(Stop())

@@ -84,6 +84,8 @@ class Claimer(StoreThread[ClaimStore]):
         self.next_full_claim = self.next_seq_read = 0.0  # monotonic
         self.next_strays = 0.0      # monotonic: the next claim of any slice's rows overdue by the hold time
         self.cursor = ClaimCursor(WINDOW_CLAIM_EVERY)  # where this claimer's next claim of recent rows starts
+        self.swept = False  # a sweeper of its own (sweeper.Sweeper) runs its full claims, bounded by its mark:
+        self.swept_from: tuple[tuple[int, ...] | None, tuple[int, int] | None] | None = None  # its slices and mark
         if lead is not None:  # one lease per firer: the first claimer's
             self.shares: Shares | None = lead.shares
         else:
@@ -238,7 +240,8 @@ class Claimer(StoreThread[ClaimStore]):
         sleeping). Most claims take only rows due at most RECENT_WINDOW_MS ago: the due index keeps an entry
         for every row claimed since its last vacuum, all at the head of its range, and a claim that starts there
         walks them all; a claim starts where the last one ended (`ClaimCursor`). Older rows (written late, handed
-        back, a backlog) wait for a full claim, every FULL_CLAIM_EVERY or at once again (`full_claim_again`).
+        back, a backlog) wait for a full claim, every FULL_CLAIM_EVERY or at once again (`full_claim_again`): its
+        own, or with a sweeper (`swept`) the sweeper's, below the mark the claimer's last claim left (`swept_from`).
 
         With other firers live, the claim takes this firer's own slices; one every SEQ_READ_EVERY that finds them
         drained also takes what others left overdue (`take_others`): a quiet firer's rows, and any slice's once
@@ -246,7 +249,7 @@ class Claimer(StoreThread[ClaimStore]):
         and the first takes the others' overdue rows too. `claims`: the store's, or a session of the claim that
         deletes."""
         now = time.monotonic()
-        full = now >= self.next_full_claim
+        full = not self.swept and now >= self.next_full_claim
         beat = full or now >= self.next_seq_read  # the last seq read again, and the others' overdue rows taken
         mine = self.own_slices(now)
         window = None if full else RECENT_WINDOW_MS
@@ -260,6 +263,7 @@ class Claimer(StoreThread[ClaimStore]):
             rows, whole = (claims.claim_whole(limit, self.settings.lookahead_ms, window, mark) if mine is None
                            else claims.claim_share(mine, limit, self.settings.lookahead_ms, window, mark))
             self.cursor.ended(((r.deadline_us, r.seq) for r in rows), whole, len(rows) == limit)
+        self.swept_from = (mine, self.cursor.after)
         backlog = len(rows) == limit
         if mine:
             assert self.shares is not None
@@ -298,7 +302,7 @@ class Claimer(StoreThread[ClaimStore]):
         firer's, whose lease the first claimer renews first when due (`now` monotonic)."""
         shares = self.shares
         if shares is not None and self.lead is None and shares.renewal_due(now):
-            self.renew(shares, now)
+            renew(self.store, shares, self.settings.hold_time_ms, now)
         firers = None if shares is None else shares.mine
         if self.parts == 1:
             return firers
@@ -307,22 +311,6 @@ class Claimer(StoreThread[ClaimStore]):
         if shares is not None and shares.next_renewal == 0.0:  # the lease not taken yet: whose slices is unknown
             return ()
         return claimer_slices(firers, self.part, self.parts)
-
-    def renew(self, shares: Shares, now: float) -> None:
-        """Renew the firer's lease; on a schema without leases (not yet migrated to version 9, refused as
-        StoreRejected), claim from every slice, as a firer alone, and look for them again later."""
-        try:
-            others = self.store.firer_heartbeat(self.settings.hold_time_ms)
-        except StoreRejected as exc:
-            if shares.leases:
-                log.warning("the firers cannot divide the due rows (%s): this firer claims from all of them "
-                            "until `chronos migrate` brings the schema to version 9", exc)
-            shares.without_leases(now)
-            return
-        had_none = not shares.leases
-        if shares.renewed(others, now) or had_none:
-            log.info("%d firers share the due rows: this one claims first from slices %s", shares.firers,
-                     "all" if shares.mine is None else ",".join(map(str, shares.mine)))
 
     def hand_to_sender(self, sent: float, rows: list[Claimed], reserved: int = 0) -> None:
         """Hand rows over with the time their claim was sent (monotonic): the database stamped them no
@@ -336,3 +324,20 @@ class Claimer(StoreThread[ClaimStore]):
         """A warning of what all the firer's claimers see alike (Kafka's stalls): the first one's only."""
         if self.lead is None:
             log.warning(message, *args)
+
+
+def renew(store: ClaimStore, shares: Shares, hold_time_ms: int, now: float) -> None:
+    """Renew the firer's lease; on a schema without leases (not yet migrated to version 9, refused as
+    StoreRejected), claim from every slice, as a firer alone, and look for them again later."""
+    try:
+        others = store.firer_heartbeat(hold_time_ms)
+    except StoreRejected as exc:
+        if shares.leases:
+            log.warning("the firers cannot divide the due rows (%s): this firer claims from all of them "
+                        "until `chronos migrate` brings the schema to version 9", exc)
+        shares.without_leases(now)
+        return
+    had_none = not shares.leases
+    if shares.renewed(others, now) or had_none:
+        log.info("%d firers share the due rows: this one claims first from slices %s", shares.firers,
+                 "all" if shares.mine is None else ",".join(map(str, shares.mine)))

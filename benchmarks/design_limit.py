@@ -60,7 +60,7 @@ from chronos import codec
 from chronos.adapters.postgres.queries import QUERIES
 from chronos.domain.model import Row
 from chronos.domain.shares import SLICES, slice_span, slices_of
-from chronos.roles.firer.claimer import FULL_CLAIM_EVERY, MAX_HELD_BATCHES, RECENT_WINDOW_MS
+from chronos.roles.firer.claiming import FULL_CLAIM_EVERY, MAX_HELD_BATCHES, RECENT_WINDOW_MS
 from chronos.roles.firer.decisions import full_claim_again
 
 BATCH = 2000

@@ -18,7 +18,7 @@ from chronos.adapters.memory import MemoryStore, MemoryTakes
 from chronos.domain import cron
 from chronos.domain.model import Row
 from chronos.errors import ClaimContended, StoreUnavailable
-from chronos.roles.firer.claimer import MAX_HELD_BATCHES
+from chronos.roles.firer.claiming import MAX_HELD_BATCHES
 from kafka_double import FakePublisher
 from test_roles_firer import TIMEOUT, Firer, wait_for
 from test_roles_firer import cycle as firer_cycle

@@ -12,7 +12,8 @@ from chronos import codec
 from chronos.adapters.memory import MemoryDatabase, MemoryStore
 from chronos.adapters.memory.shares import slice_of
 from chronos.domain.model import Mark, Row
-from chronos.roles.firer.claimer import RECENT_WINDOW_MS, SEQ_READ_EVERY
+from chronos.roles.firer.claimer import SEQ_READ_EVERY
+from chronos.roles.firer.claiming import RECENT_WINDOW_MS
 from chronos.domain.shares import (LEASES_AGAIN_S, SLICES, Shares, claimer_slices, overdue_ms, quiet_slices,
                                    slice_span, slices_of, strays_every)
 from test_roles_firer import Firer, TakesSeen, TakingFirer

@@ -10,7 +10,7 @@ import time
 from chronos.adapters.memory import MemoryTakes
 from chronos.domain.model import Claimed, Mark
 from chronos.errors import StoreUnavailable
-from chronos.roles.firer.claimer import FULL_CLAIM_EVERY, RECENT_WINDOW_MS
+from chronos.roles.firer.claiming import FULL_CLAIM_EVERY, RECENT_WINDOW_MS
 from chronos.roles.firer.sweeper import IDLE_WAIT, SWEEP_MARGIN_MS
 from test_roles_firer import TIMEOUT, Firer, wait_for
 

@@ -19,8 +19,8 @@ from chronos.adapters.memory import MemoryDatabase, MemoryStore, MemoryTakes
 from chronos.domain.model import Claimed, Mark, Row
 from chronos.telemetry.metrics import FirerTelemetry
 from chronos.roles.firer import FirerProcess
-from chronos.roles.firer.claimer import (FULL_CLAIM_EVERY, MAX_HELD_BATCHES, RECENT_WINDOW_MS, SEQ_READ_EVERY,
-                                         WINDOW_CLAIM_EVERY)
+from chronos.roles.firer.claimer import SEQ_READ_EVERY, WINDOW_CLAIM_EVERY
+from chronos.roles.firer.claiming import FULL_CLAIM_EVERY, MAX_HELD_BATCHES, RECENT_WINDOW_MS
 from chronos.roles.firer.decisions import TICK
 from chronos.roles.firer.handoff import Outcomes, Stop
 from chronos.roles.firer.sender import IDLE_WAIT

@@ -55,7 +55,8 @@ from chronos.errors import CellsUnsupported, ConfigError, KafkaUnanswered, Store
 from chronos.telemetry.metrics import FirerTelemetry, postgres_reached
 from chronos.ports import KafkaOutage, Publisher, Store, TakeStore
 from chronos.roles.firer.batches import HeldBatches
-from chronos.roles.firer.claimer import MAX_HELD_BATCHES, Claimer
+from chronos.roles.firer.claimer import Claimer
+from chronos.roles.firer.claiming import MAX_HELD_BATCHES
 from chronos.roles.firer.decisions import PublishTiming
 from chronos.roles.firer.handoff import Shared, Stop
 from chronos.roles.firer.sender import Sender

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 import time
 from typing import Callable
 
@@ -12,31 +11,24 @@ from chronos.config import Settings
 from chronos.domain.model import Claimed
 from chronos.domain.ratelimit import CellLimits
 from chronos.domain.shares import Shares, claimer_slices, overdue_ms, strays_every
-from chronos.errors import ClaimContended, StoreRejected, StoreUnavailable
+from chronos.errors import StoreRejected, StoreUnavailable
 from chronos.telemetry.metrics import FirerTelemetry
 from chronos.ports import ClaimStore, DueClaims, TakeStore
 from chronos.roles.firer.batches import HeldBatches
-from chronos.roles.firer.decisions import ClaimCursor, full_claim_again
+from chronos.roles.firer.claiming import CLAIM_AGAIN_SOON, RECENT_WINDOW_MS, ClaimThread
+from chronos.roles.firer.decisions import ClaimCursor
 from chronos.roles.firer.handoff import Claims, Shared
-from chronos.roles.firer.store_thread import StoreThread
 from chronos.runtime.process import Lifecycle
 
 log = logging.getLogger("chronos.firer")
 
-RECENT_WINDOW_MS = 2000  # most claims take rows due at most this long ago (`Claimer.claim_rows`)
-FULL_CLAIM_EVERY = 2.0   # seconds: a claim of every due row, however long ago, at least this often
 SEQ_READ_EVERY = 0.5     # seconds: how often the claimer reads the messages' last seq (ClaimCursor.seq_read)
 WINDOW_CLAIM_EVERY = 0.2  # seconds: between claims that start where the last ended, one of the window (ClaimCursor)
 KAFKA_PROBE_EVERY = 1.0  # seconds: after a stall, how often the claimer asks Kafka whether it answers
-# The cap on rows held, in batches: at 25,000 msg/s the lookahead alone holds 7,500 rows, and rows stay held
-# until acknowledged and deleted; four batches (8,000) held claims back and made them late (publish lateness
-# p99.9 167 ms, 79 ms with sixteen: docs/benchmarks/hot-path.md). The bytes they come to are capped apart
-# (CHRONOS_FIRER_MAX_HELD_BYTES), so large messages cannot fill memory.
-MAX_HELD_BATCHES = 16
 SHARE_EVERY_S = 5.0  # with cells and fire-rate limits: how often the cell's share of them is worked out again
 
 
-class Claimer(StoreThread[ClaimStore]):
+class Claimer(ClaimThread):
     """The claimer: claims due rows (within each rate-limited topic's budget) and recurring
     schedules' occurrences, and hands them to the sender through `outbox`. It paces itself:
     at once again while a claim comes back full (a backlog), otherwise after the poll interval;
@@ -65,19 +57,14 @@ class Claimer(StoreThread[ClaimStore]):
                  cell_share: Callable[[], float | None] | None = None):
         """`kafka_answers` asks Kafka for its metadata (blocking up to a second or so): whether it answered.
         `cell_share` (cells) says this cell's share of the fire-rate limits, asked every SHARE_EVERY_S."""
-        super().__init__("claimer" if part == 0 else f"claimer{part + 1}", store, settings, shared, telemetry, life)
-        self.part, self.parts, self.lead, self.batches = part, parts, lead, batches
-        self.claiming: TakeStore | None = None  # the session of the claim that deletes running now
-        self.outbox, self.kafka_answers = outbox, kafka_answers
+        super().__init__("claimer" if part == 0 else f"claimer{part + 1}", store, settings, shared, telemetry, life,
+                         outbox, batches)
+        self.part, self.parts, self.lead, self.kafka_answers = part, parts, lead, kafka_answers
         self.kafka_answered_at = 0.0  # monotonic: Kafka last answered the claimer's own request
         self.next_kafka_probe = 0.0   # monotonic
-        self.limit = settings.batch_size
         self.limits = CellLimits(settings.fire_rates, cell_share if settings.fire_rates else None, SHARE_EVERY_S)
         if settings.fire_rates:
             log.info("fire-rate limits: %s", settings.fire_rates)
-        self.max_held = settings.batch_size * MAX_HELD_BATCHES
-        self.max_held_bytes = settings.firer_max_held_bytes
-        self.stopped = threading.Event()
         self.claims_paused = False
         self.next_claim = 0.0
         self.next_schedules = 0.0
@@ -93,20 +80,13 @@ class Claimer(StoreThread[ClaimStore]):
 
     def loop(self) -> None:
         try:
-            while not self.stopped.is_set():
-                try:
-                    asked = time.monotonic()
-                    self.claim(time.time())
-                    wait = self.next_claim - time.time()
-                    if self.store.last_ok >= asked:  # a pass that ran no statement says nothing of PostgreSQL
-                        self.outage.ok()
-                except StoreUnavailable as exc:
-                    if self.stopped.is_set():  # the claim cancelled by stop()
-                        return
-                    wait = self.outage.failed(exc)
-                self.stopped.wait(max(0.0, wait))
+            super().loop()
         finally:
             self.leave()
+
+    def pass_once(self) -> float:
+        self.claim(time.time())
+        return self.next_claim - time.time()
 
     def leave(self) -> None:
         """Give this firer's share up (the first claimer, which renews the lease): the others take it at once."""
@@ -131,13 +111,8 @@ class Claimer(StoreThread[ClaimStore]):
         return True
 
     def stop(self) -> None:
-        """Stop claiming (called from the sender's thread): a claim running now is cancelled, so a
-        SIGTERM does not wait for a slow one. A cancelled claim rolls back and holds nothing."""
-        self.stopped.set()
-        self.store.cancel()
-        session = self.claiming
-        if session is not None:
-            session.cancel()
+        super().stop()
+        self.store.cancel()  # the claimer's own statements too (the lease, the recurring schedules)
 
     def claim(self, now: float) -> None:
         """Claim what is due now (wall-clock `now`), unless Kafka lags or enough rows are held, and
@@ -172,55 +147,17 @@ class Claimer(StoreThread[ClaimStore]):
         if time.monotonic() < self.shared.claims_resume_at:  # the producer is being replaced: rows would bounce
             self.next_claim = now + 0.05
             return
-        limit = self.shared.reserve(self.limit, self.max_held, self.max_held_bytes)
-        if not limit:
-            self.next_claim = now + 0.005  # wait for acknowledgements before claiming more
+        claimed = self.claim_batch(self.take)
+        if claimed is None:  # nothing could be claimed now (the cap reached, a row contended)
+            self.next_claim = now + CLAIM_AGAIN_SOON
             return
-        session = None
-        if self.batches is not None:
-            session = self.claiming = self.batches.session()
-            if session is None:  # every session holds a batch: wait for the settler to end one
-                self.shared.count_claimed([], reserved=limit)
-                self.next_claim = now + 0.005
-                return
-        try:
-            started, sent = time.perf_counter(), time.monotonic()
-            claims: DueClaims = self.store if session is None else session
-            limits = self.limits.current(time.monotonic())  # with cells, this cell's share, whichever the claim
-            if limits and session is not None:  # fire-rate limits, the tokens set aside on the claimer's store
-                rows, backlog = session.claim_limited(limits, self.settings.output_topic, limit,
-                                                      self.settings.lookahead_ms, self.store)
-            elif limits:  # fire-rate limits: topic by topic, within each limited topic's budget
-                rows, backlog = self.store.claim_limited(limits, self.settings.output_topic, limit,
-                                                         self.settings.lookahead_ms)
-            else:
-                rows, backlog = self.claim_rows(limit, claims)
-        except ClaimContended as exc:  # another firer took a row since it was chosen: claim again
-            self.shared.count_claimed([], reserved=limit)
-            self.release_session(session)
-            self.throttle.warning("contended", "%s", exc)
-            self.next_claim = now + 0.005
-            return
-        except BaseException as exc:  # a claim that failed or was cancelled holds nothing: its room is given back
-            self.shared.count_claimed([], reserved=limit)
-            self.release_session(session)
-            if isinstance(exc, StoreUnavailable) and session is not None and self.batches is not None:
-                self.batches.drop_idle()  # PostgreSQL is gone: its other free sessions are broken too
-            raise
-        finally:
-            self.claiming = None
-        if session is not None and self.batches is not None:
-            if rows:
-                self.batches.hold(session, rows)  # each row carries its batch before anyone else sees it
-            else:
-                self.release_session(session)
-        self.hand_to_sender(sent, rows, reserved=limit)  # before the schedules' claim, which may be the slow one
+        rows, backlog, started = claimed
         occurrences = []
         # recurring schedules: by the first claimer, once per poll interval, even in a backlog
         if self.lead is None and now >= self.next_schedules:
             self.next_schedules = now + self.settings.poll_interval_ms / 1000.0
             sent = time.monotonic()
-            occurrences = self.store.claim_schedules(limit, self.settings.lookahead_ms, time.time_ns() // 1000)
+            occurrences = self.store.claim_schedules(self.limit, self.settings.lookahead_ms, time.time_ns() // 1000)
             self.hand_to_sender(sent, occurrences)
         self.measured("claim", len(rows) + len(occurrences), started)
         if backlog:
@@ -229,11 +166,16 @@ class Claimer(StoreThread[ClaimStore]):
             interval = self.settings.poll_interval_ms / 1000.0
             self.next_claim = now + interval * random.uniform(0.9, 1.1)
 
-    def release_session(self, session: TakeStore | None) -> None:
-        """A session whose claim took nothing to hold (or failed): whatever it began rolled back, and free."""
-        if session is not None and self.batches is not None:
-            session.give_back()
-            self.batches.free(session)
+    def take(self, session: TakeStore | None, limit: int) -> tuple[list[Claimed], bool]:
+        """The claim proper (`ClaimThread.claim_batch`): on `session` (the claim that deletes) or the claimer's
+        store, up to `limit` rows."""
+        limits = self.limits.current(time.monotonic())  # with cells, this cell's share, whichever the claim
+        if limits and session is not None:  # fire-rate limits, the tokens set aside on the claimer's store
+            return session.claim_limited(limits, self.settings.output_topic, limit, self.settings.lookahead_ms,
+                                         self.store)
+        if limits:  # fire-rate limits: topic by topic, within each limited topic's budget
+            return self.store.claim_limited(limits, self.settings.output_topic, limit, self.settings.lookahead_ms)
+        return self.claim_rows(limit, self.store if session is None else session)
 
     def claim_rows(self, limit: int, claims: DueClaims) -> tuple[list[Claimed], bool]:
         """The claim without fire-rate limits: (the rows, whether they are a backlog's, to drain without
@@ -272,10 +214,7 @@ class Claimer(StoreThread[ClaimStore]):
                 backlog = len(rows) + len(taken) == limit
                 rows += taken
         if full:
-            local_deadline = self.shared.timing.local_deadline
-            oldest = min((local_deadline(r.deadline_us) for r in rows), default=None)
-            behind = full_claim_again(oldest, backlog, time.time(), RECENT_WINDOW_MS / 1000.0)
-            self.next_full_claim = now if behind else now + FULL_CLAIM_EVERY
+            self.next_full_claim = self.next_full_claim_at(rows, backlog, now)
         return rows, backlog
 
     def take_others(self, shares: Shares, limit: int, claims: DueClaims) -> list[Claimed]:
@@ -311,14 +250,6 @@ class Claimer(StoreThread[ClaimStore]):
         if shares is not None and shares.next_renewal == 0.0:  # the lease not taken yet: whose slices is unknown
             return ()
         return claimer_slices(firers, self.part, self.parts)
-
-    def hand_to_sender(self, sent: float, rows: list[Claimed], reserved: int = 0) -> None:
-        """Hand rows over with the time their claim was sent (monotonic): the database stamped them no
-        earlier, so their age counted from it is never less than what a detector sees. `reserved`: the
-        rows of the cap set aside for their claim, given back."""
-        self.shared.count_claimed(rows, reserved)
-        if rows:
-            self.outbox.put((sent, rows))
 
     def warn(self, message: str, *args: object) -> None:
         """A warning of what all the firer's claimers see alike (Kafka's stalls): the first one's only."""

@@ -1,4 +1,5 @@
-"""What the claimer and the settler have in common: a thread on a store of its own."""
+"""What the firer's threads on PostgreSQL have in common (the claimers, the sweepers, the settler): a thread on a store
+of its own."""
 
 from __future__ import annotations
 

@@ -419,6 +419,7 @@ FIND_MAX_NO_PARALLEL = "2026-11-30/find-max-no-parallel"  # one process per role
 # a firer's full claims on a sweeper thread of their own (5d0b65b, measured before its commit at 40,000 msg/s)
 FIND_MAX_SWEEPER = "2026-12-01/find-max-sweeper"  # the highest rates within the SLA: 5d0b65b, 15958cf and ca7e5a1
 SWEEPER_40K = "2026-12-01/sweeper-40k"  # the firer's publish lateness at 40,000 msg/s, against 15958cf
+LATENESS_30K = "2026-12-01/lateness-30k"  # the same at 30,000 msg/s (ca7e5a1's highest rate of 2026-12-01), against it
 AGED_HEAD = "2026-11-30/aged-one-reader"  # longevity, both layouts, on c8e600a
 ONE_READER = "2026-11-30/one-gauge-reader"  # one detector reads the store gauges: bc1cddf, 7a72a93 and ca7e5a1
 FIND_MAX_ONE_DUE = "2026-11-30/find-max-pairs"  # the highest rates within the SLA of 92ba7dc and ca7e5a1, three pairs
@@ -720,7 +721,8 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          "ca7e5a1's and 15958cf's, 2026-12-01 00:55-01:47 UTC (the search: 20,000 msg/s doubled up to 80,000, then "
          "bisected to within 5 %; seven steps of 20 s)", functools.partial(
              _find_maxes, against=f"{FIND_MAX_SWEEPER}/ca-111-1.json"), f"{FIND_MAX_SWEEPER}/sw-111-1.json"),
-        ("two of every role: 5d0b65b, one run in turn with ca7e5a1's, the same day and search", functools.partial(
+        ("two of every role: 5d0b65b, three runs in turn with ca7e5a1's, the same day (00:55-01:47 and 03:12-03:30 "
+         "UTC) and search", functools.partial(
              _find_maxes, against=f"{FIND_MAX_SWEEPER}/ca-222-1.json"), f"{FIND_MAX_SWEEPER}/sw-222-1.json"),
         ("15958cf (the full claims on the claimer's thread), one process per role, in turn with the above",
          functools.partial(_find_maxes, against=f"{FIND_MAX_SWEEPER}/ca-111-1.json"), f"{FIND_MAX_SWEEPER}/head-111-1.json"),
@@ -778,6 +780,11 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
              _of_design_limit, layout="1/1/1", limit=DESIGN_LIMIT_ONE_DUE, arm=True),
          f"{FIND_MAX_NO_PARALLEL}/head-111-1.json")]),
     ("publish lateness p99.9, the firer's own share", "≤ 10 ms", [
+        ("one process per role, 30,000 msg/s (ca7e5a1's highest rate in its find-max runs of 2026-12-01 with one "
+         "process per role), 45 s, fresh stacks: 1c3ee73 (a firer's full claims on a sweeper thread), three runs in "
+         "turn with ca7e5a1's, 2026-12-01 03:05-03:12 UTC", _lateness_arm, f"{LATENESS_30K}/sw-111-1.json"),
+        ("ca7e5a1, the same (it writes 14,000 msg/s of the 30,000 offered over 45 s: its highest rate held for 20 s "
+         "steps only)", _lateness_arm, f"{LATENESS_30K}/ca-111-1.json"),
         ("one process per role, 25,000 msg/s (ca7e5a1's highest rate: the median of its find-max runs of 2026-11-30 in "
          "both layouts), 40 s, fresh stacks, the two layouts in turn: 37f26c0, 2026-11-30 21:06-21:14 UTC",
          _lateness_arm, f"{LATENESS_25K}/new-111-1.json"),

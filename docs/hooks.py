@@ -421,6 +421,7 @@ FIND_MAX_SWEEPER = "2026-12-01/find-max-sweeper"  # the highest rates within the
 SWEEPER_40K = "2026-12-01/sweeper-40k"  # the firer's publish lateness at 40,000 msg/s, against 15958cf
 LATENESS_30K = "2026-12-01/lateness-30k"  # the same at 30,000 msg/s (ca7e5a1's highest rate of 2026-12-01), against it
 AGED_HEAD = "2026-11-30/aged-one-reader"  # longevity, both layouts, on c8e600a
+AGED_SWEEPER = "2026-12-01/aged-sweeper"  # the same on 1c3ee73 (a firer's full claims on a sweeper thread)
 ONE_READER = "2026-11-30/one-gauge-reader"  # one detector reads the store gauges: bc1cddf, 7a72a93 and ca7e5a1
 FIND_MAX_ONE_DUE = "2026-11-30/find-max-pairs"  # the highest rates within the SLA of 92ba7dc and ca7e5a1, three pairs
 #: The highest rates within the SLA of the code and of ca7e5a1, in turn.
@@ -868,8 +869,11 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
         ("graphile-worker and its PostgreSQL, same load", _fresh_cpu, "2026-11-26/cpu-10000/gw.json")]),
     ("CPU at 10,000 msg/s, Chronos and PostgreSQL, on one PostgreSQL step after step (Chronos and the broker "
      "restarted between steps)", "≤ 0.30 cores", [
-        ("one process per role", _aged_cpu, f"{AGED_HEAD}/longevity-1x1x1-10000.json"),
-        ("two of every role", _aged_cpu, f"{AGED_HEAD}/longevity-2x2x2-10000.json"),
+        ("one process per role, 2026-12-01 03:30-03:37 UTC", _aged_cpu, f"{AGED_SWEEPER}/longevity-1x1x1-10000.json"),
+        ("two of every role, 03:37-03:45 UTC", _aged_cpu, f"{AGED_SWEEPER}/longevity-2x2x2-10000.json"),
+        ("one process per role, c8e600a (the full claims on the claimer's thread)", _aged_cpu,
+         f"{AGED_HEAD}/longevity-1x1x1-10000.json"),
+        ("two of every role, c8e600a", _aged_cpu, f"{AGED_HEAD}/longevity-2x2x2-10000.json"),
         ("one process per role, 358f7f1 (a full claim every 0.5 s, each detector reading the store gauges)", _aged_cpu,
          "2026-11-30/aged/longevity-1x1x1-10000.json"),
         ("two of every role, 358f7f1", _aged_cpu, "2026-11-30/aged/longevity-2x2x2-10000.json"),
@@ -879,8 +883,10 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          "2026-11-29/aged/longevity-2x2x2-10000.json")]),
     ("CPU at 10,000 msg/s, Chronos and PostgreSQL: the last step of the run above against its first (a fresh "
      "database)", "within 10 %", [
-        ("one process per role", _aged_against_fresh, f"{AGED_HEAD}/longevity-1x1x1-10000.json"),
-        ("two of every role", _aged_against_fresh, f"{AGED_HEAD}/longevity-2x2x2-10000.json"),
+        ("one process per role", _aged_against_fresh, f"{AGED_SWEEPER}/longevity-1x1x1-10000.json"),
+        ("two of every role", _aged_against_fresh, f"{AGED_SWEEPER}/longevity-2x2x2-10000.json"),
+        ("one process per role, c8e600a", _aged_against_fresh, f"{AGED_HEAD}/longevity-1x1x1-10000.json"),
+        ("two of every role, c8e600a", _aged_against_fresh, f"{AGED_HEAD}/longevity-2x2x2-10000.json"),
         ("one process per role, 358f7f1", _aged_against_fresh, "2026-11-30/aged/longevity-1x1x1-10000.json"),
         ("two of every role, 358f7f1", _aged_against_fresh, "2026-11-30/aged/longevity-2x2x2-10000.json"),
         ("one process per role, the schema before migration 20 (2026-11-29)", _aged_against_fresh,

@@ -722,8 +722,8 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          "ca7e5a1's and 15958cf's, 2026-12-01 00:55-01:47 UTC (the search: 20,000 msg/s doubled up to 80,000, then "
          "bisected to within 5 %; seven steps of 20 s)", functools.partial(
              _find_maxes, against=f"{FIND_MAX_SWEEPER}/ca-111-1.json"), f"{FIND_MAX_SWEEPER}/sw-111-1.json"),
-        ("two of every role: 5d0b65b, three runs in turn with ca7e5a1's, the same day (00:55-01:47 and 03:12-03:30 "
-         "UTC) and search", functools.partial(
+        ("two of every role: 5d0b65b (its second and third runs on 1c3ee73, the same code), three runs in turn with "
+         "ca7e5a1's, the same day (00:55-01:47 and 03:12-03:30 UTC) and search", functools.partial(
              _find_maxes, against=f"{FIND_MAX_SWEEPER}/ca-222-1.json"), f"{FIND_MAX_SWEEPER}/sw-222-1.json"),
         ("15958cf (the full claims on the claimer's thread), one process per role, in turn with the above",
          functools.partial(_find_maxes, against=f"{FIND_MAX_SWEEPER}/ca-111-1.json"), f"{FIND_MAX_SWEEPER}/head-111-1.json"),

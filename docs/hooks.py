@@ -419,6 +419,7 @@ FIND_MAX_NO_PARALLEL = "2026-11-30/find-max-no-parallel"  # one process per role
 # a firer's full claims on a sweeper thread of their own (5d0b65b, measured before its commit at 40,000 msg/s)
 FIND_MAX_SWEEPER = "2026-12-01/find-max-sweeper"  # the highest rates within the SLA: 5d0b65b, 15958cf and ca7e5a1
 SWEEPER_40K = "2026-12-01/sweeper-40k"  # the firer's publish lateness at 40,000 msg/s, against 15958cf
+LATENESS_25K_SWEEPER = "2026-12-01/lateness-25k"  # the firer's own share at 25,000 msg/s, both layouts (acbede5)
 LATENESS_30K = "2026-12-01/lateness-30k"  # the same at 30,000 msg/s (ca7e5a1's highest rate of 2026-12-01), against it
 AGED_HEAD = "2026-11-30/aged-one-reader"  # longevity, both layouts, on c8e600a
 AGED_SWEEPER = "2026-12-01/aged-sweeper"  # the same on 1c3ee73 (a firer's full claims on a sweeper thread)
@@ -781,6 +782,11 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
              _of_design_limit, layout="1/1/1", limit=DESIGN_LIMIT_ONE_DUE, arm=True),
          f"{FIND_MAX_NO_PARALLEL}/head-111-1.json")]),
     ("publish lateness p99.9, the firer's own share", "≤ 10 ms", [
+        ("one process per role, 25,000 msg/s (ca7e5a1's highest rate in its find-max runs of 2026-12-01 with two of "
+         "every role, and of 2026-11-30 with both layouts), 40 s, fresh stacks, the two layouts in turn: acbede5 (a "
+         "firer's full claims on a sweeper thread), 2026-12-01 04:30-04:37 UTC", _lateness_arm,
+         f"{LATENESS_25K_SWEEPER}/hd-111-1.json"),
+        ("two of every role, 25,000 msg/s, 40 s, the same", _lateness_arm, f"{LATENESS_25K_SWEEPER}/hd-222-1.json"),
         ("one process per role, 30,000 msg/s (ca7e5a1's highest rate in its find-max runs of 2026-12-01 with one "
          "process per role), 45 s, fresh stacks: 1c3ee73 (a firer's full claims on a sweeper thread), three runs in "
          "turn with ca7e5a1's, 2026-12-01 03:05-03:12 UTC", _lateness_arm, f"{LATENESS_30K}/sw-111-1.json"),

@@ -277,6 +277,21 @@ def test_no_more_than_sixteen_batches_are_held_and_claiming_resumes_as_rows_are_
     assert f.proc.shared.held() == 32 and list(f.state().values()).count("held") == 33
 
 
+def test_recurring_schedules_occurrences_are_claimed_within_the_room_left_on_the_cap():
+    f = Firer(CHRONOS_BATCH_SIZE="2", CHRONOS_FIRER_CLAIM="stamp")
+    f.add(*(f"m{i}" for i in range(2 * MAX_HELD_BATCHES - 1)))
+    claimer = f.proc.claimer
+    for _ in range(MAX_HELD_BATCHES):
+        claimer.claim(time.time())
+    assert f.proc.shared.held() == 2 * MAX_HELD_BATCHES - 1  # room for one row more
+    first = int((time.time() - 1) * 1e6)
+    MemoryStore(f.db).apply([Row(f"every-minute-{i}", first, None, b"k", b"tick", codec.encode_headers([]),
+                                 cron="* * * * *") for i in range(2)], [], [])
+    claimer.next_schedules = 0.0
+    claimer.claim(time.time())
+    assert f.proc.shared.held() == 2 * MAX_HELD_BATCHES  # one occurrence of the two due: the cap holds
+
+
 def test_no_more_is_claimed_while_the_rows_held_come_to_the_byte_cap():
     f = Firer(CHRONOS_BATCH_SIZE="2", CHRONOS_FIRER_MAX_HELD_BYTES="1M")
     big = b"x" * (300 << 10)

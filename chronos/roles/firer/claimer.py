@@ -151,13 +151,13 @@ class Claimer(ClaimThread):
         if claimed is None:  # nothing could be claimed now (the cap reached, a row contended)
             self.next_claim = now + CLAIM_AGAIN_SOON
             return
-        rows, backlog, started = claimed
+        rows, backlog, started, room = claimed
         occurrences = []
         # recurring schedules: by the first claimer, once per poll interval, even in a backlog
         if self.lead is None and now >= self.next_schedules:
             self.next_schedules = now + self.settings.poll_interval_ms / 1000.0
             sent = time.monotonic()
-            occurrences = self.store.claim_schedules(self.limit, self.settings.lookahead_ms, time.time_ns() // 1000)
+            occurrences = self.store.claim_schedules(room, self.settings.lookahead_ms, time.time_ns() // 1000)
             self.hand_to_sender(sent, occurrences)
         self.measured("claim", len(rows) + len(occurrences), started)
         if backlog:

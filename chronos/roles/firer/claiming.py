@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from chronos.config import Settings
 from chronos.domain.model import Claimed
@@ -29,6 +29,15 @@ CLAIM_AGAIN_SOON = 0.005  # seconds: after a claim that could take nothing now (
 # A claim proper: on a session of the claim that deletes (None: on the thread's store, which stamps), up to
 # `limit` rows; (the rows, whether they are a backlog's)
 Take = Callable[[TakeStore | None, int], tuple[list[Claimed], bool]]
+
+
+class Took(NamedTuple):
+    """What a claim took (`ClaimThread.claim_batch`), handed to the sender already."""
+
+    rows: list[Claimed]
+    backlog: bool    # it came back full: more is due
+    started: float   # perf_counter, as the claim began
+    room: int        # the rows of the firer's cap it had room for (its limit)
 
 
 class ClaimThread(StoreThread[ClaimStore]):
@@ -77,12 +86,11 @@ class ClaimThread(StoreThread[ClaimStore]):
         if session is not None:
             session.cancel()
 
-    def claim_batch(self, take: Take) -> tuple[list[Claimed], bool, float] | None:
+    def claim_batch(self, take: Take) -> Took | None:
         """Run `take` with room reserved on the firer's cap, on a free session (with the claim that deletes), hold
-        the rows it took there as a batch and hand them to the sender: (the rows, whether they are a backlog's, when
-        the claim started, `perf_counter`). None when nothing could be claimed now (as much held as the firer may,
-        every session holding a batch, a row taken by another claim since this one chose it): claim again in
-        CLAIM_AGAIN_SOON."""
+        the rows it took there as a batch and hand them to the sender. None when nothing could be claimed now (as
+        much held as the firer may, every session holding a batch, a row taken by another claim since this one chose
+        it): claim again in CLAIM_AGAIN_SOON."""
         limit = self.shared.reserve(self.limit, self.max_held, self.max_held_bytes)
         if not limit:  # wait for acknowledgements before claiming more
             return None
@@ -114,7 +122,7 @@ class ClaimThread(StoreThread[ClaimStore]):
             else:
                 self.release_session(session)
         self.hand_to_sender(sent, rows, reserved=limit)
-        return rows, backlog, started
+        return Took(rows, backlog, started, limit)
 
     def release_session(self, session: TakeStore | None) -> None:
         """A session whose claim took nothing to hold (or failed): whatever it began rolled back, and free."""

@@ -79,7 +79,7 @@ class Sweeper(ClaimThread):
         claimed = self.claim_batch(take)
         if claimed is None:  # the cap reached, or a row taken by the claimer since it was chosen: look again soon
             return CLAIM_AGAIN_SOON
-        rows, backlog, started = claimed
+        rows, backlog, started, _ = claimed
         self.measured("claim", len(rows), started)
         self.next_sweep = self.next_full_claim_at(rows, backlog, now)
         return self.next_sweep - time.monotonic()

@@ -173,6 +173,28 @@ def test_a_take_says_whether_it_took_every_row_it_chose(database_url):
     second.give_back()
 
 
+def test_a_take_returns_each_row_as_written_its_times_made_once_a_take(database_url):
+    """The take's rows are read in binary: every column as the stamping claim's text would have it, and each
+    distinct time one datetime (the claim's for every row, the enqueue time for each consumer's batch)."""
+    base = now_us()
+    Store(database_url).apply([Row(id="a", deadline_us=base - 2000, topic="billing", key=b"\x00k", value=b"\xffv",
+                                   headers=b"\x01h", ordering_key="K")], [], [])
+    Store(database_url).apply([row("b", base - 1000), row("c", base - 500)], [], [])
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        written = dict(conn.execute("SELECT id, enqueued_at FROM chronos_messages").fetchall())
+    t = takes(database_url, held_ms=60_000)
+    a, b, c = t.claim(10, 0)
+    assert (a.id, a.deadline_us, a.topic, a.key, a.value, a.headers, a.ordering_key, a.seq > 0, a.attempts) == \
+        ("a", base - 2000, "billing", b"\x00k", b"\xffv", b"\x01h", "K", True, 0)
+    assert isinstance(a.ctid, str) and a.ctid.startswith("(")
+    assert [r.enqueued_at for r in (a, b, c)] == [written["a"], written["b"], written["c"]]
+    assert b.enqueued_at is c.enqueued_at and a.enqueued_at is not b.enqueued_at   # two writes: two times
+    assert a.readied_at is b.readied_at is c.readied_at and a.readied_at.tzinfo is not None
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        assert abs((conn.execute("SELECT now()").fetchone()[0] - a.readied_at).total_seconds()) < 5
+    t.give_back()
+
+
 def test_a_role_that_may_not_read_the_last_seq_claims_without_it_and_says_so(database_url, caplog):
     """An install that revoked EXECUTE from PUBLIC: the firer's claims start past their last row only after one
     that came back full, and it says once what to grant."""
@@ -204,8 +226,8 @@ class Meddled(TakeStatements):
 
     meddle = staticmethod(lambda: None)
 
-    def _execute(self, conn, query, params=None, *, prepare=None):
-        cur = super()._execute(conn, query, params, prepare=prepare)
+    def _execute(self, conn, query, params=None, *, prepare=None, binary=False):
+        cur = super()._execute(conn, query, params, prepare=prepare, binary=binary)
         if query in PICKS:
             self.meddle()
         return cur

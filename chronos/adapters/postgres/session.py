@@ -255,18 +255,19 @@ class Session:
         return result
 
     def _execute(self, conn: psycopg.Connection, query: str, params: Any = None, *,
-                 prepare: bool | None = None) -> psycopg.Cursor:
-        """conn.execute(query, params, prepare=prepare); through a pooler in transaction mode never prepared,
-        and, outside a transaction, sent in one pipeline after the store's transaction_settings: one
-        implicit transaction (the pipeline's one sync ends it) and one round trip (three, in an explicit
-        transaction, where libpq has no pipeline mode: before 14). Its results are there when this returns."""
+                 prepare: bool | None = None, binary: bool = False) -> psycopg.Cursor:
+        """conn.execute(query, params, prepare=prepare, binary=binary); through a pooler in transaction mode
+        never prepared, and, outside a transaction, sent in one pipeline after the store's
+        transaction_settings: one implicit transaction (the pipeline's one sync ends it) and one round trip
+        (three, in an explicit transaction, where libpq has no pipeline mode: before 14). Its results are there
+        when this returns."""
         if not self.pooled:
-            return conn.execute(query, params, prepare=prepare)
+            return conn.execute(query, params, prepare=prepare, binary=binary)
         if self._settings is None or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            return conn.execute(query, params)
+            return conn.execute(query, params, binary=binary)
         with conn.pipeline() if PIPELINE else conn.transaction():
             conn.execute(QUERIES["transaction_settings"], self._settings)
-            cur = conn.execute(query, params)
+            cur = conn.execute(query, params, binary=binary)
         return cur
 
     def _transaction(self, conn: psycopg.Connection, *, settings: bool = True,

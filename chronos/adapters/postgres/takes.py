@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable, Sequence
 
 import psycopg
+from psycopg.types.datetime import TimestamptzBinaryLoader
 
 from chronos.adapters.postgres.connection import one, short
 from chronos.adapters.postgres.migrations import LATEST_VERSION
@@ -40,6 +41,23 @@ log = logging.getLogger("chronos.store")
 PICK_OF = {claim: pick for pick, claim in PICKS.items()}  # each claim's pick
 _IDLE = psycopg.pq.TransactionStatus.IDLE
 _INTRANS = psycopg.pq.TransactionStatus.INTRANS
+
+
+class TakenTimes(TimestamptzBinaryLoader):
+    """A take's timestamps, read in binary, each distinct one made a datetime once a statement: its rows share
+    one claim time (now()) and their enqueue times come one per consumer's transaction. psycopg makes a loader
+    a result, so what one remembers lasts one take."""
+
+    def __init__(self, oid: int, context: Any = None):
+        super().__init__(oid, context)
+        self.made: dict[bytes, Any] = {}
+
+    def load(self, data: Any) -> Any:
+        key = bytes(data)
+        made = self.made.get(key)
+        if made is None:
+            made = self.made[key] = super().load(data)
+        return made
 
 
 def taken_params(rows: Sequence[Claimed], errors: Sequence[str | None], delays: Sequence[int | None]) -> dict[str, Any]:
@@ -71,6 +89,11 @@ class TakeStatements(LastSeq):
 
     def _q(self, name: str) -> str:
         return QUERIES[name if self._partitioned else before_partition(name)]
+
+    def open(self, *, check: bool = True) -> None:
+        super().open(check=check)
+        assert self.conn is not None
+        self.conn.adapters.register_loader("timestamptz", TakenTimes)  # binary only: the take's (`_take_whole`)
 
     def claim(self, limit: int, lookahead_ms: int, window_ms: int | None = None,
               after: Mark | None = None) -> list[Claimed]:
@@ -182,7 +205,8 @@ class TakeStatements(LastSeq):
                 return [], not candidates
             if c.info.transaction_status == _IDLE:
                 self._begin(c)
-            found = self._execute(c, self._q(take), {"ctids": ctids}, prepare=True).fetchall()
+            # in binary: PostgreSQL writes no hex of a value and no text of a number, psycopg parses neither
+            found = self._execute(c, self._q(take), {"ctids": ctids}, prepare=True, binary=True).fetchall()
             if len(found) < picked:
                 # a row changed or deleted since the pick: the rows of the batch with an ordering key go back,
                 # in case an earlier row of theirs was the one

@@ -393,9 +393,10 @@ BEGIN;
 
 -- fragment: taken_columns
 -- What a take returns of each row: a claimed row (chronos.domain.model.Claimed; now() is when the
--- transaction began, the claim's time), with what `restore_taken` needs to put it back.
+-- transaction began, the claim's time), with what `restore_taken` needs to put it back. Its rows are read in
+-- binary (TakeStatements): the TID as text, which psycopg has no binary loader for.
 m.id, (extract(epoch FROM m.deadline) * 1000000)::bigint, m.topic, m.key, m.value, m.headers, now(), m.seq,
-m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint, m.ctid, m.ordering_key, m.enqueued_at,
+m.attempts, (extract(epoch FROM m.original_deadline) * 1000000)::bigint, m.ctid::text, m.ordering_key, m.enqueued_at,
 m.last_error, m.input_partition
 
 -- fragment: not_moving

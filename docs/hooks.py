@@ -422,6 +422,9 @@ SWEEPER_40K = "2026-12-01/sweeper-40k"  # the firer's publish lateness at 40,000
 LATENESS_25K_SWEEPER = "2026-12-01/lateness-25k"  # the firer's own share at 25,000 msg/s, both layouts (acbede5)
 LATENESS_30K = "2026-12-01/lateness-30k"  # the same at 30,000 msg/s (ca7e5a1's highest rate of 2026-12-01), against it
 AGED_HEAD = "2026-11-30/aged-one-reader"  # longevity, both layouts, on c8e600a
+FIND_MAX_PARTITIONS = "2026-12-01/find-max-two-partitions"  # two of every role, two input partitions: 0a01f59 and ca7e5a1
+FIND_MAX_BINARY = "2026-12-01/find-max-binary"  # the highest rates within the SLA: 0a01f59 and d906d66, one process per role
+BINARY_TAKE = "2026-12-01/binary-take"  # the take's rows read in binary (0a01f59) against d906d66, at 10,000 and 30,000 msg/s
 AGED_SWEEPER = "2026-12-01/aged-sweeper"  # the same on 1c3ee73 (a firer's full claims on a sweeper thread)
 ONE_READER = "2026-11-30/one-gauge-reader"  # one detector reads the store gauges: bc1cddf, 7a72a93 and ca7e5a1
 FIND_MAX_ONE_DUE = "2026-11-30/find-max-pairs"  # the highest rates within the SLA of 92ba7dc and ca7e5a1, three pairs
@@ -555,6 +558,20 @@ def _claim_costs(path: str) -> str:
     return (f"PostgreSQL {pg:.3f} cores ({pg / rate * 1e6:.0f} µs a message), WAL {wal:,.0f} bytes a message; "
             f"with Chronos {cores:.3f} cores; publish lateness p99.9 {_ms(late)}; the SLA held in {held} of "
             f"{len(runs)} runs (medians)")
+
+
+def _firer_costs(path: str) -> str:
+    """The medians of one arm of an interleaved A/B: the firer's cores and CPU per message, PostgreSQL's cores,
+    Chronos's and PostgreSQL's cores, and the firer's publish lateness p99.9."""
+    runs = _arm(path)
+    rate = runs[0]["offered_rate"]
+    firer = statistics.median(sum(v["cores"] for k, v in r["cpu"].items() if k.startswith("firer")) for r in runs)
+    pg = statistics.median(_pg_cores(r) for r in runs)
+    cores = statistics.median(_scheduler_cores(r["cpu"]) for r in runs)
+    late = [r["publish_lateness_ms"]["p999"] for r in runs]
+    return (f"the firer {firer:.3f} cores ({firer / rate * 1e6:.1f} µs a message), PostgreSQL {pg:.3f}, with Chronos "
+            f"{cores:.3f}; publish lateness p99.9 {_ms(statistics.median(late))} ({', '.join(_ms(v) for v in late)}); "
+            f"lost {sum(r['lost'] for r in runs)} (medians of {len(runs)} runs)")
 
 
 def _best_rates(path: str) -> list[float]:
@@ -730,6 +747,16 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          functools.partial(_find_maxes, against=f"{FIND_MAX_SWEEPER}/ca-111-1.json"), f"{FIND_MAX_SWEEPER}/head-111-1.json"),
         ("ca7e5a1, one process per role, in turn with the above", _find_maxes, f"{FIND_MAX_SWEEPER}/ca-111-1.json"),
         ("ca7e5a1, two of every role, in turn with the above", _find_maxes, f"{FIND_MAX_SWEEPER}/ca-222-1.json"),
+        ("one process per role: 0a01f59 (a take's rows read in binary), three runs in turn with d906d66's (the code "
+         "before), 2026-12-01 06:40-07:09 UTC, the same search", functools.partial(
+             _find_maxes, against=f"{FIND_MAX_BINARY}/hd-111-1.json"), f"{FIND_MAX_BINARY}/bin-111-1.json"),
+        ("d906d66, one process per role, in turn with the above", _find_maxes, f"{FIND_MAX_BINARY}/hd-111-1.json"),
+        ("two of every role on an input topic of two partitions (`-- --partitions 2`: both consumers write, as the "
+         "design's two writers do): 0a01f59, three runs in turn with ca7e5a1's, 2026-12-01 07:09-07:36 UTC, the same "
+         "search", functools.partial(_find_maxes, against=f"{FIND_MAX_PARTITIONS}/ca-222-1.json"),
+         f"{FIND_MAX_PARTITIONS}/bin-222-1.json"),
+        ("ca7e5a1, two of every role on two input partitions, in turn with the above", _find_maxes,
+         f"{FIND_MAX_PARTITIONS}/ca-222-1.json"),
         ("one process per role", functools.partial(_find_maxes, against=f"{FIND_MAX_AB}/ca7e5a1-111-1.json"),
          f"{FIND_MAX_AB}/head-111-1.json"),
         ("two of every role", functools.partial(_find_maxes, against=f"{FIND_MAX_AB}/ca7e5a1-222-1.json"),
@@ -759,6 +786,12 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          f"{FIND_MAX_SWEEPER}/sw-111-1.json"),
         ("5d0b65b, two of every role, the same", functools.partial(
              _of_design_limit, layout="2/2/2", limit=DESIGN_LIMIT_SWEEPER, arm=True), f"{FIND_MAX_SWEEPER}/sw-222-1.json"),
+        ("0a01f59 (a take's rows read in binary), one process of each role: the median of its highest rates of "
+         "2026-12-01 06:40-07:09 UTC, of the same rate of the design's statements", functools.partial(
+             _of_design_limit, layout="1/1/1", limit=DESIGN_LIMIT_SWEEPER, arm=True), f"{FIND_MAX_BINARY}/bin-111-1.json"),
+        ("0a01f59, two of every role on two input partitions (both consumers write), 07:09-07:36 UTC, the same",
+         functools.partial(_of_design_limit, layout="2/2/2", limit=DESIGN_LIMIT_SWEEPER, arm=True),
+         f"{FIND_MAX_PARTITIONS}/bin-222-1.json"),
         ("one process per role, the claim that stamps (firers racing in the design's run), 2026-11-28",
          functools.partial(_of_design_limit, layout="1/1/1"), "2026-11-28/find-max/chronos-1x1x1.json"),
         ("two of every role, the same", functools.partial(_of_design_limit, layout="2/2/2"),
@@ -973,6 +1006,13 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
      "of each, 2026-11-30 22:29-22:37 UTC", "", [
         ("no parallel workers", _claim_costs, f"{NO_PARALLEL}-10k/nopar-111-1.json"),
         ("37f26c0", _claim_costs, f"{NO_PARALLEL}-10k/new-111-1.json")]),
+    ("a firer's cost, one process of each role, fresh stacks, 45 s: 0a01f59 (a take's rows read in binary, each "
+     "distinct time made once) against d906d66 (the code before), in turn, 3 runs of each, 2026-12-01 06:13-06:27 UTC",
+     "", [
+        ("0a01f59, 30,000 msg/s", _firer_costs, f"{BINARY_TAKE}-30k/bin-111-1.json"),
+        ("d906d66, 30,000 msg/s", _firer_costs, f"{BINARY_TAKE}-30k/hd-111-1.json"),
+        ("0a01f59, 10,000 msg/s", _firer_costs, f"{BINARY_TAKE}-10k/bin-111-1.json"),
+        ("d906d66, 10,000 msg/s", _firer_costs, f"{BINARY_TAKE}-10k/hd-111-1.json")]),
     ("two of every role at 20,000 msg/s, fresh stacks, 30 s: 358f7f1 against 693dfc3 (before the firers' shares), "
      "in turn, 10 runs of each, 2026-11-30 12:17-12:34 UTC", "kept up at least as often as 693dfc3; publish "
      "lateness p99.9 ≤ 10 ms", [

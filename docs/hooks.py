@@ -424,6 +424,7 @@ LATENESS_30K = "2026-12-01/lateness-30k"  # the same at 30,000 msg/s (ca7e5a1's 
 AGED_HEAD = "2026-11-30/aged-one-reader"  # longevity, both layouts, on c8e600a
 FIND_MAX_PARTITIONS = "2026-12-01/find-max-two-partitions"  # two of every role, two input partitions: 0a01f59 and ca7e5a1
 FIND_MAX_BINARY = "2026-12-01/find-max-binary"  # the highest rates within the SLA: 0a01f59 and d906d66, one process per role
+LATENESS_30K_BINARY = "2026-12-01/lateness-30k-binary"  # 0a01f59 at 30,000 msg/s, in turn with a trial not adopted
 BINARY_TAKE = "2026-12-01/binary-take"  # the take's rows read in binary (0a01f59) against d906d66, at 10,000 and 30,000 msg/s
 AGED_SWEEPER = "2026-12-01/aged-sweeper"  # the same on 1c3ee73 (a firer's full claims on a sweeper thread)
 ONE_READER = "2026-11-30/one-gauge-reader"  # one detector reads the store gauges: bc1cddf, 7a72a93 and ca7e5a1
@@ -825,6 +826,11 @@ FIGURES: list[tuple[str, str, list[tuple[str, Callable[[str], str], str]]]] = [
          "turn with ca7e5a1's, 2026-12-01 03:05-03:12 UTC", _lateness_arm, f"{LATENESS_30K}/sw-111-1.json"),
         ("ca7e5a1, the same (it writes 14,000 msg/s of the 30,000 offered over 45 s: its highest rate held for 20 s "
          "steps only)", _lateness_arm, f"{LATENESS_30K}/ca-111-1.json"),
+        ("one process per role, 30,000 msg/s, 45 s, fresh stacks: 0a01f59 (a take's rows read in binary), three runs "
+         "in turn with d906d66's, 2026-12-01 06:13-06:21 UTC", _lateness_arm, f"{BINARY_TAKE}-30k/bin-111-1.json"),
+        ("d906d66, the same", _lateness_arm, f"{BINARY_TAKE}-30k/hd-111-1.json"),
+        ("0a01f59 again, three runs in turn with a trial of the same code not adopted (the firer's other threads at "
+         "nice +10), 06:30-06:37 UTC", _lateness_arm, f"{LATENESS_30K_BINARY}/bin-111-1.json"),
         ("one process per role, 25,000 msg/s (ca7e5a1's highest rate: the median of its find-max runs of 2026-11-30 in "
          "both layouts), 40 s, fresh stacks, the two layouts in turn: 37f26c0, 2026-11-30 21:06-21:14 UTC",
          _lateness_arm, f"{LATENESS_25K}/new-111-1.json"),
